@@ -1,0 +1,131 @@
+"""Qwen3 text decoder with interleaved MRoPE and DeepStack injection, in Flax NNX.
+
+Layer parameters are stored stacked along a leading `layers` axis so that the same
+parameters serve an unrolled loop or a `lax.scan` (config.scan_layers).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from paravt_jax.models.qwen3_vl import layers as L
+from paravt_jax.models.qwen3_vl.config import Qwen3VLConfig
+from paravt_jax.models.qwen3_vl.rope import mrope_tables
+
+
+class TextDecoder(nnx.Module):
+    def __init__(self, config: Qwen3VLConfig, *, rngs: nnx.Rngs):
+        t = config.text
+        if t.attention_bias:
+            raise ValueError("text_config.attention_bias=True is not supported (Qwen3-VL has none)")
+        self.config = t
+        self.num_deepstack = len(config.vision.deepstack_visual_indexes)
+        self.tie_word_embeddings = config.tie_word_embeddings
+        self.remat, self.scan = config.remat, config.scan_layers
+        self.dtype = L.to_dtype(config.dtype)
+        pd = L.to_dtype(config.param_dtype)
+        d, f, n = t.hidden_size, t.intermediate_size, t.num_hidden_layers
+        qd, kvd = t.num_attention_heads * t.head_dim, t.num_key_value_heads * t.head_dim
+        p = lambda shape, axes, init="normal": L.make_param(rngs, shape, axes, init, pd,
+                                                           t.initializer_range)
+        self.embed_tokens = p((t.vocab_size, d), ("vocab", "embed"))
+        lay = "layers"
+        self.layers = nnx.Dict(
+            input_norm=p((n, d), (lay, "norm"), "ones"),
+            q_proj=p((n, d, qd), (lay, "embed", "heads")),
+            k_proj=p((n, d, kvd), (lay, "embed", "kv_heads")),
+            v_proj=p((n, d, kvd), (lay, "embed", "kv_heads")),
+            o_proj=p((n, qd, d), (lay, "heads", "embed")),
+            q_norm=p((n, t.head_dim), (lay, "head_dim"), "ones"),
+            k_norm=p((n, t.head_dim), (lay, "head_dim"), "ones"),
+            post_norm=p((n, d), (lay, "norm"), "ones"),
+            gate_proj=p((n, d, f), (lay, "embed", "mlp")),
+            up_proj=p((n, d, f), (lay, "embed", "mlp")),
+            down_proj=p((n, f, d), (lay, "mlp", "embed")),
+        )
+        self.norm = p((d,), ("norm",), "ones")
+        if not config.tie_word_embeddings:
+            self.lm_head = p((d, t.vocab_size), ("embed", "vocab"))
+
+    # -- pieces reused by the sampler -----------------------------------------------------
+    def embed(self, input_ids: jax.Array, visual_index: jax.Array | None,
+              visual_embeds: jax.Array | None) -> jax.Array:
+        """Token embeddings with visual placeholders replaced by vision tokens.
+
+        visual_index [B, L]: row into visual_embeds [Nv, D] for vision pads, -1 elsewhere.
+        """
+        x = self.embed_tokens[...].astype(self.dtype)[input_ids]
+        if visual_embeds is not None and visual_index is not None:
+            rows = visual_embeds.astype(self.dtype)[jnp.maximum(visual_index, 0)]
+            x = jnp.where((visual_index >= 0)[..., None], rows, x)
+        return x
+
+    def attention(self, x, params, cos, sin, mask, kv=None):
+        """Returns (output [B, L, D], (k, v) of this chunk [B, L, KV, hd])."""
+        t = self.config
+        b, n, _ = x.shape
+        q = L.dense(x, params["q_proj"]).reshape(b, n, t.num_attention_heads, t.head_dim)
+        k = L.dense(x, params["k_proj"]).reshape(b, n, t.num_key_value_heads, t.head_dim)
+        v = L.dense(x, params["v_proj"]).reshape(b, n, t.num_key_value_heads, t.head_dim)
+        q = L.rms_norm(q, params["q_norm"], t.rms_norm_eps)
+        k = L.rms_norm(k, params["k_norm"], t.rms_norm_eps)
+        q = L.apply_rotary(q, cos[:, :, None, :], sin[:, :, None, :])
+        k = L.apply_rotary(k, cos[:, :, None, :], sin[:, :, None, :])
+        keys, values = (k, v) if kv is None else kv(k, v)
+        out = L.dot_attention(q, keys, values, mask).reshape(b, n, -1)
+        return L.dense(out, params["o_proj"]), (k, v)
+
+    def layer(self, x, params, cos, sin, mask, kv=None):
+        t = self.config
+        h, new_kv = self.attention(L.rms_norm(x, params["input_norm"], t.rms_norm_eps),
+                                   params, cos, sin, mask, kv)
+        x = x + h
+        y = L.rms_norm(x, params["post_norm"], t.rms_norm_eps)
+        y = jax.nn.silu(L.dense(y, params["gate_proj"])) * L.dense(y, params["up_proj"])
+        return x + L.dense(y, params["down_proj"]), new_kv
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        h = L.rms_norm(hidden, self.norm[...], self.config.rms_norm_eps)
+        if self.tie_word_embeddings:
+            return jnp.einsum("bld,vd->blv", h, self.embed_tokens[...].astype(h.dtype))
+        return L.dense(h, self.lm_head[...])
+
+    def layer_params(self) -> dict:
+        return {k: v[...] for k, v in self.layers.items()}
+
+    # -- full-sequence forward ------------------------------------------------------------
+    def __call__(self, input_ids: jax.Array, attention_mask: jax.Array, position_ids: jax.Array,
+                 visual_index: jax.Array | None = None, visual_embeds: jax.Array | None = None,
+                 deepstack: jax.Array | None = None, return_hidden: bool = False) -> jax.Array:
+        """input_ids, attention_mask, visual_index [B, L]; position_ids [3, B, L];
+        visual_embeds [Nv, D]; deepstack [n_ds, Nv, D]. Returns logits [B, L, vocab] in float32
+        (or the final hidden states [B, L, D] before the norm when return_hidden)."""
+        t = self.config
+        x = self.embed(input_ids, visual_index, visual_embeds)
+        cos, sin = mrope_tables(position_ids, t, self.dtype)
+        length = input_ids.shape[1]
+        causal = jnp.tril(jnp.ones((length, length), bool))
+        mask = causal[None] & attention_mask.astype(bool)[:, None, :]
+        use_deepstack = deepstack is not None and visual_index is not None
+        is_visual = (visual_index >= 0)[..., None] if use_deepstack else None
+        gather = jnp.maximum(visual_index, 0) if use_deepstack else None
+        num_ds = self.num_deepstack
+
+        def body(x, params, i):
+            x, _ = self.layer(x, params, cos, sin, mask)
+            if not use_deepstack:
+                return x
+            if isinstance(i, int):
+                if i >= num_ds:
+                    return x
+                return x + jnp.where(is_visual, deepstack[i].astype(x.dtype)[gather], 0)
+            j = jnp.minimum(i, num_ds - 1)
+            add = jnp.where(is_visual & (i < num_ds), deepstack[j].astype(x.dtype)[gather], 0)
+            return x + add
+
+        x = L.run_layers(body, x, self.layer_params(), t.num_hidden_layers,
+                         scan=self.scan, remat=self.remat)
+        if return_hidden:
+            return x
+        return self.logits(x).astype(jnp.float32)

@@ -1,0 +1,218 @@
+"""Qwen3-VL vision tower in Flax NNX.
+
+Host side (numpy): `vision_layout(grid_thw, config)` turns the grids into per-patch
+metadata (position-embedding interpolation indices and weights, 2-D rotary coordinates,
+attention segment ids). Device side: `VisionTower.__call__` consumes the patches and that
+metadata; attention is block-diagonal per temporal group via segment ids, not a Python loop.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from paravt_jax.models.qwen3_vl import layers as L
+from paravt_jax.models.qwen3_vl.config import Qwen3VLConfig, VisionConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class VisionLayout:
+    """Per-patch metadata, all numpy, N = number of patches (after optional padding).
+
+    pos_index [N, 4] int32 and pos_weight [N, 4] float32: bilinear corners into pos_embed.
+    rotary_pos [N, 2] int32: (row, column) on the patch grid.
+    segment_ids [N] int32: one id per temporal group; padding patches get -1.
+    num_valid: patches before padding.
+    """
+    pos_index: np.ndarray
+    pos_weight: np.ndarray
+    rotary_pos: np.ndarray
+    segment_ids: np.ndarray
+    num_valid: int
+
+
+def check_grid(grid_thw, config: VisionConfig, name: str) -> np.ndarray:
+    grid = np.asarray(grid_thw, dtype=np.int64).reshape(-1, 3)
+    m = config.spatial_merge_size
+    for i, (t, h, w) in enumerate(grid):
+        if t < 1 or h < 1 or w < 1 or h % m or w % m:
+            raise ValueError(f"{name}[{i}] = {[int(t), int(h), int(w)]}: each entry must be "
+                             f">= 1 and h, w multiples of spatial_merge_size={m}")
+    return grid
+
+
+def _axis_interpolation(n: int, side: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """align_corners=True bilinear source coordinates for n samples on a `side` table."""
+    src = np.arange(n, dtype=np.float64) * (side - 1) / max(n - 1, 1)
+    low = np.floor(src).astype(np.int64)
+    high = np.minimum(low + 1, side - 1)
+    return low, high, (src - low)
+
+
+def vision_layout(grid_thw, config: VisionConfig, pad_to: int | None = None) -> VisionLayout:
+    grid = check_grid(grid_thw, config, "grid_thw")
+    m = config.spatial_merge_size
+    side = int(round(config.num_position_embeddings**0.5))
+    index, weight, rotary, segments = [], [], [], []
+    segment = 0
+    for t, h, w in grid:
+        # Merge-block order: (block_row, block_col, in_row, in_col).
+        br, bc, ir, ic = np.meshgrid(np.arange(h // m), np.arange(w // m), np.arange(m),
+                                     np.arange(m), indexing="ij")
+        rows = (br * m + ir).reshape(-1)
+        cols = (bc * m + ic).reshape(-1)
+        r_lo, r_hi, r_d = _axis_interpolation(int(h), side)
+        c_lo, c_hi, c_d = _axis_interpolation(int(w), side)
+        idx = np.stack([r_lo[rows] * side + c_lo[cols], r_lo[rows] * side + c_hi[cols],
+                        r_hi[rows] * side + c_lo[cols], r_hi[rows] * side + c_hi[cols]], -1)
+        dr, dc = r_d[rows], c_d[cols]
+        wts = np.stack([(1 - dr) * (1 - dc), (1 - dr) * dc, dr * (1 - dc), dr * dc], -1)
+        for _ in range(int(t)):
+            index.append(idx)
+            weight.append(wts)
+            rotary.append(np.stack([rows, cols], -1))
+            segments.append(np.full(rows.shape, segment))
+            segment += 1
+    n = sum(len(s) for s in segments)
+    if pad_to is not None and pad_to > n:
+        extra = pad_to - n
+        index.append(np.zeros((extra, 4), np.int64))
+        weight.append(np.zeros((extra, 4)))
+        rotary.append(np.zeros((extra, 2), np.int64))
+        segments.append(np.full((extra,), -1))
+    return VisionLayout(
+        pos_index=np.concatenate(index).astype(np.int32),
+        pos_weight=np.concatenate(weight).astype(np.float32),
+        rotary_pos=np.concatenate(rotary).astype(np.int32),
+        segment_ids=np.concatenate(segments).astype(np.int32),
+        num_valid=n,
+    )
+
+
+def vision_rotary(rotary_pos: jax.Array, config: VisionConfig) -> tuple[jax.Array, jax.Array]:
+    """Axial 2-D rotary tables [N, head_dim] in float32: [rows*inv, cols*inv] twice."""
+    half = config.head_dim // 2
+    inv = 1.0 / (config.rope_theta ** (jnp.arange(0, half, 2, dtype=jnp.float32) / half))
+    freqs = rotary_pos.astype(jnp.float32)[:, :, None] * inv  # [N, 2, hd/4]
+    freqs = freqs.reshape(freqs.shape[0], -1)
+    emb = jnp.concatenate([freqs, freqs], axis=-1)
+    return jnp.cos(emb), jnp.sin(emb)
+
+
+class VisionTower(nnx.Module):
+    """Patch embedding, learned+interpolated positions, ViT blocks, merger, DeepStack mergers."""
+
+    def __init__(self, config: Qwen3VLConfig, *, rngs: nnx.Rngs):
+        v = config.vision
+        self.config = v
+        self.remat, self.scan = config.remat, config.scan_layers
+        self.dtype = L.to_dtype(config.dtype)
+        pd = L.to_dtype(config.param_dtype)
+        d, f, n, depth = v.hidden_size, v.intermediate_size, len(v.deepstack_visual_indexes), v.depth
+        merged = d * v.merge_unit
+        p = lambda shape, axes, init="normal": L.make_param(rngs, shape, axes, init, pd)
+        self.patch_kernel = p((v.patch_dim, d), ("patch", "vision_embed"))
+        self.patch_bias = p((d,), ("vision_embed",))
+        self.pos_embed = p((v.num_position_embeddings, d), (None, "vision_embed"))
+        lay = "layers"
+        self.blocks = nnx.Dict(
+            norm1_scale=p((depth, d), (lay, "vision_embed"), "ones"),
+            norm1_bias=p((depth, d), (lay, "vision_embed"), "zeros"),
+            qkv_kernel=p((depth, d, 3 * d), (lay, "vision_embed", "vision_heads")),
+            qkv_bias=p((depth, 3 * d), (lay, "vision_heads"), "zeros"),
+            proj_kernel=p((depth, d, d), (lay, "vision_heads", "vision_embed")),
+            proj_bias=p((depth, d), (lay, "vision_embed"), "zeros"),
+            norm2_scale=p((depth, d), (lay, "vision_embed"), "ones"),
+            norm2_bias=p((depth, d), (lay, "vision_embed"), "zeros"),
+            fc1_kernel=p((depth, d, f), (lay, "vision_embed", "vision_mlp")),
+            fc1_bias=p((depth, f), (lay, "vision_mlp"), "zeros"),
+            fc2_kernel=p((depth, f, d), (lay, "vision_mlp", "vision_embed")),
+            fc2_bias=p((depth, d), (lay, "vision_embed"), "zeros"),
+        )
+        self.merger = nnx.Dict(
+            norm_scale=p((d,), ("vision_embed",), "ones"),
+            norm_bias=p((d,), ("vision_embed",), "zeros"),
+            fc1_kernel=p((merged, merged), ("vision_merged", "vision_mlp")),
+            fc1_bias=p((merged,), ("vision_mlp",), "zeros"),
+            fc2_kernel=p((merged, v.out_hidden_size), ("vision_mlp", "embed")),
+            fc2_bias=p((v.out_hidden_size,), ("embed",), "zeros"),
+        )
+        self.deepstack = nnx.Dict(
+            norm_scale=p((n, merged), (lay, "vision_merged"), "ones"),
+            norm_bias=p((n, merged), (lay, "vision_merged"), "zeros"),
+            fc1_kernel=p((n, merged, merged), (lay, "vision_merged", "vision_mlp")),
+            fc1_bias=p((n, merged), (lay, "vision_mlp"), "zeros"),
+            fc2_kernel=p((n, merged, v.out_hidden_size), (lay, "vision_mlp", "embed")),
+            fc2_bias=p((n, v.out_hidden_size), (lay, "embed"), "zeros"),
+        )
+
+    def _block(self, x, params, cos, sin, mask):
+        v = self.config
+        n, d = x.shape
+        h = L.layer_norm(x, params["norm1_scale"], params["norm1_bias"])
+        qkv = L.dense(h, params["qkv_kernel"], params["qkv_bias"]).reshape(n, 3, v.num_heads, v.head_dim)
+        q, k, val = qkv[:, 0], qkv[:, 1], qkv[:, 2]
+        q = L.apply_rotary(q.astype(jnp.float32), cos, sin).astype(x.dtype)
+        k = L.apply_rotary(k.astype(jnp.float32), cos, sin).astype(x.dtype)
+        attn = L.dot_attention(q[None], k[None], val[None], mask[None])[0].reshape(n, d)
+        x = x + L.dense(attn, params["proj_kernel"], params["proj_bias"])
+        h = L.layer_norm(x, params["norm2_scale"], params["norm2_bias"])
+        h = L.gelu_tanh(L.dense(h, params["fc1_kernel"], params["fc1_bias"]))
+        return x + L.dense(h, params["fc2_kernel"], params["fc2_bias"])
+
+    def _deepstack_merge(self, x, params):
+        y = x.reshape(-1, x.shape[-1] * self.config.merge_unit)
+        y = L.layer_norm(y, params["norm_scale"], params["norm_bias"])
+        y = L.gelu_exact(L.dense(y, params["fc1_kernel"], params["fc1_bias"]))
+        return L.dense(y, params["fc2_kernel"], params["fc2_bias"])
+
+    def __call__(self, pixel_values: jax.Array, pos_index: jax.Array, pos_weight: jax.Array,
+                 rotary_pos: jax.Array, segment_ids: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """pixel_values [N, patch_dim] -> (merged tokens [N/4, out], DeepStack [n_ds, N/4, out])."""
+        v = self.config
+        dtype = self.dtype
+        x = L.dense(pixel_values.astype(dtype), self.patch_kernel[...], self.patch_bias[...])
+        corners = self.pos_embed[...].astype(jnp.float32)[pos_index]  # [N, 4, D]
+        x = x + jnp.sum(corners * pos_weight[..., None], axis=1).astype(dtype)
+        cos, sin = vision_rotary(rotary_pos, v)
+        cos, sin = cos[:, None, :], sin[:, None, :]
+        mask = segment_ids[:, None] == segment_ids[None, :]
+        ds_params = {k: val[...] for k, val in self.deepstack.items()}
+        indexes = jnp.asarray(v.deepstack_visual_indexes, jnp.int32)
+        n_ds = len(v.deepstack_visual_indexes)
+        features = jnp.zeros((n_ds, x.shape[0] // v.merge_unit, v.out_hidden_size), dtype)
+
+        def layer(carry, params, i):
+            x, features = carry
+            x = self._block(x, params, cos, sin, mask)
+            # Merger j belongs to deepstack_visual_indexes[j]; features are emitted in block
+            # order (slot = rank of the block among the indexes), as HF appends them.
+            if isinstance(i, int):  # unrolled: decide in Python
+                if i in v.deepstack_visual_indexes:
+                    j = v.deepstack_visual_indexes.index(i)
+                    slot = sorted(v.deepstack_visual_indexes).index(i)
+                    merged = self._deepstack_merge(x, jax.tree.map(lambda p: p[j], ds_params))
+                    features = features.at[slot].set(merged.astype(dtype))
+                return x, features
+            hit = indexes == i
+            j = jnp.argmax(hit)
+            slot = jnp.sum(indexes < i)
+
+            def store(f):
+                merged = self._deepstack_merge(x, jax.tree.map(lambda p: p[j], ds_params))
+                return f.at[slot].set(merged.astype(dtype))
+
+            return x, jax.lax.cond(jnp.any(hit), store, lambda f: f, features)
+
+        block_params = {k: val[...] for k, val in self.blocks.items()}
+        x, features = L.run_layers(layer, (x, features), block_params, v.depth,
+                                   scan=self.scan, remat=self.remat)
+        m = self.merger
+        y = L.layer_norm(x, m["norm_scale"][...], m["norm_bias"][...])
+        y = y.reshape(-1, v.hidden_size * v.merge_unit)
+        y = L.gelu_exact(L.dense(y, m["fc1_kernel"][...], m["fc1_bias"][...]))
+        y = L.dense(y, m["fc2_kernel"][...], m["fc2_bias"][...])
+        return y, features

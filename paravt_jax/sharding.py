@@ -1,0 +1,145 @@
+"""Meshes and the ONE table that maps logical axis names to mesh axes.
+
+Every parameter carries logical names in its `axes` metadata (e.g. ("layers", "embed",
+"mlp")). `logical_to_spec` turns them into a PartitionSpec with the rules below; changing the
+parallelism is a change of mesh shape or rules in the config, never of model code. A dimension
+that the mesh axes do not divide is replicated instead (and reported by `explain_sharding`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Mapping, Sequence
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+# logical name -> mesh axis (or tuple of axes, or None = replicated)
+DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
+    ("batch", ("data", "fsdp")),
+    ("layers", None),
+    ("vocab", "tensor"),
+    ("embed", "fsdp"),
+    ("heads", "tensor"),
+    ("kv_heads", "tensor"),
+    ("head_dim", None),
+    ("mlp", "tensor"),
+    ("norm", None),
+    ("patch", None),
+    ("vision_embed", "fsdp"),
+    ("vision_heads", "tensor"),
+    ("vision_mlp", "tensor"),
+    ("vision_merged", "fsdp"),
+    ("length", None),
+    ("cache_length", None),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    data: int = 1
+    fsdp: int = -1  # -1: whatever devices are left
+    tensor: int = 1
+
+
+def make_mesh(config: MeshConfig | Mapping[str, int] | None = None,
+              devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A (data, fsdp, tensor) mesh; one entry may be -1 to absorb the remaining devices."""
+    if config is None:
+        config = MeshConfig()
+    if isinstance(config, Mapping):
+        config = MeshConfig(**dict(config))
+    devices = list(devices if devices is not None else jax.devices())
+    sizes = [config.data, config.fsdp, config.tensor]
+    if sizes.count(-1) > 1:
+        raise ValueError(f"mesh {dict(zip(MESH_AXES, sizes))}: at most one axis may be -1")
+    known = math.prod(s for s in sizes if s != -1)
+    if -1 in sizes:
+        if len(devices) % known:
+            raise ValueError(f"mesh {dict(zip(MESH_AXES, sizes))} does not divide "
+                             f"{len(devices)} devices")
+        sizes[sizes.index(-1)] = len(devices) // known
+    if math.prod(sizes) != len(devices):
+        raise ValueError(f"mesh {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices, "
+                         f"{len(devices)} available")
+    return Mesh(np.asarray(devices).reshape(sizes), MESH_AXES)
+
+
+def logical_to_spec(axes: Sequence[str | None], shape: Sequence[int] | None = None,
+                    mesh: Mesh | None = None, rules=DEFAULT_RULES) -> PartitionSpec:
+    """Maps logical names to a PartitionSpec; undivisible dims and reused mesh axes replicate."""
+    table = dict(rules)
+    used: set[str] = set()
+    spec = []
+    for dim, name in enumerate(axes):
+        target = table.get(name) if name is not None else None
+        if name is not None and name not in table:
+            raise KeyError(f"logical axis {name!r} has no rule; add it to the rules table")
+        targets = (target,) if isinstance(target, str) else tuple(target or ())
+        targets = tuple(t for t in targets if t not in used and
+                        (mesh is None or mesh.shape[t] > 1))
+        if targets and shape is not None and mesh is not None:
+            if shape[dim] % math.prod(mesh.shape[t] for t in targets):
+                targets = ()
+        used.update(targets)
+        spec.append(None if not targets else targets[0] if len(targets) == 1 else targets)
+    return PartitionSpec(*spec)
+
+
+def named_sharding(mesh: Mesh, axes: Sequence[str | None], shape: Sequence[int],
+                   rules=DEFAULT_RULES) -> NamedSharding:
+    return NamedSharding(mesh, logical_to_spec(axes, shape, mesh, rules))
+
+
+def param_axes(variable) -> tuple[str | None, ...]:
+    axes = variable.get_metadata().get("axes")
+    if axes is None:
+        return (None,) * len(variable.get_value().shape)
+    return tuple(axes)
+
+
+def state_shardings(module: nnx.Module, mesh: Mesh, rules=DEFAULT_RULES):
+    """An nnx.State of NamedShardings matching `nnx.state(module)`."""
+    state = nnx.state(module)
+
+    def one(variable):
+        value = variable.get_value()
+        return named_sharding(mesh, param_axes(variable), value.shape, rules)
+
+    return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def shard_module(module: nnx.Module, mesh: Mesh, rules=DEFAULT_RULES) -> nnx.Module:
+    """Places every parameter of `module` on its sharding (in place) and returns it."""
+    for _, node in nnx.iter_graph(module):
+        if isinstance(node, nnx.Variable):
+            value = node.get_value()
+            node.set_value(jax.device_put(value, named_sharding(mesh, param_axes(node),
+                                                                value.shape, rules)))
+    return module
+
+
+def batch_sharding(mesh: Mesh, ndim: int, batch_axis: int = 0, rules=DEFAULT_RULES,
+                   batch_size: int | None = None) -> NamedSharding:
+    axes = [None] * ndim
+    axes[batch_axis] = "batch"
+    shape = None
+    if batch_size is not None:
+        shape = [1] * ndim
+        shape[batch_axis] = batch_size
+    return NamedSharding(mesh, logical_to_spec(axes, shape, mesh if shape else None, rules))
+
+
+def explain_sharding(module: nnx.Module, mesh: Mesh, rules=DEFAULT_RULES) -> list[str]:
+    """One line per parameter: path, shape, logical axes, resulting spec."""
+    lines = []
+    for path, node in nnx.iter_graph(module):
+        if isinstance(node, nnx.Variable):
+            value = node.get_value()
+            spec = logical_to_spec(param_axes(node), value.shape, mesh, rules)
+            lines.append(f"{'/'.join(map(str, path))} {tuple(value.shape)} {param_axes(node)} -> {spec}")
+    return lines

@@ -1,0 +1,41 @@
+"""paravt-jax: ParaVT (parallel video tool calls + PARA-GRPO) on Qwen3-VL in JAX/Flax NNX."""
+from setuptools import find_packages, setup
+
+# Versions are the ones verified on our CPU CI machine; ranges stay within the same
+# minor series because JAX/Flax APIs move quickly between minors.
+RUNTIME = [
+    "jax>=0.10.2,<0.11",
+    "flax>=0.12.8,<0.13",
+    "optax>=0.2.8,<0.3",
+    "orbax-checkpoint>=0.12.8,<0.13",
+    "ml-collections>=1.1.0,<2",
+    "transformers>=5.24.0,<6",  # tokenizers only at runtime; never imports torch
+    "tokenizers>=0.22",
+    "decord==0.6.0",
+    "tensorflow-datasets>=4.9.10,<5",
+    "numpy>=1.26,<3",
+    "safetensors>=0.5",
+]
+
+EXTRAS = {
+    "test": [
+        "pytest>=8",
+        "hypothesis>=6",
+        "torch==2.13.0",  # CPU wheel; pinned exactly so pip never pulls a CUDA build
+        "transformers>=5.24.0,<6",
+        "av>=12",
+    ],
+    "gpu": ["jax[cuda12]>=0.10.2,<0.11"],
+    "tpu": ["jax[tpu]>=0.10.2,<0.11"],
+}
+
+setup(
+    name="paravt_jax",
+    version="0.1.0",
+    description="ParaVT in JAX: Qwen3-VL, parallel crop_video tool calls, PARA-GRPO",
+    packages=find_packages(include=["paravt_jax", "paravt_jax.*"]),
+    python_requires=">=3.10",
+    install_requires=RUNTIME,
+    extras_require=EXTRAS,
+    entry_points={"console_scripts": ["paravt-jax=paravt_jax.cli:main"]},
+)
