@@ -15,6 +15,8 @@ RUNTIME = [
     "tensorflow-datasets>=4.9.10,<5",
     "numpy>=1.26,<3",
     "safetensors>=0.5",
+    "pillow>=10",
+    "absl-py>=2",
 ]
 
 EXTRAS = {

@@ -79,7 +79,9 @@ class Qwen3VLConfig:
     param_dtype: str = "float32"
     dtype: str = "float32"  # compute dtype
     remat: bool = False  # rematerialise each decoder layer / vision block in the backward pass
-    scan_layers: bool = False  # lax.scan over layers (compile time for deep models)
+    # lax.scan over layers: one compiled layer body (compile time for deep models) and no
+    # per-layer weight slicing copies; measured faster than unrolling even on CPU.
+    scan_layers: bool = True
 
     def replace(self, **changes: Any) -> "Qwen3VLConfig":
         return dataclasses.replace(self, **changes)

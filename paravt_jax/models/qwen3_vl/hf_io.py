@@ -9,6 +9,7 @@ in one error.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -113,8 +114,17 @@ def abstract_model(config: Qwen3VLConfig) -> Qwen3VL:
 
 def init_model(config: Qwen3VLConfig, seed: int = 0, mesh=None, rules=sh.DEFAULT_RULES) -> Qwen3VL:
     """A randomly initialised model (norm scales 1, biases 0), optionally sharded."""
-    model = Qwen3VL(config, rngs=nnx.Rngs(seed))
-    return sh.shard_module(model, mesh, rules) if mesh is not None else model
+    graphdef, abstract_state = nnx.split(abstract_model(config))
+    shardings = None
+    if mesh is not None:
+        shardings = sh.state_shardings(nnx.merge(graphdef, abstract_state), mesh, rules)
+
+    # One jitted initialisation: every parameter is created directly on its sharding.
+    @functools.partial(jax.jit, out_shardings=shardings)
+    def create():
+        return nnx.split(Qwen3VL(config, rngs=nnx.Rngs(seed)))[1]
+
+    return nnx.merge(graphdef, create())
 
 
 def load_pretrained(directory: str, dtype: str = "float32", compute_dtype: str | None = None,

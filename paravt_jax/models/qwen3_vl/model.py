@@ -121,8 +121,8 @@ class Qwen3VL(nnx.Module):
         self.visual = VisionTower(config, rngs=rngs)
         self.language = TextDecoder(config, rngs=rngs)
 
-    def encode_vision(self, pixel_values, pos_index, pos_weight, rotary_pos, segment_ids):
-        return self.visual(pixel_values, pos_index, pos_weight, rotary_pos, segment_ids)
+    def encode_vision(self, pixel_values, pos_index, pos_weight, rotary_pos, groups, inverse):
+        return self.visual(pixel_values, pos_index, pos_weight, rotary_pos, groups, inverse)
 
     def forward(self, input_ids, attention_mask, position_ids, visual_index=None, pixel_values=None,
                 vision_meta: tuple | None = None) -> jax.Array:
@@ -146,8 +146,7 @@ class Qwen3VL(nnx.Module):
 def device_args(prepared: PreparedInputs) -> tuple[Any, ...]:
     meta = None
     if prepared.layout is not None:
-        lay = prepared.layout
-        meta = (lay.pos_index, lay.pos_weight, lay.rotary_pos, lay.segment_ids)
+        meta = prepared.layout.device_arrays()
     return (prepared.input_ids, prepared.attention_mask, prepared.position_ids,
             prepared.visual_index, prepared.pixel_values, meta)
 

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The main job on this machine. Builds .venv if needed, then runs
+#   paravt-jax <command> --config=<config> [overrides...]
+# Default: the built-in tiny model on a synthetic video. Examples:
+#   bash launch/local.sh
+#   bash launch/local.sh forward --config=configs/base.py:small125m --config.model.dtype=bfloat16
+#   DRY_RUN=1 bash launch/local.sh      # print the command instead of running it
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+COMMAND="${1:-forward}"; shift || true
+ARGS=("$@")
+if [[ ! " ${ARGS[*]-} " =~ " --config=" ]]; then ARGS=("--config=configs/base.py:tiny" "${ARGS[@]}"); fi
+if [[ "${DRY_RUN:-0}" == "1" ]]; then
+  echo "python -m paravt_jax.cli $COMMAND ${ARGS[*]}"
+  exit 0
+fi
+PY="$(bash launch/env.sh)"
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+exec "$PY" -m paravt_jax.cli "$COMMAND" "${ARGS[@]}"

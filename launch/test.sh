@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The test suite. Builds .venv if needed; extra arguments go to pytest.
+#   bash launch/test.sh                 # default suite (slow tests excluded)
+#   bash launch/test.sh -m slow         # only the slow tests
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+PY="$(bash launch/env.sh)"
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+exec "$PY" -m pytest "$@"

@@ -1,0 +1,87 @@
+"""Frames -> Qwen3-VL patches.
+
+`pixel_values` rows are flattened (C, T, ph, pw) patches in merge-block order
+(t, block_row, block_col, in_row, in_col); pixels are rescaled to [-1, 1] with mean = std =
+0.5 (docs/qwen3vl.md section 5).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+PATCH = 16
+MERGE = 2
+TEMPORAL = 2
+FACTOR = PATCH * MERGE  # 32: every resized side is a multiple of this
+MAX_ASPECT = 200
+
+
+def smart_resize(height: int, width: int, factor: int = FACTOR, min_pixels: int = 56 * 56,
+                 max_pixels: int = 28 * 28 * 1280) -> tuple[int, int]:
+    """Target (h, w): multiples of `factor`, area within [min_pixels, max_pixels], aspect kept.
+
+    Rounding is Python's round (half to even), as in the reference processors.
+    """
+    if height < 1 or width < 1:
+        raise ValueError(f"smart_resize: image size {height}x{width} must be positive")
+    if max(height, width) / min(height, width) > MAX_ASPECT:
+        raise ValueError(f"smart_resize: aspect ratio of {height}x{width} exceeds {MAX_ASPECT}")
+    h = max(factor, round(height / factor) * factor)
+    w = max(factor, round(width / factor) * factor)
+    if h * w > max_pixels:
+        beta = math.sqrt(height * width / max_pixels)
+        h = max(factor, math.floor(height / beta / factor) * factor)
+        w = max(factor, math.floor(width / beta / factor) * factor)
+    elif h * w < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h = math.ceil(height * beta / factor) * factor
+        w = math.ceil(width * beta / factor) * factor
+    return h, w
+
+
+def normalize(frames: np.ndarray) -> np.ndarray:
+    """uint8 [..., H, W, 3] -> float32 in [-1, 1]."""
+    return (frames.astype(np.float32) / 255.0 - 0.5) / 0.5
+
+
+def patchify(frames: np.ndarray, patch: int = PATCH, merge: int = MERGE,
+             temporal: int = TEMPORAL) -> tuple[np.ndarray, np.ndarray]:
+    """frames [T, H, W, 3] (uint8, or float already normalised), T a multiple of `temporal`
+    (pad by repeating the last frame first). Returns pixel_values [T/2*H/16*W/16, 1536] float32
+    and grid_thw [3] int64 = (T/2, H/16, W/16)."""
+    frames = np.asarray(frames)
+    if frames.ndim != 4 or frames.shape[-1] != 3:
+        raise ValueError(f"patchify: frames must be [T, H, W, 3], got {frames.shape}")
+    t, height, width, channels = frames.shape
+    unit = patch * merge
+    if height % unit or width % unit:
+        raise ValueError(f"patchify: frame size {height}x{width} is not a multiple of {unit}")
+    if t % temporal:
+        raise ValueError(f"patchify: {t} frames is not a multiple of temporal_patch_size={temporal}")
+    x = normalize(frames) if frames.dtype == np.uint8 else frames.astype(np.float32)
+    gt, gh, gw = t // temporal, height // patch, width // patch
+    x = x.transpose(0, 3, 1, 2)  # T, C, H, W
+    x = x.reshape(gt, temporal, channels, gh // merge, merge, patch, gw // merge, merge, patch)
+    x = x.transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)  # gt, br, bc, ir, ic, C, T, ph, pw
+    pixel_values = x.reshape(gt * gh * gw, channels * temporal * patch * patch)
+    return np.ascontiguousarray(pixel_values), np.array([gt, gh, gw], np.int64)
+
+
+def patchify_image(image: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One image [H, W, 3] -> (pixel_values, grid (1, H/16, W/16)); duplicated to fill T=2."""
+    image = np.asarray(image)
+    return patchify(np.stack([image] * TEMPORAL))
+
+
+def pad_to_temporal(frames: np.ndarray, temporal: int = TEMPORAL) -> np.ndarray:
+    """Repeats the last frame so the count is a multiple of `temporal`."""
+    extra = -len(frames) % temporal
+    if extra:
+        frames = np.concatenate([frames, np.repeat(frames[-1:], extra, axis=0)])
+    return frames
+
+
+def llm_tokens(grid_thw, merge: int = MERGE) -> int:
+    t, h, w = (int(v) for v in grid_thw)
+    return t * (h // merge) * (w // merge)
