@@ -50,3 +50,126 @@ def render_frame(t: float, events: list[Event], height: int, width: int, seed: i
 
 def render_frames(times, events: list[Event], height: int, width: int, seed: int) -> np.ndarray:
     return np.stack([render_frame(float(t), events, height, width, seed) for t in times])
+
+
+# ----------------------------------------------------------------------------- video files
+def write_video(path: str, duration: float, events: list[Event], fps: float = 4.0,
+                height: int = 360, width: int = 640, seed: int = 0) -> str:
+    """Encodes an H.264 mp4 with PyAV: drifting background, events drawn while active."""
+    import os
+
+    import av
+
+    if duration <= 0 or fps <= 0:
+        raise ValueError(f"write_video: duration={duration} and fps={fps} must be > 0")
+    n = int(round(duration * fps))
+    times = np.arange(n) / fps
+    backgrounds = background(times, seed)
+    masks = {(e.shape): shape_mask(e.shape, height, width, height / 2, width / 2, min(height, width) / 4)
+             for e in events}
+    tmp = path + ".tmp.mp4"
+    from fractions import Fraction
+
+    with av.open(tmp, mode="w") as container:
+        stream = container.add_stream("libx264", rate=Fraction(fps).limit_denominator(1000))
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        stream.options = {"crf": "23", "preset": "ultrafast", "g": str(max(1, int(fps * 2)))}
+        frame = np.empty((height, width, 3), np.uint8)
+        for i, t in enumerate(times):
+            frame[:] = backgrounds[i]
+            for e in events:
+                if e.start <= t < e.end:
+                    frame[masks[e.shape]] = COLORS[e.color]
+            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    os.replace(tmp, path)
+    return path
+
+
+# ----------------------------------------------------------------------------- the task
+@dataclasses.dataclass(frozen=True)
+class SyntheticVideo:
+    name: str  # file name, relative to the video root
+    duration: float
+    events: tuple[Event, ...]
+    seed: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Question:
+    video: SyntheticVideo
+    question: str
+    answer: str
+    question_type: str  # mcq | tvg | oe
+    target: Event  # the event the question is about
+
+
+def make_video(seed: int, duration: float, num_events: int | None = None) -> SyntheticVideo:
+    """Non-overlapping events of 2-5 s with distinct (colour, shape) pairs."""
+    rng = np.random.default_rng(seed)
+    k = int(num_events if num_events is not None else rng.integers(2, 5))
+    pairs = [(c, s) for c in COLORS for s in SHAPES]
+    chosen = rng.choice(len(pairs), size=k, replace=False)
+    slots = np.sort(rng.choice(np.arange(int(duration // 8)), size=k, replace=False)) * 8.0
+    events = []
+    for slot, pair in zip(slots, chosen):
+        length = float(rng.uniform(2.0, 5.0))
+        start = float(np.round(slot + rng.uniform(0.5, 8.0 - length - 0.5), 1))
+        events.append(Event(start=start, end=float(np.round(start + length, 1)),
+                            color=pairs[pair][0], shape=pairs[pair][1]))
+    return SyntheticVideo(name=f"synthetic_{seed:06d}.mp4", duration=float(duration),
+                          events=tuple(events), seed=seed)
+
+
+def make_question(video: SyntheticVideo, question_type: str, seed: int) -> Question:
+    rng = np.random.default_rng(seed + 7919)
+    target = video.events[int(rng.integers(len(video.events)))]
+    if question_type == "mcq":
+        present = {(e.color, e.shape) for e in video.events}
+        distractors = [(c, s) for c in COLORS for s in SHAPES if (c, s) not in present]
+        picks = [distractors[i] for i in rng.choice(len(distractors), size=3, replace=False)]
+        options = picks + [(target.color, target.shape)]
+        order = rng.permutation(4)
+        letters = "ABCD"
+        lines = [f"{letters[i]}. {options[j][0]} {options[j][1]}" for i, j in enumerate(order)]
+        answer = letters[int(np.nonzero(order == 3)[0][0])]
+        text = ("Which of these coloured shapes appears at some point in the video?\n"
+                + "\n".join(lines) + "\nAnswer with the option's letter.")
+    elif question_type == "tvg":
+        text = (f"When does the {target.color} {target.shape} appear in the video? "
+                "Answer with the start and end time in seconds as [start, end].")
+        answer = f"[{target.start:.1f}, {target.end:.1f}]"
+    elif question_type == "oe":
+        text = f"What colour is the {target.shape} that appears around {target.start:.0f} seconds?"
+        answer = target.color
+    else:
+        raise ValueError(f"question_type={question_type!r}: expected mcq, tvg or oe")
+    return Question(video=video, question=text, answer=answer, question_type=question_type,
+                    target=target)
+
+
+def segment_summary(video: SyntheticVideo, start: float, end: float) -> str:
+    """The factual answer a sub-agent should give for [start, end]."""
+    seen = [e for e in video.events if e.start < end and e.end > start]
+    if not seen:
+        return f"From {start:.1f} to {end:.1f} seconds only a plain drifting background is visible."
+    parts = [f"a {e.color} {e.shape} is visible from {max(e.start, start):.1f} to "
+             f"{min(e.end, end):.1f} seconds" for e in seen]
+    return "In this segment " + "; ".join(parts) + "."
+
+
+def corpus(questions: list[Question]) -> list[str]:
+    """Text the built-in tokenizer is trained on."""
+    from paravt_jax.text.chat import CROP_VIDEO_TOOL, tools_system_prompt
+
+    texts = [tools_system_prompt([CROP_VIDEO_TOOL])]
+    for q in questions:
+        texts += [q.question, q.answer, segment_summary(q.video, 0, q.video.duration)]
+        for e in q.video.events:
+            texts.append(segment_summary(q.video, e.start - 1, e.end + 1))
+            texts.append(f"<{e.start:.1f} seconds> <think>The {e.color} {e.shape} may be near "
+                         f"{e.start:.0f} seconds.</think>")
+    texts += [f"<{t / 2:.1f} seconds>" for t in range(0, 2400)]
+    return texts

@@ -23,6 +23,46 @@ def split_video_grids(video_grid_thw) -> np.ndarray:
     return out
 
 
+def sequence_positions(types: np.ndarray, grids: dict[int, list], cursor: dict[int, int],
+                       start: int = 0, spatial_merge_size: int = 2,
+                       where: str = "sequence") -> np.ndarray:
+    """3-D positions [3, n] for one unpadded token sequence whose first token gets `start`.
+
+    Text runs advance by their length; each vision run takes the next grid of its modality
+    (`cursor` is advanced in place) and advances by max(h, w)/merge. The position after the
+    sequence is always max(positions) + 1, so a continuation chunk starts exactly there.
+    """
+    names = {IMAGE: "image", VIDEO: "video"}
+    m = spatial_merge_size
+    chunks, current, offset = [], start, 0
+    for kind, group in itertools.groupby(np.asarray(types).tolist()):
+        n = len(list(group))
+        if kind == TEXT:
+            chunks.append(np.broadcast_to(np.arange(current, current + n), (3, n)))
+            current += n
+        elif kind in (IMAGE, VIDEO):
+            if cursor[kind] >= len(grids[kind]):
+                raise ValueError(f"{where}: more {names[kind]} token runs than {names[kind]} grids "
+                                 f"({len(grids[kind])} grid groups given)")
+            _, h, w = grids[kind][cursor[kind]]
+            cursor[kind] += 1
+            gh, gw = int(h) // m, int(w) // m
+            if n != gh * gw:
+                raise ValueError(
+                    f"{where}: a run of {n} {names[kind]} pad tokens at offset {offset} does not "
+                    f"match its grid {[1, int(h), int(w)]}, which needs {gh * gw} tokens")
+            rows, cols = np.meshgrid(np.arange(gh), np.arange(gw), indexing="ij")
+            chunks.append(np.stack([np.full(n, current), current + rows.reshape(-1),
+                                    current + cols.reshape(-1)]))
+            current += max(gh, gw)
+        else:
+            raise ValueError(f"{where}: unknown mm_token_type {kind}")
+        offset += n
+    if not chunks:
+        return np.zeros((3, 0), np.int64)
+    return np.concatenate(chunks, axis=1).astype(np.int64)
+
+
 def get_rope_index(mm_token_type_ids: np.ndarray, attention_mask: np.ndarray,
                    image_grid_thw=None, video_grid_thw=None,
                    spatial_merge_size: int = 2) -> tuple[np.ndarray, np.ndarray]:
@@ -42,42 +82,13 @@ def get_rope_index(mm_token_type_ids: np.ndarray, attention_mask: np.ndarray,
         VIDEO: list(split_video_grids(video_grid_thw)),
     }
     cursor = {IMAGE: 0, VIDEO: 0}
-    names = {IMAGE: "image_grid_thw", VIDEO: "video_grid_thw"}
-    m = spatial_merge_size
     positions = np.zeros((3, batch, length), np.int64)
     deltas = np.zeros((batch,), np.int64)
     for b in range(batch):
         valid = np.nonzero(mask[b])[0]
-        row_types = types[b, valid]
-        chunks, current = [], 0
-        start = 0
-        for kind, group in itertools.groupby(row_types.tolist()):
-            n = len(list(group))
-            if kind == TEXT:
-                chunks.append(np.broadcast_to(np.arange(current, current + n), (3, n)))
-                current += n
-            elif kind in (IMAGE, VIDEO):
-                if cursor[kind] >= len(grids[kind]):
-                    raise ValueError(f"sample {b}: more {'image' if kind == IMAGE else 'video'} "
-                                     f"token runs than grids in {names[kind]} "
-                                     f"({len(grids[kind])} grid groups)")
-                _, h, w = grids[kind][cursor[kind]]
-                cursor[kind] += 1
-                gh, gw = int(h) // m, int(w) // m
-                if n != gh * gw:
-                    raise ValueError(
-                        f"sample {b}: a run of {n} {'image' if kind == IMAGE else 'video'} pad "
-                        f"tokens at position {int(valid[start])} does not match its grid "
-                        f"{[1, int(h), int(w)]} which needs {gh * gw} tokens")
-                rows, cols = np.meshgrid(np.arange(gh), np.arange(gw), indexing="ij")
-                chunks.append(np.stack([np.full(n, current), current + rows.reshape(-1),
-                                        current + cols.reshape(-1)]))
-                current += max(gh, gw)
-            else:
-                raise ValueError(f"mm_token_type_ids sample {b}: unknown type {kind}")
-            start += n
-        if chunks:
-            flat = np.concatenate(chunks, axis=1)
+        flat = sequence_positions(types[b, valid], grids, cursor, 0, spatial_merge_size,
+                                  where=f"sample {b}")
+        if flat.size:
             positions[:, b, valid] = flat
             deltas[b] = flat.max() + 1 - len(valid)
     return positions, deltas

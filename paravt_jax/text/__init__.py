@@ -1,0 +1,1 @@
+"""Tokenizer, chat rendering and model inputs."""

@@ -1,0 +1,151 @@
+"""Chat rendering (Qwen3-VL template semantics), the tools system prompt and the ParaVT prompt.
+
+Messages render to a list of segments: `Text` (may contain special-token strings) and
+`Image` (one frame). Adjacent text is merged before tokenisation, and every image is
+bounded by `<|vision_start|>`/`<|vision_end|>`, so encoding segment by segment gives the
+same ids as tokenising the whole expanded prompt string.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Sequence, Union
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class Text:
+    text: str
+    trainable: bool = False  # loss mask 1 (assistant content in SFT data)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Image:
+    frame: np.ndarray  # uint8 [H, W, 3], sides multiples of 32
+
+
+Segment = Union[Text, Image]
+
+
+@dataclasses.dataclass(frozen=True)
+class Message:
+    role: str  # system | user | assistant
+    content: tuple[Segment, ...]
+
+    @classmethod
+    def of(cls, role: str, *content: Segment | str) -> "Message":
+        return cls(role, tuple(Text(c) if isinstance(c, str) else c for c in content))
+
+
+CROP_VIDEO_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "crop_video",
+        "description": ("Look closely at one time window of the video: frames are sampled "
+                        "from [start_time, end_time] and a summary of what happens in that "
+                        "window is returned. Call it several times in one turn to inspect "
+                        "several windows at once."),
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "video_path": {"type": "string", "description": "Path of the video file"},
+                "start_time": {"type": "number", "description": "Window start in seconds"},
+                "end_time": {"type": "number", "description": "Window end in seconds"},
+            },
+            "required": ["video_path", "start_time", "end_time"],
+        },
+    },
+}
+
+
+def tools_system_prompt(tools: Sequence[dict]) -> str:
+    """The Hermes tool envelope Qwen models are trained on (a format: kept verbatim)."""
+    listing = "\n".join(json.dumps(tool) for tool in tools)
+    return ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+            "You are provided with function signatures within <tools></tools> XML tags:\n"
+            f"<tools>\n{listing}\n</tools>\n\n"
+            "For each function call, return a json object with function name and arguments "
+            "within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+            '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
+
+
+def render(messages: Sequence[Message], add_generation_prompt: bool = False,
+           assistant_prefix: str = "") -> list[Segment]:
+    """Qwen chat template: `<|im_start|>{role}\\n...<|im_end|>\\n` per message.
+
+    Assistant content is trainable (loss mask 1) together with its closing `<|im_end|>`.
+    With add_generation_prompt the result ends with `<|im_start|>assistant\\n` plus the
+    forced `assistant_prefix` (e.g. "<think>\\n"), which is prompt, not trainable.
+    """
+    out: list[Segment] = []
+    for message in messages:
+        if message.role not in ("system", "user", "assistant"):
+            raise ValueError(f"message role {message.role!r}: expected system, user or assistant")
+        out.append(Text(f"<|im_start|>{message.role}\n"))
+        for item in message.content:
+            if isinstance(item, Text):
+                out.append(Text(item.text, trainable=message.role == "assistant"))
+            elif isinstance(item, Image):
+                if message.role == "assistant":
+                    raise ValueError("assistant messages cannot hold images")
+                out.append(item)
+            else:
+                raise TypeError(f"message content item of type {type(item).__name__}")
+        out.append(Text("<|im_end|>", trainable=message.role == "assistant"))
+        out.append(Text("\n"))
+    if add_generation_prompt:
+        out.append(Text("<|im_start|>assistant\n" + assistant_prefix))
+    return out
+
+
+def frames_as_images(frames: np.ndarray, timestamps: Sequence[float]) -> list[Segment]:
+    """Overview frames as image items, each preceded by its `<t seconds>` text."""
+    if len(frames) != len(timestamps):
+        raise ValueError(f"{len(frames)} frames but {len(timestamps)} timestamps")
+    out: list[Segment] = []
+    for frame, t in zip(frames, timestamps):
+        out += [Text(f"<{float(t):.1f} seconds>"), Image(np.asarray(frame))]
+    return out
+
+
+def paravt_messages(question: str, frames: np.ndarray, timestamps: Sequence[float],
+                    video_name: str | None = None, tools: Sequence[dict] = (CROP_VIDEO_TOOL,),
+                    system_text: str = "") -> list[Message]:
+    """System (tool schema) + user turn: K overview frames as images, then the question."""
+    system = "\n\n".join(t for t in (system_text, tools_system_prompt(tools) if tools else "") if t)
+    messages = [Message.of("system", system)] if system else []
+    question_text = question
+    if video_name:
+        question_text += f"\nThe video path for this video is: {video_name}"
+    messages.append(Message("user", tuple(frames_as_images(frames, timestamps)) + (Text(question_text),)))
+    return messages
+
+
+def tool_response_messages(responses: Sequence[str | Sequence[Segment]]) -> list[Message]:
+    """One user turn per tool call, in call order: `<tool_response>\\n...\\n</tool_response>`.
+    A response may be a string or segments (text plus frames, for the frames mode)."""
+    out = []
+    for response in responses:
+        if isinstance(response, str):
+            out.append(Message.of("user", f"<tool_response>\n{response}\n</tool_response>"))
+        else:
+            out.append(Message("user", (Text("<tool_response>\n"), *response,
+                                        Text("\n</tool_response>"))))
+    return out
+
+
+def placeholder_text(segments: Sequence[Segment]) -> str:
+    """The prompt string with each image as the template's single-pad placeholder (what an HF
+    processor expands); useful for logging and cross-checks."""
+    return "".join(s.text if isinstance(s, Text) else "<|vision_start|><|image_pad|><|vision_end|>"
+                   for s in segments)
+
+
+def segment_instruction(start: float, end: float) -> str:
+    """The sub-agent's task for one crop (our wording of the reference's instruction)."""
+    mmss = lambda s: f"{int(s // 60):02d}:{int(s % 60):02d}"
+    return (f"These frames were sampled from the video between {mmss(start)} and {mmss(end)} "
+            f"({end - start:.1f} seconds), in order. Summarise what happens in this segment: the "
+            "key actions, objects and changes, in the order they occur, stating only what is "
+            "visible.\n\nSummary:")

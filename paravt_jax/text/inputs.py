@@ -1,0 +1,151 @@
+"""ModelInputs: one token sequence with everything the model needs, built from segments and
+extensible chunk by chunk with positions that continue exactly as a full re-encode."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import numpy as np
+
+from paravt_jax.models.qwen3_vl.rope import IMAGE, TEXT, VIDEO, sequence_positions
+from paravt_jax.text.chat import Image, Segment, Text
+from paravt_jax.text.tokenizer import Tokenizer
+from paravt_jax.video.frames import llm_tokens, patchify_image
+
+PATCH_DIM = 1536
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelInputs:
+    """One unpadded sequence (host numpy). L tokens, N image patches, M video patches.
+
+    input_ids, mm_token_type_ids, loss_mask: [L] int32; position_ids: [3, L] int64;
+    pixel_values [N, 1536] float32 + image_grid_thw [n, 3]; pixel_values_videos [M, 1536] +
+    video_grid_thw [v, 3]. `next_position` is where the next token goes (all three axes),
+    `rope_delta` = next_position - L (HF's rope_deltas).
+    """
+    input_ids: np.ndarray
+    mm_token_type_ids: np.ndarray
+    loss_mask: np.ndarray
+    position_ids: np.ndarray
+    pixel_values: np.ndarray
+    image_grid_thw: np.ndarray
+    pixel_values_videos: np.ndarray
+    video_grid_thw: np.ndarray
+    next_position: int
+
+    @property
+    def length(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def rope_delta(self) -> int:
+        return self.next_position - self.length
+
+    @property
+    def attention_mask(self) -> np.ndarray:
+        return np.ones_like(self.input_ids)
+
+    def extend(self, chunk: "ModelInputs") -> "ModelInputs":
+        """self followed by `chunk`; the chunk must have been encoded with
+        start_position=self.next_position (checked)."""
+        if chunk.length and int(chunk.position_ids.min()) < self.next_position:
+            raise ValueError(f"chunk starts at position {int(chunk.position_ids.min())}, before "
+                             f"this sequence's next position {self.next_position}; encode it with "
+                             f"start_position={self.next_position}")
+        return ModelInputs(
+            input_ids=np.concatenate([self.input_ids, chunk.input_ids]),
+            mm_token_type_ids=np.concatenate([self.mm_token_type_ids, chunk.mm_token_type_ids]),
+            loss_mask=np.concatenate([self.loss_mask, chunk.loss_mask]),
+            position_ids=np.concatenate([self.position_ids, chunk.position_ids], axis=1),
+            pixel_values=np.concatenate([self.pixel_values, chunk.pixel_values]),
+            image_grid_thw=np.concatenate([self.image_grid_thw, chunk.image_grid_thw]),
+            pixel_values_videos=np.concatenate([self.pixel_values_videos, chunk.pixel_values_videos]),
+            video_grid_thw=np.concatenate([self.video_grid_thw, chunk.video_grid_thw]),
+            next_position=chunk.next_position if chunk.length else self.next_position,
+        )
+
+    def model_kwargs(self) -> dict:
+        """Batch-of-one keyword arguments for `Qwen3VL.__call__`."""
+        kwargs = dict(input_ids=self.input_ids[None], attention_mask=self.attention_mask[None],
+                      mm_token_type_ids=self.mm_token_type_ids[None])
+        if len(self.image_grid_thw):
+            kwargs.update(pixel_values=self.pixel_values, image_grid_thw=self.image_grid_thw)
+        if len(self.video_grid_thw):
+            kwargs.update(pixel_values_videos=self.pixel_values_videos,
+                          video_grid_thw=self.video_grid_thw)
+        return kwargs
+
+
+def _merge_text(segments: Sequence[Segment]) -> list[Segment]:
+    """Joins adjacent Text segments with the same trainable flag."""
+    out: list[Segment] = []
+    for seg in segments:
+        if isinstance(seg, Text) and out and isinstance(out[-1], Text) and out[-1].trainable == seg.trainable:
+            out[-1] = Text(out[-1].text + seg.text, seg.trainable)
+        else:
+            out.append(seg)
+    return out
+
+
+def encode(segments: Sequence[Segment], tokenizer: Tokenizer, start_position: int = 0,
+           spatial_merge_size: int = 2) -> ModelInputs:
+    """Segments -> ModelInputs. Images become `<|vision_start|>` + pads + `<|vision_end|>`
+    (the template's placeholder expanded to (h/32)*(w/32) pads) and merge-block patches."""
+    sp = tokenizer.special
+    ids, types, loss = [], [], []
+    pixels, grids = [], []
+    for seg in _merge_text(segments):
+        if isinstance(seg, Text):
+            piece = tokenizer.encode(seg.text)
+            ids += piece
+            types += [TEXT] * len(piece)
+            loss += [int(seg.trainable)] * len(piece)
+        elif isinstance(seg, Image):
+            pv, grid = patchify_image(seg.frame)
+            n = llm_tokens(grid, spatial_merge_size)
+            ids += [sp.vision_start] + [sp.image_pad] * n + [sp.vision_end]
+            types += [TEXT] + [IMAGE] * n + [TEXT]
+            loss += [0] * (n + 2)
+            pixels.append(pv)
+            grids.append(grid)
+        else:
+            raise TypeError(f"segment of type {type(seg).__name__}")
+    types_arr = np.asarray(types, np.int32)
+    image_grid = np.asarray(grids, np.int64).reshape(-1, 3)
+    positions = sequence_positions(types_arr, {IMAGE: list(image_grid), VIDEO: []},
+                                   {IMAGE: 0, VIDEO: 0}, start_position, spatial_merge_size)
+    return ModelInputs(
+        input_ids=np.asarray(ids, np.int32), mm_token_type_ids=types_arr,
+        loss_mask=np.asarray(loss, np.int32), position_ids=positions,
+        pixel_values=np.concatenate(pixels) if pixels else np.zeros((0, PATCH_DIM), np.float32),
+        image_grid_thw=image_grid,
+        pixel_values_videos=np.zeros((0, PATCH_DIM), np.float32),
+        video_grid_thw=np.zeros((0, 3), np.int64),
+        next_position=int(positions.max()) + 1 if positions.size else start_position,
+    )
+
+
+def encode_ids(ids: Sequence[int], start_position: int, trainable: bool = True) -> ModelInputs:
+    """A text-only chunk from token ids (e.g. what the sampler generated)."""
+    ids_arr = np.asarray(ids, np.int32)
+    n = len(ids_arr)
+    positions = np.broadcast_to(np.arange(start_position, start_position + n), (3, n)).astype(np.int64)
+    return ModelInputs(ids_arr, np.zeros(n, np.int32), np.full(n, int(trainable), np.int32),
+                       positions, np.zeros((0, PATCH_DIM), np.float32), np.zeros((0, 3), np.int64),
+                       np.zeros((0, PATCH_DIM), np.float32), np.zeros((0, 3), np.int64),
+                       start_position + n)
+
+
+def check_against_model(tokenizer: Tokenizer, config) -> None:
+    """The tokenizer's vision ids must be the ones the checkpoint was trained with."""
+    sp = tokenizer.special
+    pairs = {"image_token_id": sp.image_pad, "video_token_id": sp.video_pad,
+             "vision_start_token_id": sp.vision_start, "vision_end_token_id": sp.vision_end}
+    wrong = [f"{k}: config {getattr(config, k)} vs tokenizer {v}" for k, v in pairs.items()
+             if getattr(config, k) != v]
+    if wrong:
+        raise ValueError(f"{tokenizer.source}: tokenizer and model config disagree: " + "; ".join(wrong))
+    if tokenizer.vocab_size > config.text.vocab_size:
+        raise ValueError(f"{tokenizer.source}: tokenizer has {tokenizer.vocab_size} tokens, more "
+                         f"than the model's vocab_size {config.text.vocab_size}")
