@@ -11,12 +11,18 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     c.seed = 0
     c.model = ml_collections.ConfigDict()
     c.model.preset = arg or "tiny"
-    c.model.checkpoint = ""  # an HF checkpoint directory; empty = random init of the preset
+    c.model.checkpoint = ""  # a local HF checkpoint directory; empty = the built-in tiny model
     c.model.param_dtype = "float32"
     c.model.dtype = "float32"
     c.model.remat = False
     c.model.scan_layers = True
     c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))
-    # The built-in demo prompt: a short synthetic video.
-    c.demo = ml_collections.ConfigDict(dict(frames=8, height=64, width=96, fps=2.0, repeats=5))
+    # The built-in default data: synthetic videos + tokenizer + tiny model, generated locally.
+    c.data = ml_collections.ConfigDict()
+    c.data.builtin_root = "artifacts/builtin"
+    c.data.num_train = 12
+    c.data.num_eval = 4
+    c.data.durations = (30.0, 60.0, 120.0)
+    # The forward demo: K overview frames of the first held-out question.
+    c.demo = ml_collections.ConfigDict(dict(frames=8, min_pixels=784, max_pixels=50176, repeats=5))
     return c

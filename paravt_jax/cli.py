@@ -15,67 +15,92 @@ DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__
                               "configs", "base.py")
 
 
-def build_model(config):
+def build_model(config, default_dir: str | None = None):
+    """The configured checkpoint, else the built-in tiny checkpoint directory."""
     from paravt_jax import sharding as sh
     from paravt_jax.models.qwen3_vl import init_model, load_pretrained, preset
 
     m = config.model
-    knobs = dict(param_dtype=m.param_dtype, dtype=m.dtype, remat=m.remat, scan_layers=m.scan_layers)
     mesh = sh.make_mesh(dict(config.mesh))
-    if m.checkpoint:
-        return load_pretrained(m.checkpoint, dtype=m.param_dtype, compute_dtype=m.dtype, mesh=mesh,
+    # The built-in checkpoint stands in for `tiny`; other presets without a checkpoint are
+    # randomly initialised (benchmarks, memory checks).
+    directory = m.checkpoint or (default_dir if m.preset == "tiny" else None)
+    if directory:
+        return load_pretrained(directory, dtype=m.param_dtype, compute_dtype=m.dtype, mesh=mesh,
                                remat=m.remat, scan_layers=m.scan_layers)
+    knobs = dict(param_dtype=m.param_dtype, dtype=m.dtype, remat=m.remat, scan_layers=m.scan_layers)
     return init_model(preset(m.preset, **knobs), seed=config.seed, mesh=mesh)
 
 
-def demo_video_prompt(model_config, demo):
-    """A user turn with a synthetic video: per temporal group `<t seconds>` + pads.
+def builtin_assets(config):
+    from paravt_jax.data.builtin import ensure_builtin
 
-    Text is byte-encoded (ids 0-255); special ids come from the model config.
-    """
-    from paravt_jax.data.synthetic import Event, render_frames
-    from paravt_jax.video.frames import llm_tokens, pad_to_temporal, patchify
+    d = config.data
+    return ensure_builtin(d.builtin_root, seed=config.seed, num_train=d.num_train,
+                          num_eval=d.num_eval, durations=tuple(d.durations))
 
-    times = np.arange(demo.frames) / demo.fps
-    events = [Event(start=times[len(times) // 3], end=times[2 * len(times) // 3], color="red",
-                    shape="circle")]
-    frames = pad_to_temporal(render_frames(times, events, demo.height, demo.width, seed=0))
-    pixel_values, grid = patchify(frames)
-    c = model_config
-    text = lambda s: list(s.encode())
-    ids = text("user\n") + [c.vision_start_token_id]
-    per_group = llm_tokens((1, grid[1], grid[2]))
-    for g in range(int(grid[0])):
-        stamp = (times[min(2 * g, len(times) - 1)] + times[min(2 * g + 1, len(times) - 1)]) / 2
-        ids += text(f"<{stamp:.1f} seconds>") + [c.vision_start_token_id]
-        ids += [c.video_token_id] * per_group + [c.vision_end_token_id]
-    ids += [c.vision_end_token_id] + text("When does the red circle appear?")
-    return np.array([ids]), pixel_values, grid[None]
+
+def first_prompt(config, tokenizer, data_dir: str):
+    """The ParaVT prompt for the first held-out synthetic question: K overview frames as
+    images, each after its `<t seconds>` text, the question, and the `<think>` prefix."""
+    import json
+    import os
+
+    import pyarrow.parquet as pq
+
+    from paravt_jax.text import chat
+    from paravt_jax.text.inputs import encode
+    from paravt_jax.video import read_frames
+
+    row = pq.read_table(os.path.join(data_dir, "rl_eval.parquet")).to_pylist()[0]
+    video = os.path.join(data_dir, row["videos"][0]["video"])
+    question = row["prompt"][0]["content"].replace("<video>", "").strip()
+    d = config.demo
+    clip = read_frames(video, nframes=d.frames, min_pixels=d.min_pixels, max_pixels=d.max_pixels)
+    messages = chat.paravt_messages(question, clip.frames, clip.timestamps,
+                                    video_name=os.path.basename(video))
+    segments = chat.render(messages, add_generation_prompt=True, assistant_prefix="<think>\n")
+    return encode(segments, tokenizer), json.loads(row["extra_info"]), video
 
 
 def forward_command(config) -> dict:
     import jax
 
+    from paravt_jax.text.inputs import check_against_model
+    from paravt_jax.text.tokenizer import Tokenizer
+
     t0 = time.perf_counter()
-    model = build_model(config)
+    assets = builtin_assets(config)
+    setup_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    model = build_model(config, default_dir=assets.model_dir)
     load_s = time.perf_counter() - t0
-    ids, pixel_values, grid = demo_video_prompt(model.config, config.demo)
+    tokenizer = Tokenizer.from_directory(config.model.checkpoint or assets.model_dir)
+    check_against_model(tokenizer, model.config)
+    inputs, info, video = first_prompt(config, tokenizer, assets.data_dir)
+    kwargs = inputs.model_kwargs()
     times = []
     for _ in range(max(2, config.demo.repeats)):
         start = time.perf_counter()
-        out = model(input_ids=ids, pixel_values_videos=pixel_values, video_grid_thw=grid)
+        out = model(**kwargs)
         jax.block_until_ready(out.logits)
         times.append(time.perf_counter() - start)
+    logits = np.asarray(out.logits)
     summary = {
         "devices": f"{jax.device_count()} x {jax.devices()[0].platform}",
-        "model": config.model.checkpoint or f"preset {config.model.preset} (random init)",
-        "input_ids": tuple(ids.shape), "pixel_values_videos": tuple(pixel_values.shape),
-        "video_grid_thw": grid.tolist(), "logits": tuple(out.logits.shape),
-        "logits_finite": bool(np.isfinite(np.asarray(out.logits)).all()),
-        "next_token": int(np.asarray(out.logits)[0, -1].argmax()),
-        "model_build_s": round(load_s, 3), "first_call_s (compile)": round(times[0], 3),
+        "model": config.model.checkpoint or f"built-in tiny ({assets.model_dir})",
+        "video": f"{video} ({config.demo.frames} overview frames)",
+        "question type / answer": f"{info['question_type']} / {info['answer']}",
+        "input_ids": tuple(kwargs["input_ids"].shape),
+        "image tokens": int((inputs.mm_token_type_ids == 1).sum()),
+        "pixel_values": tuple(inputs.pixel_values.shape),
+        "image_grid_thw": inputs.image_grid_thw[0].tolist(),
+        "logits": tuple(logits.shape), "logits_finite": bool(np.isfinite(logits).all()),
+        "greedy next token": repr(tokenizer.decode([int(logits[0, -1].argmax())])),
+        "assets_s": round(setup_s, 3), "model_load_s": round(load_s, 3),
+        "first_call_s (compile)": round(times[0], 3),
         "steady_call_ms (median)": round(1e3 * float(np.median(times[1:])), 2),
-        "tokens_per_s": round(ids.size / float(np.median(times[1:])), 1),
+        "tokens_per_s": round(inputs.length / float(np.median(times[1:])), 1),
     }
     width = max(len(k) for k in summary)
     print("paravt-jax forward pass on the built-in synthetic video prompt")
@@ -100,8 +125,9 @@ def main(argv: list[str] | None = None) -> None:
     if command not in COMMANDS:
         raise SystemExit(f"unknown command {command!r}; choose from {sorted(COMMANDS)}")
     flag_values = flags.FlagValues()
+    # sys_argv lets ml_collections register the --config.* override flags of this argv.
     config_flags.DEFINE_config_file("config", DEFAULT_CONFIG + ":tiny", "config file[:arg]",
-                                    flag_values=flag_values)
+                                    flag_values=flag_values, sys_argv=argv)
     flag_values(argv)
     COMMANDS[command](flag_values.config)
 

@@ -109,10 +109,12 @@ class Question:
 def make_video(seed: int, duration: float, num_events: int | None = None) -> SyntheticVideo:
     """Non-overlapping events of 2-5 s with distinct (colour, shape) pairs."""
     rng = np.random.default_rng(seed)
+    slots_available = int(duration // 8)
     k = int(num_events if num_events is not None else rng.integers(2, 5))
+    k = max(1, min(k, slots_available))
     pairs = [(c, s) for c in COLORS for s in SHAPES]
     chosen = rng.choice(len(pairs), size=k, replace=False)
-    slots = np.sort(rng.choice(np.arange(int(duration // 8)), size=k, replace=False)) * 8.0
+    slots = np.sort(rng.choice(np.arange(slots_available), size=k, replace=False)) * 8.0
     events = []
     for slot, pair in zip(slots, chosen):
         length = float(rng.uniform(2.0, 5.0))
@@ -173,3 +175,125 @@ def corpus(questions: list[Question]) -> list[str]:
                          f"{e.start:.0f} seconds.</think>")
     texts += [f"<{t / 2:.1f} seconds>" for t in range(0, 2400)]
     return texts
+
+
+# ----------------------------------------------------------------------------- datasets
+QUESTION_TYPES = ("mcq", "tvg", "oe")
+
+
+def _windows(video: SyntheticVideo, target: Event, rng: np.random.Generator) -> list[tuple[float, float]]:
+    """Candidate windows for one parallel turn: the target's plus one or two decoys."""
+    pad = lambda a, b: (max(0.0, float(np.floor(a - 1))), min(video.duration, float(np.ceil(b + 1))))
+    windows = [pad(target.start, target.end)]
+    others = [e for e in video.events if e is not target]
+    for e in others[: int(rng.integers(1, 3))]:
+        windows.append(pad(e.start, e.end))
+    order = rng.permutation(len(windows))
+    return [windows[i] for i in order]
+
+
+def sft_messages(q: Question, video_url: str, rng: np.random.Generator) -> list[dict]:
+    """A cold-start trajectory: think, parallel crop calls, tool responses, think, answer."""
+    import json
+
+    from paravt_jax.text.chat import CROP_VIDEO_TOOL, tools_system_prompt
+
+    windows = _windows(q.video, q.target, rng)
+    calls = "\n".join(
+        "<tool_call>\n" + json.dumps({"name": "crop_video", "arguments": {
+            "video_path": q.video.name, "start_time": s, "end_time": e}}) + "\n</tool_call>"
+        for s, e in windows)
+    first = ("<think>\nThe overview frames are sparse, so short events can fall between them. "
+             f"I will inspect {len(windows)} candidate windows at once.\n</think>\n" + calls)
+    text = lambda s: {"type": "text", "text": s}
+    messages = [
+        {"role": "system", "content": [text(tools_system_prompt([CROP_VIDEO_TOOL]))]},
+        {"role": "user", "content": [{"type": "video_url", "video_url": {"url": video_url}},
+                                     text(f"{q.question}\nThe video path for this video is: {q.video.name}")]},
+        {"role": "assistant", "content": [text(first)]},
+    ]
+    for s, e in windows:
+        messages.append({"role": "user", "content": [
+            text(f"<tool_response>\n{segment_summary(q.video, s, e)}\n</tool_response>")]})
+    t = q.target
+    final = (f"<think>\nThe crops show the {t.color} {t.shape} from {t.start:.1f} to {t.end:.1f} "
+             f"seconds, which answers the question.\n</think>\n<answer>{q.answer}</answer>")
+    messages.append({"role": "assistant", "content": [text(final)]})
+    return messages
+
+
+def subagent_messages(q: Question, video_url: str, start: float, end: float) -> list[dict]:
+    from paravt_jax.text.chat import segment_instruction
+
+    return [
+        {"role": "user", "content": [
+            {"type": "video_url", "video_url": {"url": video_url}, "video_start": start, "video_end": end},
+            {"type": "text", "text": segment_instruction(start, end)}]},
+        {"role": "assistant", "content": [{"type": "text", "text": segment_summary(q.video, start, end)}]},
+    ]
+
+
+def rl_row(q: Question) -> dict:
+    import json
+
+    return {"prompt": [{"role": "user", "content": f"<video>\n{q.question}"}],
+            "videos": [{"video": f"videos/{q.video.name}"}],
+            "extra_info": json.dumps({"answer": q.answer, "question_type": q.question_type,
+                                      "video_duration": q.video.duration}),
+            "data_source": "paravt_synthetic"}
+
+
+@dataclasses.dataclass(frozen=True)
+class SyntheticDataset:
+    root: str
+    rl_train: str
+    rl_eval: str
+    sft: str
+    questions: tuple[Question, ...]
+    eval_questions: tuple[Question, ...]
+
+
+def write_dataset(root: str, num_train: int = 12, num_eval: int = 4,
+                  durations: tuple[float, ...] = (30.0, 60.0, 120.0), seed: int = 0,
+                  fps: float = 4.0, height: int = 180, width: int = 320) -> SyntheticDataset:
+    """Videos under root/videos plus RL (train/eval) and SFT parquets in the reference schemas.
+    Deterministic from `seed`. Durations may range from 30 s to 20 min."""
+    import os
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for d in durations:
+        if not 16.0 <= d <= 1200.0:
+            raise ValueError(f"synthetic duration {d} s outside [16, 1200]")
+    os.makedirs(os.path.join(root, "videos"), exist_ok=True)
+    questions = []
+    for i in range(num_train + num_eval):
+        video = make_video(seed * 100_003 + i, durations[i % len(durations)])
+        path = os.path.join(root, "videos", video.name)
+        if not os.path.exists(path):
+            write_video(path, video.duration, list(video.events), fps, height, width, video.seed)
+        questions.append(make_question(video, QUESTION_TYPES[i % 3], seed * 100_003 + i))
+    train, held_out = questions[:num_train], questions[num_train:]
+    rng = np.random.default_rng(seed)
+    sft_rows = []
+    for q in train:
+        url = f"videos/{q.video.name}"
+        sft_rows.append({"messages": _json(sft_messages(q, url, rng)), "kind": "main"})
+        for s, e in _windows(q.video, q.target, rng):
+            sft_rows.append({"messages": _json(subagent_messages(q, url, s, e)), "kind": "subagent"})
+    paths = {}
+    for name, rows in (("rl_train", [rl_row(q) for q in train]), ("rl_eval", [rl_row(q) for q in held_out]),
+                       ("sft", sft_rows)):
+        paths[name] = os.path.join(root, f"{name}.parquet")
+        tmp = paths[name] + ".tmp"
+        pq.write_table(pa.Table.from_pylist(rows), tmp)
+        os.replace(tmp, paths[name])
+    return SyntheticDataset(root=root, rl_train=paths["rl_train"], rl_eval=paths["rl_eval"],
+                            sft=paths["sft"], questions=tuple(train), eval_questions=tuple(held_out))
+
+
+def _json(obj) -> str:
+    import json
+
+    return json.dumps(obj, ensure_ascii=False)
