@@ -61,7 +61,7 @@ class TextDecoder(nnx.Module):
             x = jnp.where((visual_index >= 0)[..., None], rows, x)
         return x
 
-    def attention(self, x, params, cos, sin, mask, kv=None):
+    def attention(self, x, params, cos, sin, mask, kv=None, kv_heads_major=False):
         """Returns (output [B, L, D], (k, v) of this chunk [B, L, KV, hd])."""
         t = self.config
         b, n, _ = x.shape
@@ -73,13 +73,13 @@ class TextDecoder(nnx.Module):
         q = L.apply_rotary(q, cos[:, :, None, :], sin[:, :, None, :])
         k = L.apply_rotary(k, cos[:, :, None, :], sin[:, :, None, :])
         keys, values = (k, v) if kv is None else kv(k, v)
-        out = L.dot_attention(q, keys, values, mask).reshape(b, n, -1)
+        out = L.dot_attention(q, keys, values, mask, kv_heads_major).reshape(b, n, -1)
         return L.dense(out, params["o_proj"]), (k, v)
 
-    def layer(self, x, params, cos, sin, mask, kv=None):
+    def layer(self, x, params, cos, sin, mask, kv=None, kv_heads_major=False):
         t = self.config
         h, new_kv = self.attention(L.rms_norm(x, params["input_norm"], t.rms_norm_eps),
-                                   params, cos, sin, mask, kv)
+                                   params, cos, sin, mask, kv, kv_heads_major)
         x = x + h
         y = L.rms_norm(x, params["post_norm"], t.rms_norm_eps)
         y = jax.nn.silu(L.dense(y, params["gate_proj"])) * L.dense(y, params["up_proj"])
@@ -94,6 +94,67 @@ class TextDecoder(nnx.Module):
     def layer_params(self) -> dict:
         return {k: v[...] for k, v in self.layers.items()}
 
+    def _deepstack_adder(self, visual_index, deepstack):
+        """f(x, i) adding DeepStack feature i at visual positions after layer i < n_ds."""
+        if deepstack is None or visual_index is None:
+            return lambda x, i: x
+        is_visual = (visual_index >= 0)[..., None]
+        gather = jnp.maximum(visual_index, 0)
+        num_ds = self.num_deepstack
+
+        def add(x, i):
+            if isinstance(i, int):
+                if i >= num_ds:
+                    return x
+                return x + jnp.where(is_visual, deepstack[i].astype(x.dtype)[gather], 0)
+            j = jnp.minimum(i, num_ds - 1)
+            return x + jnp.where(is_visual & (i < num_ds), deepstack[j].astype(x.dtype)[gather], 0)
+
+        return add
+
+    # -- cached forward (sampler) ---------------------------------------------------------
+    def forward_cached(self, input_ids: jax.Array, position_ids: jax.Array, write_index: jax.Array,
+                       valid: jax.Array, cache_k: jax.Array, cache_v: jax.Array,
+                       visual_index: jax.Array | None = None, visual_embeds: jax.Array | None = None,
+                       deepstack: jax.Array | None = None):
+        """Runs a chunk of P tokens per row on top of a KV cache.
+
+        All rows write their chunk to the same cache slots [write_index, write_index + P) with
+        one in-place `dynamic_update_slice` per layer; `valid` [B, S] marks which slots hold
+        real tokens (it must already include this chunk's), so rows of different lengths and
+        turns share the cache and padding slots are never attended. Token p attends to valid
+        slots <= write_index + p. input_ids [B, P], position_ids [3, B, P],
+        cache_k/v [layers, B, KV, S, hd]. Returns (hidden [B, P, D], cache_k, cache_v).
+        """
+        t = self.config
+        length = input_ids.shape[1]
+        x = self.embed(input_ids, visual_index, visual_embeds)
+        cos, sin = mrope_tables(position_ids, t, self.dtype)
+        capacity = cache_k.shape[3]
+        query_slots = write_index + jnp.arange(length)
+        mask = valid[:, None, :] & (jnp.arange(capacity)[None, None, :] <= query_slots[None, :, None])
+        add_deepstack = self._deepstack_adder(visual_index, deepstack)
+        write_index = jnp.asarray(write_index, jnp.int32)
+        zero = jnp.zeros((), jnp.int32)
+
+        def body(carry, params, i):
+            x, ck, cv = carry
+
+            def kv(k_new, v_new):
+                nonlocal ck, cv
+                # cache layout [layers, B, KV, S, hd]: attention reads it without a transpose
+                at = (jnp.asarray(i, jnp.int32), zero, zero, write_index, zero)
+                ck = jax.lax.dynamic_update_slice(ck, k_new.transpose(0, 2, 1, 3).astype(ck.dtype)[None], at)
+                cv = jax.lax.dynamic_update_slice(cv, v_new.transpose(0, 2, 1, 3).astype(cv.dtype)[None], at)
+                return ck[i].astype(k_new.dtype), cv[i].astype(v_new.dtype)
+
+            x, _ = self.layer(x, params, cos, sin, mask, kv, kv_heads_major=True)
+            return add_deepstack(x, i), ck, cv
+
+        x, cache_k, cache_v = L.run_layers(body, (x, cache_k, cache_v), self.layer_params(),
+                                           t.num_hidden_layers, scan=self.scan, remat=False)
+        return x, cache_k, cache_v
+
     # -- full-sequence forward ------------------------------------------------------------
     def __call__(self, input_ids: jax.Array, attention_mask: jax.Array, position_ids: jax.Array,
                  visual_index: jax.Array | None = None, visual_embeds: jax.Array | None = None,
@@ -107,22 +168,11 @@ class TextDecoder(nnx.Module):
         length = input_ids.shape[1]
         causal = jnp.tril(jnp.ones((length, length), bool))
         mask = causal[None] & attention_mask.astype(bool)[:, None, :]
-        use_deepstack = deepstack is not None and visual_index is not None
-        is_visual = (visual_index >= 0)[..., None] if use_deepstack else None
-        gather = jnp.maximum(visual_index, 0) if use_deepstack else None
-        num_ds = self.num_deepstack
+        add_deepstack = self._deepstack_adder(visual_index, deepstack)
 
         def body(x, params, i):
             x, _ = self.layer(x, params, cos, sin, mask)
-            if not use_deepstack:
-                return x
-            if isinstance(i, int):
-                if i >= num_ds:
-                    return x
-                return x + jnp.where(is_visual, deepstack[i].astype(x.dtype)[gather], 0)
-            j = jnp.minimum(i, num_ds - 1)
-            add = jnp.where(is_visual & (i < num_ds), deepstack[j].astype(x.dtype)[gather], 0)
-            return x + add
+            return add_deepstack(x, i)
 
         x = L.run_layers(body, x, self.layer_params(), t.num_hidden_layers,
                          scan=self.scan, remat=self.remat)

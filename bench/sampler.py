@@ -1,0 +1,146 @@
+"""Sampler throughput: ours (jit, KV cache) vs transformers `generate` on the same weights,
+with each figure set against its roofline floor on this machine.
+
+Prefill: prompt 512, one new token. Decode: prompt 16, 128 new tokens (greedy, no stop).
+Floor = max(bytes moved / measured copy bandwidth, FLOPs / measured matmul rate).
+
+    python bench/sampler.py [--presets tiny,small125m] [--batches 1,8,32]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from common import hf_peer, machine, print_table  # noqa: E402
+
+
+def measure_machine():
+    import jax
+    import jax.numpy as jnp
+
+    a = np.ones(64 * 1024 * 1024 // 4, np.float32)  # 64 MB
+    b = np.empty_like(a)
+    times = []
+    for _ in range(5):
+        s = time.perf_counter()
+        np.copyto(b, a)
+        times.append(time.perf_counter() - s)
+    bandwidth = 2 * a.nbytes / min(times)  # read + write
+    m = jnp.ones((1024, 1024), jnp.float32)
+    f = jax.jit(lambda x: x @ x)
+    f(m).block_until_ready()
+    s = time.perf_counter()
+    for _ in range(10):
+        f(m).block_until_ready()
+    rate = 10 * 2 * 1024**3 / (time.perf_counter() - s)
+    return bandwidth, rate
+
+
+def model_costs(config):
+    t = config.text
+    d, f, layers = t.hidden_size, t.intermediate_size, t.num_hidden_layers
+    qd, kvd = t.num_attention_heads * t.head_dim, t.num_key_value_heads * t.head_dim
+    per_layer = d * (qd + 2 * kvd) + qd * d + 3 * d * f
+    matmul_params = layers * per_layer + d * t.vocab_size  # lm head
+    weight_bytes = 4 * (matmul_params + t.vocab_size * d * (0 if config.tie_word_embeddings else 1))
+    return matmul_params, weight_bytes, layers, kvd
+
+
+def floors(config, batch, prompt, new, bandwidth, rate):
+    params, weight_bytes, layers, kvd = model_costs(config)
+    t = config.text
+    qd = t.num_attention_heads * t.head_dim
+    # prefill: all prompt tokens in one pass
+    flops = 2 * params * batch * prompt + 4 * layers * batch * prompt * prompt * qd / 2
+    prefill = max(weight_bytes / bandwidth, flops / rate)
+    # decode: every step reads all weights plus each row's cache
+    total = 0.0
+    for step in range(new):
+        length = prompt + step
+        cache_bytes = 2 * 4 * layers * batch * length * kvd
+        flops = 2 * params * batch + 4 * layers * batch * length * qd
+        total += max((weight_bytes + cache_bytes) / bandwidth, flops / rate)
+    return prefill, total
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--presets", default="tiny,small125m")
+    parser.add_argument("--batches", default="1,8,32")
+    parser.add_argument("--prompt", type=int, default=512)
+    parser.add_argument("--new", type=int, default=128)
+    args = parser.parse_args()
+
+    import jax
+    import torch
+
+    from paravt_jax.models.qwen3_vl import init_model, preset
+    from paravt_jax.sampling import Sampler, SamplerConfig
+    from paravt_jax.text.inputs import encode_ids
+
+    bandwidth, rate = measure_machine()
+    print(f"machine: {machine()}; copy bandwidth {bandwidth / 1e9:.1f} GB/s (read+write), "
+          f"jax fp32 matmul {rate / 1e9:.0f} GFLOP/s; torch {torch.__version__} ({torch.get_num_threads()} threads)")
+    rng = np.random.default_rng(0)
+    rows = []
+    group_rows = []
+    for name in args.presets.split(","):
+        model = init_model(preset(name), seed=0)
+        peer = hf_peer(model)
+        sampler = Sampler(model, SamplerConfig(min_chunk_bucket=16))
+        for batch in (int(b) for b in args.batches.split(",")):
+            for phase, prompt_len, new in (("prefill", args.prompt, 1), ("decode", 16, args.new)):
+                ids = rng.integers(0, 900, (batch, prompt_len))
+                prompts = [encode_ids(r.tolist(), 0) for r in ids]
+                start = time.perf_counter()
+                sampler.generate(prompts, max_new_tokens=new)
+                first = time.perf_counter() - start
+                start = time.perf_counter()
+                out, _ = sampler.generate(prompts, max_new_tokens=new)
+                ours = time.perf_counter() - start
+                assert all(len(t) == new for t in out.tokens)
+                tid = torch.tensor(ids)
+                with torch.no_grad():
+                    peer.generate(input_ids=tid[:, :8], max_new_tokens=2, do_sample=False)  # warm
+                    start = time.perf_counter()
+                    peer.generate(input_ids=tid, attention_mask=torch.ones_like(tid), max_new_tokens=new,
+                                  min_new_tokens=new, do_sample=False, eos_token_id=None, pad_token_id=0)
+                    theirs = time.perf_counter() - start
+                prefill_floor, decode_floor = floors(model.config, batch, prompt_len, new, bandwidth, rate)
+                floor = prefill_floor if phase == "prefill" else decode_floor
+                tokens = batch * (prompt_len if phase == "prefill" else new)
+                rows.append([name, phase, batch, f"{tokens / ours:,.0f}", f"{tokens / theirs:,.0f}",
+                             f"{theirs / ours:.2f}x", f"{tokens / floor:,.0f}", f"{ours / floor:.1f}x",
+                             f"{first - ours:.1f}"])
+                print(rows[-1], flush=True)
+        # G = 8 samples of one prompt: one prefill + cache row copies vs 8 prefills
+        ids = rng.integers(0, 900, (1, args.prompt))
+        prompt = encode_ids(ids[0].tolist(), 0)
+        for warm in range(2):
+            start = time.perf_counter()
+            sampler.generate([prompt], num_samples=8, max_new_tokens=1)
+            shared = time.perf_counter() - start
+            start = time.perf_counter()
+            sampler.generate([prompt] * 8, num_samples=1, max_new_tokens=1)
+            separate = time.perf_counter() - start
+        group_rows.append([name, args.prompt, f"{shared * 1e3:.0f}", f"{separate * 1e3:.0f}",
+                           f"{separate / shared:.2f}x"])
+        del peer
+        jax.clear_caches()
+    print_table(f"Sampler (fp32; prefill = prompt {args.prompt}, 1 new token; decode = prompt 16, "
+                f"{args.new} new tokens; tokens/s)",
+                ["preset", "phase", "batch", "ours tok/s", "HF tok/s", "ours/HF", "floor tok/s",
+                 "ours vs floor", "our compile s"], rows)
+    print_table("G = 8 samples sharing one prompt (prefill + 1 token)",
+                ["preset", "prompt", "shared prefill ms", "8 prefills ms", "speed-up"], group_rows)
+
+
+if __name__ == "__main__":
+    main()

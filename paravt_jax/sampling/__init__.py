@@ -1,0 +1,4 @@
+"""Jitted KV-cache sampling: `Sampler` (multimodal, multi-turn) and `generate` (text-only)."""
+from paravt_jax.sampling.sampler import SampleOutput, Sampler, SamplerConfig, SamplerState, generate, sample_logits
+
+__all__ = ["SampleOutput", "Sampler", "SamplerConfig", "SamplerState", "generate", "sample_logits"]

@@ -1,0 +1,48 @@
+"""KV cache layout, buckets and sharding for the sampler."""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from paravt_jax import sharding as sh
+
+CACHE_AXES = ("layers", "batch", "kv_heads", "cache_length", "head_dim")
+
+
+def bucket(n: int, minimum: int = 1, multiple: int | None = None) -> int:
+    """Smallest power of two >= max(n, minimum); with `multiple`, rounded up to it beyond it."""
+    n = max(int(n), minimum, 1)
+    if multiple and n > multiple:
+        return int(-(-n // multiple) * multiple)
+    return 1 << (n - 1).bit_length()
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheSpec:
+    layers: int
+    batch: int
+    capacity: int
+    kv_heads: int
+    head_dim: int
+    dtype: str
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.layers, self.batch, self.kv_heads, self.capacity, self.head_dim)
+
+    @property
+    def bytes(self) -> int:
+        return 2 * int(np.prod(self.shape)) * jnp.dtype(self.dtype).itemsize
+
+
+def cache_sharding(mesh, spec: CacheSpec):
+    if mesh is None:
+        return None
+    return sh.named_sharding(mesh, CACHE_AXES, spec.shape)
+
+
+def constrain(x: jax.Array, sharding) -> jax.Array:
+    return x if sharding is None else jax.lax.with_sharding_constraint(x, sharding)

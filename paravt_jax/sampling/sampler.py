@@ -1,0 +1,398 @@
+"""A jitted KV-cache sampler for multimodal, multi-turn, batched rollouts.
+
+Three jit boundaries, each compiled once per bucket and then reused:
+  vision   — every image/video item of the call's new chunks in one pass (once per prompt,
+             however many samples share it);
+  prefill  — a right-padded chunk per row written into the cache at each row's own offset;
+  decode   — one `lax.while_loop` that samples, feeds the token back and stops when every
+             row hit a stop id or its budget.
+Shapes are bucketed (chunk length, batch, cache capacity, decode steps) so that a steady run
+over varied prompts and turns compiles nothing new; caches are donated between calls.
+
+Behaviour log-prob convention (the RL loss uses the same one): the log-probability of each
+generated token under softmax(logits / temperature), before any top-k / top-p truncation;
+for greedy decoding (temperature 0) under softmax(logits).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from paravt_jax.models.qwen3_vl.model import Qwen3VL
+from paravt_jax.models.qwen3_vl.rope import IMAGE, VIDEO
+from paravt_jax.models.qwen3_vl.vision import vision_layout
+from paravt_jax.sampling.kv_cache import CacheSpec, bucket, cache_sharding, constrain
+from paravt_jax.text.inputs import ModelInputs, encode_ids
+
+MAX_STOP_IDS = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerConfig:
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = no top-k
+    stop_ids: tuple[int, ...] = ()
+    min_chunk_bucket: int = 16
+    min_batch_bucket: int = 1
+    cache_multiple: int = 1024  # capacities: powers of two up to this, then multiples of it
+    cache_dtype: str = ""  # "" = the model's compute dtype
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleOutput:
+    tokens: list[list[int]]  # per row, the stop token included when hit
+    logprobs: list[np.ndarray]  # per row, float32, same length as tokens
+    finished: np.ndarray  # [B] bool: hit a stop id
+    lengths: np.ndarray  # [B] generated tokens
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerState:
+    """Where each row's episode stands. All rows share the cache write pointer
+    `write_index`; `valid` [B, S] marks the slots that hold each row's real tokens.
+    `pending` is the last sampled token, not yet in the cache (-1 when none); the next chunk
+    of row b must be encoded with start_position = chunk_start[b]."""
+    cache_k: jax.Array
+    cache_v: jax.Array
+    valid: jax.Array  # [B, S] bool
+    write_index: int
+    next_position: np.ndarray  # [B] position of the pending token (or of the next token)
+    pending: np.ndarray  # [B]
+    num_rows: int
+
+    @property
+    def chunk_start(self) -> np.ndarray:
+        return self.next_position + (self.pending >= 0)
+
+
+# ----------------------------------------------------------------------------- sampling
+def sample_logits(logits, keys, temperature, top_p, top_k):
+    """logits [B, V] float32, keys [B] PRNG keys -> (tokens [B], log-probs [B]).
+
+    temperature 0 is greedy. top_k <= 0 and top_p >= 1 disable truncation. Log-probs follow
+    the module convention (temperature-scaled, untruncated).
+    """
+    greedy = jnp.argmax(logits, axis=-1)
+    safe_t = jnp.where(temperature > 0, temperature, 1.0)
+    scaled = logits / safe_t
+    logp = jax.nn.log_softmax(scaled, axis=-1)
+
+    def plain(_):
+        return jax.vmap(jax.random.categorical)(keys, scaled)
+
+    def truncated(_):
+        order = jnp.argsort(-scaled, axis=-1)
+        ranked = jnp.take_along_axis(scaled, order, axis=-1)
+        probs = jax.nn.softmax(ranked, axis=-1)
+        before = jnp.cumsum(probs, axis=-1) - probs
+        rank = jnp.arange(ranked.shape[-1])[None]
+        keep = (before < top_p) & ((top_k <= 0) | (rank < top_k))
+        keep = keep.at[:, 0].set(True)
+        choice = jax.vmap(jax.random.categorical)(keys, jnp.where(keep, ranked, -jnp.inf))
+        return jnp.take_along_axis(order, choice[:, None], axis=-1)[:, 0]
+
+    def stochastic(_):
+        return jax.lax.cond((top_k > 0) | (top_p < 1.0), truncated, plain, None)
+
+    token = jax.lax.cond(temperature > 0, stochastic, lambda _: greedy, None)
+    return token, jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
+
+
+# ----------------------------------------------------------------------------- jitted parts
+@functools.partial(jax.jit, static_argnums=0)
+def _vision(graphdef, params, pixel_values, meta):
+    model = nnx.merge(graphdef, params)
+    return model.encode_vision(pixel_values, *meta)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _new_cache(shape, dtype, sharding):
+    zeros = jnp.zeros(shape, dtype)
+    return constrain(zeros, sharding), constrain(zeros, sharding)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 12), donate_argnums=(2, 3, 4))
+def _prefill(graphdef, params, cache_k, cache_v, valid, write_index, ids, positions, counts,
+             visual_index, visual_embeds, deepstack, sharding):
+    lang = nnx.merge(graphdef, params).language
+    width = ids.shape[1]
+    fresh = jnp.arange(width)[None, :] < counts[:, None]
+    valid = jax.lax.dynamic_update_slice(valid, fresh, (0, write_index))
+    hidden, cache_k, cache_v = lang.forward_cached(ids, positions, write_index, valid, cache_k,
+                                                   cache_v, visual_index, visual_embeds, deepstack)
+    last = jnp.maximum(counts - 1, 0)
+    last_hidden = hidden[jnp.arange(ids.shape[0]), last][:, None]
+    logits = lang.logits(last_hidden)[:, 0].astype(jnp.float32)
+    return logits, constrain(cache_k, sharding), constrain(cache_v, sharding), valid
+
+
+@functools.partial(jax.jit, static_argnums=(5, 6))
+def _gather_rows(cache_k, cache_v, valid, logits, index, capacity_pad, sharding):
+    """Copies cache rows (G samples sharing one prefilled prompt) and grows the capacity."""
+    def take(c):
+        c = c[:, index]
+        if capacity_pad:
+            c = jnp.pad(c, ((0, 0), (0, 0), (0, 0), (0, capacity_pad), (0, 0)))
+        return constrain(c, sharding)
+    valid = jnp.pad(valid[index], ((0, 0), (0, capacity_pad)))
+    return take(cache_k), take(cache_v), valid, logits[index]
+
+
+@functools.partial(jax.jit, static_argnums=(0, 15, 16), donate_argnums=(2, 3, 4))
+def _decode(graphdef, params, cache_k, cache_v, valid, write_index, logits, next_position,
+            budgets, stop_ids, row_keys, temperature, top_p, top_k, unused, max_steps, sharding):
+    """Samples up to max_steps tokens per row; see the module docstring for the convention."""
+    del unused
+    lang = nnx.merge(graphdef, params).language
+    batch = logits.shape[0]
+
+    def keys_at(step):
+        return jax.vmap(lambda k: jax.random.fold_in(k, step))(row_keys)
+
+    def emit(state, logits, active):
+        step, tokens, logps, n_gen, done = state
+        token, logp = sample_logits(logits, keys_at(step), temperature, top_p, top_k)
+        tokens = tokens.at[:, step].set(jnp.where(active, token, -1))
+        logps = logps.at[:, step].set(jnp.where(active, logp, 0.0))
+        n_gen = n_gen + active
+        hit = active & jnp.any(token[:, None] == stop_ids[None, :], axis=-1)
+        done = done | hit | (n_gen >= budgets)
+        return (step + 1, tokens, logps, n_gen, done), hit
+
+    tokens = jnp.full((batch, max_steps), -1, jnp.int32)
+    logps = jnp.zeros((batch, max_steps), jnp.float32)
+    n_gen = jnp.zeros((batch,), jnp.int32)
+    active = budgets > 0
+    state, hit = emit((0, tokens, logps, n_gen, ~active), logits, active)
+
+    def cond(carry):
+        state = carry[0]
+        return (state[0] < max_steps) & ~jnp.all(state[4])
+
+    def body(carry):
+        state, finished, ck, cv, valid, write_index, next_position = carry
+        step, tokens = state[0], state[1]
+        active = ~state[4]
+        fed = jnp.maximum(tokens[:, step - 1], 0)[:, None]
+        positions = jnp.broadcast_to(next_position[None, :, None], (3, batch, 1))
+        valid = jax.lax.dynamic_update_slice(valid, active[:, None], (0, write_index))
+        hidden, ck, cv = lang.forward_cached(fed, positions, write_index, valid, ck, cv)
+        new_logits = lang.logits(hidden)[:, 0].astype(jnp.float32)
+        next_position = next_position + active
+        state, hit = emit(state, new_logits, active)
+        return (state, finished | hit, constrain(ck, sharding), constrain(cv, sharding), valid,
+                write_index + 1, next_position)
+
+    carry = (state, hit, cache_k, cache_v, valid, write_index, next_position)
+    state, finished, cache_k, cache_v, valid, write_index, next_position = jax.lax.while_loop(cond, body, carry)
+    _, tokens, logps, n_gen, _ = state
+    return tokens, logps, n_gen, finished, cache_k, cache_v, valid, write_index, next_position
+
+
+# ----------------------------------------------------------------------------- host side
+@dataclasses.dataclass(frozen=True)
+class _Batch:
+    ids: np.ndarray  # [Bp, P]
+    positions: np.ndarray  # [3, Bp, P]
+    counts: np.ndarray  # [Bp] valid chunk tokens
+    visual_index: np.ndarray | None
+    pixel_values: np.ndarray | None
+    grids: np.ndarray | None
+
+
+def _collate(chunks: Sequence[ModelInputs | None], rows: int, min_bucket: int) -> _Batch:
+    """Right-padded chunk batch; vision items ordered row by row (images, then videos)."""
+    counts = np.array([0 if c is None else c.length for c in chunks] + [0] * (rows - len(chunks)))
+    width = bucket(max(int(counts.max()), 1), min_bucket)
+    ids = np.zeros((rows, width), np.int32)
+    positions = np.zeros((3, rows, width), np.int32)
+    visual_index = np.full((rows, width), -1, np.int32)
+    pixels, grids, offset = [], [], 0
+    for b, c in enumerate(chunks):
+        if c is None or not c.length:
+            continue
+        ids[b, :c.length] = c.input_ids
+        positions[:, b, :c.length] = c.position_ids
+        for kind, pv, grid in ((IMAGE, c.pixel_values, c.image_grid_thw),
+                               (VIDEO, c.pixel_values_videos, c.video_grid_thw)):
+            where = np.nonzero(c.mm_token_type_ids == kind)[0]
+            if len(where):
+                visual_index[b, where] = offset + np.arange(len(where))
+                offset += len(where)
+                pixels.append(pv)
+                grids.append(grid)
+    if not pixels:
+        return _Batch(ids, positions, counts, None, None, None)
+    return _Batch(ids, positions, counts, visual_index, np.concatenate(pixels), np.concatenate(grids))
+
+
+def _prepend(token: int, position: int, chunk: ModelInputs | None) -> ModelInputs:
+    head = encode_ids([token], position, trainable=True)
+    return head if chunk is None else head.extend(chunk)
+
+
+class Sampler:
+    """`Sampler(model, config)`; `generate(prompts, ...)` then `extend(state, chunks, ...)`."""
+
+    def __init__(self, model: Qwen3VL, config: SamplerConfig = SamplerConfig(), mesh=None):
+        self.model = model
+        self.config = config
+        self.mesh = mesh
+        self.graphdef, self.params = nnx.split(model)
+        text = model.config.text
+        self.cache_dtype = jnp.dtype(config.cache_dtype or model.config.dtype)
+        self._layout = (text.num_hidden_layers, text.num_key_value_heads, text.head_dim)
+
+    # -- public -------------------------------------------------------------------------
+    def generate(self, prompts: Sequence[ModelInputs], num_samples: int = 1, *, seed: int = 0,
+                 **knobs) -> tuple[SampleOutput, SamplerState]:
+        """Prefills each prompt once (vision included), copies its cache rows to
+        `num_samples` samples (row p * num_samples + g) and decodes them together."""
+        if not prompts:
+            raise ValueError("generate: no prompts")
+        k = self._knobs(knobs)
+        unique_rows = bucket(len(prompts), self.config.min_batch_bucket)
+        batch = _collate(prompts, unique_rows, self.config.min_chunk_bucket)
+        total = len(prompts) * num_samples
+        rows = bucket(total, self.config.min_batch_bucket)
+        width = batch.ids.shape[1]
+        capacity = bucket(width + k["max_new_tokens"] + 1, 16, self.config.cache_multiple)
+        cache_k, cache_v, valid = self._empty_cache(unique_rows, capacity)
+        logits, cache_k, cache_v, valid = self._prefill(cache_k, cache_v, valid, 0, batch)
+        index = np.zeros(rows, np.int32)
+        index[:total] = np.repeat(np.arange(len(prompts)), num_samples)
+        if rows != unique_rows or num_samples > 1:
+            cache_k, cache_v, valid, logits = _gather_rows(cache_k, cache_v, valid, logits,
+                                                           jnp.asarray(index), 0,
+                                                           self._sharding(rows, capacity))
+        next_position = np.array([p.next_position for p in prompts])[index].astype(np.int32)
+        budgets = np.zeros(rows, np.int32)
+        budgets[:total] = k["max_new_tokens"]
+        return self._decode(cache_k, cache_v, valid, width, logits, next_position, budgets, total, seed, k)
+
+    def extend(self, state: SamplerState, chunks: Sequence[ModelInputs | None], *, seed: int = 0,
+               **knobs) -> tuple[SampleOutput, SamplerState]:
+        """Feeds each row's pending token plus its new chunk (None = the row sits this turn
+        out) into the cache, then decodes again. Chunk b must start at state.chunk_start[b]."""
+        if len(chunks) != state.num_rows:
+            raise ValueError(f"extend: {len(chunks)} chunks for {state.num_rows} rows")
+        k = self._knobs(knobs)
+        rows = state.next_position.shape[0]
+        full: list[ModelInputs | None] = []
+        for b, chunk in enumerate(chunks):
+            if chunk is None:
+                full.append(None)
+                continue
+            start = int(state.chunk_start[b])
+            if chunk.length and int(chunk.position_ids.min()) != start:
+                raise ValueError(f"extend: row {b} chunk starts at position "
+                                 f"{int(chunk.position_ids.min())}, expected {start}")
+            full.append(_prepend(int(state.pending[b]), int(state.next_position[b]), chunk)
+                        if state.pending[b] >= 0 else chunk)
+        batch = _collate(full, rows, self.config.min_chunk_bucket)
+        width = batch.ids.shape[1]
+        need = state.write_index + width + k["max_new_tokens"] + 1
+        capacity = state.cache_k.shape[3]
+        cache_k, cache_v, valid = state.cache_k, state.cache_v, state.valid
+        if need > capacity:
+            new_capacity = bucket(need, 16, self.config.cache_multiple)
+            cache_k, cache_v, valid, _ = _gather_rows(cache_k, cache_v, valid, jnp.zeros((rows, 1)),
+                                                      jnp.arange(rows), new_capacity - capacity,
+                                                      self._sharding(rows, new_capacity))
+        logits, cache_k, cache_v, valid = self._prefill(cache_k, cache_v, valid, state.write_index, batch)
+        takes_part = np.array([c is not None for c in full] + [False] * (rows - len(full)))
+        next_position = np.array([(int(c.next_position) if c is not None else int(state.next_position[b]))
+                                  for b, c in enumerate(full)] + [0] * (rows - len(full)), np.int32)
+        budgets = np.where(takes_part, k["max_new_tokens"], 0).astype(np.int32)
+        return self._decode(cache_k, cache_v, valid, state.write_index + width, logits, next_position,
+                            budgets, state.num_rows, seed, k, keep_pending=state.pending,
+                            takes_part=takes_part)
+
+    def compile_counts(self) -> dict[str, int]:
+        return {name: fn._cache_size() for name, fn in
+                (("vision", _vision), ("prefill", _prefill), ("decode", _decode),
+                 ("gather", _gather_rows), ("cache", _new_cache))}
+
+    # -- internals ----------------------------------------------------------------------
+    def _knobs(self, knobs: dict) -> dict:
+        c = self.config
+        unknown = set(knobs) - {"max_new_tokens", "temperature", "top_p", "top_k", "stop_ids"}
+        if unknown:
+            raise TypeError(f"unknown sampling arguments {sorted(unknown)}")
+        out = dict(max_new_tokens=c.max_new_tokens, temperature=c.temperature, top_p=c.top_p,
+                   top_k=c.top_k, stop_ids=c.stop_ids)
+        out.update({k: v for k, v in knobs.items() if v is not None})
+        if out["max_new_tokens"] < 1:
+            raise ValueError(f"max_new_tokens={out['max_new_tokens']} must be >= 1")
+        if out["temperature"] < 0 or not 0 < out["top_p"] <= 1:
+            raise ValueError(f"temperature={out['temperature']} must be >= 0 and top_p={out['top_p']} in (0, 1]")
+        if len(out["stop_ids"]) > MAX_STOP_IDS:
+            raise ValueError(f"at most {MAX_STOP_IDS} stop ids, got {len(out['stop_ids'])}")
+        return out
+
+    def _sharding(self, rows: int, capacity: int):
+        layers, kv, hd = self._layout
+        return cache_sharding(self.mesh, CacheSpec(layers, rows, capacity, kv, hd, self.cache_dtype.name))
+
+    def _empty_cache(self, rows: int, capacity: int):
+        layers, kv, hd = self._layout
+        cache_k, cache_v = _new_cache((layers, rows, kv, capacity, hd), self.cache_dtype,
+                                      self._sharding(rows, capacity))
+        return cache_k, cache_v, jnp.zeros((rows, capacity), bool)
+
+    def _prefill(self, cache_k, cache_v, valid, write_index: int, batch: _Batch):
+        embeds = deepstack = None
+        if batch.pixel_values is not None:
+            layout = vision_layout(batch.grids, self.model.config.vision)
+            embeds, deepstack = _vision(self.graphdef, self.params, batch.pixel_values,
+                                        layout.device_arrays())
+        return _prefill(self.graphdef, self.params, cache_k, cache_v, valid, np.int32(write_index),
+                        batch.ids, batch.positions, batch.counts.astype(np.int32),
+                        batch.visual_index, embeds, deepstack,
+                        self._sharding(batch.ids.shape[0], cache_k.shape[3]))
+
+    def _decode(self, cache_k, cache_v, valid, write_index, logits, next_position, budgets, num_rows,
+                seed, k, keep_pending=None, takes_part=None):
+        rows = next_position.shape[0]
+        stop = np.full(MAX_STOP_IDS, -2, np.int32)
+        stop[:len(k["stop_ids"])] = k["stop_ids"]
+        base = jax.random.PRNGKey(seed)
+        row_keys = jax.vmap(lambda r: jax.random.fold_in(base, r))(jnp.arange(rows))
+        steps = bucket(k["max_new_tokens"], 16)
+        out = _decode(self.graphdef, self.params, cache_k, cache_v, valid, np.int32(write_index),
+                      logits, next_position.astype(np.int32), budgets, stop, row_keys,
+                      np.float32(k["temperature"]), np.float32(k["top_p"]), np.int32(k["top_k"]),
+                      None, steps, self._sharding(rows, cache_k.shape[3]))
+        tokens, logps, n_gen, finished, cache_k, cache_v, valid, write_out, next_out = out
+        tokens, logps = np.asarray(tokens), np.asarray(logps)
+        n_gen, finished = np.asarray(n_gen), np.asarray(finished)
+        pending = np.where(n_gen > 0, tokens[np.arange(rows), np.maximum(n_gen - 1, 0)], -1)
+        if keep_pending is not None:
+            # rows that sat this turn out keep their earlier pending token
+            pending = np.where(takes_part, pending, keep_pending)
+        result = SampleOutput(
+            tokens=[tokens[b, :n_gen[b]].tolist() for b in range(num_rows)],
+            logprobs=[logps[b, :n_gen[b]] for b in range(num_rows)],
+            finished=finished[:num_rows], lengths=n_gen[:num_rows])
+        state = SamplerState(cache_k, cache_v, valid, int(write_out), np.asarray(next_out),
+                             pending.astype(np.int64), num_rows)
+        return result, state
+
+
+def generate(model: Qwen3VL, input_ids: Sequence[Sequence[int]], max_new_tokens: int,
+             temperature: float = 0.0, stop_ids: Sequence[int] = (), seed: int = 0,
+             top_p: float = 1.0, top_k: int = 0) -> SampleOutput:
+    """Text-only batch (a list of token-id lists of any lengths) -> SampleOutput."""
+    prompts = [encode_ids(list(ids), 0, trainable=False) for ids in input_ids]
+    result, _ = Sampler(model).generate(prompts, max_new_tokens=max_new_tokens,
+                                        temperature=temperature, stop_ids=tuple(stop_ids),
+                                        seed=seed, top_p=top_p, top_k=top_k)
+    return result
