@@ -1,0 +1,1 @@
+"""Tools (parsing, validation), the parallel crop dispatcher and the agent rollout."""

@@ -1,0 +1,111 @@
+"""The parallel crop dispatcher: every crop of a turn, across all episodes of the batch, is
+decoded concurrently on a host thread pool; results keep call order; each failure (bad
+arguments, unreadable video, timeout) becomes error text for that call's tool response.
+
+Only the episode's own video file is ever opened (the path comes from the dataset row, never
+from the model's arguments).
+"""
+from __future__ import annotations
+
+import concurrent.futures as futures
+import dataclasses
+import threading
+import time
+from typing import Sequence
+
+from paravt_jax.agent.tools import CropRequest, ToolCall, validate_crop
+from paravt_jax.video.reader import Clip, VideoError, read_frames
+
+
+@dataclasses.dataclass(frozen=True)
+class DispatchConfig:
+    max_workers: int = 8
+    fps: float = 1.0
+    min_frames: int = 1
+    max_frames: int = 16
+    min_pixels: int = 784
+    max_pixels: int = 50176
+    timeout_s: float = 60.0
+    max_parallel: int = 5  # calls executed per turn; the rest get an error response
+
+
+@dataclasses.dataclass(frozen=True)
+class CropTask:
+    row: int  # which rollout row asked
+    call_index: int  # order within the row's turn
+    video_path: str  # the episode's own video
+    duration: float
+    call: ToolCall
+
+
+@dataclasses.dataclass(frozen=True)
+class CropResult:
+    task: CropTask
+    request: CropRequest | None
+    clip: Clip | None
+    error: str | None
+    started: float  # perf_counter stamps, for concurrency checks and profiling
+    finished: float
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def _crop(task: CropTask, config: DispatchConfig) -> CropResult:
+    started = time.perf_counter()
+    try:
+        request = validate_crop(task.call, task.duration)
+    except ValueError as e:
+        return CropResult(task, None, None, f"invalid arguments: {e}", started, time.perf_counter())
+    try:
+        clip = read_frames(task.video_path, fps=config.fps, start=request.start, end=request.end,
+                           min_frames=config.min_frames, max_frames=config.max_frames,
+                           min_pixels=config.min_pixels, max_pixels=config.max_pixels)
+    except (VideoError, ValueError) as e:
+        return CropResult(task, request, None, f"could not read the video segment: {e}", started,
+                          time.perf_counter())
+    except Exception as e:  # never let one crop take the batch down
+        return CropResult(task, request, None, f"crop failed: {type(e).__name__}: {e}", started,
+                          time.perf_counter())
+    return CropResult(task, request, clip, None, started, time.perf_counter())
+
+
+class CropDispatcher:
+    """Runs crop tasks on a shared thread pool. Use as a context manager or call close()."""
+
+    def __init__(self, config: DispatchConfig = DispatchConfig()):
+        self.config = config
+        self._pool = futures.ThreadPoolExecutor(max_workers=config.max_workers,
+                                                thread_name_prefix="crop")
+        self._lock = threading.Lock()
+        self.counters = {"calls": 0, "errors": 0, "timeouts": 0}
+
+    def run(self, tasks: Sequence[CropTask]) -> list[CropResult]:
+        """All tasks concurrently; results in the order of `tasks`."""
+        submitted = [(task, self._pool.submit(_crop, task, self.config)) for task in tasks]
+        deadline = time.perf_counter() + self.config.timeout_s
+        results = []
+        for task, future in submitted:
+            try:
+                result = future.result(timeout=max(0.0, deadline - time.perf_counter()))
+            except futures.TimeoutError:
+                now = time.perf_counter()
+                result = CropResult(task, None, None,
+                                    f"timed out after {self.config.timeout_s:g} s", now, now)
+                with self._lock:
+                    self.counters["timeouts"] += 1
+            results.append(result)
+        with self._lock:
+            self.counters["calls"] += len(results)
+            self.counters["errors"] += sum(not r.ok for r in results)
+        return results
+
+    def close(self):
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

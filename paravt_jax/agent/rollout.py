@@ -1,0 +1,324 @@
+"""The multi-turn agent rollout: generate, parse the turn's tool calls, run every crop of
+every row concurrently, answer them (sub-agent summaries or the frames themselves), extend
+each row's cache with its tool responses and generate again, up to `max_turns` rounds.
+
+Each finished row becomes one `Rollout`: the whole token sequence with its model inputs,
+behaviour log-probs, the loss mask (1 only on policy-generated tokens), the structural-token
+mask, the completion text for the rewards, and per-episode metadata.
+"""
+from __future__ import annotations
+
+import concurrent.futures as futures
+import dataclasses
+from typing import Sequence
+
+import numpy as np
+
+from paravt_jax.agent.dispatch import CropDispatcher, CropResult, CropTask
+from paravt_jax.agent.tools import parse_tool_calls
+from paravt_jax.models.qwen3_vl.rope import IMAGE, VIDEO
+from paravt_jax.sampling.sampler import Sampler
+from paravt_jax.text import chat
+from paravt_jax.text.inputs import ModelInputs, encode, encode_ids
+from paravt_jax.text.tokenizer import Tokenizer
+from paravt_jax.video.reader import VideoError, read_frames
+
+MODES = ("subagent", "frames", "sequential")
+ANSWER_TAGS = ("<answer>", "</answer>")
+
+
+@dataclasses.dataclass(frozen=True)
+class Episode:
+    episode_id: str
+    question: str
+    answer: str
+    question_type: str
+    video_path: str  # the episode's own video: the only file any crop may open
+    nframes: int = 64  # K overview frames (nFrames gating decides it per prompt)
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+    mode: str = "subagent"
+    max_turns: int = 3  # tool rounds
+    max_new_tokens: int = 512  # per assistant turn
+    temperature: float = 0.7
+    top_p: float = 1.0
+    top_k: int = 0
+    think_prefix: bool = True
+    tools: bool = True  # False: no tool schema in the prompt, one turn
+    overview_min_pixels: int = 784
+    overview_max_pixels: int = 50176
+    subagent_max_tokens: int = 512
+    final_answer: bool = False  # after the last round, one more short turn to answer
+    final_answer_tokens: int = 64
+    final_answer_prefix: str = ""
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"rollout mode {self.mode!r}: expected one of {MODES}")
+        if self.max_turns < 0:
+            raise ValueError(f"max_turns={self.max_turns} must be >= 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class SubTrajectory:
+    """One sub-agent call: its prompt + summary (loss mask on the summary) and log-probs."""
+    row: int
+    inputs: ModelInputs
+    logprobs: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
+class Rollout:
+    episode: Episode
+    sample: int  # 0..G-1
+    inputs: ModelInputs  # the whole sequence; inputs.loss_mask is 1 on generated tokens only
+    logprobs: np.ndarray  # [L] behaviour log-probs, 0 where loss_mask is 0
+    structural_mask: np.ndarray  # [L] 1 on <think> </think> <tool_call> </tool_call> <answer> </answer> tokens generated
+    prompt_length: int
+    completion: str  # everything after the prompt (turns and tool responses), for the rewards
+    calls_per_turn: tuple[int, ...]
+    turns: int  # assistant turns generated
+    errors: tuple[str, ...]  # parse, validation, decode and overflow errors, in order
+    subagents: tuple[SubTrajectory, ...]
+    truncated: bool  # the last turn hit its token budget without a stop token
+
+    @property
+    def nframes(self) -> int:
+        return self.episode.nframes
+
+    @property
+    def num_tool_calls(self) -> int:
+        return int(sum(self.calls_per_turn))
+
+
+# ----------------------------------------------------------------------------- helpers
+def structural_positions(ids: np.ndarray, generated: np.ndarray, tokenizer: Tokenizer) -> np.ndarray:
+    """Mask of structural-tag tokens inside generated text. Single-token tags match by id;
+    multi-token tags (`<answer>`, `</answer>` in Qwen's vocabulary) by character spans."""
+    sp = tokenizer.special
+    mask = np.isin(ids, np.array(sp.structural)) & generated.astype(bool)
+    pieces = [tokenizer.decode([int(t)]) if g else "" for t, g in zip(ids, generated)]
+    text = "".join(pieces)
+    starts = np.cumsum([0] + [len(p) for p in pieces])
+    for tag in ANSWER_TAGS:
+        begin = text.find(tag)
+        while begin >= 0:
+            end = begin + len(tag)
+            mask |= (starts[:-1] < end) & (starts[1:] > begin) & generated.astype(bool)
+            begin = text.find(tag, end)
+    return mask.astype(np.int32)
+
+
+def completion_text(inputs: ModelInputs, start: int, tokenizer: Tokenizer) -> str:
+    ids = inputs.input_ids[start:]
+    keep = ~np.isin(inputs.mm_token_type_ids[start:], (IMAGE, VIDEO))
+    return tokenizer.decode(ids[keep])
+
+
+def _truncate(tokens: list[int], limit: int) -> tuple[list[int], bool]:
+    return (tokens[:limit], True) if len(tokens) > limit else (tokens, False)
+
+
+@dataclasses.dataclass
+class _Row:
+    episode: Episode
+    sample: int
+    inputs: ModelInputs
+    logprobs: list[np.ndarray]
+    prompt_length: int
+    calls: list[int] = dataclasses.field(default_factory=list)
+    errors: list[str] = dataclasses.field(default_factory=list)
+    subagents: list[SubTrajectory] = dataclasses.field(default_factory=list)
+    turns: int = 0
+    active: bool = True
+    truncated: bool = False
+
+    def add_generated(self, tokens: list[int], logprobs: np.ndarray):
+        self.inputs = self.inputs.extend(encode_ids(tokens, self.inputs.next_position, trainable=True))
+        self.logprobs.append(np.asarray(logprobs, np.float32))
+        self.turns += 1
+
+    def add_chunk(self, chunk: ModelInputs):
+        self.inputs = self.inputs.extend(chunk)
+        self.logprobs.append(np.zeros(chunk.length, np.float32))
+
+
+# ----------------------------------------------------------------------------- engine
+def overview_prompts(episodes: Sequence[Episode], tokenizer: Tokenizer, config: RolloutConfig,
+                     pool: futures.Executor) -> tuple[list[ModelInputs | None], list[str | None], list[float]]:
+    """Reads every episode's K overview frames concurrently and builds its ParaVT prompt."""
+    def build(ep: Episode):
+        clip = read_frames(ep.video_path, nframes=ep.nframes, min_pixels=config.overview_min_pixels,
+                           max_pixels=config.overview_max_pixels)
+        import os
+
+        tools = (chat.CROP_VIDEO_TOOL,) if config.tools else ()
+        messages = chat.paravt_messages(ep.question, clip.frames, clip.timestamps,
+                                        video_name=os.path.basename(ep.video_path), tools=tools)
+        prefix = "<think>\n" if config.think_prefix else ""
+        return encode(chat.render(messages, add_generation_prompt=True, assistant_prefix=prefix),
+                      tokenizer), clip.metadata.duration
+
+    prompts, errors, durations = [], [], []
+    for ep, future in [(ep, pool.submit(build, ep)) for ep in episodes]:
+        try:
+            prompt, duration = future.result()
+            prompts.append(prompt)
+            errors.append(None)
+            durations.append(duration)
+        except (VideoError, ValueError) as e:
+            prompts.append(None)
+            errors.append(f"{ep.episode_id}: {e}")
+            durations.append(0.0)
+    return prompts, errors, durations
+
+
+def _responses_subagent(results: list[CropResult], sampler: Sampler, tokenizer: Tokenizer,
+                        config: RolloutConfig, seed: int) -> tuple[list, list[SubTrajectory | None]]:
+    """All sub-agent prompts of the turn in ONE batched sampler call (same weights)."""
+    texts: list = [None] * len(results)
+    trajectories: list[SubTrajectory | None] = [None] * len(results)
+    ok = [i for i, r in enumerate(results) if r.ok]
+    if ok:
+        prompts = []
+        for i in ok:
+            r = results[i]
+            content = tuple(chat.frames_as_images(r.clip.frames, r.clip.timestamps)) + (
+                chat.Text(chat.segment_instruction(r.request.start, r.request.end)),)
+            prompts.append(encode(chat.render([chat.Message("user", content)], add_generation_prompt=True),
+                                  tokenizer))
+        out, _ = sampler.generate(prompts, max_new_tokens=config.subagent_max_tokens,
+                                  temperature=config.temperature, top_p=config.top_p, top_k=config.top_k,
+                                  stop_ids=(tokenizer.special.im_end,), seed=seed)
+        for j, i in enumerate(ok):
+            tokens = out.tokens[j]
+            body = [t for t in tokens if t != tokenizer.special.im_end]
+            body, cut = _truncate(body, config.subagent_max_tokens)
+            texts[i] = tokenizer.decode(body, skip_special_tokens=True).strip() + (" [truncated]" if cut else "")
+            seq = prompts[j].extend(encode_ids(tokens, prompts[j].next_position, trainable=True))
+            logps = np.concatenate([np.zeros(prompts[j].length, np.float32), out.logprobs[j]])
+            trajectories[i] = SubTrajectory(results[i].task.row, seq, logps)
+    for i, r in enumerate(results):
+        if not r.ok:
+            texts[i] = f"Error: {r.error}"
+    return texts, trajectories
+
+
+def _responses_frames(results: list[CropResult]) -> list:
+    out = []
+    for r in results:
+        if not r.ok:
+            out.append(f"Error: {r.error}")
+            continue
+        clip = r.clip
+        out.append([chat.Text(f"{len(clip.frames)} frames from {r.request.start:.1f} s to "
+                              f"{r.request.end:.1f} s.\n"),
+                    *chat.frames_as_images(clip.frames, clip.timestamps)])
+    return out
+
+
+def run_rollouts(sampler: Sampler, tokenizer: Tokenizer, episodes: Sequence[Episode],
+                 num_samples: int, config: RolloutConfig, dispatcher: CropDispatcher
+                 ) -> tuple[list[Rollout], list[str]]:
+    """Runs `num_samples` rollouts of every episode (rows ordered episode-major). Returns the
+    rollouts and the episodes skipped because their video could not be read."""
+    im_end = tokenizer.special.im_end
+    knobs = dict(temperature=config.temperature, top_p=config.top_p, top_k=config.top_k,
+                 stop_ids=(im_end,))
+    prompts, prompt_errors, durations = overview_prompts(episodes, tokenizer, config, dispatcher._pool)
+    kept = [i for i, p in enumerate(prompts) if p is not None]
+    skipped = [e for e in prompt_errors if e is not None]
+    if not kept:
+        return [], skipped
+    eps = [episodes[i] for i in kept]
+    rows = [_Row(eps[e], g, prompts[kept[e]], [np.zeros(prompts[kept[e]].length, np.float32)],
+                 prompts[kept[e]].length)
+            for e in range(len(eps)) for g in range(num_samples)]
+    row_duration = [durations[kept[e]] for e in range(len(eps)) for _ in range(num_samples)]
+    out, state = sampler.generate([prompts[i] for i in kept], num_samples=num_samples,
+                                  max_new_tokens=config.max_new_tokens, seed=config.seed, **knobs)
+    max_parallel = 1 if config.mode == "sequential" else dispatcher.config.max_parallel
+    for turn in range(config.max_turns + 1):
+        turn_rows = [b for b, row in enumerate(rows) if row.active]
+        for b in turn_rows:
+            rows[b].add_generated(out.tokens[b], out.logprobs[b])
+            rows[b].truncated = not bool(out.finished[b])
+        if not config.tools:
+            break
+        tasks, pending_errors, per_row = [], {}, {}
+        for b in turn_rows:
+            row = rows[b]
+            parsed = parse_tool_calls(tokenizer.decode(out.tokens[b]))
+            if not parsed.calls and not parsed.errors:
+                row.active = False
+                continue
+            messages = [f"Error: {e}" for e in parsed.errors]
+            executed = parsed.calls[:max_parallel]
+            for k, call in enumerate(parsed.calls[max_parallel:]):
+                messages.append(f"Error: call {max_parallel + k + 1} was not executed: at most "
+                                f"{max_parallel} crop_video calls run per turn")
+            row.errors += [m[len('Error: '):] for m in messages]
+            row.calls.append(len(executed))
+            per_row[b] = (len(tasks), len(executed))
+            tasks += [CropTask(b, k, row.episode.video_path, row_duration[b], call)
+                      for k, call in enumerate(executed)]
+            pending_errors[b] = messages
+        if not per_row:
+            break
+        last_round = turn == config.max_turns
+        if last_round and not config.final_answer:
+            for b in per_row:
+                rows[b].active = False
+            break
+        results = dispatcher.run(tasks)
+        for r in results:
+            if not r.ok:
+                rows[r.task.row].errors.append(r.error)
+        if config.mode == "subagent":
+            texts, trajectories = _responses_subagent(results, sampler, tokenizer, config,
+                                                      config.seed + 1000 * (turn + 1))
+            for t in trajectories:
+                if t is not None:
+                    rows[t.row].subagents.append(t)
+        else:
+            texts = _responses_frames(results)
+        chunks: list[ModelInputs | None] = [None] * len(rows)
+        for b, (first, count) in per_row.items():
+            row = rows[b]
+            responses = texts[first:first + count] + pending_errors[b]
+            close = "\n" if not row.truncated else "<|im_end|>\n"
+            prefix = "<think>\n" if config.think_prefix else ""
+            if last_round:
+                prefix = config.final_answer_prefix
+                row.active = False  # after the forced answer this row is done
+            segments = [chat.Text(close)] + chat.render(chat.tool_response_messages(responses),
+                                                        add_generation_prompt=True,
+                                                        assistant_prefix=prefix)
+            chunk = encode(segments, tokenizer, start_position=int(state.chunk_start[b]))
+            row.add_chunk(chunk)
+            chunks[b] = chunk
+        budget = config.final_answer_tokens if last_round else config.max_new_tokens
+        out, state = sampler.extend(state, chunks, max_new_tokens=budget,
+                                    seed=config.seed + turn + 1, **knobs)
+        if last_round:
+            for b in per_row:
+                rows[b].add_generated(out.tokens[b], out.logprobs[b])
+                rows[b].truncated = not bool(out.finished[b])
+            break
+    return [_finish(row, tokenizer) for row in rows], skipped
+
+
+def _finish(row: _Row, tokenizer: Tokenizer) -> Rollout:
+    inputs = row.inputs
+    logprobs = np.concatenate(row.logprobs)
+    assert len(logprobs) == inputs.length, (len(logprobs), inputs.length)
+    return Rollout(
+        episode=row.episode, sample=row.sample, inputs=inputs, logprobs=logprobs,
+        structural_mask=structural_positions(inputs.input_ids, inputs.loss_mask, tokenizer),
+        prompt_length=row.prompt_length,
+        completion=completion_text(inputs, row.prompt_length, tokenizer),
+        calls_per_turn=tuple(row.calls), turns=row.turns, errors=tuple(row.errors),
+        subagents=tuple(row.subagents), truncated=row.truncated)

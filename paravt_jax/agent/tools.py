@@ -1,0 +1,198 @@
+"""The crop_video tool: Hermes-style call parsing (with the `<tool_code>` Python fallback) and
+argument validation.
+
+Parsing reproduces the reference parser's output whenever every block is well-formed;
+unlike it, one malformed block does not discard the valid ones: it becomes an entry of
+`.errors` (which the dispatcher reports back to the model). Python calls are read with
+`ast` and `ast.literal_eval` only; nothing the model writes is ever executed, and the
+`video_path` argument is never opened (the episode's own video is always used).
+"""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+import math
+import re
+from typing import Any
+
+from paravt_jax.text.chat import CROP_VIDEO_TOOL
+
+TOOL_NAME = "crop_video"
+POSITIONAL_ARGUMENTS = {"crop_video": ("video_path", "start_time", "end_time")}
+_TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", re.DOTALL)
+_TOOL_CODE = re.compile(r"<tool_code>(.*?)</tool_code>|<tool_code>(.*)", re.DOTALL)
+
+__all__ = ["CROP_VIDEO_TOOL", "ToolCall", "ParsedCalls", "CropRequest", "parse_tool_calls",
+           "parse_time", "validate_crop"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: dict
+
+
+@dataclasses.dataclass(frozen=True)
+class ParsedCalls:
+    calls: list[ToolCall]
+    errors: list[str]  # one message per malformed block / line
+
+    @property
+    def tools_called(self) -> bool:
+        return bool(self.calls)
+
+
+def _json_block(body: str, index: int) -> tuple[ToolCall | None, str | None]:
+    try:
+        obj = json.loads(body)
+    except (json.JSONDecodeError, RecursionError) as e:
+        return None, f"<tool_call> block {index + 1}: not valid JSON ({e.msg if hasattr(e, 'msg') else e})"
+    if not isinstance(obj, dict) or "name" not in obj or "arguments" not in obj:
+        return None, f'<tool_call> block {index + 1}: expected {{"name": ..., "arguments": {{...}}}}'
+    arguments = obj["arguments"]
+    if isinstance(arguments, str):  # some models JSON-encode the arguments twice
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            pass
+    if not isinstance(arguments, dict):
+        return None, f"<tool_call> block {index + 1}: arguments must be a JSON object"
+    return ToolCall(str(obj["name"]), arguments), None
+
+
+def _strip_stray_quotes(line: str) -> str:
+    line = re.sub(r"\)\s*['\"].*$", ")", line)
+    return re.sub(r"(['\"])(\s*\))", r"\2", line)
+
+
+def _python_line(line: str) -> tuple[ToolCall | None, str | None]:
+    """One `name(...)` line -> a call (literal evaluation only)."""
+    try:
+        tree = ast.parse(line, mode="eval")
+    except SyntaxError:
+        cleaned = _strip_stray_quotes(line)
+        if cleaned == line:
+            return None, f"<tool_code> line {line[:60]!r}: not a Python call"
+        try:
+            tree = ast.parse(cleaned, mode="eval")
+        except SyntaxError:
+            return None, f"<tool_code> line {line[:60]!r}: not a Python call"
+    call = tree.body
+    if (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "print"
+            and call.args and isinstance(call.args[0], ast.Call)):
+        call = call.args[0]
+    if not isinstance(call, ast.Call):
+        return None, None  # a non-call line (comment, text) is not an error
+    if isinstance(call.func, ast.Name):
+        name = call.func.id
+    elif isinstance(call.func, ast.Attribute):
+        name = call.func.attr
+    else:
+        return None, f"<tool_code> line {line[:60]!r}: unsupported callee"
+    arguments: dict[str, Any] = {}
+    for keyword in call.keywords:
+        if keyword.arg is None:
+            continue
+        try:
+            arguments[keyword.arg] = ast.literal_eval(keyword.value)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            pass
+    if call.args and not arguments:
+        names = POSITIONAL_ARGUMENTS.get(name, ())
+        for i, arg in enumerate(call.args):
+            try:
+                value = ast.literal_eval(arg)
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                continue
+            if i < len(names):
+                arguments[names[i]] = value
+    if not arguments:
+        return None, f"<tool_code> line {line[:60]!r}: no literal arguments"
+    return ToolCall(name, arguments), None
+
+
+def parse_tool_calls(text: str) -> ParsedCalls:
+    """All tool calls of one assistant turn, in order.
+
+    `<tool_call>{json}</tool_call>` blocks first (an unclosed last block runs to the end);
+    if none of them is valid, the `<tool_code>` Python fallback (one call per line).
+    """
+    errors: list[str] = []
+    if "<tool_call>" in text:
+        calls = []
+        for i, match in enumerate(_TOOL_CALL.findall(text)):
+            call, error = _json_block(match[0] if match[0] else match[1], i)
+            if call is not None:
+                calls.append(call)
+            if error:
+                errors.append(error)
+        if calls:
+            return ParsedCalls(calls, errors)
+    if "<tool_code>" in text:
+        calls = []
+        for match in _TOOL_CODE.findall(text):
+            for line in (match[0] if match[0] else match[1]).strip().split("\n"):
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    call, error = _python_line(line)
+                except (RecursionError, MemoryError, ValueError) as e:
+                    call, error = None, f"<tool_code> line {line[:60]!r}: {type(e).__name__}"
+                if call is not None:
+                    calls.append(call)
+                if error:
+                    errors.append(error)
+        return ParsedCalls(calls, errors)
+    return ParsedCalls([], errors)
+
+
+# ----------------------------------------------------------------------------- validation
+@dataclasses.dataclass(frozen=True)
+class CropRequest:
+    start: float
+    end: float  # clamped to the video duration
+
+
+def parse_time(value: Any) -> float:
+    """Seconds from a number, a numeric string, "MM:SS" or "HH:MM:SS"."""
+    if isinstance(value, bool):
+        raise ValueError(f"time {value!r} is a boolean")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    elif isinstance(value, str):
+        text = value.strip().rstrip("s").strip()
+        if ":" in text:
+            parts = text.split(":")
+            if len(parts) not in (2, 3) or not all(p.strip() for p in parts):
+                raise ValueError(f"time {value!r} is not MM:SS or HH:MM:SS")
+            seconds = 0.0
+            for part in parts:
+                seconds = seconds * 60 + float(part)
+        else:
+            seconds = float(text)
+    else:
+        raise ValueError(f"time {value!r} is not a number or a time string")
+    if not math.isfinite(seconds):
+        raise ValueError(f"time {value!r} is not finite")
+    return seconds
+
+
+def validate_crop(call: ToolCall, duration: float) -> CropRequest:
+    """Checks one call against the episode's video; raises ValueError with the reason."""
+    if call.name != TOOL_NAME:
+        raise ValueError(f"unknown tool {call.name!r}; the only tool is {TOOL_NAME}")
+    args = call.arguments
+    raw_start = args.get("start_time", args.get("start"))
+    raw_end = args.get("end_time", args.get("end"))
+    if raw_start is None:
+        raise ValueError("start_time (or start) is required")
+    if raw_end is None:
+        raise ValueError("end_time (or end) is required")
+    start, end = parse_time(raw_start), parse_time(raw_end)
+    if start >= end:
+        raise ValueError(f"start_time {start:g} must be less than end_time {end:g}")
+    if start >= duration:
+        raise ValueError(f"start_time ({start:.1f}s) exceeds video duration ({duration:.1f}s)")
+    return CropRequest(start=max(0.0, start), end=min(end, duration))

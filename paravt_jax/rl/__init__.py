@@ -1,0 +1,1 @@
+"""Reinforcement learning (PARA-GRPO): rewards, metrics, nFrames gating, LLM judge, trainer."""

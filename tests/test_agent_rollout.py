@@ -1,0 +1,190 @@
+"""Dispatcher concurrency and safety; a hand-checked scripted rollout; real tiny rollouts."""
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from paravt_jax.agent import dispatch as dispatch_module
+from paravt_jax.agent.dispatch import CropDispatcher, CropTask, DispatchConfig
+from paravt_jax.agent.rollout import Episode, RolloutConfig, run_rollouts
+from paravt_jax.agent.tools import ToolCall
+from paravt_jax.data.synthetic import Event, write_video
+from paravt_jax.models.qwen3_vl import init_model, preset
+from paravt_jax.sampling import Sampler, SamplerConfig
+from paravt_jax.sampling.sampler import SampleOutput
+from paravt_jax.text.tokenizer import train_tokenizer
+
+CORPUS = ["<think>I will look at two windows.</think> the answer is blue", "crop_video start_time end_time",
+          '{"name": "crop_video", "arguments": {"video_path": "v.mp4", "start_time": 1, "end_time": 5}}'] * 20
+
+
+@pytest.fixture(scope="module")
+def video(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("agent") / "episode.mp4")
+    return write_video(path, 40.0, [Event(10.0, 14.0, "blue", "circle")], fps=4.0, height=96, width=128, seed=1)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_tokenizer(CORPUS)
+
+
+def crop(row, k, video, start, end, path="model_path.mp4"):
+    return CropTask(row, k, video, 40.0, ToolCall("crop_video", {"video_path": path, "start_time": start, "end_time": end}))
+
+
+def test_calls_run_concurrently_in_order_and_failures_become_errors(video, tmp_path):
+    tasks = [crop(0, 0, video, 1, 9), crop(0, 1, video, 10, 18), crop(1, 0, video, 20, 28),
+             crop(1, 1, video, 30, 20), crop(2, 0, str(tmp_path / "missing.mp4"), 1, 5)]
+    with CropDispatcher(DispatchConfig(max_workers=4)) as dispatcher:
+        results = dispatcher.run(tasks)
+    assert [r.task for r in results] == tasks
+    ok = [r for r in results if r.ok]
+    assert len(ok) == 3 and max(r.started for r in ok) < min(r.finished for r in ok)  # overlapping
+    assert "must be less than" in results[3].error
+    assert "missing.mp4: file not found" in results[4].error
+    assert dispatcher.counters == {"calls": 5, "errors": 2, "timeouts": 0}
+    assert len(ok[0].clip.frames) == 8  # 1 fps over 8 s
+
+
+def test_model_written_paths_are_never_opened(video, monkeypatch):
+    opened = []
+    real = dispatch_module.read_frames
+
+    def spy(path, **kwargs):
+        opened.append(path)
+        return real(path, **kwargs)
+
+    monkeypatch.setattr(dispatch_module, "read_frames", spy)
+    tasks = [crop(0, 0, video, 1, 5, path="/etc/passwd"), crop(0, 1, video, 6, 9, path="../../secret.mp4")]
+    with CropDispatcher() as dispatcher:
+        results = dispatcher.run(tasks)
+    assert all(r.ok for r in results) and opened == [video, video]
+
+
+def test_timeout_becomes_error(video, monkeypatch):
+    import time
+
+    monkeypatch.setattr(dispatch_module, "read_frames", lambda *a, **k: time.sleep(2))
+    with CropDispatcher(DispatchConfig(timeout_s=0.2)) as dispatcher:
+        results = dispatcher.run([crop(0, 0, video, 1, 5)])
+    assert "timed out" in results[0].error and dispatcher.counters["timeouts"] == 1
+
+
+class ScriptedSampler:
+    """Returns scripted texts turn by turn (per row), tracking positions like the sampler."""
+
+    @dataclasses.dataclass
+    class State:
+        chunk_start: np.ndarray
+
+    def __init__(self, tokenizer, scripts, subagent_text="a blue circle from 10 to 14 seconds"):
+        self.tok, self.scripts, self.sub = tokenizer, scripts, subagent_text
+        self.turn = {}
+        self.subagent_calls = []
+
+    def _out(self, texts, ends=None):
+        tokens = [self.tok.encode(t) + [self.tok.special.im_end] for t in texts]
+        return SampleOutput(tokens, [np.full(len(t), -0.5, np.float32) for t in tokens],
+                            np.ones(len(tokens), bool), np.array([len(t) for t in tokens]))
+
+    def generate(self, prompts, num_samples=1, **knobs):
+        if self.turn:  # after the first main call, generate() is only used by sub-agents
+            self.subagent_calls.append(len(prompts))
+            out = self._out([self.sub] * len(prompts))
+            return out, None
+        rows = len(prompts) * num_samples
+        texts = [self.scripts[b][0] for b in range(rows)]
+        self.turn = {b: 1 for b in range(rows)}
+        out = self._out(texts)
+        starts = np.array([prompts[b // num_samples].next_position + len(out.tokens[b]) for b in range(rows)])
+        return out, self.State(starts)
+
+    def extend(self, state, chunks, **knobs):
+        texts, starts = [], state.chunk_start.copy()
+        for b, chunk in enumerate(chunks):
+            if chunk is None:
+                texts.append("")
+                continue
+            assert int(chunk.position_ids.min()) == state.chunk_start[b]
+            texts.append(self.scripts[b][self.turn[b]])
+            self.turn[b] += 1
+        out = self._out(texts)
+        for b, chunk in enumerate(chunks):
+            if chunk is not None:
+                starts[b] = chunk.next_position + len(out.tokens[b])
+        return out, self.State(starts)
+
+
+def calls_text(*windows):
+    return "<think>check windows</think>\n" + "\n".join(
+        "<tool_call>\n" + json.dumps({"name": "crop_video", "arguments": {"video_path": "/etc/passwd",
+                                                                          "start_time": s, "end_time": e}}) + "\n</tool_call>"
+        for s, e in windows)
+
+
+def test_scripted_rollout_masks_and_metadata(video, tokenizer):
+    scripts = [
+        [calls_text((1, 5), (9, 15), (20, 25)), "<think>it was blue</think>\n<answer>blue</answer>"],
+        ["<think>no need</think>\n<answer>red</answer>"],
+    ]
+    sampler = ScriptedSampler(tokenizer, scripts)
+    episode = Episode("e0", "What colour?", "blue", "oe", video, nframes=4)
+    config = RolloutConfig(mode="subagent", max_turns=3)
+    with CropDispatcher(DispatchConfig(max_parallel=2)) as dispatcher:
+        rollouts, skipped = run_rollouts(sampler, tokenizer, [episode], 2, config, dispatcher)
+    assert skipped == [] and len(rollouts) == 2
+    a, b = rollouts
+    assert a.calls_per_turn == (2,) and a.turns == 2 and b.calls_per_turn == () and b.turns == 1
+    assert any("at most 2 crop_video calls" in e for e in a.errors)
+    assert sampler.subagent_calls == [2]  # both crops of the turn in ONE sub-agent call
+    assert len(a.subagents) == 2 and all(s.row == 0 for s in a.subagents)
+    gen_a = tokenizer.encode(scripts[0][0]) + [tokenizer.special.im_end] + \
+        tokenizer.encode(scripts[0][1]) + [tokenizer.special.im_end]
+    ids = a.inputs.input_ids
+    assert a.inputs.loss_mask.sum() == len(gen_a)
+    assert ids[a.inputs.loss_mask == 1].tolist() == gen_a
+    assert np.all(a.logprobs[a.inputs.loss_mask == 1] == -0.5) and np.all(a.logprobs[a.inputs.loss_mask == 0] == 0)
+    sp = tokenizer.special
+    structural_ids = ids[a.structural_mask == 1]
+    assert (structural_ids == sp.tool_call).sum() == 3 and (structural_ids == sp.think_end).sum() == 2
+    assert tokenizer.decode(ids[a.structural_mask == 1]).count("answer") == 2  # <answer> and </answer>
+    assert "<tool_response>\na blue circle from 10 to 14 seconds\n</tool_response>" in a.completion
+    assert "Error: call 3 was not executed" in a.completion
+    assert a.completion.rstrip().endswith("<answer>blue</answer><|im_end|>")
+    assert a.inputs.position_ids[0, -1] == a.inputs.next_position - 1
+    assert not a.truncated and a.nframes == 4
+
+
+def test_max_turns_enforced(video, tokenizer):
+    scripts = [[calls_text((1, 5))] * 10]
+    sampler = ScriptedSampler(tokenizer, scripts)
+    episode = Episode("e0", "What colour?", "blue", "oe", video, nframes=4)
+    with CropDispatcher() as dispatcher:
+        rollouts, _ = run_rollouts(sampler, tokenizer, [episode], 1,
+                                   RolloutConfig(mode="frames", max_turns=2), dispatcher)
+    r = rollouts[0]
+    assert r.turns == 3 and r.calls_per_turn == (1, 1, 1)  # 2 rounds executed, the third call unanswered
+    assert r.completion.count("<tool_response>") == 2
+    assert r.inputs.image_grid_thw.shape[0] == 4 + 2 * 4  # overview + two crops of 4 frames
+
+
+@pytest.mark.parametrize("mode", ["subagent", "frames"])
+def test_full_tiny_rollout(video, tmp_path, mode):
+    from paravt_jax.text.tokenizer import Tokenizer
+
+    tok = train_tokenizer(CORPUS)
+    model = init_model(preset("tiny"), seed=0)
+    sampler = Sampler(model, SamplerConfig(min_chunk_bucket=64))
+    episodes = [Episode("a", "When does the blue circle appear?", "[10.0, 14.0]", "tvg", video, nframes=4),
+                Episode("b", "Colour?", "blue", "oe", str(tmp_path / "gone.mp4"), nframes=4)]
+    with CropDispatcher() as dispatcher:
+        rollouts, skipped = run_rollouts(sampler, tok, episodes, 2,
+                                         RolloutConfig(mode=mode, max_turns=1, max_new_tokens=8), dispatcher)
+    assert len(rollouts) == 2 and len(skipped) == 1 and "gone.mp4" in skipped[0]
+    for r in rollouts:
+        assert r.inputs.length == len(r.logprobs) == len(r.structural_mask)
+        assert 1 <= r.inputs.loss_mask.sum() <= 8 * 2
+        assert np.all(r.logprobs[r.inputs.loss_mask == 1] <= 0)
+    assert isinstance(tok, Tokenizer)
