@@ -216,7 +216,8 @@ class LLMJudge:
                 raise JudgeError(f"judge request timed out after {self.timeout_s:g} s") from None
             raise JudgeError(self._redact(f"judge request failed: {reason}")) from None
         except Exception as exc:  # noqa: BLE001 - e.g. http.client errors
-            raise JudgeError(self._redact(f"judge request failed: {type(exc).__name__}: {exc}")) from None
+            message = f"judge request failed: {type(exc).__name__}: {exc}"
+            raise JudgeError(self._redact(message)) from None
         try:
             data = json.loads(raw)
         except (ValueError, RecursionError):

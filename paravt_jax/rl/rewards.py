@@ -49,6 +49,7 @@ __all__ = [
     "accuracy_reward",
     "compose_reward",
     "question_from_prompt",
+    "is_degenerate",
     "REWARD_KEYS",
 ]
 

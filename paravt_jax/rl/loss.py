@@ -1,0 +1,223 @@
+"""PPO (decoupled, token-level clip) and SFT losses as pure JAX functions.
+
+Everything returns SUMS and COUNTS, never means, so that accumulating micro-batches is exact:
+the loss of a step is (sum over micro-batches of loss_sum) / (sum of token_count), which is
+what the reference gets by weighting each micro-batch mean with its token count
+(`loss_weight_fn = loss_mask.count_nonzero()`). To train: differentiate `loss_sum`, add the
+gradients of the micro-batches, divide by the total count once (or scale every micro-batch by
+1 / total_count when it is known in advance).
+
+Metrics follow the same rule. Each value is a `WeightedMean(total, count)` (mean = total /
+count) or a `RunningMax(value, count)`; `merge_stats` combines two dicts of them and
+`finalize_stats` turns one into plain numbers. Both are pytrees, so they pass through
+`jax.jit` / `lax.scan` unchanged.
+
+Shift convention for logits: `logits[:, t]` is the distribution that predicts `targets[:, t]`
+(i.e. targets = input_ids shifted left by one, done by the caller). `gather_logprobs`,
+`sft_loss` and `entropy_from_logits` all use it.
+"""
+from __future__ import annotations
+
+from typing import Mapping, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+__all__ = [
+    "WeightedMean",
+    "RunningMax",
+    "merge_stats",
+    "finalize_stats",
+    "gather_logprobs",
+    "ppo_loss",
+    "entropy_from_logits",
+    "sft_loss",
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# (sum, count) bookkeeping
+# ---------------------------------------------------------------------------------------------
+
+class WeightedMean(NamedTuple):
+    """A mean kept as (total, count). Merging adds both; `.value` = total / max(count, 1)."""
+
+    total: jax.Array
+    count: jax.Array
+
+    def merge(self, other: "WeightedMean") -> "WeightedMean":
+        return WeightedMean(self.total + other.total, self.count + other.count)
+
+    @property
+    def value(self) -> jax.Array:
+        return self.total / jnp.maximum(self.count, 1)
+
+
+class RunningMax(NamedTuple):
+    """A maximum over tokens, with the number of tokens it was taken over. Merging takes the
+    larger maximum; `.value` is the maximum, or 0 when no token was seen."""
+
+    maximum: jax.Array
+    count: jax.Array
+
+    def merge(self, other: "RunningMax") -> "RunningMax":
+        return RunningMax(jnp.maximum(self.maximum, other.maximum), self.count + other.count)
+
+    @property
+    def value(self) -> jax.Array:
+        return jnp.where(self.count > 0, self.maximum, 0.0)
+
+
+def merge_stats(a: Mapping[str, WeightedMean | RunningMax],
+                b: Mapping[str, WeightedMean | RunningMax]) -> dict:
+    """Combine two micro-batches' metrics (same keys)."""
+    if set(a) != set(b):
+        raise ValueError(f"metric keys differ: {sorted(set(a) ^ set(b))}")
+    return {k: a[k].merge(b[k]) for k in a}
+
+
+def finalize_stats(stats: Mapping[str, WeightedMean | RunningMax]) -> dict[str, jax.Array]:
+    """Plain values: the mean of each `WeightedMean`, the value of each `RunningMax`."""
+    return {k: v.value for k, v in stats.items()}
+
+
+def _wmean(x, mask) -> WeightedMean:
+    return WeightedMean(jnp.sum(jnp.where(mask, x, 0.0)), jnp.sum(mask).astype(jnp.int32))
+
+
+def _float(x) -> jax.Array:
+    x = jnp.asarray(x)
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        return x.astype(jnp.float32)
+    return x.astype(jnp.promote_types(x.dtype, jnp.float32))
+
+
+# ---------------------------------------------------------------------------------------------
+# Log-probs, entropy, SFT
+# ---------------------------------------------------------------------------------------------
+
+def _log_softmax(logits, temperature: float = 1.0) -> jax.Array:
+    z = _float(logits)
+    if temperature != 1.0:
+        z = z / temperature
+    return jax.nn.log_softmax(z, axis=-1)
+
+
+def gather_logprobs(logits, targets, temperature: float = 1.0) -> jax.Array:
+    """[N, T] log p(targets[:, t] | logits[:, t] / temperature), computed in float32 (or wider).
+
+    The reference trains with the rollout temperature (actor.temperature = 0.7) applied to
+    the logits before the log-softmax; pass the same value here."""
+    logp = _log_softmax(logits, temperature)
+    return jnp.take_along_axis(logp, jnp.asarray(targets)[..., None].astype(jnp.int32), axis=-1)[..., 0]
+
+
+def entropy_from_logits(logits, mask, temperature: float = 1.0) -> tuple[jax.Array, jax.Array]:
+    """(sum of per-token entropies over `mask`, token count). Entropy of softmax(logits / T)."""
+    logp = _log_softmax(logits, temperature)
+    ent = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+    m = jnp.asarray(mask) > 0
+    return jnp.sum(jnp.where(m, ent, 0.0)), jnp.sum(m).astype(jnp.int32)
+
+
+def sft_loss(logits, targets, loss_mask) -> tuple[jax.Array, jax.Array]:
+    """Masked cross-entropy: (sum over masked positions of -log softmax(logits[:, t])[targets[:, t]],
+    number of masked positions). logits [N, T, V], targets [N, T] ints, loss_mask [N, T]."""
+    m = jnp.asarray(loss_mask) > 0
+    nll = -gather_logprobs(logits, targets)
+    return jnp.sum(jnp.where(m, nll, 0.0)), jnp.sum(m).astype(jnp.int32)
+
+
+# ---------------------------------------------------------------------------------------------
+# PPO
+# ---------------------------------------------------------------------------------------------
+
+def ppo_loss(
+    logp,
+    prox_logp,
+    behaviour_logp,
+    advantages,
+    loss_mask,
+    *,
+    eps_clip: float = 0.2,
+    eps_clip_high: float | None = None,
+    behaviour_cap: float | None = 5.0,
+    c_clip: float | None = None,
+) -> tuple[jax.Array, jax.Array, dict]:
+    """Decoupled token-level PPO-clip loss (reference `ppo_actor_loss_fn`, token level).
+
+    logp: current policy log-probs [N, T] (the only input with a gradient);
+    prox_logp: the policy's own log-probs recomputed before the update (PPO's "old");
+    behaviour_logp: the rollout engine's log-probs (None = same as prox_logp, i.e. weight 1);
+    advantages, loss_mask: [N, T].
+
+    ratio = exp(logp - prox_logp), clipped to [1 - eps_clip, 1 + (eps_clip_high or eps_clip)];
+    w = exp(prox_logp - behaviour_logp) (no gradient), and a token with w > behaviour_cap gets
+    w = 0; per-token loss = -w * min(ratio * A, clip(ratio) * A) (optionally also capped at
+    c_clip * |A|: dual clip, off by default as in the recipe).
+
+    Returns (loss_sum, token_count, metrics). token_count counts every loss token, INCLUDING
+    those removed by the behaviour cap (the reference divides by the full loss-mask count; a
+    capped token contributes 0 to the sum but still to the denominator).
+
+    Metrics (WeightedMean over loss tokens unless said otherwise):
+      clip_frac          tokens where the clipped branch was taken (strictly);
+      dual_clip_frac     tokens where the dual clip was active (always 0 without c_clip);
+      approx_kl          k1 estimate of KL(prox || current): mean of (prox_logp - logp)
+                         (the reference logs the opposite sign, logp - prox_logp);
+      approx_kl_k3       k3 estimate of the same KL: mean of (ratio - 1 - log ratio) (>= 0);
+      importance_ratio   mean ratio;
+      behaviour_weight   mean w over the tokens kept by the cap (the reference's denominator);
+      behaviour_weight_max  RunningMax of w over all loss tokens, before the cap;
+      behaviour_capped_frac fraction of loss tokens removed by the cap;
+      loss               mean per-token loss (same as loss_sum / token_count).
+    """
+    m = jnp.asarray(loss_mask) > 0
+    logp = _float(logp)
+    prox = jax.lax.stop_gradient(_float(prox_logp))
+    adv = jax.lax.stop_gradient(_float(advantages))
+
+    # Masked positions get log-ratio 0 so that garbage there can never produce inf / NaN grads.
+    log_ratio = jnp.where(m, logp - prox, 0.0)
+    ratio = jnp.exp(log_ratio)
+    high = eps_clip if eps_clip_high is None else eps_clip_high
+    clipped = jnp.clip(ratio, 1.0 - eps_clip, 1.0 + high)
+    loss1 = -adv * ratio
+    loss2 = -adv * clipped
+    per_token = jnp.maximum(loss1, loss2)
+    clip_mask = m & (jax.lax.stop_gradient(loss1) < jax.lax.stop_gradient(loss2))
+    if c_clip is not None:
+        if c_clip <= 1.0:
+            raise ValueError(f"c_clip must be > 1, got {c_clip}")
+        loss3 = c_clip * jnp.abs(adv)
+        dual_mask = m & (loss3 < jax.lax.stop_gradient(per_token))
+        per_token = jnp.minimum(per_token, loss3)
+    else:
+        dual_mask = jnp.zeros_like(m)
+
+    if behaviour_logp is None:
+        weight_raw = jnp.ones_like(ratio)
+    else:
+        behav = jax.lax.stop_gradient(_float(behaviour_logp))
+        weight_raw = jnp.exp(jnp.where(m, prox - behav, 0.0))
+    keep = m if behaviour_cap is None else m & (weight_raw <= behaviour_cap)
+    weight = jnp.where(keep, weight_raw, 0.0)
+
+    per_token = jnp.where(m, per_token * weight, 0.0)
+    loss_sum = jnp.sum(per_token)
+    count = jnp.sum(m).astype(jnp.int32)
+
+    sg = jax.lax.stop_gradient
+    r = sg(ratio)
+    metrics = {
+        "loss": WeightedMean(sg(loss_sum), count),
+        "clip_frac": _wmean(clip_mask.astype(r.dtype), m),
+        "dual_clip_frac": _wmean(dual_mask.astype(r.dtype), m),
+        "approx_kl": _wmean(-sg(log_ratio), m),
+        "approx_kl_k3": _wmean(r - 1.0 - sg(log_ratio), m),
+        "importance_ratio": _wmean(r, m),
+        "behaviour_weight": _wmean(weight, keep),
+        "behaviour_weight_max": RunningMax(jnp.max(jnp.where(m, weight_raw, -jnp.inf)), count),
+        "behaviour_capped_frac": _wmean((m & ~keep).astype(r.dtype), m),
+    }
+    return loss_sum, count, metrics

@@ -1,0 +1,136 @@
+"""The PARA-GRPO / SFT train step on the tiny model."""
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from paravt_jax import sharding as sh
+from paravt_jax.models.qwen3_vl import init_model, preset
+from paravt_jax.rl.batch import micro_batches, pack
+from paravt_jax.rl.train_step import OptimizerConfig, StepConfig, TrainStep
+from paravt_jax.text import chat
+from paravt_jax.text.inputs import encode, encode_ids
+from paravt_jax.text.tokenizer import train_tokenizer
+
+
+@pytest.fixture(scope="module")
+def sequences():
+    tok = train_tokenizer(["the red circle appears at twelve seconds"] * 20)
+    rng = np.random.default_rng(0)
+    frames = (rng.random((2, 32, 64, 3)) * 255).astype(np.uint8)
+    out = []
+    for i in range(8):
+        if i % 2:
+            prompt = encode(chat.render(chat.paravt_messages("q?", frames, [0.0, 1.0], tools=()),
+                                        add_generation_prompt=True), tok)
+        else:
+            prompt = encode_ids(rng.integers(0, 900, 6 + i).tolist(), 0, trainable=False)
+        out.append(prompt.extend(encode_ids(rng.integers(0, 900, 5).tolist(), prompt.next_position, True)))
+    return out
+
+
+def make(model, sequences, advantages, step, num_micro=1, behaviour=None):
+    packed = pack(sequences, behaviour_logp=behaviour)
+    adv = np.zeros(packed.input_ids.shape, np.float32) + np.asarray(advantages, np.float32)[:, None]
+    return packed, micro_batches(packed, adv * packed.loss_mask, num_micro, model.config.vision)
+
+
+def current_logp(step, state, packed, model):
+    batch = micro_batches(packed, np.zeros(packed.input_ids.shape), 1, model.config.vision)[0]
+    return step.logprobs(state.params, batch)
+
+
+def test_logprobs_match_full_forward(sequences):
+    model = init_model(preset("tiny"), seed=1)
+    step = TrainStep(model, config=StepConfig(temperature=0.7, logprob_chunk=8))
+    packed = pack(sequences)
+    lp = current_logp(step, step.init_state(), packed, model)
+    for b, seq in enumerate(sequences):
+        logits = np.asarray(model(**seq.model_kwargs()).logits)[0].astype(np.float64) / 0.7
+        logz = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+        want = logits[np.arange(seq.length - 1), seq.input_ids[1:]] - logz[:-1]
+        np.testing.assert_allclose(lp[b, 1:seq.length], want, atol=2e-5)
+
+
+def test_one_step_moves_logprobs_by_advantage_sign(sequences):
+    model = init_model(preset("tiny"), seed=2)
+    step = TrainStep(model, OptimizerConfig(learning_rate=3e-3, weight_decay=0.0), StepConfig(),
+                     keep_reference=True)
+    state = step.init_state()
+    packed0 = pack(sequences)
+    before = current_logp(step, state, packed0, model)
+    behaviour = [before[b, :s.length] for b, s in enumerate(sequences)]
+    advantages = [1.0, -1.0] * 4
+    packed, batches = make(model, sequences, advantages, step, behaviour=behaviour)
+    state, metrics = step.step(state, batches)
+    assert not metrics["skipped"] and metrics["loss_tokens"] == 40 and metrics["grad_norm"] > 0
+    after = current_logp(step, state, packed, model)
+    reference = step.reference_logprobs(batches[0])
+    np.testing.assert_allclose(reference, before, atol=1e-6)  # frozen at the initial policy
+    assert np.abs(after - reference).max() > 1e-4
+    m = packed.loss_mask.astype(bool)
+    delta = np.array([(after[b] - before[b])[m[b]].mean() for b in range(8)])
+    assert np.all(delta[0::2] > 0) and np.all(delta[1::2] < 0), delta
+
+
+def test_micro_batch_accumulation_equals_one_batch(sequences):
+    def run(num_micro):
+        model = init_model(preset("tiny"), seed=3)
+        step = TrainStep(model, OptimizerConfig(learning_rate=1e-3), StepConfig())
+        state = step.init_state()
+        rng = np.random.default_rng(1)
+        _, batches = make(model, sequences, rng.standard_normal(8), step, num_micro)
+        state, metrics = step.step(state, batches)
+        return jax.tree.map(np.asarray, state.params), metrics
+
+    one, m1 = run(1)
+    four, m4 = run(4)
+    assert m1["loss_tokens"] == m4["loss_tokens"]
+    np.testing.assert_allclose(m1["loss"], m4["loss"], atol=1e-6)
+    for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(four)):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_sharded_step_equals_single_device(sequences):
+    def run(mesh):
+        model = init_model(preset("tiny"), seed=4, mesh=mesh)
+        step = TrainStep(model, OptimizerConfig(learning_rate=1e-3), StepConfig(), mesh=mesh)
+        state = step.init_state()
+        _, batches = make(model, sequences, np.linspace(-1, 1, 8), step, 2)
+        state, metrics = step.step(state, batches)
+        return state, metrics
+
+    single, m1 = run(None)
+    mesh = sh.make_mesh({"data": 1, "fsdp": 4, "tensor": 2})
+    sharded, m8 = run(mesh)
+    q = sharded.params["language"]["layers"]["q_proj"][...]
+    assert len(q.sharding.device_set) == 8
+    np.testing.assert_allclose(m1["loss"], m8["loss"], atol=1e-5)
+    for a, b in zip(jax.tree.leaves(single.params), jax.tree.leaves(sharded.params)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+
+
+def test_non_finite_update_is_skipped(sequences):
+    model = init_model(preset("tiny"), seed=5)
+    step = TrainStep(model, OptimizerConfig(learning_rate=1e-3), StepConfig())
+    state = step.init_state()
+    before = jax.tree.map(np.asarray, state.params)
+    _, batches = make(model, sequences, [np.nan] + [1.0] * 7, step)
+    state, metrics = step.step(state, batches)
+    assert metrics["skipped"] and int(state.skipped) == 1
+    for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(state.params)):
+        np.testing.assert_array_equal(a, np.asarray(b))
+
+
+def test_sft_objective_reduces_nll(sequences):
+    model = init_model(preset("tiny"), seed=6)
+    step = TrainStep(model, OptimizerConfig(learning_rate=1e-2, weight_decay=0.0), StepConfig(objective="sft"))
+    state = step.init_state()
+    _, batches = make(model, sequences, np.zeros(8), step)
+    losses = []
+    for _ in range(3):
+        state, metrics = step.step(state, batches)
+        losses.append(metrics["loss"])
+    assert losses[-1] < losses[0] - 0.1, losses
