@@ -8,9 +8,11 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-COMMAND="${1:-forward}"; shift || true
+COMMAND="${1:-run}"; shift || true
 ARGS=("$@")
-if [[ ! " ${ARGS[*]-} " =~ " --config=" ]]; then ARGS=("--config=configs/base.py:tiny" "${ARGS[@]}"); fi
+if [[ ! " ${ARGS[*]-} " =~ " --config=" ]]; then
+  if [[ "$COMMAND" == "forward" ]]; then ARGS=("--config=configs/base.py:tiny" "${ARGS[@]}"); else ARGS=("--config=configs/paragrpo.py:tiny" "${ARGS[@]}"); fi
+fi
 if [[ "${DRY_RUN:-0}" == "1" ]]; then
   echo "python -m paravt_jax.cli $COMMAND ${ARGS[*]}"
   exit 0

@@ -1,7 +1,7 @@
 """`paravt-jax <command> --config=FILE[:ARG] [--config.field=value ...]`.
 
-Commands: forward (the main job until the trainer lands: load the model, build a synthetic
-video prompt, run and time a forward pass).
+Commands: run (default: the main job: cold-start SFT, PARA-GRPO, evaluation), sft, train
+(RL only), eval, forward (one timed forward pass on a synthetic video prompt).
 """
 from __future__ import annotations
 
@@ -111,7 +111,154 @@ def forward_command(config) -> dict:
     return summary
 
 
-COMMANDS = {"forward": forward_command}
+# ----------------------------------------------------------------------------- training
+def _workdir(config, flag_workdir: str) -> str:
+    import os
+
+    workdir = flag_workdir or config.get("workdir", "") or os.path.join("runs", f"{config.get('preset', 'tiny')}")
+    os.makedirs(workdir, exist_ok=True)
+    return workdir
+
+
+def _setup(config):
+    import os
+
+    from paravt_jax.data.paravt_parquet import load_rl_rows, load_sft_rows
+    from paravt_jax.text.inputs import check_against_model
+    from paravt_jax.text.tokenizer import Tokenizer
+
+    assets = builtin_assets(config)
+    model = build_model(config, default_dir=assets.model_dir)
+    tokenizer = Tokenizer.from_directory(config.model.checkpoint or assets.model_dir)
+    check_against_model(tokenizer, model.config)
+    data = config.data
+    root = data.get("video_root", "") or assets.data_dir
+    sft_rows, _ = load_sft_rows(data.get("sft", "") or os.path.join(assets.data_dir, "sft.parquet"), root)
+    rl_rows, _ = load_rl_rows(data.get("rl_train", "") or os.path.join(assets.data_dir, "rl_train.parquet"), root)
+    eval_rows, _ = load_rl_rows(data.get("rl_eval", "") or os.path.join(assets.data_dir, "rl_eval.parquet"), root)
+    return model, tokenizer, sft_rows, rl_rows, eval_rows, root
+
+
+def sft_config(config):
+    from paravt_jax.rl.train_step import OptimizerConfig
+    from paravt_jax.sft.trainer import SFTConfig
+
+    s = config.sft
+    return SFTConfig(steps=s.steps, batch_size=s.batch_size, micro_batches=s.micro_batches, seed=config.seed,
+                     nframes=s.nframes, max_pixels=s.max_pixels,
+                     optimizer=OptimizerConfig(learning_rate=s.learning_rate, weight_decay=0.0))
+
+
+def rl_config(config):
+    from paravt_jax.agent.dispatch import DispatchConfig
+    from paravt_jax.agent.rollout import RolloutConfig
+    from paravt_jax.rl.advantages import AdvantageConfig
+    from paravt_jax.rl.train_step import OptimizerConfig, StepConfig
+    from paravt_jax.rl.trainer import RewardConfig, RLConfig
+
+    r = config.rl
+    return RLConfig(
+        steps=r.steps, prompts_per_step=r.prompts_per_step, samples_per_prompt=r.samples_per_prompt,
+        micro_batches=r.micro_batches, seed=config.seed, nframes_gating=r.nframes_gating,
+        default_nframes=r.default_nframes,
+        rollout=RolloutConfig(mode=r.mode, max_turns=r.max_turns, max_new_tokens=r.max_new_tokens,
+                              temperature=r.temperature, think_prefix=r.think_prefix,
+                              overview_max_pixels=r.overview_max_pixels,
+                              subagent_max_tokens=r.subagent_max_tokens),
+        dispatch=DispatchConfig(max_parallel=r.max_parallel, max_pixels=r.overview_max_pixels),
+        reward=RewardConfig(answer_suffix=r.answer_suffix, anchor_weight=r.anchor_weight,
+                            format_weight=r.format_weight, mode=r.reward_mode),
+        advantage=AdvantageConfig(anchor_mode=r.anchor_mode, anchor_weight=r.anchor_weight, kl_ctl=r.kl_ctl),
+        step=StepConfig(temperature=r.temperature, eps_clip=r.eps_clip, behaviour_cap=r.behaviour_cap),
+        optimizer=OptimizerConfig(learning_rate=r.learning_rate, weight_decay=r.weight_decay,
+                                  grad_clip=r.grad_clip),
+        checkpoint_every=r.checkpoint_every)
+
+
+def evaluate_all(config, model, tokenizer, eval_rows) -> list[dict]:
+    from paravt_jax.rl.evaluate import evaluate
+
+    e = config.eval
+    rows = eval_rows[: e.limit] if e.limit else eval_rows
+    results = []
+    for tools in (False, True):
+        for k in e.nframes:
+            results.append(evaluate(model, tokenizer, rows, nframes=int(k), tools=tools,
+                                    max_new_tokens=e.max_new_tokens, max_turns=e.max_turns).row())
+    return results
+
+
+def print_results(results: list[dict]) -> str:
+    header = "| tools | K | accuracy | format compliance | kappa | calls per tool turn | samples |"
+    lines = [header, "|---|---|---|---|---|---|---|"]
+    for r in results:
+        lines.append(f"| {'yes' if r['tools'] else 'no'} | {r['nframes']} | {r['accuracy']:.3f} | "
+                     f"{r['format_compliance']:.3f} | {r['kappa']:.3f} | {r['calls_per_turn']:.2f} | {r['samples']} |")
+    text = "\n".join(lines)
+    print(text, flush=True)
+    return text
+
+
+def run_command(config, workdir: str = "") -> dict:
+    """The main job: SFT, then PARA-GRPO, then evaluation with and without tools."""
+    import json
+    import os
+
+    from paravt_jax.models.qwen3_vl import save_pretrained
+    from paravt_jax.rl.trainer import train_rl
+    from paravt_jax.sft.trainer import train_sft
+
+    workdir = _workdir(config, workdir)
+    t0 = time.perf_counter()
+    model, tokenizer, sft_rows, rl_rows, eval_rows, root = _setup(config)
+    print(f"[run] workdir {os.path.abspath(workdir)}; {len(sft_rows)} SFT rows, {len(rl_rows)} RL rows, "
+          f"{len(eval_rows)} held-out rows", flush=True)
+    summary = {"workdir": os.path.abspath(workdir)}
+    if config.sft.steps:
+        model, sft = train_sft(model, tokenizer, sft_rows, root, os.path.join(workdir, "sft"), sft_config(config))
+        summary["sft_loss"] = [round(h["loss"], 4) for h in sft.history]
+    if config.rl.steps:
+        model, rl = train_rl(model, tokenizer, rl_rows, os.path.join(workdir, "rl"), rl_config(config))
+        summary["rl"] = [{k: round(float(h[k]), 4) for k in ("reward", "format_compliance", "kappa", "loss")}
+                         for h in rl.history]
+    final = os.path.join(workdir, "final")
+    save_pretrained(model, final)
+    tokenizer.save(final)
+    print("[run] evaluation on held-out synthetic videos (greedy)", flush=True)
+    summary["eval"] = evaluate_all(config, model, tokenizer, eval_rows)
+    summary["table"] = print_results(summary["eval"])
+    summary["minutes"] = round((time.perf_counter() - t0) / 60, 2)
+    with open(os.path.join(workdir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    print(f"[run] done in {summary['minutes']} min; final model {final}; metrics "
+          f"{os.path.join(workdir, 'rl', 'metrics.jsonl')}", flush=True)
+    return summary
+
+
+def sft_command(config, workdir: str = ""):
+    from paravt_jax.sft.trainer import train_sft
+
+    workdir = _workdir(config, workdir)
+    model, tokenizer, sft_rows, _, _, root = _setup(config)
+    return train_sft(model, tokenizer, sft_rows, root, workdir, sft_config(config))
+
+
+def train_command(config, workdir: str = ""):
+    from paravt_jax.rl.trainer import train_rl
+
+    workdir = _workdir(config, workdir)
+    model, tokenizer, _, rl_rows, _, _ = _setup(config)
+    return train_rl(model, tokenizer, rl_rows, workdir, rl_config(config))
+
+
+def eval_command(config, workdir: str = ""):
+    model, tokenizer, _, _, eval_rows, _ = _setup(config)
+    return print_results(evaluate_all(config, model, tokenizer, eval_rows))
+
+
+COMMANDS = {"forward": forward_command, "run": run_command, "sft": sft_command,
+            "train": train_command, "eval": eval_command}
+TAKES_WORKDIR = {"run", "sft", "train"}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -119,17 +266,23 @@ def main(argv: list[str] | None = None) -> None:
     from ml_collections import config_flags
 
     argv = list(sys.argv if argv is None else argv)
-    command = "forward"
+    command = "run"
     if len(argv) > 1 and not argv[1].startswith("-"):
         command = argv.pop(1)
     if command not in COMMANDS:
         raise SystemExit(f"unknown command {command!r}; choose from {sorted(COMMANDS)}")
     flag_values = flags.FlagValues()
     # sys_argv lets ml_collections register the --config.* override flags of this argv.
-    config_flags.DEFINE_config_file("config", DEFAULT_CONFIG + ":tiny", "config file[:arg]",
+    default = DEFAULT_CONFIG if command == "forward" else DEFAULT_CONFIG.replace("base.py", "paragrpo.py")
+    config_flags.DEFINE_config_file("config", default + ":tiny", "config file[:arg]",
                                     flag_values=flag_values, sys_argv=argv)
+    flags.DEFINE_string("workdir", "", "run directory (checkpoints, metrics, final model)",
+                        flag_values=flag_values)
     flag_values(argv)
-    COMMANDS[command](flag_values.config)
+    if command in TAKES_WORKDIR:
+        COMMANDS[command](flag_values.config, flag_values.workdir)
+    else:
+        COMMANDS[command](flag_values.config)
 
 
 if __name__ == "__main__":

@@ -78,7 +78,8 @@ class Rollout:
     logprobs: np.ndarray  # [L] behaviour log-probs, 0 where loss_mask is 0
     structural_mask: np.ndarray  # [L] 1 on <think> </think> <tool_call> </tool_call> <answer> </answer> tokens generated
     prompt_length: int
-    completion: str  # everything after the prompt (turns and tool responses), for the rewards
+    completion: str  # everything after the prompt (turns and tool responses)
+    generated_text: str  # only the policy-generated tokens: what the released reward code scores
     calls_per_turn: tuple[int, ...]
     turns: int  # assistant turns generated
     errors: tuple[str, ...]  # parse, validation, decode and overflow errors, in order
@@ -320,5 +321,6 @@ def _finish(row: _Row, tokenizer: Tokenizer) -> Rollout:
         structural_mask=structural_positions(inputs.input_ids, inputs.loss_mask, tokenizer),
         prompt_length=row.prompt_length,
         completion=completion_text(inputs, row.prompt_length, tokenizer),
+        generated_text=tokenizer.decode(inputs.input_ids[inputs.loss_mask == 1]),
         calls_per_turn=tuple(row.calls), turns=row.turns, errors=tuple(row.errors),
         subagents=tuple(row.subagents), truncated=row.truncated)

@@ -1,0 +1,136 @@
+"""Loaders for the reference RL and SFT parquet schemas.
+
+RL rows: `prompt` (list of {role, content}; `<video>` marks the video), `videos` (list of
+{"video": path}), `extra_info` (dict or JSON string with `answer`, `question_type`).
+SFT rows: `messages` (JSON string: chat turns whose content items are text, image_url or
+video_url). Paths may be relative to a video root or `file://` URIs; rows whose video is
+missing are skipped and counted (logged once, with the first few paths).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from typing import Any
+
+import pyarrow.parquet as pq
+
+log = logging.getLogger(__name__)
+RL_COLUMNS = ("prompt", "videos", "extra_info")
+SFT_COLUMNS = ("messages",)
+
+
+class SchemaError(ValueError):
+    """A parquet file lacks a column or a row lacks a field; the message names both."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RLRow:
+    index: int
+    question: str
+    video_path: str
+    answer: str
+    question_type: str
+    extra: dict
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadReport:
+    path: str
+    rows: int
+    kept: int
+    missing_videos: int
+    examples: tuple[str, ...]
+
+
+def resolve_path(path: str, video_root: str) -> str:
+    raw = path[len("file://"):] if path.startswith("file://") else path
+    return raw if os.path.isabs(raw) else os.path.join(video_root, raw)
+
+
+def _read(path: str, columns: tuple[str, ...]) -> list[dict]:
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path}: parquet file not found")
+    table = pq.read_table(path)
+    missing = [c for c in columns if c not in table.column_names]
+    if missing:
+        raise SchemaError(f"{path}: missing column(s) {missing}; found {table.column_names}")
+    return table.to_pylist()
+
+
+def _report(path, rows, kept, missing):
+    report = LoadReport(path, rows, kept, len(missing), tuple(missing[:3]))
+    if missing:
+        log.warning("%s: skipped %d of %d rows whose video is missing (first: %s)", path,
+                    len(missing), rows, ", ".join(missing[:3]))
+    return report
+
+
+def question_text(prompt: Any, path: str, index: int) -> str:
+    if isinstance(prompt, str):
+        return prompt.replace("<video>", "").strip()
+    texts = []
+    for turn in prompt or []:
+        if not isinstance(turn, dict) or "content" not in turn:
+            raise SchemaError(f"{path}: row {index}: prompt turns need a 'content' field")
+        if turn.get("role", "user") == "user":
+            content = turn["content"]
+            if isinstance(content, list):
+                content = " ".join(c.get("text", "") for c in content if isinstance(c, dict))
+            texts.append(str(content).replace("<video>", "").strip())
+    return "\n".join(t for t in texts if t)
+
+
+def load_rl_rows(path: str, video_root: str) -> tuple[list[RLRow], LoadReport]:
+    rows = _read(path, RL_COLUMNS)
+    out, missing = [], []
+    for i, row in enumerate(rows):
+        info = row["extra_info"]
+        if isinstance(info, str):
+            try:
+                info = json.loads(info)
+            except json.JSONDecodeError as e:
+                raise SchemaError(f"{path}: row {i}: extra_info is not valid JSON ({e})") from e
+        for key in ("answer", "question_type"):
+            if not isinstance(info, dict) or key not in info:
+                raise SchemaError(f"{path}: row {i}: extra_info lacks {key!r}")
+        videos = row["videos"] or []
+        if not videos or not isinstance(videos[0], dict) or "video" not in videos[0]:
+            raise SchemaError(f"{path}: row {i}: videos must be a list of {{'video': path}}")
+        video = resolve_path(str(videos[0]["video"]), video_root)
+        if not os.path.isfile(video):
+            missing.append(video)
+            continue
+        out.append(RLRow(i, question_text(row["prompt"], path, i), video, str(info["answer"]),
+                         str(info["question_type"]), dict(info)))
+    return out, _report(path, len(rows), len(out), missing)
+
+
+def _videos_in(messages: list) -> list[str]:
+    found = []
+    for turn in messages:
+        for item in turn.get("content", []) if isinstance(turn.get("content"), list) else []:
+            if isinstance(item, dict) and item.get("type") in ("video_url", "image_url"):
+                found.append(item[item["type"]]["url"])
+    return found
+
+
+def load_sft_rows(path: str, video_root: str) -> tuple[list[list[dict]], LoadReport]:
+    rows = _read(path, SFT_COLUMNS)
+    out, missing = [], []
+    for i, row in enumerate(rows):
+        messages = row["messages"]
+        if isinstance(messages, str):
+            try:
+                messages = json.loads(messages)
+            except json.JSONDecodeError as e:
+                raise SchemaError(f"{path}: row {i}: messages is not valid JSON ({e})") from e
+        if not isinstance(messages, list):
+            raise SchemaError(f"{path}: row {i}: messages must be a list of turns")
+        absent = [p for p in (resolve_path(u, video_root) for u in _videos_in(messages)) if not os.path.isfile(p)]
+        if absent:
+            missing.append(absent[0])
+            continue
+        out.append(messages)
+    return out, _report(path, len(rows), len(out), missing)

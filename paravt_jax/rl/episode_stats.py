@@ -1,0 +1,45 @@
+"""Per-rollout statistics for logging and evaluation."""
+from __future__ import annotations
+
+
+import numpy as np
+
+from paravt_jax.agent.tools import parse_tool_calls
+from paravt_jax.rl import rewards as R
+
+
+def format_compliant(text: str) -> bool:
+    """Closed think, closed answer with a body, and well-formed tool calls if any."""
+    if "</think>" not in text or not R.has_answer_body(text):
+        return False
+    if "<tool_call>" in text or "<tool_code>" in text:
+        parsed = parse_tool_calls(text)
+        if parsed.errors or not parsed.calls:
+            return False
+        if text.count("<tool_call>") != text.count("</tool_call>"):
+            return False
+    return True
+
+
+def summarize(rollouts, rewards: list[dict], prefix: str = "") -> dict:
+    """Scalar metrics over a list of rollouts and their reward dicts."""
+    n = max(len(rollouts), 1)
+    tool_turns = [c for r in rollouts for c in r.calls_per_turn if c > 0]
+    out = {
+        "reward": float(np.mean([x["total"] for x in rewards])) if rewards else 0.0,
+        "acc_reward": float(np.mean([x["acc_reward"] for x in rewards])) if rewards else 0.0,
+        "format_reward": float(np.mean([x["format_reward"] for x in rewards])) if rewards else 0.0,
+        "tool_reward": float(np.mean([x["tool_reward"] for x in rewards])) if rewards else 0.0,
+        "anchor_reward": float(np.mean([x.get("anchor_reward", 0.0) for x in rewards])) if rewards else 0.0,
+        "format_compliance": sum(format_compliant(r.generated_text) for r in rollouts) / n,
+        "kappa": sum(R.has_parseable_tool_call(r.generated_text) for r in rollouts) / n,
+        "calls_per_tool_turn": float(np.mean(tool_turns)) if tool_turns else 0.0,
+        "turns": float(np.mean([r.turns for r in rollouts])) if rollouts else 0.0,
+        "response_length": float(np.mean([int(r.inputs.loss_mask.sum()) for r in rollouts])) if rollouts else 0.0,
+        "tool_errors": float(sum(len(r.errors) for r in rollouts)),
+    }
+    for k in sorted({r.nframes for r in rollouts}):
+        out[f"nframes_{k}"] = sum(r.nframes == k for r in rollouts) / n
+    return {prefix + k: v for k, v in out.items()}
+
+

@@ -1,0 +1,45 @@
+"""Greedy evaluation of the policy on held-out rows, with or without tools, at a fixed K."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from paravt_jax.agent.dispatch import CropDispatcher, DispatchConfig
+from paravt_jax.agent.rollout import Episode, RolloutConfig, run_rollouts
+from paravt_jax.rl import rewards as R
+from paravt_jax.rl.episode_stats import format_compliant
+from paravt_jax.sampling import Sampler, SamplerConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalResult:
+    tools: bool
+    nframes: int
+    accuracy: float
+    format_compliance: float
+    kappa: float
+    calls_per_turn: float
+    samples: int
+
+    def row(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def evaluate(model, tokenizer, rows, *, nframes: int, tools: bool, max_new_tokens: int = 96,
+             max_turns: int = 3, max_parallel: int = 5, mode: str = "frames") -> EvalResult:
+    episodes = [Episode(f"eval{r.index}", r.question, r.answer, r.question_type, r.video_path, nframes)
+                for r in rows]
+    config = RolloutConfig(mode=mode, max_turns=max_turns if tools else 0, max_new_tokens=max_new_tokens,
+                           temperature=0.0, tools=tools, final_answer=tools, final_answer_tokens=32)
+    sampler = Sampler(model, SamplerConfig(min_chunk_bucket=64))
+    with CropDispatcher(DispatchConfig(max_parallel=max_parallel)) as dispatcher:
+        rollouts, _ = run_rollouts(sampler, tokenizer, episodes, 1, config, dispatcher)
+    acc = [R.accuracy_reward(R.extract_answer(r.generated_text), r.episode.answer, r.episode.question_type)
+           for r in rollouts]
+    tool_turns = [c for r in rollouts for c in r.calls_per_turn if c > 0]
+    n = max(len(rollouts), 1)
+    return EvalResult(tools, nframes, float(np.mean(acc)) if acc else 0.0,
+                      sum(format_compliant(r.generated_text) for r in rollouts) / n,
+                      sum(R.has_parseable_tool_call(r.generated_text) for r in rollouts) / n,
+                      float(np.mean(tool_turns)) if tool_turns else 0.0, len(rollouts))

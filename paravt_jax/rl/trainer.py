@@ -1,0 +1,119 @@
+"""PARA-GRPO training: each step samples B prompts (deterministic order), draws K per prompt
+(nFrames gating), runs G rollouts per prompt, scores them, computes reference log-probs and
+advantages, runs the train step and logs."""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import numpy as np
+
+from paravt_jax.agent.dispatch import CropDispatcher, DispatchConfig
+from paravt_jax.agent.rollout import Episode, RolloutConfig, run_rollouts
+from paravt_jax.rl import gating
+from paravt_jax.rl import rewards as R
+from paravt_jax.rl.advantages import AdvantageConfig, compute_advantages
+from paravt_jax.rl.batch import micro_batches, pack
+from paravt_jax.rl.episode_stats import summarize
+from paravt_jax.rl.train_step import OptimizerConfig, StepConfig, TrainStep
+from paravt_jax.sampling import Sampler, SamplerConfig
+from paravt_jax.training import LoopConfig, data_indices, run_loop
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardConfig:
+    answer_suffix: bool = True
+    anchor_weight: float = 0.5
+    format_weight: float = 1.0
+    mode: str = "f1"
+    text: str = "generated"  # generated (as the released workflow scores) | completion
+
+
+@dataclasses.dataclass(frozen=True)
+class RLConfig:
+    steps: int = 4
+    prompts_per_step: int = 2
+    samples_per_prompt: int = 4
+    micro_batches: int = 1
+    seed: int = 0
+    nframes_gating: bool = True
+    default_nframes: int = 64
+    nframes_choices: tuple[int, ...] = gating.NFRAMES_CHOICES
+    rollout: RolloutConfig = RolloutConfig()
+    dispatch: DispatchConfig = DispatchConfig()
+    reward: RewardConfig = RewardConfig()
+    advantage: AdvantageConfig = AdvantageConfig()
+    step: StepConfig = StepConfig()
+    optimizer: OptimizerConfig = OptimizerConfig()
+    checkpoint_every: int = 0
+    max_bad_steps: int = 3
+
+
+def score(rollouts, config: RewardConfig, token_anchor: bool, judge=None) -> tuple[list[dict], np.ndarray, np.ndarray]:
+    """(reward dicts, sequence rewards [N], anchor rewards [N])."""
+    out, seq, anchor = [], [], []
+    for r in rollouts:
+        text = r.generated_text if config.text == "generated" else r.completion
+        total, parts = R.compose_reward(text, r.episode.answer, r.episode.question_type,
+                                        answer_suffix=config.answer_suffix,
+                                        anchor_weight=0.0 if token_anchor else config.anchor_weight,
+                                        format_weight=config.format_weight, mode=config.mode, judge=judge)
+        a = R.anchor_reward(text) if token_anchor and not R.is_degenerate(text) else 0.0
+        out.append({"total": total, **parts, "anchor_reward": a})
+        seq.append(total)
+        anchor.append(a)
+    return out, np.asarray(seq, np.float32), np.asarray(anchor, np.float32)
+
+
+def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge=None):
+    """rows: RLRow list. Returns (model with trained weights, LoopResult)."""
+    token_anchor = config.advantage.token_anchor
+    keep_reference = config.advantage.kl_ctl > 0
+    step = TrainStep(model, config.optimizer, config.step, keep_reference=keep_reference)
+    dispatcher = CropDispatcher(config.dispatch)
+    rollout_config = dataclasses.replace(config.rollout, temperature=config.step.temperature)
+    G = config.samples_per_prompt
+
+    def step_fn(state, index):
+        t0 = time.perf_counter()
+        chosen = [rows[i] for i in data_indices(index * config.prompts_per_step, config.prompts_per_step,
+                                                 len(rows), config.seed)]
+        episodes = [Episode(f"row{r.index}", r.question, r.answer, r.question_type, r.video_path,
+                            gating.nframes_for_prompt(r.video_path + "\n" + r.question, config.seed,
+                                                      config.nframes_gating, config.default_nframes,
+                                                      config.nframes_choices))
+                    for r in chosen]
+        sampler = Sampler(step.model(state), SamplerConfig(min_chunk_bucket=64))
+        run_config = dataclasses.replace(rollout_config, seed=config.seed * 100_003 + index)
+        rollouts, skipped = run_rollouts(sampler, tokenizer, episodes, G, run_config, dispatcher)
+        t1 = time.perf_counter()
+        rewards, seq_rewards, anchor_rewards = score(rollouts, config.reward, token_anchor, judge)
+        t2 = time.perf_counter()
+        packed = pack([r.inputs for r in rollouts], [r.logprobs for r in rollouts],
+                      [r.structural_mask for r in rollouts])
+        zero = np.zeros(packed.input_ids.shape, np.float32)
+        ref = zero
+        if keep_reference:
+            ref = np.concatenate([step.reference_logprobs(b) for b in
+                                  micro_batches(packed, zero, config.micro_batches, model.config.vision)])
+        advantages, adv_metrics = compute_advantages(
+            seq_rewards, packed.loss_mask, packed.behaviour_logp, ref, config.advantage,
+            group_size=G, anchor_rewards=anchor_rewards if token_anchor else None,
+            structural_mask=packed.structural_mask if token_anchor else None)
+        batches = micro_batches(packed, np.asarray(advantages), config.micro_batches, model.config.vision)
+        state, metrics = step.step(state, batches)
+        t3 = time.perf_counter()
+        metrics.update(summarize(rollouts, rewards))
+        metrics.update({k: float(v) for k, v in adv_metrics.items()})
+        tokens = int(packed.loss_mask.sum())
+        metrics.update(rollout_s=t1 - t0, reward_s=t2 - t1, train_s=t3 - t2, skipped_episodes=len(skipped),
+                       tokens_per_s=tokens / max(t3 - t0, 1e-9), rollouts=len(rollouts))
+        return state, metrics
+
+    try:
+        result = run_loop("rl", workdir, step.init_state(), step_fn,
+                          LoopConfig(config.steps, config.checkpoint_every, max_bad_steps=config.max_bad_steps),
+                          meta_fn=lambda i: {"cursor": i * config.prompts_per_step, "seed": config.seed})
+    finally:
+        dispatcher.close()
+    return step.model(result.state), result
