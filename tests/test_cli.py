@@ -36,10 +36,30 @@ def test_forward_main_job_with_overrides(builtin_root):
 def test_launch_scripts_dry_run():
     env = dict(os.environ, DRY_RUN="1")
     out = subprocess.run(["bash", f"{ROOT}/launch/local.sh"], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.strip() == "python -m paravt_jax.cli run --config=configs/paragrpo.py:tiny"
+    out = subprocess.run(["bash", f"{ROOT}/launch/local.sh", "forward"], capture_output=True, text=True,
+                         env=env, check=True)
     assert out.stdout.strip() == "python -m paravt_jax.cli forward --config=configs/base.py:tiny"
     out = subprocess.run(["bash", f"{ROOT}/launch/local.sh", "forward", "--config=configs/base.py:small125m"],
                          capture_output=True, text=True, env=env, check=True)
     assert out.stdout.strip() == "python -m paravt_jax.cli forward --config=configs/base.py:small125m"
+
+
+def test_configs_load_with_presets_and_overrides():
+    from ml_collections import config_flags  # noqa: F401
+
+    import importlib.util
+
+    for name in ("paragrpo", "vanilla_grpo", "sft"):
+        spec = importlib.util.spec_from_file_location(name, f"{ROOT}/configs/{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        for preset in ("tiny", "qwen3vl_2b", "qwen3vl_8b"):
+            c = module.get_config(preset)
+            assert c.rl.samples_per_prompt >= 2
+        if name == "vanilla_grpo":
+            assert c.rl.anchor_weight == 0.0 and not c.rl.nframes_gating and not c.rl.think_prefix
+    assert module.get_config("qwen3vl_8b").rl.steps == 0  # sft.py: RL off
 
 
 def test_unknown_command_and_field_are_refused(builtin_root):

@@ -11,10 +11,9 @@ from typing import Sequence
 
 import numpy as np
 
-from paravt_jax.models.qwen3_vl.rope import IMAGE, VIDEO
 from paravt_jax.models.qwen3_vl.vision import vision_layout
 from paravt_jax.sampling.kv_cache import bucket
-from paravt_jax.text.inputs import ModelInputs
+from paravt_jax.text.inputs import ModelInputs, collate_vision
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,21 +72,10 @@ class TrainBatch:
 
 
 def _vision(sequences: Sequence[ModelInputs], width: int, vision_config):
-    visual_index = np.full((len(sequences), width), -1, np.int32)
-    pixels, grids, offset = [], [], 0
-    for b, s in enumerate(sequences):
-        for kind, pv, grid in ((IMAGE, s.pixel_values, s.image_grid_thw),
-                               (VIDEO, s.pixel_values_videos, s.video_grid_thw)):
-            where = np.nonzero(s.mm_token_type_ids == kind)[0]
-            if len(where):
-                visual_index[b, where] = offset + np.arange(len(where))
-                offset += len(where)
-                pixels.append(pv)
-                grids.append(grid)
-    if not pixels:
+    visual_index, pixels, grids = collate_vision(sequences, len(sequences), width)
+    if pixels is None:
         return None, None, None
-    layout = vision_layout(np.concatenate(grids), vision_config)
-    return visual_index, np.concatenate(pixels), layout.device_arrays()
+    return visual_index, pixels, vision_layout(grids, vision_config).device_arrays()
 
 
 def micro_batches(packed: PackedRollouts, advantages: np.ndarray, num_micro: int, vision_config,

@@ -25,10 +25,9 @@ import numpy as np
 from flax import nnx
 
 from paravt_jax.models.qwen3_vl.model import Qwen3VL
-from paravt_jax.models.qwen3_vl.rope import IMAGE, VIDEO
 from paravt_jax.models.qwen3_vl.vision import vision_layout
 from paravt_jax.sampling.kv_cache import CacheSpec, bucket, cache_sharding, constrain
-from paravt_jax.text.inputs import ModelInputs, encode_ids
+from paravt_jax.text.inputs import ModelInputs, collate_vision, encode_ids
 
 MAX_STOP_IDS = 8
 
@@ -214,24 +213,12 @@ def _collate(chunks: Sequence[ModelInputs | None], rows: int, min_bucket: int) -
     width = bucket(max(int(counts.max()), 1), min_bucket)
     ids = np.zeros((rows, width), np.int32)
     positions = np.zeros((3, rows, width), np.int32)
-    visual_index = np.full((rows, width), -1, np.int32)
-    pixels, grids, offset = [], [], 0
     for b, c in enumerate(chunks):
-        if c is None or not c.length:
-            continue
-        ids[b, :c.length] = c.input_ids
-        positions[:, b, :c.length] = c.position_ids
-        for kind, pv, grid in ((IMAGE, c.pixel_values, c.image_grid_thw),
-                               (VIDEO, c.pixel_values_videos, c.video_grid_thw)):
-            where = np.nonzero(c.mm_token_type_ids == kind)[0]
-            if len(where):
-                visual_index[b, where] = offset + np.arange(len(where))
-                offset += len(where)
-                pixels.append(pv)
-                grids.append(grid)
-    if not pixels:
-        return _Batch(ids, positions, counts, None, None, None)
-    return _Batch(ids, positions, counts, visual_index, np.concatenate(pixels), np.concatenate(grids))
+        if c is not None and c.length:
+            ids[b, :c.length] = c.input_ids
+            positions[:, b, :c.length] = c.position_ids
+    visual_index, pixels, grids = collate_vision(chunks, rows, width)
+    return _Batch(ids, positions, counts, visual_index, pixels, grids)
 
 
 def _prepend(token: int, position: int, chunk: ModelInputs | None) -> ModelInputs:

@@ -149,3 +149,25 @@ def check_against_model(tokenizer: Tokenizer, config) -> None:
     if tokenizer.vocab_size > config.text.vocab_size:
         raise ValueError(f"{tokenizer.source}: tokenizer has {tokenizer.vocab_size} tokens, more "
                          f"than the model's vocab_size {config.text.vocab_size}")
+
+
+def collate_vision(sequences: Sequence[ModelInputs | None], rows: int, width: int):
+    """Vision inputs of a right-padded batch: items ordered row by row (each row's images,
+    then its videos). Returns (visual_index [rows, width] with -1 for text, pixel values,
+    grids), or (None, None, None) when no row holds an image or video."""
+    visual_index = np.full((rows, width), -1, np.int32)
+    pixels, grids, offset = [], [], 0
+    for b, s in enumerate(sequences):
+        if s is None or not s.length:
+            continue
+        for kind, pv, grid in ((IMAGE, s.pixel_values, s.image_grid_thw),
+                               (VIDEO, s.pixel_values_videos, s.video_grid_thw)):
+            where = np.nonzero(s.mm_token_type_ids == kind)[0]
+            if len(where):
+                visual_index[b, where] = offset + np.arange(len(where))
+                offset += len(where)
+                pixels.append(pv)
+                grids.append(grid)
+    if not pixels:
+        return None, None, None
+    return visual_index, np.concatenate(pixels), np.concatenate(grids)

@@ -1,0 +1,123 @@
+"""Loaders, the shared loop (resume, SIGTERM, metrics), short SFT and RL runs."""
+import json
+import os
+import signal
+import threading
+
+import jax
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from paravt_jax.agent.rollout import RolloutConfig
+from paravt_jax.checkpointing import tree_equal
+from paravt_jax.data import synthetic as syn
+from paravt_jax.data.paravt_parquet import SchemaError, load_rl_rows, load_sft_rows
+from paravt_jax.metrics_writer import read_events
+from paravt_jax.models.qwen3_vl import init_model, preset
+from paravt_jax.rl.advantages import AdvantageConfig
+from paravt_jax.rl.train_step import OptimizerConfig, StepConfig, TrainStep
+from paravt_jax.rl.trainer import RLConfig, RewardConfig, train_rl
+from paravt_jax.sft.trainer import SFTConfig, train_sft
+from paravt_jax.text.tokenizer import train_tokenizer
+from paravt_jax.training import LoopConfig, data_indices, run_loop
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("data"))
+    ds = syn.write_dataset(root, num_train=4, num_eval=1, durations=(30.0,), seed=2, height=96, width=160)
+    questions = list(ds.questions) + list(ds.eval_questions)
+    return root, ds, train_tokenizer(syn.corpus(questions))
+
+
+def test_loaders_skip_missing_videos_and_name_missing_columns(dataset, tmp_path, caplog):
+    root, ds, _ = dataset
+    rows, report = load_rl_rows(ds.rl_train, root)
+    assert len(rows) == 4 and report.missing_videos == 0
+    assert rows[0].question_type in ("mcq", "tvg", "oe") and os.path.isfile(rows[0].video_path)
+    table = pq.read_table(ds.rl_train).to_pylist()
+    table[1]["videos"] = [{"video": "videos/nope.mp4"}]
+    table[2]["videos"] = [{"video": "file://" + os.path.join(root, table[2]["videos"][0]["video"])}]
+    pq.write_table(pa.Table.from_pylist(table), tmp_path / "rl.parquet")
+    rows, report = load_rl_rows(str(tmp_path / "rl.parquet"), root)
+    assert len(rows) == 3 and report.missing_videos == 1 and report.examples[0].endswith("nope.mp4")
+    assert "skipped 1 of 4 rows" in caplog.text
+    pq.write_table(pa.Table.from_pylist([{k: v for k, v in r.items() if k != "extra_info"} for r in table]),
+                   tmp_path / "bad.parquet")
+    with pytest.raises(SchemaError, match=r"bad.parquet: missing column\(s\) \['extra_info'\]"):
+        load_rl_rows(str(tmp_path / "bad.parquet"), root)
+    sft, report = load_sft_rows(ds.sft, root)
+    assert len(sft) == report.rows and sft[0][0]["role"] == "system"
+    with pytest.raises(SchemaError, match="missing column"):
+        load_sft_rows(ds.rl_train, root)
+
+
+def test_data_order_is_deterministic():
+    a = data_indices(0, 10, 4, seed=3)
+    assert a == data_indices(0, 10, 4, seed=3) and sorted(a[:4]) == [0, 1, 2, 3]
+    assert data_indices(6, 4, 4, seed=3) == a[6:10]
+
+
+def _toy_loop(workdir, steps, stop_after=None):
+    model = init_model(preset("tiny"), seed=0)
+    step = TrainStep(model, OptimizerConfig(learning_rate=1e-3), StepConfig(objective="sft"))
+    from paravt_jax.rl.batch import micro_batches, pack
+    from paravt_jax.text.inputs import encode_ids
+
+    seqs = [encode_ids(list(range(1 + i, 20 + i)), 0, True) for i in range(8)]
+
+    def step_fn(state, index):
+        chosen = data_indices(index * 2, 2, len(seqs), 0)
+        packed = pack([seqs[i] for i in chosen])
+        if stop_after is not None and index == stop_after:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return step.step(state, micro_batches(packed, np.zeros(packed.input_ids.shape), 1, model.config.vision))
+
+    return run_loop("toy", workdir, step.init_state(), step_fn, LoopConfig(steps, async_checkpoints=False))
+
+
+def test_resume_is_bit_exact_and_sigterm_checkpoints(tmp_path):
+    straight = _toy_loop(str(tmp_path / "a"), 4)
+    first = _toy_loop(str(tmp_path / "b"), 4, stop_after=1)  # SIGTERM during step 1
+    assert first.preempted and first.steps_done == 2
+    assert os.path.isdir(tmp_path / "b" / "checkpoints" / "2")
+    resumed = _toy_loop(str(tmp_path / "b"), 4)
+    assert resumed.steps_done == 4 and len(resumed.history) == 2
+    assert tree_equal(straight.state.params, resumed.state.params)
+    assert [h["loss"] for h in straight.history[2:]] == [h["loss"] for h in resumed.history]
+    lines = [json.loads(l) for l in open(tmp_path / "a" / "metrics.jsonl")]
+    assert [l["step"] for l in lines] == [0, 1, 2, 3] and "toy/loss" in lines[0]
+    events = [f for f in os.listdir(tmp_path / "a" / "tensorboard") if f.startswith("events.out.tfevents")]
+    parsed = read_events(str(tmp_path / "a" / "tensorboard" / events[0]))
+    assert [s for s, v in parsed if "toy/loss" in v] == [0, 1, 2, 3]
+    assert abs(parsed[1][1]["toy/loss"] - lines[0]["toy/loss"]) < 1e-5
+
+
+def test_short_sft_lowers_its_loss(dataset, tmp_path):
+    root, ds, tok = dataset
+    rows, _ = load_sft_rows(ds.sft, root)
+    _, result = train_sft(init_model(preset("tiny"), seed=1), tok, rows, root, str(tmp_path),
+                          SFTConfig(steps=6, batch_size=4, nframes=2, max_pixels=64 * 96,
+                                    optimizer=OptimizerConfig(learning_rate=3e-3, weight_decay=0.0)))
+    losses = [h["loss"] for h in result.history]
+    assert losses[-1] < losses[0] - 0.3, losses
+
+
+@pytest.mark.parametrize("anchor_mode,gating", [("token", True), ("sequence", True), ("token", False)])
+def test_two_rl_steps(dataset, tmp_path, anchor_mode, gating):
+    root, ds, tok = dataset
+    rows, _ = load_rl_rows(ds.rl_train, root)
+    config = RLConfig(steps=2, prompts_per_step=2, samples_per_prompt=2, nframes_gating=gating,
+                      default_nframes=4, nframes_choices=(2, 4),
+                      rollout=RolloutConfig(max_turns=1, max_new_tokens=12, subagent_max_tokens=8,
+                                            overview_max_pixels=64 * 96),
+                      reward=RewardConfig(), advantage=AdvantageConfig(anchor_mode=anchor_mode),
+                      optimizer=OptimizerConfig(learning_rate=1e-4))
+    _, result = train_rl(init_model(preset("tiny"), seed=2), tok, rows, str(tmp_path), config)
+    assert result.steps_done == 2 and len(result.history) == 2
+    for h in result.history:
+        assert h["rollouts"] == 4 and np.isfinite(h["loss"]) and not h["skipped"]
+        assert set(k for k in h if k.startswith("nframes_")) <= ({"nframes_2", "nframes_4"} if gating else {"nframes_4"})
+        assert ("anchor/positions" in h) == (anchor_mode == "token")
