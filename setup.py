@@ -12,7 +12,10 @@ RUNTIME = [
     "transformers>=5.24.0,<6",  # tokenizers only at runtime; never imports torch
     "tokenizers>=0.22",
     "decord==0.6.0",
-    "tensorflow-datasets>=4.9.10,<5",
+    "tensorflow-datasets>=4.9.10,<5",  # ArrayRecord builders, no TensorFlow
+    "importlib_resources>=6",  # needed by tensorflow-datasets builders
+    "grain>=0.2.18,<0.3",
+    "matplotlib>=3.8",  # the PNG of training curves
     "numpy>=1.26,<3",
     "safetensors>=0.5",
     "pillow>=10",

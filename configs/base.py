@@ -23,6 +23,13 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     c.data.num_train = 12
     c.data.num_eval = 4
     c.data.durations = (30.0, 60.0, 120.0)
+    # Real data: local parquet files in the reference schemas and the video root; empty =
+    # the built-in synthetic set. tfds_dir: read RL rows via the ArrayRecord builder + grain.
+    c.data.sft = ""
+    c.data.rl_train = ""
+    c.data.rl_eval = ""
+    c.data.video_root = ""
+    c.data.tfds_dir = ""
     # The forward demo: K overview frames of the first held-out question.
     c.demo = ml_collections.ConfigDict(dict(frames=8, min_pixels=784, max_pixels=50176, repeats=5))
     return c

@@ -22,7 +22,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     c.workdir = ""  # where checkpoints and metrics go (--workdir overrides)
 
     c.sft = ml_collections.ConfigDict()
-    c.sft.steps = 40  # optimizer steps of cold-start SFT (0 = skip)
+    c.sft.steps = 100  # optimizer steps of cold-start SFT (0 = skip)
     c.sft.batch_size = 8  # sequences per step
     c.sft.micro_batches = 1  # gradient accumulation
     c.sft.learning_rate = 3e-3
@@ -39,10 +39,10 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     c.rl.grad_clip = 1.0
     c.rl.temperature = 0.7  # rollout temperature == log-prob temperature
     c.rl.max_turns = 2  # tool rounds per episode
-    c.rl.max_new_tokens = 64  # per assistant turn
+    c.rl.max_new_tokens = 256  # per assistant turn
     c.rl.max_parallel = 5  # crop calls executed per turn
     c.rl.mode = "subagent"  # subagent | frames | sequential
-    c.rl.subagent_max_tokens = 32
+    c.rl.subagent_max_tokens = 64
     c.rl.think_prefix = True
     c.rl.nframes_gating = True  # K ~ U{4,8,16,32,64} per prompt
     c.rl.default_nframes = 64  # K when gating is off
@@ -56,10 +56,16 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     c.rl.eps_clip = 0.2
     c.rl.behaviour_cap = 5.0
     c.rl.checkpoint_every = 0
+    c.rl.eval_every = 2  # held-out greedy evaluation (with and without tools) every N RL steps
+
+    c.generate = ml_collections.ConfigDict()
+    c.generate.question = ""  # empty: the first held-out question
+    c.generate.video = ""  # a local video path; empty: the first held-out video
+    c.generate.nframes = 16
 
     c.eval = ml_collections.ConfigDict()
     c.eval.nframes = (4, 64)  # K values evaluated
-    c.eval.max_new_tokens = 64
+    c.eval.max_new_tokens = 256
     c.eval.max_turns = 2
     c.eval.limit = 4  # held-out rows (0 = all)
 

@@ -1,7 +1,8 @@
 """`paravt-jax <command> --config=FILE[:ARG] [--config.field=value ...]`.
 
 Commands: run (default: the main job: cold-start SFT, PARA-GRPO, evaluation), sft, train
-(RL only), eval, forward (one timed forward pass on a synthetic video prompt).
+(RL only), eval, export (latest checkpoint -> HF safetensors), generate (one greedy episode),
+forward (one timed forward pass on a synthetic video prompt).
 """
 from __future__ import annotations
 
@@ -133,9 +134,20 @@ def _setup(config):
     check_against_model(tokenizer, model.config)
     data = config.data
     root = data.get("video_root", "") or assets.data_dir
-    sft_rows, _ = load_sft_rows(data.get("sft", "") or os.path.join(assets.data_dir, "sft.parquet"), root)
-    rl_rows, _ = load_rl_rows(data.get("rl_train", "") or os.path.join(assets.data_dir, "rl_train.parquet"), root)
-    eval_rows, _ = load_rl_rows(data.get("rl_eval", "") or os.path.join(assets.data_dir, "rl_eval.parquet"), root)
+    paths = {name: data.get(name, "") or os.path.join(assets.data_dir, f"{name}.parquet")
+             for name in ("sft", "rl_train", "rl_eval")}
+    sft_rows, _ = load_sft_rows(paths["sft"], root)
+    if data.get("tfds_dir", ""):  # RL rows through the TFDS ArrayRecord builder + grain
+        from paravt_jax.data import tfds_builder as tb
+
+        sources = tb.build("rl", {"train": paths["rl_train"], "eval": paths["rl_eval"]}, data.tfds_dir, root)
+        rl_rows = [tb.rl_row(x) for x in tb.grain_loader(sources["train"], seed=config.seed, num_epochs=1,
+                                                          shuffle=False)]
+        eval_rows = [tb.rl_row(x) for x in tb.grain_loader(sources["eval"], seed=config.seed, num_epochs=1,
+                                                            shuffle=False)]
+    else:
+        rl_rows, _ = load_rl_rows(paths["rl_train"], root)
+        eval_rows, _ = load_rl_rows(paths["rl_eval"], root)
     return model, tokenizer, sft_rows, rl_rows, eval_rows, root
 
 
@@ -172,7 +184,7 @@ def rl_config(config):
         step=StepConfig(temperature=r.temperature, eps_clip=r.eps_clip, behaviour_cap=r.behaviour_cap),
         optimizer=OptimizerConfig(learning_rate=r.learning_rate, weight_decay=r.weight_decay,
                                   grad_clip=r.grad_clip),
-        checkpoint_every=r.checkpoint_every)
+        checkpoint_every=r.checkpoint_every, eval_every=r.get("eval_every", 0))
 
 
 def evaluate_all(config, model, tokenizer, eval_rows) -> list[dict]:
@@ -218,7 +230,8 @@ def run_command(config, workdir: str = "") -> dict:
         model, sft = train_sft(model, tokenizer, sft_rows, root, os.path.join(workdir, "sft"), sft_config(config))
         summary["sft_loss"] = [round(h["loss"], 4) for h in sft.history]
     if config.rl.steps:
-        model, rl = train_rl(model, tokenizer, rl_rows, os.path.join(workdir, "rl"), rl_config(config))
+        model, rl = train_rl(model, tokenizer, rl_rows, os.path.join(workdir, "rl"), rl_config(config),
+                             eval_rows=eval_rows)
         summary["rl"] = [{k: round(float(h[k]), 4) for k in ("reward", "format_compliance", "kappa", "loss")}
                          for h in rl.history]
     final = os.path.join(workdir, "final")
@@ -228,10 +241,14 @@ def run_command(config, workdir: str = "") -> dict:
     summary["eval"] = evaluate_all(config, model, tokenizer, eval_rows)
     summary["table"] = print_results(summary["eval"])
     summary["minutes"] = round((time.perf_counter() - t0) / 60, 2)
+    from paravt_jax.plots import plot_run
+
+    summary["curves"] = plot_run({p: os.path.join(workdir, p, "metrics.jsonl") for p in ("sft", "rl")},
+                                 os.path.join(workdir, "curves.png"))
     with open(os.path.join(workdir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
-    print(f"[run] done in {summary['minutes']} min; final model {final}; metrics "
-          f"{os.path.join(workdir, 'rl', 'metrics.jsonl')}", flush=True)
+    print(f"[run] done in {summary['minutes']} min; final model {final}; curves {summary['curves']}; "
+          f"metrics {os.path.join(workdir, 'rl', 'metrics.jsonl')}", flush=True)
     return summary
 
 
@@ -247,8 +264,8 @@ def train_command(config, workdir: str = ""):
     from paravt_jax.rl.trainer import train_rl
 
     workdir = _workdir(config, workdir)
-    model, tokenizer, _, rl_rows, _, _ = _setup(config)
-    return train_rl(model, tokenizer, rl_rows, workdir, rl_config(config))
+    model, tokenizer, _, rl_rows, eval_rows, _ = _setup(config)
+    return train_rl(model, tokenizer, rl_rows, workdir, rl_config(config), eval_rows=eval_rows)
 
 
 def eval_command(config, workdir: str = ""):
@@ -256,9 +273,57 @@ def eval_command(config, workdir: str = ""):
     return print_results(evaluate_all(config, model, tokenizer, eval_rows))
 
 
+def export_command(config, workdir: str = ""):
+    """The latest checkpoint under workdir (rl/ preferred, else sft/) -> an HF checkpoint in
+    workdir/export that transformers loads."""
+    import os
+
+    from paravt_jax.checkpointing import Checkpointer
+    from paravt_jax.models.qwen3_vl import save_pretrained
+    from paravt_jax.rl.train_step import TrainStep
+
+    model, tokenizer, *_ = _setup(config)
+    step = TrainStep(model)
+    for phase in ("rl", "sft", ""):
+        directory = os.path.join(workdir, phase, "checkpoints")
+        if os.path.isdir(directory) and Checkpointer(directory).latest_step() is not None:
+            state, meta = Checkpointer(directory).restore_latest(step.init_state())
+            out = os.path.join(workdir, "export")
+            save_pretrained(step.model(state), out)
+            tokenizer.save(out)
+            print(f"[export] {directory} step {meta['next_step']} -> {out}", flush=True)
+            return out
+    raise SystemExit(f"export: no checkpoint under {workdir}/{{rl,sft}}/checkpoints")
+
+
+def generate_command(config, workdir: str = ""):
+    """Greedy answer of the policy to config.generate.question on config.generate.video."""
+    import dataclasses
+
+    from paravt_jax.agent.dispatch import CropDispatcher
+    from paravt_jax.agent.rollout import Episode, RolloutConfig, run_rollouts
+    from paravt_jax.sampling import Sampler
+
+    model, tokenizer, _, _, eval_rows, _ = _setup(config)
+    g = config.get("generate", None)
+    question = g.question if g and g.question else eval_rows[0].question
+    video = g.video if g and g.video else eval_rows[0].video_path
+    episode = Episode("generate", question, "", "oe", video, int(g.nframes) if g else 16)
+    r = config.rl
+    rollout = RolloutConfig(mode=r.mode, max_turns=r.max_turns, max_new_tokens=r.max_new_tokens,
+                            temperature=0.0, overview_max_pixels=r.overview_max_pixels)
+    with CropDispatcher() as dispatcher:
+        rollouts, skipped = run_rollouts(Sampler(model), tokenizer, [episode], 1, rollout, dispatcher)
+    if skipped:
+        raise SystemExit(skipped[0])
+    print(rollouts[0].completion)
+    return dataclasses.asdict(rollouts[0].episode)
+
+
 COMMANDS = {"forward": forward_command, "run": run_command, "sft": sft_command,
-            "train": train_command, "eval": eval_command}
-TAKES_WORKDIR = {"run", "sft", "train"}
+            "train": train_command, "eval": eval_command, "export": export_command,
+            "generate": generate_command}
+TAKES_WORKDIR = {"run", "sft", "train", "export"}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -67,3 +67,29 @@ def test_unknown_command_and_field_are_refused(builtin_root):
         run_cli("fly")
     with pytest.raises(Exception, match="no_such_field"):
         run_cli("forward", f"--config={ROOT}/configs/base.py:tiny", "--config.model.no_such_field=1")
+
+
+def test_main_job_end_to_end_then_export(builtin_root, tmp_path):
+    """A miniature of README command 1: SFT, RL (with a periodic eval), evaluation table,
+    curves PNG, final HF checkpoint; then `export` restores the RL checkpoint."""
+    import json
+
+    from paravt_jax.models.qwen3_vl import load_pretrained
+
+    workdir = str(tmp_path / "run")
+    common = [f"--config={ROOT}/configs/paragrpo.py:tiny", f"--workdir={workdir}",
+              f"--config.data.builtin_root={builtin_root}"]
+    text = run_cli("run", *common, "--config.sft.steps=2", "--config.sft.batch_size=2",
+                   "--config.sft.nframes=2", "--config.rl.steps=1", "--config.rl.samples_per_prompt=2",
+                   "--config.rl.prompts_per_step=1", "--config.rl.max_new_tokens=8", "--config.rl.max_turns=1",
+                   "--config.rl.subagent_max_tokens=8", "--config.rl.eval_every=1",
+                   "--config.eval.limit=1", "--config.eval.max_new_tokens=8", "--config.eval.max_turns=1")
+    assert "| tools | K | accuracy |" in text and "| yes | 64 |" in text
+    summary = json.load(open(f"{workdir}/summary.json"))
+    assert os.path.isfile(summary["curves"]) and summary["curves"].endswith(".png")
+    assert len(summary["sft_loss"]) == 2 and len(summary["eval"]) == 4
+    rl_lines = [json.loads(l) for l in open(f"{workdir}/rl/metrics.jsonl")]
+    assert "rl/eval_tools/accuracy" in rl_lines[0] and "rl/kappa" in rl_lines[0]
+    assert load_pretrained(f"{workdir}/final").config.text.hidden_size == 64
+    out = run_cli("export", *common)
+    assert "export" in out and os.path.isfile(f"{workdir}/export/model.safetensors")

@@ -47,6 +47,9 @@ class RLConfig:
     optimizer: OptimizerConfig = OptimizerConfig()
     checkpoint_every: int = 0
     max_bad_steps: int = 3
+    eval_every: int = 0  # greedy held-out evaluation every N steps (0 = off)
+    eval_nframes: int = 16
+    eval_limit: int = 2
 
 
 def score(rollouts, config: RewardConfig, token_anchor: bool, judge=None) -> tuple[list[dict], np.ndarray, np.ndarray]:
@@ -65,8 +68,9 @@ def score(rollouts, config: RewardConfig, token_anchor: bool, judge=None) -> tup
     return out, np.asarray(seq, np.float32), np.asarray(anchor, np.float32)
 
 
-def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge=None):
-    """rows: RLRow list. Returns (model with trained weights, LoopResult)."""
+def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge=None, eval_rows=None):
+    """rows: RLRow list (eval_rows: held-out rows for periodic evaluation). Returns (model with
+    trained weights, LoopResult)."""
     token_anchor = config.advantage.token_anchor
     keep_reference = config.advantage.kl_ctl > 0
     step = TrainStep(model, config.optimizer, config.step, keep_reference=keep_reference)
@@ -108,6 +112,16 @@ def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge
         tokens = int(packed.loss_mask.sum())
         metrics.update(rollout_s=t1 - t0, reward_s=t2 - t1, train_s=t3 - t2, skipped_episodes=len(skipped),
                        tokens_per_s=tokens / max(t3 - t0, 1e-9), rollouts=len(rollouts))
+        if config.eval_every and eval_rows and (index + 1) % config.eval_every == 0:
+            from paravt_jax.rl.evaluate import evaluate
+
+            current = step.model(state)
+            for tools in (False, True):
+                result = evaluate(current, tokenizer, eval_rows[:config.eval_limit], nframes=config.eval_nframes,
+                                  tools=tools, max_new_tokens=config.rollout.max_new_tokens,
+                                  max_turns=config.rollout.max_turns)
+                tag = "eval_tools" if tools else "eval_notools"
+                metrics.update({f"{tag}/{k}": v for k, v in result.row().items() if k not in ("tools", "nframes")})
         return state, metrics
 
     try:

@@ -1,0 +1,50 @@
+"""PNG curves of a run from its metrics.jsonl files (matplotlib, Agg backend)."""
+from __future__ import annotations
+
+import json
+import os
+
+CURVES = ("loss", "reward", "acc_reward", "format_compliance", "kappa", "calls_per_tool_turn",
+          "grad_norm", "response_length")
+
+
+def read_jsonl(path: str) -> list[dict]:
+    if not os.path.isfile(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def plot_run(metrics_files: dict[str, str], out_png: str, curves=CURVES) -> str | None:
+    """One panel per metric found; one line per phase (e.g. {"sft": ..., "rl": ...})."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series = {}
+    for phase, path in metrics_files.items():
+        for record in read_jsonl(path):
+            for name in curves:
+                key = f"{phase}/{name}"
+                if key in record and isinstance(record[key], (int, float)):
+                    series.setdefault(name, {}).setdefault(phase, []).append((record["step"], record[key]))
+    if not series:
+        return None
+    names = [n for n in curves if n in series]
+    cols = min(4, len(names))
+    rows = -(-len(names) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3 * rows), squeeze=False)
+    for ax, name in zip(axes.flat, names):
+        for phase, points in series[name].items():
+            xs, ys = zip(*points)
+            ax.plot(xs, ys, marker=".", label=phase)
+        ax.set_title(name)
+        ax.set_xlabel("step")
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(names):]:
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=80)
+    plt.close(fig)
+    return out_png
