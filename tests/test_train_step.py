@@ -66,6 +66,7 @@ def test_one_step_moves_logprobs_by_advantage_sign(sequences):
     packed, batches = make(model, sequences, advantages, step, behaviour=behaviour)
     state, metrics = step.step(state, batches)
     assert not metrics["skipped"] and metrics["loss_tokens"] == 40 and metrics["grad_norm"] > 0
+    assert 0 < metrics["entropy"] < np.log(1000) + 1e-3
     after = current_logp(step, state, packed, model)
     reference = step.reference_logprobs(batches[0])
     np.testing.assert_allclose(reference, before, atol=1e-6)  # frozen at the initial policy

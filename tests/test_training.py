@@ -121,3 +121,18 @@ def test_two_rl_steps(dataset, tmp_path, anchor_mode, gating):
         assert h["rollouts"] == 4 and np.isfinite(h["loss"]) and not h["skipped"]
         assert set(k for k in h if k.startswith("nframes_")) <= ({"nframes_2", "nframes_4"} if gating else {"nframes_4"})
         assert ("anchor/positions" in h) == (anchor_mode == "token")
+
+
+def test_consecutive_non_finite_steps_stop_the_run(tmp_path):
+    from paravt_jax.training import NonFiniteError
+
+    calls = []
+
+    def step_fn(state, index):
+        calls.append(index)
+        return state, {"loss": float("nan"), "skipped": index >= 1}
+
+    with pytest.raises(NonFiniteError, match="3 consecutive non-finite steps, the last at step 3"):
+        run_loop("nan", str(tmp_path), {"w": np.zeros(2)}, step_fn,
+                 LoopConfig(steps=10, max_bad_steps=3, async_checkpoints=False))
+    assert calls == [0, 1, 2, 3]

@@ -101,6 +101,10 @@ class CropDispatcher:
             self.counters["errors"] += sum(not r.ok for r in results)
         return results
 
+    def submit(self, fn, *args) -> futures.Future:
+        """Runs other host work (e.g. overview decoding) on the same pool."""
+        return self._pool.submit(fn, *args)
+
     def close(self):
         self._pool.shutdown(wait=False, cancel_futures=True)
 

@@ -8,8 +8,8 @@ mask, the completion text for the rewards, and per-episode metadata.
 """
 from __future__ import annotations
 
-import concurrent.futures as futures
 import dataclasses
+import os
 from typing import Sequence
 
 import numpy as np
@@ -149,13 +149,11 @@ class _Row:
 
 # ----------------------------------------------------------------------------- engine
 def overview_prompts(episodes: Sequence[Episode], tokenizer: Tokenizer, config: RolloutConfig,
-                     pool: futures.Executor) -> tuple[list[ModelInputs | None], list[str | None], list[float]]:
+                     pool) -> tuple[list[ModelInputs | None], list[str | None], list[float]]:
     """Reads every episode's K overview frames concurrently and builds its ParaVT prompt."""
     def build(ep: Episode):
         clip = read_frames(ep.video_path, nframes=ep.nframes, min_pixels=config.overview_min_pixels,
                            max_pixels=config.overview_max_pixels)
-        import os
-
         tools = (chat.CROP_VIDEO_TOOL,) if config.tools else ()
         messages = chat.paravt_messages(ep.question, clip.frames, clip.timestamps,
                                         video_name=os.path.basename(ep.video_path), tools=tools)
@@ -229,7 +227,7 @@ def run_rollouts(sampler: Sampler, tokenizer: Tokenizer, episodes: Sequence[Epis
     im_end = tokenizer.special.im_end
     knobs = dict(temperature=config.temperature, top_p=config.top_p, top_k=config.top_k,
                  stop_ids=(im_end,))
-    prompts, prompt_errors, durations = overview_prompts(episodes, tokenizer, config, dispatcher._pool)
+    prompts, prompt_errors, durations = overview_prompts(episodes, tokenizer, config, dispatcher)
     kept = [i for i, p in enumerate(prompts) if p is not None]
     skipped = [e for e in prompt_errors if e is not None]
     if not kept:

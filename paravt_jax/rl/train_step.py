@@ -80,8 +80,10 @@ class TrainState:
     skipped: jax.Array  # updates skipped for non-finite loss / gradients
 
 
-def _token_logprobs(graphdef, params, rest, batch: dict, temperature: float, chunk: int):
-    """[B, T] log p(ids[:, t] | ids[:, <t]) under softmax(logits / T); 0 at t = 0."""
+def _token_logprobs(graphdef, params, rest, batch: dict, temperature: float, chunk: int,
+                    with_entropy: bool = False):
+    """[B, T] log p(ids[:, t] | ids[:, <t]) under softmax(logits / T); 0 at t = 0. With
+    with_entropy, also the entropy of that predictive distribution at each token [B, T]."""
     model = nnx.merge(graphdef, params, rest)
     embeds = deepstack = None
     if batch["pixel_values"] is not None:
@@ -98,13 +100,16 @@ def _token_logprobs(graphdef, params, rest, batch: dict, temperature: float, chu
 
     def one(_, xs):
         hc, tc = xs
-        logits = model.language.logits(hc).astype(jnp.float32)
-        return None, L.gather_logprobs(logits, tc, temperature)
+        logits = model.language.logits(hc).astype(jnp.float32) / temperature
+        logp = jax.nn.log_softmax(logits, axis=-1)
+        picked = jnp.take_along_axis(logp, tc[..., None].astype(jnp.int32), axis=-1)[..., 0]
+        entropy = -jnp.sum(jnp.exp(logp) * logp, axis=-1) if with_entropy else jnp.zeros_like(picked)
+        return None, (picked, entropy)
 
-    _, lp = jax.lax.scan(one, None, (h, tg))
-    lp = lp.transpose(1, 0, 2).reshape(b, -1)[:, :t]
+    _, (lp, ent) = jax.lax.scan(one, None, (h, tg))
     # shift: the log-prob of token t comes from position t - 1
-    return jnp.concatenate([jnp.zeros((b, 1), lp.dtype), lp[:, :-1]], axis=1)
+    shift = lambda x: jnp.concatenate([jnp.zeros((b, 1), x.dtype), x.transpose(1, 0, 2).reshape(b, -1)[:, :t][:, :-1]], axis=1)
+    return (shift(lp), shift(ent)) if with_entropy else shift(lp)
 
 
 def _loss(params, graphdef, rest, batch, cfg: StepConfig):
@@ -114,10 +119,14 @@ def _loss(params, graphdef, rest, batch, cfg: StepConfig):
         total = -jnp.sum(jnp.where(m, logp, 0.0))
         count = jnp.sum(m).astype(jnp.int32)
         return total, (count, {"nll": L.WeightedMean(total, count.astype(jnp.float32))})
-    logp = _token_logprobs(graphdef, params, rest, batch, cfg.temperature, cfg.logprob_chunk)
+    logp, entropy = _token_logprobs(graphdef, params, rest, batch, cfg.temperature, cfg.logprob_chunk,
+                                    with_entropy=True)
     total, count, metrics = L.ppo_loss(logp, batch["prox_logp"], batch["behaviour_logp"],
                                        batch["advantages"], batch["loss_mask"], eps_clip=cfg.eps_clip,
                                        eps_clip_high=cfg.eps_clip_high, behaviour_cap=cfg.behaviour_cap)
+    m = batch["loss_mask"] > 0
+    metrics = dict(metrics, entropy=L.WeightedMean(jnp.sum(jnp.where(m, jax.lax.stop_gradient(entropy), 0.0)),
+                                                   jnp.sum(m).astype(jnp.int32)))
     return total, (count, metrics)
 
 

@@ -145,11 +145,10 @@ def _gather_rows(cache_k, cache_v, valid, logits, index, capacity_pad, sharding)
     return take(cache_k), take(cache_v), valid, logits[index]
 
 
-@functools.partial(jax.jit, static_argnums=(0, 15, 16), donate_argnums=(2, 3, 4))
+@functools.partial(jax.jit, static_argnums=(0, 14, 15), donate_argnums=(2, 3, 4))
 def _decode(graphdef, params, cache_k, cache_v, valid, write_index, logits, next_position,
-            budgets, stop_ids, row_keys, temperature, top_p, top_k, unused, max_steps, sharding):
+            budgets, stop_ids, row_keys, temperature, top_p, top_k, max_steps, sharding):
     """Samples up to max_steps tokens per row; see the module docstring for the convention."""
-    del unused
     lang = nnx.merge(graphdef, params).language
     batch = logits.shape[0]
 
@@ -357,7 +356,7 @@ class Sampler:
         out = _decode(self.graphdef, self.params, cache_k, cache_v, valid, np.int32(write_index),
                       logits, next_position.astype(np.int32), budgets, stop, row_keys,
                       np.float32(k["temperature"]), np.float32(k["top_p"]), np.int32(k["top_k"]),
-                      None, steps, self._sharding(rows, cache_k.shape[3]))
+                      steps, self._sharding(rows, cache_k.shape[3]))
         tokens, logps, n_gen, finished, cache_k, cache_v, valid, write_out, next_out = out
         tokens, logps = np.asarray(tokens), np.asarray(logps)
         n_gen, finished = np.asarray(n_gen), np.asarray(finished)
