@@ -1,0 +1,1 @@
+"""Benchmark evaluation helpers (scoring and summaries) mirroring the reference `paravt/eval` driver."""
