@@ -22,7 +22,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     c.workdir = ""  # where checkpoints and metrics go (--workdir overrides)
 
     c.sft = ml_collections.ConfigDict()
-    c.sft.steps = 100  # optimizer steps of cold-start SFT (0 = skip)
+    c.sft.steps = 160  # optimizer steps of cold-start SFT (0 = skip)
     c.sft.batch_size = 8  # sequences per step
     c.sft.micro_batches = 1  # gradient accumulation
     c.sft.learning_rate = 3e-3

@@ -179,8 +179,23 @@ class TrainStep:
     def model(self, state: TrainState) -> nnx.Module:
         return nnx.merge(self.graphdef, state.params, self.rest)
 
+    def _place(self, batch: TrainBatch) -> dict:
+        """Token arrays split along the batch over (data, fsdp) when a mesh is set; vision
+        inputs replicated. Without a mesh, the host arrays go as they are."""
+        tree = batch.device_tree()
+        if self.mesh is None:
+            return tree
+        rows = batch.input_ids.shape[0]
+        for key in ("input_ids", "attention_mask", "loss_mask", "advantages", "behaviour_logp",
+                    "prox_logp", "visual_index", "position_ids"):
+            if tree.get(key) is not None:
+                axis = 1 if key == "position_ids" else 0
+                tree[key] = jax.device_put(tree[key], sh.batch_sharding(self.mesh, tree[key].ndim, axis,
+                                                                        batch_size=rows))
+        return tree
+
     def logprobs(self, params, batch: TrainBatch) -> np.ndarray:
-        return np.asarray(self._logprobs(params, batch.device_tree()))
+        return np.asarray(self._logprobs(params, self._place(batch)))
 
     def reference_logprobs(self, batch: TrainBatch) -> np.ndarray:
         """Token log-probs under the frozen reference policy (same temperature convention)."""
@@ -196,7 +211,7 @@ class TrainStep:
         total_g, stats = None, {}
         loss_sum, count = 0.0, 0
         for b in batches:
-            g, total, n, metrics = self._grads(state.params, b.device_tree())
+            g, total, n, metrics = self._grads(state.params, self._place(b))
             total_g = g if total_g is None else self._add(total_g, g)
             loss_sum += float(total)
             count += int(n)
