@@ -33,16 +33,23 @@ def build_hf_tiny(directory: str, *, seed: int = 0, **config_kwargs):
     from transformers import Qwen3VLForConditionalGeneration
 
     torch.manual_seed(seed)
-    model = Qwen3VLForConditionalGeneration(tiny_hf_config(**config_kwargs)).eval()
+    model = randomize(Qwen3VLForConditionalGeneration(tiny_hf_config(**config_kwargs)).eval())
+    model.save_pretrained(directory)
+    return model
+
+
+def randomize(model, norm=0.2, bias=0.1, weight=0.05):
+    """Random norm scales (not ones) and biases (not zeros), so layout bugs cannot hide."""
+    import torch
+
     with torch.no_grad():
         for name, param in model.named_parameters():
             if "norm" in name and name.endswith("weight"):
-                param.copy_(1.0 + 0.2 * torch.randn_like(param))
+                param.copy_(1.0 + norm * torch.randn_like(param))
             elif name.endswith("bias"):
-                param.copy_(0.1 * torch.randn_like(param))
-            else:
-                param.copy_(0.05 * torch.randn_like(param))
-    model.save_pretrained(directory)
+                param.copy_(bias * torch.randn_like(param))
+            elif weight:
+                param.copy_(weight * torch.randn_like(param))
     return model
 
 

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from conftest import require_torch
+from hf_tiny import randomize
 
 
 @pytest.mark.slow
@@ -19,15 +20,10 @@ def test_small125m_parity_with_transformers(tmp_path):
 
     d = config_to_hf_dict(preset("small125m"))
     torch.manual_seed(0)
-    hf = Qwen3VLForConditionalGeneration(Qwen3VLConfig(**{k: v for k, v in d.items() if k != "architectures"})).eval()
-    with torch.no_grad():
-        for name, p in hf.named_parameters():
-            if "norm" in name and name.endswith("weight"):
-                p.copy_(1 + 0.1 * torch.randn_like(p))
-            elif name.endswith("bias"):
-                p.copy_(0.05 * torch.randn_like(p))
+    hf = Qwen3VLForConditionalGeneration(Qwen3VLConfig(**{k: v for k, v in d.items() if k != "architectures"}))
+    hf = randomize(hf.eval(), norm=0.1, bias=0.05, weight=0.0)
     hf.save_pretrained(str(tmp_path))
-    json.load(open(tmp_path / "config.json"))
+    assert json.load(open(tmp_path / "config.json"))["text_config"]["num_hidden_layers"] == 12
     ours = load_pretrained(str(tmp_path))
     rng = np.random.default_rng(0)
     grid = np.array([[1, 8, 8]])
