@@ -67,6 +67,17 @@ def _report(path, rows, kept, missing):
     return report
 
 
+def _json_field(row: dict, field: str, path: str, index: int) -> Any:
+    """A column that may hold a JSON string or the decoded value."""
+    value = row[field]
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as e:
+        raise SchemaError(f"{path}: row {index}: {field} is not valid JSON ({e})") from e
+
+
 def question_text(prompt: Any, path: str, index: int) -> str:
     if isinstance(prompt, str):
         return prompt.replace("<video>", "").strip()
@@ -86,12 +97,7 @@ def load_rl_rows(path: str, video_root: str) -> tuple[list[RLRow], LoadReport]:
     rows = _read(path, RL_COLUMNS)
     out, missing = [], []
     for i, row in enumerate(rows):
-        info = row["extra_info"]
-        if isinstance(info, str):
-            try:
-                info = json.loads(info)
-            except json.JSONDecodeError as e:
-                raise SchemaError(f"{path}: row {i}: extra_info is not valid JSON ({e})") from e
+        info = _json_field(row, "extra_info", path, i)
         for key in ("answer", "question_type"):
             if not isinstance(info, dict) or key not in info:
                 raise SchemaError(f"{path}: row {i}: extra_info lacks {key!r}")
@@ -120,12 +126,7 @@ def load_sft_rows(path: str, video_root: str) -> tuple[list[list[dict]], LoadRep
     rows = _read(path, SFT_COLUMNS)
     out, missing = [], []
     for i, row in enumerate(rows):
-        messages = row["messages"]
-        if isinstance(messages, str):
-            try:
-                messages = json.loads(messages)
-            except json.JSONDecodeError as e:
-                raise SchemaError(f"{path}: row {i}: messages is not valid JSON ({e})") from e
+        messages = _json_field(row, "messages", path, i)
         if not isinstance(messages, list):
             raise SchemaError(f"{path}: row {i}: messages must be a list of turns")
         absent = [p for p in (resolve_path(u, video_root) for u in _videos_in(messages)) if not os.path.isfile(p)]

@@ -67,8 +67,8 @@ class TrainBatch:
     vision_meta: tuple | None
 
     def device_tree(self) -> dict:
-        return {k: v for k, v in dataclasses.asdict(self).items() if k != "vision_meta"} | {
-            "vision_meta": self.vision_meta}
+        # Not dataclasses.asdict: it deep-copies every array (pixels included) on each call.
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
 def _vision(sequences: Sequence[ModelInputs], width: int, vision_config):

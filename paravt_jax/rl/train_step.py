@@ -204,21 +204,21 @@ class TrainStep:
         return self.logprobs(self.reference_params, batch)
 
     def step(self, state: TrainState, batches: Sequence[TrainBatch]) -> tuple[TrainState, dict]:
-        """One optimizer step over the micro-batches (their gradients summed exactly)."""
+        """One optimizer step over the micro-batches (their gradients summed exactly). Sums stay
+        on device across micro-batches; the host reads the results once, at the end."""
         if self.config.objective == "ppo":
-            batches = [dataclasses.replace(b, prox_logp=self.logprobs(state.params, b))
+            batches = [dataclasses.replace(b, prox_logp=self._logprobs(state.params, self._place(b)))
                        if b.prox_logp is None else b for b in batches]
-        total_g, stats = None, {}
-        loss_sum, count = 0.0, 0
+        acc, stats = None, {}
         for b in batches:
             g, total, n, metrics = self._grads(state.params, self._place(b))
-            total_g = g if total_g is None else self._add(total_g, g)
-            loss_sum += float(total)
-            count += int(n)
+            acc = (g, total, n) if acc is None else self._add(acc, (g, total, n))
             stats = metrics if not stats else L.merge_stats(stats, metrics)
-        state, grad_norm, finite = self._apply(state, total_g, jnp.asarray(count, jnp.float32))
+        total_g, loss_sum, count = acc
+        state, grad_norm, finite = self._apply(state, total_g, count.astype(jnp.float32))
         out = {k: float(v) for k, v in L.finalize_stats(stats).items()}
-        loss = loss_sum / max(count, 1)
+        count = int(count)
+        loss = float(loss_sum) / max(count, 1)
         out.update(loss=loss, grad_norm=float(grad_norm), loss_tokens=count,
                    skipped=not bool(finite) or not np.isfinite(loss))
         return state, out

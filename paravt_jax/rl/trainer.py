@@ -95,16 +95,19 @@ def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge
         t2 = time.perf_counter()
         packed = pack([r.inputs for r in rollouts], [r.logprobs for r in rollouts],
                       [r.structural_mask for r in rollouts])
+        # Micro-batches (with their vision inputs) are built once, for the reference pass and
+        # the update; the advantages are filled in between.
         zero = np.zeros(packed.input_ids.shape, np.float32)
-        ref = zero
-        if keep_reference:
-            ref = np.concatenate([step.reference_logprobs(b) for b in
-                                  micro_batches(packed, zero, config.micro_batches, model.config.vision)])
+        batches = micro_batches(packed, zero, config.micro_batches, model.config.vision)
+        ref = np.concatenate([step.reference_logprobs(b) for b in batches]) if keep_reference else zero
         advantages, adv_metrics = compute_advantages(
             seq_rewards, packed.loss_mask, packed.behaviour_logp, ref, config.advantage,
             group_size=G, anchor_rewards=anchor_rewards if token_anchor else None,
             structural_mask=packed.structural_mask if token_anchor else None)
-        batches = micro_batches(packed, np.asarray(advantages), config.micro_batches, model.config.vision)
+        per_micro = len(rollouts) // config.micro_batches
+        advantages = np.asarray(advantages, np.float32)
+        batches = [dataclasses.replace(b, advantages=advantages[i * per_micro:(i + 1) * per_micro])
+                   for i, b in enumerate(batches)]
         state, metrics = step.step(state, batches)
         t3 = time.perf_counter()
         metrics.update(summarize(rollouts, rewards))
