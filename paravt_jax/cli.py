@@ -1,8 +1,10 @@
 """`paravt-jax <command> --config=FILE[:ARG] [--config.field=value ...]`.
 
 Commands: run (default: the main job: cold-start SFT, PARA-GRPO, evaluation), sft, train
-(RL only), eval, export (latest checkpoint -> HF safetensors), generate (one greedy episode),
-forward (one timed forward pass on a synthetic video prompt).
+(RL only), export (latest checkpoint -> HF safetensors), generate (one greedy episode),
+forward (one timed forward pass on a synthetic video prompt); with their own flags: eval
+(benchmark driver, paravt_jax/eval/driver.py), plan (memory planner), sweep and report
+(ablations).
 """
 from __future__ import annotations
 
@@ -268,11 +270,6 @@ def train_command(config, workdir: str = ""):
     return train_rl(model, tokenizer, rl_rows, workdir, rl_config(config), eval_rows=eval_rows)
 
 
-def eval_command(config, workdir: str = ""):
-    model, tokenizer, _, _, eval_rows, _ = _setup(config)
-    return print_results(evaluate_all(config, model, tokenizer, eval_rows))
-
-
 def export_command(config, workdir: str = ""):
     """The latest checkpoint under workdir (rl/ preferred, else sft/) -> an HF checkpoint in
     workdir/export that transformers loads."""
@@ -321,9 +318,13 @@ def generate_command(config, workdir: str = ""):
 
 
 COMMANDS = {"forward": forward_command, "run": run_command, "sft": sft_command,
-            "train": train_command, "eval": eval_command, "export": export_command,
+            "train": train_command, "export": export_command,
             "generate": generate_command}
 TAKES_WORKDIR = {"run", "sft", "train", "export"}
+# Commands with their own flags live in their modules: `module.main(argv)` gets argv with the
+# command word removed (argv[0] is the program name).
+MODULE_COMMANDS = {"plan": "paravt_jax.plan", "sweep": "paravt_jax.sweep", "report": "paravt_jax.report",
+                   "eval": "paravt_jax.eval.driver"}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -334,8 +335,12 @@ def main(argv: list[str] | None = None) -> None:
     command = "run"
     if len(argv) > 1 and not argv[1].startswith("-"):
         command = argv.pop(1)
+    if command in MODULE_COMMANDS:
+        import importlib
+
+        return importlib.import_module(MODULE_COMMANDS[command]).main(argv)
     if command not in COMMANDS:
-        raise SystemExit(f"unknown command {command!r}; choose from {sorted(COMMANDS)}")
+        raise SystemExit(f"unknown command {command!r}; choose from {sorted(set(COMMANDS) | set(MODULE_COMMANDS))}")
     flag_values = flags.FlagValues()
     # sys_argv lets ml_collections register the --config.* override flags of this argv.
     default = DEFAULT_CONFIG if command == "forward" else DEFAULT_CONFIG.replace("base.py", "paragrpo.py")

@@ -185,3 +185,30 @@ def test_full_tiny_rollout(video, tmp_path, mode):
         assert r.inputs.length == len(r.logprobs) == len(r.structural_mask)
         assert 1 <= r.inputs.loss_mask.sum() <= 8 * 2
         assert np.all(r.logprobs[r.inputs.loss_mask == 1] <= 0)
+
+
+def test_final_answer_round_forces_a_short_answer(video, tokenizer):
+    """Evaluation protocol: max_turns rounds; after the last round's tool responses, the
+    final-answer instruction and one short turn (its own budget)."""
+    scripts = [[calls_text((1, 5), (6, 9)), calls_text((10, 14)), "B"]]
+    sampler = ScriptedSampler(tokenizer, scripts)
+    budgets = []
+    real_extend = sampler.extend
+
+    def extend(state, chunks, **knobs):
+        budgets.append(knobs["max_new_tokens"])
+        return real_extend(state, chunks, **knobs)
+
+    sampler.extend = extend
+    episode = Episode("e0", "Which option?", "B", "mcq", video, nframes=4)
+    config = RolloutConfig(mode="frames", max_turns=2, max_new_tokens=100, final_answer=True, final_answer_tokens=7,
+                           final_answer_instruction="Reply with the letter only.", system_prompt="SYSTEM TEXT")
+    with CropDispatcher() as dispatcher:
+        rollouts, _ = run_rollouts(sampler, tokenizer, [episode], 1, config, dispatcher)
+    r = rollouts[0]
+    assert r.turns == 3 and r.calls_per_turn == (2, 1) and budgets == [100, 7]
+    assert r.completion.count("<tool_response>") == 3
+    assert r.completion.count("Reply with the letter only.") == 1
+    assert r.completion.index("Reply with the letter only.") > r.completion.rindex("</tool_response>")
+    prompt = tokenizer.decode(r.inputs.input_ids[:r.prompt_length])
+    assert prompt.startswith("<|im_start|>system\nSYSTEM TEXT<|im_end|>") and "<tools>" not in prompt

@@ -50,10 +50,20 @@ class RolloutConfig:
     overview_min_pixels: int = 784
     overview_max_pixels: int = 50176
     subagent_max_tokens: int = 512
-    final_answer: bool = False  # after the last round, one more short turn to answer
+    # final_answer: the last of the max_turns tool rounds ends with its tool responses, then
+    # final_answer_instruction (a user message, if any) and one short turn of
+    # final_answer_tokens to answer (the evaluation protocol). Without it, calls made after
+    # the last round are left unanswered (training).
+    final_answer: bool = False
     final_answer_tokens: int = 64
     final_answer_prefix: str = ""
+    final_answer_instruction: str = ""
+    system_prompt: str | None = None  # replaces the default system message (tool envelope)
     seed: int = 0
+    # Index of this call's first row in the whole step's batch (multi-host: the rows of the
+    # processes before this one). Random streams follow a row's place in the step's batch, not
+    # in this call, so splitting the episodes over processes samples the same rollouts.
+    row_offset: int = 0
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -155,8 +165,13 @@ def overview_prompts(episodes: Sequence[Episode], tokenizer: Tokenizer, config: 
         clip = read_frames(ep.video_path, nframes=ep.nframes, min_pixels=config.overview_min_pixels,
                            max_pixels=config.overview_max_pixels)
         tools = (chat.CROP_VIDEO_TOOL,) if config.tools else ()
-        messages = chat.paravt_messages(ep.question, clip.frames, clip.timestamps,
-                                        video_name=os.path.basename(ep.video_path), tools=tools)
+        if config.system_prompt is not None:
+            tools, system = (), config.system_prompt
+        else:
+            system = ""
+        video_name = os.path.basename(ep.video_path) if config.tools else None
+        messages = chat.paravt_messages(ep.question, clip.frames, clip.timestamps, video_name=video_name,
+                                        tools=tools, system_text=system)
         prefix = "<think>\n" if config.think_prefix else ""
         return encode(chat.render(messages, add_generation_prompt=True, assistant_prefix=prefix),
                       tokenizer), clip.metadata.duration
@@ -176,8 +191,10 @@ def overview_prompts(episodes: Sequence[Episode], tokenizer: Tokenizer, config: 
 
 
 def _responses_subagent(results: list[CropResult], sampler: Sampler, tokenizer: Tokenizer,
-                        config: RolloutConfig, seed: int) -> tuple[list, list[SubTrajectory | None]]:
-    """All sub-agent prompts of the turn in ONE batched sampler call (same weights)."""
+                        config: RolloutConfig, seed: int, stream_ids: Sequence[int] | None = None
+                        ) -> tuple[list, list[SubTrajectory | None]]:
+    """All sub-agent prompts of the turn in ONE batched sampler call (same weights);
+    stream_ids[i]: the random stream of results[i]'s summary (default: its place in the call)."""
     texts: list = [None] * len(results)
     trajectories: list[SubTrajectory | None] = [None] * len(results)
     ok = [i for i, r in enumerate(results) if r.ok]
@@ -191,7 +208,8 @@ def _responses_subagent(results: list[CropResult], sampler: Sampler, tokenizer: 
                                   tokenizer))
         out, _ = sampler.generate(prompts, max_new_tokens=config.subagent_max_tokens,
                                   temperature=config.temperature, top_p=config.top_p, top_k=config.top_k,
-                                  stop_ids=(tokenizer.special.im_end,), seed=seed)
+                                  stop_ids=(tokenizer.special.im_end,), seed=seed,
+                                  row_ids=None if stream_ids is None else [stream_ids[i] for i in ok])
         for j, i in enumerate(ok):
             tokens = out.tokens[j]
             body = [t for t in tokens if t != tokenizer.special.im_end]
@@ -237,8 +255,11 @@ def run_rollouts(sampler: Sampler, tokenizer: Tokenizer, episodes: Sequence[Epis
                  prompts[kept[e]].length)
             for e in range(len(eps)) for g in range(num_samples)]
     row_duration = [durations[kept[e]] for e in range(len(eps)) for _ in range(num_samples)]
+    # a row's random stream: its place in the step's batch (skipped episodes keep their slots)
+    row_ids = [config.row_offset + kept[e] * num_samples + g for e in range(len(eps)) for g in range(num_samples)]
     out, state = sampler.generate([prompts[i] for i in kept], num_samples=num_samples,
-                                  max_new_tokens=config.max_new_tokens, seed=config.seed, **knobs)
+                                  max_new_tokens=config.max_new_tokens, seed=config.seed,
+                                  row_ids=row_ids, **knobs)
     max_parallel = 1 if config.mode == "sequential" else dispatcher.config.max_parallel
     for turn in range(config.max_turns + 1):
         turn_rows = [b for b, row in enumerate(rows) if row.active]
@@ -267,18 +288,19 @@ def run_rollouts(sampler: Sampler, tokenizer: Tokenizer, episodes: Sequence[Epis
             pending_errors[b] = messages
         if not per_row:
             break
-        last_round = turn == config.max_turns
-        if last_round and not config.final_answer:
+        if turn == config.max_turns:  # no rounds left: these calls stay unanswered
             for b in per_row:
                 rows[b].active = False
             break
+        last_round = config.final_answer and turn == config.max_turns - 1
         results = dispatcher.run(tasks)
         for r in results:
             if not r.ok:
                 rows[r.task.row].errors.append(r.error)
         if config.mode == "subagent":
+            stream_ids = [row_ids[r.task.row] * max_parallel + r.task.call_index for r in results]
             texts, trajectories = _responses_subagent(results, sampler, tokenizer, config,
-                                                      config.seed + 1000 * (turn + 1))
+                                                      config.seed + 1000 * (turn + 1), stream_ids)
             for t in trajectories:
                 if t is not None:
                     rows[t.row].subagents.append(t)
@@ -293,15 +315,17 @@ def run_rollouts(sampler: Sampler, tokenizer: Tokenizer, episodes: Sequence[Epis
             if last_round:
                 prefix = config.final_answer_prefix
                 row.active = False  # after the forced answer this row is done
-            segments = [chat.Text(close)] + chat.render(chat.tool_response_messages(responses),
-                                                        add_generation_prompt=True,
+            messages = chat.tool_response_messages(responses)
+            if last_round and config.final_answer_instruction:
+                messages.append(chat.Message.of("user", config.final_answer_instruction))
+            segments = [chat.Text(close)] + chat.render(messages, add_generation_prompt=True,
                                                         assistant_prefix=prefix)
             chunk = encode(segments, tokenizer, start_position=int(state.chunk_start[b]))
             row.add_chunk(chunk)
             chunks[b] = chunk
         budget = config.final_answer_tokens if last_round else config.max_new_tokens
         out, state = sampler.extend(state, chunks, max_new_tokens=budget,
-                                    seed=config.seed + turn + 1, **knobs)
+                                    seed=config.seed + turn + 1, row_ids=row_ids, **knobs)
         if last_round:
             for b in per_row:
                 rows[b].add_generated(out.tokens[b], out.logprobs[b])

@@ -1,0 +1,71 @@
+"""Evaluation driver config (`paravt-jax eval`): model, prompt mode, protocol, benchmarks.
+
+    paravt-jax eval --config=configs/eval.py:synthetic --output_dir=runs/eval
+    paravt-jax eval --config=configs/eval.py:paravt_8b --config.model.checkpoint=/ckpt/ParaVT-8B \\
+        --config.root=/data/bench --config.datasets=videomme,lvbench --output_dir=runs/eval8b
+
+Presets: synthetic (the built-in tiny model on held-out synthetic videos; minutes on a CPU),
+paravt_8b (the reference protocol: K=64, 3 rounds, 5 calls, 2048 tokens, bf16).
+Benchmark paths default to the reference's layout under `root` (an HF_HOME-like folder);
+set `benchmarks.<name>.annotations` / `.video_dir` (absolute) to point anywhere else.
+"""
+import os
+import sys
+
+import ml_collections
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import base  # noqa: E402
+
+ALL = "videomme,videomme_wsub,longvideobench,lvbench,mlvu,mmvu,charades"
+
+
+def benchmarks() -> ml_collections.ConfigDict:
+    """Local copies in the reference's layout (annotation parquet/arrow + video folder).
+    Relative paths are taken under `root`; absolute ones as they are."""
+    j = os.path.join
+    return ml_collections.ConfigDict({
+        "videomme": dict(annotations=j("datasets", "Video-MME"), video_dir=j("videomme", "data"), subtitle_dir=""),
+        "videomme_wsub": dict(annotations=j("datasets", "Video-MME"), video_dir=j("videomme", "data"),
+                              subtitle_dir=j("videomme", "subtitle")),
+        "longvideobench": dict(annotations=j("datasets", "LongVideoBench"),
+                               video_dir=j("datasets", "longvideobench", "videos"), subtitle_dir=""),
+        "lvbench": dict(annotations=j("datasets", "LVBench"), video_dir=j("lvbench"), subtitle_dir=""),
+        "mlvu": dict(annotations=j("datasets", "MLVU_dev"), video_dir=j("MLVU", "video"), subtitle_dir=""),
+        "mmvu": dict(annotations=j("datasets", "MMVU"), video_dir=j("MMVU"), subtitle_dir=""),
+        "charades": dict(annotations=j("datasets", "charades_sta"), video_dir=j("charades_sta", "Charades_v1_480"),
+                         subtitle_dir=""),
+        "synthetic": dict(annotations="", video_dir="", subtitle_dir=""),  # empty: the built-in held-out set
+    })
+
+
+def get_config(arg: str = "synthetic") -> ml_collections.ConfigDict:
+    preset = arg or "synthetic"
+    if preset not in ("synthetic", "paravt_8b"):
+        raise ValueError(f"configs/eval.py preset {preset!r}: expected synthetic or paravt_8b")
+    c = base.get_config("tiny" if preset == "synthetic" else "8b")
+    c.preset = preset
+    c.output_dir = ""  # --output_dir overrides
+    c.root = ""
+    c.datasets = "synthetic" if preset == "synthetic" else ALL  # comma-separated
+    c.limit = 0  # samples per dataset (0 = all); --limit overrides
+    c.prompt_mode = "agentic_general"  # direct | reasoning | agentic_general | agentic_minimal
+    c.grounding_prompt_mode = "agentic_minimal"  # Charades-STA, as the reference
+    c.dispatch = "parallel"  # parallel | sequential
+    c.nframes = 64
+    c.max_turns = 3
+    c.max_parallel = 5
+    c.max_new_tokens = 2048
+    c.mcq_answer_tokens = 64
+    c.grounding_answer_tokens = 128
+    c.batch_size = 8
+    c.overview_max_pixels = 50176
+    c.crop_max_pixels = 50176
+    c.think_prefix = False
+    if preset == "synthetic":  # the tiny model was trained on 96x160 frames and short turns
+        c.nframes, c.max_new_tokens, c.batch_size = 16, 96, 4
+        c.overview_max_pixels = c.crop_max_pixels = 96 * 160
+    else:
+        c.model.param_dtype = c.model.dtype = "bfloat16"
+    c.benchmarks = benchmarks()
+    return c

@@ -1,0 +1,378 @@
+"""The evaluation driver: the reference protocol on local benchmark copies, batched.
+
+    paravt-jax eval --config=configs/eval.py:synthetic --output_dir=runs/eval
+    paravt-jax eval --config=configs/eval.py:paravt_8b --config.model.checkpoint=/ckpt \\
+        --config.root=/data/bench --config.datasets=videomme,charades --shard_id=0 --num_shards=4
+
+Protocol (reference `paravt/eval/driver.py`): greedy decoding, K overview frames, agentic
+modes run up to `max_turns` tool rounds of at most `max_parallel` crop_video calls through
+our rollout engine in frames mode (crops are appended to the context as frames); after the
+last round a short final answer is forced (64 tokens MCQ, 128 grounding). Many samples go
+through one sampler call (`batch_size`).
+
+Outputs under output_dir: `<dataset>.shard-<i>-of-<n>.jsonl` (one line per finished sample,
+appended after every batch: a re-run skips finished samples), `<dataset>.json` once every
+shard is done (summary + every sample), and `summary_all.json`. `--compare` runs the same
+samples with parallel dispatch and with the sequential baseline (one call per turn) and
+writes `compare.json` / `compare.md`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import os
+import time
+from typing import Callable, Sequence
+
+import numpy as np
+
+from paravt_jax.agent.dispatch import CropDispatcher, DispatchConfig
+from paravt_jax.agent.rollout import Episode, Rollout, RolloutConfig, run_rollouts
+from paravt_jax.eval import prompts, scoring
+from paravt_jax.rl import rewards as R
+
+DISPATCH = ("parallel", "sequential")
+
+
+@dataclasses.dataclass(frozen=True)
+class DriverConfig:
+    prompt_mode: str = "agentic_general"
+    nframes: int = 64  # K overview frames
+    max_turns: int = 3  # tool rounds (agentic modes)
+    max_parallel: int = 5  # calls executed per round
+    max_new_tokens: int = 2048  # per assistant turn
+    mcq_answer_tokens: int = 64  # forced final answer
+    grounding_answer_tokens: int = 128
+    batch_size: int = 8  # samples per sampler call
+    dispatch: str = "parallel"  # parallel | sequential (one call per round: the baseline)
+    overview_max_pixels: int = 50176
+    crop_max_pixels: int = 50176
+    think_prefix: bool = False  # the reference evaluates without a forced <think>
+
+    def __post_init__(self):
+        prompts.prompt_mode(self.prompt_mode)  # validates the name
+        if self.dispatch not in DISPATCH:
+            raise ValueError(f"dispatch {self.dispatch!r}: expected one of {DISPATCH}")
+        if self.batch_size < 1 or self.nframes < 1:
+            raise ValueError(f"batch_size={self.batch_size} and nframes={self.nframes} must be >= 1")
+
+
+# ----------------------------------------------------------------------------- one batch
+def rollout_config(config: DriverConfig, question_type: str) -> RolloutConfig:
+    mode = prompts.prompt_mode(config.prompt_mode)
+    answer_tokens = config.grounding_answer_tokens if question_type == "tvg" else config.mcq_answer_tokens
+    return RolloutConfig(
+        mode="sequential" if config.dispatch == "sequential" else "frames",
+        max_turns=config.max_turns if mode.tools else 0, max_new_tokens=config.max_new_tokens,
+        temperature=0.0, think_prefix=config.think_prefix, tools=mode.tools,
+        overview_max_pixels=config.overview_max_pixels, final_answer=mode.tools,
+        final_answer_tokens=answer_tokens, final_answer_instruction=prompts.final_instruction(question_type),
+        system_prompt=mode.system)
+
+
+def turn_texts(rollout: Rollout, tokenizer) -> list[str]:
+    """The text of every assistant turn (runs of generated tokens), stop tokens removed."""
+    generated = np.flatnonzero(rollout.inputs.loss_mask)
+    if not len(generated):
+        return []
+    runs = np.split(generated, np.flatnonzero(np.diff(generated) > 1) + 1)
+    ids = rollout.inputs.input_ids
+    return [tokenizer.decode(ids[run]).replace("<|im_end|>", "").strip() for run in runs]
+
+
+def score(sample, final: str) -> dict:
+    """correct / score / pred of one sample: option letter (MCQ), temporal IoU (grounding),
+    answer F1 (the synthetic open-ended questions)."""
+    if sample.question_type == "oe":
+        f1 = R.accuracy_reward(R.extract_answer(final), sample.answer, "oe")
+        return {"correct": None, "score": float(f1), "pred": R.extract_answer(final)[:200]}
+    gt = sample.span or (0.0, 0.0)
+    correct, value, pred = scoring.score_sample(
+        {"is_mcq": sample.is_mcq, "answer": sample.answer, "gt_start": gt[0], "gt_end": gt[1]}, final)
+    return {"correct": correct, "score": float(value), "pred": pred}
+
+
+def sample_record(index: int, sample, config: DriverConfig) -> dict:
+    record = {"index": index, "id": sample.sample_id, "dataset": sample.dataset,
+              "question_type": sample.question_type, "prompt_mode": config.prompt_mode,
+              "dispatch": config.dispatch, "answer": sample.answer, "pred": "", "correct": False if sample.is_mcq else None,
+              "score": 0.0, "tool_calls": 0, "calls_per_turn": [], "turns": 0, "context_tokens": 0}
+    for field in ("duration", "task", "key"):
+        if getattr(sample, field, ""):
+            record[field] = getattr(sample, field)
+    return record
+
+
+def evaluate_batch(sampler, tokenizer, batch: Sequence[tuple[int, object]], config: DriverConfig,
+                   dispatcher: CropDispatcher) -> list[dict]:
+    """Records of one batch of (index, sample) pairs that share a question type."""
+    question_type = batch[0][1].question_type
+    episodes = [Episode(f"{index}", sample.question, sample.answer, sample.question_type, sample.video_path,
+                        config.nframes) for index, sample in batch]
+    start = time.perf_counter()
+    rollouts, skipped = run_rollouts(sampler, tokenizer, episodes, 1, rollout_config(config, question_type),
+                                     dispatcher)
+    seconds = (time.perf_counter() - start) / len(batch)
+    by_id = {r.episode.episode_id: r for r in rollouts}
+    errors = {message.split(":", 1)[0]: message.split(":", 1)[1].strip() for message in skipped}
+    records = []
+    for index, sample in batch:
+        record = sample_record(index, sample, config)
+        record["seconds"] = round(seconds, 4)
+        rollout = by_id.get(f"{index}")
+        if rollout is None:
+            record["error"] = errors.get(f"{index}", "no rollout")
+            records.append(record)
+            continue
+        turns = turn_texts(rollout, tokenizer)
+        final = turns[-1] if turns else ""
+        record.update(score(sample, final))
+        record.update(tool_calls=rollout.num_tool_calls, calls_per_turn=list(rollout.calls_per_turn),
+                      turns=rollout.turns, context_tokens=int(rollout.inputs.length), final_text=final,
+                      response=rollout.completion, tool_errors=list(rollout.errors))
+        if sample.question_type == "tvg":
+            record["pred_text"] = final[:500]
+        records.append(record)
+    return records
+
+
+def batches(pending: Sequence[tuple[int, object]], batch_size: int) -> list[list[tuple[int, object]]]:
+    """Batches of samples with one question type each (one forced-answer budget per call)."""
+    out = []
+    for kind in dict.fromkeys(s.question_type for _, s in pending):
+        group = [p for p in pending if p[1].question_type == kind]
+        out += [group[i:i + batch_size] for i in range(0, len(group), batch_size)]
+    return out
+
+
+# ----------------------------------------------------------------------------- files
+def shard_path(output_dir: str, dataset: str, shard_id: int, num_shards: int) -> str:
+    return os.path.join(output_dir, f"{dataset}.shard-{shard_id:05d}-of-{num_shards:05d}.jsonl")
+
+
+def read_records(paths: Sequence[str]) -> dict[int, dict]:
+    """Finished samples by index; a torn last line (an interrupted write) is ignored."""
+    out: dict[int, dict] = {}
+    for path in paths:
+        if not os.path.exists(path):
+            continue
+        with open(path) as f:
+            for line in f:
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                out[int(record["index"])] = record
+    return out
+
+
+def shard_indices(total: int, shard_id: int, num_shards: int) -> list[int]:
+    """Strided split: every index in exactly one shard."""
+    if not 0 <= shard_id < num_shards:
+        raise ValueError(f"shard_id={shard_id} must be in [0, num_shards={num_shards})")
+    return list(range(shard_id, total, num_shards))
+
+
+def summarize(dataset: str, records: Sequence[dict], nframes: int) -> dict:
+    """The reference's per-dataset summary, plus per-question-type metrics when a dataset
+    mixes types (the synthetic benchmark), turns, context tokens and breakdowns."""
+    records = sorted(records, key=lambda r: r["index"])
+    kinds = sorted({r["question_type"] for r in records})
+    elapsed = float(sum(r.get("seconds", 0.0) for r in records))
+    summary = scoring.dataset_summary(dataset, records, is_mcq=kinds != ["tvg"], nframes=nframes,
+                                      elapsed=elapsed)
+    if len(kinds) > 1 or kinds == ["oe"]:
+        by_kind = {}
+        for kind in kinds:
+            rows = [r for r in records if r["question_type"] == kind]
+            ok = [r for r in rows if "error" not in r]
+            if kind == "mcq":
+                by_kind[kind] = {"accuracy": scoring.mcq_accuracy(rows), "count": len(rows)}
+            elif kind == "tvg":
+                by_kind[kind] = {**scoring.grounding_metrics_from_ious(r["score"] for r in ok), "count": len(rows)}
+            else:
+                by_kind[kind] = {"f1": float(np.mean([r["score"] for r in rows])) if rows else 0.0,
+                                 "count": len(rows)}
+        summary["by_question_type"] = by_kind
+        summary["mean_score"] = float(np.mean([r["score"] for r in records])) if records else 0.0
+    summary["avg_turns"] = float(np.mean([r["turns"] for r in records])) if records else 0.0
+    summary["avg_context_tokens"] = float(np.mean([r["context_tokens"] for r in records])) if records else 0.0
+    tool_turns = [c for r in records for c in r["calls_per_turn"] if c > 0]
+    summary["calls_per_tool_turn"] = float(np.mean(tool_turns)) if tool_turns else 0.0
+    summary["samples_per_minute"] = 60.0 * len(records) / elapsed if elapsed > 0 else 0.0
+    summary["per_duration"] = scoring.per_duration(records)
+    summary["per_task"] = scoring.per_task(records)
+    return summary
+
+
+def write_json(path: str, payload) -> None:
+    """Atomic: a reader never sees a half-written file."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(payload, f, indent=2, default=str)
+    os.replace(tmp, path)
+
+
+def run_dataset(sampler, tokenizer, benchmark, config: DriverConfig, output_dir: str, *, shard_id: int = 0,
+                num_shards: int = 1, log: Callable[[str], None] = print) -> dict:
+    """Evaluates this shard's unfinished samples of one loaded benchmark; returns the
+    dataset's summary (complete=False while other shards are missing)."""
+    os.makedirs(output_dir, exist_ok=True)
+    name = benchmark.name
+    samples = list(benchmark.samples)
+    mine = shard_path(output_dir, name, shard_id, num_shards)
+    done = read_records([mine])
+    if os.path.exists(mine):  # drop a torn last line so appended records start on their own line
+        with open(mine + ".tmp", "w") as f:
+            f.writelines(json.dumps(done[i], default=str) + "\n" for i in sorted(done))
+        os.replace(mine + ".tmp", mine)
+    pending = [(i, samples[i]) for i in shard_indices(len(samples), shard_id, num_shards) if i not in done]
+    log(f"[eval] {name}: {len(samples)} samples, shard {shard_id}/{num_shards}: {len(pending)} to run, "
+        f"{len(done)} already done; {len(benchmark.missing_videos)} missing videos skipped")
+    dispatch = DispatchConfig(max_parallel=config.max_parallel, max_pixels=config.crop_max_pixels)
+    with CropDispatcher(dispatch) as dispatcher:
+        for batch in batches(pending, config.batch_size):
+            records = evaluate_batch(sampler, tokenizer, batch, config, dispatcher)
+            with open(mine, "a") as f:
+                for record in records:
+                    f.write(json.dumps(record, default=str) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+    all_records = read_records(glob.glob(os.path.join(output_dir, f"{name}.shard-*-of-{num_shards:05d}.jsonl")))
+    records = [all_records[i] for i in sorted(all_records) if i < len(samples)]
+    summary = summarize(name, records, config.nframes)
+    summary.update(complete=len(records) == len(samples), samples=len(samples),
+                   missing_videos=len(benchmark.missing_videos), prompt_mode=config.prompt_mode,
+                   dispatch=config.dispatch)
+    if summary["complete"]:
+        is_mcq = all(r["question_type"] == "mcq" for r in records)
+        output = scoring.dataset_output(name, records, is_mcq=is_mcq, nframes=config.nframes,
+                                        elapsed=summary["elapsed"])
+        output["summary"] = summary
+        output["missing_videos"] = list(benchmark.missing_videos)
+        write_json(os.path.join(output_dir, f"{name}.json"), output)
+    return summary
+
+
+def write_summary_all(output_dir: str, summaries: dict[str, dict]) -> str:
+    path = os.path.join(output_dir, "summary_all.json")
+    previous = json.load(open(path)) if os.path.exists(path) else {}
+    previous.update(summaries)
+    write_json(path, previous)
+    return path
+
+
+# ----------------------------------------------------------------------------- comparison
+COMPARE_COLUMNS = (("accuracy", "score"), ("avg_tool_calls", "tool calls"), ("avg_turns", "turns"),
+                   ("avg_context_tokens", "context tokens"), ("elapsed", "wall s"),
+                   ("samples_per_minute", "samples/min"))
+
+
+def headline(summary: dict) -> float:
+    for key in ("mean_score", "accuracy", "mIoU"):
+        if key in summary:
+            return float(summary[key])
+    return 0.0
+
+
+def comparison_table(results: dict[str, dict[str, dict]]) -> str:
+    """Markdown: one row per (dataset, dispatch)."""
+    lines = ["| dataset | dispatch | " + " | ".join(c for _, c in COMPARE_COLUMNS) + " |",
+             "|---|---|" + "---|" * len(COMPARE_COLUMNS)]
+    for dataset, by_dispatch in results.items():
+        for dispatch, s in by_dispatch.items():
+            values = [headline(s) if key == "accuracy" else s.get(key, 0.0) for key, _ in COMPARE_COLUMNS]
+            lines.append(f"| {dataset} | {dispatch} | " + " | ".join(f"{v:.3f}" if isinstance(v, float) else str(v)
+                                                                     for v in values) + " |")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- command
+def driver_config(c, **override) -> DriverConfig:
+    fields = {f.name for f in dataclasses.fields(DriverConfig)}
+    values = {k: c[k] for k in fields if k in c}
+    values.update(override)
+    return DriverConfig(**values)
+
+
+def load_benchmarks(c, prompt_mode_for: Callable[[str], str], limit: int, default_data_dir: str):
+    from paravt_jax.eval import datasets
+
+    out = []
+    for name in [d.strip() for d in str(c.datasets).split(",") if d.strip()]:
+        paths = dict(c.benchmarks.get(name, {}))
+        if name == "synthetic":
+            paths.setdefault("annotations", "")
+            paths["annotations"] = paths["annotations"] or os.path.join(default_data_dir, "rl_eval.parquet")
+            paths["video_dir"] = paths.get("video_dir", "") or default_data_dir
+        elif name not in c.benchmarks:
+            raise ValueError(f"dataset {name!r}: no entry in config.benchmarks (known: {sorted(c.benchmarks)})")
+        else:
+            for key in ("annotations", "video_dir", "subtitle_dir"):
+                if paths.get(key) and not os.path.isabs(paths[key]):
+                    paths[key] = os.path.join(c.root, paths[key])
+        out.append(datasets.load_benchmark(name, paths["annotations"], paths["video_dir"],
+                                           prompt_mode=prompt_mode_for(name),
+                                           subtitle_dir=paths.get("subtitle_dir", ""), limit=limit))
+    return out
+
+
+def evaluate_command(config, output_dir: str, *, shard_id: int = 0, num_shards: int = 1, limit: int = 0,
+                     compare: bool = False) -> dict:
+    from paravt_jax.cli import build_model, builtin_assets
+    from paravt_jax.sampling import Sampler, SamplerConfig
+    from paravt_jax.text.inputs import check_against_model
+    from paravt_jax.text.tokenizer import Tokenizer
+
+    assets = builtin_assets(config)
+    model = build_model(config, default_dir=assets.model_dir)
+    tokenizer = Tokenizer.from_directory(config.model.checkpoint or assets.model_dir)
+    check_against_model(tokenizer, model.config)
+    sampler = Sampler(model, SamplerConfig(min_chunk_bucket=64))
+
+    def prompt_mode_for(name: str) -> str:
+        return config.grounding_prompt_mode if name == "charades" else config.prompt_mode
+
+    benchmarks = load_benchmarks(config, prompt_mode_for, limit or config.limit, assets.data_dir)
+    summaries: dict[str, dict] = {}
+    comparison: dict[str, dict[str, dict]] = {}
+    for benchmark in benchmarks:
+        arms = DISPATCH if compare else (config.dispatch,)
+        for dispatch in arms:
+            directory = os.path.join(output_dir, dispatch) if compare else output_dir
+            driver = driver_config(config, prompt_mode=prompt_mode_for(benchmark.name), dispatch=dispatch)
+            summary = run_dataset(sampler, tokenizer, benchmark, driver, directory, shard_id=shard_id,
+                                  num_shards=num_shards)
+            write_summary_all(directory, {benchmark.name: summary})
+            comparison.setdefault(benchmark.name, {})[dispatch] = summary
+            summaries[benchmark.name if not compare else f"{benchmark.name}/{dispatch}"] = summary
+    table = comparison_table(comparison)
+    print(table, flush=True)
+    if compare:
+        write_json(os.path.join(output_dir, "compare.json"), comparison)
+        with open(os.path.join(output_dir, "compare.md"), "w") as f:
+            f.write(table + "\n")
+    return summaries
+
+
+def main(argv: list[str]) -> dict:
+    from absl import flags
+    from ml_collections import config_flags
+
+    default = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                           "configs", "eval.py")
+    flag_values = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", default + ":synthetic", "config file[:arg]",
+                                    flag_values=flag_values, sys_argv=argv)
+    flags.DEFINE_string("output_dir", "", "where per-dataset JSON and summary_all.json go",
+                        flag_values=flag_values)
+    flags.DEFINE_integer("shard_id", 0, "this host's shard", flag_values=flag_values)
+    flags.DEFINE_integer("num_shards", 1, "shards across hosts", flag_values=flag_values)
+    flags.DEFINE_integer("limit", 0, "samples per dataset (0 = all)", flag_values=flag_values)
+    flags.DEFINE_bool("compare", False, "parallel vs sequential dispatch side by side", flag_values=flag_values)
+    flag_values(argv)
+    config = flag_values.config
+    output_dir = flag_values.output_dir or config.output_dir or os.path.join("runs", "eval")
+    return evaluate_command(config, output_dir, shard_id=flag_values.shard_id, num_shards=flag_values.num_shards,
+                            limit=flag_values.limit, compare=flag_values.compare)

@@ -1,0 +1,104 @@
+"""Evaluation prompt modes: the system message, whether tools are offered, and the forced
+final-answer instruction of the reference driver's protocol.
+
+Instructions are in our own words; formats (tag names, the Hermes tool envelope, the tool
+JSON shape, the grounding answer sentence) are kept identical to the reference because the
+evaluated models were trained on them.
+
+  direct           one turn, answer in <answer></answer>
+  reasoning        one turn, <think>...</think> then <answer>...</answer>
+  agentic_general  crop_video offered, several calls per turn encouraged, explicit format
+  agentic_minimal  crop_video offered in the bare Hermes envelope (the reference uses it
+                   for Charades-STA: tighter spans)
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from paravt_jax.text import chat
+
+# The evaluation returns the cropped frames themselves (frames mode), so the tool says so.
+EVAL_CROP_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "crop_video",
+        "description": ("Inspect one time window of the video: frames sampled between start_time "
+                        "and end_time are returned. Several calls in one turn inspect several "
+                        "windows at once."),
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "video_path": {"type": "string", "description": "Path of the video file"},
+                "start_time": {"type": "number", "description": "Window start in seconds"},
+                "end_time": {"type": "number", "description": "Window end in seconds"},
+            },
+            "required": ["video_path", "start_time", "end_time"],
+        },
+    },
+}
+
+DIRECT_SYSTEM = ("You answer questions about videos. Look at the video carefully, then give "
+                 "your final answer inside <answer></answer> tags.")
+
+REASONING_SYSTEM = ("You answer questions about videos. First reason about the question inside "
+                    "<think>...</think> tags, then give the final answer inside "
+                    "<answer>...</answer> tags.")
+
+_GENERAL_AGENTIC = """You analyse videos and can zoom into any time window of the video with a tool.
+
+Available tool:
+<tools>
+{tool}
+</tools>
+
+To call the tool, write a JSON object inside <tool_call></tool_call> tags:
+<tool_call>
+{{"name": "crop_video", "arguments": {{"video_path": "...", "start_time": 0, "end_time": 10}}}}
+</tool_call>
+
+You may write **several <tool_call> blocks in one turn** to inspect different windows in parallel; this is faster than one call per turn and is the preferred way to use the tool.
+
+Format strictly as:
+<think>your reasoning here</think>
+<tool_call>...</tool_call>  (zero or more, parallel if multiple)
+<answer>your final answer</answer>
+
+Always put your reasoning in <think> tags and your final answer in <answer> tags."""
+
+FINAL_MCQ = "Using the video and the inspected windows above, reply with the option letter only."
+FINAL_GROUNDING = ("Using the video and any inspected windows, give your final answer on when the "
+                   "event happens, in the format: 'The event happens in the X.X - Y.Y seconds.'")
+FINAL_OPEN = "Using the video and the inspected windows above, give your final answer in <answer></answer> tags."
+
+MODES = ("direct", "reasoning", "agentic_general", "agentic_minimal")
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptMode:
+    name: str
+    system: str
+    tools: bool
+
+
+def prompt_mode(name: str) -> PromptMode:
+    """The system message and tool switch of one prompt mode."""
+    tool = json.dumps(EVAL_CROP_TOOL)
+    if name == "direct":
+        return PromptMode(name, DIRECT_SYSTEM, False)
+    if name == "reasoning":
+        return PromptMode(name, REASONING_SYSTEM, False)
+    if name == "agentic_general":
+        return PromptMode(name, _GENERAL_AGENTIC.format(tool=tool), True)
+    if name == "agentic_minimal":
+        return PromptMode(name, chat.tools_system_prompt([EVAL_CROP_TOOL]), True)
+    raise ValueError(f"prompt_mode {name!r}: expected one of {MODES}")
+
+
+def final_instruction(question_type: str) -> str:
+    """The user message that forces a short final answer after the last tool round."""
+    if question_type == "mcq":
+        return FINAL_MCQ
+    if question_type == "tvg":
+        return FINAL_GROUNDING
+    return FINAL_OPEN

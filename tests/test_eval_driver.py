@@ -1,0 +1,192 @@
+"""Evaluation driver: prompt modes, batched protocol, resume, sharding, comparison, CLI."""
+import dataclasses
+import glob
+import hashlib
+import io
+import json
+import os
+from contextlib import redirect_stdout
+
+import numpy as np
+import pytest
+
+from paravt_jax.data.builtin import ensure_builtin
+from paravt_jax.eval import datasets, driver, prompts
+from paravt_jax.sampling.sampler import SampleOutput
+from paravt_jax.text import chat
+from paravt_jax.text.tokenizer import Tokenizer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    return ensure_builtin(str(tmp_path_factory.mktemp("builtin")), num_train=2, num_eval=6)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(assets):
+    return Tokenizer.from_directory(assets.model_dir)
+
+
+@pytest.fixture(scope="module")
+def benchmark(assets):
+    return datasets.load_benchmark("synthetic", os.path.join(assets.data_dir, "rl_eval.parquet"), assets.data_dir)
+
+
+class FakeSampler:
+    """Deterministic per prompt: half the prompts call crop_video twice, then answer; the rest
+    answer at once. Counts calls and rows so tests can see batching and skipping."""
+
+    @dataclasses.dataclass
+    class State:
+        chunk_start: np.ndarray
+
+    def __init__(self, tokenizer):
+        self.tok = tokenizer
+        self.rows = 0
+        self.calls = 0
+        self.call_text = "<think>look</think>" + "".join(
+            '<tool_call>\n{"name": "crop_video", "arguments": {"video_path": "v.mp4", '
+            f'"start_time": {s}, "end_time": {s + 3}}}}}\n</tool_call>' for s in (1, 6))
+
+    def _out(self, texts):
+        tokens = [self.tok.encode(t) + [self.tok.special.im_end] for t in texts]
+        return SampleOutput(tokens, [np.full(len(t), -0.1, np.float32) for t in tokens], np.ones(len(texts), bool),
+                            np.array([len(t) for t in tokens]))
+
+    def generate(self, prompts_, num_samples=1, **knobs):
+        self.calls += 1
+        self.rows += len(prompts_)
+        texts = []
+        for p in prompts_:
+            digest = int(hashlib.sha1(p.input_ids.tobytes()).hexdigest(), 16)
+            if digest % 2:
+                texts.append(self.call_text)
+            else:
+                texts.append(f"<think>sure</think><answer>{'ABCD'[digest % 4]}</answer>")
+        out = self._out(texts)
+        return out, self.State(np.array([p.next_position + len(t) for p, t in zip(prompts_, out.tokens)]))
+
+    def extend(self, state, chunks, **knobs):
+        self.calls += 1
+        final = knobs["max_new_tokens"] <= 5  # the forced answer has its own small budget
+        texts = ["" if c is None else "C" if final else self.call_text for c in chunks]
+        out = self._out(texts)
+        starts = state.chunk_start.copy()
+        for b, chunk in enumerate(chunks):
+            if chunk is not None:
+                starts[b] = chunk.next_position + len(out.tokens[b])
+        return out, self.State(starts)
+
+
+def config(**kw):
+    base = dict(nframes=4, max_turns=2, max_new_tokens=16, mcq_answer_tokens=4, grounding_answer_tokens=5, batch_size=4, overview_max_pixels=96 * 160,
+                crop_max_pixels=96 * 160)
+    base.update(kw)
+    return driver.DriverConfig(**base)
+
+
+def strip_timing(summary):
+    return {k: v for k, v in summary.items() if k not in ("elapsed", "samples_per_minute")}
+
+
+def test_prompt_modes():
+    minimal = prompts.prompt_mode("agentic_minimal")
+    assert minimal.tools and minimal.system == chat.tools_system_prompt([prompts.EVAL_CROP_TOOL])
+    general = prompts.prompt_mode("agentic_general")
+    assert general.tools and '"name": "crop_video"' in general.system and "<answer>" in general.system
+    assert json.loads(general.system.split("<tools>\n")[1].split("\n</tools>")[0]) == prompts.EVAL_CROP_TOOL
+    assert not prompts.prompt_mode("direct").tools and "<answer></answer>" in prompts.prompt_mode("direct").system
+    assert "<think>" in prompts.prompt_mode("reasoning").system
+    with pytest.raises(ValueError, match="agentic_sage"):
+        prompts.prompt_mode("agentic_sage")
+    assert "X.X - Y.Y seconds" in prompts.final_instruction("tvg")
+    with pytest.raises(ValueError, match="dispatch 'async'"):
+        driver.DriverConfig(dispatch="async")
+
+
+def test_protocol_records_and_batching(benchmark, tokenizer, tmp_path):
+    sampler = FakeSampler(tokenizer)
+    summary = driver.run_dataset(sampler, tokenizer, benchmark, config(), str(tmp_path), log=lambda _: None)
+    records = driver.read_records([driver.shard_path(str(tmp_path), "synthetic", 0, 1)])
+    assert summary["complete"] and sorted(records) == list(range(len(benchmark.samples)))
+    kinds = {s.question_type for s in benchmark.samples}
+    assert sampler.rows == len(benchmark.samples) and sampler.calls <= 3 * len(kinds)  # batched per type
+    for index, r in records.items():
+        sample = benchmark.samples[index]
+        if r["tool_calls"]:  # two calls, one round, then the forced answer with the type's instruction
+            assert r["calls_per_turn"] == [2, 2] and r["turns"] == 3 and r["final_text"] == "C"
+            assert prompts.final_instruction(sample.question_type) in r["response"]
+        else:
+            assert r["turns"] == 1 and r["final_text"].startswith("<think>sure</think><answer>")
+        if sample.question_type == "mcq":
+            assert r["correct"] == (r["pred"] == sample.answer) and r["score"] == float(r["correct"])
+    saved = json.load(open(tmp_path / "synthetic.json"))
+    assert saved["summary"]["total"] == len(benchmark.samples) and len(saved["results"]) == len(benchmark.samples)
+    assert saved["summary"]["avg_tool_calls"] == pytest.approx(np.mean([r["tool_calls"] for r in records.values()]))
+
+
+def test_resume_after_interruption_gives_the_same_summary(benchmark, tokenizer, tmp_path):
+    full = driver.run_dataset(FakeSampler(tokenizer), tokenizer, benchmark, config(batch_size=2), str(tmp_path / "a"),
+                              log=lambda _: None)
+    out = tmp_path / "b"
+    path = driver.shard_path(str(out), "synthetic", 0, 1)
+    driver.run_dataset(FakeSampler(tokenizer), tokenizer, benchmark, config(batch_size=2), str(out), log=lambda _: None)
+    lines = open(path).read().splitlines()
+    with open(path, "w") as f:  # interrupted: two samples kept, a torn third line
+        f.write("\n".join(lines[:2]) + "\n" + lines[2][: len(lines[2]) // 2])
+    os.remove(out / "synthetic.json")
+    sampler = FakeSampler(tokenizer)
+    resumed = driver.run_dataset(sampler, tokenizer, benchmark, config(batch_size=2), str(out), log=lambda _: None)
+    assert sampler.rows == len(benchmark.samples) - 2  # finished samples are skipped
+    assert strip_timing(resumed) == strip_timing(full)
+    again = FakeSampler(tokenizer)
+    driver.run_dataset(again, tokenizer, benchmark, config(batch_size=2), str(out), log=lambda _: None)
+    assert again.rows == 0
+
+
+def test_shards_cover_every_sample_once(benchmark, tokenizer, tmp_path):
+    n = len(benchmark.samples)
+    assert sorted(i for s in range(3) for i in driver.shard_indices(n, s, 3)) == list(range(n))
+    with pytest.raises(ValueError, match="shard_id=3"):
+        driver.shard_indices(n, 3, 3)
+    summaries = [driver.run_dataset(FakeSampler(tokenizer), tokenizer, benchmark, config(), str(tmp_path),
+                                    shard_id=s, num_shards=3, log=lambda _: None) for s in range(3)]
+    assert [s["complete"] for s in summaries] == [False, False, True]
+    ids = [json.loads(l)["index"] for p in glob.glob(str(tmp_path / "*.jsonl")) for l in open(p)]
+    assert sorted(ids) == list(range(n))
+    single = driver.run_dataset(FakeSampler(tokenizer), tokenizer, benchmark, config(), str(tmp_path / "one"),
+                                log=lambda _: None)
+    assert strip_timing(summaries[-1]) == strip_timing(single)
+
+
+def test_unreadable_video_is_an_error_record(benchmark, tokenizer, tmp_path):
+    broken = tmp_path / "broken.mp4"
+    broken.write_bytes(b"not a video")
+    bad = dataclasses.replace(benchmark.samples[0], video_path=str(broken))
+    bench = dataclasses.replace(benchmark, samples=(bad,) + benchmark.samples[1:2])
+    summary = driver.run_dataset(FakeSampler(tokenizer), tokenizer, bench, config(), str(tmp_path / "o"),
+                                 log=lambda _: None)
+    records = driver.read_records(glob.glob(str(tmp_path / "o" / "*.jsonl")))
+    assert "broken.mp4" in records[0]["error"] and records[0]["score"] == 0.0
+    assert summary["errors"] == 1 and summary["total"] == 2
+
+
+def test_cli_compare_on_the_synthetic_benchmark(assets, tmp_path):
+    """End to end with the real tiny model: parallel vs sequential dispatch, per-dataset JSON,
+    summary_all.json and the comparison table."""
+    from paravt_jax.cli import main
+
+    out = io.StringIO()
+    with redirect_stdout(out):
+        main(["paravt-jax", "eval", f"--config={ROOT}/configs/eval.py:synthetic", f"--output_dir={tmp_path}",
+              f"--config.data.builtin_root={os.path.dirname(assets.model_dir)}", "--limit=2", "--compare",
+              "--config.nframes=4", "--config.max_new_tokens=8", "--config.max_turns=1"])
+    text = out.getvalue()
+    assert "| synthetic | parallel |" in text and "| synthetic | sequential |" in text
+    for dispatch in driver.DISPATCH:
+        summary = json.load(open(tmp_path / dispatch / "summary_all.json"))["synthetic"]
+        assert summary["complete"] and summary["total"] == 2 and summary["dispatch"] == dispatch
+        assert len(json.load(open(tmp_path / dispatch / "synthetic.json"))["results"]) == 2
+    assert set(json.load(open(tmp_path / "compare.json"))["synthetic"]) == set(driver.DISPATCH)
