@@ -29,6 +29,10 @@ EXTRAS = {
         "torch==2.13.0",  # CPU wheel; pinned exactly so pip never pulls a CUDA build
         "transformers>=5.24.0,<6",
         "av>=12",
+        # tests/test_notebooks.py executes notebooks/*.ipynb on a python3 kernel
+        "nbclient>=0.10",
+        "nbformat>=5.10",
+        "ipykernel>=6.29",
     ],
     "gpu": ["jax[cuda12]>=0.10.2,<0.11"],
     "tpu": ["jax[tpu]>=0.10.2,<0.11"],

@@ -17,6 +17,9 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     c.model.remat = False
     c.model.scan_layers = True
     c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))
+    # A named layout from configs/meshes.py (e.g. v5p-32, 2xv5p-128, gpu8, gpu16_tp2): ICI
+    # axes within a slice/host, DCN axes across them. Empty = the `mesh` sizes above.
+    c.mesh_preset = ""
     # The built-in default data: synthetic videos + tokenizer + tiny model, generated locally.
     c.data = ml_collections.ConfigDict()
     c.data.builtin_root = "artifacts/builtin"

@@ -5,9 +5,12 @@
 #   bash launch/local.sh
 #   bash launch/local.sh forward --config=configs/base.py:small125m --config.model.dtype=bfloat16
 #   DRY_RUN=1 bash launch/local.sh      # print the command instead of running it
+#   bash launch/local.sh --help         # this text
+# Several hosts or GPUs: launch/gpu.sh; a Cloud TPU slice: launch/tpu_pod.sh.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
+if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0; fi
 COMMAND="${1:-run}"; shift || true
 ARGS=("$@")
 if [[ ! " ${ARGS[*]-} " =~ " --config=" ]]; then

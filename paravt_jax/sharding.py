@@ -69,6 +69,60 @@ def make_mesh(config: MeshConfig | Mapping[str, int] | None = None,
     return Mesh(np.asarray(devices).reshape(sizes), MESH_AXES)
 
 
+def hybrid_device_array(ici: Mapping[str, int], dcn: Mapping[str, int] | None = None,
+                        devices: Sequence | None = None) -> np.ndarray:
+    """Devices arranged [data, fsdp, tensor] so that each DCN position holds one whole slice.
+
+    ici: axis sizes inside one slice (TPU ICI) or host (GPU NVLink); dcn: how many slices or
+    hosts along each axis (missing axes are 1). Returns an object array of shape ici * dcn.
+    A single slice uses the topology-aware `create_device_mesh`; several use
+    `create_hybrid_device_mesh`, grouping devices by `slice_index` (TPU multi-slice) or, when
+    that does not give dcn-many groups, by `process_index` (one GPU host per process).
+    """
+    from jax.experimental import mesh_utils
+
+    ici_shape, dcn_shape = [], []
+    for part, sizes, shape in (("ici", ici, ici_shape), ("dcn", dcn or {}, dcn_shape)):
+        unknown = set(sizes) - set(MESH_AXES)
+        if unknown:
+            raise ValueError(f"{part} mesh {dict(sizes)}: unknown axes {sorted(unknown)}; "
+                             f"use {MESH_AXES}")
+        for axis in MESH_AXES:
+            size = sizes.get(axis, 1)
+            if not isinstance(size, (int, np.integer)) or size < 1:
+                raise ValueError(f"{part} mesh {dict(sizes)}: {axis}={size!r} must be a "
+                                 f"positive int (no -1 here)")
+            shape.append(int(size))
+    devices = list(devices if devices is not None else jax.devices())
+    if math.prod(ici_shape) * math.prod(dcn_shape) != len(devices):
+        raise ValueError(f"mesh ici {dict(zip(MESH_AXES, ici_shape))} x dcn "
+                         f"{dict(zip(MESH_AXES, dcn_shape))} needs "
+                         f"{math.prod(ici_shape) * math.prod(dcn_shape)} devices, "
+                         f"{len(devices)} available")
+    slices = math.prod(dcn_shape)
+    if slices == 1:
+        return mesh_utils.create_device_mesh(ici_shape, devices)
+    granules = {attr: len({getattr(d, attr, None) for d in devices})
+                for attr in ("slice_index", "process_index")}
+    if granules["slice_index"] == slices and hasattr(devices[0], "slice_index"):
+        by_process = False
+    elif granules["process_index"] == slices:
+        by_process = True
+    else:
+        raise ValueError(f"dcn mesh {dict(zip(MESH_AXES, dcn_shape))} needs {slices} slices or "
+                         f"hosts, but the devices come from {granules['slice_index']} slices and "
+                         f"{granules['process_index']} processes")
+    return mesh_utils.create_hybrid_device_mesh(ici_shape, dcn_shape, devices,
+                                                process_is_granule=by_process)
+
+
+def make_hybrid_mesh(ici: Mapping[str, int], dcn: Mapping[str, int] | None = None,
+                     devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A (data, fsdp, tensor) Mesh of size ici * dcn whose DCN axes cross slices/hosts only
+    (see `hybrid_device_array`; presets in configs/meshes.py)."""
+    return Mesh(hybrid_device_array(ici, dcn, devices), MESH_AXES)
+
+
 def logical_to_spec(axes: Sequence[str | None], shape: Sequence[int] | None = None,
                     mesh: Mesh | None = None, rules=DEFAULT_RULES) -> PartitionSpec:
     """Maps logical names to a PartitionSpec; undivisible dims and reused mesh axes replicate."""

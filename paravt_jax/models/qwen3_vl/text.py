@@ -116,7 +116,7 @@ class TextDecoder(nnx.Module):
     def forward_cached(self, input_ids: jax.Array, position_ids: jax.Array, write_index: jax.Array,
                        valid: jax.Array, cache_k: jax.Array, cache_v: jax.Array,
                        visual_index: jax.Array | None = None, visual_embeds: jax.Array | None = None,
-                       deepstack: jax.Array | None = None):
+                       deepstack: jax.Array | None = None, window: int | None = None):
         """Runs a chunk of P tokens per row on top of a KV cache.
 
         All rows write their chunk to the same cache slots [write_index, write_index + P) with
@@ -124,7 +124,9 @@ class TextDecoder(nnx.Module):
         real tokens (it must already include this chunk's), so rows of different lengths and
         turns share the cache and padding slots are never attended. Token p attends to valid
         slots <= write_index + p. input_ids [B, P], position_ids [3, B, P],
-        cache_k/v [layers, B, KV, S, hd]. Returns (hidden [B, P, D], cache_k, cache_v).
+        cache_k/v [layers, B, KV, S, hd]. `window` (static, >= write_index + P) limits
+        attention to the first `window` slots: a prefill into an empty or short cache then
+        costs O(P * window), not O(P * S). Returns (hidden [B, P, D], cache_k, cache_v).
         """
         t = self.config
         length = input_ids.shape[1]
@@ -132,7 +134,8 @@ class TextDecoder(nnx.Module):
         cos, sin = mrope_tables(position_ids, t, self.dtype)
         capacity = cache_k.shape[3]
         query_slots = write_index + jnp.arange(length)
-        mask = valid[:, None, :] & (jnp.arange(capacity)[None, None, :] <= query_slots[None, :, None])
+        window = capacity if window is None else min(int(window), capacity)
+        mask = valid[:, None, :window] & (jnp.arange(window)[None, None, :] <= query_slots[None, :, None])
         add_deepstack = self._deepstack_adder(visual_index, deepstack)
         write_index = jnp.asarray(write_index, jnp.int32)
         zero = jnp.zeros((), jnp.int32)
@@ -146,7 +149,10 @@ class TextDecoder(nnx.Module):
                 at = (jnp.asarray(i, jnp.int32), zero, zero, write_index, zero)
                 ck = jax.lax.dynamic_update_slice(ck, k_new.transpose(0, 2, 1, 3).astype(ck.dtype)[None], at)
                 cv = jax.lax.dynamic_update_slice(cv, v_new.transpose(0, 2, 1, 3).astype(cv.dtype)[None], at)
-                return ck[i].astype(k_new.dtype), cv[i].astype(v_new.dtype)
+                keys, values = ck[i], cv[i]
+                if window < capacity:
+                    keys, values = keys[:, :, :window], values[:, :, :window]
+                return keys.astype(k_new.dtype), values.astype(v_new.dtype)
 
             x, _ = self.layer(x, params, cos, sin, mask, kv, kv_heads_major=True)
             return add_deepstack(x, i), ck, cv
