@@ -1,0 +1,841 @@
+"""`paravt-jax plan`: per-device memory of the RL trainer and of the sampler, before a run.
+
+    paravt-jax plan --config=configs/paragrpo.py:qwen3vl_8b --mesh=v5p-32
+    paravt-jax plan --config=configs/paragrpo.py:tiny --mesh=data=1,fsdp=8,tensor=1 \
+        --device_memory_gb=16 --json=/tmp/plan.json
+
+Nothing is allocated. The model is built with `nnx.eval_shape`, every parameter gets the
+NamedSharding that `paravt_jax.sharding` gives it on an `AbstractMesh` of the requested axis
+sizes (so any device count can be planned on a laptop), and each array is counted as
+`prod(sharding.shard_shape(shape)) * itemsize` bytes per device: a dimension that the mesh
+does not divide is replicated, here as in a real run. The optimizer state is
+`jax.eval_shape(make_optimizer(...).init, params)` (the optimizer rl/train_step.py builds),
+its moments sharded like their parameters. The KV caches use the sampler's own `CacheSpec`
+and `cache_sharding`. Activations of one micro-batch come either from XLA
+(`--activations=xla`: the real `TrainStep` gradient function lowered on abstract sharded
+inputs and compiled; `memory_analysis().temp_size_in_bytes`) or from a per-layer estimate
+from the shapes (`--activations=estimate`, labelled as such; see `activation_estimate`).
+
+Three phases are checked against the device memory:
+  trainer  one optimizer step: parameters, gradients, AdamW state, the frozen reference
+           (kept when kl_ctl > 0), the micro-batch inputs and its activations;
+  sampler  a rollout on its own: parameters, the KV cache of all B*G rows (and the copy
+           alive while it grows), the sub-agent cache, the largest prefill's working set;
+  rollout  the sampler as rl/trainer.py runs it: in the trainer's process, with the
+           optimizer state and the reference still resident.
+Sizes are GiB (2**30 bytes); --device_memory_gb is read as GiB too.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import math
+import os
+import time
+from typing import Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
+
+from paravt_jax import sharding as sh
+from paravt_jax.models.qwen3_vl.config import Qwen3VLConfig, load_config, preset
+from paravt_jax.models.qwen3_vl.hf_io import abstract_model
+from paravt_jax.sampling.kv_cache import CacheSpec, bucket, cache_sharding
+from paravt_jax.sampling.sampler import SamplerConfig
+from paravt_jax.text import chat
+from paravt_jax.video.frames import PATCH, smart_resize
+
+GIB = 2**30
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_CONFIG = os.path.join(ROOT, "configs", "paragrpo.py") + ":tiny"
+MESH_PRESETS_FILE = os.path.join(ROOT, "configs", "meshes.py")
+ACTIVATION_MODES = ("auto", "xla", "estimate")
+
+# Token counts the config does not fix, taken at their worst reasonable value.
+CHARS_PER_TOKEN = 3.0  # English + JSON under Qwen's BPE is ~4 chars/token; 3 over-counts on purpose
+QUESTION_TOKENS = 128  # question text of one dataset row
+FRAME_TEXT_TOKENS = 8  # "<12.5 seconds>" + <|vision_start|> + <|vision_end|> around each frame
+SOURCE_FRAME = (720, 1280)  # nominal decoded frame (h, w) before smart_resize: 16:9 video
+# `auto` compiles with XLA up to this size (8b: ~45 s on a 2-core CPU; 32b not measured).
+AUTO_XLA_MAX_PARAMETERS = 10_000_000_000
+# rl/trainer.py builds its sampler with these knobs; chunk and cache buckets follow them.
+TRAINER_SAMPLER = SamplerConfig(min_chunk_bucket=64)
+PACK_MIN_LENGTH, PACK_MULTIPLE = 16, 256  # rl/batch.pack defaults: the train length bucket
+
+
+class PlanError(ValueError):
+    """Bad planner input (mesh string, device count, config field); the message names it."""
+
+
+# ----------------------------------------------------------------------------- result types
+@dataclasses.dataclass(frozen=True)
+class Component:
+    """One memory consumer. global_bytes: one logical copy of the arrays (unsharded)."""
+    name: str
+    per_device_bytes: int
+    global_bytes: int
+    sharding: str  # a short summary of how it is laid out on the mesh
+    estimate: bool = False  # True when the number comes from a formula, not from shapes/XLA
+    counted: bool = True  # False: shown for information, not added to the phase total
+
+
+@dataclasses.dataclass(frozen=True)
+class Phase:
+    name: str
+    description: str
+    components: tuple[Component, ...]
+    device_memory_bytes: int
+    note: str = ""
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(c.per_device_bytes for c in self.components if c.counted)
+
+    @property
+    def fits(self) -> bool:
+        return self.total_bytes <= self.device_memory_bytes
+
+    @property
+    def headroom_percent(self) -> float:
+        return 100.0 * (self.device_memory_bytes - self.total_bytes) / self.device_memory_bytes
+
+    def verdict(self) -> str:
+        if self.fits:
+            return f"fits (headroom {self.headroom_percent:.1f}%)"
+        return (f"does NOT fit (needs {self.total_bytes / GIB:.2f} GiB, "
+                f"has {self.device_memory_bytes / GIB:.2f})")
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """Shapes of one RL step derived from the config (worst case over nFrames gating)."""
+    prompts_per_step: int  # B
+    samples_per_prompt: int  # G
+    rollout_rows: int  # B * G
+    sampler_rows: int  # rows of the rollout KV cache (power-of-two bucket of B * G)
+    micro_batches: int
+    micro_batch_rows: int
+    overview_frames: int  # K (the largest gated choice when gating is on)
+    frame_size: tuple[int, int]  # overview frame (h, w) after smart_resize
+    frame_tokens: int  # LLM tokens per overview frame
+    crop_frames: int  # frames per crop_video call (the dispatcher's max_frames)
+    crop_frame_size: tuple[int, int]
+    crop_frame_tokens: int
+    calls_per_turn: int
+    prompt_tokens: int
+    response_tokens: int  # tool responses appended per tool round (all calls of a row)
+    sequence_tokens: int  # whole episode: prompt + (max_turns + 1) turns + max_turns responses
+    train_length: int  # packed length bucket of the train step
+    patches_per_row: int  # vision patches of one training row (frames as images, replicated)
+    cache_capacity: int  # final rollout cache capacity (slots)
+    cache_capacity_before_growth: int  # the capacity copied from during the last growth (0 = none)
+    prefill_width: int  # first prefill chunk width
+    prefill_capacity: int  # cache capacity at the first prefill
+    extend_width: int  # chunk width of a tool-response extend
+    subagent_rows: int  # rows of the sub-agent cache (0 unless mode == subagent)
+    subagent_prompt_tokens: int
+    subagent_capacity: int
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryPlan:
+    preset: str
+    parameters: int
+    param_dtype: str
+    compute_dtype: str
+    remat: bool
+    mesh: dict[str, int]
+    devices: int
+    device_memory_gb: float
+    activations: str  # "xla" | "estimate"
+    workload: Workload
+    trainer: Phase
+    sampler: Phase
+    rollout: Phase
+    notes: tuple[str, ...] = ()
+
+    @property
+    def phases(self) -> tuple[Phase, ...]:
+        return (self.trainer, self.sampler, self.rollout)
+
+    def to_json(self) -> dict:
+        out = dataclasses.asdict(self)
+        for key, phase in zip(("trainer", "sampler", "rollout"), self.phases):
+            out[key].update(total_bytes=phase.total_bytes, fits=phase.fits,
+                            headroom_percent=round(phase.headroom_percent, 2))
+        return out
+
+
+# ----------------------------------------------------------------------------- mesh
+def parse_mesh(text: str) -> dict[str, int]:
+    """`data=1,fsdp=8,tensor=1` -> sizes (one may be -1: the remaining devices)."""
+    sizes: dict[str, int] = {}
+    for part in text.split(","):
+        name, sep, value = part.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise PlanError(f"--mesh={text!r}: expected AXIS=SIZE pairs like data=1,fsdp=8,tensor=1 "
+                            "or a preset name from configs/meshes.py")
+        if name not in sh.MESH_AXES:
+            raise PlanError(f"--mesh={text!r}: unknown axis {name!r}; axes are {', '.join(sh.MESH_AXES)}")
+        if name in sizes:
+            raise PlanError(f"--mesh={text!r}: axis {name!r} given twice")
+        try:
+            size = int(value)
+        except ValueError:
+            raise PlanError(f"--mesh={text!r}: size of {name!r} is {value!r}, not an integer") from None
+        if size < 1 and size != -1:
+            raise PlanError(f"--mesh={text!r}: size of {name!r} must be >= 1 (or -1), got {size}")
+        sizes[name] = size
+    return {axis: sizes.get(axis, 1) for axis in sh.MESH_AXES}
+
+
+def resolve_mesh(sizes: Mapping[str, int], devices: int | None) -> dict[str, int]:
+    """Fills a -1 axis from `devices` and checks the product; returns positive sizes."""
+    sizes = {axis: int(sizes.get(axis, 1)) for axis in sh.MESH_AXES}
+    unknown = [a for a, s in sizes.items() if s == -1]
+    if len(unknown) > 1:
+        raise PlanError(f"mesh {sizes}: at most one axis may be -1")
+    known = math.prod(s for s in sizes.values() if s != -1)
+    if unknown:
+        if devices is None:
+            raise PlanError(f"mesh {sizes}: axis {unknown[0]!r} is -1; give --devices=N")
+        if devices % known:
+            raise PlanError(f"mesh {sizes} does not divide --devices={devices}")
+        sizes[unknown[0]] = devices // known
+    if devices is not None and math.prod(sizes.values()) != devices:
+        raise PlanError(f"mesh {sizes} has {math.prod(sizes.values())} devices, --devices={devices}")
+    return sizes
+
+
+def mesh_preset(name: str) -> tuple[dict[str, int], float]:
+    """(axis sizes, device_memory_gb) of a preset in configs/meshes.py."""
+    if not os.path.isfile(MESH_PRESETS_FILE):
+        raise PlanError(f"--mesh={name!r}: {MESH_PRESETS_FILE} not found; give axis sizes "
+                        "like data=1,fsdp=8,tensor=1")
+    spec = importlib.util.spec_from_file_location("paravt_mesh_presets", MESH_PRESETS_FILE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    try:
+        entry = module.get_mesh(name)
+        sizes = dict(module.mesh_shape(entry))
+    except (KeyError, ValueError) as e:
+        raise PlanError(f"--mesh={name!r}: {e.args[0] if e.args else e}") from None
+    return sizes, float(entry["device_memory_gb"])
+
+
+def abstract_mesh(sizes: Mapping[str, int]) -> AbstractMesh:
+    return AbstractMesh(tuple(int(sizes[a]) for a in sh.MESH_AXES), sh.MESH_AXES)
+
+
+# ----------------------------------------------------------------------------- config
+def model_config(config) -> tuple[str, Qwen3VLConfig]:
+    """(name, model config) with the run's dtypes and remat, as cli.build_model builds it."""
+    m = config.model
+    knobs = dict(param_dtype=m.param_dtype, dtype=m.dtype, remat=bool(m.remat),
+                 scan_layers=bool(m.get("scan_layers", True)))
+    if m.get("checkpoint", ""):
+        return m.checkpoint, load_config(m.checkpoint).replace(**knobs).validate()
+    return m.preset, preset(m.preset, **knobs)
+
+
+def rl_settings(config):
+    """The RLConfig rl/trainer.py would get (cli.rl_config); dataclass defaults without `rl`."""
+    from paravt_jax.rl.trainer import RLConfig
+
+    if "rl" not in config:
+        return RLConfig(), ("the config has no `rl` section: RLConfig defaults are planned",)
+    from paravt_jax.cli import rl_config
+
+    return rl_config(config), ()
+
+
+def _text_tokens(text: str) -> int:
+    return math.ceil(len(text) / CHARS_PER_TOKEN)
+
+
+def _frame(min_pixels: int, max_pixels: int) -> tuple[tuple[int, int], int]:
+    """((h, w), patches) of one frame shown as an image (grid (1, h/16, w/16))."""
+    h, w = smart_resize(*SOURCE_FRAME, min_pixels=min_pixels, max_pixels=max_pixels)
+    return (h, w), (h // PATCH) * (w // PATCH)
+
+
+def _grow_capacity(capacity: int, need: int) -> int:
+    return capacity if need <= capacity else bucket(need, 16, TRAINER_SAMPLER.cache_multiple)
+
+
+def workload(rl, vision) -> Workload:
+    """The token and row counts of one RL step, mirroring agent/rollout.py, the sampler's
+    bucketing and rl/batch.pack. Text lengths not fixed by the config use the constants above."""
+    r, d = rl.rollout, rl.dispatch
+    merge_unit = vision.spatial_merge_size**2
+    frames = max(rl.nframes_choices) if rl.nframes_gating else rl.default_nframes
+    frame_size, frame_patches = _frame(r.overview_min_pixels, r.overview_max_pixels)
+    crop_size, crop_patches = _frame(d.min_pixels, d.max_pixels)
+    frame_tokens, crop_tokens = frame_patches // merge_unit, crop_patches // merge_unit
+    calls = (1 if r.mode == "sequential" else d.max_parallel) if r.tools else 0
+
+    system = (_text_tokens(chat.tools_system_prompt((chat.CROP_VIDEO_TOOL,))) + 5) if r.tools else 0
+    question = QUESTION_TOKENS + _text_tokens("\nThe video path for this video is: video_000000.mp4")
+    generation_prompt = 3 + (3 if r.think_prefix else 0)  # <|im_start|>assistant\n<think>\n
+    prompt = system + 5 + frames * (FRAME_TEXT_TOKENS + frame_tokens) + question + generation_prompt
+    if r.mode == "subagent":
+        body = r.subagent_max_tokens + 4  # the summary (+ " [truncated]")
+    else:  # frames / sequential: the crop's frames go into the main context
+        body = _text_tokens("16 frames from 1234.5 s to 1299.9 s.\n") + d.max_frames * (
+            FRAME_TEXT_TOKENS + crop_tokens)
+    response = 2 + calls * (body + 15) + generation_prompt if calls else 0
+    rounds = r.max_turns if calls else 0
+    sequence = prompt + (rounds + 1) * r.max_new_tokens + rounds * response
+    if calls and r.final_answer:
+        sequence += response + r.final_answer_tokens
+
+    # The rollout cache, grown exactly as Sampler.generate / Sampler.extend grow it.
+    M = r.max_new_tokens
+    prefill_width = bucket(prompt, TRAINER_SAMPLER.min_chunk_bucket)
+    capacity = bucket(prefill_width + M + 1, 16, TRAINER_SAMPLER.cache_multiple)
+    prefill_capacity, previous = capacity, 0
+    write = prefill_width + M - 1
+    extend_width = bucket(1 + response, TRAINER_SAMPLER.min_chunk_bucket) if calls else 0
+    turns = [M] * rounds + ([r.final_answer_tokens] if calls and r.final_answer else [])
+    for budget in turns:
+        grown = _grow_capacity(capacity, write + extend_width + budget + 1)
+        if grown != capacity:
+            previous, capacity = capacity, grown
+        write += extend_width + budget - 1
+
+    rows = rl.prompts_per_step * rl.samples_per_prompt
+    sub_rows = sub_prompt = sub_capacity = 0
+    if r.mode == "subagent" and calls:
+        sub_rows = bucket(rows * calls)
+        sub_prompt = (3 + d.max_frames * (FRAME_TEXT_TOKENS + crop_tokens)
+                      + _text_tokens(chat.segment_instruction(0.0, 60.0)) + 2 + 3)  # no think prefix
+        sub_capacity = bucket(bucket(sub_prompt, TRAINER_SAMPLER.min_chunk_bucket) + r.subagent_max_tokens + 1,
+                              16, TRAINER_SAMPLER.cache_multiple)
+    patches = frames * frame_patches
+    if r.mode != "subagent":
+        patches += rounds * calls * d.max_frames * crop_patches
+    if rows % rl.micro_batches:
+        raise PlanError(f"rl.micro_batches={rl.micro_batches} does not divide "
+                        f"{rl.prompts_per_step} x {rl.samples_per_prompt} rows")
+    return Workload(
+        prompts_per_step=rl.prompts_per_step, samples_per_prompt=rl.samples_per_prompt,
+        rollout_rows=rows, sampler_rows=bucket(rows, TRAINER_SAMPLER.min_batch_bucket),
+        micro_batches=rl.micro_batches, micro_batch_rows=rows // rl.micro_batches,
+        overview_frames=frames, frame_size=frame_size, frame_tokens=frame_tokens,
+        crop_frames=d.max_frames, crop_frame_size=crop_size, crop_frame_tokens=crop_tokens,
+        calls_per_turn=calls, prompt_tokens=prompt, response_tokens=response,
+        sequence_tokens=sequence, train_length=bucket(sequence, PACK_MIN_LENGTH, PACK_MULTIPLE),
+        patches_per_row=patches, cache_capacity=capacity, cache_capacity_before_growth=previous,
+        prefill_width=prefill_width, prefill_capacity=prefill_capacity, extend_width=extend_width,
+        subagent_rows=sub_rows, subagent_prompt_tokens=sub_prompt, subagent_capacity=sub_capacity)
+
+
+# ----------------------------------------------------------------------------- arrays
+def _shard_bytes(shape: Sequence[int], dtype, sharding: NamedSharding | None) -> tuple[int, int]:
+    """(per-device bytes, global bytes) of one array."""
+    itemsize = jnp.dtype(dtype).itemsize
+    total = math.prod(shape) * itemsize
+    if sharding is None:
+        return total, total
+    return math.prod(sharding.shard_shape(tuple(shape))) * itemsize, total
+
+
+def _key_name(key) -> str:
+    for attribute in ("key", "name", "idx"):
+        if hasattr(key, attribute):
+            return str(getattr(key, attribute))
+    return str(key)
+
+
+def _path(keys) -> tuple[str, ...]:
+    return tuple(_key_name(k) for k in keys)
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeBytes:
+    per_device: int
+    total: int
+    leaves: int
+    replicated_leaves: int
+    replicated_bytes: int  # global bytes of the fully replicated leaves
+    axes: tuple[str, ...]  # mesh axes any leaf is sharded over
+
+    def summary(self) -> str:
+        if not self.leaves:
+            return "-"
+        if self.replicated_leaves == self.leaves:
+            return "replicated"
+        share = 100.0 * (self.total - self.replicated_bytes) / max(self.total, 1)
+        return (f"over {','.join(self.axes)}: {share:.1f}% of bytes sharded; "
+                f"{self.replicated_leaves}/{self.leaves} leaves replicated")
+
+
+def tree_bytes(leaves_with_shardings: Sequence[tuple[jax.ShapeDtypeStruct, NamedSharding | None]]) -> TreeBytes:
+    per_device = total = replicated = replicated_bytes = 0
+    axes: set[str] = set()
+    for leaf, sharding in leaves_with_shardings:
+        mine, whole = _shard_bytes(leaf.shape, leaf.dtype, sharding)
+        per_device += mine
+        total += whole
+        spec = sharding.spec if sharding is not None else PartitionSpec()
+        used = {a for entry in spec if entry is not None
+                for a in ((entry,) if isinstance(entry, str) else entry)}
+        axes |= used
+        if not used:
+            replicated += 1
+            replicated_bytes += whole
+    return TreeBytes(per_device, total, len(leaves_with_shardings), replicated, replicated_bytes,
+                     tuple(a for a in sh.MESH_AXES if a in axes))
+
+
+def abstract_params(config: Qwen3VLConfig):
+    """(graphdef, nnx.State of Params holding ShapeDtypeStructs, non-param state)."""
+    return nnx.split(abstract_model(config), nnx.Param, ...)
+
+
+def param_shardings(params, mesh) -> dict[tuple[str, ...], NamedSharding]:
+    """Parameter path -> the NamedSharding TrainStep / init_model give it on `mesh`."""
+    out = {}
+    for path, variable in nnx.to_flat_state(params):
+        value = variable.get_value()
+        out[tuple(str(p) for p in path)] = sh.named_sharding(mesh, sh.param_axes(variable), value.shape)
+    return out
+
+
+def _param_leaves(params, shardings) -> list[tuple[jax.ShapeDtypeStruct, NamedSharding]]:
+    return [(variable.get_value(), shardings[tuple(str(p) for p in path)])
+            for path, variable in nnx.to_flat_state(params)]
+
+
+def optimizer_leaves(opt_state, shardings: Mapping[tuple[str, ...], NamedSharding], mesh):
+    """Each optimizer-state leaf with the sharding of the parameter it mirrors (matched on the
+    longest path suffix: mu/nu hold one leaf per parameter); scalars (step counts) replicate."""
+    out = []
+    for keys, leaf in jax.tree_util.tree_flatten_with_path(opt_state)[0]:
+        path = tuple(p for p in _path(keys) if p != "value")
+        sharding = None
+        for start in range(len(path)):
+            if path[start:] in shardings:
+                sharding = shardings[path[start:]]
+                break
+        if sharding is not None:
+            try:  # a leaf that shares a path but not a shape with its parameter replicates
+                sharding.shard_shape(tuple(leaf.shape))
+            except ValueError:
+                sharding = None
+        out.append((leaf, sharding if sharding is not None else NamedSharding(mesh, PartitionSpec())))
+    return out
+
+
+def _spec_text(sharding: NamedSharding) -> str:
+    return str(sharding.spec).replace("PartitionSpec", "P")
+
+
+# ----------------------------------------------------------------------------- activations
+def _divided(value: int, parts: int) -> int:
+    """value / parts when it divides (the mesh shards it), else value (replicated)."""
+    return value // parts if parts > 1 and value % parts == 0 else value
+
+
+def _rows_per_device(rows: int, mesh) -> int:
+    sharding = sh.batch_sharding(mesh, 2, 0, batch_size=rows)
+    return sharding.shard_shape((rows, 1))[0]
+
+
+def _text_layer_bytes(config: Qwen3VLConfig, rows: int, queries: int, keys: int, tensor: int,
+                      attention_bytes: int | None = None) -> int:
+    """Working set of one decoder layer for `rows` x `queries` tokens attending to `keys`:
+    `attention_bytes` per attention score (default: f32 logits + softmax probs in the compute
+    dtype) + the bool mask (tiled over the query-head groups), q/k/v before and after norm +
+    rotary, the attention output, the MLP's gate/up/product, the norms and residual adds."""
+    t = config.text
+    c = jnp.dtype(config.dtype).itemsize
+    heads = _divided(t.num_attention_heads, tensor)
+    kv = _divided(t.num_key_value_heads, tensor)
+    mlp = _divided(t.intermediate_size, tensor)
+    groups = max(t.num_attention_heads // t.num_key_value_heads, 1)
+    per_score = 4 + c if attention_bytes is None else attention_bytes
+    attention = rows * heads * queries * keys * per_score + rows * queries * keys * (1 + groups)
+    linear = rows * queries * (6 * t.hidden_size + 3 * (heads + 2 * kv) * t.head_dim + 3 * mlp) * c
+    return attention + linear
+
+
+def _vision_block_bytes(config: Qwen3VLConfig, patches: int, image_patches: int, tensor: int) -> int:
+    """One ViT block over `patches` patches in images of `image_patches` each: attention
+    logits/probs per image, qkv, two layer norms, the MLP, residual adds."""
+    v = config.vision
+    c = jnp.dtype(config.dtype).itemsize
+    heads = _divided(v.num_heads, tensor)
+    mlp = _divided(v.intermediate_size, tensor)
+    attention = patches * heads * image_patches * (4 + c)
+    linear = patches * (8 * v.hidden_size + 2 * mlp) * c
+    return attention + linear
+
+
+def _vision_outputs_bytes(config: Qwen3VLConfig, patches: int) -> int:
+    """Merged tokens + DeepStack features handed to the decoder."""
+    c = jnp.dtype(config.dtype).itemsize
+    merged = patches // config.vision.spatial_merge_size**2
+    return (1 + len(config.vision.deepstack_visual_indexes)) * merged * config.text.hidden_size * c
+
+
+def activation_estimate(config: Qwen3VLConfig, work: Workload, mesh_sizes: Mapping[str, int],
+                        logprob_chunk: int = 512) -> int:
+    """Per-device activation bytes of one micro-batch's gradient pass, from shapes.
+
+    rows: the micro-batch's rows per device (batch over data x fsdp when it divides); heads,
+    KV heads, MLP and vocab per device divided by `tensor` when it divides.
+      text, remat off:  L x saved + backward      (every layer's residuals + one layer's backward)
+      text, remat on:   L x rows x T x d x c + working   (layer inputs + one layer recomputed
+                        and differentiated)
+      saved:            one layer (_text_layer_bytes) at 12 + c bytes per attention score (f32
+                        scores before and after the mask, f32 softmax, probs in the compute dtype)
+      backward:         one layer at 8 bytes per score (f32 d-probs and d-scores)
+      working:          one layer at 8 + 2c bytes per score (f32 scores and softmax, d-probs and
+                        d-scores in the compute dtype)
+    The per-score byte counts are calibrated against XLA's buffer assignment (CPU) of the real
+    gradient function for tiny, small125m (remat on and off) and 2b (README: plan section).
+      head:             rows x T x vocab x 4 (the f32 log-softmax every chunk of the chunked
+                        log-prob scan keeps for its backward) + 3 x rows x chunk x vocab x 4
+                        (one chunk's logits, softmax and gradient)
+      vision:           the same rule over depth blocks, over ALL patches of the micro-batch
+                        (the vision inputs are replicated, not split by rows), + its outputs
+    """
+    mesh = abstract_mesh(mesh_sizes)
+    tensor = mesh_sizes["tensor"]
+    t, v = config.text, config.vision
+    c = jnp.dtype(config.dtype).itemsize
+    rows = _rows_per_device(work.micro_batch_rows, mesh)
+    length = work.train_length
+    layer = lambda per_score: _text_layer_bytes(config, rows, length, length, tensor, per_score)
+    if config.remat:
+        text = t.num_hidden_layers * rows * length * t.hidden_size * c + layer(8 + 2 * c)
+    else:
+        text = t.num_hidden_layers * layer(12 + c) + layer(8)
+    chunk = min(logprob_chunk, length)
+    head = (length + 3 * chunk) * rows * _divided(t.vocab_size, tensor) * 4
+    patches = work.micro_batch_rows * work.patches_per_row
+    image = (work.frame_size[0] // PATCH) * (work.frame_size[1] // PATCH)
+    block = _vision_block_bytes(config, patches, image, tensor)
+    saved = patches * v.hidden_size * c if config.remat else block
+    vision = v.depth * saved + 2 * block + _vision_outputs_bytes(config, patches)
+    return text + head + vision
+
+
+def prefill_estimate(config: Qwen3VLConfig, work: Workload, mesh_sizes: Mapping[str, int]) -> tuple[int, str]:
+    """(bytes, which call) of the largest sampler prefill working set: one decoder layer over
+    the chunk attending to the whole cache (f32 logits), that layer's K/V read from the cache,
+    the chunk's hidden states, and the vision tower's one-block working set + outputs for the
+    frames of the call (vision inputs replicated). Forward only, one layer live at a time."""
+    mesh = abstract_mesh(mesh_sizes)
+    tensor = mesh_sizes["tensor"]
+    t = config.text
+    c = jnp.dtype(config.dtype).itemsize
+    frame = (work.frame_size[0] // PATCH) * (work.frame_size[1] // PATCH)
+    crop = (work.crop_frame_size[0] // PATCH) * (work.crop_frame_size[1] // PATCH)
+    calls = [("first prompt prefill", bucket(work.prompts_per_step), work.prefill_width, work.prefill_capacity,
+              work.prompts_per_step * work.overview_frames * frame, frame)]
+    if work.extend_width:
+        frames_mode = work.subagent_rows == 0
+        patches = work.rollout_rows * work.calls_per_turn * work.crop_frames * crop if frames_mode else 0
+        calls.append(("tool-response prefill", work.sampler_rows, work.extend_width, work.cache_capacity,
+                      patches, crop))
+    if work.subagent_rows:
+        calls.append(("sub-agent prefill", work.subagent_rows,
+                      bucket(work.subagent_prompt_tokens, TRAINER_SAMPLER.min_chunk_bucket),
+                      work.subagent_capacity, work.rollout_rows * work.calls_per_turn * work.crop_frames * crop,
+                      crop))
+    best, label = 0, ""
+    for name, rows, width, capacity, patches, image in calls:
+        local = _rows_per_device(rows, mesh)
+        kv = _divided(t.num_key_value_heads, tensor)
+        layer = _text_layer_bytes(config, local, width, capacity, tensor)
+        layer += 2 * local * kv * capacity * t.head_dim * c + 2 * local * width * t.hidden_size * c
+        vision_out = _vision_outputs_bytes(config, patches) if patches else 0
+        vision = _vision_block_bytes(config, patches, image, tensor) + vision_out if patches else 0
+        total = max(layer + vision_out, vision)
+        if total > best:
+            best, label = total, name
+    return best, label
+
+
+def train_batch_spec(config: Qwen3VLConfig, work: Workload, mesh) -> dict:
+    """The abstract micro-batch TrainStep.grads receives: token arrays split over the batch
+    axis as TrainStep._place splits them, vision inputs replicated, the vision layout with
+    the shapes vision_layout gives for frames of one size."""
+    rows, length = work.micro_batch_rows, work.train_length
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    def tokens(shape, dtype, axis=0):
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=sh.batch_sharding(mesh, len(shape), axis,
+                                                                              batch_size=rows))
+
+    def host(shape, dtype):
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=replicated)
+
+    patches = rows * work.patches_per_row
+    image = (work.frame_size[0] // PATCH) * (work.frame_size[1] // PATCH)
+    crop = (work.crop_frame_size[0] // PATCH) * (work.crop_frame_size[1] // PATCH)
+    overview_images = rows * work.overview_frames
+    crop_images = (patches - overview_images * image) // crop if patches > overview_images * image else 0
+    counts = {image: overview_images}
+    if crop_images:
+        counts[crop] = counts.get(crop, 0) + crop_images
+    groups = tuple(host((counts[size], size), jnp.int32) for size in sorted(counts))
+    meta = (host((patches, 4), jnp.int32), host((patches, 4), jnp.float32), host((patches, 2), jnp.int32),
+            groups, host((patches,), jnp.int32))
+    return dict(input_ids=tokens((rows, length), jnp.int32),
+                attention_mask=tokens((rows, length), jnp.int32),
+                position_ids=tokens((3, rows, length), jnp.int32, axis=1),
+                loss_mask=tokens((rows, length), jnp.int32),
+                advantages=tokens((rows, length), jnp.float32),
+                behaviour_logp=tokens((rows, length), jnp.float32),
+                prox_logp=tokens((rows, length), jnp.float32),
+                visual_index=tokens((rows, length), jnp.int32),
+                pixel_values=host((patches, config.vision.patch_dim), jnp.float32),
+                vision_meta=meta)
+
+
+def activation_xla(config: Qwen3VLConfig, rl, work: Workload, mesh_sizes: Mapping[str, int]) -> tuple[int, float]:
+    """(temp bytes per device, compile seconds) of the real TrainStep gradient function for one
+    micro-batch, lowered on abstract sharded inputs and compiled for the local devices."""
+    from paravt_jax.rl.train_step import TrainStep
+
+    need = math.prod(mesh_sizes.values())
+    devices = jax.devices()
+    if len(devices) < need:
+        raise PlanError(f"--activations=xla compiles for {need} devices but this process has "
+                        f"{len(devices)} ({devices[0].platform}); use --activations=estimate, or fake "
+                        f"CPU devices: XLA_FLAGS=--xla_force_host_platform_device_count={need} JAX_PLATFORMS=cpu")
+    mesh = sh.make_mesh(dict(mesh_sizes), devices[:need])
+    start = time.perf_counter()
+    step = TrainStep(abstract_model(config), rl.optimizer, rl.step, mesh=mesh)
+    params = jax.tree.map(
+        lambda v: v.replace(jax.ShapeDtypeStruct(v.get_value().shape, v.get_value().dtype,
+                                                 sharding=sh.named_sharding(mesh, sh.param_axes(v),
+                                                                            v.get_value().shape))),
+        step.params, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    # TrainStep keeps its jitted gradient function private; lowering that very function is the
+    # point (same loss, chunked log-probs, remat and scan as a run).
+    lowered = step._grads.lower(params, train_batch_spec(config, work, mesh))
+    # Buffer assignment (what memory_analysis reads) comes before code generation; on CPU
+    # skipping LLVM's optimisations halves the compile time and leaves the numbers unchanged.
+    options = {"xla_backend_optimization_level": 0} if devices[0].platform == "cpu" else {}
+    compiled = lowered.compile(compiler_options=options)
+    analysis = compiled.memory_analysis()
+    return int(analysis.temp_size_in_bytes), time.perf_counter() - start
+
+
+# ----------------------------------------------------------------------------- the plan
+def plan(config, mesh_sizes: Mapping[str, int], device_memory_gb: float,
+         activations: str = "estimate") -> MemoryPlan:
+    """Per-device memory of the trainer, the sampler and the co-located rollout phase.
+
+    config: an ml_collections config as `paravt-jax train` takes (model, rl sections);
+    mesh_sizes: {"data", "fsdp", "tensor"} positive sizes; device_memory_gb: GiB per device;
+    activations: "estimate" | "xla" | "auto" (xla when the local devices can host the mesh and
+    the model has at most AUTO_XLA_MAX_PARAMETERS parameters).
+    """
+    if activations not in ACTIVATION_MODES:
+        raise PlanError(f"--activations={activations!r}: expected one of {', '.join(ACTIVATION_MODES)}")
+    if device_memory_gb is None or not device_memory_gb > 0:
+        raise PlanError(f"--device_memory_gb={device_memory_gb!r} must be > 0")
+    sizes = resolve_mesh(mesh_sizes, None)
+    memory = int(device_memory_gb * GIB)
+    mesh = abstract_mesh(sizes)
+    name, model = model_config(config)
+    rl, notes = rl_settings(config)
+    notes = list(notes)
+    work = workload(rl, model.vision)
+
+    # Parameters, gradients, optimizer state, reference: real abstract trees, real shardings.
+    from paravt_jax.rl.train_step import make_optimizer
+
+    _, params, _ = abstract_params(model)
+    shardings = param_shardings(params, mesh)
+    p = tree_bytes(_param_leaves(params, shardings))
+    count = sum(math.prod(v.get_value().shape) for _, v in nnx.to_flat_state(params))
+    opt_state = jax.eval_shape(make_optimizer(rl.optimizer).init, params)
+    o = tree_bytes(optimizer_leaves(opt_state, shardings, mesh))
+    keep_reference = rl.advantage.kl_ctl > 0
+    gradient_copies = 2 if rl.micro_batches > 1 else 1
+    param_row = Component("parameters", p.per_device, p.total, p.summary())
+    grad_row = Component("gradients" + (" (accumulator + micro-batch)" if gradient_copies > 1 else ""),
+                         gradient_copies * p.per_device, gradient_copies * p.total, "as parameters")
+    opt_row = Component(f"optimizer state ({rl.optimizer.name}: mu, nu, counts)", o.per_device, o.total,
+                        "as parameters; counts replicated")
+    reference_row = Component("frozen reference (kl_ctl > 0)" if keep_reference else
+                              "frozen reference (none: kl_ctl = 0)",
+                              p.per_device if keep_reference else 0, p.total if keep_reference else 0,
+                              "as parameters" if keep_reference else "-")
+
+    per_device_rows = _rows_per_device(work.micro_batch_rows, mesh)
+    if per_device_rows == work.micro_batch_rows and sizes["data"] * sizes["fsdp"] > 1:
+        notes.append(f"the micro-batch's {work.micro_batch_rows} rows do not divide data x fsdp = "
+                     f"{sizes['data'] * sizes['fsdp']}: every device holds all rows (replicated batch)")
+    batch = train_batch_spec(model, work, mesh)
+    b = tree_bytes([(leaf, leaf.sharding) for leaf in jax.tree.leaves(batch)])
+    batch_row = Component(f"micro-batch inputs ({work.micro_batch_rows} rows x {work.train_length})",
+                          b.per_device, b.total, "tokens over batch axes; pixels replicated")
+    mode = activations
+    if mode == "auto":
+        fits_locally = math.prod(sizes.values()) <= jax.device_count()
+        mode = "xla" if fits_locally and count <= AUTO_XLA_MAX_PARAMETERS else "estimate"
+    if mode == "xla":
+        temp, seconds = activation_xla(model, rl, work, sizes)
+        notes.append(f"activations: XLA memory_analysis of TrainStep.grads on "
+                     f"{jax.devices()[0].platform} ({seconds:.1f} s to compile)")
+        act_row = Component("activations (XLA temp, one micro-batch)", temp, temp, "XLA buffer assignment")
+    else:
+        temp = activation_estimate(model, work, sizes, rl.step.logprob_chunk)
+        act_row = Component("activations (ESTIMATE, one micro-batch)", temp, temp,
+                            f"remat {'on' if model.remat else 'off'}; per-layer formula", estimate=True)
+    trainer = Phase("trainer", "one optimizer step", (param_row, grad_row, opt_row, reference_row, batch_row,
+                                                      act_row), memory)
+
+    # Sampler: the KV caches with the sampler's CacheSpec and cache_sharding.
+    t = model.text
+    cache_dtype = jnp.dtype(TRAINER_SAMPLER.cache_dtype or model.dtype).name
+
+    def cache_row(label, rows, capacity, counted=True):
+        spec = CacheSpec(t.num_hidden_layers, rows, capacity, t.num_key_value_heads, t.head_dim, cache_dtype)
+        sharding = cache_sharding(mesh, spec)
+        mine, whole = _shard_bytes(spec.shape, cache_dtype, sharding)
+        return Component(label, 2 * mine, spec.bytes, f"k+v {_spec_text(sharding)}", counted=counted)
+
+    main_cache = cache_row(f"KV cache ({work.sampler_rows} rows x {work.cache_capacity} slots)",
+                           work.sampler_rows, work.cache_capacity)
+    extra = []
+    if work.cache_capacity_before_growth:
+        extra.append(cache_row(f"KV cache growth copy ({work.cache_capacity_before_growth} slots)",
+                               work.sampler_rows, work.cache_capacity_before_growth))
+    if work.subagent_rows:
+        extra.append(cache_row(f"sub-agent KV cache ({work.subagent_rows} rows x {work.subagent_capacity})",
+                               work.subagent_rows, work.subagent_capacity))
+    if len(extra) == 2:  # never alive together: growth happens in extend, sub-agents between turns
+        smaller = min(extra, key=lambda x: x.per_device_bytes)
+        extra = [dataclasses.replace(x, counted=x is not smaller) for x in extra]
+        notes.append(f"'{smaller.name}' is not added to the sampler total: it is never alive "
+                     "together with the other extra cache")
+    prefill, which = prefill_estimate(model, work, sizes)
+    prefill_row = Component(f"prefill working set (ESTIMATE, {which})", prefill, prefill,
+                            "one layer + vision block", estimate=True)
+    sampler_rows = (param_row, main_cache, *extra, prefill_row)
+    sampler = Phase("sampler", "a rollout on its own (parameters + caches)", sampler_rows, memory)
+    rollout = Phase("rollout", "the sampler inside rl/trainer.py: optimizer state and reference stay resident",
+                    (param_row, opt_row, reference_row, *sampler_rows[1:]), memory)
+    return MemoryPlan(
+        preset=name, parameters=count, param_dtype=model.param_dtype, compute_dtype=model.dtype,
+        remat=model.remat, mesh=sizes, devices=math.prod(sizes.values()), device_memory_gb=float(device_memory_gb),
+        activations=mode, workload=work, trainer=trainer, sampler=sampler, rollout=rollout, notes=tuple(notes))
+
+
+# ----------------------------------------------------------------------------- output
+def _size(n: int) -> str:
+    if n == 0:
+        return "0"
+    for unit, scale in (("GiB", GIB), ("MiB", 2**20)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n / 2**10:.2f} KiB"
+
+
+def _count(n: int) -> str:
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return str(n)
+
+
+def format_plan(result: MemoryPlan) -> str:
+    w = result.workload
+    mesh = " ".join(f"{a}={s}" for a, s in result.mesh.items())
+    lines = [
+        f"paravt-jax memory plan: {result.preset} ({_count(result.parameters)} parameters; "
+        f"param {result.param_dtype}, compute {result.compute_dtype}, remat {'on' if result.remat else 'off'})",
+        f"mesh {mesh} ({result.devices} devices); device memory {result.device_memory_gb:g} GiB",
+        f"workload: {w.prompts_per_step} prompts x {w.samples_per_prompt} samples = {w.rollout_rows} rows "
+        f"(sampler {w.sampler_rows}); K <= {w.overview_frames} frames of {w.frame_size[0]}x{w.frame_size[1]} "
+        f"({w.frame_tokens} tokens); prompt {w.prompt_tokens}, episode {w.sequence_tokens} tokens "
+        f"(train length {w.train_length}); {w.micro_batches} micro-batch(es) of {w.micro_batch_rows} rows",
+    ]
+    width = max(len(c.name) for phase in result.phases for c in phase.components) + 2
+    for phase in result.phases:
+        lines += ["", f"{phase.name.upper()}: {phase.description}",
+                  f"  {'component':<{width}}{'per device':>12}  {'global':>12}  sharding"]
+        for c in phase.components:
+            mark = "" if c.counted else "  (not in total)"
+            lines.append(f"  {c.name:<{width}}{_size(c.per_device_bytes):>12}  {_size(c.global_bytes):>12}  "
+                         f"{c.sharding}{mark}")
+        lines.append(f"  {'total':<{width}}{_size(phase.total_bytes):>12}")
+        lines.append(f"  => {phase.verdict()}" + (f" on {result.device_memory_gb:g} GiB" if phase.fits else ""))
+    if result.notes:
+        lines += [""] + [f"note: {n}" for n in result.notes]
+    return "\n".join(lines)
+
+
+def _device_memory_default() -> float | None:
+    stats = jax.devices()[0].memory_stats() if hasattr(jax.devices()[0], "memory_stats") else None
+    if stats and stats.get("bytes_limit"):
+        return stats["bytes_limit"] / GIB
+    return None
+
+
+def main(argv: list[str]) -> MemoryPlan:
+    """`paravt-jax plan --config=FILE[:ARG] [--config.x=y] [--mesh=...] [--devices=N]
+    [--device_memory_gb=G] [--activations=auto|xla|estimate] [--json=PATH]`."""
+    from absl import flags
+    from ml_collections import config_flags
+
+    argv = list(argv)
+    values = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", DEFAULT_CONFIG, "config file[:arg]", flag_values=values,
+                                    sys_argv=argv)
+    flags.DEFINE_string("mesh", "", "AXIS=SIZE list (data=1,fsdp=8,tensor=1) or a configs/meshes.py "
+                        "preset name; default: config.mesh", flag_values=values)
+    flags.DEFINE_integer("devices", None, "device count (fills a -1 mesh axis)", flag_values=values)
+    flags.DEFINE_float("device_memory_gb", None, "memory per device in GiB (default: the mesh "
+                       "preset's, else the local device's)", flag_values=values)
+    flags.DEFINE_enum("activations", "auto", list(ACTIVATION_MODES), "activation numbers: XLA "
+                      "memory analysis or the shape estimate", flag_values=values)
+    flags.DEFINE_string("json", "", "also write the plan as JSON to this path", flag_values=values)
+    try:
+        values(argv)
+    except flags.Error as e:
+        raise SystemExit(f"plan: {e}") from None
+    try:
+        memory = values.device_memory_gb
+        text = values.mesh.strip()
+        if text and "=" not in text:
+            sizes, preset_memory = mesh_preset(text)
+            memory = memory if memory is not None else preset_memory
+        else:
+            sizes = parse_mesh(text) if text else {a: int(values.config.mesh.get(a, 1)) for a in sh.MESH_AXES}
+        devices = values.devices
+        if devices is None and -1 in sizes.values():
+            devices = jax.device_count()
+        sizes = resolve_mesh(sizes, devices)
+        memory = memory if memory is not None else _device_memory_default()
+        if memory is None:
+            raise PlanError(f"no device memory known for {jax.devices()[0].platform}: give "
+                            "--device_memory_gb=G or a --mesh preset")
+        result = plan(values.config, sizes, memory, values.activations)
+    except PlanError as e:
+        raise SystemExit(f"plan: {e}") from None
+    print(format_plan(result), flush=True)
+    if values.json:
+        os.makedirs(os.path.dirname(os.path.abspath(values.json)), exist_ok=True)
+        with open(values.json, "w") as f:
+            json.dump(result.to_json(), f, indent=2)
+        print(f"plan written to {values.json}")
+    return result
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv)

@@ -1,0 +1,194 @@
+"""The memory planner: byte counts against real (initialised, sharded) arrays, sharding
+rules, optimizer state, preset parameter counts, fit verdicts and the CLI."""
+import io
+import json
+import math
+import os
+import sys
+from contextlib import redirect_stdout
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from paravt_jax import plan as P
+from paravt_jax import sharding as sh
+from paravt_jax.models.qwen3_vl import init_model, preset
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "configs"))
+import paragrpo  # noqa: E402
+
+MESH8 = dict(data=1, fsdp=8, tensor=1)
+
+
+def small_config(preset_name: str = "tiny"):
+    """The tiny PARA-GRPO config with a short workload (fast XLA compiles)."""
+    c = paragrpo.get_config("tiny")
+    c.model.preset = preset_name
+    c.rl.nframes_gating, c.rl.default_nframes = False, 4
+    c.rl.max_new_tokens, c.rl.subagent_max_tokens, c.rl.max_turns = 32, 16, 1
+    return c
+
+
+def leaf_bytes(plan, name):
+    return next(c for c in plan.trainer.components if c.name.startswith(name))
+
+
+@pytest.fixture(scope="module")
+def sharded_tiny():
+    """(mesh, the tiny model initialised on it): built once, it takes seconds."""
+    mesh = sh.make_mesh(MESH8)
+    return mesh, init_model(preset("tiny"), mesh=mesh)
+
+
+def test_parameter_bytes_equal_the_initialised_sharded_model(sharded_tiny):
+    config = paragrpo.get_config("tiny")
+    result = P.plan(config, MESH8, 16, activations="estimate")
+    mesh, model = sharded_tiny
+    arrays = [x for x in jax.tree.leaves(model) if isinstance(x, jax.Array)]
+    device = mesh.devices.flat[0]
+    on_device = sum(s.data.nbytes for a in arrays for s in a.addressable_shards if s.device == device)
+    params = leaf_bytes(result, "parameters")
+    assert result.parameters == sum(a.size for a in arrays)
+    assert params.global_bytes == sum(a.nbytes for a in arrays)
+    assert params.per_device_bytes == on_device
+
+
+def test_fsdp_splits_divisible_weights_and_counts_replicated_leaves_fully():
+    _, params, _ = P.abstract_params(preset("tiny"))
+    for sizes, divided in ((MESH8, True), (dict(data=1, fsdp=3, tensor=1), False)):
+        shardings = P.param_shardings(params, P.abstract_mesh(sizes))
+        leaves = {path: (variable.get_value(), shardings[tuple(str(p) for p in path)])
+                  for path, variable in nnx.to_flat_state(params)}
+        embed, embed_sharding = leaves[("language", "embed_tokens")]  # (vocab 1000, embed 64)
+        mine, whole = P._shard_bytes(embed.shape, embed.dtype, embed_sharding)
+        # 64 % 8 == 0: an eighth per device; 64 % 3 != 0: the whole array on every device
+        assert mine * (8 if divided else 1) == whole
+        norm, norm_sharding = leaves[("language", "norm")]  # logical "norm": never sharded
+        assert P._shard_bytes(norm.shape, norm.dtype, norm_sharding) == (norm.size * 4,) * 2
+    total = P.tree_bytes(P._param_leaves(params, P.param_shardings(params, P.abstract_mesh(MESH8))))
+    assert total.replicated_leaves > 0
+    assert total.total / 8 < total.per_device < total.total / 8 + total.replicated_bytes
+
+
+def test_optimizer_state_is_two_copies_of_the_parameters_plus_counts():
+    for dtype in ("float32", "bfloat16"):
+        config = paragrpo.get_config("tiny")
+        config.model.param_dtype = dtype
+        result = P.plan(config, MESH8, 16, activations="estimate")
+        params, optimizer = leaf_bytes(result, "parameters"), leaf_bytes(result, "optimizer state")
+        counts = 2 * 4  # adam's and the schedule's int32 step counters, replicated
+        assert optimizer.global_bytes == 2 * params.global_bytes + counts
+        assert optimizer.per_device_bytes == 2 * params.per_device_bytes + counts
+        reference = leaf_bytes(result, "frozen reference")
+        assert reference.per_device_bytes == params.per_device_bytes  # kl_ctl = 0.01 keeps one
+
+
+@pytest.mark.parametrize("name,billions", [("2b", 2.13), ("4b", 4.44), ("8b", 8.77), ("32b", 33.36)])
+def test_preset_parameter_counts_from_eval_shape(name, billions):
+    _, params, _ = P.abstract_params(preset(name, param_dtype="bfloat16"))
+    total = P.tree_bytes(P._param_leaves(params, P.param_shardings(params, P.abstract_mesh(MESH8))))
+    assert abs(total.total / 2 / 1e9 - billions) < 0.006
+    if name == "8b":  # v5p-8-like: 4 chips, fsdp over all
+        config = paragrpo.get_config("qwen3vl_8b")
+        result = P.plan(config, dict(data=1, fsdp=4, tensor=1), 95, activations="estimate")
+        params = leaf_bytes(result, "parameters")
+        assert abs(result.parameters / 1e9 - 8.77) < 0.005
+        assert params.global_bytes == 2 * result.parameters
+        assert math.isclose(params.per_device_bytes, params.global_bytes / 4, rel_tol=1e-3)
+
+
+def test_kv_cache_matches_the_samplers_own_cache(sharded_tiny):
+    from paravt_jax.sampling.sampler import Sampler
+
+    config = small_config()
+    result = P.plan(config, MESH8, 16, activations="estimate")
+    work = result.workload
+    mesh, model = sharded_tiny
+    sampler = Sampler(model, mesh=mesh)
+    cache_k, cache_v, _ = sampler._empty_cache(work.sampler_rows, work.cache_capacity)
+    shard = cache_k.addressable_shards[0].data.nbytes + cache_v.addressable_shards[0].data.nbytes
+    row = next(c for c in result.sampler.components if c.name.startswith("KV cache ("))
+    assert row.per_device_bytes == shard
+    assert row.global_bytes == cache_k.nbytes + cache_v.nbytes
+
+
+def test_batch_spec_vision_layout_matches_vision_layout():
+    from paravt_jax.models.qwen3_vl.vision import vision_layout
+
+    config = small_config()
+    model = preset("tiny")
+    work = P.workload(P.rl_settings(config)[0], model.vision)
+    spec = P.train_batch_spec(model, work, P.abstract_mesh(MESH8))
+    h, w = (s // 16 for s in work.frame_size)
+    grids = np.array([[1, h, w]] * (work.micro_batch_rows * work.overview_frames))
+    real = vision_layout(grids, model.vision).device_arrays()
+    assert [x.shape for x in jax.tree.leaves(spec["vision_meta"])] == [x.shape for x in jax.tree.leaves(real)]
+    assert spec["pixel_values"].shape == (int(grids.prod(1).sum()), model.vision.patch_dim)
+
+
+def test_fit_verdicts():
+    config = paragrpo.get_config("tiny")
+    roomy = P.plan(config, MESH8, 16, activations="estimate")
+    assert all(p.fits for p in roomy.phases)
+    assert 0 < roomy.trainer.headroom_percent < 100
+    assert roomy.trainer.verdict().startswith("fits (headroom")
+    tight = P.plan(config, MESH8, 0.01, activations="estimate")
+    assert not tight.trainer.fits
+    needs = tight.trainer.total_bytes / P.GIB
+    assert tight.trainer.verdict() == f"does NOT fit (needs {needs:.2f} GiB, has 0.01)"
+
+
+def test_xla_activations_agree_with_the_estimate():
+    config = small_config()
+    sizes = dict(data=1, fsdp=2, tensor=1)
+    xla = P.plan(config, sizes, 16, activations="xla")
+    estimate = P.plan(config, sizes, 16, activations="estimate")
+    measured = leaf_bytes(xla, "activations (XLA").per_device_bytes
+    guessed = leaf_bytes(estimate, "activations (ESTIMATE").per_device_bytes
+    assert xla.activations == "xla" and measured > 0
+    assert 0.5 < guessed / measured < 2.0
+    with pytest.raises(P.PlanError, match="xla_force_host_platform_device_count=16"):
+        P.plan(config, dict(data=1, fsdp=16, tensor=1), 16, activations="xla")
+
+
+def run_plan(*args):
+    from paravt_jax.cli import main
+
+    out = io.StringIO()
+    with redirect_stdout(out):
+        main(["paravt-jax", "plan", *args])
+    return out.getvalue()
+
+
+def test_cli_prints_the_table_and_writes_json(tmp_path):
+    path = tmp_path / "plan.json"
+    text = run_plan(f"--config={ROOT}/configs/paragrpo.py:tiny", "--config.rl.samples_per_prompt=8",
+                    "--mesh=data=2,fsdp=4,tensor=1", "--device_memory_gb=16", "--activations=estimate",
+                    f"--json={path}")
+    for phase in ("TRAINER", "SAMPLER", "ROLLOUT"):
+        assert phase in text
+    assert "mesh data=2 fsdp=4 tensor=1 (8 devices)" in text
+    assert "optimizer state (adamw" in text and "KV cache (16 rows" in text
+    assert text.count("=> fits (headroom") == 3
+    saved = json.loads(path.read_text())
+    assert saved["workload"]["rollout_rows"] == 16
+    assert saved["trainer"]["fits"] is True
+    assert saved["trainer"]["total_bytes"] == sum(c["per_device_bytes"] for c in saved["trainer"]["components"]
+                                                  if c["counted"])
+
+
+def test_cli_mesh_preset_and_bad_mesh():
+    text = run_plan(f"--config={ROOT}/configs/paragrpo.py:tiny", "--mesh=v5p-8", "--activations=estimate")
+    assert "mesh data=1 fsdp=4 tensor=1 (4 devices); device memory 95 GiB" in text
+    for mesh, message in (("data=1,fsdp=eight", "size of 'fsdp' is 'eight'"),
+                          ("data=1,model=8", "unknown axis 'model'"),
+                          ("fsdp=-1,data=-1", "at most one axis may be -1"),
+                          ("v9z-1", "unknown mesh preset 'v9z-1'")):
+        with pytest.raises(SystemExit, match=message):
+            run_plan(f"--config={ROOT}/configs/paragrpo.py:tiny", f"--mesh={mesh}", "--device_memory_gb=16")
+    with pytest.raises(SystemExit, match="has 8 devices, --devices=4"):
+        run_plan(f"--config={ROOT}/configs/paragrpo.py:tiny", "--mesh=fsdp=8", "--devices=4",
+                 "--device_memory_gb=16")
