@@ -1,0 +1,90 @@
+"""The paper's ablation grid of PARA-GRPO, run with `paravt-jax sweep`.
+
+    paravt-jax sweep --config=configs/ablations.py:tiny --workdir=runs/ablations --shared_sft
+    paravt-jax sweep --config=configs/ablations.py:qwen3vl_8b --workdir=DIR --dry_run \
+        --config.model.checkpoint=/data/Qwen3-VL-8B
+    paravt-jax report runs/ablations
+
+get_config(arg) is the PARA-GRPO preset of configs/paragrpo.py (`tiny` cut down, see below).
+sweep(arg) is the grid, five arms x seeds:
+  vanilla            vanilla GRPO, the settings of configs/vanilla_grpo.py: no anchor, no
+                     nFrames gating, no think prefix, no answer-suffix format scoring;
+  anchor_only        the format anchor (token-masked anchor reward, think prefix, answer
+                     suffix), K fixed at rl.default_nframes;
+  gating_only        nFrames gating, no anchor (anchor 0, no think prefix / answer suffix);
+  paragrpo           both: PARA-GRPO as in configs/paragrpo.py;
+  paragrpo_seqanchor PARA-GRPO with the anchor reward added to the sequence reward, as the
+                     released code does (rl.anchor_mode=sequence), against our token mask.
+"Anchor" here is everything vanilla_grpo.py switches off besides gating, so the first four
+arms are a 2 x 2 factorial of the two PARA-GRPO parts.
+
+Presets: tiny (the CPU grid: one seed, fewer steps; meant for --shared_sft), tiny_full (the
+paragrpo tiny main job, three seeds), qwen3vl_2b and qwen3vl_8b (the paragrpo recipes, three
+seeds). A seed changes the built-in synthetic data and the initial model too (config.seed
+feeds ensure_builtin), not only the RL sampling.
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import paragrpo  # noqa: E402
+import vanilla_grpo  # noqa: E402
+
+SEEDS = (0, 1, 2)
+GATING_FIELDS = ("rl.nframes_gating",)
+
+
+def _base_preset(arg):
+    preset = arg or "tiny"
+    return {"tiny": "tiny", "tiny_full": "tiny"}.get(preset, preset)
+
+
+def get_config(arg: str = "tiny"):
+    c = paragrpo.get_config(_base_preset(arg))
+    c.preset = arg or "tiny"
+    if c.preset == "tiny":
+        # Per arm on the 2-core CPU: 2 RL steps and a 2-question evaluation at K = 4 and 16.
+        # The SFT (shared by all arms under --shared_sft) is the main job's, 160 steps, so the
+        # policy knows the trajectory format before RL starts.
+        c.rl.steps = 2
+        c.rl.eval_every = 0
+        c.eval.limit = 2
+        c.eval.nframes = (4, 16)
+    return c
+
+
+def _flat(config, prefix=""):
+    out = {}
+    for key, value in config.items():
+        if hasattr(value, "items"):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _vanilla_differences(arg):
+    """{dotted field: vanilla value} for every rl field vanilla_grpo.py changes."""
+    ours = _flat(paragrpo.get_config(_base_preset(arg)))
+    theirs = _flat(vanilla_grpo.get_config(_base_preset(arg)))
+    return {k: v for k, v in theirs.items() if ours.get(k) != v}
+
+
+def arms(arg="tiny"):
+    vanilla = _vanilla_differences(arg)
+    anchor_off = {k: v for k, v in vanilla.items() if k not in GATING_FIELDS}
+    gating_off = {k: v for k, v in vanilla.items() if k in GATING_FIELDS}
+    return [
+        {"name": "vanilla", **vanilla},
+        {"name": "anchor_only", **gating_off},
+        {"name": "gating_only", **anchor_off},
+        {"name": "paragrpo"},
+        {"name": "paragrpo_seqanchor", "rl.anchor_mode": "sequence"},
+    ]
+
+
+def sweep(arg="tiny"):
+    from paravt_jax.sweep import product
+
+    seeds = SEEDS[:1] if (arg or "tiny") == "tiny" else SEEDS
+    return product(arm=arms(arg), seed=list(seeds))

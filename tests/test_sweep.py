@@ -1,0 +1,252 @@
+"""`paravt-jax sweep` and `paravt-jax report`: one real two-arm sweep of configs/ablations.py
+(shared SFT of one step, one RL step per arm) run once for the module, then checks of its
+workdirs, re-run skipping, the report, and the refusals."""
+import csv
+import io
+import json
+import os
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from contextlib import redirect_stdout
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ABLATIONS = f"{ROOT}/configs/ablations.py"
+# The cheapest honest main job: every stage runs, on one question, a few tokens each.
+MINI = ["--config.sft.steps=1", "--config.sft.batch_size=2", "--config.sft.nframes=2",
+        "--config.rl.steps=1", "--config.rl.prompts_per_step=1", "--config.rl.samples_per_prompt=2",
+        "--config.rl.max_new_tokens=8", "--config.rl.max_turns=1", "--config.rl.subagent_max_tokens=8",
+        "--config.eval.limit=1", "--config.eval.max_new_tokens=8", "--config.eval.max_turns=1",
+        "--config.eval.nframes=(4,)"]
+TWO_ARMS = "^(vanilla|paragrpo),"  # two arms of the tiny grid (one seed in tiny)
+
+
+def sweep_main(*args):
+    from paravt_jax import sweep
+
+    out = io.StringIO()
+    with redirect_stdout(out):
+        result = sweep.main(["paravt-jax", *args])
+    return result, out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    """The real sweep, as a user runs it: `python -m paravt_jax.cli sweep` in a subprocess on
+    one CPU device (the tests' 8 fake devices make compiles several times slower)."""
+    base = tmp_path_factory.mktemp("sweep")
+    root, builtin = str(base / "root"), str(base / "builtin")
+    common = [f"--config={ABLATIONS}:tiny", f"--workdir={root}", "--shared_sft", f"--only={TWO_ARMS}",
+              f"--config.data.builtin_root={builtin}", *MINI]
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", env.pop("XLA_FLAGS", "")).strip()
+    if flags:  # XLA reads a value that does not start with "--" as a file name
+        env["XLA_FLAGS"] = flags
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "paravt_jax.cli", "sweep", *common], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    return {"root": root, "common": common, "stdout": done.stdout, "seconds": time.perf_counter() - start}
+
+
+def test_arms_ran_in_workdirs_named_by_their_overrides(swept):
+    root = swept["root"]
+    names = sorted(n for n in os.listdir(root) if os.path.isdir(os.path.join(root, n)))
+    assert names == ["_sft", "paragrpo,seed=0", "vanilla,seed=0"]
+    for name in names:
+        summary = json.load(open(os.path.join(root, name, "summary.json")))
+        assert [(r["tools"], r["nframes"]) for r in summary["eval"]] == [(False, 4), (True, 4)]
+        assert os.path.isfile(os.path.join(root, name, "sweep_done.json"))
+        assert os.path.isfile(os.path.join(root, name, "final", "model.safetensors"))
+    # The shared SFT ran once; the arms trained RL from its export with no SFT of their own.
+    assert len(json.load(open(f"{root}/_sft/summary.json"))["sft_loss"]) == 1
+    assert not os.path.exists(f"{root}/_sft/rl/metrics.jsonl")
+    for name in ("vanilla,seed=0", "paragrpo,seed=0"):
+        record = json.load(open(os.path.join(root, name, "sweep_arm.json")))
+        assert record["overrides"]["model.checkpoint"] == os.path.join(root, "_sft", "final")
+        assert record["overrides"]["sft.steps"] == 0 and record["overrides"]["seed"] == 0
+        assert not os.path.exists(os.path.join(root, name, "sft"))
+        assert len(open(os.path.join(root, name, "rl", "metrics.jsonl")).read().splitlines()) == 1
+    vanilla = json.load(open(f"{root}/vanilla,seed=0/sweep_arm.json"))["overrides"]
+    assert vanilla["rl.anchor_weight"] == 0.0 and vanilla["rl.nframes_gating"] is False
+    assert vanilla["rl.think_prefix"] is False and vanilla["rl.anchor_mode"] == "sequence"
+    assert "rl.anchor_weight" not in json.load(open(f"{root}/paragrpo,seed=0/sweep_arm.json"))["overrides"]
+    print(f"\n[test_sweep] real 2-arm sweep (+ shared SFT) took {swept['seconds']:.0f} s")
+
+
+def test_rerun_skips_finished_arms(swept):
+    root = swept["root"]
+    stamps = {n: os.path.getmtime(os.path.join(root, n, "summary.json")) for n in ("_sft", "vanilla,seed=0")}
+    start = time.perf_counter()
+    statuses, out = sweep_main(*swept["common"])
+    assert time.perf_counter() - start < 60
+    assert [s["status"] for s in statuses] == ["skipped"] * 3, out
+    assert "vanilla,seed=0: finished before, skipped" in out
+    assert stamps == {n: os.path.getmtime(os.path.join(root, n, "summary.json")) for n in stamps}
+    assert len(open(os.path.join(root, "vanilla,seed=0", "rl", "metrics.jsonl")).read().splitlines()) == 1
+    assert "other settings" not in out
+    # Finished arms are kept even when the sweep's settings changed since; it says so.
+    changed = [a.replace("eval.limit=1", "eval.limit=2") for a in swept["common"]]
+    statuses, out = sweep_main(*changed)
+    assert [s["status"] for s in statuses] == ["skipped"] * 3 and out.count("ran with other settings") == 3
+
+
+def test_report_table_and_plots(swept, tmp_path):
+    from paravt_jax import report
+
+    root = swept["root"]
+    prefix = str(tmp_path / "cmp")
+    out = io.StringIO()
+    with redirect_stdout(out):
+        report.main(["paravt-jax", root, f"--out={prefix}"])
+    rows = list(csv.DictReader(open(f"{prefix}.csv")))
+    assert [r["group"] for r in rows] == ["_sft", "vanilla", "paragrpo"]
+    for row in rows:
+        arm = row["arms"]
+        summary = json.load(open(os.path.join(root, arm, "summary.json")))
+        for result in summary["eval"]:
+            tag = f"eval_{'tools' if result['tools'] else 'notools'}_K{result['nframes']}"
+            assert float(row[f"{tag}_accuracy.mean"]) == pytest.approx(result["accuracy"])
+            assert float(row[f"{tag}_format_compliance.mean"]) == pytest.approx(result["format_compliance"])
+            if result["tools"]:
+                assert float(row[f"{tag}_kappa.mean"]) == pytest.approx(result["kappa"])
+        assert float(row["minutes.mean"]) == pytest.approx(summary["minutes"])
+        if arm == "_sft":
+            assert float(row["rl_steps.mean"]) == 0 and row["rl_kappa_final.mean"] == ""
+            continue
+        last = json.loads(open(os.path.join(root, arm, "rl", "metrics.jsonl")).read().splitlines()[-1])
+        assert float(row["rl_steps.mean"]) == 1 and float(row["sft_steps.mean"]) == 0
+        for metric in ("reward", "format_compliance", "kappa", "anchor_reward", "calls_per_tool_turn"):
+            assert float(row[f"rl_{metric}_final.mean"]) == pytest.approx(last[f"rl/{metric}"])
+            assert float(row[f"rl_{metric}_best.mean"]) == pytest.approx(last[f"rl/{metric}"])
+    text = open(f"{prefix}.md").read()
+    for group in ("_sft", "vanilla", "paragrpo"):
+        assert f"| {group} |" in text
+    assert "no tools K=4 acc" in text and "kappa final" in text
+    for metric in ("format_compliance", "kappa", "reward"):
+        path = f"{prefix}_{metric}.png"
+        assert os.path.getsize(path) > 1000 and open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    # The sweep itself wrote the same report into its root.
+    assert list(csv.DictReader(open(f"{root}/report.csv"))) == rows
+
+
+def test_report_groups_seeds_with_mean_and_spread(swept):
+    """The two real arms relabelled as two seeds of one group: mean and sample std."""
+    import dataclasses
+
+    from paravt_jax import report
+
+    arms = [dataclasses.replace(report.load_arm(os.path.join(swept["root"], n)), group="both")
+            for n in ("vanilla,seed=0", "paragrpo,seed=0")]
+    (group,) = report.summarize_groups(arms)
+    for key in ("rl_reward_final", "eval_notools_K4_accuracy", "minutes"):
+        values = [a.numbers[key] for a in arms]
+        mean, std, low, high, count = group.stats[key]
+        assert (count, low, high) == (2, min(values), max(values))
+        assert mean == pytest.approx(statistics.mean(values)) and std == pytest.approx(statistics.stdev(values))
+    assert report.group_of("vanilla,seed=1") == "vanilla" == report.group_of("seed=2,vanilla")
+    assert report.group_of("anchor_weight=0.0,seed=1,x=2") == "anchor_weight=0.0,x=2"
+
+
+def test_dry_run_prints_one_command_per_arm_that_parses_to_the_arm_config(tmp_path):
+    from paravt_jax import sweep
+
+    root = str(tmp_path / "dry")
+    lines, out = sweep_main(f"--config={ABLATIONS}:qwen3vl_8b", f"--workdir={root}", "--dry_run",
+                            "--config.rl.steps=7")
+    assert out.splitlines() == lines and len(lines) == 15  # 5 arms x 3 seeds
+    assert not os.path.exists(root)
+    names = [shlex.split(line)[5].split("/")[-1] for line in lines]
+    assert names[:3] == ["vanilla,seed=0", "vanilla,seed=1", "vanilla,seed=2"] and "paragrpo,seed=2" in names
+    vanilla = shlex.split(lines[1])
+    assert vanilla[:5] == ["python", "-m", "paravt_jax.cli", "run", f"--config={ABLATIONS}:qwen3vl_8b"]
+    for flag in ("--config.rl.anchor_weight=0.0", "--config.rl.nframes_gating=False",
+                 "--config.rl.think_prefix=False", "--config.seed=1", "--config.rl.steps=7"):
+        assert flag in vanilla
+    # The printed command, parsed as cli.main parses it, gives the config the sweep builds
+    # for that arm from the preset and the command-line override.
+    base = _parse_config(["paravt-jax", f"--config={ABLATIONS}:qwen3vl_8b", "--config.rl.steps=7"])[0]
+    plan = sweep.make_plan(base, f"{ABLATIONS}:qwen3vl_8b", root, {"rl.steps": 7})
+    parsed, workdir = _parse_config(["paravt-jax"] + vanilla[4:])
+    assert parsed.to_dict() == sweep.apply_overrides(base, plan.arms[1].overrides).to_dict()
+    assert (parsed.seed, base.seed, parsed.rl.anchor_weight, base.rl.anchor_weight) == (1, 0, 0.0, 0.5)
+    assert parsed.rl.steps == 7 and workdir == f"{root}/vanilla,seed=1"
+
+
+def _parse_config(argv):
+    from absl import flags
+    from ml_collections import config_flags
+
+    values = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", None, "", flag_values=values, sys_argv=argv)
+    flags.DEFINE_string("workdir", "", "", flag_values=values)
+    values(argv)
+    return values.config, values.workdir
+
+
+def _write_config(path, sweep_body):
+    path.write_text(f"import sys\nsys.path.insert(0, {ROOT + '/configs'!r})\nimport ablations\n"
+                    "from paravt_jax.sweep import product\n"
+                    "def get_config(arg='tiny'):\n    return ablations.get_config(arg)\n" + sweep_body)
+    return str(path)
+
+
+def test_unnamed_overrides_name_the_workdirs_typed_like_the_fields(tmp_path):
+    config = _write_config(tmp_path / "grid.py", "def sweep():\n    return product(**{"
+                           "'rl.anchor_weight': [0, 0.5], 'rl.nframes_gating': ['false'], 'seed': [1]})\n")
+    root = str(tmp_path / "grid")
+    lines, _ = sweep_main(f"--config={config}", f"--workdir={root}", "--dry_run")
+    assert [shlex.split(line)[5] for line in lines] == [
+        f"--workdir={root}/anchor_weight=0.0,nframes_gating=False,seed=1",
+        f"--workdir={root}/anchor_weight=0.5,nframes_gating=False,seed=1"]
+    assert "--config.rl.anchor_weight=0.0" in lines[0] and "--config.rl.nframes_gating=False" in lines[0]
+
+
+def test_arm_names_are_stable_safe_and_bounded():
+    from paravt_jax import sweep
+    from paravt_jax.cli import DEFAULT_CONFIG
+
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("paragrpo_for_test", DEFAULT_CONFIG.replace("base.py", "paragrpo.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config("tiny")
+    entries = [{"seed": 2, "rl.max_new_tokens": 16, "eval.max_new_tokens": 32, "eval.nframes": [4, 64]},
+               {"eval.max_new_tokens": 32, "eval.nframes": (4, 64), "rl.max_new_tokens": 16, "seed": 2.0},
+               {"data.video_root": "/videos/" + "x" * 200}, {"data.video_root": "/videos/" + "x" * 199 + "y"}]
+    arms = sweep.build_arms(config, entries[:1] + entries[2:], "test")
+    assert arms[0].name == "eval.max_new_tokens=32,nframes=4+64,rl.max_new_tokens=16,seed=2"
+    assert arms[0].group == "eval.max_new_tokens=32,nframes=4+64,rl.max_new_tokens=16"
+    assert sweep.build_arms(config, entries[1:2], "test")[0].name == arms[0].name  # order-free, typed
+    for arm in arms[1:]:
+        assert len(arm.name) <= sweep.MAX_NAME_LENGTH and "/" not in arm.name
+    assert arms[1].name != arms[2].name
+    with pytest.raises(sweep.SweepError, match="both get the directory name"):
+        sweep.build_arms(config, [{"seed": 1}, {"seed": 1.0}], "test")
+    with pytest.raises(sweep.SweepError, match=r"'seed=many'.*seed='many'.*int"):
+        sweep.build_arms(config, [{"seed": "many"}], "test")
+
+
+def test_config_without_sweep_is_refused(tmp_path):
+    with pytest.raises(SystemExit, match=r"configs/paragrpo\.py.*defines no sweep\(\)"):
+        sweep_main(f"--config={ROOT}/configs/paragrpo.py:tiny", f"--workdir={tmp_path}/x")
+    assert not os.path.exists(f"{tmp_path}/x")
+
+
+def test_missing_field_is_refused_before_any_arm_starts(tmp_path):
+    config = _write_config(tmp_path / "bad.py", "def sweep(arg):\n    return [{'seed': 0}, "
+                           "{'arm': {'name': 'typo', 'rl.anchor_wieght': 0.0}, 'seed': 1}]\n")
+    root = tmp_path / "bad_root"
+    with pytest.raises(SystemExit, match=r"arm 'typo,seed=1'.*'rl\.anchor_wieght' names no config field"):
+        sweep_main(f"--config={config}:tiny", f"--workdir={root}")
+    assert not root.exists()
+    with pytest.raises(SystemExit, match=r"arm 'seed=0,steps=3' overrides 'sft.steps'.*shared SFT"):
+        bad = _write_config(tmp_path / "bad_sft.py", "def sweep():\n    return [{'seed': 0, 'sft.steps': 3}]\n")
+        sweep_main(f"--config={bad}", f"--workdir={root}", "--shared_sft")
+    assert not root.exists()
