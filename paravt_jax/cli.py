@@ -18,13 +18,28 @@ DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__
                               "configs", "base.py")
 
 
+def config_module(name: str):
+    """A module from the repository's configs/ folder (e.g. the mesh presets)."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(DEFAULT_CONFIG), f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"paravt_configs_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def build_model(config, default_dir: str | None = None):
     """The configured checkpoint, else the built-in tiny checkpoint directory."""
     from paravt_jax import sharding as sh
     from paravt_jax.models.qwen3_vl import init_model, load_pretrained, preset
 
     m = config.model
-    mesh = sh.make_mesh(dict(config.mesh))
+    if config.get("mesh_preset", ""):  # a named TPU slice / GPU host layout (configs/meshes.py)
+        preset = config_module("meshes").get_mesh(config.mesh_preset)
+        mesh = sh.make_hybrid_mesh(preset["ici"], preset["dcn"])
+    else:
+        mesh = sh.make_mesh(dict(config.mesh))
     # The built-in checkpoint stands in for `tiny`; other presets without a checkpoint are
     # randomly initialised (benchmarks, memory checks).
     directory = m.checkpoint or (default_dir if m.preset == "tiny" else None)
@@ -130,7 +145,12 @@ def _setup(config):
     from paravt_jax.text.inputs import check_against_model
     from paravt_jax.text.tokenizer import Tokenizer
 
-    assets = builtin_assets(config)
+    from paravt_jax import distributed
+
+    # Process 0 creates the built-in assets (if missing) before the others read them.
+    assets = builtin_assets(config) if distributed.is_primary() else None
+    distributed.barrier("paravt:builtin-assets")
+    assets = assets or builtin_assets(config)
     model = build_model(config, default_dir=assets.model_dir)
     tokenizer = Tokenizer.from_directory(config.model.checkpoint or assets.model_dir)
     check_against_model(tokenizer, model.config)
@@ -236,6 +256,11 @@ def run_command(config, workdir: str = "") -> dict:
                              eval_rows=eval_rows)
         summary["rl"] = [{k: round(float(h[k]), 4) for k in ("reward", "format_compliance", "kappa", "loss")}
                          for h in rl.history]
+    from paravt_jax import distributed
+
+    model = distributed.local_model(model)  # multi-process: a whole copy on this process's devices
+    if not distributed.is_primary():  # process 0 alone saves, evaluates and writes the summary
+        return summary
     final = os.path.join(workdir, "final")
     save_pretrained(model, final)
     tokenizer.save(final)
@@ -335,9 +360,12 @@ def main(argv: list[str] | None = None) -> None:
     command = "run"
     if len(argv) > 1 and not argv[1].startswith("-"):
         command = argv.pop(1)
+    from paravt_jax import distributed
+
     if command in MODULE_COMMANDS:
         import importlib
 
+        distributed.initialize()  # multi-host from the environment only: these parse their own flags
         return importlib.import_module(MODULE_COMMANDS[command]).main(argv)
     if command not in COMMANDS:
         raise SystemExit(f"unknown command {command!r}; choose from {sorted(set(COMMANDS) | set(MODULE_COMMANDS))}")
@@ -349,10 +377,10 @@ def main(argv: list[str] | None = None) -> None:
     flags.DEFINE_string("workdir", "", "run directory (checkpoints, metrics, final model)",
                         flag_values=flag_values)
     flag_values(argv)
+    distributed.initialize(flag_values.config)  # before anything touches JAX devices
     if command in TAKES_WORKDIR:
-        COMMANDS[command](flag_values.config, flag_values.workdir)
-    else:
-        COMMANDS[command](flag_values.config)
+        return COMMANDS[command](flag_values.config, flag_values.workdir)
+    return COMMANDS[command](flag_values.config)
 
 
 if __name__ == "__main__":

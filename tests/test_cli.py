@@ -92,3 +92,20 @@ def test_main_job_end_to_end_then_export(builtin_root, tmp_path):
     assert load_pretrained(f"{workdir}/final").config.text.hidden_size == 64
     out = run_cli("export", *common)
     assert "export" in out and os.path.isfile(f"{workdir}/export/model.safetensors")
+
+
+def test_mesh_preset_builds_the_named_mesh(builtin_root):
+    import jax
+    from flax import nnx
+
+    from paravt_jax.cli import build_model, builtin_assets, config_module
+
+    config = config_module("paragrpo").get_config("tiny")
+    config.data.builtin_root = builtin_root
+    config.mesh_preset = "gpu8_tp2"
+    model = build_model(config, default_dir=builtin_assets(config).model_dir)
+    meshes = {tuple(x.sharding.mesh.shape.items()) for x in jax.tree.leaves(nnx.state(model, nnx.Param))}
+    assert meshes == {(("data", 1), ("fsdp", 4), ("tensor", 2))}
+    config.mesh_preset = "v9-8"
+    with pytest.raises(KeyError, match="v9-8"):
+        build_model(config)

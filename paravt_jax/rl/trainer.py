@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 
+from paravt_jax import distributed as dist
 from paravt_jax.agent.dispatch import CropDispatcher, DispatchConfig
 from paravt_jax.agent.rollout import Episode, RolloutConfig, run_rollouts
 from paravt_jax.rl import gating
@@ -68,12 +69,32 @@ def score(rollouts, config: RewardConfig, token_anchor: bool, judge=None) -> tup
     return out, np.asarray(seq, np.float32), np.asarray(anchor, np.float32)
 
 
+def gather_scored(rollouts: list, rewards: list[dict], seq_rewards: np.ndarray, anchor_rewards: np.ndarray,
+                  skipped: list[str]) -> tuple[list, list[dict], np.ndarray, np.ndarray, list[str]]:
+    """Every process's scored rollouts, concatenated in process order (the step's row order);
+    the arguments themselves in a single-process run. Sub-agent trajectories stay behind: the
+    loss does not use them and they carry every crop's pixels."""
+    if dist.process_count() == 1:
+        return rollouts, rewards, seq_rewards, anchor_rewards, skipped
+    light = [dataclasses.replace(r, subagents=()) for r in rollouts]
+    parts = dist.allgather_objects((light, rewards, seq_rewards, anchor_rewards, skipped))
+    return (dist.concatenate_lists([p[0] for p in parts]), dist.concatenate_lists([p[1] for p in parts]),
+            np.concatenate([p[2] for p in parts]).astype(np.float32),
+            np.concatenate([p[3] for p in parts]).astype(np.float32), dist.concatenate_lists([p[4] for p in parts]))
+
+
 def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge=None, eval_rows=None):
     """rows: RLRow list (eval_rows: held-out rows for periodic evaluation). Returns (model with
-    trained weights, LoopResult)."""
+    trained weights, LoopResult).
+
+    Multi-process: each process rolls out and scores its contiguous share of the step's prompts
+    on its own devices; the scored rollouts are gathered so that every process builds the same
+    global batch, and the update runs over all devices (see paravt_jax.distributed)."""
+    share = dist.process_slice(config.prompts_per_step, "prompts_per_step")  # this process's prompts
     token_anchor = config.advantage.token_anchor
     keep_reference = config.advantage.kl_ctl > 0
-    step = TrainStep(model, config.optimizer, config.step, keep_reference=keep_reference)
+    step = TrainStep(model, config.optimizer, config.step, mesh=dist.model_mesh(model),
+                     keep_reference=keep_reference)
     dispatcher = CropDispatcher(config.dispatch)
     rollout_config = dataclasses.replace(config.rollout, temperature=config.step.temperature)
     G = config.samples_per_prompt
@@ -86,12 +107,16 @@ def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge
                             gating.nframes_for_prompt(r.video_path + "\n" + r.question, config.seed,
                                                       config.nframes_gating, config.default_nframes,
                                                       config.nframes_choices))
-                    for r in chosen]
-        sampler = Sampler(step.model(state), SamplerConfig(min_chunk_bucket=64))
-        run_config = dataclasses.replace(rollout_config, seed=config.seed * 100_003 + index)
+                    for r in chosen[share]]
+        sampler = Sampler(dist.local_model(step.model(state)), SamplerConfig(min_chunk_bucket=64))
+        # rows are prompt-major: this share's rows start at share.start * G in the step's batch
+        run_config = dataclasses.replace(rollout_config, seed=config.seed * 100_003 + index,
+                                         row_offset=share.start * G)
         rollouts, skipped = run_rollouts(sampler, tokenizer, episodes, G, run_config, dispatcher)
         t1 = time.perf_counter()
         rewards, seq_rewards, anchor_rewards = score(rollouts, config.reward, token_anchor, judge)
+        rollouts, rewards, seq_rewards, anchor_rewards, skipped = gather_scored(
+            rollouts, rewards, seq_rewards, anchor_rewards, skipped)
         t2 = time.perf_counter()
         packed = pack([r.inputs for r in rollouts], [r.logprobs for r in rollouts],
                       [r.structural_mask for r in rollouts])
@@ -118,8 +143,8 @@ def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge
         if config.eval_every and eval_rows and (index + 1) % config.eval_every == 0:
             from paravt_jax.rl.evaluate import evaluate
 
-            current = step.model(state)
-            for tools in (False, True):
+            current = dist.local_model(step.model(state))
+            for tools in (False, True) if dist.is_primary() else ():  # only process 0 logs
                 result = evaluate(current, tokenizer, eval_rows[:config.eval_limit], nframes=config.eval_nframes,
                                   tools=tools, max_new_tokens=config.rollout.max_new_tokens,
                                   max_turns=config.rollout.max_turns)

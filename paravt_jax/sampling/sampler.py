@@ -118,15 +118,16 @@ def _new_cache(shape, dtype, sharding):
     return constrain(zeros, sharding), constrain(zeros, sharding)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 12), donate_argnums=(2, 3, 4))
+@functools.partial(jax.jit, static_argnums=(0, 12, 13), donate_argnums=(2, 3, 4))
 def _prefill(graphdef, params, cache_k, cache_v, valid, write_index, ids, positions, counts,
-             visual_index, visual_embeds, deepstack, sharding):
+             visual_index, visual_embeds, deepstack, sharding, window):
     lang = nnx.merge(graphdef, params).language
     width = ids.shape[1]
     fresh = jnp.arange(width)[None, :] < counts[:, None]
     valid = jax.lax.dynamic_update_slice(valid, fresh, (0, write_index))
     hidden, cache_k, cache_v = lang.forward_cached(ids, positions, write_index, valid, cache_k,
-                                                   cache_v, visual_index, visual_embeds, deepstack)
+                                                   cache_v, visual_index, visual_embeds, deepstack,
+                                                   window=window)
     last = jnp.maximum(counts - 1, 0)
     last_hidden = hidden[jnp.arange(ids.shape[0]), last][:, None]
     logits = lang.logits(last_hidden)[:, 0].astype(jnp.float32)
@@ -239,9 +240,11 @@ class Sampler:
 
     # -- public -------------------------------------------------------------------------
     def generate(self, prompts: Sequence[ModelInputs], num_samples: int = 1, *, seed: int = 0,
-                 **knobs) -> tuple[SampleOutput, SamplerState]:
+                 row_ids: Sequence[int] | None = None, **knobs) -> tuple[SampleOutput, SamplerState]:
         """Prefills each prompt once (vision included), copies its cache rows to
-        `num_samples` samples (row p * num_samples + g) and decodes them together."""
+        `num_samples` samples (row p * num_samples + g) and decodes them together. Row b draws
+        from the random stream fold_in(PRNGKey(seed), row_ids[b]) (default: b), so a row's
+        samples do not depend on which other rows share the call (multi-host rollouts)."""
         if not prompts:
             raise ValueError("generate: no prompts")
         k = self._knobs(knobs)
@@ -262,10 +265,11 @@ class Sampler:
         next_position = np.array([p.next_position for p in prompts])[index].astype(np.int32)
         budgets = np.zeros(rows, np.int32)
         budgets[:total] = k["max_new_tokens"]
-        return self._decode(cache_k, cache_v, valid, width, logits, next_position, budgets, total, seed, k)
+        return self._decode(cache_k, cache_v, valid, width, logits, next_position, budgets, total, seed, k,
+                            row_ids=row_ids)
 
     def extend(self, state: SamplerState, chunks: Sequence[ModelInputs | None], *, seed: int = 0,
-               **knobs) -> tuple[SampleOutput, SamplerState]:
+               row_ids: Sequence[int] | None = None, **knobs) -> tuple[SampleOutput, SamplerState]:
         """Feeds each row's pending token plus its new chunk (None = the row sits this turn
         out) into the cache, then decodes again. Chunk b must start at state.chunk_start[b]."""
         if len(chunks) != state.num_rows:
@@ -300,7 +304,7 @@ class Sampler:
         budgets = np.where(takes_part, k["max_new_tokens"], 0).astype(np.int32)
         return self._decode(cache_k, cache_v, valid, state.write_index + width, logits, next_position,
                             budgets, state.num_rows, seed, k, keep_pending=state.pending,
-                            takes_part=takes_part)
+                            takes_part=takes_part, row_ids=row_ids)
 
     def compile_counts(self) -> dict[str, int]:
         return {name: fn._cache_size() for name, fn in
@@ -343,15 +347,23 @@ class Sampler:
         return _prefill(self.graphdef, self.params, cache_k, cache_v, valid, np.int32(write_index),
                         batch.ids, batch.positions, batch.counts.astype(np.int32),
                         batch.visual_index, embeds, deepstack,
-                        self._sharding(batch.ids.shape[0], cache_k.shape[3]))
+                        self._sharding(batch.ids.shape[0], cache_k.shape[3]),
+                        # attend only to the slots in use (bucketed, so few compiled variants)
+                        min(bucket(write_index + batch.ids.shape[1], 16, self.config.cache_multiple),
+                            cache_k.shape[3]))
 
     def _decode(self, cache_k, cache_v, valid, write_index, logits, next_position, budgets, num_rows,
-                seed, k, keep_pending=None, takes_part=None):
+                seed, k, keep_pending=None, takes_part=None, row_ids=None):
         rows = next_position.shape[0]
         stop = np.full(MAX_STOP_IDS, -2, np.int32)
         stop[:len(k["stop_ids"])] = k["stop_ids"]
         base = jax.random.PRNGKey(seed)
-        row_keys = jax.vmap(lambda r: jax.random.fold_in(base, r))(jnp.arange(rows))
+        ids = np.arange(rows, dtype=np.int32)
+        if row_ids is not None:
+            if len(row_ids) != num_rows:
+                raise ValueError(f"row_ids: {len(row_ids)} ids for {num_rows} rows")
+            ids[:num_rows] = row_ids  # padding rows keep any id: their budget is 0
+        row_keys = jax.vmap(lambda r: jax.random.fold_in(base, r))(jnp.asarray(ids))
         steps = bucket(k["max_new_tokens"], 16)
         out = _decode(self.graphdef, self.params, cache_k, cache_v, valid, np.int32(write_index),
                       logits, next_position.astype(np.int32), budgets, stop, row_keys,

@@ -6,6 +6,7 @@ import dataclasses
 
 import numpy as np
 
+from paravt_jax import distributed as dist
 from paravt_jax.data.sft_examples import sft_inputs
 from paravt_jax.rl.batch import micro_batches, pack
 from paravt_jax.rl.train_step import OptimizerConfig, StepConfig, TrainStep
@@ -25,13 +26,23 @@ class SFTConfig:
 
 
 def train_sft(model, tokenizer, rows: list, video_root: str, workdir: str, config: SFTConfig):
-    """Returns (model with trained weights, LoopResult)."""
-    examples = [sft_inputs(m, tokenizer, video_root, config.nframes, config.max_pixels) for m in rows]
-    step = TrainStep(model, config.optimizer, StepConfig(objective="sft"))
+    """Returns (model with trained weights, LoopResult). Each process reads the videos of its
+    contiguous share of every batch (once per row, on first use); the shares are gathered into
+    the global batch, in process order (see paravt_jax.distributed)."""
+    share = dist.process_slice(config.batch_size, "batch_size")
+    examples: dict[int, object] = {}
+
+    def example(i: int):
+        if i not in examples:
+            examples[i] = sft_inputs(rows[i], tokenizer, video_root, config.nframes, config.max_pixels)
+        return examples[i]
+
+    step = TrainStep(model, config.optimizer, StepConfig(objective="sft"), mesh=dist.model_mesh(model))
 
     def step_fn(state, index):
-        chosen = data_indices(index * config.batch_size, config.batch_size, len(examples), config.seed)
-        packed = pack([examples[i] for i in chosen])
+        chosen = data_indices(index * config.batch_size, config.batch_size, len(rows), config.seed)
+        mine = [example(i) for i in chosen[share]]
+        packed = pack(dist.concatenate_lists(dist.allgather_objects(mine)))
         batches = micro_batches(packed, np.zeros(packed.input_ids.shape, np.float32), config.micro_batches,
                                 model.config.vision)
         return step.step(state, batches)
