@@ -20,8 +20,8 @@ arms are a 2 x 2 factorial of the two PARA-GRPO parts.
 
 Presets: tiny (the CPU grid: one seed, fewer steps; meant for --shared_sft), tiny_full (the
 paragrpo tiny main job, three seeds), qwen3vl_2b and qwen3vl_8b (the paragrpo recipes, three
-seeds). A seed changes the built-in synthetic data and the initial model too (config.seed
-feeds ensure_builtin), not only the RL sampling.
+seeds). A seed changes the data order, gating draws, rollout sampling and (without a
+checkpoint) the model initialisation; the built-in synthetic data has its own `data.seed`.
 """
 import os
 import sys

@@ -54,7 +54,9 @@ def builtin_assets(config):
     from paravt_jax.data.builtin import ensure_builtin
 
     d = config.data
-    return ensure_builtin(d.builtin_root, seed=config.seed, num_train=d.num_train,
+    # The built-in data and initial tiny model have their own seed, so runs that differ only
+    # by `config.seed` (sweep seeds) share data and initialisation.
+    return ensure_builtin(d.builtin_root, seed=d.get("seed", 0), num_train=d.num_train,
                           num_eval=d.num_eval, durations=tuple(d.durations))
 
 

@@ -203,3 +203,42 @@ def test_sharded_sampler_equals_unsharded(tiny):
     for a, b in zip(plain.logprobs, sharded.logprobs):
         np.testing.assert_allclose(a, b, atol=1e-4)
     assert state.cache_k.sharding.spec[1] is not None  # batch rows are split
+
+
+def test_no_compiles_after_warm_up_with_varied_frames():
+    """Prompts and tool-response chunks with varied numbers of frames (the RL and eval case):
+    frame counts are padded to powers of two, so a warm run compiles nothing new."""
+    model = init_model(preset("tiny"), seed=6)
+    sampler = Sampler(model, SamplerConfig(max_new_tokens=4, min_chunk_bucket=64, min_batch_bucket=4,
+                                           cache_multiple=256))
+    rng = np.random.default_rng(1)
+    grid = [1, 4, 6]
+
+    def frames_row(n, start=0):
+        grids = [grid] * n
+        row = [IM_START] + text_ids(rng, int(rng.integers(2, 6)))
+        for _ in range(n):
+            row += image_tokens(grid)
+        row += text_ids(rng, 3)
+        inputs = as_inputs(row, (np.array(row) == 912).astype(np.int64), patches(rng, grids), grids)
+        if start:  # a later chunk: same content at the row's next positions
+            inputs = ModelInputs(inputs.input_ids, inputs.mm_token_type_ids, inputs.loss_mask,
+                                 inputs.position_ids + start, inputs.pixel_values, inputs.image_grid_thw,
+                                 inputs.pixel_values_videos, inputs.video_grid_thw, inputs.next_position + start)
+        return inputs
+
+    def call(counts):
+        out, state = sampler.generate([frames_row(n) for n in counts], max_new_tokens=4, seed=1)
+        chunks = [frames_row(int(rng.integers(1, 4)), int(s)) for s in state.chunk_start[:len(counts)]]
+        sampler.extend(state, chunks, max_new_tokens=4)
+
+    def random_call():
+        call([int(n) for n in rng.integers(1, 4, int(rng.integers(1, 3)))])
+
+    for _ in range(10):  # 1-2 rows of 1-3 frames, then 1-3 frames per row in the next turn
+        random_call()
+    warm = sampler.compile_counts()
+    assert warm["vision"] <= 4  # frame totals 1, 2, 4, 8 (without padding: one per total)
+    for _ in range(12):
+        random_call()
+    assert sampler.compile_counts() == warm

@@ -11,7 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
-from paravt_jax.models.qwen3_vl.vision import vision_layout
+from paravt_jax.models.qwen3_vl.vision import pad_frames_to_buckets, vision_layout
 from paravt_jax.sampling.kv_cache import bucket
 from paravt_jax.text.inputs import ModelInputs, collate_vision
 
@@ -75,6 +75,7 @@ def _vision(sequences: Sequence[ModelInputs], width: int, vision_config):
     visual_index, pixels, grids = collate_vision(sequences, len(sequences), width)
     if pixels is None:
         return None, None, None
+    pixels, grids = pad_frames_to_buckets(pixels, grids)  # few distinct shapes: few compiles
     return visual_index, pixels, vision_layout(grids, vision_config).device_arrays()
 
 

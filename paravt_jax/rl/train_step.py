@@ -160,6 +160,7 @@ class TrainStep:
             g = jax.tree.map(lambda x: x / jnp.maximum(count, 1).astype(x.dtype), g)
             finite = jnp.all(jnp.asarray([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(g)]))
             updates, new_opt = self.tx.update(g, state.opt_state, state.params)
+            new_opt = self._like_params(new_opt)
             new_params = optax.apply_updates(state.params, updates)
             if self.param_shardings is not None:  # keep every parameter on its declared sharding
                 new_params = jax.lax.with_sharding_constraint(new_params, self.param_shardings)
@@ -173,8 +174,28 @@ class TrainStep:
         self._add = jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b), donate_argnums=(0,))
 
     def init_state(self) -> TrainState:
-        return TrainState(jnp.zeros((), jnp.int32), self.params, self.tx.init(self.params),
-                          jnp.zeros((), jnp.int32))
+        # Built under jit so that counters and optimizer moments get the same (mesh) shardings
+        # the update produces: the donated state then keeps one layout and nothing recompiles.
+        def init(params):
+            zero = jnp.zeros((), jnp.int32)
+            return TrainState(zero, params, self._like_params(self.tx.init(params)), zero)
+        return jax.jit(init)(self.params)
+
+    def _like_params(self, tree):
+        """Optimizer-state leaves shaped like a parameter take that parameter's sharding (the
+        moments are as large as the model: left alone they come out replicated); the rest
+        (step counts) are replicated over the mesh."""
+        if self.mesh is None:
+            return tree
+        by_path = {jax.tree_util.keystr(path): (leaf.shape, leaf.sharding)
+                   for path, leaf in jax.tree_util.tree_flatten_with_path(self.params)[0]}
+        replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+
+        def one(path, leaf):
+            key = jax.tree_util.keystr(path)
+            shape, sharding = by_path.get(key[key.find("['"):], (None, None))
+            return jax.lax.with_sharding_constraint(leaf, sharding if shape == leaf.shape else replicated)
+        return jax.tree_util.tree_map_with_path(one, tree)
 
     def model(self, state: TrainState) -> nnx.Module:
         return nnx.merge(self.graphdef, state.params, self.rest)

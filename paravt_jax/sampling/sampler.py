@@ -25,7 +25,7 @@ import numpy as np
 from flax import nnx
 
 from paravt_jax.models.qwen3_vl.model import Qwen3VL
-from paravt_jax.models.qwen3_vl.vision import vision_layout
+from paravt_jax.models.qwen3_vl.vision import pad_frames_to_buckets, vision_layout
 from paravt_jax.sampling.kv_cache import CacheSpec, bucket, cache_sharding, constrain
 from paravt_jax.text.inputs import ModelInputs, collate_vision, encode_ids
 
@@ -341,9 +341,9 @@ class Sampler:
     def _prefill(self, cache_k, cache_v, valid, write_index: int, batch: _Batch):
         embeds = deepstack = None
         if batch.pixel_values is not None:
-            layout = vision_layout(batch.grids, self.model.config.vision)
-            embeds, deepstack = _vision(self.graphdef, self.params, batch.pixel_values,
-                                        layout.device_arrays())
+            pixels, grids = pad_frames_to_buckets(batch.pixel_values, batch.grids)
+            layout = vision_layout(grids, self.model.config.vision)
+            embeds, deepstack = _vision(self.graphdef, self.params, pixels, layout.device_arrays())
         return _prefill(self.graphdef, self.params, cache_k, cache_v, valid, np.int32(write_index),
                         batch.ids, batch.positions, batch.counts.astype(np.int32),
                         batch.visual_index, embeds, deepstack,

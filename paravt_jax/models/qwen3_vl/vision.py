@@ -103,6 +103,26 @@ def vision_layout(grid_thw, config: VisionConfig, pad_to: int | None = None) -> 
     )
 
 
+def pad_frames_to_buckets(pixel_values: np.ndarray, grid_thw) -> tuple[np.ndarray, np.ndarray]:
+    """Appends blank single-frame items so that, for every frame size (h, w), the number of
+    frames is a power of two. The vision tower's shapes (and the number of visual embeddings)
+    then take few distinct values across calls with varied frame counts, so jitted callers
+    stop recompiling; the blank items' embeddings come last and no token points at them.
+    pixel_values [N, C*T*p*p], grid_thw [n, 3] -> the padded pair."""
+    grid = np.asarray(grid_thw, np.int64).reshape(-1, 3)
+    frames: dict[tuple[int, int], int] = {}
+    for t, h, w in grid:
+        frames[(int(h), int(w))] = frames.get((int(h), int(w)), 0) + int(t)
+    extra = [(h, w, (1 << (n - 1).bit_length()) - n) for (h, w), n in frames.items()]
+    extra = [(h, w, k) for h, w, k in extra if k]
+    if not extra:
+        return pixel_values, grid
+    blank = [np.array([[1, h, w]] * k, np.int64) for h, w, k in extra]
+    rows = sum(h * w * k for h, w, k in extra)
+    pad = np.zeros((rows, pixel_values.shape[1]), pixel_values.dtype)
+    return np.concatenate([pixel_values, pad]), np.concatenate([grid, *blank])
+
+
 def attention_groups(lengths: list[int]) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
     """Contiguous segments of the given lengths -> (one [S, len] index array per distinct
     length, inverse permutation [N])."""
