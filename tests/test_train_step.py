@@ -151,5 +151,9 @@ def test_sharded_steps_compile_once(sequences):
     for _ in range(2):
         state, _ = step.step(state, batches)
     assert counts() == warm
-    moments = [x for x in jax.tree.leaves(state.opt_state) if x.ndim >= 2]
-    assert moments and all(x.addressable_shards[0].data.size < x.size for x in moments)  # sharded, not replicated
+    params = {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_flatten_with_path(state.params)[0]}
+    moments = [(jax.tree_util.keystr(k), v) for k, v in jax.tree_util.tree_flatten_with_path(state.opt_state)[0]
+               if v.ndim >= 1]
+    assert len(moments) == 2 * len(params)  # mu and nu, sharded like their parameters (not replicated)
+    for key, x in moments:
+        assert x.sharding.is_equivalent_to(params[key[key.find("['"):]].sharding, x.ndim), key
