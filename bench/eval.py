@@ -5,11 +5,12 @@ batched (many samples per sampler call) vs one sample at a time, through the rea
 Each configuration runs once to compile (its bucket shapes) and is then timed on a fresh
 output directory, so the table shows steady throughput; compile time is reported apart.
 
-    python bench/eval.py [--samples 16] [--batch 8] [--max-new-tokens 64]
+    python bench/eval.py [--samples 16] [--batch 8] [--max-new-tokens 64] [--question-type mcq]
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import tempfile
@@ -27,6 +28,7 @@ def main():
     parser.add_argument("--nframes", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--prompt-mode", default="agentic_general")
+    parser.add_argument("--question-type", default="mcq", choices=("mcq", "tvg", "oe"))
     args = parser.parse_args()
 
     from paravt_jax.data.builtin import ensure_builtin
@@ -35,12 +37,16 @@ def main():
     from paravt_jax.sampling import Sampler, SamplerConfig
     from paravt_jax.text.tokenizer import Tokenizer
 
-    assets = ensure_builtin(os.path.join("artifacts", "bench_eval"), num_train=2, num_eval=args.samples)
+    assets = ensure_builtin(os.path.join("artifacts", "bench_eval"), num_train=2, num_eval=3 * args.samples)
     model = load_pretrained(assets.model_dir)
     tokenizer = Tokenizer.from_directory(assets.model_dir)
     benchmark = datasets.load_benchmark("synthetic", os.path.join(assets.data_dir, "rl_eval.parquet"),
                                         assets.data_dir)
-    print(f"machine: {machine()}; {len(benchmark.samples)} synthetic samples, K={args.nframes}, "
+    # One question type, like every real benchmark (the driver batches per type, so a mixed
+    # set would pad partial batches).
+    samples = [s for s in benchmark.samples if s.question_type == args.question_type][:args.samples]
+    benchmark = dataclasses.replace(benchmark, samples=tuple(samples))
+    print(f"machine: {machine()}; {len(benchmark.samples)} synthetic {args.question_type} samples, K={args.nframes}, "
           f"{args.max_new_tokens} new tokens per turn, prompt mode {args.prompt_mode}", flush=True)
     rows, speeds = [], {}
     for batch in (1, args.batch):
