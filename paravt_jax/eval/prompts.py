@@ -21,21 +21,10 @@ from paravt_jax.text import chat
 # The evaluation returns the cropped frames themselves (frames mode), so the tool says so.
 EVAL_CROP_TOOL = {
     "type": "function",
-    "function": {
-        "name": "crop_video",
-        "description": ("Inspect one time window of the video: frames sampled between start_time "
-                        "and end_time are returned. Several calls in one turn inspect several "
-                        "windows at once."),
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "video_path": {"type": "string", "description": "Path of the video file"},
-                "start_time": {"type": "number", "description": "Window start in seconds"},
-                "end_time": {"type": "number", "description": "Window end in seconds"},
-            },
-            "required": ["video_path", "start_time", "end_time"],
-        },
-    },
+    "function": {**chat.CROP_VIDEO_TOOL["function"],
+                 "description": ("Inspect one time window of the video: frames sampled between start_time "
+                                 "and end_time are returned. Several calls in one turn inspect several "
+                                 "windows at once.")},
 }
 
 DIRECT_SYSTEM = ("You answer questions about videos. Look at the video carefully, then give "
