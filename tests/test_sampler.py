@@ -235,10 +235,11 @@ def test_no_compiles_after_warm_up_with_varied_frames():
     def random_call():
         call([int(n) for n in rng.integers(1, 4, int(rng.integers(1, 3)))])
 
+    base = sampler.compile_counts()  # jit caches are per process: other tests' entries count too
     for _ in range(10):  # 1-2 rows of 1-3 frames, then 1-3 frames per row in the next turn
         random_call()
     warm = sampler.compile_counts()
-    assert warm["vision"] <= 4  # frame totals 1, 2, 4, 8 (without padding: one per total)
+    assert warm["vision"] - base["vision"] <= 4  # frame totals 1, 2, 4, 8 (without padding: one per total)
     for _ in range(12):
         random_call()
     assert sampler.compile_counts() == warm
