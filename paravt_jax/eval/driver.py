@@ -339,6 +339,16 @@ def evaluate_command(config, output_dir: str, *, shard_id: int = 0, num_shards: 
     comparison: dict[str, dict[str, dict]] = {}
     for benchmark in benchmarks:
         arms = DISPATCH if compare else (config.dispatch,)
+        if compare and benchmark.samples:  # compile each arm's shapes (a batch per question type) before timing
+            warm = {}
+            for batch in batches(list(enumerate(benchmark.samples)), config.batch_size):
+                warm.setdefault(batch[0][1].question_type, batch)
+            for dispatch in arms:
+                driver = driver_config(config, prompt_mode=prompt_mode_for(benchmark.name), dispatch=dispatch)
+                with CropDispatcher(DispatchConfig(max_parallel=driver.max_parallel,
+                                                   max_pixels=driver.crop_max_pixels)) as dispatcher:
+                    for batch in warm.values():
+                        evaluate_batch(sampler, tokenizer, batch, driver, dispatcher)
         for dispatch in arms:
             directory = os.path.join(output_dir, dispatch) if compare else output_dir
             driver = driver_config(config, prompt_mode=prompt_mode_for(benchmark.name), dispatch=dispatch)
