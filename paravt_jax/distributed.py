@@ -314,20 +314,6 @@ def local_model(model):
     return nnx.merge(graphdef, to_local(state))
 
 
-def host_tree(tree):
-    """Numpy copies of every array in `tree` (global arrays gathered). Collective when any array
-    spans processes."""
-    import jax
-    from jax.experimental import multihost_utils
-
-    def one(x):
-        if isinstance(x, jax.Array) and not x.is_fully_addressable:
-            return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-        return np.asarray(x)
-
-    return jax.tree.map(one, tree)
-
-
 def model_mesh(model):
     """The mesh `model`'s parameters are laid out on (None when they are not on a multi-device
     mesh). Trainers hand it to TrainStep so that batches are split over every device of every

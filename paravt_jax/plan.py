@@ -2,7 +2,7 @@
 
     paravt-jax plan --config=configs/paragrpo.py:qwen3vl_8b --mesh=v5p-32
     paravt-jax plan --config=configs/paragrpo.py:tiny --mesh=data=1,fsdp=8,tensor=1 \
-        --device_memory_gb=16 --json=/tmp/plan.json
+        --device_memory_gb=16 --json=runs/plan.json
 
 Nothing is allocated. The model is built with `nnx.eval_shape`, every parameter gets the
 NamedSharding that `paravt_jax.sharding` gives it on an `AbstractMesh` of the requested axis

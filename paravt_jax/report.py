@@ -1,7 +1,7 @@
 """`paravt-jax report DIR... [--out=PATH_PREFIX]`: one comparison table of sweep arms.
 
     paravt-jax report runs/ablations                    # a sweep root: arms are its subdirectories
-    paravt-jax report runs/a runs/b --out=/tmp/compare  # or arm directories
+    paravt-jax report runs/a runs/b --out=runs/compare  # or arm directories
 
 Each arm directory holds a main-job run (`summary.json`, `rl/metrics.jsonl`,
 `sft/metrics.jsonl`; `sweep_arm.json` when the sweep started it). Arms that differ only by

@@ -137,6 +137,10 @@ def evaluate_batch(sampler, tokenizer, batch: Sequence[tuple[int, object]], conf
     return records
 
 
+def crop_dispatcher(config: DriverConfig) -> CropDispatcher:
+    return CropDispatcher(DispatchConfig(max_parallel=config.max_parallel, max_pixels=config.crop_max_pixels))
+
+
 def batches(pending: Sequence[tuple[int, object]], batch_size: int) -> list[list[tuple[int, object]]]:
     """Batches of samples with one question type each (one forced-answer budget per call)."""
     out = []
@@ -223,15 +227,15 @@ def run_dataset(sampler, tokenizer, benchmark, config: DriverConfig, output_dir:
     samples = list(benchmark.samples)
     mine = shard_path(output_dir, name, shard_id, num_shards)
     done = read_records([mine])
-    if os.path.exists(mine):  # drop a torn last line so appended records start on their own line
+    if os.path.exists(mine) and not open(mine).read().endswith("\n"):
+        # an interrupted write left a torn last line: drop it so appended records start clean
         with open(mine + ".tmp", "w") as f:
             f.writelines(json.dumps(done[i], default=str) + "\n" for i in sorted(done))
         os.replace(mine + ".tmp", mine)
     pending = [(i, samples[i]) for i in shard_indices(len(samples), shard_id, num_shards) if i not in done]
     log(f"[eval] {name}: {len(samples)} samples, shard {shard_id}/{num_shards}: {len(pending)} to run, "
         f"{len(done)} already done; {len(benchmark.missing_videos)} missing videos skipped")
-    dispatch = DispatchConfig(max_parallel=config.max_parallel, max_pixels=config.crop_max_pixels)
-    with CropDispatcher(dispatch) as dispatcher:
+    with crop_dispatcher(config) as dispatcher:
         for batch in batches(pending, config.batch_size):
             records = evaluate_batch(sampler, tokenizer, batch, config, dispatcher)
             with open(mine, "a") as f:
@@ -345,8 +349,7 @@ def evaluate_command(config, output_dir: str, *, shard_id: int = 0, num_shards: 
                 warm.setdefault(batch[0][1].question_type, batch)
             for dispatch in arms:
                 driver = driver_config(config, prompt_mode=prompt_mode_for(benchmark.name), dispatch=dispatch)
-                with CropDispatcher(DispatchConfig(max_parallel=driver.max_parallel,
-                                                   max_pixels=driver.crop_max_pixels)) as dispatcher:
+                with crop_dispatcher(driver) as dispatcher:
                     for batch in warm.values():
                         evaluate_batch(sampler, tokenizer, batch, driver, dispatcher)
         for dispatch in arms:

@@ -3,6 +3,7 @@ template tokens masked out), rows length-bucketed by padding to bucketed widths.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
@@ -30,12 +31,10 @@ def train_sft(model, tokenizer, rows: list, video_root: str, workdir: str, confi
     contiguous share of every batch (once per row, on first use); the shares are gathered into
     the global batch, in process order (see paravt_jax.distributed)."""
     share = dist.process_slice(config.batch_size, "batch_size")
-    examples: dict[int, object] = {}
 
+    @functools.cache
     def example(i: int):
-        if i not in examples:
-            examples[i] = sft_inputs(rows[i], tokenizer, video_root, config.nframes, config.max_pixels)
-        return examples[i]
+        return sft_inputs(rows[i], tokenizer, video_root, config.nframes, config.max_pixels)
 
     step = TrainStep(model, config.optimizer, StepConfig(objective="sft"), mesh=dist.model_mesh(model))
 
