@@ -704,8 +704,9 @@ def plan(config, mesh_sizes: Mapping[str, int], device_memory_gb: float,
     def cache_row(label, rows, capacity, counted=True):
         spec = CacheSpec(t.num_hidden_layers, rows, capacity, t.num_key_value_heads, t.head_dim, cache_dtype)
         sharding = cache_sharding(mesh, spec)
-        mine, whole = _shard_bytes(spec.shape, cache_dtype, sharding)
-        return Component(label, 2 * mine, spec.bytes, f"k+v {_spec_text(sharding)}", counted=counted)
+        mine, _ = _shard_bytes(spec.layer_shape, cache_dtype, sharding)  # one layer's array
+        return Component(label, 2 * spec.layers * mine, spec.bytes,
+                         f"k+v, {spec.layers} layers of {_spec_text(sharding)}", counted=counted)
 
     main_cache = cache_row(f"KV cache ({work.sampler_rows} rows x {work.cache_capacity} slots)",
                            work.sampler_rows, work.cache_capacity)

@@ -109,10 +109,11 @@ def test_kv_cache_matches_the_samplers_own_cache(sharded_tiny):
     mesh, model = sharded_tiny
     sampler = Sampler(model, mesh=mesh)
     cache_k, cache_v, _ = sampler._empty_cache(work.sampler_rows, work.cache_capacity)
-    shard = cache_k.addressable_shards[0].data.nbytes + cache_v.addressable_shards[0].data.nbytes
+    arrays = cache_k + cache_v
+    shard = sum(a.addressable_shards[0].data.nbytes for a in arrays)
     row = next(c for c in result.sampler.components if c.name.startswith("KV cache ("))
     assert row.per_device_bytes == shard
-    assert row.global_bytes == cache_k.nbytes + cache_v.nbytes
+    assert row.global_bytes == sum(a.nbytes for a in arrays)
 
 
 def test_batch_spec_vision_layout_matches_vision_layout():

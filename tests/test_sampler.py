@@ -202,7 +202,7 @@ def test_sharded_sampler_equals_unsharded(tiny):
     assert plain.tokens == sharded.tokens
     for a, b in zip(plain.logprobs, sharded.logprobs):
         np.testing.assert_allclose(a, b, atol=1e-4)
-    assert state.cache_k.sharding.spec[1] is not None  # batch rows are split
+    assert state.cache_k[0].sharding.spec[0] is not None  # batch rows are split
 
 
 def test_no_compiles_after_warm_up_with_varied_frames():

@@ -113,6 +113,7 @@ def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge
         run_config = dataclasses.replace(rollout_config, seed=config.seed * 100_003 + index,
                                          row_offset=share.start * G)
         rollouts, skipped = run_rollouts(sampler, tokenizer, episodes, G, run_config, dispatcher)
+        del sampler  # frees its per-layer weight copy before the update
         t1 = time.perf_counter()
         rewards, seq_rewards, anchor_rewards = score(rollouts, config.reward, token_anchor, judge)
         rollouts, rewards, seq_rewards, anchor_rewards, skipped = gather_scored(

@@ -58,14 +58,19 @@ class SamplerState:
     """Where each row's episode stands. All rows share the cache write pointer
     `write_index`; `valid` [B, S] marks the slots that hold each row's real tokens.
     `pending` is the last sampled token, not yet in the cache (-1 when none); the next chunk
-    of row b must be encoded with start_position = chunk_start[b]."""
-    cache_k: jax.Array
-    cache_v: jax.Array
+    of row b must be encoded with start_position = chunk_start[b]. The caches hold one
+    [B, KV heads, S, head_dim] array per layer."""
+    cache_k: tuple[jax.Array, ...]
+    cache_v: tuple[jax.Array, ...]
     valid: jax.Array  # [B, S] bool
     write_index: int
     next_position: np.ndarray  # [B] position of the pending token (or of the next token)
     pending: np.ndarray  # [B]
     num_rows: int
+
+    @property
+    def capacity(self) -> int:
+        return self.cache_k[0].shape[2]
 
     @property
     def chunk_start(self) -> np.ndarray:
@@ -112,14 +117,20 @@ def _vision(graphdef, params, pixel_values, meta):
     return model.encode_vision(pixel_values, *meta)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2))
-def _new_cache(shape, dtype, sharding):
-    zeros = jnp.zeros(shape, dtype)
-    return constrain(zeros, sharding), constrain(zeros, sharding)
+@functools.partial(jax.jit, static_argnums=0)
+def _unstack_layers(graphdef, params):
+    return nnx.merge(graphdef, params).language.unstacked_layers()
 
 
-@functools.partial(jax.jit, static_argnums=(0, 12, 13), donate_argnums=(2, 3, 4))
-def _prefill(graphdef, params, cache_k, cache_v, valid, write_index, ids, positions, counts,
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def _new_cache(layers, shape, dtype, sharding):
+    def zeros():
+        return tuple(constrain(jnp.zeros(shape, dtype), sharding) for _ in range(layers))
+    return zeros(), zeros()
+
+
+@functools.partial(jax.jit, static_argnums=(0, 13, 14), donate_argnums=(3, 4, 5))
+def _prefill(graphdef, params, layers, cache_k, cache_v, valid, write_index, ids, positions, counts,
              visual_index, visual_embeds, deepstack, sharding, window):
     lang = nnx.merge(graphdef, params).language
     width = ids.shape[1]
@@ -127,7 +138,7 @@ def _prefill(graphdef, params, cache_k, cache_v, valid, write_index, ids, positi
     valid = jax.lax.dynamic_update_slice(valid, fresh, (0, write_index))
     hidden, cache_k, cache_v = lang.forward_cached(ids, positions, write_index, valid, cache_k,
                                                    cache_v, visual_index, visual_embeds, deepstack,
-                                                   window=window)
+                                                   window=window, layers=layers)
     last = jnp.maximum(counts - 1, 0)
     last_hidden = hidden[jnp.arange(ids.shape[0]), last][:, None]
     logits = lang.logits(last_hidden)[:, 0].astype(jnp.float32)
@@ -137,63 +148,80 @@ def _prefill(graphdef, params, cache_k, cache_v, valid, write_index, ids, positi
 @functools.partial(jax.jit, static_argnums=(5, 6))
 def _gather_rows(cache_k, cache_v, valid, logits, index, capacity_pad, sharding):
     """Copies cache rows (G samples sharing one prefilled prompt) and grows the capacity."""
-    def take(c):
-        c = c[:, index]
+    def take(layer):
+        layer = layer[index]
         if capacity_pad:
-            c = jnp.pad(c, ((0, 0), (0, 0), (0, 0), (0, capacity_pad), (0, 0)))
-        return constrain(c, sharding)
+            layer = jnp.pad(layer, ((0, 0), (0, 0), (0, capacity_pad), (0, 0)))
+        return constrain(layer, sharding)
     valid = jnp.pad(valid[index], ((0, 0), (0, capacity_pad)))
-    return take(cache_k), take(cache_v), valid, logits[index]
+    return tuple(map(take, cache_k)), tuple(map(take, cache_v)), valid, logits[index]
 
 
-@functools.partial(jax.jit, static_argnums=(0, 14, 15), donate_argnums=(2, 3, 4))
-def _decode(graphdef, params, cache_k, cache_v, valid, write_index, logits, next_position,
-            budgets, stop_ids, row_keys, temperature, top_p, top_k, max_steps, sharding):
-    """Samples up to max_steps tokens per row; see the module docstring for the convention."""
+@dataclasses.dataclass(frozen=True)
+class _DecodeCarry:
+    """Decode progress that survives between the segments of one decode (see Sampler._decode)."""
+    step: jax.Array  # [] tokens emitted so far per row slot (0 = the prefill logits not used yet)
+    tokens: jax.Array  # [B, max_steps] int32, -1 where nothing was emitted
+    logps: jax.Array  # [B, max_steps] float32
+    n_gen: jax.Array  # [B]
+    done: jax.Array  # [B] stop id hit or budget used up
+    finished: jax.Array  # [B] stop id hit
+    write_index: jax.Array  # [] next free cache slot
+    next_position: jax.Array  # [B]
+
+    @staticmethod
+    def start(budgets: np.ndarray, max_steps: int, write_index: int, next_position: np.ndarray):
+        rows = budgets.shape[0]
+        return _DecodeCarry(np.int32(0), np.full((rows, max_steps), -1, np.int32),
+                            np.zeros((rows, max_steps), np.float32), np.zeros(rows, np.int32),
+                            budgets <= 0, np.zeros(rows, bool), np.int32(write_index),
+                            next_position.astype(np.int32))
+
+
+jax.tree_util.register_dataclass(_DecodeCarry, data_fields=[f.name for f in dataclasses.fields(_DecodeCarry)],
+                                 meta_fields=[])
+
+
+@functools.partial(jax.jit, static_argnums=(0, 15), donate_argnums=(3, 4, 5))
+def _decode(graphdef, params, layers, cache_k, cache_v, valid, logits, budgets, stop_ids, row_keys,
+            temperature, top_p, top_k, carry: _DecodeCarry, max_steps, sharding):
+    """Samples until every row is done, `max_steps` tokens were emitted, or the cache is full
+    (the caller grows it and calls again with the returned carry). The first call (step 0)
+    samples from the prefill's `logits`; see the module docstring for the log-prob convention."""
     lang = nnx.merge(graphdef, params).language
-    batch = logits.shape[0]
+    capacity = cache_k[0].shape[2]
 
     def keys_at(step):
         return jax.vmap(lambda k: jax.random.fold_in(k, step))(row_keys)
 
-    def emit(state, logits, active):
-        step, tokens, logps, n_gen, done = state
-        token, logp = sample_logits(logits, keys_at(step), temperature, top_p, top_k)
-        tokens = tokens.at[:, step].set(jnp.where(active, token, -1))
-        logps = logps.at[:, step].set(jnp.where(active, logp, 0.0))
-        n_gen = n_gen + active
+    def emit(c: _DecodeCarry, logits, active) -> _DecodeCarry:
+        token, logp = sample_logits(logits, keys_at(c.step), temperature, top_p, top_k)
+        n_gen = c.n_gen + active
         hit = active & jnp.any(token[:, None] == stop_ids[None, :], axis=-1)
-        done = done | hit | (n_gen >= budgets)
-        return (step + 1, tokens, logps, n_gen, done), hit
+        return dataclasses.replace(
+            c, step=c.step + 1, tokens=c.tokens.at[:, c.step].set(jnp.where(active, token, -1)),
+            logps=c.logps.at[:, c.step].set(jnp.where(active, logp, 0.0)), n_gen=n_gen,
+            done=c.done | hit | (n_gen >= budgets), finished=c.finished | hit)
 
-    tokens = jnp.full((batch, max_steps), -1, jnp.int32)
-    logps = jnp.zeros((batch, max_steps), jnp.float32)
-    n_gen = jnp.zeros((batch,), jnp.int32)
-    active = budgets > 0
-    state, hit = emit((0, tokens, logps, n_gen, ~active), logits, active)
+    carry = jax.lax.cond(carry.step == 0, lambda c: emit(c, logits, budgets > 0), lambda c: c, carry)
 
-    def cond(carry):
-        state = carry[0]
-        return (state[0] < max_steps) & ~jnp.all(state[4])
+    def cond(loop):
+        c = loop[0]
+        return (c.step < max_steps) & ~jnp.all(c.done) & (c.write_index < capacity)
 
-    def body(carry):
-        state, finished, ck, cv, valid, write_index, next_position = carry
-        step, tokens = state[0], state[1]
-        active = ~state[4]
-        fed = jnp.maximum(tokens[:, step - 1], 0)[:, None]
-        positions = jnp.broadcast_to(next_position[None, :, None], (3, batch, 1))
-        valid = jax.lax.dynamic_update_slice(valid, active[:, None], (0, write_index))
-        hidden, ck, cv = lang.forward_cached(fed, positions, write_index, valid, ck, cv)
+    def body(loop):
+        c, ck, cv, valid = loop
+        active = ~c.done
+        fed = jnp.maximum(c.tokens[:, c.step - 1], 0)[:, None]
+        positions = jnp.broadcast_to(c.next_position[None, :, None], (3, fed.shape[0], 1))
+        valid = jax.lax.dynamic_update_slice(valid, active[:, None], (0, c.write_index))
+        hidden, ck, cv = lang.forward_cached(fed, positions, c.write_index, valid, ck, cv, layers=layers)
         new_logits = lang.logits(hidden)[:, 0].astype(jnp.float32)
-        next_position = next_position + active
-        state, hit = emit(state, new_logits, active)
-        return (state, finished | hit, constrain(ck, sharding), constrain(cv, sharding), valid,
-                write_index + 1, next_position)
+        c = dataclasses.replace(c, write_index=c.write_index + 1, next_position=c.next_position + active)
+        return emit(c, new_logits, active), constrain(ck, sharding), constrain(cv, sharding), valid
 
-    carry = (state, hit, cache_k, cache_v, valid, write_index, next_position)
-    state, finished, cache_k, cache_v, valid, write_index, next_position = jax.lax.while_loop(cond, body, carry)
-    _, tokens, logps, n_gen, _ = state
-    return tokens, logps, n_gen, finished, cache_k, cache_v, valid, write_index, next_position
+    carry, cache_k, cache_v, valid = jax.lax.while_loop(cond, body, (carry, cache_k, cache_v, valid))
+    return carry, cache_k, cache_v, valid
 
 
 # ----------------------------------------------------------------------------- host side
@@ -237,6 +265,19 @@ class Sampler:
         text = model.config.text
         self.cache_dtype = jnp.dtype(config.cache_dtype or model.config.dtype)
         self._layout = (text.num_hidden_layers, text.num_key_value_heads, text.head_dim)
+        self._layers = None
+
+    @property
+    def layers(self) -> tuple[dict, ...]:
+        """Per-layer decoder weights (projections as [out, in]), copied once per Sampler.
+
+        The prefill and decode read these instead of slicing the stacked parameters: XLA on
+        CPU/GPU copies a slice that feeds a matmul, which inside the decode loop meant
+        reading and writing every weight once more per token. Costs one copy of the decoder
+        layers while the Sampler lives (build a new Sampler after a weight update)."""
+        if self._layers is None:
+            self._layers = _unstack_layers(self.graphdef, self.params)
+        return self._layers
 
     # -- public -------------------------------------------------------------------------
     def generate(self, prompts: Sequence[ModelInputs], num_samples: int = 1, *, seed: int = 0,
@@ -253,7 +294,7 @@ class Sampler:
         total = len(prompts) * num_samples
         rows = bucket(total, self.config.min_batch_bucket)
         width = batch.ids.shape[1]
-        capacity = bucket(width + k["max_new_tokens"] + 1, 16, self.config.cache_multiple)
+        capacity = self._capacity(width, k["max_new_tokens"])
         cache_k, cache_v, valid = self._empty_cache(unique_rows, capacity)
         logits, cache_k, cache_v, valid = self._prefill(cache_k, cache_v, valid, 0, batch)
         index = np.zeros(rows, np.int32)
@@ -289,14 +330,10 @@ class Sampler:
                         if state.pending[b] >= 0 else chunk)
         batch = _collate(full, rows, self.config.min_chunk_bucket)
         width = batch.ids.shape[1]
-        need = state.write_index + width + k["max_new_tokens"] + 1
-        capacity = state.cache_k.shape[3]
         cache_k, cache_v, valid = state.cache_k, state.cache_v, state.valid
-        if need > capacity:
-            new_capacity = bucket(need, 16, self.config.cache_multiple)
-            cache_k, cache_v, valid, _ = _gather_rows(cache_k, cache_v, valid, jnp.zeros((rows, 1)),
-                                                      jnp.arange(rows), new_capacity - capacity,
-                                                      self._sharding(rows, new_capacity))
+        new_capacity = self._capacity(state.write_index + width, k["max_new_tokens"])
+        if new_capacity > state.capacity:
+            cache_k, cache_v, valid = self._grow(cache_k, cache_v, valid, new_capacity)
         logits, cache_k, cache_v, valid = self._prefill(cache_k, cache_v, valid, state.write_index, batch)
         takes_part = np.array([c is not None for c in full] + [False] * (rows - len(full)))
         next_position = np.array([(int(c.next_position) if c is not None else int(state.next_position[b]))
@@ -332,9 +369,23 @@ class Sampler:
         layers, kv, hd = self._layout
         return cache_sharding(self.mesh, CacheSpec(layers, rows, capacity, kv, hd, self.cache_dtype.name))
 
+    def _capacity(self, chunk_end: int, max_new_tokens: int) -> int:
+        """Cache slots for a chunk ending at `chunk_end` and the start of its decode: room for
+        min(max_new_tokens, max(64, chunk_end)) tokens; the decode doubles the cache when it
+        runs out, so attention never reads more than about twice the slots in use."""
+        room = min(max_new_tokens, max(64, chunk_end))
+        return bucket(chunk_end + room + 1, 16, self.config.cache_multiple)
+
+    def _grow(self, cache_k, cache_v, valid, new_capacity: int):
+        rows, capacity = valid.shape
+        cache_k, cache_v, valid, _ = _gather_rows(cache_k, cache_v, valid, jnp.zeros((rows, 1)),
+                                                  jnp.arange(rows), new_capacity - capacity,
+                                                  self._sharding(rows, new_capacity))
+        return cache_k, cache_v, valid
+
     def _empty_cache(self, rows: int, capacity: int):
         layers, kv, hd = self._layout
-        cache_k, cache_v = _new_cache((layers, rows, kv, capacity, hd), self.cache_dtype,
+        cache_k, cache_v = _new_cache(layers, (rows, kv, capacity, hd), self.cache_dtype,
                                       self._sharding(rows, capacity))
         return cache_k, cache_v, jnp.zeros((rows, capacity), bool)
 
@@ -344,13 +395,13 @@ class Sampler:
             pixels, grids = pad_frames_to_buckets(batch.pixel_values, batch.grids)
             layout = vision_layout(grids, self.model.config.vision)
             embeds, deepstack = _vision(self.graphdef, self.params, pixels, layout.device_arrays())
-        return _prefill(self.graphdef, self.params, cache_k, cache_v, valid, np.int32(write_index),
+        return _prefill(self.graphdef, self.params, self.layers, cache_k, cache_v, valid, np.int32(write_index),
                         batch.ids, batch.positions, batch.counts.astype(np.int32),
                         batch.visual_index, embeds, deepstack,
-                        self._sharding(batch.ids.shape[0], cache_k.shape[3]),
+                        self._sharding(batch.ids.shape[0], cache_k[0].shape[2]),
                         # attend only to the slots in use (bucketed, so few compiled variants)
                         min(bucket(write_index + batch.ids.shape[1], 16, self.config.cache_multiple),
-                            cache_k.shape[3]))
+                            cache_k[0].shape[2]))
 
     def _decode(self, cache_k, cache_v, valid, write_index, logits, next_position, budgets, num_rows,
                 seed, k, keep_pending=None, takes_part=None, row_ids=None):
@@ -365,13 +416,21 @@ class Sampler:
             ids[:num_rows] = row_ids  # padding rows keep any id: their budget is 0
         row_keys = jax.vmap(lambda r: jax.random.fold_in(base, r))(jnp.asarray(ids))
         steps = bucket(k["max_new_tokens"], 16)
-        out = _decode(self.graphdef, self.params, cache_k, cache_v, valid, np.int32(write_index),
-                      logits, next_position.astype(np.int32), budgets, stop, row_keys,
-                      np.float32(k["temperature"]), np.float32(k["top_p"]), np.int32(k["top_k"]),
-                      steps, self._sharding(rows, cache_k.shape[3]))
-        tokens, logps, n_gen, finished, cache_k, cache_v, valid, write_out, next_out = out
-        tokens, logps = np.asarray(tokens), np.asarray(logps)
-        n_gen, finished = np.asarray(n_gen), np.asarray(finished)
+        carry = _DecodeCarry.start(budgets, steps, write_index, next_position)
+        knobs = (np.float32(k["temperature"]), np.float32(k["top_p"]), np.int32(k["top_k"]))
+        while True:  # one segment per cache size: grow (double) when the slots run out
+            carry, cache_k, cache_v, valid = _decode(
+                self.graphdef, self.params, self.layers, cache_k, cache_v, valid, logits, budgets, stop,
+                row_keys, *knobs, carry, steps, self._sharding(rows, valid.shape[1]))
+            n_gen, done = np.asarray(carry.n_gen), np.asarray(carry.done)
+            if done.all() or int(carry.step) >= steps:
+                break
+            left = int(np.max(np.where(done, 0, budgets - n_gen)))
+            need = min(int(carry.write_index) + left + 1, 2 * valid.shape[1])
+            cache_k, cache_v, valid = self._grow(cache_k, cache_v, valid,
+                                                 bucket(need, 16, self.config.cache_multiple))
+        tokens, logps = np.asarray(carry.tokens), np.asarray(carry.logps)
+        finished, write_out, next_out = np.asarray(carry.finished), carry.write_index, carry.next_position
         pending = np.where(n_gen > 0, tokens[np.arange(rows), np.maximum(n_gen - 1, 0)], -1)
         if keep_pending is not None:
             # rows that sat this turn out keep their earlier pending token

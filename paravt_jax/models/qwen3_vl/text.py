@@ -14,6 +14,16 @@ from paravt_jax.models.qwen3_vl.config import Qwen3VLConfig
 from paravt_jax.models.qwen3_vl.rope import mrope_tables
 
 
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def _project(x: jax.Array, params: dict, name: str) -> jax.Array:
+    """x @ kernel, with the kernel stored [in, out] under `name` or [out, in] under name_t."""
+    if name + "_t" in params:
+        return jnp.einsum("...i,oi->...o", x, params[name + "_t"].astype(x.dtype))
+    return L.dense(x, params[name])
+
+
 class TextDecoder(nnx.Module):
     def __init__(self, config: Qwen3VLConfig, *, rngs: nnx.Rngs):
         t = config.text
@@ -65,16 +75,16 @@ class TextDecoder(nnx.Module):
         """Returns (output [B, L, D], (k, v) of this chunk [B, L, KV, hd])."""
         t = self.config
         b, n, _ = x.shape
-        q = L.dense(x, params["q_proj"]).reshape(b, n, t.num_attention_heads, t.head_dim)
-        k = L.dense(x, params["k_proj"]).reshape(b, n, t.num_key_value_heads, t.head_dim)
-        v = L.dense(x, params["v_proj"]).reshape(b, n, t.num_key_value_heads, t.head_dim)
+        q = _project(x, params, "q_proj").reshape(b, n, t.num_attention_heads, t.head_dim)
+        k = _project(x, params, "k_proj").reshape(b, n, t.num_key_value_heads, t.head_dim)
+        v = _project(x, params, "v_proj").reshape(b, n, t.num_key_value_heads, t.head_dim)
         q = L.rms_norm(q, params["q_norm"], t.rms_norm_eps)
         k = L.rms_norm(k, params["k_norm"], t.rms_norm_eps)
         q = L.apply_rotary(q, cos[:, :, None, :], sin[:, :, None, :])
         k = L.apply_rotary(k, cos[:, :, None, :], sin[:, :, None, :])
         keys, values = (k, v) if kv is None else kv(k, v)
         out = L.dot_attention(q, keys, values, mask, kv_heads_major).reshape(b, n, -1)
-        return L.dense(out, params["o_proj"]), (k, v)
+        return _project(out, params, "o_proj"), (k, v)
 
     def layer(self, x, params, cos, sin, mask, kv=None, kv_heads_major=False):
         t = self.config
@@ -82,8 +92,8 @@ class TextDecoder(nnx.Module):
                                    params, cos, sin, mask, kv, kv_heads_major)
         x = x + h
         y = L.rms_norm(x, params["post_norm"], t.rms_norm_eps)
-        y = jax.nn.silu(L.dense(y, params["gate_proj"])) * L.dense(y, params["up_proj"])
-        return x + L.dense(y, params["down_proj"]), new_kv
+        y = jax.nn.silu(_project(y, params, "gate_proj")) * _project(y, params, "up_proj")
+        return x + _project(y, params, "down_proj"), new_kv
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         h = L.rms_norm(hidden, self.norm[...], self.config.rms_norm_eps)
@@ -93,6 +103,26 @@ class TextDecoder(nnx.Module):
 
     def layer_params(self) -> dict:
         return {k: v[...] for k, v in self.layers.items()}
+
+    def unstacked_layers(self) -> tuple[dict, ...]:
+        """One parameter dict per layer, materialised as separate buffers.
+
+        Inside a `while_loop` (the sampler's decode), XLA:CPU and XLA:GPU copy the slice of a
+        stacked weight that feeds a matmul on every iteration, i.e. every decode step reads
+        and writes the decoder weights once more. Slicing once before the loop (the barrier
+        keeps XLA from sinking the slices back into it) costs one copy per call instead.
+        """
+        stacked = self.layer_params()
+        per_layer = []
+        for i in range(self.config.num_hidden_layers):
+            layer = {}
+            for name, p in stacked.items():
+                if name in PROJECTIONS:
+                    layer[name + "_t"] = p[i].T
+                else:
+                    layer[name] = p[i]
+            per_layer.append(layer)
+        return jax.lax.optimization_barrier(tuple(per_layer))
 
     def _deepstack_adder(self, visual_index, deepstack):
         """f(x, i) adding DeepStack feature i at visual positions after layer i < n_ds."""
@@ -114,52 +144,58 @@ class TextDecoder(nnx.Module):
 
     # -- cached forward (sampler) ---------------------------------------------------------
     def forward_cached(self, input_ids: jax.Array, position_ids: jax.Array, write_index: jax.Array,
-                       valid: jax.Array, cache_k: jax.Array, cache_v: jax.Array,
+                       valid: jax.Array, cache_k: tuple[jax.Array, ...], cache_v: tuple[jax.Array, ...],
                        visual_index: jax.Array | None = None, visual_embeds: jax.Array | None = None,
-                       deepstack: jax.Array | None = None, window: int | None = None):
+                       deepstack: jax.Array | None = None, window: int | None = None,
+                       layers: tuple[dict, ...] | None = None):
         """Runs a chunk of P tokens per row on top of a KV cache.
 
-        All rows write their chunk to the same cache slots [write_index, write_index + P) with
-        one in-place `dynamic_update_slice` per layer; `valid` [B, S] marks which slots hold
-        real tokens (it must already include this chunk's), so rows of different lengths and
-        turns share the cache and padding slots are never attended. Token p attends to valid
-        slots <= write_index + p. input_ids [B, P], position_ids [3, B, P],
-        cache_k/v [layers, B, KV, S, hd]. `window` (static, >= write_index + P) limits
-        attention to the first `window` slots: a prefill into an empty or short cache then
-        costs O(P * window), not O(P * S). Returns (hidden [B, P, D], cache_k, cache_v).
+        The cache is one [B, KV, S, hd] array per layer (cache_k, cache_v: tuples), so that a
+        layer's attention reads its own buffer: slicing one layer out of a stacked
+        [layers, ...] cache copies it on XLA:CPU/GPU, every decode step. All rows write their
+        chunk to the same slots [write_index, write_index + P) with one in-place
+        `dynamic_update_slice` per layer; `valid` [B, S] marks which slots hold real tokens
+        (it must already include this chunk's), so rows of different lengths and turns share
+        the cache and padding slots are never attended. Token p attends to valid slots
+        <= write_index + p. input_ids [B, P], position_ids [3, B, P]. `window` (static,
+        >= write_index + P) limits attention to the first `window` slots: a prefill into an
+        empty or short cache then costs O(P * window), not O(P * S). `layers` (from
+        `unstacked_layers`) supplies per-layer parameter buffers; by default each layer's
+        parameters are sliced from the stacked ones. The layers are unrolled.
+        Returns (hidden [B, P, D], cache_k, cache_v).
         """
         t = self.config
+        if len(cache_k) != t.num_hidden_layers or len(cache_v) != t.num_hidden_layers:
+            raise ValueError(f"forward_cached: {len(cache_k)}/{len(cache_v)} cache layers for a "
+                             f"{t.num_hidden_layers}-layer decoder")
         length = input_ids.shape[1]
         x = self.embed(input_ids, visual_index, visual_embeds)
         cos, sin = mrope_tables(position_ids, t, self.dtype)
-        capacity = cache_k.shape[3]
+        capacity = cache_k[0].shape[2]
         query_slots = write_index + jnp.arange(length)
         window = capacity if window is None else min(int(window), capacity)
         mask = valid[:, None, :window] & (jnp.arange(window)[None, None, :] <= query_slots[None, :, None])
         add_deepstack = self._deepstack_adder(visual_index, deepstack)
-        write_index = jnp.asarray(write_index, jnp.int32)
-        zero = jnp.zeros((), jnp.int32)
+        at = (0, 0, jnp.asarray(write_index, jnp.int32), 0)
+        if layers is None:
+            stacked = self.layer_params()
+            layers = tuple(jax.tree.map(lambda p, i=i: p[i], stacked) for i in range(t.num_hidden_layers))
+        out_k, out_v = [], []
+        for i, params in enumerate(layers):
+            written = {}
 
-        def body(carry, params, i):
-            x, ck, cv = carry
-
-            def kv(k_new, v_new):
-                nonlocal ck, cv
-                # cache layout [layers, B, KV, S, hd]: attention reads it without a transpose
-                at = (jnp.asarray(i, jnp.int32), zero, zero, write_index, zero)
-                ck = jax.lax.dynamic_update_slice(ck, k_new.transpose(0, 2, 1, 3).astype(ck.dtype)[None], at)
-                cv = jax.lax.dynamic_update_slice(cv, v_new.transpose(0, 2, 1, 3).astype(cv.dtype)[None], at)
-                keys, values = ck[i], cv[i]
-                if window < capacity:
-                    keys, values = keys[:, :, :window], values[:, :, :window]
+            def kv(k_new, v_new, ck=cache_k[i], cv=cache_v[i], written=written):
+                # layout [B, KV, S, hd]: attention reads it without a transpose
+                written["k"] = jax.lax.dynamic_update_slice(ck, k_new.transpose(0, 2, 1, 3).astype(ck.dtype), at)
+                written["v"] = jax.lax.dynamic_update_slice(cv, v_new.transpose(0, 2, 1, 3).astype(cv.dtype), at)
+                keys, values = written["k"][:, :, :window], written["v"][:, :, :window]
                 return keys.astype(k_new.dtype), values.astype(v_new.dtype)
 
             x, _ = self.layer(x, params, cos, sin, mask, kv, kv_heads_major=True)
-            return add_deepstack(x, i), ck, cv
-
-        x, cache_k, cache_v = L.run_layers(body, (x, cache_k, cache_v), self.layer_params(),
-                                           t.num_hidden_layers, scan=self.scan, remat=False)
-        return x, cache_k, cache_v
+            x = add_deepstack(x, i)
+            out_k.append(written["k"])
+            out_v.append(written["v"])
+        return x, tuple(out_k), tuple(out_v)
 
     # -- full-sequence forward ------------------------------------------------------------
     def __call__(self, input_ids: jax.Array, attention_mask: jax.Array, position_ids: jax.Array,
