@@ -704,9 +704,11 @@ def plan(config, mesh_sizes: Mapping[str, int], device_memory_gb: float,
     def cache_row(label, rows, capacity, counted=True):
         spec = CacheSpec(t.num_hidden_layers, rows, capacity, t.num_key_value_heads, t.head_dim, cache_dtype)
         sharding = cache_sharding(mesh, spec)
-        mine, _ = _shard_bytes(spec.layer_shape, cache_dtype, sharding)  # one layer's array
-        return Component(label, 2 * spec.layers * mine, spec.bytes,
-                         f"k+v, {spec.layers} layers of {_spec_text(sharding)}", counted=counted)
+        keys, _ = _shard_bytes(spec.key_layer_shape, cache_dtype, sharding and sharding.keys)
+        values, _ = _shard_bytes(spec.layer_shape, cache_dtype, sharding and sharding.values)
+        text = "unsharded" if sharding is None else _spec_text(sharding.values)
+        return Component(label, spec.layers * (keys + values), spec.bytes,
+                         f"k+v, {spec.layers} layers, values {text}", counted=counted)
 
     main_cache = cache_row(f"KV cache ({work.sampler_rows} rows x {work.cache_capacity} slots)",
                            work.sampler_rows, work.cache_capacity)

@@ -58,8 +58,8 @@ class SamplerState:
     """Where each row's episode stands. All rows share the cache write pointer
     `write_index`; `valid` [B, S] marks the slots that hold each row's real tokens.
     `pending` is the last sampled token, not yet in the cache (-1 when none); the next chunk
-    of row b must be encoded with start_position = chunk_start[b]. The caches hold one
-    [B, KV heads, S, head_dim] array per layer."""
+    of row b must be encoded with start_position = chunk_start[b]. The caches hold one array
+    per layer: keys [B, KV heads, head_dim, S], values [B, KV heads, S, head_dim]."""
     cache_k: tuple[jax.Array, ...]
     cache_v: tuple[jax.Array, ...]
     valid: jax.Array  # [B, S] bool
@@ -70,7 +70,7 @@ class SamplerState:
 
     @property
     def capacity(self) -> int:
-        return self.cache_k[0].shape[2]
+        return self.valid.shape[1]
 
     @property
     def chunk_start(self) -> np.ndarray:
@@ -84,10 +84,14 @@ def sample_logits(logits, keys, temperature, top_p, top_k):
     temperature 0 is greedy. top_k <= 0 and top_p >= 1 disable truncation. Log-probs follow
     the module convention (temperature-scaled, untruncated).
     """
-    greedy = jnp.argmax(logits, axis=-1)
     safe_t = jnp.where(temperature > 0, temperature, 1.0)
     scaled = logits / safe_t
-    logp = jax.nn.log_softmax(scaled, axis=-1)
+    # two plain reductions instead of log_softmax + argmax: no [B, V] output is written, and
+    # max/min reductions vectorise where the (value, index) argmax reduction does not
+    top = jnp.max(scaled, axis=-1, keepdims=True)
+    log_norm = top[:, 0] + jnp.log(jnp.sum(jnp.exp(scaled - top), axis=-1))
+    vocab = logits.shape[-1]
+    greedy = jnp.min(jnp.where(scaled == top, jnp.arange(vocab, dtype=jnp.int32), vocab), axis=-1)
 
     def plain(_):
         return jax.vmap(jax.random.categorical)(keys, scaled)
@@ -106,8 +110,8 @@ def sample_logits(logits, keys, temperature, top_p, top_k):
     def stochastic(_):
         return jax.lax.cond((top_k > 0) | (top_p < 1.0), truncated, plain, None)
 
-    token = jax.lax.cond(temperature > 0, stochastic, lambda _: greedy, None)
-    return token, jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
+    token = jax.lax.cond(temperature > 0, lambda _: stochastic(_).astype(jnp.int32), lambda _: greedy, None)
+    return token, jnp.take_along_axis(scaled, token[:, None], axis=-1)[:, 0] - log_norm
 
 
 # ----------------------------------------------------------------------------- jitted parts
@@ -124,9 +128,11 @@ def _unstack_layers(graphdef, params):
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
 def _new_cache(layers, shape, dtype, sharding):
-    def zeros():
-        return tuple(constrain(jnp.zeros(shape, dtype), sharding) for _ in range(layers))
-    return zeros(), zeros()
+    """shape = (B, KV, S, hd) of one value array; keys are stored [B, KV, hd, S]."""
+    rows, kv, capacity, head_dim = shape
+    keys = tuple(jnp.zeros((rows, kv, head_dim, capacity), dtype) for _ in range(layers))
+    values = tuple(jnp.zeros(shape, dtype) for _ in range(layers))
+    return constrain(keys, values, sharding)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 13, 14), donate_argnums=(3, 4, 5))
@@ -142,19 +148,23 @@ def _prefill(graphdef, params, layers, cache_k, cache_v, valid, write_index, ids
     last = jnp.maximum(counts - 1, 0)
     last_hidden = hidden[jnp.arange(ids.shape[0]), last][:, None]
     logits = lang.logits(last_hidden)[:, 0].astype(jnp.float32)
-    return logits, constrain(cache_k, sharding), constrain(cache_v, sharding), valid
+    return (logits, *constrain(cache_k, cache_v, sharding), valid)
 
 
 @functools.partial(jax.jit, static_argnums=(5, 6))
 def _gather_rows(cache_k, cache_v, valid, logits, index, capacity_pad, sharding):
     """Copies cache rows (G samples sharing one prefilled prompt) and grows the capacity."""
-    def take(layer):
+    def take(layer, slot_axis):
         layer = layer[index]
         if capacity_pad:
-            layer = jnp.pad(layer, ((0, 0), (0, 0), (0, capacity_pad), (0, 0)))
-        return constrain(layer, sharding)
+            pad = [(0, 0)] * layer.ndim
+            pad[slot_axis] = (0, capacity_pad)
+            layer = jnp.pad(layer, pad)
+        return layer
     valid = jnp.pad(valid[index], ((0, 0), (0, capacity_pad)))
-    return tuple(map(take, cache_k)), tuple(map(take, cache_v)), valid, logits[index]
+    keys = tuple(take(layer, 3) for layer in cache_k)
+    values = tuple(take(layer, 2) for layer in cache_v)
+    return (*constrain(keys, values, sharding), valid, logits[index])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,7 +199,7 @@ def _decode(graphdef, params, layers, cache_k, cache_v, valid, logits, budgets, 
     (the caller grows it and calls again with the returned carry). The first call (step 0)
     samples from the prefill's `logits`; see the module docstring for the log-prob convention."""
     lang = nnx.merge(graphdef, params).language
-    capacity = cache_k[0].shape[2]
+    capacity = valid.shape[1]
 
     def keys_at(step):
         return jax.vmap(lambda k: jax.random.fold_in(k, step))(row_keys)
@@ -218,7 +228,7 @@ def _decode(graphdef, params, layers, cache_k, cache_v, valid, logits, budgets, 
         hidden, ck, cv = lang.forward_cached(fed, positions, c.write_index, valid, ck, cv, layers=layers)
         new_logits = lang.logits(hidden)[:, 0].astype(jnp.float32)
         c = dataclasses.replace(c, write_index=c.write_index + 1, next_position=c.next_position + active)
-        return emit(c, new_logits, active), constrain(ck, sharding), constrain(cv, sharding), valid
+        return (emit(c, new_logits, active), *constrain(ck, cv, sharding), valid)
 
     carry, cache_k, cache_v, valid = jax.lax.while_loop(cond, body, (carry, cache_k, cache_v, valid))
     return carry, cache_k, cache_v, valid
@@ -398,10 +408,10 @@ class Sampler:
         return _prefill(self.graphdef, self.params, self.layers, cache_k, cache_v, valid, np.int32(write_index),
                         batch.ids, batch.positions, batch.counts.astype(np.int32),
                         batch.visual_index, embeds, deepstack,
-                        self._sharding(batch.ids.shape[0], cache_k[0].shape[2]),
+                        self._sharding(batch.ids.shape[0], valid.shape[1]),
                         # attend only to the slots in use (bucketed, so few compiled variants)
                         min(bucket(write_index + batch.ids.shape[1], 16, self.config.cache_multiple),
-                            cache_k[0].shape[2]))
+                            valid.shape[1]))
 
     def _decode(self, cache_k, cache_v, valid, write_index, logits, next_position, budgets, num_rows,
                 seed, k, keep_pending=None, takes_part=None, row_ids=None):

@@ -74,23 +74,28 @@ def apply_rotary(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 
 
 def dot_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None,
-                  kv_heads_major: bool = False) -> jax.Array:
+                  cache_layout: bool = False) -> jax.Array:
     """Grouped-query attention with a boolean mask.
 
-    q: [B, Lq, H, hd]; k, v: [B, Lk, KV, hd] (or [B, KV, Lk, hd] with kv_heads_major, the
-    KV-cache layout); mask: [B, Lq, Lk] (True = attend) or None.
+    q: [B, Lq, H, hd]; k, v: [B, Lk, KV, hd], or with cache_layout the KV-cache layout
+    k: [B, KV, hd, Lk], v: [B, KV, Lk, hd]; mask: [B, Lq, Lk] (True = attend) or None.
     Returns [B, Lq, H, hd]. Logits and softmax in float32, result in q.dtype.
     The G = H/KV query heads that share a KV head are folded into the query axis so both
     products are plain batched matmuls over (B, KV) (measurably faster on CPU and GPU than a
     5-D einsum or repeating K/V).
     """
     batch, q_len, heads, head_dim = q.shape
-    kv_heads = k.shape[1] if kv_heads_major else k.shape[2]
+    kv_heads = k.shape[1] if cache_layout else k.shape[2]
     groups = heads // kv_heads
     folded = q.reshape(batch, q_len, kv_heads, groups, head_dim).transpose(0, 2, 3, 1, 4)
     folded = folded.reshape(batch, kv_heads, groups * q_len, head_dim)
-    keys, values = (k, v) if kv_heads_major else (k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3))
-    logits = jnp.einsum("bkqd,bksd->bkqs", folded, keys, preferred_element_type=jnp.float32)
+    if cache_layout:
+        values = v
+        logits = jnp.einsum("bkqd,bkds->bkqs", folded, k, preferred_element_type=jnp.float32)
+    else:
+        values = v.transpose(0, 2, 1, 3)
+        logits = jnp.einsum("bkqd,bksd->bkqs", folded, k.transpose(0, 2, 1, 3),
+                            preferred_element_type=jnp.float32)
     logits = logits * (head_dim**-0.5)
     if mask is not None:
         tiled = jnp.broadcast_to(mask[:, None, None], (batch, 1, groups) + mask.shape[1:])

@@ -71,7 +71,7 @@ class TextDecoder(nnx.Module):
             x = jnp.where((visual_index >= 0)[..., None], rows, x)
         return x
 
-    def attention(self, x, params, cos, sin, mask, kv=None, kv_heads_major=False):
+    def attention(self, x, params, cos, sin, mask, kv=None, cache_layout=False):
         """Returns (output [B, L, D], (k, v) of this chunk [B, L, KV, hd])."""
         t = self.config
         b, n, _ = x.shape
@@ -83,13 +83,13 @@ class TextDecoder(nnx.Module):
         q = L.apply_rotary(q, cos[:, :, None, :], sin[:, :, None, :])
         k = L.apply_rotary(k, cos[:, :, None, :], sin[:, :, None, :])
         keys, values = (k, v) if kv is None else kv(k, v)
-        out = L.dot_attention(q, keys, values, mask, kv_heads_major).reshape(b, n, -1)
+        out = L.dot_attention(q, keys, values, mask, cache_layout).reshape(b, n, -1)
         return _project(out, params, "o_proj"), (k, v)
 
-    def layer(self, x, params, cos, sin, mask, kv=None, kv_heads_major=False):
+    def layer(self, x, params, cos, sin, mask, kv=None, cache_layout=False):
         t = self.config
         h, new_kv = self.attention(L.rms_norm(x, params["input_norm"], t.rms_norm_eps),
-                                   params, cos, sin, mask, kv, kv_heads_major)
+                                   params, cos, sin, mask, kv, cache_layout)
         x = x + h
         y = L.rms_norm(x, params["post_norm"], t.rms_norm_eps)
         y = jax.nn.silu(_project(y, params, "gate_proj")) * _project(y, params, "up_proj")
@@ -150,9 +150,9 @@ class TextDecoder(nnx.Module):
                        layers: tuple[dict, ...] | None = None):
         """Runs a chunk of P tokens per row on top of a KV cache.
 
-        The cache is one [B, KV, S, hd] array per layer (cache_k, cache_v: tuples), so that a
-        layer's attention reads its own buffer: slicing one layer out of a stacked
-        [layers, ...] cache copies it on XLA:CPU/GPU, every decode step. All rows write their
+        The cache is one array per layer (cache_k: [B, KV, hd, S] each, cache_v:
+        [B, KV, S, hd] each), so that a layer's attention reads its own buffer: slicing one
+        layer out of a stacked [layers, ...] cache copies it on XLA:CPU/GPU, every decode step. All rows write their
         chunk to the same slots [write_index, write_index + P) with one in-place
         `dynamic_update_slice` per layer; `valid` [B, S] marks which slots hold real tokens
         (it must already include this chunk's), so rows of different lengths and turns share
@@ -171,12 +171,12 @@ class TextDecoder(nnx.Module):
         length = input_ids.shape[1]
         x = self.embed(input_ids, visual_index, visual_embeds)
         cos, sin = mrope_tables(position_ids, t, self.dtype)
-        capacity = cache_k[0].shape[2]
+        capacity = valid.shape[1]
         query_slots = write_index + jnp.arange(length)
         window = capacity if window is None else min(int(window), capacity)
         mask = valid[:, None, :window] & (jnp.arange(window)[None, None, :] <= query_slots[None, :, None])
         add_deepstack = self._deepstack_adder(visual_index, deepstack)
-        at = (0, 0, jnp.asarray(write_index, jnp.int32), 0)
+        slot = jnp.asarray(write_index, jnp.int32)
         if layers is None:
             stacked = self.layer_params()
             layers = tuple(jax.tree.map(lambda p, i=i: p[i], stacked) for i in range(t.num_hidden_layers))
@@ -185,13 +185,15 @@ class TextDecoder(nnx.Module):
             written = {}
 
             def kv(k_new, v_new, ck=cache_k[i], cv=cache_v[i], written=written):
-                # layout [B, KV, S, hd]: attention reads it without a transpose
-                written["k"] = jax.lax.dynamic_update_slice(ck, k_new.transpose(0, 2, 1, 3).astype(ck.dtype), at)
-                written["v"] = jax.lax.dynamic_update_slice(cv, v_new.transpose(0, 2, 1, 3).astype(cv.dtype), at)
-                keys, values = written["k"][:, :, :window], written["v"][:, :, :window]
+                # chunk [B, P, KV, hd] -> keys [B, KV, hd, P], values [B, KV, P, hd]
+                written["k"] = jax.lax.dynamic_update_slice(
+                    ck, k_new.transpose(0, 2, 3, 1).astype(ck.dtype), (0, 0, 0, slot))
+                written["v"] = jax.lax.dynamic_update_slice(
+                    cv, v_new.transpose(0, 2, 1, 3).astype(cv.dtype), (0, 0, slot, 0))
+                keys, values = written["k"][..., :window], written["v"][:, :, :window]
                 return keys.astype(k_new.dtype), values.astype(v_new.dtype)
 
-            x, _ = self.layer(x, params, cos, sin, mask, kv, kv_heads_major=True)
+            x, _ = self.layer(x, params, cos, sin, mask, kv, cache_layout=True)
             x = add_deepstack(x, i)
             out_k.append(written["k"])
             out_v.append(written["v"])
