@@ -243,3 +243,65 @@ def test_no_compiles_after_warm_up_with_varied_frames():
     for _ in range(12):
         random_call()
     assert sampler.compile_counts() == warm
+
+
+def test_long_decode_grows_the_cache_and_matches_teacher_forced_forward(tiny):
+    """A decode longer than the first cache segment doubles the cache mid-decode; the tokens
+    sampled across the growth still carry teacher-forced log-probs."""
+    _, ours = tiny
+    prompts = prompts_mixed(2)
+    sampler = Sampler(ours)
+    new = 150
+    result, state = sampler.generate(prompts, max_new_tokens=new, temperature=1.0, seed=5)
+    width = max(p.length for p in prompts)
+    assert state.capacity > sampler._capacity(width, new)  # it grew while decoding
+    for b, tokens in enumerate(result.tokens):
+        assert len(tokens) == new
+        seq = prompts[b].extend(encode_ids(tokens, prompts[b].next_position))
+        want = full_logprobs(ours, seq, prompts[b].length, tokens, 1.0)
+        np.testing.assert_allclose(result.logprobs[b], want, atol=1e-4)
+
+
+@pytest.mark.parametrize("cache_layout", [False, True])
+def test_chunked_attention_equals_dense(cache_layout):
+    from paravt_jax.models.qwen3_vl import layers as L
+
+    rng = np.random.default_rng(0)
+    b, lq, lk, heads, kv, hd = 3, 24, 40, 4, 2, 8
+    q = rng.standard_normal((b, lq, heads, hd)).astype(np.float32)
+    k = rng.standard_normal((b, kv, hd, lk) if cache_layout else (b, lk, kv, hd)).astype(np.float32)
+    v = rng.standard_normal((b, kv, lk, hd) if cache_layout else (b, lk, kv, hd)).astype(np.float32)
+    mask = rng.random((b, lq, lk)) < 0.6
+    mask[1, 5] = False  # a fully masked query (padding) stays finite and equal
+    dense = np.asarray(L.dot_attention(q, k, v, mask, cache_layout))
+    # 8 queries' scores per block: 3 blocks per row
+    chunked = np.asarray(L.chunked_attention(q, k, v, mask, cache_layout, max_score_bytes=8 * heads * lk * 4))
+    assert np.isfinite(chunked).all()
+    np.testing.assert_allclose(chunked, dense, atol=1e-6)
+
+
+def test_prefill_chunked_attention_path_equals_dense_path(monkeypatch):
+    """The cached forward switches to chunked attention above a score-size threshold; the
+    hidden states and the cache it writes are the same either way."""
+    import jax.numpy as jnp
+
+    from paravt_jax.models.qwen3_vl import text as T
+
+    model = init_model(preset("tiny"), seed=0)
+    t = model.config.text
+    rows, length, capacity = 2, 32, 64
+    rng = np.random.default_rng(1)
+    ids = jnp.asarray(rng.integers(0, 900, (rows, length)), jnp.int32)
+    positions = jnp.broadcast_to(jnp.arange(length)[None, None], (3, rows, length))
+    valid = jnp.zeros((rows, capacity), bool).at[0, :length].set(True).at[1, :20].set(True)
+    zeros_k = tuple(jnp.zeros((rows, t.num_key_value_heads, t.head_dim, capacity)) for _ in range(t.num_hidden_layers))
+    zeros_v = tuple(jnp.zeros((rows, t.num_key_value_heads, capacity, t.head_dim)) for _ in range(t.num_hidden_layers))
+
+    def run():
+        return model.language.forward_cached(ids, positions, 0, valid, zeros_k, zeros_v, window=length)
+
+    dense = run()
+    monkeypatch.setattr(T, "CHUNK_SCORE_BYTES", 0)
+    chunked = run()
+    for a, b in zip(jax.tree.leaves(dense), jax.tree.leaves(chunked)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)

@@ -115,15 +115,40 @@ def sample_logits(logits, keys, temperature, top_p, top_k):
 
 
 # ----------------------------------------------------------------------------- jitted parts
+class _HashOnce:
+    """A static jit argument (the model's GraphDef) whose hash is computed once: hashing a
+    GraphDef walks the whole module tree, which cost ~1 ms per sampler call."""
+
+    def __init__(self, value):
+        self.value, self._hash = value, hash(value)
+
+    def __hash__(self):
+        return self._hash
+
+    def __eq__(self, other):
+        return isinstance(other, _HashOnce) and (self.value is other.value or self.value == other.value)
+
+
+def _merge(graphdef: _HashOnce, params):
+    return nnx.merge(graphdef.value, params)
+
+
 @functools.partial(jax.jit, static_argnums=0)
 def _vision(graphdef, params, pixel_values, meta):
-    model = nnx.merge(graphdef, params)
+    model = _merge(graphdef, params)
     return model.encode_vision(pixel_values, *meta)
 
 
 @functools.partial(jax.jit, static_argnums=0)
 def _unstack_layers(graphdef, params):
-    return nnx.merge(graphdef, params).language.unstacked_layers()
+    return _merge(graphdef, params).language.unstacked_layers()
+
+
+@jax.jit
+def _row_keys(seed, row_ids):
+    """Row b's random stream: fold_in(PRNGKey(seed), row_ids[b])."""
+    base = jax.random.PRNGKey(seed)
+    return jax.vmap(lambda r: jax.random.fold_in(base, r))(row_ids)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
@@ -132,13 +157,13 @@ def _new_cache(layers, shape, dtype, sharding):
     rows, kv, capacity, head_dim = shape
     keys = tuple(jnp.zeros((rows, kv, head_dim, capacity), dtype) for _ in range(layers))
     values = tuple(jnp.zeros(shape, dtype) for _ in range(layers))
-    return constrain(keys, values, sharding)
+    return (*constrain(keys, values, sharding), jnp.zeros((rows, capacity), bool))
 
 
 @functools.partial(jax.jit, static_argnums=(0, 13, 14), donate_argnums=(3, 4, 5))
 def _prefill(graphdef, params, layers, cache_k, cache_v, valid, write_index, ids, positions, counts,
              visual_index, visual_embeds, deepstack, sharding, window):
-    lang = nnx.merge(graphdef, params).language
+    lang = _merge(graphdef, params).language
     width = ids.shape[1]
     fresh = jnp.arange(width)[None, :] < counts[:, None]
     valid = jax.lax.dynamic_update_slice(valid, fresh, (0, write_index))
@@ -198,7 +223,7 @@ def _decode(graphdef, params, layers, cache_k, cache_v, valid, logits, budgets, 
     """Samples until every row is done, `max_steps` tokens were emitted, or the cache is full
     (the caller grows it and calls again with the returned carry). The first call (step 0)
     samples from the prefill's `logits`; see the module docstring for the log-prob convention."""
-    lang = nnx.merge(graphdef, params).language
+    lang = _merge(graphdef, params).language
     capacity = valid.shape[1]
 
     def keys_at(step):
@@ -271,7 +296,8 @@ class Sampler:
         self.model = model
         self.config = config
         self.mesh = mesh
-        self.graphdef, self.params = nnx.split(model)
+        graphdef, self.params = nnx.split(model)
+        self.graphdef = _HashOnce(graphdef)
         text = model.config.text
         self.cache_dtype = jnp.dtype(config.cache_dtype or model.config.dtype)
         self._layout = (text.num_hidden_layers, text.num_key_value_heads, text.head_dim)
@@ -395,9 +421,7 @@ class Sampler:
 
     def _empty_cache(self, rows: int, capacity: int):
         layers, kv, hd = self._layout
-        cache_k, cache_v = _new_cache(layers, (rows, kv, capacity, hd), self.cache_dtype,
-                                      self._sharding(rows, capacity))
-        return cache_k, cache_v, jnp.zeros((rows, capacity), bool)
+        return _new_cache(layers, (rows, kv, capacity, hd), self.cache_dtype, self._sharding(rows, capacity))
 
     def _prefill(self, cache_k, cache_v, valid, write_index: int, batch: _Batch):
         embeds = deepstack = None
@@ -418,13 +442,12 @@ class Sampler:
         rows = next_position.shape[0]
         stop = np.full(MAX_STOP_IDS, -2, np.int32)
         stop[:len(k["stop_ids"])] = k["stop_ids"]
-        base = jax.random.PRNGKey(seed)
         ids = np.arange(rows, dtype=np.int32)
         if row_ids is not None:
             if len(row_ids) != num_rows:
                 raise ValueError(f"row_ids: {len(row_ids)} ids for {num_rows} rows")
             ids[:num_rows] = row_ids  # padding rows keep any id: their budget is 0
-        row_keys = jax.vmap(lambda r: jax.random.fold_in(base, r))(jnp.asarray(ids))
+        row_keys = _row_keys(np.uint32(seed), ids)
         steps = bucket(k["max_new_tokens"], 16)
         carry = _DecodeCarry.start(budgets, steps, write_index, next_position)
         knobs = (np.float32(k["temperature"]), np.float32(k["top_p"]), np.int32(k["top_k"]))

@@ -106,6 +106,28 @@ def dot_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | No
     return out.reshape(batch, q_len, heads, head_dim)
 
 
+def chunked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
+                      cache_layout: bool = False, max_score_bytes: int = 8 << 20) -> jax.Array:
+    """`dot_attention` one batch row and one block of queries at a time, so the float32
+    score block [KV, G * q_block, Lk] stays within `max_score_bytes` (cache-sized) instead of
+    materialising [B, KV, G * Lq, Lk] at once. Exact: each query's softmax still spans all its
+    keys. Rows run in a `lax.map`; the query blocks of a row are unrolled."""
+    batch, q_len, heads, _ = q.shape
+    key_len = k.shape[-1] if cache_layout else k.shape[1]
+    per_query = heads * key_len * 4
+    block = q_len
+    while block > 1 and block * per_query > max_score_bytes and block % 2 == 0:
+        block //= 2
+
+    def one_row(row):
+        qr, kr, vr, mr = row
+        outs = [dot_attention(qr[None, s:s + block], kr[None], vr[None], mr[None, s:s + block],
+                              cache_layout)[0] for s in range(0, q_len, block)]
+        return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=0)
+
+    return jax.lax.map(one_row, (q, k, v, mask))
+
+
 def run_layers(layer_fn: Callable, carry, stacked_params, num_layers: int, *, scan: bool,
                remat: bool):
     """Applies `carry = layer_fn(carry, params_i, i)` for i in range(num_layers).

@@ -14,6 +14,8 @@ from paravt_jax.models.qwen3_vl.config import Qwen3VLConfig
 from paravt_jax.models.qwen3_vl.rope import mrope_tables
 
 
+# Cached forwards whose float32 attention scores would exceed this run chunked_attention.
+CHUNK_SCORE_BYTES = 16 << 20
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -83,7 +85,11 @@ class TextDecoder(nnx.Module):
         q = L.apply_rotary(q, cos[:, :, None, :], sin[:, :, None, :])
         k = L.apply_rotary(k, cos[:, :, None, :], sin[:, :, None, :])
         keys, values = (k, v) if kv is None else kv(k, v)
-        out = L.dot_attention(q, keys, values, mask, cache_layout).reshape(b, n, -1)
+        if cache_layout and mask is not None and b * n * t.num_attention_heads * keys.shape[-1] * 4 > CHUNK_SCORE_BYTES:
+            # a prefill chunk: attend row by row, query block by block (see chunked_attention)
+            out = L.chunked_attention(q, keys, values, mask, cache_layout).reshape(b, n, -1)
+        else:
+            out = L.dot_attention(q, keys, values, mask, cache_layout).reshape(b, n, -1)
         return _project(out, params, "o_proj"), (k, v)
 
     def layer(self, x, params, cos, sin, mask, kv=None, cache_layout=False):
