@@ -19,7 +19,8 @@ from the shapes (`--activations=estimate`, labelled as such; see `activation_est
 Three phases are checked against the device memory:
   trainer  one optimizer step: parameters, gradients, AdamW state, the frozen reference
            (kept when kl_ctl > 0), the micro-batch inputs and its activations;
-  sampler  a rollout on its own: parameters, the KV cache of all B*G rows (and the copy
+  sampler  a rollout on its own: parameters, the sampler's per-layer copy of the decoder
+           layers, the KV cache of all B*G rows (and the copy
            alive while it grows), the sub-agent cache, the largest prefill's working set;
   rollout  the sampler as rl/trainer.py runs it: in the trainer's process, with the
            optimizer state and the reference still resident.
@@ -727,7 +728,14 @@ def plan(config, mesh_sizes: Mapping[str, int], device_memory_gb: float,
     prefill, which = prefill_estimate(model, work, sizes)
     prefill_row = Component(f"prefill working set (ESTIMATE, {which})", prefill, prefill,
                             "one layer + vision block", estimate=True)
-    sampler_rows = (param_row, main_cache, *extra, prefill_row)
+    # Sampler.layers: one per-layer copy of the decoder layers (dropped before the update)
+    layer_leaves = [(variable.get_value(), shardings[tuple(str(x) for x in path)])
+                    for path, variable in nnx.to_flat_state(params)
+                    if tuple(str(x) for x in path[:2]) == ("language", "layers")]
+    lb = tree_bytes(layer_leaves)
+    copies_row = Component("decoder layer copies (Sampler.layers)", lb.per_device, lb.total,
+                           "per-layer buffers; sharded as the stacked parameters")
+    sampler_rows = (param_row, copies_row, main_cache, *extra, prefill_row)
     sampler = Phase("sampler", "a rollout on its own (parameters + caches)", sampler_rows, memory)
     rollout = Phase("rollout", "the sampler inside rl/trainer.py: optimizer state and reference stay resident",
                     (param_row, opt_row, reference_row, *sampler_rows[1:]), memory)

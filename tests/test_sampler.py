@@ -263,7 +263,8 @@ def test_long_decode_grows_the_cache_and_matches_teacher_forced_forward(tiny):
 
 
 @pytest.mark.parametrize("cache_layout", [False, True])
-def test_chunked_attention_equals_dense(cache_layout):
+@pytest.mark.parametrize("causal", [False, True])
+def test_chunked_attention_equals_dense(cache_layout, causal):
     from paravt_jax.models.qwen3_vl import layers as L
 
     rng = np.random.default_rng(0)
@@ -271,11 +272,15 @@ def test_chunked_attention_equals_dense(cache_layout):
     q = rng.standard_normal((b, lq, heads, hd)).astype(np.float32)
     k = rng.standard_normal((b, kv, hd, lk) if cache_layout else (b, lk, kv, hd)).astype(np.float32)
     v = rng.standard_normal((b, kv, lk, hd) if cache_layout else (b, lk, kv, hd)).astype(np.float32)
-    mask = rng.random((b, lq, lk)) < 0.6
-    mask[1, 5] = False  # a fully masked query (padding) stays finite and equal
+    valid = rng.random((b, lk)) < 0.7
+    valid[:, 0] = True
+    slots = (lk - lq) + np.arange(lq)  # query i sits at key slot 16 + i
+    mask = valid[:, None, :] & (np.arange(lk)[None, None, :] <= slots[None, :, None])
     dense = np.asarray(L.dot_attention(q, k, v, mask, cache_layout))
-    # 8 queries' scores per block: 3 blocks per row
-    chunked = np.asarray(L.chunked_attention(q, k, v, mask, cache_layout, max_score_bytes=8 * heads * lk * 4))
+    # 8 queries' scores per block: 3 blocks per row, the causal ones read 24, 32, 40 keys
+    chunked = np.asarray(L.chunked_attention(q, k, v, valid, slots, cache_layout,
+                                             max_score_bytes=8 * heads * lk * 4,
+                                             causal_offset=lk - lq if causal else None))
     assert np.isfinite(chunked).all()
     np.testing.assert_allclose(chunked, dense, atol=1e-6)
 

@@ -106,26 +106,43 @@ def dot_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | No
     return out.reshape(batch, q_len, heads, head_dim)
 
 
-def chunked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
-                      cache_layout: bool = False, max_score_bytes: int = 8 << 20) -> jax.Array:
-    """`dot_attention` one batch row and one block of queries at a time, so the float32
-    score block [KV, G * q_block, Lk] stays within `max_score_bytes` (cache-sized) instead of
-    materialising [B, KV, G * Lq, Lk] at once. Exact: each query's softmax still spans all its
-    keys. Rows run in a `lax.map`; the query blocks of a row are unrolled."""
+def chunked_attention(q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array,
+                      query_slots: jax.Array, cache_layout: bool = False,
+                      max_score_bytes: int = 8 << 20, causal_offset: int | None = None) -> jax.Array:
+    """Causal attention over a KV buffer, one batch row and one block of queries at a time,
+    so the float32 score block [KV, G * q_block, Lk] stays within `max_score_bytes`
+    (cache-sized) instead of materialising [B, KV, G * Lq, Lk] at once. Exact: each query's
+    softmax still spans every key it may see. Rows run in a `lax.map`; the query blocks of a
+    row are unrolled.
+
+    valid [B, Lk]: keys holding real tokens; query_slots [Lq]: the key index of each query, so
+    query i attends to the valid keys <= query_slots[i] (the sampler's cache mask). Each
+    block's mask is built inside the block. causal_offset (static, optional): a bound with
+    query_slots[i] < causal_offset + i + 1; query blocks (at most max(64, Lq / 8) queries
+    each) then read only the keys below their last query's bound, skipping up to ~7/16 of the
+    work of a prefill's causal triangle.
+    """
     batch, q_len, heads, _ = q.shape
     key_len = k.shape[-1] if cache_layout else k.shape[1]
     per_query = heads * key_len * 4
     block = q_len
-    while block > 1 and block * per_query > max_score_bytes and block % 2 == 0:
+    limit = max(64, q_len // 8) if causal_offset is not None else q_len
+    while block > 1 and block % 2 == 0 and (block * per_query > max_score_bytes or block > limit):
         block //= 2
 
     def one_row(row):
-        qr, kr, vr, mr = row
-        outs = [dot_attention(qr[None, s:s + block], kr[None], vr[None], mr[None, s:s + block],
-                              cache_layout)[0] for s in range(0, q_len, block)]
+        qr, kr, vr, valid_row = row
+        outs = []
+        for s in range(0, q_len, block):
+            end = key_len if causal_offset is None else max(1, min(key_len, causal_offset + s + block))
+            keys = kr[..., :end] if cache_layout else kr[:end]
+            values = vr[:, :end] if cache_layout else vr[:end]
+            mask = valid_row[None, :end] & (jnp.arange(end)[None, :] <= query_slots[s:s + block, None])
+            outs.append(dot_attention(qr[None, s:s + block], keys[None], values[None], mask[None],
+                                      cache_layout)[0])
         return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=0)
 
-    return jax.lax.map(one_row, (q, k, v, mask))
+    return jax.lax.map(one_row, (q, k, v, valid))
 
 
 def run_layers(layer_fn: Callable, carry, stacked_params, num_layers: int, *, scan: bool,

@@ -5,6 +5,8 @@ parameters serve an unrolled loop or a `lax.scan` (config.scan_layers).
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -16,6 +18,15 @@ from paravt_jax.models.qwen3_vl.rope import mrope_tables
 
 # Cached forwards whose float32 attention scores would exceed this run chunked_attention.
 CHUNK_SCORE_BYTES = 16 << 20
+# ... and so do cached forwards of at least this many queries (causal block skipping).
+CHUNK_MIN_QUERIES = 256
+class CachedMask(NamedTuple):
+    """The cache mask in factored form (for chunked_attention): key s is visible to query i
+    when valid[b, s] and s <= query_slots[i]."""
+    valid: jax.Array  # [B, window]
+    query_slots: jax.Array  # [P]
+
+
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -85,9 +96,11 @@ class TextDecoder(nnx.Module):
         q = L.apply_rotary(q, cos[:, :, None, :], sin[:, :, None, :])
         k = L.apply_rotary(k, cos[:, :, None, :], sin[:, :, None, :])
         keys, values = (k, v) if kv is None else kv(k, v)
-        if cache_layout and mask is not None and b * n * t.num_attention_heads * keys.shape[-1] * 4 > CHUNK_SCORE_BYTES:
-            # a prefill chunk: attend row by row, query block by block (see chunked_attention)
-            out = L.chunked_attention(q, keys, values, mask, cache_layout).reshape(b, n, -1)
+        if isinstance(mask, CachedMask):
+            # a prefill chunk: attend row by row, query block by block, each block reading only
+            # the keys it may see (the chunk's causal triangle; see chunked_attention)
+            out = L.chunked_attention(q, keys, values, mask.valid, mask.query_slots, cache_layout,
+                                      causal_offset=keys.shape[-1] - n).reshape(b, n, -1)
         else:
             out = L.dot_attention(q, keys, values, mask, cache_layout).reshape(b, n, -1)
         return _project(out, params, "o_proj"), (k, v)
@@ -180,7 +193,11 @@ class TextDecoder(nnx.Module):
         capacity = valid.shape[1]
         query_slots = write_index + jnp.arange(length)
         window = capacity if window is None else min(int(window), capacity)
-        mask = valid[:, None, :window] & (jnp.arange(window)[None, None, :] <= query_slots[None, :, None])
+        scores = input_ids.shape[0] * length * t.num_attention_heads * window * 4
+        if length >= CHUNK_MIN_QUERIES or scores > CHUNK_SCORE_BYTES:
+            mask = CachedMask(valid[:, :window], query_slots)
+        else:
+            mask = valid[:, None, :window] & (jnp.arange(window)[None, None, :] <= query_slots[None, :, None])
         add_deepstack = self._deepstack_adder(visual_index, deepstack)
         slot = jnp.asarray(write_index, jnp.int32)
         if layers is None:
