@@ -44,7 +44,7 @@ from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
 from paravt_jax import sharding as sh
 from paravt_jax.models.qwen3_vl.config import Qwen3VLConfig, load_config, preset
 from paravt_jax.models.qwen3_vl.hf_io import abstract_model
-from paravt_jax.sampling.kv_cache import CacheSpec, bucket, cache_sharding
+from paravt_jax.sampling.kv_cache import CacheSpec, bucket, cache_sharding, first_capacity, grown_capacity
 from paravt_jax.sampling.sampler import SamplerConfig
 from paravt_jax.text import chat
 from paravt_jax.video.frames import PATCH, smart_resize
@@ -264,8 +264,18 @@ def _frame(min_pixels: int, max_pixels: int) -> tuple[tuple[int, int], int]:
     return (h, w), (h // PATCH) * (w // PATCH)
 
 
-def _grow_capacity(capacity: int, need: int) -> int:
-    return capacity if need <= capacity else bucket(need, 16, TRAINER_SAMPLER.cache_multiple)
+def _decode_turn(capacity: int, chunk_end: int, budget: int) -> tuple[int, int]:
+    """(capacity, the capacity before its last growth or 0) after a chunk ending at
+    `chunk_end` and a decode of `budget` tokens, grown as Sampler.extend / Sampler._decode
+    grow it (every row using its whole budget)."""
+    multiple, previous = TRAINER_SAMPLER.cache_multiple, 0
+    first = first_capacity(chunk_end, budget, multiple)
+    if first > capacity:
+        previous, capacity = capacity, first
+    last_write = chunk_end + budget - 1  # slots written once the last token is sampled
+    while capacity < last_write:
+        previous, capacity = capacity, grown_capacity(capacity, capacity, last_write - capacity, multiple)
+    return capacity, previous
 
 
 def workload(rl, vision) -> Workload:
@@ -297,15 +307,14 @@ def workload(rl, vision) -> Workload:
     # The rollout cache, grown exactly as Sampler.generate / Sampler.extend grow it.
     M = r.max_new_tokens
     prefill_width = bucket(prompt, TRAINER_SAMPLER.min_chunk_bucket)
-    capacity = bucket(prefill_width + M + 1, 16, TRAINER_SAMPLER.cache_multiple)
-    prefill_capacity, previous = capacity, 0
+    prefill_capacity = first_capacity(prefill_width, M, TRAINER_SAMPLER.cache_multiple)
+    capacity, previous = _decode_turn(prefill_capacity, prefill_width, M)
     write = prefill_width + M - 1
     extend_width = bucket(1 + response, TRAINER_SAMPLER.min_chunk_bucket) if calls else 0
     turns = [M] * rounds + ([r.final_answer_tokens] if calls and r.final_answer else [])
     for budget in turns:
-        grown = _grow_capacity(capacity, write + extend_width + budget + 1)
-        if grown != capacity:
-            previous, capacity = capacity, grown
+        capacity, grew_from = _decode_turn(capacity, write + extend_width, budget)
+        previous = grew_from or previous
         write += extend_width + budget - 1
 
     rows = rl.prompts_per_step * rl.samples_per_prompt
@@ -314,8 +323,8 @@ def workload(rl, vision) -> Workload:
         sub_rows = bucket(rows * calls)
         sub_prompt = (3 + d.max_frames * (FRAME_TEXT_TOKENS + crop_tokens)
                       + _text_tokens(chat.segment_instruction(0.0, 60.0)) + 2 + 3)  # no think prefix
-        sub_capacity = bucket(bucket(sub_prompt, TRAINER_SAMPLER.min_chunk_bucket) + r.subagent_max_tokens + 1,
-                              16, TRAINER_SAMPLER.cache_multiple)
+        sub_capacity, _ = _decode_turn(0, bucket(sub_prompt, TRAINER_SAMPLER.min_chunk_bucket),
+                                       r.subagent_max_tokens)
     patches = frames * frame_patches
     if r.mode != "subagent":
         patches += rounds * calls * d.max_frames * crop_patches

@@ -28,6 +28,20 @@ def bucket(n: int, minimum: int = 1, multiple: int | None = None) -> int:
     return 1 << (n - 1).bit_length()
 
 
+def first_capacity(chunk_end: int, max_new_tokens: int, multiple: int) -> int:
+    """Cache slots for a chunk ending at slot `chunk_end` and the start of its decode: room for
+    min(max_new_tokens, max(64, chunk_end)) tokens plus one; the decode grows the cache with
+    `grown_capacity` when it runs out."""
+    room = min(max_new_tokens, max(64, chunk_end))
+    return bucket(chunk_end + room + 1, 16, multiple)
+
+
+def grown_capacity(capacity: int, write_index: int, tokens_left: int, multiple: int) -> int:
+    """The next cache size of a decode that filled `capacity` slots: enough for the tokens
+    left, but at most double, so attention never reads more than ~2x the slots in use."""
+    return bucket(min(write_index + tokens_left + 1, 2 * capacity), 16, multiple)
+
+
 @dataclasses.dataclass(frozen=True)
 class CacheSpec:
     layers: int

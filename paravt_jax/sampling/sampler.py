@@ -26,7 +26,8 @@ from flax import nnx
 
 from paravt_jax.models.qwen3_vl.model import Qwen3VL
 from paravt_jax.models.qwen3_vl.vision import pad_frames_to_buckets, vision_layout
-from paravt_jax.sampling.kv_cache import CacheSpec, bucket, cache_sharding, constrain
+from paravt_jax.sampling.kv_cache import (CacheSpec, bucket, cache_sharding, constrain, first_capacity,
+                                          grown_capacity)
 from paravt_jax.text.inputs import ModelInputs, collate_vision, encode_ids
 
 MAX_STOP_IDS = 8
@@ -406,11 +407,7 @@ class Sampler:
         return cache_sharding(self.mesh, CacheSpec(layers, rows, capacity, kv, hd, self.cache_dtype.name))
 
     def _capacity(self, chunk_end: int, max_new_tokens: int) -> int:
-        """Cache slots for a chunk ending at `chunk_end` and the start of its decode: room for
-        min(max_new_tokens, max(64, chunk_end)) tokens; the decode doubles the cache when it
-        runs out, so attention never reads more than about twice the slots in use."""
-        room = min(max_new_tokens, max(64, chunk_end))
-        return bucket(chunk_end + room + 1, 16, self.config.cache_multiple)
+        return first_capacity(chunk_end, max_new_tokens, self.config.cache_multiple)
 
     def _grow(self, cache_k, cache_v, valid, new_capacity: int):
         rows, capacity = valid.shape
@@ -459,9 +456,8 @@ class Sampler:
             if done.all() or int(carry.step) >= steps:
                 break
             left = int(np.max(np.where(done, 0, budgets - n_gen)))
-            need = min(int(carry.write_index) + left + 1, 2 * valid.shape[1])
-            cache_k, cache_v, valid = self._grow(cache_k, cache_v, valid,
-                                                 bucket(need, 16, self.config.cache_multiple))
+            cache_k, cache_v, valid = self._grow(cache_k, cache_v, valid, grown_capacity(
+                valid.shape[1], int(carry.write_index), left, self.config.cache_multiple))
         tokens, logps = np.asarray(carry.tokens), np.asarray(carry.logps)
         finished, write_out, next_out = np.asarray(carry.finished), carry.write_index, carry.next_position
         pending = np.where(n_gen > 0, tokens[np.arange(rows), np.maximum(n_gen - 1, 0)], -1)
