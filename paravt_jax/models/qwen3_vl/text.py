@@ -171,8 +171,9 @@ class TextDecoder(nnx.Module):
 
         The cache is one array per layer (cache_k: [B, KV, hd, S] each, cache_v:
         [B, KV, S, hd] each), so that a layer's attention reads its own buffer: slicing one
-        layer out of a stacked [layers, ...] cache copies it on XLA:CPU/GPU, every decode step. All rows write their
-        chunk to the same slots [write_index, write_index + P) with one in-place
+        layer out of a stacked [layers, ...] cache copies it on XLA:CPU/GPU, every decode
+        step. All rows write their chunk to the same slots [write_index, write_index + P) with
+        one in-place
         `dynamic_update_slice` per layer; `valid` [B, S] marks which slots hold real tokens
         (it must already include this chunk's), so rows of different lengths and turns share
         the cache and padding slots are never attended. Token p attends to valid slots
