@@ -444,6 +444,8 @@ class Sampler:
             if len(row_ids) != num_rows:
                 raise ValueError(f"row_ids: {len(row_ids)} ids for {num_rows} rows")
             ids[:num_rows] = row_ids  # padding rows keep any id: their budget is 0
+        if not 0 <= int(seed) < 2**32:
+            raise ValueError(f"seed={seed} must be in [0, 2**32)")
         row_keys = _row_keys(np.uint32(seed), ids)
         steps = bucket(k["max_new_tokens"], 16)
         carry = _DecodeCarry.start(budgets, steps, write_index, next_position)
