@@ -9,6 +9,7 @@ from hf_tiny import IM_START, build_hf_tiny, image_tokens, pad_batch, patches, t
 from paravt_jax import sharding as sh
 from paravt_jax.models.qwen3_vl import init_model, load_pretrained, preset
 from paravt_jax.sampling import Sampler, SamplerConfig, generate, sample_logits
+from paravt_jax.sampling.kv_cache import bucket
 from paravt_jax.text import chat
 from paravt_jax.text.inputs import ModelInputs, encode_ids
 from paravt_jax.models.qwen3_vl.rope import get_rope_index
@@ -251,9 +252,9 @@ def test_long_decode_grows_the_cache_and_matches_teacher_forced_forward(tiny):
     _, ours = tiny
     prompts = prompts_mixed(2)
     sampler = Sampler(ours)
-    new = 150
+    new = 250  # first cache: bucket(64 + 64 + 1) = 256 slots < 64 + 250
     result, state = sampler.generate(prompts, max_new_tokens=new, temperature=1.0, seed=5)
-    width = max(p.length for p in prompts)
+    width = bucket(max(p.length for p in prompts), sampler.config.min_chunk_bucket)  # the prefill's
     assert state.capacity > sampler._capacity(width, new)  # it grew while decoding
     for b, tokens in enumerate(result.tokens):
         assert len(tokens) == new
@@ -294,11 +295,11 @@ def test_prefill_chunked_attention_path_equals_dense_path(monkeypatch):
 
     model = init_model(preset("tiny"), seed=0)
     t = model.config.text
-    rows, length, capacity = 2, 32, 64
+    rows, length, capacity = 2, 128, 192  # 128 queries: two causal blocks of 64
     rng = np.random.default_rng(1)
     ids = jnp.asarray(rng.integers(0, 900, (rows, length)), jnp.int32)
     positions = jnp.broadcast_to(jnp.arange(length)[None, None], (3, rows, length))
-    valid = jnp.zeros((rows, capacity), bool).at[0, :length].set(True).at[1, :20].set(True)
+    valid = jnp.zeros((rows, capacity), bool).at[0, :length].set(True).at[1, :100].set(True)
     zeros_k = tuple(jnp.zeros((rows, t.num_key_value_heads, t.head_dim, capacity)) for _ in range(t.num_hidden_layers))
     zeros_v = tuple(jnp.zeros((rows, t.num_key_value_heads, capacity, t.head_dim)) for _ in range(t.num_hidden_layers))
 

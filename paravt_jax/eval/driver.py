@@ -137,6 +137,14 @@ def evaluate_batch(sampler, tokenizer, batch: Sequence[tuple[int, object]], conf
     return records
 
 
+def _ends_with_newline(path: str) -> bool:
+    with open(path, "rb") as f:
+        if f.seek(0, os.SEEK_END) == 0:
+            return True  # empty: nothing torn
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
+
+
 def crop_dispatcher(config: DriverConfig) -> CropDispatcher:
     return CropDispatcher(DispatchConfig(max_parallel=config.max_parallel, max_pixels=config.crop_max_pixels))
 
@@ -227,7 +235,7 @@ def run_dataset(sampler, tokenizer, benchmark, config: DriverConfig, output_dir:
     samples = list(benchmark.samples)
     mine = shard_path(output_dir, name, shard_id, num_shards)
     done = read_records([mine])
-    if os.path.exists(mine) and not open(mine).read().endswith("\n"):
+    if os.path.exists(mine) and not _ends_with_newline(mine):
         # an interrupted write left a torn last line: drop it so appended records start clean
         with open(mine + ".tmp", "w") as f:
             f.writelines(json.dumps(done[i], default=str) + "\n" for i in sorted(done))

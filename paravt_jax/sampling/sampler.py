@@ -109,9 +109,9 @@ def sample_logits(logits, keys, temperature, top_p, top_k):
         return jnp.take_along_axis(order, choice[:, None], axis=-1)[:, 0]
 
     def stochastic(_):
-        return jax.lax.cond((top_k > 0) | (top_p < 1.0), truncated, plain, None)
+        return jax.lax.cond((top_k > 0) | (top_p < 1.0), truncated, plain, None).astype(jnp.int32)
 
-    token = jax.lax.cond(temperature > 0, lambda _: stochastic(_).astype(jnp.int32), lambda _: greedy, None)
+    token = jax.lax.cond(temperature > 0, stochastic, lambda _: greedy, None)
     return token, jnp.take_along_axis(scaled, token[:, None], axis=-1)[:, 0] - log_norm
 
 

@@ -20,6 +20,8 @@ from paravt_jax.models.qwen3_vl.rope import mrope_tables
 CHUNK_SCORE_BYTES = 16 << 20
 # ... and so do cached forwards of at least this many queries (causal block skipping).
 CHUNK_MIN_QUERIES = 256
+
+
 class CachedMask(NamedTuple):
     """The cache mask in factored form (for chunked_attention): key s is visible to query i
     when valid[b, s] and s <= query_slots[i]."""
@@ -124,24 +126,16 @@ class TextDecoder(nnx.Module):
         return {k: v[...] for k, v in self.layers.items()}
 
     def unstacked_layers(self) -> tuple[dict, ...]:
-        """One parameter dict per layer, materialised as separate buffers.
+        """One parameter dict per layer, projections stored [out, in] under `<name>_t`.
 
-        Inside a `while_loop` (the sampler's decode), XLA:CPU and XLA:GPU copy the slice of a
-        stacked weight that feeds a matmul on every iteration, i.e. every decode step reads
-        and writes the decoder weights once more. Slicing once before the loop (the barrier
-        keeps XLA from sinking the slices back into it) costs one copy per call instead.
+        XLA:CPU and XLA:GPU copy a slice of a stacked weight that feeds a matmul; inside the
+        sampler's decode loop that meant reading and writing the decoder weights once more per
+        token. The Sampler builds these buffers once (Sampler.layers) and passes them in.
         """
         stacked = self.layer_params()
-        per_layer = []
-        for i in range(self.config.num_hidden_layers):
-            layer = {}
-            for name, p in stacked.items():
-                if name in PROJECTIONS:
-                    layer[name + "_t"] = p[i].T
-                else:
-                    layer[name] = p[i]
-            per_layer.append(layer)
-        return jax.lax.optimization_barrier(tuple(per_layer))
+        return tuple({(name + "_t" if name in PROJECTIONS else name): (p[i].T if name in PROJECTIONS else p[i])
+                      for name, p in stacked.items()}
+                     for i in range(self.config.num_hidden_layers))
 
     def _deepstack_adder(self, visual_index, deepstack):
         """f(x, i) adding DeepStack feature i at visual positions after layer i < n_ds."""
@@ -180,8 +174,8 @@ class TextDecoder(nnx.Module):
         <= write_index + p. input_ids [B, P], position_ids [3, B, P]. `window` (static,
         >= write_index + P) limits attention to the first `window` slots: a prefill into an
         empty or short cache then costs O(P * window), not O(P * S). `layers` (from
-        `unstacked_layers`) supplies per-layer parameter buffers; by default each layer's
-        parameters are sliced from the stacked ones. The layers are unrolled.
+        `unstacked_layers`) supplies per-layer parameter buffers; by default they are sliced
+        from the stacked ones here. The layers are unrolled.
         Returns (hidden [B, P, D], cache_k, cache_v).
         """
         t = self.config
@@ -202,8 +196,7 @@ class TextDecoder(nnx.Module):
         add_deepstack = self._deepstack_adder(visual_index, deepstack)
         slot = jnp.asarray(write_index, jnp.int32)
         if layers is None:
-            stacked = self.layer_params()
-            layers = tuple(jax.tree.map(lambda p, i=i: p[i], stacked) for i in range(t.num_hidden_layers))
+            layers = self.unstacked_layers()
         out_k, out_v = [], []
         for i, params in enumerate(layers):
             written = {}
