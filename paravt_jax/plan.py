@@ -737,12 +737,13 @@ def plan(config, mesh_sizes: Mapping[str, int], device_memory_gb: float,
     prefill, which = prefill_estimate(model, work, sizes)
     prefill_row = Component(f"prefill working set (ESTIMATE, {which})", prefill, prefill,
                             "one layer + vision block", estimate=True)
-    # Sampler.layers: one per-layer copy of the decoder layers (dropped before the update)
+    # Sampler.weights: a per-layer copy of the decoder layers and of an untied lm head
+    # (dropped before the update)
     layer_leaves = [(variable.get_value(), shardings[tuple(str(x) for x in path)])
                     for path, variable in nnx.to_flat_state(params)
-                    if tuple(str(x) for x in path[:2]) == ("language", "layers")]
+                    if tuple(str(x) for x in path[:2]) in (("language", "layers"), ("language", "lm_head"))]
     lb = tree_bytes(layer_leaves)
-    copies_row = Component("decoder layer copies (Sampler.layers)", lb.per_device, lb.total,
+    copies_row = Component("decoder layer + lm head copies (Sampler.weights)", lb.per_device, lb.total,
                            "per-layer buffers; sharded as the stacked parameters")
     sampler_rows = (param_row, copies_row, main_cache, *extra, prefill_row)
     sampler = Phase("sampler", "a rollout on its own (parameters + caches)", sampler_rows, memory)

@@ -197,8 +197,12 @@ def test_sharded_sampler_equals_unsharded(tiny):
     nnx.update(sharded_model, nnx.state(directory_model))
     sh.shard_module(sharded_model, mesh)
     prompts = prompts_mixed(4)
-    plain, _ = Sampler(ours).generate(prompts, num_samples=2, max_new_tokens=10, temperature=1.0, seed=1)
+    plain_sampler = Sampler(ours)
+    plain, _ = plain_sampler.generate(prompts, num_samples=2, max_new_tokens=10, temperature=1.0, seed=1)
     sharded_sampler = Sampler(sharded_model, mesh=mesh)
+    # q/k/v and gate/up fuse into one matmul only when no device holds a slice of their outputs
+    assert "qkv_t" in plain_sampler.weights.layers[0] and "gate_up_t" in plain_sampler.weights.layers[0]
+    assert "qkv_t" not in sharded_sampler.weights.layers[0] and "q_proj_t" in sharded_sampler.weights.layers[0]
     sharded, state = sharded_sampler.generate(prompts, num_samples=2, max_new_tokens=10, temperature=1.0, seed=1)
     assert plain.tokens == sharded.tokens
     for a, b in zip(plain.logprobs, sharded.logprobs):

@@ -109,11 +109,11 @@ def dot_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | No
 def chunked_attention(q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array,
                       query_slots: jax.Array, cache_layout: bool = False,
                       max_score_bytes: int = 8 << 20, causal_offset: int | None = None) -> jax.Array:
-    """Causal attention over a KV buffer, one batch row and one block of queries at a time,
-    so the float32 score block [KV, G * q_block, Lk] stays within `max_score_bytes`
-    (cache-sized) instead of materialising [B, KV, G * Lq, Lk] at once. Exact: each query's
-    softmax still spans every key it may see. Rows run in a `lax.map`; the query blocks of a
-    row are unrolled.
+    """Causal attention over a KV buffer, a group of batch rows and one block of queries at a
+    time, so the float32 score block [rows, KV, G * q_block, Lk] stays within
+    `max_score_bytes` (cache-sized) instead of materialising [B, KV, G * Lq, Lk] at once.
+    Exact: each query's softmax still spans every key it may see. Row groups (as many rows as
+    fit the budget, a divisor of B) run in a `lax.map`; the query blocks are unrolled.
 
     valid [B, Lk]: keys holding real tokens; query_slots [Lq]: the key index of each query, so
     query i attends to the valid keys <= query_slots[i] (the sampler's cache mask). Each
@@ -129,20 +129,26 @@ def chunked_attention(q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array
     limit = max(64, q_len // 8) if causal_offset is not None else q_len
     while block > 1 and block % 2 == 0 and (block * per_query > max_score_bytes or block > limit):
         block //= 2
+    rows = max([r for r in range(1, batch + 1)
+                if batch % r == 0 and r * block * per_query <= max_score_bytes] or [1])
 
-    def one_row(row):
-        qr, kr, vr, valid_row = row
+    def one_group(group):
+        qr, kr, vr, valid_rows = group
         outs = []
         for s in range(0, q_len, block):
             end = key_len if causal_offset is None else max(1, min(key_len, causal_offset + s + block))
-            keys = kr[..., :end] if cache_layout else kr[:end]
-            values = vr[:, :end] if cache_layout else vr[:end]
-            mask = valid_row[None, :end] & (jnp.arange(end)[None, :] <= query_slots[s:s + block, None])
-            outs.append(dot_attention(qr[None, s:s + block], keys[None], values[None], mask[None],
-                                      cache_layout)[0])
-        return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=0)
+            keys = kr[..., :end] if cache_layout else kr[:, :end]
+            values = vr[:, :, :end] if cache_layout else vr[:, :end]
+            causal = jnp.arange(end)[None, :] <= query_slots[s:s + block, None]
+            mask = valid_rows[:, None, :end] & causal[None]
+            outs.append(dot_attention(qr[:, s:s + block], keys, values, mask, cache_layout))
+        return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)
 
-    return jax.lax.map(one_row, (q, k, v, valid))
+    if rows == batch:
+        return one_group((q, k, v, valid))
+    split = lambda x: x.reshape((batch // rows, rows) + x.shape[1:])
+    out = jax.lax.map(one_group, (split(q), split(k), split(v), split(valid)))
+    return out.reshape(q.shape[:3] + (v.shape[-1],))
 
 
 def run_layers(layer_fn: Callable, carry, stacked_params, num_layers: int, *, scan: bool,
