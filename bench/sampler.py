@@ -2,8 +2,11 @@
 with each figure set against its roofline floor on this machine.
 
 Prefill: prompt 512, one new token. Decode: prompt 16, 128 new tokens (greedy, no stop).
-Floor = max(bytes moved / measured copy bandwidth, FLOPs / measured matmul rate). Each cell
-reports the best of --repeats timed runs (after a warm-up) for both sides.
+Floor = max(bytes read / measured read bandwidth, FLOPs / measured matmul rate), where the
+bytes are the weights a step multiplies (decoder projections and lm head; the embedding
+table is only gathered from) plus the cache rows in use, the read bandwidth is a jitted sum
+over 256 MB and the matmul rate a jitted 1024^3 fp32 matmul. Each cell reports the best of
+--repeats timed runs (after a warm-up) for both sides.
 
     python bench/sampler.py [--presets tiny,small125m] [--batches 1,8,32]
 """
@@ -23,50 +26,55 @@ from common import hf_peer, machine, print_table  # noqa: E402
 
 
 def measure_machine():
+    """(copy bandwidth (read + write), read bandwidth, fp32 matmul rate) of this machine."""
     import jax
     import jax.numpy as jnp
 
+    def best(fn, runs=5):
+        fn()
+        times = []
+        for _ in range(runs):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return min(times)
+
     a = np.ones(64 * 1024 * 1024 // 4, np.float32)  # 64 MB
     b = np.empty_like(a)
-    times = []
-    for _ in range(5):
-        s = time.perf_counter()
-        np.copyto(b, a)
-        times.append(time.perf_counter() - s)
-    bandwidth = 2 * a.nbytes / min(times)  # read + write
+    copy = 2 * a.nbytes / best(lambda: np.copyto(b, a))
+    big = jnp.ones(256 * 1024 * 1024 // 4, jnp.float32)  # 256 MB: far beyond the caches
+    total = jax.jit(jnp.sum)
+    read = big.nbytes / best(lambda: total(big).block_until_ready())
+    del big
     m = jnp.ones((1024, 1024), jnp.float32)
     f = jax.jit(lambda x: x @ x)
-    f(m).block_until_ready()
-    s = time.perf_counter()
-    for _ in range(10):
-        f(m).block_until_ready()
-    rate = 10 * 2 * 1024**3 / (time.perf_counter() - s)
-    return bandwidth, rate
+    rate = 2 * 1024**3 / best(lambda: f(m).block_until_ready(), runs=10)
+    return copy, read, rate
 
 
 def model_costs(config):
+    """(decoder matmul parameters, lm head parameters, layers, KV width)."""
     t = config.text
     d, f, layers = t.hidden_size, t.intermediate_size, t.num_hidden_layers
     qd, kvd = t.num_attention_heads * t.head_dim, t.num_key_value_heads * t.head_dim
     per_layer = d * (qd + 2 * kvd) + qd * d + 3 * d * f
-    matmul_params = layers * per_layer + d * t.vocab_size  # lm head
-    weight_bytes = 4 * (matmul_params + t.vocab_size * d * (0 if config.tie_word_embeddings else 1))
-    return matmul_params, weight_bytes, layers, kvd
+    return layers * per_layer, d * t.vocab_size, layers, kvd
 
 
 def floors(config, batch, prompt, new, bandwidth, rate):
-    params, weight_bytes, layers, kvd = model_costs(config)
+    decoder, head, layers, kvd = model_costs(config)
+    weight_bytes = 4 * (decoder + head)
     t = config.text
     qd = t.num_attention_heads * t.head_dim
-    # prefill: all prompt tokens in one pass
-    flops = 2 * params * batch * prompt + 4 * layers * batch * prompt * prompt * qd / 2
+    # prefill: all prompt tokens through the decoder (causal attention), logits for the last
+    flops = 2 * decoder * batch * prompt + 2 * head * batch + 4 * layers * batch * prompt * prompt * qd / 2
     prefill = max(weight_bytes / bandwidth, flops / rate)
     # decode: every step reads all weights plus each row's cache
     total = 0.0
     for step in range(new):
         length = prompt + step
         cache_bytes = 2 * 4 * layers * batch * length * kvd
-        flops = 2 * params * batch + 4 * layers * batch * length * qd
+        flops = 2 * (decoder + head) * batch + 4 * layers * batch * length * qd
         total += max((weight_bytes + cache_bytes) / bandwidth, flops / rate)
     return prefill, total
 
@@ -87,9 +95,10 @@ def main():
     from paravt_jax.sampling import Sampler, SamplerConfig
     from paravt_jax.text.inputs import encode_ids
 
-    bandwidth, rate = measure_machine()
-    print(f"machine: {machine()}; copy bandwidth {bandwidth / 1e9:.1f} GB/s (read+write), "
-          f"jax fp32 matmul {rate / 1e9:.0f} GFLOP/s; torch {torch.__version__} ({torch.get_num_threads()} threads)")
+    copy, bandwidth, rate = measure_machine()
+    print(f"machine: {machine()}; read bandwidth {bandwidth / 1e9:.1f} GB/s (copy {copy / 1e9:.1f} GB/s "
+          f"read+write), jax fp32 matmul {rate / 1e9:.0f} GFLOP/s; torch {torch.__version__} "
+          f"({torch.get_num_threads()} threads)")
     rng = np.random.default_rng(0)
     rows = []
     group_rows = []
@@ -126,6 +135,7 @@ def main():
                 tokens = batch * (prompt_len if phase == "prefill" else new)
                 rows.append([name, phase, batch, f"{tokens / ours:,.0f}", f"{tokens / theirs:,.0f}",
                              f"{theirs / ours:.2f}x", f"{tokens / floor:,.0f}", f"{ours / floor:.1f}x",
+                             f"{theirs / floor:.1f}x",
                              f"{first - ours:.1f}"])
                 print(rows[-1], flush=True)
         # G = 8 samples of one prompt: one prefill + cache row copies vs 8 prefills
@@ -145,7 +155,7 @@ def main():
     print_table(f"Sampler (fp32; prefill = prompt {args.prompt}, 1 new token; decode = prompt 16, "
                 f"{args.new} new tokens; tokens/s)",
                 ["preset", "phase", "batch", "ours tok/s", "HF tok/s", "ours/HF", "floor tok/s",
-                 "ours vs floor", "our compile s"], rows)
+                 "ours vs floor", "HF vs floor", "our compile s"], rows)
     print_table("G = 8 samples sharing one prompt (prefill + 1 token)",
                 ["preset", "prompt", "shared prefill ms", "8 prefills ms", "speed-up"], group_rows)
 

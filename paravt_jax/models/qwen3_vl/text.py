@@ -44,11 +44,28 @@ PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "
 FUSED = {("q_proj", "k_proj", "v_proj"): "qkv_t", ("gate_proj", "up_proj"): "gate_up_t"}
 
 
+# Token counts up to which a matmul with a large [out, in] weight runs as weight @ x^T (the
+# weight as the tall operand): XLA:CPU streams a weight that does not fit its caches ~1.3x
+# faster that way at decode's few rows (measured at 4-32 rows); larger inputs and small
+# weights keep x @ weight^T.
+WEIGHT_FIRST_MAX_ROWS = 64
+WEIGHT_FIRST_MIN_BYTES = 1 << 20
+
+
+def matmul_t(x: jax.Array, weight_t: jax.Array) -> jax.Array:
+    """x [..., in] @ weight_t [out, in]^T -> [..., out]."""
+    weight_t = weight_t.astype(x.dtype)
+    if (np.prod(x.shape[:-1]) <= WEIGHT_FIRST_MAX_ROWS
+            and weight_t.size * weight_t.dtype.itemsize >= WEIGHT_FIRST_MIN_BYTES):
+        return jnp.moveaxis(jnp.einsum("oi,...i->o...", weight_t, x), 0, -1)
+    return jnp.einsum("...i,oi->...o", x, weight_t)
+
+
 def _project_many(x: jax.Array, params: dict, names: tuple[str, ...], sizes: tuple[int, ...]):
     """(x @ kernel for each name), from the fused [sum(sizes), in] weight when present."""
     fused = FUSED.get(names)
     if fused in params:
-        y = jnp.einsum("...i,oi->...o", x, params[fused].astype(x.dtype))
+        y = matmul_t(x, params[fused])
         cuts = np.cumsum(sizes)[:-1].tolist()
         return tuple(jnp.split(y, cuts, axis=-1))
     return tuple(_project(x, params, n) for n in names)
@@ -57,7 +74,7 @@ def _project_many(x: jax.Array, params: dict, names: tuple[str, ...], sizes: tup
 def _project(x: jax.Array, params: dict, name: str) -> jax.Array:
     """x @ kernel, with the kernel stored [in, out] under `name` or [out, in] under name_t."""
     if name + "_t" in params:
-        return jnp.einsum("...i,oi->...o", x, params[name + "_t"].astype(x.dtype))
+        return matmul_t(x, params[name + "_t"])
     return L.dense(x, params[name])
 
 
@@ -148,7 +165,7 @@ class TextDecoder(nnx.Module):
         if self.tie_word_embeddings:
             head_t = self.embed_tokens[...]
         if head_t is not None:
-            return jnp.einsum("bld,vd->blv", h, head_t.astype(h.dtype))
+            return matmul_t(h, head_t)
         return L.dense(h, self.lm_head[...])
 
     def layer_params(self) -> dict:
