@@ -80,15 +80,15 @@ def dot_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | No
     q: [B, Lq, H, hd]; k, v: [B, Lk, KV, hd], or with cache_layout the KV-cache layout
     k: [B, KV, hd, Lk], v: [B, KV, Lk, hd]; mask: [B, Lq, Lk] (True = attend) or None.
     Returns [B, Lq, H, hd]. Logits and softmax in float32, result in q.dtype.
-    The G = H/KV query heads that share a KV head are folded into the query axis so both
-    products are plain batched matmuls over (B, KV) (measurably faster on CPU and GPU than a
-    5-D einsum or repeating K/V).
+    The G = H/KV query heads that share a KV head are folded into the query axis (query
+    major, so the folding moves whole [G, hd] rows) and both products are plain batched
+    matmuls over (B, KV) (measurably faster on CPU and GPU than a 5-D einsum or repeating K/V).
     """
     batch, q_len, heads, head_dim = q.shape
     kv_heads = k.shape[1] if cache_layout else k.shape[2]
     groups = heads // kv_heads
-    folded = q.reshape(batch, q_len, kv_heads, groups, head_dim).transpose(0, 2, 3, 1, 4)
-    folded = folded.reshape(batch, kv_heads, groups * q_len, head_dim)
+    folded = q.reshape(batch, q_len, kv_heads, groups, head_dim).transpose(0, 2, 1, 3, 4)
+    folded = folded.reshape(batch, kv_heads, q_len * groups, head_dim)
     if cache_layout:
         values = v
         logits = jnp.einsum("bkqd,bkds->bkqs", folded, k, preferred_element_type=jnp.float32)
@@ -98,11 +98,11 @@ def dot_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | No
                             preferred_element_type=jnp.float32)
     logits = logits * (head_dim**-0.5)
     if mask is not None:
-        tiled = jnp.broadcast_to(mask[:, None, None], (batch, 1, groups) + mask.shape[1:])
-        logits = jnp.where(tiled.reshape(batch, 1, groups * q_len, -1), logits, MASK_VALUE)
+        tiled = jnp.broadcast_to(mask[:, None, :, None], (batch, 1, q_len, groups, mask.shape[-1]))
+        logits = jnp.where(tiled.reshape(batch, 1, q_len * groups, -1), logits, MASK_VALUE)
     probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
     out = jnp.einsum("bkqs,bksd->bkqd", probs, values)
-    out = out.reshape(batch, kv_heads, groups, q_len, head_dim).transpose(0, 3, 1, 2, 4)
+    out = out.reshape(batch, kv_heads, q_len, groups, head_dim).transpose(0, 2, 1, 3, 4)
     return out.reshape(batch, q_len, heads, head_dim)
 
 
