@@ -52,6 +52,32 @@ def measure_machine():
     return copy, read, rate
 
 
+def decode_gemm_rates(m=32, k=768, n=2048, reps=20):
+    """FLOP/s of [m, k] x [k, n] fp32 matmuls at batch-32 decode's shape, 20 weights (126 MB,
+    streamed from memory as in a decode step) per jitted call so dispatch does not count,
+    for jax and torch: the rate that the floor's 1024^3 figure assumes and few-row matmuls
+    do not reach on this CPU."""
+    import jax
+    import jax.numpy as jnp
+    import torch
+
+    x, w = np.ones((m, k), np.float32), np.ones((reps, n, k), np.float32)
+    jx, jw = jnp.asarray(x), [jnp.asarray(w[i]) for i in range(reps)]  # separate buffers
+    f = jax.jit(lambda a, b: [jnp.einsum("mi,oi->mo", a, wi) for wi in b])
+    tx, tw = torch.from_numpy(x), torch.from_numpy(w)
+    rates = []
+    for fn in (lambda: jax.block_until_ready(f(jx, jw)),
+               lambda: [torch.nn.functional.linear(tx, tw[i]) for i in range(reps)]):
+        fn()
+        times = []
+        for _ in range(5):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        rates.append(2 * m * k * n * reps / min(times))
+    return rates
+
+
 def model_costs(config):
     """(decoder matmul parameters, lm head parameters, layers, KV width)."""
     t = config.text
@@ -99,6 +125,9 @@ def main():
     print(f"machine: {machine()}; read bandwidth {bandwidth / 1e9:.1f} GB/s (copy {copy / 1e9:.1f} GB/s "
           f"read+write), jax fp32 matmul {rate / 1e9:.0f} GFLOP/s; torch {torch.__version__} "
           f"({torch.get_num_threads()} threads)")
+    ours_32, torch_32 = decode_gemm_rates()
+    print(f"fp32 matmul at batch-32 decode's shape [32, 768] x [768, 2048]: jax {ours_32 / 1e9:.0f}, "
+          f"torch {torch_32 / 1e9:.0f} GFLOP/s")
     rng = np.random.default_rng(0)
     rows = []
     group_rows = []
