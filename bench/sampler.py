@@ -111,7 +111,7 @@ def main():
     parser.add_argument("--batches", default="1,8,32")
     parser.add_argument("--prompt", type=int, default=512)
     parser.add_argument("--new", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs per cell (best is reported)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs per cell (best is reported)")
     args = parser.parse_args()
 
     import jax
