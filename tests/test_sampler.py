@@ -290,6 +290,40 @@ def test_chunked_attention_equals_dense(cache_layout, causal):
     np.testing.assert_allclose(chunked, dense, atol=1e-6)
 
 
+@pytest.mark.parametrize("rows_per_step", [2, 4])
+def test_chunked_attention_row_groups_equal_dense(rows_per_step):
+    """Rows that fit the score budget together run as one group (2 groups of 2 rows: a
+    lax.map; 4 rows: one group) with the same result as dense attention."""
+    from paravt_jax.models.qwen3_vl import layers as L
+
+    rng = np.random.default_rng(1)
+    b, lq, lk, heads, kv, hd = 4, 8, 16, 4, 2, 8
+    q = rng.standard_normal((b, lq, heads, hd)).astype(np.float32)
+    k = rng.standard_normal((b, kv, hd, lk)).astype(np.float32)
+    v = rng.standard_normal((b, kv, lk, hd)).astype(np.float32)
+    valid = rng.random((b, lk)) < 0.7
+    valid[:, 0] = True
+    slots = (lk - lq) + np.arange(lq)
+    mask = valid[:, None, :] & (np.arange(lk)[None, None, :] <= slots[None, :, None])
+    dense = np.asarray(L.dot_attention(q, k, v, mask, True))
+    chunked = np.asarray(L.chunked_attention(q, k, v, valid, slots, True,
+                                             max_score_bytes=rows_per_step * lq * heads * lk * 4,
+                                             causal_offset=lk - lq))
+    np.testing.assert_allclose(chunked, dense, atol=1e-6)
+
+
+def test_weight_first_matmul_equals_plain():
+    """matmul_t: few rows and a >= 1 MB weight take the weight-first form on CPU (the
+    sampler's decode with real-size weights); both forms equal x @ w^T."""
+    from paravt_jax.models.qwen3_vl import text as T
+
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal((1024, 512)).astype(np.float32)  # 2 MB
+    for shape in ((3, 1, 512), (2, 40, 512)):  # 3 rows (weight-first), 80 rows (plain)
+        x = rng.standard_normal(shape).astype(np.float32)
+        np.testing.assert_allclose(np.asarray(T.matmul_t(x, w)), x @ w.T, rtol=1e-5, atol=1e-4)
+
+
 def test_prefill_chunked_attention_path_equals_dense_path(monkeypatch):
     """The cached forward switches to chunked attention above a score-size threshold; the
     hidden states and the cache it writes are the same either way."""

@@ -45,7 +45,7 @@ FUSED = {("q_proj", "k_proj", "v_proj"): "qkv_t", ("gate_proj", "up_proj"): "gat
 
 
 # Token counts up to which a matmul with a large [out, in] weight runs as weight @ x^T (the
-# weight as the tall operand): XLA:CPU streams a weight that does not fit its caches ~1.3x
+# weight as the tall operand): XLA:CPU streams a weight that does not fit its caches 1.1-1.3x
 # faster that way at decode's few rows (measured at 4-32 rows); larger inputs and small
 # weights keep x @ weight^T.
 WEIGHT_FIRST_MAX_ROWS = 64
@@ -56,7 +56,8 @@ def matmul_t(x: jax.Array, weight_t: jax.Array) -> jax.Array:
     """x [..., in] @ weight_t [out, in]^T -> [..., out]."""
     weight_t = weight_t.astype(x.dtype)
     if (np.prod(x.shape[:-1]) <= WEIGHT_FIRST_MAX_ROWS
-            and weight_t.size * weight_t.dtype.itemsize >= WEIGHT_FIRST_MIN_BYTES):
+            and weight_t.size * weight_t.dtype.itemsize >= WEIGHT_FIRST_MIN_BYTES
+            and jax.default_backend() == "cpu"):  # measured on XLA:CPU only
         return jnp.moveaxis(jnp.einsum("oi,...i->o...", weight_t, x), 0, -1)
     return jnp.einsum("...i,oi->...o", x, weight_t)
 
