@@ -15,6 +15,15 @@ def machine() -> str:
             f"jax {jax.__version__} on {jax.devices()[0].platform} x {jax.device_count()}")
 
 
+def _steady_times(fn, repeats: int) -> list[float]:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return times
+
+
 def timeit(fn, repeats: int = 5, warmup: int = 1) -> tuple[float, float]:
     """(first call seconds, median of `repeats` steady calls in seconds)."""
     start = time.perf_counter()
@@ -22,12 +31,13 @@ def timeit(fn, repeats: int = 5, warmup: int = 1) -> tuple[float, float]:
     first = time.perf_counter() - start
     for _ in range(warmup - 1):
         fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return first, statistics.median(times)
+    return first, statistics.median(_steady_times(fn, repeats))
+
+
+def best_time(fn, repeats: int = 5) -> float:
+    """Seconds of the fastest of `repeats` calls after one warm-up call."""
+    fn()
+    return min(_steady_times(fn, repeats))
 
 
 def print_table(title: str, header: list[str], rows: list[list]) -> str:

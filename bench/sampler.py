@@ -22,7 +22,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from common import hf_peer, machine, print_table  # noqa: E402
+from common import best_time, hf_peer, machine, print_table  # noqa: E402
 
 
 def measure_machine():
@@ -30,25 +30,16 @@ def measure_machine():
     import jax
     import jax.numpy as jnp
 
-    def best(fn, runs=5):
-        fn()
-        times = []
-        for _ in range(runs):
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-        return min(times)
-
     a = np.ones(64 * 1024 * 1024 // 4, np.float32)  # 64 MB
     b = np.empty_like(a)
-    copy = 2 * a.nbytes / best(lambda: np.copyto(b, a))
+    copy = 2 * a.nbytes / best_time(lambda: np.copyto(b, a))
     big = jnp.ones(256 * 1024 * 1024 // 4, jnp.float32)  # 256 MB: far beyond the caches
     total = jax.jit(jnp.sum)
-    read = big.nbytes / best(lambda: total(big).block_until_ready())
+    read = big.nbytes / best_time(lambda: total(big).block_until_ready())
     del big
     m = jnp.ones((1024, 1024), jnp.float32)
     f = jax.jit(lambda x: x @ x)
-    rate = 2 * 1024**3 / best(lambda: f(m).block_until_ready(), runs=10)
+    rate = 2 * 1024**3 / best_time(lambda: f(m).block_until_ready(), repeats=10)
     return copy, read, rate
 
 
@@ -68,13 +59,7 @@ def decode_gemm_rates(m=32, k=768, n=2048, reps=20):
     rates = []
     for fn in (lambda: jax.block_until_ready(f(jx, jw)),
                lambda: [torch.nn.functional.linear(tx, tw[i]) for i in range(reps)]):
-        fn()
-        times = []
-        for _ in range(5):
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-        rates.append(2 * m * k * n * reps / min(times))
+        rates.append(2 * m * k * n * reps / best_time(fn))
     return rates
 
 
