@@ -15,7 +15,8 @@ def machine() -> str:
             f"jax {jax.__version__} on {jax.devices()[0].platform} x {jax.device_count()}")
 
 
-def _steady_times(fn, repeats: int) -> list[float]:
+def steady_times(fn, repeats: int) -> list[float]:
+    """Seconds of each of `repeats` consecutive calls (no warm-up)."""
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -31,13 +32,13 @@ def timeit(fn, repeats: int = 5, warmup: int = 1) -> tuple[float, float]:
     first = time.perf_counter() - start
     for _ in range(warmup - 1):
         fn()
-    return first, statistics.median(_steady_times(fn, repeats))
+    return first, statistics.median(steady_times(fn, repeats))
 
 
 def best_time(fn, repeats: int = 5) -> float:
     """Seconds of the fastest of `repeats` calls after one warm-up call."""
     fn()
-    return min(_steady_times(fn, repeats))
+    return min(steady_times(fn, repeats))
 
 
 def print_table(title: str, header: list[str], rows: list[list]) -> str:

@@ -22,7 +22,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from common import best_time, hf_peer, machine, print_table  # noqa: E402
+from common import best_time, hf_peer, machine, print_table, steady_times  # noqa: E402
 
 
 def measure_machine():
@@ -125,25 +125,16 @@ def main():
                 ids = rng.integers(0, 900, (batch, prompt_len))
                 prompts = [encode_ids(r.tolist(), 0) for r in ids]
                 start = time.perf_counter()
-                sampler.generate(prompts, max_new_tokens=new)
+                out, _ = sampler.generate(prompts, max_new_tokens=new)
                 first = time.perf_counter() - start
-                runs = []
-                for _ in range(args.repeats):
-                    start = time.perf_counter()
-                    out, _ = sampler.generate(prompts, max_new_tokens=new)
-                    runs.append(time.perf_counter() - start)
-                ours = min(runs)
                 assert all(len(t) == new for t in out.tokens)
+                ours = min(steady_times(lambda: sampler.generate(prompts, max_new_tokens=new), args.repeats))
                 tid = torch.tensor(ids)
-                runs = []
                 with torch.no_grad():
                     peer.generate(input_ids=tid[:, :8], max_new_tokens=2, do_sample=False)  # warm
-                    for _ in range(args.repeats):
-                        start = time.perf_counter()
-                        peer.generate(input_ids=tid, attention_mask=torch.ones_like(tid), max_new_tokens=new,
-                                      min_new_tokens=new, do_sample=False, eos_token_id=None, pad_token_id=0)
-                        runs.append(time.perf_counter() - start)
-                theirs = min(runs)
+                    theirs = min(steady_times(lambda: peer.generate(
+                        input_ids=tid, attention_mask=torch.ones_like(tid), max_new_tokens=new,
+                        min_new_tokens=new, do_sample=False, eos_token_id=None, pad_token_id=0), args.repeats))
                 prefill_floor, decode_floor = floors(model.config, batch, prompt_len, new, bandwidth, rate)
                 floor = prefill_floor if phase == "prefill" else decode_floor
                 tokens = batch * (prompt_len if phase == "prefill" else new)

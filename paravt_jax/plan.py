@@ -19,8 +19,8 @@ from the shapes (`--activations=estimate`, labelled as such; see `activation_est
 Three phases are checked against the device memory:
   trainer  one optimizer step: parameters, gradients, AdamW state, the frozen reference
            (kept when kl_ctl > 0), the micro-batch inputs and its activations;
-  sampler  a rollout on its own: parameters, the sampler's per-layer copy of the decoder
-           layers, the KV cache of all B*G rows (and the copy
+  sampler  a rollout on its own: parameters, the sampler's copy of the decoder layers and
+           of an untied lm head, the KV cache of all B*G rows (and the copy
            alive while it grows), the sub-agent cache, the largest prefill's working set;
   rollout  the sampler as rl/trainer.py runs it: in the trainer's process, with the
            optimizer state and the reference still resident.

@@ -319,6 +319,7 @@ def test_weight_first_matmul_equals_plain():
 
     rng = np.random.default_rng(2)
     w = rng.standard_normal((1024, 512)).astype(np.float32)  # 2 MB
+    assert w.nbytes >= T.WEIGHT_FIRST_MIN_BYTES and 3 <= T.WEIGHT_FIRST_MAX_ROWS < 80  # both branches
     for shape in ((3, 1, 512), (2, 40, 512)):  # 3 rows (weight-first), 80 rows (plain)
         x = rng.standard_normal(shape).astype(np.float32)
         np.testing.assert_allclose(np.asarray(T.matmul_t(x, w)), x @ w.T, rtol=1e-5, atol=1e-4)

@@ -324,7 +324,7 @@ class Sampler:
         The prefill and decode read these instead of slicing the stacked parameters: XLA on
         CPU/GPU copies a slice that feeds a matmul, which inside the decode loop meant
         reading and writing every weight once more per token; the [vocab, D] head multiplies
-        ~1.5x faster at 8-32 rows on XLA:CPU. Costs one copy of the decoder layers (and of an
+        ~1.4x faster at 8-32 rows on XLA:CPU. Costs one copy of the decoder layers (and of an
         untied head) while the Sampler lives (build a new Sampler after a weight update)."""
         if self._weights is None:
             self._weights = _decode_weights(self.graphdef, self.params, _output_axis_whole(self.model))

@@ -191,11 +191,11 @@ class TextDecoder(nnx.Module):
         fused_names = {n for names in FUSED for n in names} if fuse else set()
         out = []
         for i in range(self.config.num_hidden_layers):
-            layer = {(name + "_t" if name in PROJECTIONS else name): (p[i].T if name in PROJECTIONS else p[i])
-                     for name, p in stacked.items() if name not in fused_names}
+            layer = {name: p[i] for name, p in stacked.items() if name not in PROJECTIONS}
+            layer.update({name + "_t": stacked[name][i].T for name in PROJECTIONS if name not in fused_names})
             if fuse:
-                for names, fused in FUSED.items():
-                    layer[fused] = jnp.concatenate([stacked[n][i].T for n in names], axis=0)
+                layer.update({fused: jnp.concatenate([stacked[n][i].T for n in names], axis=0)
+                              for names, fused in FUSED.items()})
             out.append(layer)
         return tuple(out)
 
