@@ -312,6 +312,41 @@ def test_chunked_attention_row_groups_equal_dense(rows_per_step):
     np.testing.assert_allclose(chunked, dense, atol=1e-6)
 
 
+@pytest.mark.parametrize("rows_per_step", [1, 2])
+def test_chunked_attention_long_chunk_segments_equal_dense(rows_per_step):
+    """A chunk of more query blocks than MAX_QUERY_SEGMENTS (64 blocks of 2 queries here):
+    the blocks of each segment share its key range and run in a lax.map, with the same
+    result as dense attention, and the program does not grow with the chunk: a 4x longer
+    chunk traces to as many matmuls."""
+    from paravt_jax.models.qwen3_vl import layers as L
+
+    rng = np.random.default_rng(3)
+    b, heads, kv, hd = 2, 2, 1, 4
+
+    def case(lq, lk):
+        q = rng.standard_normal((b, lq, heads, hd)).astype(np.float32)
+        k = rng.standard_normal((b, kv, hd, lk)).astype(np.float32)
+        v = rng.standard_normal((b, kv, lk, hd)).astype(np.float32)
+        valid = rng.random((b, lk)) < 0.8
+        valid[:, 0] = True
+        slots = (lk - lq) + np.arange(lq)
+        budget = rows_per_step * 2 * heads * lk * 4  # 2 queries per block
+        fn = lambda *a: L.chunked_attention(*a, True, max_score_bytes=budget, causal_offset=lk - lq)
+        return (q, k, v, valid, slots), fn
+
+    args, fn = case(128, 136)
+    q, k, v, valid, slots = args
+    mask = valid[:, None, :] & (np.arange(136)[None, None, :] <= slots[None, :, None])
+    dense = np.asarray(L.dot_attention(q, k, v, mask, True))
+    np.testing.assert_allclose(np.asarray(jax.jit(fn)(*args)), dense, atol=1e-6)
+
+    def matmuls(lq):
+        case_args, case_fn = case(lq, lq + 8)
+        return str(jax.make_jaxpr(case_fn)(*case_args)).count("dot_general")
+
+    assert matmuls(512) == matmuls(128) <= 2 * L.MAX_QUERY_SEGMENTS
+
+
 def test_weight_first_matmul_equals_plain():
     """matmul_t: few rows and a >= 1 MB weight take the weight-first form on CPU (the
     sampler's decode with real-size weights); both forms equal x @ w^T."""

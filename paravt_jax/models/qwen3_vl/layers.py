@@ -106,6 +106,12 @@ def dot_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | No
     return out.reshape(batch, q_len, heads, head_dim)
 
 
+# chunked_attention unrolls at most this many query segments (each with its own static key
+# range); the blocks within a segment run in a lax.map, so the program size stays bounded
+# however long the chunk is.
+MAX_QUERY_SEGMENTS = 8
+
+
 def chunked_attention(q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array,
                       query_slots: jax.Array, cache_layout: bool = False,
                       max_score_bytes: int = 8 << 20, causal_offset: int | None = None) -> jax.Array:
@@ -113,16 +119,18 @@ def chunked_attention(q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array
     time, so the float32 score block [rows, KV, G * q_block, Lk] stays within
     `max_score_bytes` (cache-sized) instead of materialising [B, KV, G * Lq, Lk] at once.
     Exact: each query's softmax still spans every key it may see. Row groups (as many rows as
-    fit the budget, a divisor of B) run in a `lax.map`; the query blocks are unrolled.
+    fit the budget, a divisor of B) run in a `lax.map`.
 
     valid [B, Lk]: keys holding real tokens; query_slots [Lq]: the key index of each query, so
     query i attends to the valid keys <= query_slots[i] (the sampler's cache mask). Each
     block's mask is built inside the block. causal_offset (static, optional): a bound with
-    query_slots[i] < causal_offset + i + 1; query blocks (at most max(64, Lq / 8) queries
-    each) then read only the keys below their last query's bound, skipping up to ~7/16 of the
-    work of a prefill's causal triangle.
+    query_slots[i] < causal_offset + i + 1; the queries then fall into at most
+    MAX_QUERY_SEGMENTS unrolled segments (blocks of at most max(64, Lq / 8) queries), each
+    reading only the keys below its last query's bound, which skips up to ~7/16 of the work of
+    a prefill's causal triangle. The blocks of a segment share its key range and run in a
+    `lax.map`, so a long chunk (many blocks) compiles as fast as a short one.
     """
-    batch, q_len, heads, _ = q.shape
+    batch, q_len, heads, head_dim = q.shape
     key_len = k.shape[-1] if cache_layout else k.shape[1]
     per_query = heads * key_len * 4
     block = q_len
@@ -131,17 +139,32 @@ def chunked_attention(q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array
         block //= 2
     rows = max([r for r in range(1, batch + 1)
                 if batch % r == 0 and r * block * per_query <= max_score_bytes] or [1])
+    blocks = q_len // block
+    segment = q_len // min(blocks, MAX_QUERY_SEGMENTS)  # a multiple of block
+
+    def segment_attention(qs, slots, keys, values, valid_rows):
+        """qs [rows, n, H, hd] (n a multiple of block), slots [n], keys/values up to `end`."""
+        def one_block(args):
+            qb, sb = args
+            mask = valid_rows[:, None, :] & (jnp.arange(valid_rows.shape[1])[None, :] <= sb[:, None])[None]
+            return dot_attention(qb, keys, values, mask, cache_layout)
+
+        n = qs.shape[1]
+        if n == block:
+            return one_block((qs, slots))
+        qb = qs.reshape(qs.shape[0], n // block, block, heads, head_dim).swapaxes(0, 1)
+        out = jax.lax.map(one_block, (qb, slots.reshape(n // block, block)))
+        return out.swapaxes(0, 1).reshape(qs.shape)
 
     def one_group(group):
         qr, kr, vr, valid_rows = group
         outs = []
-        for s in range(0, q_len, block):
-            end = key_len if causal_offset is None else max(1, min(key_len, causal_offset + s + block))
+        for s in range(0, q_len, segment):
+            end = key_len if causal_offset is None else max(1, min(key_len, causal_offset + s + segment))
             keys = kr[..., :end] if cache_layout else kr[:, :end]
             values = vr[:, :, :end] if cache_layout else vr[:, :end]
-            causal = jnp.arange(end)[None, :] <= query_slots[s:s + block, None]
-            mask = valid_rows[:, None, :end] & causal[None]
-            outs.append(dot_attention(qr[:, s:s + block], keys, values, mask, cache_layout))
+            outs.append(segment_attention(qr[:, s:s + segment], query_slots[s:s + segment], keys,
+                                          values, valid_rows[:, :end]))
         return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)
 
     if rows == batch:

@@ -141,8 +141,8 @@ class TextDecoder(nnx.Module):
         k = L.apply_rotary(k, cos[:, :, None, :], sin[:, :, None, :])
         keys, values = (k, v) if kv is None else kv(k, v)
         if isinstance(mask, CachedMask):
-            # a prefill chunk: attend row by row, query block by block, each block reading only
-            # the keys it may see (the chunk's causal triangle; see chunked_attention)
+            # a prefill chunk: attend in row groups and query blocks, each segment of blocks
+            # reading only the keys it may see (the chunk's causal triangle; see chunked_attention)
             out = L.chunked_attention(q, keys, values, mask.valid, mask.query_slots, cache_layout,
                                       causal_offset=keys.shape[-1] - n).reshape(b, n, -1)
         else:
