@@ -9,6 +9,9 @@ import ml_collections
 def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.seed = 0
+    # JAX's persistent compilation cache (paravt_jax/compile_cache.py): a directory where
+    # compiled programs are kept for later runs; empty = $PARAVT_JAX_CACHE_DIR, else off.
+    c.compilation_cache_dir = ""
     c.model = ml_collections.ConfigDict()
     c.model.preset = arg or "tiny"
     c.model.checkpoint = ""  # a local HF checkpoint directory; empty = the built-in tiny model

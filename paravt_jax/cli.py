@@ -362,11 +362,12 @@ def main(argv: list[str] | None = None) -> None:
     command = "run"
     if len(argv) > 1 and not argv[1].startswith("-"):
         command = argv.pop(1)
-    from paravt_jax import distributed
+    from paravt_jax import compile_cache, distributed
 
     if command in MODULE_COMMANDS:
         import importlib
 
+        compile_cache.enable()  # $PARAVT_JAX_CACHE_DIR, if set
         distributed.initialize()  # multi-host from the environment only: these parse their own flags
         return importlib.import_module(MODULE_COMMANDS[command]).main(argv)
     if command not in COMMANDS:
@@ -379,6 +380,7 @@ def main(argv: list[str] | None = None) -> None:
     flags.DEFINE_string("workdir", "", "run directory (checkpoints, metrics, final model)",
                         flag_values=flag_values)
     flag_values(argv)
+    compile_cache.enable(flag_values.config.get("compilation_cache_dir", ""))
     distributed.initialize(flag_values.config)  # before anything touches JAX devices
     if command in TAKES_WORKDIR:
         return COMMANDS[command](flag_values.config, flag_values.workdir)
