@@ -347,6 +347,35 @@ def test_chunked_attention_long_chunk_segments_equal_dense(rows_per_step):
     assert matmuls(512) == matmuls(128) <= 2 * L.MAX_QUERY_SEGMENTS
 
 
+def test_attention_block_bytes_reaches_chunked_prefill(monkeypatch):
+    """SamplerConfig.attention_block_bytes is the score budget chunked prefill attention runs
+    with (0 = the backend default, 8 MB on CPU); the sampled tokens and log-probs do not depend
+    on it; a negative budget is refused by name."""
+    from paravt_jax.models.qwen3_vl import layers as L
+    from paravt_jax.models.qwen3_vl import text as T
+
+    seen = []
+    original = L.chunked_attention
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["max_score_bytes"])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(L, "chunked_attention", spy)
+    model = init_model(preset("tiny"), seed=0)
+    prompt = [encode_ids(np.random.default_rng(4).integers(0, 900, 300).tolist(), 0)]
+    outs = []
+    for budget in (0, 64 << 10):
+        out, _ = Sampler(model, SamplerConfig(attention_block_bytes=budget)).generate(
+            prompt, max_new_tokens=3, temperature=1.0, seed=5)
+        outs.append(out)
+    assert set(seen) == {T.chunk_score_bytes(), 64 << 10} and T.chunk_score_bytes() == 8 << 20
+    assert outs[0].tokens == outs[1].tokens
+    np.testing.assert_allclose(outs[0].logprobs[0], outs[1].logprobs[0], atol=1e-5)
+    with pytest.raises(ValueError, match="attention_block_bytes"):
+        Sampler(model, SamplerConfig(attention_block_bytes=-1))
+
+
 def test_weight_first_matmul_equals_plain():
     """matmul_t: few rows and a >= 1 MB weight take the weight-first form on CPU (the
     sampler's decode with real-size weights); both forms equal x @ w^T."""

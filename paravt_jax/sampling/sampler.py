@@ -45,6 +45,9 @@ class SamplerConfig:
     min_batch_bucket: int = 1
     cache_multiple: int = 1024  # capacities: powers of two up to this, then multiples of it
     cache_dtype: str = ""  # "" = the model's compute dtype
+    # score block budget of chunked prefill attention; 0 = text.chunk_score_bytes() (8 MB on
+    # CPU, 256 MB on accelerators)
+    attention_block_bytes: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,16 +176,17 @@ def _new_cache(layers, shape, dtype, sharding):
     return (*constrain(keys, values, sharding), jnp.zeros((rows, capacity), bool))
 
 
-@functools.partial(jax.jit, static_argnums=(0, 13, 14), donate_argnums=(3, 4, 5))
+@functools.partial(jax.jit, static_argnums=(0, 13, 14, 15), donate_argnums=(3, 4, 5))
 def _prefill(graphdef, params, weights, cache_k, cache_v, valid, write_index, ids, positions, counts,
-             visual_index, visual_embeds, deepstack, sharding, window):
+             visual_index, visual_embeds, deepstack, sharding, window, score_bytes):
     lang = _merge(graphdef, params).language
     width = ids.shape[1]
     fresh = jnp.arange(width)[None, :] < counts[:, None]
     valid = jax.lax.dynamic_update_slice(valid, fresh, (0, write_index))
     hidden, cache_k, cache_v = lang.forward_cached(ids, positions, write_index, valid, cache_k,
                                                    cache_v, visual_index, visual_embeds, deepstack,
-                                                   window=window, layers=weights.layers)
+                                                   window=window, layers=weights.layers,
+                                                   score_bytes=score_bytes)
     last = jnp.maximum(counts - 1, 0)
     last_hidden = hidden[jnp.arange(ids.shape[0]), last][:, None]
     logits = lang.logits(last_hidden, weights.head_t)[:, 0].astype(jnp.float32)
@@ -306,6 +310,9 @@ class Sampler:
     """`Sampler(model, config)`; `generate(prompts, ...)` then `extend(state, chunks, ...)`."""
 
     def __init__(self, model: Qwen3VL, config: SamplerConfig = SamplerConfig(), mesh=None):
+        if config.attention_block_bytes < 0:
+            raise ValueError(f"SamplerConfig.attention_block_bytes={config.attention_block_bytes} "
+                             "must be >= 0 (0 = the backend's default)")
         self.model = model
         self.config = config
         self.mesh = mesh
@@ -446,7 +453,8 @@ class Sampler:
                         self._sharding(batch.ids.shape[0], valid.shape[1]),
                         # attend only to the slots in use (bucketed, so few compiled variants)
                         min(bucket(write_index + batch.ids.shape[1], 16, self.config.cache_multiple),
-                            valid.shape[1]))
+                            valid.shape[1]),
+                        self.config.attention_block_bytes or None)
 
     def _decode(self, cache_k, cache_v, valid, write_index, logits, next_position, budgets, num_rows,
                 seed, k, keep_pending=None, takes_part=None, row_ids=None):

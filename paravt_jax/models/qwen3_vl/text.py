@@ -28,6 +28,14 @@ class CachedMask(NamedTuple):
     when valid[b, s] and s <= query_slots[i]."""
     valid: jax.Array  # [B, window]
     query_slots: jax.Array  # [P]
+    score_bytes: int  # chunked_attention's score block budget
+
+
+def chunk_score_bytes() -> int:
+    """chunked_attention's default score block budget: cache-sized on XLA:CPU (measured; 2 MB
+    and 16 MB blocks were slower), 256 MB on accelerators, where every block is a few kernel
+    launches (a 8k-token prefill of 16 heads at 8 MB would run blocks of 16 queries)."""
+    return (8 << 20) if jax.default_backend() == "cpu" else (256 << 20)
 
 
 class DecodeWeights(NamedTuple):
@@ -144,6 +152,7 @@ class TextDecoder(nnx.Module):
             # a prefill chunk: attend in row groups and query blocks, each segment of blocks
             # reading only the keys it may see (the chunk's causal triangle; see chunked_attention)
             out = L.chunked_attention(q, keys, values, mask.valid, mask.query_slots, cache_layout,
+                                      max_score_bytes=mask.score_bytes,
                                       causal_offset=keys.shape[-1] - n).reshape(b, n, -1)
         else:
             out = L.dot_attention(q, keys, values, mask, cache_layout).reshape(b, n, -1)
@@ -222,7 +231,7 @@ class TextDecoder(nnx.Module):
                        valid: jax.Array, cache_k: tuple[jax.Array, ...], cache_v: tuple[jax.Array, ...],
                        visual_index: jax.Array | None = None, visual_embeds: jax.Array | None = None,
                        deepstack: jax.Array | None = None, window: int | None = None,
-                       layers: tuple[dict, ...] | None = None):
+                       layers: tuple[dict, ...] | None = None, score_bytes: int | None = None):
         """Runs a chunk of P tokens per row on top of a KV cache.
 
         The cache is one array per layer (cache_k: [B, KV, hd, S] each, cache_v:
@@ -237,7 +246,8 @@ class TextDecoder(nnx.Module):
         >= write_index + P) limits attention to the first `window` slots: a prefill into an
         empty or short cache then costs O(P * window), not O(P * S). `layers` (from
         `unstacked_layers`) supplies per-layer parameter buffers; by default they are sliced
-        from the stacked ones here. The layers are unrolled.
+        from the stacked ones here. The layers are unrolled. `score_bytes` (static): the
+        score block budget of a chunked prefill (default `chunk_score_bytes()`).
         Returns (hidden [B, P, D], cache_k, cache_v).
         """
         t = self.config
@@ -252,7 +262,7 @@ class TextDecoder(nnx.Module):
         window = capacity if window is None else min(int(window), capacity)
         scores = input_ids.shape[0] * length * t.num_attention_heads * window * 4
         if length >= CHUNK_MIN_QUERIES or scores > CHUNK_SCORE_BYTES:
-            mask = CachedMask(valid[:, :window], query_slots)
+            mask = CachedMask(valid[:, :window], query_slots, int(score_bytes or chunk_score_bytes()))
         else:
             mask = valid[:, None, :window] & (jnp.arange(window)[None, None, :] <= query_slots[None, :, None])
         add_deepstack = self._deepstack_adder(visual_index, deepstack)
