@@ -267,22 +267,30 @@ def test_long_decode_grows_the_cache_and_matches_teacher_forced_forward(tiny):
         np.testing.assert_allclose(result.logprobs[b], want, atol=1e-4)
 
 
-@pytest.mark.parametrize("cache_layout", [False, True])
-@pytest.mark.parametrize("causal", [False, True])
-def test_chunked_attention_equals_dense(cache_layout, causal):
-    from paravt_jax.models.qwen3_vl import layers as L
-
-    rng = np.random.default_rng(0)
-    b, lq, lk, heads, kv, hd = 3, 24, 40, 4, 2, 8
+def attention_case(seed, b, lq, lk, heads, kv, hd, cache_layout=True):
+    """Random q [B, Lq, H, hd] and k/v (cache layout: k [B, KV, hd, Lk], v [B, KV, Lk, hd];
+    else [B, Lk, KV, hd]), valid keys (slot 0 always), query i at key slot lk - lq + i, and
+    the dense mask those give."""
+    rng = np.random.default_rng(seed)
     q = rng.standard_normal((b, lq, heads, hd)).astype(np.float32)
     k = rng.standard_normal((b, kv, hd, lk) if cache_layout else (b, lk, kv, hd)).astype(np.float32)
     v = rng.standard_normal((b, kv, lk, hd) if cache_layout else (b, lk, kv, hd)).astype(np.float32)
     valid = rng.random((b, lk)) < 0.7
     valid[:, 0] = True
-    slots = (lk - lq) + np.arange(lq)  # query i sits at key slot 16 + i
+    slots = (lk - lq) + np.arange(lq)
     mask = valid[:, None, :] & (np.arange(lk)[None, None, :] <= slots[None, :, None])
+    return q, k, v, valid, slots, mask
+
+
+@pytest.mark.parametrize("cache_layout", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+def test_chunked_attention_equals_dense(cache_layout, causal):
+    from paravt_jax.models.qwen3_vl import layers as L
+
+    b, lq, lk, heads, kv, hd = 3, 24, 40, 4, 2, 8
+    q, k, v, valid, slots, mask = attention_case(0, b, lq, lk, heads, kv, hd, cache_layout)
     dense = np.asarray(L.dot_attention(q, k, v, mask, cache_layout))
-    # 8 queries' scores per block: 3 blocks per row, the causal ones read 24, 32, 40 keys
+    # <= 8 queries' scores per block: 4 blocks of 6 per row, the causal ones read 22..40 keys
     chunked = np.asarray(L.chunked_attention(q, k, v, valid, slots, cache_layout,
                                              max_score_bytes=8 * heads * lk * 4,
                                              causal_offset=lk - lq if causal else None))
@@ -296,15 +304,8 @@ def test_chunked_attention_row_groups_equal_dense(rows_per_step):
     lax.map; 4 rows: one group) with the same result as dense attention."""
     from paravt_jax.models.qwen3_vl import layers as L
 
-    rng = np.random.default_rng(1)
     b, lq, lk, heads, kv, hd = 4, 8, 16, 4, 2, 8
-    q = rng.standard_normal((b, lq, heads, hd)).astype(np.float32)
-    k = rng.standard_normal((b, kv, hd, lk)).astype(np.float32)
-    v = rng.standard_normal((b, kv, lk, hd)).astype(np.float32)
-    valid = rng.random((b, lk)) < 0.7
-    valid[:, 0] = True
-    slots = (lk - lq) + np.arange(lq)
-    mask = valid[:, None, :] & (np.arange(lk)[None, None, :] <= slots[None, :, None])
+    q, k, v, valid, slots, mask = attention_case(1, b, lq, lk, heads, kv, hd)
     dense = np.asarray(L.dot_attention(q, k, v, mask, True))
     chunked = np.asarray(L.chunked_attention(q, k, v, valid, slots, True,
                                              max_score_bytes=rows_per_step * lq * heads * lk * 4,
@@ -320,29 +321,21 @@ def test_chunked_attention_long_chunk_segments_equal_dense(rows_per_step):
     chunk traces to as many matmuls."""
     from paravt_jax.models.qwen3_vl import layers as L
 
-    rng = np.random.default_rng(3)
     b, heads, kv, hd = 2, 2, 1, 4
 
     def case(lq, lk):
-        q = rng.standard_normal((b, lq, heads, hd)).astype(np.float32)
-        k = rng.standard_normal((b, kv, hd, lk)).astype(np.float32)
-        v = rng.standard_normal((b, kv, lk, hd)).astype(np.float32)
-        valid = rng.random((b, lk)) < 0.8
-        valid[:, 0] = True
-        slots = (lk - lq) + np.arange(lq)
+        *inputs, mask = attention_case(3, b, lq, lk, heads, kv, hd)
         budget = rows_per_step * 2 * heads * lk * 4  # 2 queries per block
         fn = lambda *a: L.chunked_attention(*a, True, max_score_bytes=budget, causal_offset=lk - lq)
-        return (q, k, v, valid, slots), fn
+        return inputs, mask, fn
 
-    args, fn = case(128, 136)
-    q, k, v, valid, slots = args
-    mask = valid[:, None, :] & (np.arange(136)[None, None, :] <= slots[None, :, None])
-    dense = np.asarray(L.dot_attention(q, k, v, mask, True))
-    np.testing.assert_allclose(np.asarray(jax.jit(fn)(*args)), dense, atol=1e-6)
+    inputs, mask, fn = case(128, 136)
+    dense = np.asarray(L.dot_attention(*inputs[:3], mask, True))
+    np.testing.assert_allclose(np.asarray(jax.jit(fn)(*inputs)), dense, atol=1e-6)
 
     def matmuls(lq):
-        case_args, case_fn = case(lq, lq + 8)
-        return str(jax.make_jaxpr(case_fn)(*case_args)).count("dot_general")
+        inputs, _, fn = case(lq, lq + 8)
+        return str(jax.make_jaxpr(fn)(*inputs)).count("dot_general")
 
     assert matmuls(512) == matmuls(128) <= 2 * L.MAX_QUERY_SEGMENTS
 
