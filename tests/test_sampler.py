@@ -345,7 +345,6 @@ def test_attention_block_bytes_reaches_chunked_prefill(monkeypatch):
     with (0 = the backend default, 8 MB on CPU); the sampled tokens and log-probs do not depend
     on it; a negative budget is refused by name."""
     from paravt_jax.models.qwen3_vl import layers as L
-    from paravt_jax.models.qwen3_vl import text as T
 
     seen = []
     original = L.chunked_attention
@@ -362,7 +361,7 @@ def test_attention_block_bytes_reaches_chunked_prefill(monkeypatch):
         out, _ = Sampler(model, SamplerConfig(attention_block_bytes=budget)).generate(
             prompt, max_new_tokens=3, temperature=1.0, seed=5)
         outs.append(out)
-    assert set(seen) == {T.chunk_score_bytes(), 64 << 10} and T.chunk_score_bytes() == 8 << 20
+    assert set(seen) == {L.chunk_score_bytes(), 64 << 10} and L.chunk_score_bytes() == 8 << 20
     assert outs[0].tokens == outs[1].tokens
     np.testing.assert_allclose(outs[0].logprobs[0], outs[1].logprobs[0], atol=1e-5)
     with pytest.raises(ValueError, match="attention_block_bytes"):

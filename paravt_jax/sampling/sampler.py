@@ -45,8 +45,8 @@ class SamplerConfig:
     min_batch_bucket: int = 1
     cache_multiple: int = 1024  # capacities: powers of two up to this, then multiples of it
     cache_dtype: str = ""  # "" = the model's compute dtype
-    # score block budget of chunked prefill attention; 0 = text.chunk_score_bytes() (8 MB on
-    # CPU, 256 MB on accelerators)
+    # score block budget of chunked prefill attention; 0 = layers.chunk_score_bytes() (8 MB
+    # on CPU, 256 MB on accelerators)
     attention_block_bytes: int = 0
 
 
@@ -454,7 +454,7 @@ class Sampler:
                         # attend only to the slots in use (bucketed, so few compiled variants)
                         min(bucket(write_index + batch.ids.shape[1], 16, self.config.cache_multiple),
                             valid.shape[1]),
-                        self.config.attention_block_bytes or None)
+                        self.config.attention_block_bytes)
 
     def _decode(self, cache_k, cache_v, valid, write_index, logits, next_position, budgets, num_rows,
                 seed, k, keep_pending=None, takes_part=None, row_ids=None):

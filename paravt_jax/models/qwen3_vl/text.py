@@ -31,13 +31,6 @@ class CachedMask(NamedTuple):
     score_bytes: int  # chunked_attention's score block budget
 
 
-def chunk_score_bytes() -> int:
-    """chunked_attention's default score block budget: cache-sized on XLA:CPU (measured; 2 MB
-    and 16 MB blocks were slower), 256 MB on accelerators, where every block is a few kernel
-    launches (a 8k-token prefill of 16 heads at 8 MB would run blocks of 16 queries)."""
-    return (8 << 20) if jax.default_backend() == "cpu" else (256 << 20)
-
-
 class DecodeWeights(NamedTuple):
     """Weight copies laid out for the sampler (see TextDecoder.decode_weights)."""
     layers: tuple  # per-layer parameter dicts, projections [out, in] under `<name>_t`
@@ -247,7 +240,7 @@ class TextDecoder(nnx.Module):
         empty or short cache then costs O(P * window), not O(P * S). `layers` (from
         `unstacked_layers`) supplies per-layer parameter buffers; by default they are sliced
         from the stacked ones here. The layers are unrolled. `score_bytes` (static): the
-        score block budget of a chunked prefill (default `chunk_score_bytes()`).
+        score block budget of a chunked prefill (None or 0: `layers.chunk_score_bytes()`).
         Returns (hidden [B, P, D], cache_k, cache_v).
         """
         t = self.config
@@ -262,7 +255,7 @@ class TextDecoder(nnx.Module):
         window = capacity if window is None else min(int(window), capacity)
         scores = input_ids.shape[0] * length * t.num_attention_heads * window * 4
         if length >= CHUNK_MIN_QUERIES or scores > CHUNK_SCORE_BYTES:
-            mask = CachedMask(valid[:, :window], query_slots, int(score_bytes or chunk_score_bytes()))
+            mask = CachedMask(valid[:, :window], query_slots, int(score_bytes or L.chunk_score_bytes()))
         else:
             mask = valid[:, None, :window] & (jnp.arange(window)[None, None, :] <= query_slots[None, :, None])
         add_deepstack = self._deepstack_adder(visual_index, deepstack)
