@@ -206,7 +206,8 @@ def rl_config(config):
                             format_weight=r.format_weight, mode=r.reward_mode,
                             text=r.reward_text),
         advantage=AdvantageConfig(anchor_mode=r.anchor_mode, anchor_weight=r.anchor_weight, kl_ctl=r.kl_ctl),
-        step=StepConfig(temperature=r.temperature, eps_clip=r.eps_clip, behaviour_cap=r.behaviour_cap),
+        step=StepConfig(temperature=r.temperature, eps_clip=r.eps_clip, behaviour_cap=r.behaviour_cap,
+                        reference_temperature=r.reference_temperature or None),
         optimizer=OptimizerConfig(learning_rate=r.learning_rate, weight_decay=r.weight_decay,
                                   grad_clip=r.grad_clip),
         checkpoint_every=r.checkpoint_every, eval_every=r.get("eval_every", 0))
