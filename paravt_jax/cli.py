@@ -200,6 +200,7 @@ def rl_config(config):
         rollout=RolloutConfig(mode=r.mode, max_turns=r.max_turns, max_new_tokens=r.max_new_tokens,
                               temperature=r.temperature, think_prefix=r.think_prefix,
                               overview_max_pixels=r.overview_max_pixels,
+                              overview_fps=r.overview_fps, overview_max_frames=r.overview_max_frames,
                               subagent_max_tokens=r.subagent_max_tokens),
         dispatch=DispatchConfig(max_parallel=r.max_parallel, max_pixels=r.overview_max_pixels),
         reward=RewardConfig(answer_suffix=r.answer_suffix, anchor_weight=r.anchor_weight,

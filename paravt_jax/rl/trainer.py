@@ -63,7 +63,9 @@ class RLConfig:
     micro_batches: int = 1
     seed: int = 0
     nframes_gating: bool = True
-    default_nframes: int = 64
+    # K with gating off; 0 = the overview sampled at rollout.overview_fps, at most
+    # rollout.overview_max_frames frames (the reference recipe: 1 fps, 64 frames)
+    default_nframes: int = 0
     nframes_choices: tuple[int, ...] = gating.NFRAMES_CHOICES
     rollout: RolloutConfig = RolloutConfig()
     dispatch: DispatchConfig = DispatchConfig()
@@ -129,10 +131,12 @@ def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge
         t0 = time.perf_counter()
         chosen = [rows[i] for i in data_indices(index * config.prompts_per_step, config.prompts_per_step,
                                                  len(rows), config.seed)]
+        # K is drawn per video (the reference keys it on the row's video paths), with a stable hash
         episodes = [Episode(f"row{r.index}", r.question, r.answer, r.question_type, r.video_path,
-                            gating.nframes_for_prompt(r.video_path + "\n" + r.question, config.seed,
+                            gating.nframes_for_prompt(gating.prompt_key_from_videos([r.video_path]), config.seed,
                                                       config.nframes_gating, config.default_nframes,
-                                                      config.nframes_choices))
+                                                      config.nframes_choices),
+                            system_prompt=r.system_prompt)
                     for r in chosen[share]]
         sampler = Sampler(dist.local_model(step.model(state)), SamplerConfig(min_chunk_bucket=64))
         # rows are prompt-major: this share's rows start at share.start * G in the step's batch
