@@ -244,3 +244,82 @@ def test_turn_texts_carry_the_forced_prefix_and_the_anchor_lands_on_generated_ta
     released, _, released_anchors = score(rollouts, RewardConfig(text="released"), token_anchor=True)
     assert released_anchors.tolist() == [0.0, pytest.approx(0.7)]
     assert released[0]["format_reward"] == pytest.approx(0.5)  # answer tags only; think unbalanced
+
+
+def test_gating_off_overview_samples_one_fps_up_to_64(video, tokenizer, tmp_path):
+    """K = 0: the overview at rollout.overview_fps capped at overview_max_frames (the reference
+    with gating off: 1 fps, at most 64), not a fixed 64 frames."""
+    from paravt_jax.agent.rollout import overview_prompts
+
+    long_video = write_video(str(tmp_path / "long.mp4"), 100.0, [Event(10.0, 14.0, "red", "square")], fps=2.0,
+                             height=64, width=96, seed=2)
+    episodes = [Episode("a", "q?", "A", "mcq", video, nframes=0), Episode("b", "q?", "A", "mcq", long_video, nframes=0),
+                Episode("c", "q?", "A", "mcq", video, nframes=8)]
+    with CropDispatcher() as pool:
+        prompts, errors, durations = overview_prompts(episodes, tokenizer, RolloutConfig(), pool)
+    assert errors == [None] * 3 and durations == pytest.approx([40.0, 100.0, 40.0], abs=0.5)
+    assert [p.image_grid_thw.shape[0] for p in prompts] == [40, 64, 8]
+
+
+def test_rl_prompt_layout_system_and_subagent(video, tokenizer):
+    """RL prompt: the row's system prompt kept (no second schema when it has <tools>), else the
+    flat schema of the RL workflow; timestamped overview frames. Sub-agent prompts: bare
+    frames, then the segment's range and duration."""
+    from paravt_jax.agent.rollout import overview_prompts
+    from paravt_jax.text.chat import placeholder_text
+
+    def prompt_text(episode, config=RolloutConfig()):
+        with CropDispatcher() as pool:
+            (prompt,), _, _ = overview_prompts([episode], tokenizer, config, pool)
+        return tokenizer.decode(prompt.input_ids)
+
+    plain = prompt_text(Episode("a", "What colour?", "blue", "oe", video, nframes=2))
+    assert ('"parameters": {"video_path": {"type": "string", "description": "Path of the video file"}, '
+            '"start_time": {"type": "number"') in plain and '"required"' not in plain
+    assert "<|vision_end|><5.0 seconds>" not in plain and "<0.0 seconds><|vision_start|>" in plain
+    assert plain.endswith("What colour?\nThe video path for this video is: episode.mp4<|im_end|>\n"
+                          "<|im_start|>assistant\n<think>\n")
+    own = prompt_text(Episode("a", "What colour?", "blue", "oe", video, nframes=2,
+                              system_prompt="You are a video agent.\n<tools>\nX\n</tools>"))
+    assert own.startswith("<|im_start|>system\nYou are a video agent.\n<tools>\nX\n</tools><|im_end|>")
+    assert own.count("<tools>") == 1
+    bare = prompt_text(Episode("a", "Q?", "A", "mcq", video, nframes=2),
+                       RolloutConfig(overview_timestamps=False, video_path_line="space_if_absent", tools=False))
+    assert "seconds>" not in bare and "<|vision_end|>Q?<|im_end|>" in bare
+    # the sub-agent prompt of one crop: frames without timestamps, then the instruction
+    sampler = ScriptedSampler(tokenizer, [[calls_text((1, 5)), "<think>done</think><answer>blue</answer>"]])
+    seen = []
+    real = sampler.generate
+
+    def spy(prompts, **knobs):
+        seen.extend(prompts)
+        return real(prompts, **knobs)
+
+    sampler.generate = spy
+    with CropDispatcher() as dispatcher:
+        run_rollouts(sampler, tokenizer, [Episode("e", "Q?", "blue", "oe", video, nframes=2)], 1,
+                     RolloutConfig(mode="subagent", max_turns=1), dispatcher)
+    sub = tokenizer.decode(seen[-1].input_ids)
+    assert sub.startswith("<|im_start|>user\n<|vision_start|>") and "seconds>" not in sub
+    assert "<|vision_end|>You are looking at a video segment from 00:01 to 00:05 (duration: 4.0 seconds)." in sub
+
+
+def test_subagent_summary_cut_at_the_budget_ends_with_the_marker(video, tokenizer):
+    """A summary that reaches subagent_max_tokens without its stop token is cut there with the
+    reference's ' [truncated]' marker; a finished one is kept as is."""
+    class Unfinished(ScriptedSampler):
+        def generate(self, prompts, num_samples=1, **knobs):
+            out, state = super().generate(prompts, num_samples=num_samples, **knobs)
+            if state is None:  # a sub-agent call: the budget ran out before the stop token
+                tokens = [t[:-1] for t in out.tokens]
+                out = SampleOutput(tokens, [l[:-1] for l in out.logprobs], np.zeros(len(tokens), bool),
+                                   np.array([len(t) for t in tokens]))
+            return out, state
+
+    for cls, marker in ((ScriptedSampler, False), (Unfinished, True)):
+        sampler = cls(tokenizer, [[calls_text((1, 5)), "<think>ok</think><answer>blue</answer>"]])
+        with CropDispatcher() as dispatcher:
+            (r,), _ = run_rollouts(sampler, tokenizer, [Episode("e", "Q?", "blue", "oe", video, nframes=2)], 1,
+                                   RolloutConfig(mode="subagent", max_turns=1), dispatcher)
+        body = "a blue circle from 10 to 14 seconds" + (" [truncated]" if marker else "")
+        assert f"<tool_response>\n{body}\n</tool_response>" in r.completion
