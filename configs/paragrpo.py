@@ -44,6 +44,11 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     c.rl.max_new_tokens = 256  # per assistant turn
     c.rl.max_parallel = 5  # crop calls executed per turn
     c.rl.mode = "subagent"  # subagent | frames | sequential
+    # Ours (docs/deviations.md): malformed call blocks and calls past max_parallel get error
+    # responses; "ignore" is the reference workflow's handling.
+    c.rl.malformed = "respond"  # respond | ignore
+    c.rl.extra_calls = "respond"  # respond | ignore
+    c.rl.video_path_line = "newline"  # newline (our data's format) | none (the row's text as is)
     c.rl.subagent_max_tokens = 64
     c.rl.think_prefix = True
     c.rl.nframes_gating = True  # K ~ U{4,8,16,32,64} per prompt

@@ -201,6 +201,7 @@ def rl_config(config):
                               temperature=r.temperature, think_prefix=r.think_prefix,
                               overview_max_pixels=r.overview_max_pixels,
                               overview_fps=r.overview_fps, overview_max_frames=r.overview_max_frames,
+                              malformed=r.malformed, extra_calls=r.extra_calls, video_path_line=r.video_path_line,
                               subagent_max_tokens=r.subagent_max_tokens),
         dispatch=DispatchConfig(max_parallel=r.max_parallel, max_pixels=r.overview_max_pixels),
         reward=RewardConfig(answer_suffix=r.answer_suffix, anchor_weight=r.anchor_weight,
