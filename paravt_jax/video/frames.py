@@ -74,14 +74,6 @@ def patchify_image(image: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return patchify(np.stack([image] * TEMPORAL))
 
 
-def pad_to_temporal(frames: np.ndarray, temporal: int = TEMPORAL) -> np.ndarray:
-    """Repeats the last frame so the count is a multiple of `temporal`."""
-    extra = -len(frames) % temporal
-    if extra:
-        frames = np.concatenate([frames, np.repeat(frames[-1:], extra, axis=0)])
-    return frames
-
-
 def llm_tokens(grid_thw, merge: int = MERGE) -> int:
     t, h, w = (int(v) for v in grid_thw)
     return t * (h // merge) * (w // merge)
