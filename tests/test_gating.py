@@ -64,3 +64,23 @@ def test_custom_choices_and_keys():
         nframes_for_prompt("a", 0, True, choices=())
     assert nframes_for_prompt("\ud800 lone surrogate", 0, True) in NFRAMES_CHOICES
 
+
+
+def test_rl_episodes_draw_one_k_per_video():
+    """The trainer keys K on the row's video (the reference's key): every question on a video
+    sees the same overview; over videos, K is uniform over the choices; gating off samples the
+    overview by fps (K = 0, rollout.overview_fps / overview_max_frames)."""
+    from paravt_jax.data.paravt_parquet import RLRow
+    from paravt_jax.rl.trainer import RLConfig, episode
+
+    config = RLConfig(seed=3)
+    rows = [RLRow(i, f"question {q} on video {v}?", f"/data/videos/v{v}.mp4", "A", "mcq", {})
+            for i, (v, q) in enumerate((v, q) for v in range(2000) for q in range(3))]
+    ks = [episode(r, config).nframes for r in rows]
+    per_video = [set(ks[3 * v:3 * v + 3]) for v in range(2000)]
+    assert all(len(k) == 1 for k in per_video)
+    counts = collections.Counter(k.pop() for k in per_video)
+    assert set(counts) == set(NFRAMES_CHOICES) and all(340 <= c <= 460 for c in counts.values()), counts
+    assert ks[0] == nframes_for_prompt(prompt_key_from_videos(["/data/videos/v0.mp4"]), 3, True)
+    off = RLConfig(seed=3, nframes_gating=False)
+    assert {episode(r, off).nframes for r in rows[:30]} == {0}

@@ -38,8 +38,8 @@ def summarize(rollouts, rewards: list[dict], prefix: str = "") -> dict:
         "response_length": float(np.mean([int(r.inputs.loss_mask.sum()) for r in rollouts])) if rollouts else 0.0,
         "tool_errors": float(sum(len(r.errors) for r in rollouts)),
     }
-    for k in sorted({r.nframes for r in rollouts}):
-        out[f"nframes_{k}"] = sum(r.nframes == k for r in rollouts) / n
+    for k in sorted({r.nframes for r in rollouts}):  # K = 0: the overview sampled by fps
+        out[f"nframes_{k or 'fps'}"] = sum(r.nframes == k for r in rollouts) / n
     return {prefix + k: v for k, v in out.items()}
 
 

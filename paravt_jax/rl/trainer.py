@@ -63,7 +63,9 @@ class RLConfig:
     micro_batches: int = 1
     seed: int = 0
     nframes_gating: bool = True
-    default_nframes: int = 64
+    # K with gating off; 0 = the overview sampled at rollout.overview_fps, at most
+    # rollout.overview_max_frames frames (the reference recipe: 1 fps, 64 frames)
+    default_nframes: int = 0
     nframes_choices: tuple[int, ...] = gating.NFRAMES_CHOICES
     rollout: RolloutConfig = RolloutConfig()
     dispatch: DispatchConfig = DispatchConfig()
@@ -93,6 +95,15 @@ def score(rollouts, config: RewardConfig, token_anchor: bool, judge=None) -> tup
         seq.append(total)
         anchor.append(a)
     return out, np.asarray(seq, np.float32), np.asarray(anchor, np.float32)
+
+
+def episode(row, config: RLConfig) -> Episode:
+    """One RL row's episode. K is drawn per video, as the reference keys it on the row's video
+    paths (every question on a video sees the same overview), with a stable hash."""
+    k = gating.nframes_for_prompt(gating.prompt_key_from_videos([row.video_path]), config.seed,
+                                  config.nframes_gating, config.default_nframes, config.nframes_choices)
+    return Episode(f"row{row.index}", row.question, row.answer, row.question_type, row.video_path, k,
+                   system_prompt=row.system_prompt)
 
 
 def gather_scored(rollouts: list, rewards: list[dict], seq_rewards: np.ndarray, anchor_rewards: np.ndarray,
@@ -129,11 +140,7 @@ def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge
         t0 = time.perf_counter()
         chosen = [rows[i] for i in data_indices(index * config.prompts_per_step, config.prompts_per_step,
                                                  len(rows), config.seed)]
-        episodes = [Episode(f"row{r.index}", r.question, r.answer, r.question_type, r.video_path,
-                            gating.nframes_for_prompt(r.video_path + "\n" + r.question, config.seed,
-                                                      config.nframes_gating, config.default_nframes,
-                                                      config.nframes_choices))
-                    for r in chosen[share]]
+        episodes = [episode(r, config) for r in chosen[share]]
         sampler = Sampler(dist.local_model(step.model(state)), SamplerConfig(min_chunk_bucket=64))
         # rows are prompt-major: this share's rows start at share.start * G in the step's batch
         run_config = dataclasses.replace(rollout_config, seed=config.seed * 100_003 + index,
