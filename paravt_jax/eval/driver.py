@@ -30,6 +30,7 @@ import numpy as np
 from paravt_jax.agent.dispatch import CropDispatcher, DispatchConfig
 from paravt_jax.agent.rollout import Episode, Rollout, RolloutConfig, run_rollouts
 from paravt_jax.eval import prompts, scoring
+from paravt_jax.files import write_json_atomic
 from paravt_jax.rl import rewards as R
 
 DISPATCH = ("parallel", "sequential")
@@ -218,14 +219,6 @@ def summarize(dataset: str, records: Sequence[dict], nframes: int) -> dict:
     return summary
 
 
-def write_json(path: str, payload) -> None:
-    """Atomic: a reader never sees a half-written file."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(payload, f, indent=2, default=str)
-    os.replace(tmp, path)
-
-
 def run_dataset(sampler, tokenizer, benchmark, config: DriverConfig, output_dir: str, *, shard_id: int = 0,
                 num_shards: int = 1, log: Callable[[str], None] = print) -> dict:
     """Evaluates this shard's unfinished samples of one loaded benchmark; returns the
@@ -263,7 +256,7 @@ def run_dataset(sampler, tokenizer, benchmark, config: DriverConfig, output_dir:
                                         elapsed=summary["elapsed"])
         output["summary"] = summary
         output["missing_videos"] = list(benchmark.missing_videos)
-        write_json(os.path.join(output_dir, f"{name}.json"), output)
+        write_json_atomic(os.path.join(output_dir, f"{name}.json"), output)
     return summary
 
 
@@ -271,7 +264,7 @@ def write_summary_all(output_dir: str, summaries: dict[str, dict]) -> str:
     path = os.path.join(output_dir, "summary_all.json")
     previous = json.load(open(path)) if os.path.exists(path) else {}
     previous.update(summaries)
-    write_json(path, previous)
+    write_json_atomic(path, previous)
     return path
 
 
@@ -371,7 +364,7 @@ def evaluate_command(config, output_dir: str, *, shard_id: int = 0, num_shards: 
     table = comparison_table(comparison)
     print(table, flush=True)
     if compare:
-        write_json(os.path.join(output_dir, "compare.json"), comparison)
+        write_json_atomic(os.path.join(output_dir, "compare.json"), comparison)
         with open(os.path.join(output_dir, "compare.md"), "w") as f:
             f.write(table + "\n")
     return summaries
