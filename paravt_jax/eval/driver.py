@@ -32,6 +32,7 @@ from paravt_jax.agent.rollout import Episode, Rollout, RolloutConfig, run_rollou
 from paravt_jax.eval import prompts, scoring
 from paravt_jax.files import write_json_atomic
 from paravt_jax.rl import rewards as R
+from paravt_jax.rl.episode_stats import calls_per_tool_turn
 
 DISPATCH = ("parallel", "sequential")
 
@@ -211,8 +212,7 @@ def summarize(dataset: str, records: Sequence[dict], nframes: int) -> dict:
         summary["mean_score"] = float(np.mean([r["score"] for r in records])) if records else 0.0
     summary["avg_turns"] = float(np.mean([r["turns"] for r in records])) if records else 0.0
     summary["avg_context_tokens"] = float(np.mean([r["context_tokens"] for r in records])) if records else 0.0
-    tool_turns = [c for r in records for c in r["calls_per_turn"] if c > 0]
-    summary["calls_per_tool_turn"] = float(np.mean(tool_turns)) if tool_turns else 0.0
+    summary["calls_per_tool_turn"] = calls_per_tool_turn([r["calls_per_turn"] for r in records])
     summary["samples_per_minute"] = 60.0 * len(records) / elapsed if elapsed > 0 else 0.0
     summary["per_duration"] = scoring.per_duration(records)
     summary["per_task"] = scoring.per_task(records)
