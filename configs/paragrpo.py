@@ -52,6 +52,9 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     c.rl.format_weight = 1.0
     c.rl.answer_suffix = True
     c.rl.reward_mode = "f1"  # f1 | exact | llm
+    # turns: format/anchor rewards read each assistant turn with its forced <think> prefix;
+    # released: generated tokens only, as the released code (format/anchor inert under the prefix)
+    c.rl.reward_text = "turns"  # turns | released | completion
     c.rl.kl_ctl = 0.01
     c.rl.eps_clip = 0.2
     c.rl.behaviour_cap = 5.0

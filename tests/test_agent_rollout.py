@@ -212,3 +212,35 @@ def test_final_answer_round_forces_a_short_answer(video, tokenizer):
     assert r.completion.index("Reply with the letter only.") > r.completion.rindex("</tool_response>")
     prompt = tokenizer.decode(r.inputs.input_ids[:r.prompt_length])
     assert prompt.startswith("<|im_start|>system\nSYSTEM TEXT<|im_end|>") and "<tools>" not in prompt
+
+
+def test_turn_texts_carry_the_forced_prefix_and_the_anchor_lands_on_generated_tags(video, tokenizer):
+    from paravt_jax.rl.trainer import RewardConfig, score
+
+    first = "I see sparse frames.\n</think>\n" + calls_text((1, 5)).split("\n", 1)[1]
+    scripts = [[first, "The circle is blue.\n</think>\n<answer>blue</answer>"],
+               ["<think>I write my own think.</think>\n<answer>blue</answer>"]]
+    episode = Episode("e0", "What colour?", "blue", "oe", video, nframes=4)
+    with CropDispatcher() as dispatcher:
+        rollouts, _ = run_rollouts(ScriptedSampler(tokenizer, scripts), tokenizer, [episode], 2,
+                                   RolloutConfig(mode="frames", max_turns=2), dispatcher)
+    a, b = rollouts
+    assert a.turn_texts == ("<think>\n" + first + "<|im_end|>",
+                            "<think>\n" + scripts[0][1] + "<|im_end|>")
+    assert b.turn_texts == ("<think>\n" + scripts[1][0] + "<|im_end|>",)
+    assert "<tool_response>" not in a.assistant_text and not a.generated_text.startswith("<think>")
+    # Structural positions: exactly the tags the policy generated, in order; the forced
+    # "<think>" tokens of the prompt (loss mask 0) are never among them.
+    ids, sp = a.inputs.input_ids, tokenizer.special
+    tags = lambda r: tokenizer.decode(r.inputs.input_ids[r.structural_mask == 1])
+    assert tags(a) == "</think><tool_call></tool_call></think><answer></answer>"
+    assert tags(b) == "<think></think><answer></answer>"
+    assert np.all(a.inputs.loss_mask[a.structural_mask == 1] == 1)
+    assert (ids == sp.think).sum() == 2 and not np.any(a.structural_mask[ids == sp.think])
+    # rewards: the turns text scores the forced think, the released text does not
+    rewards, _, anchors = score(rollouts, RewardConfig(), token_anchor=True)
+    assert anchors.tolist() == [pytest.approx(0.7), pytest.approx(0.7)]
+    assert rewards[0]["format_reward"] == pytest.approx(1.0)  # .2 + .5 + tool .3 + balanced .1 -> 1.0
+    released, _, released_anchors = score(rollouts, RewardConfig(text="released"), token_anchor=True)
+    assert released_anchors.tolist() == [0.0, pytest.approx(0.7)]
+    assert released[0]["format_reward"] == pytest.approx(0.5)  # answer tags only; think unbalanced

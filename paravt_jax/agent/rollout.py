@@ -25,6 +25,7 @@ from paravt_jax.video.reader import VideoError, read_frames
 
 MODES = ("subagent", "frames", "sequential")
 ANSWER_TAGS = ("<answer>", "</answer>")
+THINK_PREFIX = "<think>\n"  # the forced start of every assistant turn under think_prefix
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +91,10 @@ class Rollout:
     prompt_length: int
     completion: str  # everything after the prompt (turns and tool responses)
     generated_text: str  # only the policy-generated tokens: what the released reward code scores
+    # Every assistant turn as the model's context shows it: the turn's forced prefix (e.g. the
+    # "<think>\n" of think_prefix, which is prompt, not generated) followed by its generated
+    # tokens; tool responses and chat template excluded. What the format and anchor rewards read.
+    turn_texts: tuple[str, ...]
     calls_per_turn: tuple[int, ...]
     turns: int  # assistant turns generated
     errors: tuple[str, ...]  # parse, validation, decode and overflow errors, in order
@@ -103,6 +108,11 @@ class Rollout:
     @property
     def num_tool_calls(self) -> int:
         return int(sum(self.calls_per_turn))
+
+    @property
+    def assistant_text(self) -> str:
+        """The assistant turns, concatenated in order (see `turn_texts`)."""
+        return "".join(self.turn_texts)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -143,13 +153,16 @@ class _Row:
     calls: list[int] = dataclasses.field(default_factory=list)
     errors: list[str] = dataclasses.field(default_factory=list)
     subagents: list[SubTrajectory] = dataclasses.field(default_factory=list)
+    turn_texts: list[str] = dataclasses.field(default_factory=list)
+    prefix: str = ""  # the forced start of the turn being generated
     turns: int = 0
     active: bool = True
     truncated: bool = False
 
-    def add_generated(self, tokens: list[int], logprobs: np.ndarray):
+    def add_generated(self, tokens: list[int], logprobs: np.ndarray, tokenizer: Tokenizer):
         self.inputs = self.inputs.extend(encode_ids(tokens, self.inputs.next_position, trainable=True))
         self.logprobs.append(np.asarray(logprobs, np.float32))
+        self.turn_texts.append(self.prefix + tokenizer.decode(tokens))
         self.turns += 1
 
     def add_chunk(self, chunk: ModelInputs):
@@ -172,7 +185,7 @@ def overview_prompts(episodes: Sequence[Episode], tokenizer: Tokenizer, config: 
         video_name = os.path.basename(ep.video_path) if config.tools else None
         messages = chat.paravt_messages(ep.question, clip.frames, clip.timestamps, video_name=video_name,
                                         tools=tools, system_text=system)
-        prefix = "<think>\n" if config.think_prefix else ""
+        prefix = THINK_PREFIX if config.think_prefix else ""
         return encode(chat.render(messages, add_generation_prompt=True, assistant_prefix=prefix),
                       tokenizer), clip.metadata.duration
 
@@ -251,8 +264,9 @@ def run_rollouts(sampler: Sampler, tokenizer: Tokenizer, episodes: Sequence[Epis
     if not kept:
         return [], skipped
     eps = [episodes[i] for i in kept]
+    think = THINK_PREFIX if config.think_prefix else ""
     rows = [_Row(eps[e], g, prompts[kept[e]], [np.zeros(prompts[kept[e]].length, np.float32)],
-                 prompts[kept[e]].length)
+                 prompts[kept[e]].length, prefix=think)
             for e in range(len(eps)) for g in range(num_samples)]
     row_duration = [durations[kept[e]] for e in range(len(eps)) for _ in range(num_samples)]
     # a row's random stream: its place in the step's batch (skipped episodes keep their slots)
@@ -264,7 +278,7 @@ def run_rollouts(sampler: Sampler, tokenizer: Tokenizer, episodes: Sequence[Epis
     for turn in range(config.max_turns + 1):
         turn_rows = [b for b, row in enumerate(rows) if row.active]
         for b in turn_rows:
-            rows[b].add_generated(out.tokens[b], out.logprobs[b])
+            rows[b].add_generated(out.tokens[b], out.logprobs[b], tokenizer)
             rows[b].truncated = not bool(out.finished[b])
         if not config.tools:
             break
@@ -311,10 +325,11 @@ def run_rollouts(sampler: Sampler, tokenizer: Tokenizer, episodes: Sequence[Epis
             row = rows[b]
             responses = texts[first:first + count] + pending_errors[b]
             close = "\n" if not row.truncated else "<|im_end|>\n"
-            prefix = "<think>\n" if config.think_prefix else ""
+            prefix = think
             if last_round:
                 prefix = config.final_answer_prefix
                 row.active = False  # after the forced answer this row is done
+            row.prefix = prefix
             messages = chat.tool_response_messages(responses)
             if last_round and config.final_answer_instruction:
                 messages.append(chat.Message.of("user", config.final_answer_instruction))
@@ -328,7 +343,7 @@ def run_rollouts(sampler: Sampler, tokenizer: Tokenizer, episodes: Sequence[Epis
                                     seed=config.seed + turn + 1, row_ids=row_ids, **knobs)
         if last_round:
             for b in per_row:
-                rows[b].add_generated(out.tokens[b], out.logprobs[b])
+                rows[b].add_generated(out.tokens[b], out.logprobs[b], tokenizer)
                 rows[b].truncated = not bool(out.finished[b])
             break
     return [_finish(row, tokenizer) for row in rows], skipped
@@ -344,5 +359,6 @@ def _finish(row: _Row, tokenizer: Tokenizer) -> Rollout:
         prompt_length=row.prompt_length,
         completion=completion_text(inputs, row.prompt_length, tokenizer),
         generated_text=tokenizer.decode(inputs.input_ids[inputs.loss_mask == 1]),
+        turn_texts=tuple(row.turn_texts),
         calls_per_turn=tuple(row.calls), turns=row.turns, errors=tuple(row.errors),
         subagents=tuple(row.subagents), truncated=row.truncated)

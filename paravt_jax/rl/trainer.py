@@ -21,13 +21,38 @@ from paravt_jax.sampling import Sampler, SamplerConfig
 from paravt_jax.training import LoopConfig, data_indices, run_loop
 
 
+REWARD_TEXTS = ("turns", "released", "completion")
+
+
 @dataclasses.dataclass(frozen=True)
 class RewardConfig:
+    """text: what the rewards read.
+      turns      accuracy and tool rewards read the generated tokens; the format and anchor
+                 rewards read every assistant turn as the model's context shows it (its forced
+                 prefix, e.g. `<think>\n`, then its generated tokens; tool responses excluded);
+      released   every reward reads the generated tokens only, as the released workflow does
+                 (under think_prefix the forced `<think>` is then invisible and the format and
+                 anchor rewards of a well-formed turn are 0);
+      completion every reward reads everything after the prompt, tool responses included."""
     answer_suffix: bool = True
     anchor_weight: float = 0.5
     format_weight: float = 1.0
     mode: str = "f1"
-    text: str = "generated"  # generated (as the released workflow scores) | completion
+    text: str = "turns"
+
+    def __post_init__(self):
+        if self.text not in REWARD_TEXTS:
+            raise ValueError(f"reward text {self.text!r}: expected one of {REWARD_TEXTS}")
+
+
+def reward_texts(rollout, text: str) -> tuple[str, str]:
+    """(the text the accuracy and tool rewards read, the text the format and anchor rewards
+    read) of one rollout under `RewardConfig.text`."""
+    if text == "completion":
+        return rollout.completion, rollout.completion
+    if text == "released":
+        return rollout.generated_text, rollout.generated_text
+    return rollout.generated_text, rollout.assistant_text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,12 +82,13 @@ def score(rollouts, config: RewardConfig, token_anchor: bool, judge=None) -> tup
     """(reward dicts, sequence rewards [N], anchor rewards [N])."""
     out, seq, anchor = [], [], []
     for r in rollouts:
-        text = r.generated_text if config.text == "generated" else r.completion
+        text, format_text = reward_texts(r, config.text)
         total, parts = R.compose_reward(text, r.episode.answer, r.episode.question_type,
                                         answer_suffix=config.answer_suffix,
                                         anchor_weight=0.0 if token_anchor else config.anchor_weight,
-                                        format_weight=config.format_weight, mode=config.mode, judge=judge)
-        a = R.anchor_reward(text) if token_anchor and not R.is_degenerate(text) else 0.0
+                                        format_weight=config.format_weight, mode=config.mode, judge=judge,
+                                        format_text=format_text)
+        a = R.anchor_reward(format_text) if token_anchor and not R.is_degenerate(text) else 0.0
         out.append({"total": total, **parts, "anchor_reward": a})
         seq.append(total)
         anchor.append(a)
