@@ -2,7 +2,7 @@
 
 `pixel_values` rows are flattened (C, T, ph, pw) patches in merge-block order
 (t, block_row, block_col, in_row, in_col); pixels are rescaled to [-1, 1] with mean = std =
-0.5 (docs/qwen3vl.md section 5).
+0.5 (docs/model.md, "Pixels and patches").
 """
 from __future__ import annotations
 
