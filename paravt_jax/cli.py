@@ -241,9 +241,9 @@ def print_results(results: list[dict]) -> str:
 
 def run_command(config, workdir: str = "") -> dict:
     """The main job: SFT, then PARA-GRPO, then evaluation with and without tools."""
-    import json
     import os
 
+    from paravt_jax.files import write_json_atomic
     from paravt_jax.models.qwen3_vl import save_pretrained
     from paravt_jax.rl.trainer import train_rl
     from paravt_jax.sft.trainer import train_sft
@@ -278,8 +278,7 @@ def run_command(config, workdir: str = "") -> dict:
 
     summary["curves"] = plot_run({p: os.path.join(workdir, p, "metrics.jsonl") for p in ("sft", "rl")},
                                  os.path.join(workdir, "curves.png"))
-    with open(os.path.join(workdir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
+    write_json_atomic(os.path.join(workdir, "summary.json"), summary)
     print(f"[run] done in {summary['minutes']} min; final model {final}; curves {summary['curves']}; "
           f"metrics {os.path.join(workdir, 'rl', 'metrics.jsonl')}", flush=True)
     return summary

@@ -38,10 +38,6 @@ class ParsedCalls:
     calls: list[ToolCall]
     errors: list[str]  # one message per malformed block / line
 
-    @property
-    def tools_called(self) -> bool:
-        return bool(self.calls)
-
 
 def _json_block(body: str, index: int) -> tuple[ToolCall | None, str | None]:
     try:

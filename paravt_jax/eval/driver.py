@@ -30,7 +30,9 @@ import numpy as np
 from paravt_jax.agent.dispatch import CropDispatcher, DispatchConfig
 from paravt_jax.agent.rollout import Episode, Rollout, RolloutConfig, run_rollouts
 from paravt_jax.eval import prompts, scoring
+from paravt_jax.files import write_json_atomic
 from paravt_jax.rl import rewards as R
+from paravt_jax.rl.episode_stats import calls_per_tool_turn
 
 DISPATCH = ("parallel", "sequential")
 
@@ -228,20 +230,11 @@ def summarize(dataset: str, records: Sequence[dict], nframes: int) -> dict:
         summary["mean_score"] = float(np.mean([r["score"] for r in records])) if records else 0.0
     summary["avg_turns"] = float(np.mean([r["turns"] for r in records])) if records else 0.0
     summary["avg_context_tokens"] = float(np.mean([r["context_tokens"] for r in records])) if records else 0.0
-    tool_turns = [c for r in records for c in r["calls_per_turn"] if c > 0]
-    summary["calls_per_tool_turn"] = float(np.mean(tool_turns)) if tool_turns else 0.0
+    summary["calls_per_tool_turn"] = calls_per_tool_turn([r["calls_per_turn"] for r in records])
     summary["samples_per_minute"] = 60.0 * len(records) / elapsed if elapsed > 0 else 0.0
     summary["per_duration"] = scoring.per_duration(records)
     summary["per_task"] = scoring.per_task(records)
     return summary
-
-
-def write_json(path: str, payload) -> None:
-    """Atomic: a reader never sees a half-written file."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(payload, f, indent=2, default=str)
-    os.replace(tmp, path)
 
 
 def run_dataset(sampler, tokenizer, benchmark, config: DriverConfig, output_dir: str, *, shard_id: int = 0,
@@ -281,7 +274,7 @@ def run_dataset(sampler, tokenizer, benchmark, config: DriverConfig, output_dir:
                                         elapsed=summary["elapsed"])
         output["summary"] = summary
         output["missing_videos"] = list(benchmark.missing_videos)
-        write_json(os.path.join(output_dir, f"{name}.json"), output)
+        write_json_atomic(os.path.join(output_dir, f"{name}.json"), output)
     return summary
 
 
@@ -289,7 +282,7 @@ def write_summary_all(output_dir: str, summaries: dict[str, dict]) -> str:
     path = os.path.join(output_dir, "summary_all.json")
     previous = json.load(open(path)) if os.path.exists(path) else {}
     previous.update(summaries)
-    write_json(path, previous)
+    write_json_atomic(path, previous)
     return path
 
 
@@ -389,7 +382,7 @@ def evaluate_command(config, output_dir: str, *, shard_id: int = 0, num_shards: 
     table = comparison_table(comparison)
     print(table, flush=True)
     if compare:
-        write_json(os.path.join(output_dir, "compare.json"), comparison)
+        write_json_atomic(os.path.join(output_dir, "compare.json"), comparison)
         with open(os.path.join(output_dir, "compare.md"), "w") as f:
             f.write(table + "\n")
     return summaries
