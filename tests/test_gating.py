@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pytest
 
-from paravt_jax.rl.gating import NFRAMES_CHOICES, nframes_for_prompt
+from paravt_jax.rl.gating import NFRAMES_CHOICES, nframes_for_prompt, prompt_key_from_videos
 
 
 def test_choices():
