@@ -266,9 +266,9 @@ def test_rl_prompt_layout_system_and_subagent(video, tokenizer):
     flat schema of the RL workflow; timestamped overview frames. Sub-agent prompts: bare
     frames, then the segment's range and duration."""
     from paravt_jax.agent.rollout import overview_prompts
-    from paravt_jax.text.chat import placeholder_text
 
-    def prompt_text(episode, config=RolloutConfig()):
+    def prompt_text(episode, config=None):
+        config = config or RolloutConfig()
         with CropDispatcher() as pool:
             (prompt,), _, _ = overview_prompts([episode], tokenizer, config, pool)
         return tokenizer.decode(prompt.input_ids)
@@ -378,7 +378,8 @@ def test_eval_crop_errors_and_extra_calls_as_the_reference_driver(video, tokeniz
     assert "20.0s" not in text and "Error: call 6" not in text
     ours, ours_text = eval_rollout(video, tokenizer, [[calls, "B"]], frames_response="timestamped",
                                    extra_calls="respond")
-    assert "start_time (50.0s) exceeds video duration (40.0s)" in ours_text and "Error: call 6 was not executed" in ours_text
+    assert "start_time (50.0s) exceeds video duration (40.0s)" in ours_text
+    assert "Error: call 6 was not executed" in ours_text
     assert "<tool_response>\n2 frames from 1.0 s to 3.0 s.\n<1.0 seconds>" in ours_text
 
 

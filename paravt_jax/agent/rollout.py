@@ -345,8 +345,8 @@ def run_rollouts(sampler: Sampler, tokenizer: Tokenizer, episodes: Sequence[Epis
             messages = [f"Error: {e}" for e in block_errors]
             executed = parsed.calls[:max_parallel]
             if config.extra_calls == "respond":
-                for k, call in enumerate(parsed.calls[max_parallel:]):
-                    messages.append(f"Error: call {max_parallel + k + 1} was not executed: at most "
+                for number in range(max_parallel + 1, len(parsed.calls) + 1):
+                    messages.append(f"Error: call {number} was not executed: at most "
                                     f"{max_parallel} crop_video calls run per turn")
             row.errors += [m[len('Error: '):] for m in messages]
             row.calls.append(len(executed))
