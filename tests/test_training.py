@@ -181,3 +181,37 @@ def test_rl_step_logs_the_anchor_of_forced_think_turns(dataset, tmp_path):
     assert h["anchor_reward"] == pytest.approx(0.4) and np.isfinite(h["loss"]) and not h["skipped"]
     assert h["format_reward"] == pytest.approx(0.3)  # think .2 + balanced .1 (anchor: token mode)
     assert h["format_compliance"] == 0.0 and h["response_length"] == len(tok.encode(text)) + 1
+
+
+def _rl_config(steps):
+    return RLConfig(steps=steps, prompts_per_step=2, samples_per_prompt=2, default_nframes=4, nframes_choices=(2, 4),
+                    rollout=RolloutConfig(max_turns=1, max_new_tokens=12, subagent_max_tokens=8,
+                                          overview_max_pixels=64 * 96),
+                    optimizer=OptimizerConfig(learning_rate=1e-4))
+
+
+def test_an_rl_step_with_no_readable_video_is_skipped_and_named(dataset, tmp_path, capsys):
+    import dataclasses
+
+    root, ds, tok = dataset
+    rows, _ = load_rl_rows(ds.rl_train, root)
+    first_step = data_indices(0, 2, len(rows), 0)
+    rows = [dataclasses.replace(r, video_path=str(tmp_path / f"gone{i}.mp4")) if i in first_step else r
+            for i, r in enumerate(rows)]
+    _, result = train_rl(init_model(preset("tiny"), seed=2), tok, rows, str(tmp_path / "run"), _rl_config(2))
+    assert result.steps_done == 2 and result.history[0]["unreadable_step"] == 1.0
+    assert result.history[1]["rollouts"] == 4 and np.isfinite(result.history[1]["loss"])
+    out = capsys.readouterr().out
+    assert "step 0 skipped" in out and all(f"gone{i}.mp4" in out for i in first_step)
+
+
+def test_a_whole_unreadable_epoch_stops_rl_with_a_clear_error(dataset, tmp_path):
+    import dataclasses
+
+    from paravt_jax.rl.trainer import UnreadableDataError
+
+    root, ds, tok = dataset
+    rows, _ = load_rl_rows(ds.rl_train, root)
+    rows = [dataclasses.replace(r, video_path=str(tmp_path / f"gone{i}.mp4")) for i, r in enumerate(rows)]
+    with pytest.raises(UnreadableDataError, match=r"no video could be read for 4 prompts in a row \(the dataset has 4\)"):
+        train_rl(init_model(preset("tiny"), seed=2), tok, rows, str(tmp_path / "run"), _rl_config(5))

@@ -15,7 +15,7 @@ from typing import Sequence
 import numpy as np
 
 from paravt_jax.agent.dispatch import CropDispatcher, CropResult, CropTask
-from paravt_jax.agent.tools import lenient_window, parse_tool_calls
+from paravt_jax.agent.tools import cap_errors, lenient_window, parse_tool_calls
 from paravt_jax.models.qwen3_vl.rope import IMAGE, VIDEO
 from paravt_jax.sampling.sampler import Sampler
 from paravt_jax.text import chat
@@ -342,13 +342,14 @@ def run_rollouts(sampler: Sampler, tokenizer: Tokenizer, episodes: Sequence[Epis
             if not parsed.calls and not block_errors:
                 row.active = False
                 continue
-            messages = [f"Error: {e}" for e in block_errors]
+            errors = list(block_errors)
             executed = parsed.calls[:max_parallel]
             if config.extra_calls == "respond":
                 for k, call in enumerate(parsed.calls[max_parallel:]):
-                    messages.append(f"Error: call {max_parallel + k + 1} was not executed: at most "
-                                    f"{max_parallel} crop_video calls run per turn")
-            row.errors += [m[len('Error: '):] for m in messages]
+                    errors.append(f"call {max_parallel + k + 1} was not executed: at most "
+                                  f"{max_parallel} crop_video calls run per turn")
+            row.errors += errors
+            messages = [f"Error: {e}" for e in cap_errors(errors, dispatcher.config.max_error_responses)]
             row.calls.append(len(executed))
             per_row[b] = (len(tasks), len(executed))
             tasks += [CropTask(b, k, row.episode.video_path, row_duration[b], call)

@@ -120,6 +120,23 @@ def gather_scored(rollouts: list, rewards: list[dict], seq_rewards: np.ndarray, 
             np.concatenate([p[3] for p in parts]).astype(np.float32), dist.concatenate_lists([p[4] for p in parts]))
 
 
+class UnreadableDataError(RuntimeError):
+    """A whole epoch of prompts in a row had no readable video."""
+
+
+def unreadable_step(index: int, skipped: list[str], streak: dict, prompts_per_step: int,
+                    dataset_size: int) -> dict:
+    """The metrics of a step none of whose videos could be read (the update is skipped); raises
+    UnreadableDataError once a whole epoch's worth of prompts in a row was unreadable."""
+    streak["prompts"] += prompts_per_step
+    names = "; ".join(skipped)
+    if streak["prompts"] >= dataset_size:
+        raise UnreadableDataError(f"[rl] no video could be read for {streak['prompts']} prompts in a row "
+                                  f"(the dataset has {dataset_size}); the last step's: {names}")
+    print(f"[rl] warning: step {index} skipped, none of its videos could be read: {names}", flush=True)
+    return {"unreadable_step": 1.0, "skipped_episodes": len(skipped), "rollouts": 0}
+
+
 def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge=None, eval_rows=None):
     """rows: RLRow list (eval_rows: held-out rows for periodic evaluation). Returns (model with
     trained weights, LoopResult).
@@ -135,6 +152,7 @@ def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge
     dispatcher = CropDispatcher(config.dispatch)
     rollout_config = dataclasses.replace(config.rollout, temperature=config.step.temperature)
     G = config.samples_per_prompt
+    unreadable = {"prompts": 0}  # prompts in a row whose videos could not be read
 
     def step_fn(state, index):
         t0 = time.perf_counter()
@@ -152,6 +170,9 @@ def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge
         rollouts, rewards, seq_rewards, anchor_rewards, skipped = gather_scored(
             rollouts, rewards, seq_rewards, anchor_rewards, skipped)
         t2 = time.perf_counter()
+        if not rollouts:
+            return state, unreadable_step(index, skipped, unreadable, config.prompts_per_step, len(rows))
+        unreadable["prompts"] = 0
         packed = pack([r.inputs for r in rollouts], [r.logprobs for r in rollouts],
                       [r.structural_mask for r in rollouts])
         # Micro-batches (with their vision inputs) are built once, for the reference pass and
