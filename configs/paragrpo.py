@@ -65,6 +65,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
         c.rl.optimizer.learning_rate, c.rl.rollout.max_turns, c.rl.rollout.max_new_tokens = 2e-6, 3, 2048
         c.rl.rollout.subagent_max_tokens, c.rl.rollout.overview_max_pixels = 512, 50176
         c.rl.dispatch.max_pixels = 50176
+        c.rl.step.reference_temperature = 1.0  # the reference recipe's (AReaL default), see docs/deviations.md
         c.model.param_dtype = c.model.dtype = "bfloat16"
         c.model.remat = True
         c.eval.max_new_tokens, c.eval.max_turns, c.eval.limit = 2048, 3, 0

@@ -54,7 +54,6 @@ def first_prompt(config, tokenizer, data_dir: str):
     """The ParaVT prompt for the first held-out synthetic question: K overview frames as
     images, each after its `<t seconds>` text, the question, and the `<think>` prefix."""
     import json
-    import os
 
     import pyarrow.parquet as pq
 
@@ -123,7 +122,6 @@ def forward_command(config) -> dict:
 
 # ----------------------------------------------------------------------------- training
 def _workdir(config, flag_workdir: str) -> str:
-    import os
 
     workdir = flag_workdir or config.get("workdir", "") or os.path.join("runs", f"{config.get('preset', 'tiny')}")
     os.makedirs(workdir, exist_ok=True)
@@ -131,7 +129,6 @@ def _workdir(config, flag_workdir: str) -> str:
 
 
 def _setup(config):
-    import os
 
     from paravt_jax.data.paravt_parquet import load_rl_rows, load_sft_rows
     from paravt_jax.text.inputs import check_against_model
@@ -218,9 +215,7 @@ def print_results(results: list[dict]) -> str:
 
 def run_command(config, workdir: str = "") -> dict:
     """The main job: SFT, then PARA-GRPO, then evaluation with and without tools."""
-    import json
-    import os
-
+    from paravt_jax.files import write_json_atomic
     from paravt_jax.models.qwen3_vl import save_pretrained
     from paravt_jax.rl.trainer import train_rl
     from paravt_jax.sft.trainer import train_sft
@@ -255,8 +250,7 @@ def run_command(config, workdir: str = "") -> dict:
 
     summary["curves"] = plot_run({p: os.path.join(workdir, p, "metrics.jsonl") for p in ("sft", "rl")},
                                  os.path.join(workdir, "curves.png"))
-    with open(os.path.join(workdir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
+    write_json_atomic(os.path.join(workdir, "summary.json"), summary)
     print(f"[run] done in {summary['minutes']} min; final model {final}; curves {summary['curves']}; "
           f"metrics {os.path.join(workdir, 'rl', 'metrics.jsonl')}", flush=True)
     return summary
@@ -281,7 +275,6 @@ def train_command(config, workdir: str = ""):
 def export_command(config, workdir: str = ""):
     """The latest checkpoint under workdir (rl/ preferred, else sft/) -> an HF checkpoint in
     workdir/export that transformers loads."""
-    import os
 
     from paravt_jax.checkpointing import Checkpointer
     from paravt_jax.models.qwen3_vl import save_pretrained

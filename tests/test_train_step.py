@@ -94,6 +94,22 @@ def test_head_entropy_and_sft_loss_match_full_forward(sequences):
     np.testing.assert_allclose(float(metrics["nll"].value), want_nll / int(count), rtol=1e-5)
 
 
+def test_reference_logprobs_use_the_reference_temperature(sequences):
+    """The KL term's reference log-probs at StepConfig.reference_temperature (the recipe: 1.0,
+    passed by the RL trainer) while the behaviour policy samples at 0.7; the default keeps the
+    head's temperature."""
+    model = init_model(preset("tiny"), seed=1)
+    packed = pack(sequences[:2])
+    batch = micro_batches(packed, 1, model.config.vision)[0]
+    step = policy_step(model, config=StepConfig(temperature=0.7, reference_temperature=1.0), keep_reference=True)
+    params = step.init_state().params
+    at_one, at_sampling = np.asarray(step.logprobs(params, batch, 1.0)), np.asarray(step.logprobs(params, batch))
+    np.testing.assert_array_equal(np.asarray(step.reference_logprobs(batch, 1.0)), at_one)
+    np.testing.assert_array_equal(np.asarray(step.reference_logprobs(batch)), at_sampling)
+    m = packed.loss_mask > 0
+    assert np.abs(at_one[m] - at_sampling[m]).min() > 1e-4
+
+
 def test_one_step_moves_logprobs_by_advantage_sign(sequences):
     model = init_model(preset("tiny"), seed=2)
     step = policy_step(model, OptimizerConfig(learning_rate=3e-3, weight_decay=0.0), keep_reference=True)

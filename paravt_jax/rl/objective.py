@@ -18,6 +18,9 @@ EXTRAS = ("advantages", "behaviour_logp", "prox_logp")
 @dataclasses.dataclass(frozen=True)
 class StepConfig:
     temperature: float = 0.7  # log-prob temperature; must equal the sampler's
+    # Temperature of the frozen reference policy's log-probs (the KL term); None = `temperature`.
+    # The reference recipe computes them at 1.0 (AReaL's default) while sampling at 0.7.
+    reference_temperature: float | None = None
     eps_clip: float = 0.2
     eps_clip_high: float | None = None  # upper clip (None: eps_clip)
     behaviour_cap: float | None = 5.0

@@ -25,16 +25,32 @@ from paravt_jax.train.loop import LoopConfig, data_indices, run_loop
 from paravt_jax.train.step import OptimizerConfig, TrainStep
 
 
+REWARD_TEXTS = ("turns", "released", "completion")
+
+
 @dataclasses.dataclass(frozen=True)
 class RewardConfig:
-    """The sequence reward; its anchor weight is the advantage's (`AdvantageConfig.anchor_weight`)."""
+    """The sequence reward; its anchor weight is the advantage's (`AdvantageConfig.anchor_weight`).
+
+    text: what the rewards read.
+      turns      accuracy and tool rewards read the generated tokens; the format and anchor
+                 rewards read every assistant turn as the model's context shows it (its forced
+                 prefix, e.g. `<think>\n`, then its generated tokens; tool responses excluded);
+      released   every reward reads the generated tokens only, as the released workflow does
+                 (under think_prefix the forced `<think>` is then invisible and the format and
+                 anchor rewards of a well-formed turn are 0);
+      completion every reward reads everything after the prompt, tool responses included."""
     answer_suffix: bool = True
     format_weight: float = 1.0
     mode: str = "f1"  # f1 | exact | llm (the judge from the environment, F1 when a call fails)
-    text: str = "generated"  # generated (as the released workflow scores) | completion
+    text: str = "turns"  # turns | released | completion
     # mode "llm": the NAME of the environment variable holding the judge's API key (never
     # the key); the endpoint and model come from PARAVT_JUDGE_BASE_URL / PARAVT_JUDGE_MODEL.
     judge_api_key_env: str = J.ENV_API_KEY
+
+    def __post_init__(self):
+        if self.text not in REWARD_TEXTS:
+            raise ValueError(f"reward text {self.text!r}: expected one of {REWARD_TEXTS}")
 
 
 def make_judge(config: RewardConfig, environ=None) -> J.LLMJudge | None:
@@ -57,6 +73,16 @@ def make_judge(config: RewardConfig, environ=None) -> J.LLMJudge | None:
                          f"({J.ENV_BASE_URL}, {J.ENV_MODEL}, {J.ENV_TIMEOUT}): {e}") from None
 
 
+def reward_texts(rollout, text: str) -> tuple[str, str]:
+    """(the text the accuracy and tool rewards read, the text the format and anchor rewards
+    read) of one rollout under `RewardConfig.text`."""
+    if text == "completion":
+        return rollout.completion, rollout.completion
+    if text == "released":
+        return rollout.generated_text, rollout.generated_text
+    return rollout.generated_text, rollout.assistant_text
+
+
 @dataclasses.dataclass(frozen=True)
 class RLConfig:
     steps: int = 4
@@ -65,7 +91,9 @@ class RLConfig:
     micro_batches: int = 1
     seed: int = set_by(0, "seed (the top of the config)")
     nframes_gating: bool = True
-    default_nframes: int = 64
+    # K with gating off; 0 = the overview sampled at rollout.overview_fps, at most
+    # rollout.overview_max_frames frames (the reference recipe: 1 fps, 64 frames)
+    default_nframes: int = 0
     nframes_choices: tuple[int, ...] = gating.NFRAMES_CHOICES
     rollout: RolloutConfig = RolloutConfig()
     dispatch: DispatchConfig = DispatchConfig()
@@ -87,16 +115,26 @@ def score(rollouts, config: RewardConfig, anchor_weight: float, token_anchor: bo
     anchor reward goes to its own array instead of the sequence reward."""
     out, seq, anchor = [], [], []
     for r in rollouts:
-        text = r.generated_text if config.text == "generated" else r.completion
+        text, format_text = reward_texts(r, config.text)
         total, parts = R.compose_reward(text, r.episode.answer, r.episode.question_type,
                                         answer_suffix=config.answer_suffix,
                                         anchor_weight=0.0 if token_anchor else anchor_weight,
-                                        format_weight=config.format_weight, mode=config.mode, judge=judge)
-        a = R.anchor_reward(text) if token_anchor and not R.is_degenerate(text) else 0.0
+                                        format_weight=config.format_weight, mode=config.mode, judge=judge,
+                                        format_text=format_text)
+        a = R.anchor_reward(format_text) if token_anchor and not R.is_degenerate(text) else 0.0
         out.append({"total": total, **parts, "anchor_reward": a})
         seq.append(total)
         anchor.append(a)
     return out, np.asarray(seq, np.float32), np.asarray(anchor, np.float32)
+
+
+def episode(row, config: RLConfig) -> Episode:
+    """One RL row's episode. K is drawn per video, as the reference keys it on the row's video
+    paths (every question on a video sees the same overview), with a stable hash."""
+    k = gating.nframes_for_prompt(gating.prompt_key_from_videos([row.video_path]), config.seed,
+                                  config.nframes_gating, config.default_nframes, config.nframes_choices)
+    return Episode(f"row{row.index}", row.question, row.answer, row.question_type, row.video_path, k,
+                   system_prompt=row.system_prompt)
 
 
 def gather_scored(rollouts: list, rewards: list[dict], seq_rewards: np.ndarray, anchor_rewards: np.ndarray,
@@ -134,11 +172,7 @@ def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge
         t0 = time.perf_counter()
         chosen = [rows[i] for i in data_indices(index * config.prompts_per_step, config.prompts_per_step,
                                                  len(rows), config.seed)]
-        episodes = [Episode(f"row{r.index}", r.question, r.answer, r.question_type, r.video_path,
-                            gating.nframes_for_prompt(r.video_path + "\n" + r.question, config.seed,
-                                                      config.nframes_gating, config.default_nframes,
-                                                      config.nframes_choices))
-                    for r in chosen[share]]
+        episodes = [episode(r, config) for r in chosen[share]]
         sampler = Sampler(dist.local_model(step.model(state)), config.sampler)
         # rows are prompt-major: this share's rows start at share.start * G in the step's batch
         run_config = dataclasses.replace(rollout_config, seed=config.seed * 100_003 + index,
@@ -160,7 +194,8 @@ def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge
         # the update; the advantages and proximal log-probs are filled in between.
         batches = micro_batches(packed, config.micro_batches, model.config.vision, {"behaviour_logp": behaviour})
         zero = np.zeros(packed.input_ids.shape, np.float32)
-        ref = np.concatenate([step.reference_logprobs(b) for b in batches]) if keep_reference else zero
+        ref = (np.concatenate([step.reference_logprobs(b, config.step.reference_temperature) for b in batches])
+               if keep_reference else zero)
         advantages, adv_metrics = compute_advantages(
             seq_rewards, packed.loss_mask, behaviour, ref, config.advantage,
             group_size=G, anchor_rewards=anchor_rewards if token_anchor else None,

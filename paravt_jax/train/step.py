@@ -144,8 +144,9 @@ class TrainStep:
         def scores(params, batch) -> TokenScores:
             return token_scores(nnx.merge(graphdef, params, rest), batch, head)
 
-        def logprobs(params, batch):
-            return scores(params, batch).logp
+        def logprobs(params, batch, temperature):
+            return token_scores(nnx.merge(graphdef, params, rest), batch,
+                                dataclasses.replace(head, temperature=temperature, entropy=False)).logp
 
         def loss(params, batch):
             total, count, metrics = loss_fn(scores(params, batch), batch)
@@ -167,8 +168,9 @@ class TrainStep:
             return TrainState(state.step + 1, keep(new_params, state.params), keep(new_opt, state.opt_state),
                               state.skipped + (~finite).astype(jnp.int32)), optax.global_norm(g), finite
 
-        self._logprobs = jax.jit(logprobs)
+        self._logprobs = jax.jit(logprobs, static_argnames="temperature")
         self._grads = jax.jit(grads)
+
         def add(total, part):
             return jax.tree.map(jnp.add, total, part)
 
@@ -206,15 +208,17 @@ class TrainStep:
                                                                         batch_size=rows))
         return tree
 
-    def logprobs(self, params, batch: TrainBatch) -> jax.Array:
-        """[B, T] token log-probs of the head under `params` (on device)."""
-        return self._logprobs(params, self._place(batch))
+    def logprobs(self, params, batch: TrainBatch, temperature: float | None = None) -> jax.Array:
+        """[B, T] token log-probs of the head under `params` (on device), at `temperature`
+        (default: the head's)."""
+        t = self.head.temperature if temperature is None else float(temperature)
+        return self._logprobs(params, self._place(batch), t)
 
-    def reference_logprobs(self, batch: TrainBatch) -> jax.Array:
-        """Token log-probs under the frozen initial parameters (same head)."""
+    def reference_logprobs(self, batch: TrainBatch, temperature: float | None = None) -> jax.Array:
+        """Token log-probs under the frozen initial parameters (default: the head's temperature)."""
         if self.reference_params is None:
             raise ValueError("TrainStep was built with keep_reference=False")
-        return self.logprobs(self.reference_params, batch)
+        return self.logprobs(self.reference_params, batch, temperature)
 
     def step(self, state: TrainState, batches: Sequence[TrainBatch]) -> tuple[TrainState, dict]:
         """One optimizer step over the micro-batches (their gradients summed exactly). Sums stay
