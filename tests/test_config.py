@@ -18,7 +18,10 @@ SECTIONS = (("rl", RLConfig, jobs.rl_config), ("sft", SFTConfig, jobs.sft_config
 # String fields whose values are checked when the dataclass is built: an allowed other value.
 CHOICES = {"AdvantageConfig.anchor_mode": "sequence", "OptimizerConfig.name": "adam",
            "OptimizerConfig.schedule": "cosine", "RolloutConfig.mode": "frames", "RewardConfig.mode": "exact",
-           "RewardConfig.text": "completion"}
+           "RewardConfig.text": "completion", "DispatchConfig.arguments": "lenient",
+           "RolloutConfig.video_path_line": "none", "RolloutConfig.tool_layout": "object",
+           "RolloutConfig.frames_response": "images_first", "RolloutConfig.malformed": "ignore",
+           "RolloutConfig.extra_calls": "ignore"}
 
 
 def parse(*overrides):
