@@ -15,11 +15,11 @@ from paravt_jax.data import synthetic as syn
 from paravt_jax.data.paravt_parquet import SchemaError, load_rl_rows, load_sft_rows
 from paravt_jax.models.qwen3_vl import init_model, preset
 from paravt_jax.rl.advantages import AdvantageConfig
-from paravt_jax.rl.train_step import OptimizerConfig, StepConfig, TrainStep
+from paravt_jax.train.step import OptimizerConfig, TrainStep
 from paravt_jax.rl.trainer import RLConfig, RewardConfig, train_rl
-from paravt_jax.sft.trainer import SFTConfig, train_sft
+from paravt_jax.sft.trainer import HEAD, SFTConfig, sft_loss, train_sft
 from paravt_jax.text.tokenizer import train_tokenizer
-from paravt_jax.training import LoopConfig, data_indices, run_loop
+from paravt_jax.train.loop import LoopConfig, data_indices, run_loop
 from tfevents import read_events
 
 
@@ -61,8 +61,8 @@ def test_data_order_is_deterministic():
 
 def _toy_loop(workdir, steps, stop_after=None):
     model = init_model(preset("tiny"), seed=0)
-    step = TrainStep(model, OptimizerConfig(learning_rate=1e-3), StepConfig(objective="sft"))
-    from paravt_jax.rl.batch import micro_batches, pack
+    step = TrainStep(model, OptimizerConfig(learning_rate=1e-3), sft_loss, HEAD)
+    from paravt_jax.train.batch import micro_batches, pack
     from paravt_jax.text.inputs import encode_ids
 
     seqs = [encode_ids(list(range(1 + i, 20 + i)), 0, True) for i in range(8)]
@@ -72,7 +72,7 @@ def _toy_loop(workdir, steps, stop_after=None):
         packed = pack([seqs[i] for i in chosen])
         if stop_after is not None and index == stop_after:
             os.kill(os.getpid(), signal.SIGTERM)
-        return step.step(state, micro_batches(packed, np.zeros(packed.input_ids.shape), 1, model.config.vision))
+        return step.step(state, micro_batches(packed, 1, model.config.vision))
 
     return run_loop("toy", workdir, step.init_state(), step_fn, LoopConfig(steps, async_checkpoints=False))
 
@@ -124,7 +124,7 @@ def test_two_rl_steps(dataset, tmp_path, anchor_mode, gating):
 
 
 def test_consecutive_non_finite_steps_stop_the_run(tmp_path):
-    from paravt_jax.training import NonFiniteError
+    from paravt_jax.train.loop import NonFiniteError
 
     calls = []
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from paravt_jax.agent.dispatch import CropDispatcher, CropResult, CropTask
 from paravt_jax.agent.tools import cap_errors, lenient_window, parse_tool_calls
+from paravt_jax.config import set_by
 from paravt_jax.models.qwen3_vl.rope import IMAGE, VIDEO
 from paravt_jax.sampling.sampler import Sampler
 from paravt_jax.text import chat
@@ -46,7 +47,7 @@ class RolloutConfig:
     mode: str = "subagent"
     max_turns: int = 3  # tool rounds
     max_new_tokens: int = 512  # per assistant turn
-    temperature: float = 0.7
+    temperature: float = set_by(0.7, "rl.step.temperature: rollouts sample at the log-prob temperature")
     top_p: float = 1.0
     top_k: int = 0
     think_prefix: bool = True
@@ -83,11 +84,11 @@ class RolloutConfig:
     final_answer_prefix: str = ""
     final_answer_instruction: str = ""
     system_prompt: str | None = None  # replaces the default system message (tool envelope)
-    seed: int = 0
+    seed: int = set_by(0, "the run's seed and the step index")
     # Index of this call's first row in the whole step's batch (multi-host: the rows of the
     # processes before this one). Random streams follow a row's place in the step's batch, not
     # in this call, so splitting the episodes over processes samples the same rollouts.
-    row_offset: int = 0
+    row_offset: int = set_by(0, "this process's share of the step's prompts")
 
     def __post_init__(self):
         if self.mode not in MODES:

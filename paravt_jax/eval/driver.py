@@ -343,7 +343,7 @@ def load_benchmarks(c, prompt_mode_for: Callable[[str], str], limit: int, defaul
 
 def evaluate_command(config, output_dir: str, *, shard_id: int = 0, num_shards: int = 1, limit: int = 0,
                      compare: bool = False) -> dict:
-    from paravt_jax.cli import build_model, builtin_assets
+    from paravt_jax.jobs import build_model, builtin_assets
     from paravt_jax.sampling import Sampler, SamplerConfig
     from paravt_jax.text.inputs import check_against_model
     from paravt_jax.text.tokenizer import Tokenizer
@@ -392,8 +392,9 @@ def main(argv: list[str]) -> dict:
     from absl import flags
     from ml_collections import config_flags
 
-    default = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                           "configs", "eval.py")
+    from paravt_jax.config import config_path
+
+    default = config_path("eval")
     flag_values = flags.FlagValues()
     config_flags.DEFINE_config_file("config", default + ":synthetic", "config file[:arg]",
                                     flag_values=flag_values, sys_argv=argv)

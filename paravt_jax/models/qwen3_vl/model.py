@@ -151,7 +151,7 @@ def device_args(prepared: PreparedInputs) -> tuple[Any, ...]:
             prepared.visual_index, prepared.pixel_values, meta)
 
 
-@functools.partial(jax.jit, static_argnums=0)
+@functools.partial(jax.jit, static_argnames="graphdef")
 def _jitted_forward(graphdef, state, *args):
     model = nnx.merge(graphdef, state)
     return model.forward(*args)
