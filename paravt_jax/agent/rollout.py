@@ -87,7 +87,8 @@ class Rollout:
     sample: int  # 0..G-1
     inputs: ModelInputs  # the whole sequence; inputs.loss_mask is 1 on generated tokens only
     logprobs: np.ndarray  # [L] behaviour log-probs, 0 where loss_mask is 0
-    structural_mask: np.ndarray  # [L] 1 on <think> </think> <tool_call> </tool_call> <answer> </answer> tokens generated
+    # [L] 1 on generated <think> </think> <tool_call> </tool_call> <answer> </answer> tokens
+    structural_mask: np.ndarray
     prompt_length: int
     completion: str  # everything after the prompt (turns and tool responses)
     generated_text: str  # only the policy-generated tokens: what the released reward code scores
@@ -291,7 +292,7 @@ def run_rollouts(sampler: Sampler, tokenizer: Tokenizer, episodes: Sequence[Epis
                 continue
             messages = [f"Error: {e}" for e in parsed.errors]
             executed = parsed.calls[:max_parallel]
-            for k, call in enumerate(parsed.calls[max_parallel:]):
+            for k in range(len(parsed.calls[max_parallel:])):
                 messages.append(f"Error: call {max_parallel + k + 1} was not executed: at most "
                                 f"{max_parallel} crop_video calls run per turn")
             row.errors += [m[len('Error: '):] for m in messages]

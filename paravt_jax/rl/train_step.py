@@ -108,7 +108,8 @@ def _token_logprobs(graphdef, params, rest, batch: dict, temperature: float, chu
 
     _, (lp, ent) = jax.lax.scan(one, None, (h, tg))
     # shift: the log-prob of token t comes from position t - 1
-    shift = lambda x: jnp.concatenate([jnp.zeros((b, 1), x.dtype), x.transpose(1, 0, 2).reshape(b, -1)[:, :t][:, :-1]], axis=1)
+    shift = lambda x: jnp.concatenate([jnp.zeros((b, 1), x.dtype),
+                                       x.transpose(1, 0, 2).reshape(b, -1)[:, :t][:, :-1]], axis=1)
     return (shift(lp), shift(ent)) if with_entropy else shift(lp)
 
 
