@@ -72,7 +72,8 @@ def event_bytes(wall_time: float, step: int, scalars: dict[str, float] | None = 
 
 def record(data: bytes) -> bytes:
     header = struct.pack("<Q", len(data))
-    return header + struct.pack("<I", masked_crc32c(crc32c(header))) + data + struct.pack("<I", masked_crc32c(crc32c(data)))
+    return (header + struct.pack("<I", masked_crc32c(crc32c(header)))
+            + data + struct.pack("<I", masked_crc32c(crc32c(data))))
 
 
 class MetricsWriter:

@@ -118,7 +118,8 @@ class Rollout:
     sample: int  # 0..G-1
     inputs: ModelInputs  # the whole sequence; inputs.loss_mask is 1 on generated tokens only
     logprobs: np.ndarray  # [L] behaviour log-probs, 0 where loss_mask is 0
-    structural_mask: np.ndarray  # [L] 1 on <think> </think> <tool_call> </tool_call> <answer> </answer> tokens generated
+    # [L] 1 on generated <think> </think> <tool_call> </tool_call> <answer> </answer> tokens
+    structural_mask: np.ndarray
     prompt_length: int
     completion: str  # everything after the prompt (turns and tool responses)
     generated_text: str  # only the policy-generated tokens: what the released reward code scores

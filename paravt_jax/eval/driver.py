@@ -115,7 +115,8 @@ def score(sample, final: str) -> dict:
 def sample_record(index: int, sample, config: DriverConfig) -> dict:
     record = {"index": index, "id": sample.sample_id, "dataset": sample.dataset,
               "question_type": sample.question_type, "prompt_mode": config.prompt_mode,
-              "dispatch": config.dispatch, "answer": sample.answer, "pred": "", "correct": False if sample.is_mcq else None,
+              "dispatch": config.dispatch, "answer": sample.answer, "pred": "",
+              "correct": False if sample.is_mcq else None,
               "score": 0.0, "tool_calls": 0, "calls_per_turn": [], "turns": 0, "context_tokens": 0}
     for field in ("duration", "task", "key"):
         if getattr(sample, field, ""):
