@@ -15,9 +15,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import base  # noqa: E402
 
 
+MODEL_PRESETS = {"tiny": "tiny", "qwen3vl_2b": "2b", "qwen3vl_8b": "8b"}  # preset -> model preset
+
+
 def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     preset = arg or "tiny"
-    c = base.get_config({"tiny": "tiny", "qwen3vl_2b": "2b", "qwen3vl_8b": "8b"}[preset])
+    if preset not in MODEL_PRESETS:
+        raise ValueError(f"configs/paragrpo.py: unknown preset {preset!r}; choose from {sorted(MODEL_PRESETS)}")
+    c = base.get_config(MODEL_PRESETS[preset])
     c.preset = preset
     c.workdir = ""  # where checkpoints and metrics go (--workdir overrides)
 
@@ -28,6 +33,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     c.sft.learning_rate = 3e-3
     c.sft.nframes = 8  # overview frames per SFT example
     c.sft.max_pixels = 96 * 160  # per frame
+    c.sft.checkpoint_every = 0  # steps between SFT checkpoints (0 = at the end and on SIGTERM/SIGINT only)
 
     c.rl = ml_collections.ConfigDict()
     c.rl.steps = 4  # PARA-GRPO steps

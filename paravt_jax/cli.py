@@ -182,7 +182,8 @@ def sft_config(config):
     s = config.sft
     return SFTConfig(steps=s.steps, batch_size=s.batch_size, micro_batches=s.micro_batches, seed=config.seed,
                      nframes=s.nframes, max_pixels=s.max_pixels,
-                     optimizer=OptimizerConfig(learning_rate=s.learning_rate, weight_decay=0.0))
+                     optimizer=OptimizerConfig(learning_rate=s.learning_rate, weight_decay=0.0),
+                     checkpoint_every=s.get("checkpoint_every", 0))
 
 
 def rl_config(config):
@@ -216,11 +217,14 @@ def evaluate_all(config, model, tokenizer, eval_rows) -> list[dict]:
 
     e = config.eval
     rows = eval_rows[: e.limit] if e.limit else eval_rows
+    settings = [(tools, int(k)) for tools in (False, True) for k in e.nframes]
     results = []
-    for tools in (False, True):
-        for k in e.nframes:
-            results.append(evaluate(model, tokenizer, rows, nframes=int(k), tools=tools,
-                                    max_new_tokens=e.max_new_tokens, max_turns=e.max_turns).row())
+    for number, (tools, k) in enumerate(settings, 1):
+        t0 = time.perf_counter()
+        results.append(evaluate(model, tokenizer, rows, nframes=k, tools=tools,
+                                max_new_tokens=e.max_new_tokens, max_turns=e.max_turns).row())
+        print(f"[run] evaluation {number}/{len(settings)} (tools {'yes' if tools else 'no'}, K = {k}, "
+              f"{len(rows)} videos) in {time.perf_counter() - t0:.0f} s", flush=True)
     return results
 
 
@@ -235,38 +239,114 @@ def print_results(results: list[dict]) -> str:
     return text
 
 
-def run_command(config, workdir: str = "") -> dict:
-    """The main job: SFT, then PARA-GRPO, then evaluation with and without tools."""
+def phase_histories(workdir: str) -> dict:
+    """The whole run's per-step histories from sft/ and rl/ metrics.jsonl (every segment of a
+    resumed run; the loop drops repeated steps on resume)."""
     import json
     import os
 
+    def lines(phase):
+        path = os.path.join(workdir, phase, "metrics.jsonl")
+        if not os.path.isfile(path):
+            return []
+        out = []
+        with open(path) as f:
+            for line in f:
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    continue  # torn by a kill; the next resume drops it
+        return out
+
+    sft, rl = lines("sft"), lines("rl")
+    rl_keys = ("reward", "format_compliance", "kappa", "loss")
+    return {
+        "sft_loss": [round(l["sft/loss"], 4) for l in sft if "sft/loss" in l],
+        "rl": [{k: round(float(l[f"rl/{k}"]), 4) for k in rl_keys} for l in rl if "rl/reward" in l],
+        "training_minutes": round(sum(l.get(f"{p}/step_s", 0.0) for p, ls in (("sft", sft), ("rl", rl))
+                                      for l in ls) / 60, 2),
+    }
+
+
+def finished_summary(config, workdir: str) -> dict | None:
+    """A finished run's summary.json, if it is complete (it has the evaluation) and every
+    phase's checkpoint is at its configured step count; else None."""
+    import json
+    import os
+
+    from paravt_jax.checkpointing import Checkpointer
+
+    try:
+        with open(os.path.join(workdir, "summary.json")) as f:
+            summary = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if "eval" not in summary:
+        return None
+    for phase, steps in (("sft", config.sft.steps), ("rl", config.rl.steps)):
+        directory = os.path.join(workdir, phase, "checkpoints")
+        if steps and (not os.path.isdir(directory) or (Checkpointer(directory).latest_step() or 0) < steps):
+            return None
+    return summary
+
+
+def write_json_atomic(path: str, payload) -> None:
+    """Readers see the old file or the whole new one."""
+    import json
+    import os
+
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(payload, f, indent=2)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def run_command(config, workdir: str = "") -> dict:
+    """The main job: SFT, then PARA-GRPO, then evaluation with and without tools.
+
+    Resumable: each phase continues from its latest checkpoint. On SIGTERM/SIGINT a phase
+    checkpoints and `preemption.Preempted` propagates: nothing after it runs and no
+    summary.json is written (a previous one is removed before any training), so only a
+    completed run has one. A completed run is left alone when run again."""
+    import os
+
+    from paravt_jax import distributed, preemption
     from paravt_jax.models.qwen3_vl import save_pretrained
     from paravt_jax.rl.trainer import train_rl
     from paravt_jax.sft.trainer import train_sft
 
     workdir = _workdir(config, workdir)
+    summary_path = os.path.join(workdir, "summary.json")
+    finished = finished_summary(config, workdir)
+    if finished is not None:
+        print(f"[run] {os.path.abspath(workdir)} has finished every phase; its summary {summary_path} is "
+              f"kept (delete it to evaluate again)", flush=True)
+        return finished
     t0 = time.perf_counter()
     model, tokenizer, sft_rows, rl_rows, eval_rows, root = _setup(config)
     print(f"[run] workdir {os.path.abspath(workdir)}; {len(sft_rows)} SFT rows, {len(rl_rows)} RL rows, "
           f"{len(eval_rows)} held-out rows", flush=True)
-    summary = {"workdir": os.path.abspath(workdir)}
+    if distributed.is_primary() and os.path.exists(summary_path):
+        os.remove(summary_path)  # stale from an earlier, shorter run: it must not claim completion
     if config.sft.steps:
-        model, sft = train_sft(model, tokenizer, sft_rows, root, os.path.join(workdir, "sft"), sft_config(config))
-        summary["sft_loss"] = [round(h["loss"], 4) for h in sft.history]
+        model, _ = train_sft(model, tokenizer, sft_rows, root, os.path.join(workdir, "sft"), sft_config(config))
     if config.rl.steps:
-        model, rl = train_rl(model, tokenizer, rl_rows, os.path.join(workdir, "rl"), rl_config(config),
-                             eval_rows=eval_rows)
-        summary["rl"] = [{k: round(float(h[k]), 4) for k in ("reward", "format_compliance", "kappa", "loss")}
-                         for h in rl.history]
-    from paravt_jax import distributed
-
+        model, _ = train_rl(model, tokenizer, rl_rows, os.path.join(workdir, "rl"), rl_config(config),
+                            eval_rows=eval_rows)
     model = distributed.local_model(model)  # multi-process: a whole copy on this process's devices
+    summary = {"workdir": os.path.abspath(workdir), **phase_histories(workdir)}
     if not distributed.is_primary():  # process 0 alone saves, evaluates and writes the summary
         return summary
     final = os.path.join(workdir, "final")
-    save_pretrained(model, final)
-    tokenizer.save(final)
-    print("[run] evaluation on held-out synthetic videos (greedy)", flush=True)
+    with preemption.deferred():  # the final model is written whole
+        save_pretrained(model, final)
+        tokenizer.save(final)
+    preemption.raise_if_requested("[run] stopped after saving the final model, before evaluation; "
+                                  "rerun to evaluate")
+    print(f"[run] evaluation on held-out synthetic videos (greedy, {len(config.eval.nframes) * 2} settings)",
+          flush=True)
     summary["eval"] = evaluate_all(config, model, tokenizer, eval_rows)
     summary["table"] = print_results(summary["eval"])
     summary["minutes"] = round((time.perf_counter() - t0) / 60, 2)
@@ -274,8 +354,8 @@ def run_command(config, workdir: str = "") -> dict:
 
     summary["curves"] = plot_run({p: os.path.join(workdir, p, "metrics.jsonl") for p in ("sft", "rl")},
                                  os.path.join(workdir, "curves.png"))
-    with open(os.path.join(workdir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
+    with preemption.deferred():
+        write_json_atomic(summary_path, summary)
     print(f"[run] done in {summary['minutes']} min; final model {final}; curves {summary['curves']}; "
           f"metrics {os.path.join(workdir, 'rl', 'metrics.jsonl')}", flush=True)
     return summary
@@ -352,18 +432,53 @@ TAKES_WORKDIR = {"run", "sft", "train", "export"}
 # command word removed (argv[0] is the program name).
 MODULE_COMMANDS = {"plan": "paravt_jax.plan", "sweep": "paravt_jax.sweep", "report": "paravt_jax.report",
                    "eval": "paravt_jax.eval.driver"}
+SUMMARIES = {  # one line per command, for `paravt-jax --help`
+    "run": "(default) the main job: cold-start SFT, PARA-GRPO, final model, held-out evaluation",
+    "sft": "cold-start SFT only (checkpoints and metrics in --workdir)",
+    "train": "PARA-GRPO (RL) only (checkpoints and metrics in --workdir)",
+    "export": "the latest checkpoint under --workdir (rl/, else sft/) -> an HF checkpoint in WORKDIR/export",
+    "generate": "one greedy episode of the policy on config.generate's question and video",
+    "forward": "one timed forward pass on a synthetic video prompt",
+    "eval": "the benchmark driver (VideoMME, LongVideoBench, ... or the synthetic set)",
+    "plan": "memory planner: parameters, optimizer state, activations, KV cache per device",
+    "sweep": "runs (or prints) the arms of an ablation sweep, one workdir each",
+    "report": "tables and plots from swept workdirs",
+}
+EXIT_STATUSES = """exit status:
+  0        done
+  1        the command failed (the message or traceback says why)
+  2        bad command line or config value, refused before any work starts
+  130/143  stopped by SIGINT/SIGTERM (128 + signal number); a training phase first finishes its
+           step and writes a checkpoint: rerun the same command to resume"""
+PROGRAM_USAGE = ("usage: paravt-jax [COMMAND] [--config=FILE[:ARG]] [--config.FIELD=VALUE ...] [flags]\n\n"
+                 "commands:\n" + "\n".join(f"  {name:<9} {line}" for name, line in SUMMARIES.items())
+                 + "\n\n`paravt-jax COMMAND --help` prints that command's flags and config fields.\n\n"
+                 + EXIT_STATUSES)
 
 
-def main(argv: list[str] | None = None) -> None:
+def command_usage(command: str) -> str:
+    workdir = " [--workdir=DIR]" if command in TAKES_WORKDIR else ""
+    return (f"usage: paravt-jax {command} [--config=FILE[:ARG]] [--config.FIELD=VALUE ...]{workdir}\n\n"
+            f"{SUMMARIES[command]}\n\n{EXIT_STATUSES}")
+
+
+def execute(argv: list[str]):
+    """Runs the command of argv (argv[0] is the program name) and returns its result; raises
+    HelpShown after printing help, UsageError / ConfigValueError for bad input."""
     from absl import flags
     from ml_collections import config_flags
 
-    argv = list(sys.argv if argv is None else argv)
+    from paravt_jax import compile_cache, distributed
+    from paravt_jax.cli_flags import HELP_FLAGS, HelpShown, UsageError, parse_flags
+    from paravt_jax.config_checks import check_config
+
+    argv = list(argv)
+    if len(argv) > 1 and argv[1] in HELP_FLAGS:  # `paravt-jax --help` (`paravt-jax` alone runs `run`)
+        print(PROGRAM_USAGE, flush=True)
+        raise HelpShown()
     command = "run"
     if len(argv) > 1 and not argv[1].startswith("-"):
         command = argv.pop(1)
-    from paravt_jax import compile_cache, distributed
-
     if command in MODULE_COMMANDS:
         import importlib
 
@@ -371,15 +486,18 @@ def main(argv: list[str] | None = None) -> None:
         distributed.initialize()  # multi-host from the environment only: these parse their own flags
         return importlib.import_module(MODULE_COMMANDS[command]).main(argv)
     if command not in COMMANDS:
-        raise SystemExit(f"unknown command {command!r}; choose from {sorted(set(COMMANDS) | set(MODULE_COMMANDS))}")
+        raise UsageError(f"unknown command {command!r}; choose from {sorted(set(COMMANDS) | set(MODULE_COMMANDS))} "
+                         f"(paravt-jax --help lists them)")
     flag_values = flags.FlagValues()
     # sys_argv lets ml_collections register the --config.* override flags of this argv.
     default = DEFAULT_CONFIG if command == "forward" else DEFAULT_CONFIG.replace("base.py", "paragrpo.py")
     config_flags.DEFINE_config_file("config", default + ":tiny", "config file[:arg]",
                                     flag_values=flag_values, sys_argv=argv)
-    flags.DEFINE_string("workdir", "", "run directory (checkpoints, metrics, final model)",
-                        flag_values=flag_values)
-    flag_values(argv)
+    if command in TAKES_WORKDIR:
+        flags.DEFINE_string("workdir", "", "run directory (checkpoints, metrics, final model); default: "
+                            "config.workdir, else runs/PRESET", flag_values=flag_values)
+    parse_flags(flag_values, argv, command_usage(command), show_config=True)
+    check_config(flag_values.config)
     compile_cache.enable(flag_values.config.get("compilation_cache_dir", ""))
     distributed.initialize(flag_values.config)  # before anything touches JAX devices
     if command in TAKES_WORKDIR:
@@ -387,5 +505,26 @@ def main(argv: list[str] | None = None) -> None:
     return COMMANDS[command](flag_values.config)
 
 
+def main(argv: list[str] | None = None) -> int:
+    """The `paravt-jax` console script: the exit status (see EXIT_STATUSES); the command's
+    result is not printed (tests and notebooks call `execute` or the command functions)."""
+    from paravt_jax import preemption
+    from paravt_jax.cli_flags import EXIT_OK, EXIT_USAGE, HelpShown, UsageError
+    from paravt_jax.config_checks import ConfigValueError
+
+    try:
+        with preemption.guard():
+            execute(list(sys.argv if argv is None else argv))
+    except HelpShown:
+        return EXIT_OK
+    except (UsageError, ConfigValueError) as e:
+        print(f"paravt-jax: {e}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
+    except preemption.Preempted as e:
+        print(f"paravt-jax: {e.message}", file=sys.stderr, flush=True)
+        return e.exit_status
+    return EXIT_OK
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -90,6 +90,18 @@ class MetricsWriter:
             self._events.write(record(event_bytes(time.time(), 0, file_version="brain.Event:2")))
             self._events.flush()
 
+    def resume(self, start_step: int):
+        """Drops what an interrupted run logged for steps >= start_step (the steps the resumed
+        run repeats), from metrics.jsonl and from the earlier TensorBoard event files."""
+        if not self.enabled:
+            return
+        if os.path.isfile(self.jsonl_path):
+            truncate_jsonl(self.jsonl_path, start_step)
+        own = os.path.basename(self._events.name)
+        for name in sorted(os.listdir(self.events_dir)):
+            if name.startswith("events.out.tfevents") and name != own:
+                truncate_events(os.path.join(self.events_dir, name), start_step)
+
     def write(self, step: int, metrics: dict, prefix: str = ""):
         if not self.enabled:
             return
@@ -111,6 +123,56 @@ class MetricsWriter:
         if self._events:
             self._events.close()
             self._events = None
+
+
+def _replace(path: str, data: bytes) -> None:
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def truncate_jsonl(path: str, start_step: int) -> None:
+    """Keeps the lines of steps < start_step (and drops a torn last line), atomically."""
+    kept = []
+    with open(path, "rb") as f:
+        for line in f:
+            try:
+                step = json.loads(line)["step"]
+            except (ValueError, KeyError, TypeError):
+                continue  # a line torn by a kill mid-write
+            if step < start_step:
+                kept.append(line if line.endswith(b"\n") else line + b"\n")
+    _replace(path, b"".join(kept))
+
+
+def _records(data: bytes):
+    """(start, end, body) of each whole record; stops at a torn or corrupt tail."""
+    pos = 0
+    while pos + 12 <= len(data):
+        header = data[pos:pos + 8]
+        (length,) = struct.unpack("<Q", header)
+        end = pos + 16 + length
+        if (struct.unpack("<I", data[pos + 8:pos + 12])[0] != _masked(crc32c(header)) or end > len(data)):
+            return
+        body = data[pos + 12:pos + 12 + length]
+        if struct.unpack("<I", data[end - 4:end])[0] != _masked(crc32c(body)):
+            return
+        yield pos, end, body
+        pos = end
+
+
+def truncate_events(path: str, start_step: int) -> None:
+    """Keeps the file-version record and the scalar records of steps < start_step."""
+    data = open(path, "rb").read()
+    kept = []
+    for start, end, body in _records(data):
+        step, scalars = _parse_event(body)
+        if step < start_step or not scalars:
+            kept.append(data[start:end])
+    _replace(path, b"".join(kept))
 
 
 def read_events(path: str) -> list[tuple[int, dict[str, float]]]:
