@@ -21,6 +21,16 @@ class HelpShown(Exception):
     """--help was given and the help was printed: the command stops with status 0."""
 
 
+def short_message(error: Exception) -> str:
+    """The error's message without the traceback ml_collections embeds in a config-file error
+    (its first line, then the exception's own last line)."""
+    text = str(error).strip().strip("'\"")
+    if "Traceback (most recent call last)" not in text:
+        return text
+    lines = [line for line in text.splitlines() if line.strip()]
+    return f"{lines[0].rstrip(':')}: {lines[-1].strip()}"
+
+
 def wants_help(argv: Sequence[str]) -> bool:
     return any(a in HELP_FLAGS for a in argv[1:])
 
@@ -58,7 +68,7 @@ def parse_flags(values, argv: Sequence[str], usage: str, show_config: bool = Fal
     # an unknown field (AttributeError / KeyError), a value of the wrong type (TypeError)
     except (flags.Error, AttributeError, KeyError, ValueError, TypeError) as e:
         if not help_requested:
-            raise UsageError(str(e).strip("'\"")) from None
+            raise UsageError(short_message(e)) from None
     if not help_requested:
         return
     text = [usage.strip(), "", "flags:", flag_help(values)]
