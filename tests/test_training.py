@@ -59,7 +59,7 @@ def test_data_order_is_deterministic():
     assert data_indices(6, 4, 4, seed=3) == a[6:10]
 
 
-def _toy_loop(workdir, steps, stop_after=None):
+def _toy_loop(workdir, steps, stop_after=None, signum=signal.SIGTERM):
     model = init_model(preset("tiny"), seed=0)
     step = TrainStep(model, OptimizerConfig(learning_rate=1e-3), sft_loss, HEAD)
     from paravt_jax.train.batch import micro_batches, pack
@@ -71,17 +71,30 @@ def _toy_loop(workdir, steps, stop_after=None):
         chosen = data_indices(index * 2, 2, len(seqs), 0)
         packed = pack([seqs[i] for i in chosen])
         if stop_after is not None and index == stop_after:
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signum)
         return step.step(state, micro_batches(packed, 1, model.config.vision))
 
     return run_loop("toy", workdir, step.init_state(), step_fn, LoopConfig(steps, async_checkpoints=False))
 
 
-def test_resume_is_bit_exact_and_sigterm_checkpoints(tmp_path):
+def logged_steps(workdir, tag="toy/loss"):
+    """(metrics.jsonl steps, TensorBoard steps over every event file) of `tag`."""
+    lines = [json.loads(l) for l in open(os.path.join(workdir, "metrics.jsonl"))]
+    events = sorted(f for f in os.listdir(os.path.join(workdir, "tensorboard")) if f.startswith("events.out.tfevents"))
+    steps = sorted(s for f in events for s, v in read_events(os.path.join(workdir, "tensorboard", f)) if tag in v)
+    return [l["step"] for l in lines if tag in l], steps
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_resume_is_bit_exact_and_a_signal_checkpoints_then_stops(tmp_path, signum):
+    from paravt_jax.preemption import Preempted
+
     straight = _toy_loop(str(tmp_path / "a"), 4)
-    first = _toy_loop(str(tmp_path / "b"), 4, stop_after=1)  # SIGTERM during step 1
-    assert first.preempted and first.steps_done == 2
+    with pytest.raises(Preempted, match=f"{signal.Signals(signum).name}: checkpoint at step 2 of 4") as stopped:
+        _toy_loop(str(tmp_path / "b"), 4, stop_after=1, signum=signum)  # the signal arrives during step 1
+    assert stopped.value.exit_status == 128 + signum
     assert os.path.isdir(tmp_path / "b" / "checkpoints" / "2")
+    assert signal.getsignal(signum) is not None and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
     resumed = _toy_loop(str(tmp_path / "b"), 4)
     assert resumed.steps_done == 4 and len(resumed.history) == 2
     assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(straight.state.params),
@@ -93,6 +106,28 @@ def test_resume_is_bit_exact_and_sigterm_checkpoints(tmp_path):
     parsed = read_events(str(tmp_path / "a" / "tensorboard" / events[0]))
     assert [s for s, v in parsed if "toy/loss" in v] == [0, 1, 2, 3]
     assert abs(parsed[1][1]["toy/loss"] - lines[0]["toy/loss"]) < 1e-5
+    assert logged_steps(tmp_path / "b") == ([0, 1, 2, 3], [0, 1, 2, 3])
+
+
+def test_resume_drops_metrics_logged_past_the_restored_step(tmp_path):
+    """A kill between a step's metrics line and its checkpoint (here: steps 2 and 3 logged,
+    the checkpoint at 2, a torn last line) must not leave those steps twice."""
+    from paravt_jax.checkpointing import Checkpointer
+    from paravt_jax.metrics_writer import MetricsWriter
+
+    workdir = str(tmp_path / "run")
+    _toy_loop(workdir, 2)
+    stale = MetricsWriter(workdir, console=False)
+    for step in (2, 3):
+        stale.write(step, {"loss": 9.0}, prefix="toy/")
+    stale.close()
+    with open(os.path.join(workdir, "metrics.jsonl"), "a") as f:
+        f.write('{"step": 4, "toy/lo')
+    assert Checkpointer(os.path.join(workdir, "checkpoints")).latest_step() == 2
+    _toy_loop(workdir, 4)
+    assert logged_steps(workdir) == ([0, 1, 2, 3], [0, 1, 2, 3])
+    lines = [json.loads(l) for l in open(os.path.join(workdir, "metrics.jsonl"))]
+    assert all(l["toy/loss"] != 9.0 for l in lines)
 
 
 def test_short_sft_lowers_its_loss(dataset, tmp_path):

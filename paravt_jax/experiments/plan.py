@@ -762,6 +762,8 @@ def main(argv: list[str]) -> MemoryPlan:
     from absl import flags
     from ml_collections import config_flags
 
+    from paravt_jax.cli_flags import parse_flags
+
     argv = list(argv)
     values = flags.FlagValues()
     config_flags.DEFINE_config_file("config", DEFAULT_CONFIG, "config file[:arg]", flag_values=values,
@@ -774,10 +776,7 @@ def main(argv: list[str]) -> MemoryPlan:
     flags.DEFINE_enum("activations", "auto", list(ACTIVATION_MODES), "activation numbers: XLA "
                       "memory analysis or the shape estimate", flag_values=values)
     flags.DEFINE_string("json", "", "also write the plan as JSON to this path", flag_values=values)
-    try:
-        values(argv)
-    except flags.Error as e:
-        raise SystemExit(f"plan: {e}") from None
+    parse_flags(values, argv, "usage: " + main.__doc__.strip().strip("`"), show_config=True)
     try:
         memory = values.device_memory_gb
         text = values.mesh.strip()

@@ -21,7 +21,7 @@ from paravt_jax.rl.episode_stats import summarize
 from paravt_jax.rl.objective import StepConfig, policy_head, policy_loss
 from paravt_jax.sampling import Sampler, SamplerConfig
 from paravt_jax.train.batch import micro_batches, pack
-from paravt_jax.train.loop import LoopConfig, data_indices, run_loop
+from paravt_jax.train.loop import LoopConfig, UnreadableDataError, data_indices, run_loop
 from paravt_jax.train.step import OptimizerConfig, TrainStep
 
 
@@ -149,10 +149,6 @@ def gather_scored(rollouts: list, rewards: list[dict], seq_rewards: np.ndarray, 
     return (dist.concatenate_lists([p[0] for p in parts]), dist.concatenate_lists([p[1] for p in parts]),
             np.concatenate([p[2] for p in parts]).astype(np.float32),
             np.concatenate([p[3] for p in parts]).astype(np.float32), dist.concatenate_lists([p[4] for p in parts]))
-
-
-class UnreadableDataError(RuntimeError):
-    """A whole epoch of prompts in a row had no readable video."""
 
 
 def unreadable_step(index: int, skipped: list[str], streak: dict, prompts_per_step: int,
