@@ -33,6 +33,7 @@ EXTRAS = {
         "nbclient>=0.10",
         "nbformat>=5.10",
         "ipykernel>=6.29",
+        "ruff>=0.17.5,<0.18",  # `ruff check .` in CI (.ci/run) and the pre-commit hook
     ],
     "gpu": ["jax[cuda12]>=0.10.2,<0.11"],
     "tpu": ["jax[tpu]>=0.10.2,<0.11"],

@@ -10,7 +10,7 @@ sweep(arg) is the grid, five arms x seeds:
   vanilla            vanilla GRPO, the settings of configs/vanilla_grpo.py: no anchor, no
                      nFrames gating, no think prefix, no answer-suffix format scoring;
   anchor_only        the format anchor (token-masked anchor reward, think prefix, answer
-                     suffix), K fixed at rl.default_nframes;
+                     suffix), no gating: the overview at 1 fps, at most 64 frames (rl.default_nframes 0);
   gating_only        nFrames gating, no anchor (anchor 0, no think prefix / answer suffix);
   paragrpo           both: PARA-GRPO as in configs/paragrpo.py;
   paragrpo_seqanchor PARA-GRPO with the anchor reward added to the sequence reward, as the

@@ -38,6 +38,8 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     c.rl.weight_decay = 0.01
     c.rl.grad_clip = 1.0
     c.rl.temperature = 0.7  # rollout temperature == log-prob temperature
+    # reference-policy log-prob temperature for the KL term (0: same as temperature)
+    c.rl.reference_temperature = 0.0
     c.rl.max_turns = 2  # tool rounds per episode
     c.rl.max_new_tokens = 256  # per assistant turn
     c.rl.max_parallel = 5  # crop calls executed per turn
@@ -45,13 +47,18 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     c.rl.subagent_max_tokens = 64
     c.rl.think_prefix = True
     c.rl.nframes_gating = True  # K ~ U{4,8,16,32,64} per prompt
-    c.rl.default_nframes = 64  # K when gating is off
+    c.rl.default_nframes = 0  # K when gating is off; 0: overview_fps, at most overview_max_frames (reference)
+    c.rl.overview_fps = 1.0
+    c.rl.overview_max_frames = 64
     c.rl.overview_max_pixels = 96 * 160  # per overview frame
     c.rl.anchor_mode = "token"  # token (masked anchor) | sequence (as released)
     c.rl.anchor_weight = 0.5
     c.rl.format_weight = 1.0
     c.rl.answer_suffix = True
     c.rl.reward_mode = "f1"  # f1 | exact | llm
+    # turns: format/anchor rewards read each assistant turn with its forced <think> prefix;
+    # released: generated tokens only, as the released code (format/anchor inert under the prefix)
+    c.rl.reward_text = "turns"  # turns | released | completion
     c.rl.kl_ctl = 0.01
     c.rl.eps_clip = 0.2
     c.rl.behaviour_cap = 5.0
@@ -74,6 +81,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
         c.rl.steps, c.rl.prompts_per_step, c.rl.samples_per_prompt = 54, 7, 8
         c.rl.learning_rate, c.rl.max_turns, c.rl.max_new_tokens = 2e-6, 3, 2048
         c.rl.subagent_max_tokens, c.rl.overview_max_pixels = 512, 50176
+        c.rl.reference_temperature = 1.0  # the reference recipe's (AReaL default), see docs/deviations.md
         c.model.param_dtype = c.model.dtype = "bfloat16"
         c.model.remat = True
         c.eval.max_new_tokens, c.eval.max_turns, c.eval.limit = 2048, 3, 0

@@ -202,12 +202,15 @@ def rl_config(config):
         rollout=RolloutConfig(mode=r.mode, max_turns=r.max_turns, max_new_tokens=r.max_new_tokens,
                               temperature=r.temperature, think_prefix=r.think_prefix,
                               overview_max_pixels=r.overview_max_pixels,
+                              overview_fps=r.overview_fps, overview_max_frames=r.overview_max_frames,
                               subagent_max_tokens=r.subagent_max_tokens),
         dispatch=DispatchConfig(max_parallel=r.max_parallel, max_pixels=r.overview_max_pixels),
         reward=RewardConfig(answer_suffix=r.answer_suffix, anchor_weight=r.anchor_weight,
-                            format_weight=r.format_weight, mode=r.reward_mode),
+                            format_weight=r.format_weight, mode=r.reward_mode,
+                            text=r.reward_text),
         advantage=AdvantageConfig(anchor_mode=r.anchor_mode, anchor_weight=r.anchor_weight, kl_ctl=r.kl_ctl),
-        step=StepConfig(temperature=r.temperature, eps_clip=r.eps_clip, behaviour_cap=r.behaviour_cap),
+        step=StepConfig(temperature=r.temperature, eps_clip=r.eps_clip, behaviour_cap=r.behaviour_cap,
+                        reference_temperature=r.reference_temperature or None),
         optimizer=OptimizerConfig(learning_rate=r.learning_rate, weight_decay=r.weight_decay,
                                   grad_clip=r.grad_clip),
         checkpoint_every=r.checkpoint_every, eval_every=r.get("eval_every", 0))
@@ -239,9 +242,9 @@ def print_results(results: list[dict]) -> str:
 
 def run_command(config, workdir: str = "") -> dict:
     """The main job: SFT, then PARA-GRPO, then evaluation with and without tools."""
-    import json
     import os
 
+    from paravt_jax.files import write_json_atomic
     from paravt_jax.models.qwen3_vl import save_pretrained
     from paravt_jax.rl.trainer import train_rl
     from paravt_jax.sft.trainer import train_sft
@@ -276,8 +279,7 @@ def run_command(config, workdir: str = "") -> dict:
 
     summary["curves"] = plot_run({p: os.path.join(workdir, p, "metrics.jsonl") for p in ("sft", "rl")},
                                  os.path.join(workdir, "curves.png"))
-    with open(os.path.join(workdir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
+    write_json_atomic(os.path.join(workdir, "summary.json"), summary)
     print(f"[run] done in {summary['minutes']} min; final model {final}; curves {summary['curves']}; "
           f"metrics {os.path.join(workdir, 'rl', 'metrics.jsonl')}", flush=True)
     return summary

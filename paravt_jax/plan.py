@@ -284,7 +284,7 @@ def workload(rl, vision) -> Workload:
     bucketing and rl/batch.pack. Text lengths not fixed by the config use the constants above."""
     r, d = rl.rollout, rl.dispatch
     merge_unit = vision.spatial_merge_size**2
-    frames = max(rl.nframes_choices) if rl.nframes_gating else rl.default_nframes
+    frames = max(rl.nframes_choices) if rl.nframes_gating else (rl.default_nframes or r.overview_max_frames)
     frame_size, frame_patches = _frame(r.overview_min_pixels, r.overview_max_pixels)
     crop_size, crop_patches = _frame(d.min_pixels, d.max_pixels)
     frame_tokens, crop_tokens = frame_patches // merge_unit, crop_patches // merge_unit

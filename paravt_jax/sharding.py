@@ -3,7 +3,7 @@
 Every parameter carries logical names in its `axes` metadata (e.g. ("layers", "embed",
 "mlp")). `logical_to_spec` turns them into a PartitionSpec with the rules below; changing the
 parallelism is a change of mesh shape or rules in the config, never of model code. A dimension
-that the mesh axes do not divide is replicated instead (and reported by `explain_sharding`).
+that the mesh axes do not divide is replicated instead.
 """
 from __future__ import annotations
 
@@ -167,16 +167,6 @@ def state_shardings(module: nnx.Module, mesh: Mesh, rules=DEFAULT_RULES):
     return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
-def shard_module(module: nnx.Module, mesh: Mesh, rules=DEFAULT_RULES) -> nnx.Module:
-    """Places every parameter of `module` on its sharding (in place) and returns it."""
-    for _, node in nnx.iter_graph(module):
-        if isinstance(node, nnx.Variable):
-            value = node.get_value()
-            node.set_value(jax.device_put(value, named_sharding(mesh, param_axes(node),
-                                                                value.shape, rules)))
-    return module
-
-
 def batch_sharding(mesh: Mesh, ndim: int, batch_axis: int = 0, rules=DEFAULT_RULES,
                    batch_size: int | None = None) -> NamedSharding:
     axes = [None] * ndim
@@ -186,14 +176,3 @@ def batch_sharding(mesh: Mesh, ndim: int, batch_axis: int = 0, rules=DEFAULT_RUL
         shape = [1] * ndim
         shape[batch_axis] = batch_size
     return NamedSharding(mesh, logical_to_spec(axes, shape, mesh if shape else None, rules))
-
-
-def explain_sharding(module: nnx.Module, mesh: Mesh, rules=DEFAULT_RULES) -> list[str]:
-    """One line per parameter: path, shape, logical axes, resulting spec."""
-    lines = []
-    for path, node in nnx.iter_graph(module):
-        if isinstance(node, nnx.Variable):
-            value = node.get_value()
-            spec = logical_to_spec(param_axes(node), value.shape, mesh, rules)
-            lines.append(f"{'/'.join(map(str, path))} {tuple(value.shape)} {param_axes(node)} -> {spec}")
-    return lines

@@ -38,6 +38,8 @@ import time
 import traceback
 from typing import Any, Mapping, Sequence
 
+from paravt_jax.files import write_json_atomic
+
 ARM_RECORD = "sweep_arm.json"  # written when an arm starts: its name, group and overrides
 DONE_MARKER = "sweep_done.json"  # written atomically when an arm's main job has returned
 PLAN_FILE = "sweep.json"  # the sweep root's list of arms, in order
@@ -336,16 +338,6 @@ def run_args(config_argument: str, workdir: str, common: Mapping[str, Any], arm:
 
 
 # ----------------------------------------------------------------------------- running
-def write_json_atomic(path: str, payload: Any) -> None:
-    """Readers see the old file or the whole new one, never a partial one."""
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(payload, f, indent=2, default=str)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def is_finished(workdir: str) -> bool:
     """The sweep's marker, or (for arms launched by hand from --dry_run) a summary.json
     that the main job completed (it writes it last, with the eval table)."""

@@ -47,7 +47,7 @@ class LoopResult:
 
 
 def run_loop(name: str, workdir: str, state, step_fn: Callable, config: LoopConfig,
-             meta_fn: Callable[[int], dict] = lambda i: {}, restore_meta: Callable[[dict], None] = lambda m: None,
+             meta_fn: Callable[[int], dict] = lambda i: {},
              writer: MetricsWriter | None = None) -> LoopResult:
     """Runs steps [start, config.steps) where start comes from the latest checkpoint in
     workdir/checkpoints (if any)."""
@@ -58,7 +58,6 @@ def run_loop(name: str, workdir: str, state, step_fn: Callable, config: LoopConf
     if restored is not None:
         state, meta = restored
         start = int(meta["next_step"])
-        restore_meta(meta)
         print(f"[{name}] resumed from {checkpoints.directory} at step {start}", flush=True)
     writer = writer or MetricsWriter(workdir, total_steps=config.steps)
     stop = {"sigterm": False}

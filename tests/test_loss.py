@@ -202,3 +202,19 @@ def test_entropy_matches_numpy():
     # Uniform logits: entropy log V per token.
     s_u, c_u = entropy_from_logits(np.zeros((1, 2, 9)), np.ones((1, 2)))
     np.testing.assert_allclose(float(s_u) / int(c_u), np.log(9), rtol=1e-6)
+
+
+def test_clip_bound_tie_passes_the_gradient_as_torch_clamp():
+    """A ratio exactly on a clip bound: both branches are equal, each gets half of the gradient
+    (max ties), and the clipped branch passes its half as torch.clamp does (jnp.clip would not):
+    the total is the unclipped gradient -A * ratio, not half of it."""
+    ratio = float(jnp.exp(jnp.float32(0.25)))
+    eps = ratio - 1.0  # so that 1 + eps is exactly the float32 ratio
+    logp = jnp.full((1, 2), 0.25, jnp.float32)
+    prox = jnp.zeros((1, 2), jnp.float32)
+    adv = jnp.array([[1.0, 2.0]], jnp.float32)
+    loss = lambda lp: ppo_loss(lp, prox, None, adv, jnp.ones((1, 2)), eps_clip=eps)
+    _, _, metrics = loss(logp)
+    assert float(metrics["importance_ratio"].total) / 2 == ratio == np.float32(1.0 + eps)
+    grad = jax.grad(lambda lp: loss(lp)[0])(logp)
+    np.testing.assert_allclose(np.asarray(grad), [[-ratio, -2.0 * ratio]], rtol=1e-6)

@@ -54,6 +54,22 @@ def test_logprobs_match_full_forward(sequences):
         np.testing.assert_allclose(lp[b, 1:seq.length], want, atol=2e-5)
 
 
+def test_reference_logprobs_use_the_reference_temperature(sequences):
+    """The KL term's reference log-probs at reference_temperature (the recipe: 1.0) while the
+    behaviour policy samples at 0.7; the default keeps the sampling temperature."""
+    model = init_model(preset("tiny"), seed=1)
+    packed = pack(sequences[:2])
+    batch = micro_batches(packed, np.zeros(packed.input_ids.shape), 1, model.config.vision)[0]
+    recipe = TrainStep(model, config=StepConfig(temperature=0.7, reference_temperature=1.0), keep_reference=True)
+    default = TrainStep(model, config=StepConfig(temperature=0.7), keep_reference=True)
+    params = recipe.init_state().params
+    at_one, at_sampling = recipe.logprobs(params, batch, 1.0), recipe.logprobs(params, batch)
+    np.testing.assert_array_equal(recipe.reference_logprobs(batch), at_one)
+    np.testing.assert_array_equal(default.reference_logprobs(batch), at_sampling)
+    m = packed.loss_mask > 0
+    assert np.abs(at_one[m] - at_sampling[m]).min() > 1e-4
+
+
 def test_one_step_moves_logprobs_by_advantage_sign(sequences):
     model = init_model(preset("tiny"), seed=2)
     step = TrainStep(model, OptimizerConfig(learning_rate=3e-3, weight_decay=0.0), StepConfig(),

@@ -181,7 +181,10 @@ def ppo_loss(
     log_ratio = jnp.where(m, logp - prox, 0.0)
     ratio = jnp.exp(log_ratio)
     high = eps_clip if eps_clip_high is None else eps_clip_high
-    clipped = jnp.clip(ratio, 1.0 - eps_clip, 1.0 + high)
+    # torch.clamp semantics: the gradient passes at a ratio exactly on a bound (jnp.clip's does
+    # not), so a tie between the two branches gets the full gradient, as in the reference.
+    low_bound, high_bound = 1.0 - eps_clip, 1.0 + high
+    clipped = jnp.where(ratio < low_bound, low_bound, jnp.where(ratio > high_bound, high_bound, ratio))
     loss1 = -adv * ratio
     loss2 = -adv * clipped
     per_token = jnp.maximum(loss1, loss2)

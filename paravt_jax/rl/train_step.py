@@ -45,6 +45,9 @@ class OptimizerConfig:
 class StepConfig:
     objective: str = "ppo"  # ppo | sft
     temperature: float = 0.7  # log-prob temperature; must equal the sampler's
+    # Temperature of the frozen reference policy's log-probs (the KL term); None = `temperature`.
+    # The reference recipe computes them at 1.0 (AReaL's default) while sampling at 0.7.
+    reference_temperature: float | None = None
     eps_clip: float = 0.2
     eps_clip_high: float | None = None
     behaviour_cap: float | None = 5.0
@@ -148,8 +151,8 @@ class TrainStep:
                 self.params, is_leaf=lambda x: isinstance(x, nnx.Variable))
         cfg, graphdef, rest = config, self.graphdef, self.rest
 
-        def logprobs(params, batch):
-            return _token_logprobs(graphdef, params, rest, batch, cfg.temperature, cfg.logprob_chunk)
+        def logprobs(params, batch, temperature):
+            return _token_logprobs(graphdef, params, rest, batch, temperature, cfg.logprob_chunk)
 
         def grads(params, batch):
             (total, (count, metrics)), g = jax.value_and_grad(_loss, has_aux=True)(
@@ -168,7 +171,7 @@ class TrainStep:
             return TrainState(state.step + 1, keep(new_params, state.params), keep(new_opt, state.opt_state),
                               state.skipped + (~finite).astype(jnp.int32)), optax.global_norm(g), finite
 
-        self._logprobs = jax.jit(logprobs)
+        self._logprobs = jax.jit(logprobs, static_argnums=(2,))
         self._grads = jax.jit(grads)
         self._apply = jax.jit(apply, donate_argnums=(0,))
         self._add = jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b), donate_argnums=(0,))
@@ -215,20 +218,23 @@ class TrainStep:
                                                                         batch_size=rows))
         return tree
 
-    def logprobs(self, params, batch: TrainBatch) -> np.ndarray:
-        return np.asarray(self._logprobs(params, self._place(batch)))
+    def logprobs(self, params, batch: TrainBatch, temperature: float | None = None) -> np.ndarray:
+        """[B, T] token log-probs under softmax(logits / temperature) (default: the step's)."""
+        t = self.config.temperature if temperature is None else float(temperature)
+        return np.asarray(self._logprobs(params, self._place(batch), t))
 
     def reference_logprobs(self, batch: TrainBatch) -> np.ndarray:
-        """Token log-probs under the frozen reference policy (same temperature convention)."""
+        """Token log-probs under the frozen reference policy, at `reference_temperature`."""
         if self.reference_params is None:
             raise ValueError("TrainStep was built with keep_reference=False (kl_ctl = 0)")
-        return self.logprobs(self.reference_params, batch)
+        return self.logprobs(self.reference_params, batch, self.config.reference_temperature)
 
     def step(self, state: TrainState, batches: Sequence[TrainBatch]) -> tuple[TrainState, dict]:
         """One optimizer step over the micro-batches (their gradients summed exactly). Sums stay
         on device across micro-batches; the host reads the results once, at the end."""
         if self.config.objective == "ppo":
-            batches = [dataclasses.replace(b, prox_logp=self._logprobs(state.params, self._place(b)))
+            batches = [dataclasses.replace(b, prox_logp=self._logprobs(state.params, self._place(b),
+                                                                        self.config.temperature))
                        if b.prox_logp is None else b for b in batches]
         acc, stats = None, {}
         for b in batches:

@@ -21,13 +21,38 @@ from paravt_jax.sampling import Sampler, SamplerConfig
 from paravt_jax.training import LoopConfig, data_indices, run_loop
 
 
+REWARD_TEXTS = ("turns", "released", "completion")
+
+
 @dataclasses.dataclass(frozen=True)
 class RewardConfig:
+    """text: what the rewards read.
+      turns      accuracy and tool rewards read the generated tokens; the format and anchor
+                 rewards read every assistant turn as the model's context shows it (its forced
+                 prefix, e.g. `<think>\n`, then its generated tokens; tool responses excluded);
+      released   every reward reads the generated tokens only, as the released workflow does
+                 (under think_prefix the forced `<think>` is then invisible and the format and
+                 anchor rewards of a well-formed turn are 0);
+      completion every reward reads everything after the prompt, tool responses included."""
     answer_suffix: bool = True
     anchor_weight: float = 0.5
     format_weight: float = 1.0
     mode: str = "f1"
-    text: str = "generated"  # generated (as the released workflow scores) | completion
+    text: str = "turns"
+
+    def __post_init__(self):
+        if self.text not in REWARD_TEXTS:
+            raise ValueError(f"reward text {self.text!r}: expected one of {REWARD_TEXTS}")
+
+
+def reward_texts(rollout, text: str) -> tuple[str, str]:
+    """(the text the accuracy and tool rewards read, the text the format and anchor rewards
+    read) of one rollout under `RewardConfig.text`."""
+    if text == "completion":
+        return rollout.completion, rollout.completion
+    if text == "released":
+        return rollout.generated_text, rollout.generated_text
+    return rollout.generated_text, rollout.assistant_text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +63,9 @@ class RLConfig:
     micro_batches: int = 1
     seed: int = 0
     nframes_gating: bool = True
-    default_nframes: int = 64
+    # K with gating off; 0 = the overview sampled at rollout.overview_fps, at most
+    # rollout.overview_max_frames frames (the reference recipe: 1 fps, 64 frames)
+    default_nframes: int = 0
     nframes_choices: tuple[int, ...] = gating.NFRAMES_CHOICES
     rollout: RolloutConfig = RolloutConfig()
     dispatch: DispatchConfig = DispatchConfig()
@@ -57,16 +84,26 @@ def score(rollouts, config: RewardConfig, token_anchor: bool, judge=None) -> tup
     """(reward dicts, sequence rewards [N], anchor rewards [N])."""
     out, seq, anchor = [], [], []
     for r in rollouts:
-        text = r.generated_text if config.text == "generated" else r.completion
+        text, format_text = reward_texts(r, config.text)
         total, parts = R.compose_reward(text, r.episode.answer, r.episode.question_type,
                                         answer_suffix=config.answer_suffix,
                                         anchor_weight=0.0 if token_anchor else config.anchor_weight,
-                                        format_weight=config.format_weight, mode=config.mode, judge=judge)
-        a = R.anchor_reward(text) if token_anchor and not R.is_degenerate(text) else 0.0
+                                        format_weight=config.format_weight, mode=config.mode, judge=judge,
+                                        format_text=format_text)
+        a = R.anchor_reward(format_text) if token_anchor and not R.is_degenerate(text) else 0.0
         out.append({"total": total, **parts, "anchor_reward": a})
         seq.append(total)
         anchor.append(a)
     return out, np.asarray(seq, np.float32), np.asarray(anchor, np.float32)
+
+
+def episode(row, config: RLConfig) -> Episode:
+    """One RL row's episode. K is drawn per video, as the reference keys it on the row's video
+    paths (every question on a video sees the same overview), with a stable hash."""
+    k = gating.nframes_for_prompt(gating.prompt_key_from_videos([row.video_path]), config.seed,
+                                  config.nframes_gating, config.default_nframes, config.nframes_choices)
+    return Episode(f"row{row.index}", row.question, row.answer, row.question_type, row.video_path, k,
+                   system_prompt=row.system_prompt)
 
 
 def gather_scored(rollouts: list, rewards: list[dict], seq_rewards: np.ndarray, anchor_rewards: np.ndarray,
@@ -103,11 +140,7 @@ def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge
         t0 = time.perf_counter()
         chosen = [rows[i] for i in data_indices(index * config.prompts_per_step, config.prompts_per_step,
                                                  len(rows), config.seed)]
-        episodes = [Episode(f"row{r.index}", r.question, r.answer, r.question_type, r.video_path,
-                            gating.nframes_for_prompt(r.video_path + "\n" + r.question, config.seed,
-                                                      config.nframes_gating, config.default_nframes,
-                                                      config.nframes_choices))
-                    for r in chosen[share]]
+        episodes = [episode(r, config) for r in chosen[share]]
         sampler = Sampler(dist.local_model(step.model(state)), SamplerConfig(min_chunk_bucket=64))
         # rows are prompt-major: this share's rows start at share.start * G in the step's batch
         run_config = dataclasses.replace(rollout_config, seed=config.seed * 100_003 + index,

@@ -1,6 +1,6 @@
 """Small numerical building blocks shared by the vision tower and the text decoder.
 
-Precision rules (docs/qwen3vl.md section 6): norms accumulate in float32, softmax runs in
+Precision rules (docs/model.md, "Precision"): norms accumulate in float32, softmax runs in
 float32, the vision rotary is applied in float32, the text rotary in the compute dtype.
 """
 from __future__ import annotations
