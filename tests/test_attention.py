@@ -97,19 +97,27 @@ def test_blockwise_full_mask_equals_dense():
 
 
 def test_blockwise_program_holds_no_square_score_array():
-    """Neither the forward nor the backward program of blockwise attention at T = 1024 has an
-    array with two axes of length T (dense attention's gradient has [B, KV, T*G, T])."""
-    length = 1024
-    q, k, v, _ = inputs(3, 1, length, 2, 1, 16, jnp.float32)
+    """Neither the forward nor the backward program of blockwise attention at T = 1,024 has an
+    array with two axes of length T (dense attention's gradient has [B, KV, T*G, T]), also
+    inside a differentiated layer scan, whose working set stays below one [H, T, T] score
+    array (a scan must not save every block's scores as residuals)."""
+    length, heads = 1024, 2
+    q, k, v, _ = inputs(3, 1, length, heads, 1, 16, jnp.float32)
     mask = A.AttentionMask.causal_segments(jnp.ones((1, length), jnp.int32))
 
-    def hlo(fn):
-        grad = jax.grad(lambda q, k, v: jnp.sum(fn(q, k, v)), argnums=(0, 1, 2))
-        return jax.jit(grad).lower(q, k, v).compile().as_text()
+    def compiled(fn):
+        def layers(q, k, v):  # two layers whose inputs depend on the previous output
+            def body(x, _):
+                return x + fn(x, k * jnp.mean(x), v), None
+            return jnp.sum(jax.lax.scan(body, q, None, length=2)[0])
+        return jax.jit(jax.grad(layers, argnums=(0, 1, 2))).lower(q, k, v).compile()
 
     square = re.compile(rf"\[[0-9,]*\b{length}\b[0-9,]*,{length}\b|\b{length}\b,[0-9,]*\b{length}\]")
-    assert square.search(hlo(lambda q, k, v: A.dense_attention(q, k, v, mask.dense())))
-    assert not square.search(hlo(lambda q, k, v: A.blockwise_attention(q, k, v, mask, block=128)))
+    dense = compiled(lambda q, k, v: A.dense_attention(q, k, v, mask.dense()))
+    blockwise = compiled(lambda q, k, v: A.blockwise_attention(q, k, v, mask, block=128))
+    assert square.search(dense.as_text())
+    assert not square.search(blockwise.as_text())
+    assert blockwise.memory_analysis().temp_size_in_bytes < heads * length * length * 4
 
 
 def test_block_skipping():

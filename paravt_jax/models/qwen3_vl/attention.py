@@ -56,14 +56,14 @@ class AttentionMask:
     packed: bool = False
 
     @staticmethod
-    def full(batch: int, query_len: int, key_len: int) -> "AttentionMask":
+    def full(batch: int, query_len: int, key_len: int) -> AttentionMask:
         """Every query sees every key (the vision tower's attention within one frame)."""
         q = jnp.ones((batch, query_len), jnp.int32)
         k = jnp.ones((batch, key_len), jnp.int32)
         return AttentionMask(q, k, jnp.zeros_like(q), jnp.zeros_like(k), causal=False, kind="full")
 
     @staticmethod
-    def causal_segments(segment_ids: jax.Array, packed: bool = False) -> "AttentionMask":
+    def causal_segments(segment_ids: jax.Array, packed: bool = False) -> AttentionMask:
         """Causal self-attention over segment_ids [B, L] (0 = padding; one segment per row is an
         attention mask, several with `packed`); token order is position order."""
         segments = jnp.asarray(segment_ids).astype(jnp.int32)
@@ -72,7 +72,7 @@ class AttentionMask:
                              packed=packed)
 
     @staticmethod
-    def cache(valid: jax.Array, query_slots: jax.Array) -> "AttentionMask":
+    def cache(valid: jax.Array, query_slots: jax.Array) -> AttentionMask:
         """Queries over a KV cache: valid [B, S] marks filled slots; query i sits at slot
         query_slots[i] ([Lq]) and sees the valid slots <= it."""
         batch, slots = valid.shape
@@ -157,6 +157,15 @@ def _block_visible(q_sum, k_sum, i, j, causal: bool) -> jax.Array:
     return jnp.any(seen)
 
 
+def _loop(count: int, body, carry):
+    """carry = body(i, carry) for i in range(count), as a `lax.while_loop`. Not `fori_loop` /
+    `lax.map`: with static bounds those lower to scans, and partial evaluation inside an outer
+    differentiated `lax.scan` (the layer scan) would then save every block's scores and mask
+    as residuals, [T/block, T/block, ...] of them; a while loop is never split that way."""
+    return jax.lax.while_loop(lambda c: c[0] < count, lambda c: (c[0] + 1, body(c[0], c[1])),
+                              (jnp.int32(0), carry))[1]
+
+
 def _slice(x, start, size, axis):
     return jax.lax.dynamic_slice_in_dim(x, start, size, axis)
 
@@ -183,7 +192,7 @@ def _flash_forward(q, k, v, q_seg, q_pos, k_seg, k_pos, causal, block_q, block_k
     q_sum = _block_summary(q_seg, q_pos, block_q)
     k_sum = _block_summary(k_seg, k_pos, block_k)
 
-    def query_block(i):
+    def query_block(i, outputs):
         start = i * block_q
         qi = _slice(q, start, block_q, 3)
         qs, qp = _slice(q_seg, start, block_q, 1), _slice(q_pos, start, block_q, 1)
@@ -207,16 +216,15 @@ def _flash_forward(q, k, v, q_seg, q_pos, k_seg, k_pos, causal, block_q, block_k
         shape = (batch, kv_heads, groups, block_q)
         init = (jnp.full(shape, MASK_VALUE, jnp.float32), jnp.zeros(shape, jnp.float32),
                 jnp.zeros(shape + (head_dim,), jnp.float32))
-        m, l, acc = jax.lax.fori_loop(0, k_len // block_k, key_block, init)
+        m, l, acc = _loop(k_len // block_k, key_block, init)
         seen = l > 0
         out = jnp.where(seen[..., None], acc / jnp.where(seen, l, 1.0)[..., None], 0.0)
-        return out.astype(q.dtype), jnp.where(seen, m + jnp.log(jnp.where(seen, l, 1.0)), 0.0)
+        lse = jnp.where(seen, m + jnp.log(jnp.where(seen, l, 1.0)), 0.0)
+        return (jax.lax.dynamic_update_slice_in_dim(outputs[0], out.astype(q.dtype), start, 3),
+                jax.lax.dynamic_update_slice_in_dim(outputs[1], lse, start, 3))
 
-    out, lse = jax.lax.map(query_block, jnp.arange(q_len // block_q))
-    # [nq, B, KV, G, bq, ...] -> [B, KV, G, Lq, ...]
-    out = jnp.moveaxis(out, 0, 3).reshape(q.shape)
-    lse = jnp.moveaxis(lse, 0, 3).reshape(q.shape[:-1])
-    return out, lse
+    return _loop(q_len // block_q, query_block,
+                 (jnp.zeros(q.shape, q.dtype), jnp.zeros(q.shape[:-1], jnp.float32)))
 
 
 def _flash_fwd(q, k, v, q_seg, q_pos, k_seg, k_pos, causal, block_q, block_k):
@@ -237,7 +245,8 @@ def _flash_bwd(causal, block_q, block_k, residuals, d_out):
     # D_i = sum_d dO_id O_id: the softmax backward's row term
     delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), -1)
 
-    def key_block(dq, j):
+    def key_block(j, grads):
+        dq, dk_all, dv_all = grads
         kstart = j * block_k
         kj, vj = _slice(k, kstart, block_k, 2), _slice(v, kstart, block_k, 2)
         ks, kp = _slice(k_seg, kstart, block_k, 1), _slice(k_pos, kstart, block_k, 1)
@@ -264,13 +273,13 @@ def _flash_bwd(causal, block_q, block_k, residuals, d_out):
             return jax.lax.cond(_block_visible(q_sum, k_sum, i, j, causal), compute, lambda c: c, carry)
 
         zeros = jnp.zeros(kj.shape, jnp.float32)
-        dq, dk, dv = jax.lax.fori_loop(0, q_len // block_q, query_block, (dq, zeros, zeros))
-        return dq, (dk, dv)
+        dq, dk, dv = _loop(q_len // block_q, query_block, (dq, zeros, zeros))
+        return (dq, jax.lax.dynamic_update_slice_in_dim(dk_all, dk, kstart, 2),
+                jax.lax.dynamic_update_slice_in_dim(dv_all, dv, kstart, 2))
 
-    dq, (dk, dv) = jax.lax.scan(key_block, jnp.zeros(q.shape, jnp.float32), jnp.arange(k_len // block_k))
-    # [nk, B, KV, bk, hd] -> [B, KV, Lk, hd]
-    dk = jnp.moveaxis(dk, 0, 2).reshape(k.shape)
-    dv = jnp.moveaxis(dv, 0, 2).reshape(v.shape)
+    dq, dk, dv = _loop(k_len // block_k, key_block, (jnp.zeros(q.shape, jnp.float32),
+                                                    jnp.zeros(k.shape, jnp.float32),
+                                                    jnp.zeros(v.shape, jnp.float32)))
     return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None, None)
 
 
