@@ -33,20 +33,23 @@ def build(name: str, length: int, batch: int, attention: str, remat: bool, rng):
     """(TrainStep, state, micro-batches) for `batch` rows of `length` tokens (64 prompt
     tokens, the rest trained)."""
     from paravt_jax.models.qwen3_vl import init_model, preset
-    from paravt_jax.rl.batch import micro_batches, pack
-    from paravt_jax.rl.train_step import OptimizerConfig, StepConfig, TrainStep
+    from paravt_jax.rl.objective import StepConfig, policy_head, policy_loss
     from paravt_jax.text.inputs import encode_ids
+    from paravt_jax.train.batch import micro_batches, pack
+    from paravt_jax.train.step import OptimizerConfig, TrainStep
 
     model = init_model(preset(name, remat=remat, attention=attention), seed=0)
-    step = TrainStep(model, OptimizerConfig(learning_rate=1e-5), StepConfig())
+    step = TrainStep(model, OptimizerConfig(learning_rate=1e-5), policy_loss(StepConfig()),
+                     policy_head(StepConfig()))
     seqs = []
     for _ in range(batch):
         prompt = encode_ids(rng.integers(0, 900, 64).tolist(), 0, trainable=False)
         seqs.append(prompt.extend(encode_ids(rng.integers(0, 900, length - 64).tolist(), 64, True)))
     packed = pack(seqs, multiple=min(1024, length))
     adv = rng.standard_normal(packed.input_ids.shape).astype(np.float32) * packed.loss_mask
-    batches = micro_batches(packed, adv, 1, model.config.vision,
-                            prox_logp=np.zeros(packed.input_ids.shape, np.float32))
+    zero = np.zeros(packed.input_ids.shape, np.float32)
+    batches = micro_batches(packed, 1, model.config.vision,
+                            {"advantages": adv, "behaviour_logp": zero, "prox_logp": zero})
     return model, step, batches
 
 

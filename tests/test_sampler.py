@@ -72,7 +72,8 @@ def test_greedy_equals_hf_generate_mixed_batch(tiny):
 def full_logprobs(model, seq: ModelInputs, start: int, tokens, temperature):
     logits = np.asarray(model(**seq.model_kwargs()).logits)[0].astype(np.float64)
     t = temperature if temperature > 0 else 1.0
-    logp = logits / t - np.log(np.exp(logits / t - (logits / t).max(-1, keepdims=True)).sum(-1, keepdims=True)) - (logits / t).max(-1, keepdims=True)
+    top = (logits / t).max(-1, keepdims=True)
+    logp = logits / t - np.log(np.exp(logits / t - top).sum(-1, keepdims=True)) - top
     return np.array([logp[start - 1 + i, tok] for i, tok in enumerate(tokens)])
 
 

@@ -84,7 +84,7 @@ def run_layers(layer_fn: Callable, carry, stacked_params, num_layers: int, *, sc
         carry, _ = jax.lax.scan(body, carry, (stacked_params, jnp.arange(num_layers)))
         return carry
     for i in range(num_layers):
-        carry = fn(carry, jax.tree.map(lambda p: p[i], stacked_params), i)
+        carry = fn(carry, jax.tree.map(lambda p, i=i: p[i], stacked_params), i)
     return carry
 
 
