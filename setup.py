@@ -43,7 +43,7 @@ setup(
     name="paravt_jax",
     version="0.1.0",
     description="ParaVT in JAX: Qwen3-VL, parallel crop_video tool calls, PARA-GRPO",
-    packages=find_packages(include=["paravt_jax", "paravt_jax.*"]),
+    packages=find_packages(include=["paravt_jax", "paravt_jax.*", "configs"]),
     python_requires=">=3.10",
     install_requires=RUNTIME,
     extras_require=EXTRAS,

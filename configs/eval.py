@@ -10,12 +10,10 @@ Benchmark paths default to the reference's layout under `root` (an HF_HOME-like 
 set `benchmarks.<name>.annotations` / `.video_dir` (absolute) to point anywhere else.
 """
 import os
-import sys
 
 import ml_collections
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import base  # noqa: E402
+from configs import base
 
 ALL = "videomme,videomme_wsub,longvideobench,lvbench,mlvu,mmvu,charades"
 

@@ -31,7 +31,8 @@ def tokenizer():
 
 
 def crop(row, k, video, start, end, path="model_path.mp4"):
-    return CropTask(row, k, video, 40.0, ToolCall("crop_video", {"video_path": path, "start_time": start, "end_time": end}))
+    arguments = {"video_path": path, "start_time": start, "end_time": end}
+    return CropTask(row, k, video, 40.0, ToolCall("crop_video", arguments))
 
 
 def test_calls_run_concurrently_in_order_and_failures_become_errors(video, tmp_path):
@@ -119,8 +120,10 @@ class ScriptedSampler:
 
 def calls_text(*windows):
     return "<think>check windows</think>\n" + "\n".join(
-        "<tool_call>\n" + json.dumps({"name": "crop_video", "arguments": {"video_path": "/etc/passwd",
-                                                                          "start_time": s, "end_time": e}}) + "\n</tool_call>"
+        "<tool_call>\n"
+        + json.dumps({"name": "crop_video",
+                      "arguments": {"video_path": "/etc/passwd", "start_time": s, "end_time": e}})
+        + "\n</tool_call>"
         for s, e in windows)
 
 

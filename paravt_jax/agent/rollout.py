@@ -15,7 +15,8 @@ from typing import Sequence
 import numpy as np
 
 from paravt_jax.agent.dispatch import CropDispatcher, CropResult, CropTask
-from paravt_jax.agent.tools import lenient_window, parse_tool_calls
+from paravt_jax.agent.tools import cap_errors, lenient_window, parse_tool_calls
+from paravt_jax.config import set_by
 from paravt_jax.models.qwen3_vl.rope import IMAGE, VIDEO
 from paravt_jax.sampling.sampler import Sampler
 from paravt_jax.text import chat
@@ -46,7 +47,7 @@ class RolloutConfig:
     mode: str = "subagent"
     max_turns: int = 3  # tool rounds
     max_new_tokens: int = 512  # per assistant turn
-    temperature: float = 0.7
+    temperature: float = set_by(0.7, "rl.step.temperature: rollouts sample at the log-prob temperature")
     top_p: float = 1.0
     top_k: int = 0
     think_prefix: bool = True
@@ -83,11 +84,11 @@ class RolloutConfig:
     final_answer_prefix: str = ""
     final_answer_instruction: str = ""
     system_prompt: str | None = None  # replaces the default system message (tool envelope)
-    seed: int = 0
+    seed: int = set_by(0, "the run's seed and the step index")
     # Index of this call's first row in the whole step's batch (multi-host: the rows of the
     # processes before this one). Random streams follow a row's place in the step's batch, not
     # in this call, so splitting the episodes over processes samples the same rollouts.
-    row_offset: int = 0
+    row_offset: int = set_by(0, "this process's share of the step's prompts")
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -117,7 +118,8 @@ class Rollout:
     sample: int  # 0..G-1
     inputs: ModelInputs  # the whole sequence; inputs.loss_mask is 1 on generated tokens only
     logprobs: np.ndarray  # [L] behaviour log-probs, 0 where loss_mask is 0
-    structural_mask: np.ndarray  # [L] 1 on <think> </think> <tool_call> </tool_call> <answer> </answer> tokens generated
+    # [L] 1 on generated <think> </think> <tool_call> </tool_call> <answer> </answer> tokens
+    structural_mask: np.ndarray
     prompt_length: int
     completion: str  # everything after the prompt (turns and tool responses)
     generated_text: str  # only the policy-generated tokens: what the released reward code scores
@@ -342,13 +344,14 @@ def run_rollouts(sampler: Sampler, tokenizer: Tokenizer, episodes: Sequence[Epis
             if not parsed.calls and not block_errors:
                 row.active = False
                 continue
-            messages = [f"Error: {e}" for e in block_errors]
+            errors = list(block_errors)
             executed = parsed.calls[:max_parallel]
             if config.extra_calls == "respond":
                 for number in range(max_parallel + 1, len(parsed.calls) + 1):
-                    messages.append(f"Error: call {number} was not executed: at most "
-                                    f"{max_parallel} crop_video calls run per turn")
-            row.errors += [m[len('Error: '):] for m in messages]
+                    errors.append(f"call {number} was not executed: at most "
+                                  f"{max_parallel} crop_video calls run per turn")
+            row.errors += errors
+            messages = [f"Error: {e}" for e in cap_errors(errors, dispatcher.config.max_error_responses)]
             row.calls.append(len(executed))
             per_row[b] = (len(tasks), len(executed))
             tasks += [CropTask(b, k, row.episode.video_path, row_duration[b], call)

@@ -1,13 +1,13 @@
-"""nFrames gating: per video, K ~ Uniform(NFRAMES_CHOICES) overview frames.
+"""nFrames gating: per prompt, K ~ Uniform(NFRAMES_CHOICES) overview frames.
 
-All G rollouts of a prompt (and every question on the same video) see the same K, and the
-assignment is reproducible in any process: K is picked from a SHA-256 digest of (seed, key),
-the key being the row's video paths (`prompt_key_from_videos`), as the reference's. The reference
+All G rollouts of a prompt see the same K, and the assignment is reproducible in any
+process: K is picked from a SHA-256 digest of (seed, prompt key). The reference
 (`workflow._resolve_nframes`) seeds `random.Random(hash(cache_key))`, where the key is the
 tuple of the prompt's video paths; Python's string `hash()` is salted per process, so its
 assignment is not reproducible across runs or workers. We keep its contract (uniform over
 the choices, constant per prompt, gating off -> the default K) with a stable hash. The
-reference also draws an unseeded K when a prompt has no key; here a key is required.
+reference also draws an unseeded K when a prompt has no key; here a key is required (the RL
+trainer passes the row's video path, the reference's key for a one-video prompt).
 
 (As released, the reference's fps-based overview sampling discards the gated K; this
 project follows the paper: with gating on the overview is exactly K frames.)
@@ -17,17 +17,12 @@ from __future__ import annotations
 import hashlib
 from typing import Sequence
 
-__all__ = ["NFRAMES_CHOICES", "DEFAULT_NFRAMES", "prompt_key_from_videos", "nframes_for_prompt"]
+__all__ = ["NFRAMES_CHOICES", "DEFAULT_NFRAMES", "nframes_for_prompt"]
 
 NFRAMES_CHOICES = (4, 8, 16, 32, 64)
 DEFAULT_NFRAMES = 64
 
 _SEP = "\x1f"  # unit separator: cannot be confused with characters of a seed or a path
-
-
-def prompt_key_from_videos(video_paths: Sequence[str]) -> str:
-    """A row's gating key from its video paths (the reference's `tuple(video_paths)`)."""
-    return _SEP.join(str(p) for p in video_paths)
 
 
 def _draw_index(prompt_key: str, seed: int, n: int) -> int:

@@ -1,17 +1,33 @@
 """Cold-start SFT: masked cross-entropy on assistant tokens (prompts, tool responses and
-template tokens masked out), rows length-bucketed by padding to bucketed widths."""
+template tokens masked out), rows length-bucketed by padding to bucketed widths. An example
+whose video cannot be read is skipped (a warning names it; `skipped_examples` counts it per
+step) and the batch is filled up with its readable examples."""
 from __future__ import annotations
 
 import dataclasses
 import functools
 
-import numpy as np
+import jax
+import jax.numpy as jnp
 
 from paravt_jax import distributed as dist
+from paravt_jax.config import set_by
 from paravt_jax.data.sft_examples import sft_inputs
-from paravt_jax.rl.batch import micro_batches, pack
-from paravt_jax.rl.train_step import OptimizerConfig, StepConfig, TrainStep
-from paravt_jax.training import LoopConfig, data_indices, run_loop
+from paravt_jax.rl.loss import WeightedMean
+from paravt_jax.train.batch import micro_batches, pack
+from paravt_jax.train.loop import LoopConfig, UnreadableDataError, data_indices, run_loop
+from paravt_jax.train.step import HeadConfig, OptimizerConfig, TokenScores, TrainStep
+from paravt_jax.video.reader import VideoError
+
+HEAD = HeadConfig(temperature=1.0)  # plain next-token cross-entropy
+
+
+def sft_loss(scores: TokenScores, batch) -> tuple[jax.Array, jax.Array, dict]:
+    """Masked negative log-likelihood: (sum over loss tokens, their count, {"nll": mean})."""
+    m = batch["loss_mask"] > 0
+    total = -jnp.sum(jnp.where(m, scores.logp, 0.0))
+    count = jnp.sum(m).astype(jnp.int32)
+    return total, count, {"nll": WeightedMean(total, count.astype(jnp.float32))}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -19,11 +35,17 @@ class SFTConfig:
     steps: int = 20
     batch_size: int = 4
     micro_batches: int = 1
-    seed: int = 0
+    seed: int = set_by(0, "seed (the top of the config)")
     nframes: int = 8
     max_pixels: int = 50176
     optimizer: OptimizerConfig = OptimizerConfig(learning_rate=1e-3, weight_decay=0.0)
     checkpoint_every: int = 0
+
+
+def fill_batch(readable: list, size: int) -> list:
+    """`size` examples: the readable ones, repeated in order where unreadable ones were dropped,
+    so the batch keeps its shape (and its micro-batches their size)."""
+    return [readable[i % len(readable)] for i in range(size)]
 
 
 def train_sft(model, tokenizer, rows: list, video_root: str, workdir: str, config: SFTConfig):
@@ -33,18 +55,36 @@ def train_sft(model, tokenizer, rows: list, video_root: str, workdir: str, confi
     share = dist.process_slice(config.batch_size, "batch_size")
 
     @functools.cache
-    def example(i: int):
-        return sft_inputs(rows[i], tokenizer, video_root, config.nframes, config.max_pixels)
+    def example(i: int) -> tuple[object | None, str | None]:
+        """(inputs, None), or (None, the reason) for an example whose video cannot be read."""
+        try:
+            return sft_inputs(rows[i], tokenizer, video_root, config.nframes, config.max_pixels), None
+        except (VideoError, ValueError, OSError) as e:
+            print(f"[sft] warning: example {i} skipped: {e}", flush=True)
+            return None, f"example {i}: {e}"
 
-    step = TrainStep(model, config.optimizer, StepConfig(objective="sft"), mesh=dist.model_mesh(model))
+    step = TrainStep(model, config.optimizer, sft_loss, HEAD, mesh=dist.model_mesh(model))
+    unreadable = {"examples": 0}  # examples in a row that could not be read
 
     def step_fn(state, index):
         chosen = data_indices(index * config.batch_size, config.batch_size, len(rows), config.seed)
         mine = [example(i) for i in chosen[share]]
-        packed = pack(dist.concatenate_lists(dist.allgather_objects(mine)))
-        batches = micro_batches(packed, np.zeros(packed.input_ids.shape, np.float32), config.micro_batches,
-                                model.config.vision)
-        return step.step(state, batches)
+        gathered = dist.concatenate_lists(dist.allgather_objects(mine))
+        readable = [inputs for inputs, _ in gathered if inputs is not None]
+        skipped = len(gathered) - len(readable)
+        if not readable:
+            unreadable["examples"] += skipped
+            if unreadable["examples"] >= len(rows):
+                raise UnreadableDataError(f"[sft] no example could be read for {unreadable['examples']} examples "
+                                          f"in a row (the dataset has {len(rows)}); the last: "
+                                          + "; ".join(error for _, error in gathered))
+            print(f"[sft] warning: step {index} skipped, none of its examples could be read", flush=True)
+            return state, {"unreadable_step": 1.0, "skipped_examples": skipped}
+        unreadable["examples"] = 0
+        packed = pack(fill_batch(readable, config.batch_size))
+        batches = micro_batches(packed, config.micro_batches, model.config.vision)
+        state, metrics = step.step(state, batches)
+        return state, {**metrics, "skipped_examples": skipped}
 
     result = run_loop("sft", workdir, step.init_state(), step_fn,
                       LoopConfig(config.steps, config.checkpoint_every),

@@ -26,7 +26,7 @@ import os
 import re
 from typing import Sequence
 
-from paravt_jax.plots import read_jsonl
+from paravt_jax.experiments.plots import read_jsonl
 
 # Per-step RL metrics (rl/metrics.jsonl keys without the "rl/" prefix): final and best.
 TRAIN_METRICS = ("reward", "acc_reward", "format_reward", "tool_reward", "anchor_reward",
@@ -316,16 +316,25 @@ def write_report(directories: Sequence[str], prefix: str) -> dict:
             "plots": plot_groups(arms, prefix), "text": text, "groups": groups}
 
 
+REPORT_USAGE = "paravt-jax report DIR... [--out=PATH_PREFIX]"
+
+
 def main(argv: Sequence[str]) -> dict:
     """argv = [prog, DIR..., --out=PREFIX]."""
+    from paravt_jax.cli_flags import HelpShown, UsageError, wants_help
+
     args = list(argv[1:])
     out = ""
     directories = []
+    if wants_help(argv):
+        print(f"usage: {REPORT_USAGE}\n\nTables (markdown, CSV) and plots comparing the arms of swept "
+              "workdirs.", flush=True)
+        raise HelpShown()
     for a in args:
         if a.startswith("--out="):
             out = a.split("=", 1)[1]
         elif a.startswith("-"):
-            raise SystemExit(f"report: unknown flag {a!r}; usage: paravt-jax report DIR... [--out=PATH_PREFIX]")
+            raise UsageError(f"report: unknown flag {a!r}; usage: {REPORT_USAGE}")
         else:
             directories.append(a)
     if not directories:
