@@ -30,12 +30,12 @@ def main():
 
     import jax
 
-    from sampler import measure_machine, model_costs
     from paravt_jax.models.qwen3_vl import init_model, preset
-    from paravt_jax.train.batch import micro_batches, pack
     from paravt_jax.rl.objective import StepConfig, policy_head, policy_loss
-    from paravt_jax.train.step import OptimizerConfig, TrainStep
     from paravt_jax.text.inputs import encode_ids
+    from paravt_jax.train.batch import micro_batches, pack
+    from paravt_jax.train.step import OptimizerConfig, TrainStep
+    from sampler import measure_machine, model_costs
 
     _, rate = measure_machine()
     print(f"machine: {machine()}; jax fp32 matmul {rate / 1e9:.0f} GFLOP/s")

@@ -269,7 +269,6 @@ def test_rl_prompt_layout_system_and_subagent(video, tokenizer):
     flat schema of the RL workflow; timestamped overview frames. Sub-agent prompts: bare
     frames, then the segment's range and duration."""
     from paravt_jax.agent.rollout import overview_prompts
-    from paravt_jax.text.chat import placeholder_text
 
     def prompt_text(episode, config=RolloutConfig()):
         with CropDispatcher() as pool:

@@ -46,9 +46,9 @@ def test_launch_scripts_dry_run():
 
 
 def test_configs_load_with_presets_and_overrides():
-    from ml_collections import config_flags  # noqa: F401
-
     import importlib
+
+    from ml_collections import config_flags  # noqa: F401
 
     for name in ("paragrpo", "vanilla_grpo", "sft"):
         module = importlib.import_module(f"configs.{name}")

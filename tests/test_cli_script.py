@@ -91,8 +91,8 @@ def test_bad_values_are_refused_at_start(args, message, tmp_path, capsys):
 
 
 def test_several_bad_values_are_listed_together():
-    from paravt_jax.config_checks import ConfigValueError, check_config
     from configs import paragrpo
+    from paravt_jax.config_checks import ConfigValueError, check_config
 
     config = paragrpo.get_config("tiny")
     config.rl.step.temperature, config.eval.nframes = 0.0, (4, 0)

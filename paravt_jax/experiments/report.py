@@ -24,7 +24,7 @@ import json
 import math
 import os
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 from paravt_jax.experiments.plots import read_jsonl
 

@@ -35,7 +35,8 @@ import shlex
 import sys
 import time
 import traceback
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from paravt_jax.config import config_file
 from paravt_jax.files import write_json_atomic

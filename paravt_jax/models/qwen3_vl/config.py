@@ -9,7 +9,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 DTYPES = ("float32", "bfloat16")
 
@@ -83,10 +84,10 @@ class Qwen3VLConfig:
     # per-layer weight slicing copies; measured faster than unrolling even on CPU.
     scan_layers: bool = True
 
-    def replace(self, **changes: Any) -> "Qwen3VLConfig":
+    def replace(self, **changes: Any) -> Qwen3VLConfig:
         return dataclasses.replace(self, **changes)
 
-    def validate(self) -> "Qwen3VLConfig":
+    def validate(self) -> Qwen3VLConfig:
         t, v = self.text, self.vision
         for name in ("param_dtype", "dtype"):
             if getattr(self, name) not in DTYPES:

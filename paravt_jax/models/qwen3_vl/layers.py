@@ -5,7 +5,7 @@ float32, the vision rotary is applied in float32, the text rotary in the compute
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp

@@ -16,7 +16,6 @@ from paravt_jax.models.qwen3_vl import layers as L
 from paravt_jax.models.qwen3_vl.config import Qwen3VLConfig
 from paravt_jax.models.qwen3_vl.rope import mrope_tables
 
-
 # Cached forwards whose float32 attention scores would exceed this run chunked_attention.
 CHUNK_SCORE_BYTES = 16 << 20
 # ... and so do cached forwards of at least this many queries (causal block skipping).
