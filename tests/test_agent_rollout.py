@@ -380,7 +380,8 @@ def test_eval_crop_errors_and_extra_calls_as_the_reference_driver(video, tokeniz
     assert "20.0s" not in text and "Error: call 6" not in text
     ours, ours_text = eval_rollout(video, tokenizer, [[calls, "B"]], frames_response="timestamped",
                                    extra_calls="respond")
-    assert "start_time (50.0s) exceeds video duration (40.0s)" in ours_text and "Error: call 6 was not executed" in ours_text
+    assert "start_time (50.0s) exceeds video duration (40.0s)" in ours_text
+    assert "Error: call 6 was not executed" in ours_text
     assert "<tool_response>\n2 frames from 1.0 s to 3.0 s.\n<1.0 seconds>" in ours_text
 
 

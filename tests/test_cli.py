@@ -65,7 +65,8 @@ def test_unknown_command_and_field_are_refused(builtin_root, capsys):
 
     assert main(["paravt-jax", "fly"]) == 2
     assert "unknown command 'fly'" in capsys.readouterr().err
-    assert main(["paravt-jax", "forward", f"--config={ROOT}/configs/base.py:tiny", "--config.model.no_such_field=1"]) == 2
+    argv = ["paravt-jax", "forward", f"--config={ROOT}/configs/base.py:tiny", "--config.model.no_such_field=1"]
+    assert main(argv) == 2
     assert "no_such_field" in capsys.readouterr().err
 
 

@@ -60,7 +60,8 @@ def test_every_command_has_help(command, capsys):
 
 BAD = [
     (("run", "--config.rl.reward.mode=bogus"), "rl.reward.mode='bogus': must be one of ('f1', 'exact', 'llm')"),
-    (("train", "--config.rl.optimizer.learning_rate=-0.0001"), "rl.optimizer.learning_rate=-0.0001: must be a finite number > 0"),
+    (("train", "--config.rl.optimizer.learning_rate=-0.0001"),
+     "rl.optimizer.learning_rate=-0.0001: must be a finite number > 0"),
     (("run", "--config.rl.dispatch.max_parallel=0"), "rl.dispatch.max_parallel=0: must be an integer >= 1"),
     (("sft", "--config.sft.steps=-1"), "sft.steps=-1: must be an integer >= 0"),
     (("train", "--config.rl.steps=-3"), "rl.steps=-3: must be an integer >= 0"),

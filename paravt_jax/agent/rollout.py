@@ -347,7 +347,7 @@ def run_rollouts(sampler: Sampler, tokenizer: Tokenizer, episodes: Sequence[Epis
             errors = list(block_errors)
             executed = parsed.calls[:max_parallel]
             if config.extra_calls == "respond":
-                for k, call in enumerate(parsed.calls[max_parallel:]):
+                for k in range(len(parsed.calls[max_parallel:])):
                     errors.append(f"call {max_parallel + k + 1} was not executed: at most "
                                   f"{max_parallel} crop_video calls run per turn")
             row.errors += errors
