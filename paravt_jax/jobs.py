@@ -35,8 +35,10 @@ def build_model(config, default_dir: str | None = None):
     directory = m.checkpoint or (default_dir if m.preset == "tiny" else None)
     if directory:
         return load_pretrained(directory, dtype=m.param_dtype, compute_dtype=m.dtype, mesh=mesh,
-                               remat=m.remat, scan_layers=m.scan_layers)
-    knobs = dict(param_dtype=m.param_dtype, dtype=m.dtype, remat=m.remat, scan_layers=m.scan_layers)
+                               remat=m.remat, scan_layers=m.scan_layers, attention=m.attention,
+                               attention_block=m.attention_block)
+    knobs = dict(param_dtype=m.param_dtype, dtype=m.dtype, remat=m.remat, scan_layers=m.scan_layers,
+                 attention=m.attention, attention_block=m.attention_block)
     return init_model(preset(m.preset, **knobs), seed=config.seed, mesh=mesh)
 
 

@@ -210,7 +210,8 @@ def model_config(config) -> tuple[str, Qwen3VLConfig]:
     """(name, model config) with the run's dtypes and remat, as jobs.build_model builds it."""
     m = config.model
     knobs = dict(param_dtype=m.param_dtype, dtype=m.dtype, remat=bool(m.remat),
-                 scan_layers=bool(m.get("scan_layers", True)))
+                 scan_layers=bool(m.get("scan_layers", True)), attention=m.get("attention", "auto"),
+                 attention_block=int(m.get("attention_block", 512)))
     if m.get("checkpoint", ""):
         return m.checkpoint, load_config(m.checkpoint).replace(**knobs).validate()
     return m.preset, preset(m.preset, **knobs)
