@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+
 def make_param(rngs: nnx.Rngs, shape: Sequence[int], axes: Sequence[str | None],
                init: str, dtype, stddev: float = 0.02) -> nnx.Param:
     """A parameter carrying its logical axis names in the `axes` metadata."""
