@@ -241,10 +241,10 @@ def test_turn_texts_carry_the_forced_prefix_and_the_anchor_lands_on_generated_ta
     assert np.all(a.inputs.loss_mask[a.structural_mask == 1] == 1)
     assert (ids == sp.think).sum() == 2 and not np.any(a.structural_mask[ids == sp.think])
     # rewards: the turns text scores the forced think, the released text does not
-    rewards, _, anchors = score(rollouts, RewardConfig(), token_anchor=True)
+    rewards, _, anchors = score(rollouts, RewardConfig(), 0.5, token_anchor=True)
     assert anchors.tolist() == [pytest.approx(0.7), pytest.approx(0.7)]
     assert rewards[0]["format_reward"] == pytest.approx(1.0)  # .2 + .5 + tool .3 + balanced .1 -> 1.0
-    released, _, released_anchors = score(rollouts, RewardConfig(text="released"), token_anchor=True)
+    released, _, released_anchors = score(rollouts, RewardConfig(text="released"), 0.5, token_anchor=True)
     assert released_anchors.tolist() == [0.0, pytest.approx(0.7)]
     assert released[0]["format_reward"] == pytest.approx(0.5)  # answer tags only; think unbalanced
 
@@ -270,7 +270,8 @@ def test_rl_prompt_layout_system_and_subagent(video, tokenizer):
     frames, then the segment's range and duration."""
     from paravt_jax.agent.rollout import overview_prompts
 
-    def prompt_text(episode, config=RolloutConfig()):
+    def prompt_text(episode, config=None):
+        config = config or RolloutConfig()
         with CropDispatcher() as pool:
             (prompt,), _, _ = overview_prompts([episode], tokenizer, config, pool)
         return tokenizer.decode(prompt.input_ids)

@@ -263,7 +263,8 @@ def workload(rl, vision) -> Workload:
     frame_tokens, crop_tokens = frame_patches // merge_unit, crop_patches // merge_unit
     calls = (1 if r.mode == "sequential" else d.max_parallel) if r.tools else 0
 
-    system = (_text_tokens(chat.tools_system_prompt((chat.CROP_VIDEO_TOOL,))) + 5) if r.tools else 0
+    system = (_text_tokens(chat.tools_system_prompt((chat.crop_video_tool(layout=r.tool_layout),))) + 5
+              if r.tools else 0)
     question = QUESTION_TOKENS + _text_tokens("\nThe video path for this video is: video_000000.mp4")
     generation_prompt = 3 + (3 if r.think_prefix else 0)  # <|im_start|>assistant\n<think>\n
     prompt = system + 5 + frames * (FRAME_TEXT_TOKENS + frame_tokens) + question + generation_prompt
