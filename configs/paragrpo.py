@@ -15,10 +15,14 @@ from paravt_jax.jobs import EvalConfig
 from paravt_jax.rl.trainer import RLConfig
 from paravt_jax.sft.trainer import SFTConfig
 
+MODEL_PRESETS = {"tiny": "tiny", "qwen3vl_2b": "2b", "qwen3vl_8b": "8b"}  # preset -> model preset
+
 
 def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     preset = arg or "tiny"
-    c = base.get_config({"tiny": "tiny", "qwen3vl_2b": "2b", "qwen3vl_8b": "8b"}[preset])
+    if preset not in MODEL_PRESETS:
+        raise ValueError(f"configs/paragrpo.py: unknown preset {preset!r}; choose from {sorted(MODEL_PRESETS)}")
+    c = base.get_config(MODEL_PRESETS[preset])
     c.preset = preset
     c.workdir = ""  # where checkpoints and metrics go (--workdir overrides)
 

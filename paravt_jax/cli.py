@@ -27,16 +27,53 @@ MODULE_COMMANDS = {"plan": "paravt_jax.experiments.plan", "sweep": "paravt_jax.e
                    "report": "paravt_jax.experiments.report", "eval": "paravt_jax.eval.driver"}
 
 
-def main(argv: list[str] | None = None) -> None:
+SUMMARIES = {  # one line per command, for `paravt-jax --help`
+    "run": "(default) the main job: cold-start SFT, PARA-GRPO, final model, held-out evaluation",
+    "sft": "cold-start SFT only (checkpoints and metrics in --workdir)",
+    "train": "PARA-GRPO (RL) only (checkpoints and metrics in --workdir)",
+    "export": "the latest checkpoint under --workdir (rl/, else sft/) -> an HF checkpoint in WORKDIR/export",
+    "generate": "one greedy episode of the policy on config.generate's question and video",
+    "forward": "one timed forward pass on a synthetic video prompt",
+    "eval": "the benchmark driver (VideoMME, LongVideoBench, ... or the synthetic set)",
+    "plan": "memory planner: parameters, optimizer state, activations, KV cache per device",
+    "sweep": "runs (or prints) the arms of an ablation sweep, one workdir each",
+    "report": "tables and plots from swept workdirs",
+}
+EXIT_STATUSES = """exit status:
+  0        done
+  1        the command failed (the message or traceback says why)
+  2        bad command line or config value, refused before any work starts
+  130/143  stopped by SIGINT/SIGTERM (128 + signal number); a training phase first finishes its
+           step and writes a checkpoint: rerun the same command to resume"""
+PROGRAM_USAGE = ("usage: paravt-jax [COMMAND] [--config=FILE[:ARG]] [--config.FIELD=VALUE ...] [flags]\n\n"
+                 "commands:\n" + "\n".join(f"  {name:<9} {line}" for name, line in SUMMARIES.items())
+                 + "\n\n`paravt-jax COMMAND --help` prints that command's flags and config fields.\n\n"
+                 + EXIT_STATUSES)
+
+
+def command_usage(command: str) -> str:
+    workdir = " [--workdir=DIR]" if command in TAKES_WORKDIR else ""
+    return (f"usage: paravt-jax {command} [--config=FILE[:ARG]] [--config.FIELD=VALUE ...]{workdir}\n\n"
+            f"{SUMMARIES[command]}\n\n{EXIT_STATUSES}")
+
+
+def execute(argv: list[str]):
+    """Runs the command of argv (argv[0] is the program name) and returns its result; raises
+    HelpShown after printing help, UsageError / ConfigValueError for bad input."""
     from absl import flags
     from ml_collections import config_flags
 
-    argv = list(sys.argv if argv is None else argv)
+    from paravt_jax import compile_cache, distributed
+    from paravt_jax.cli_flags import HELP_FLAGS, HelpShown, UsageError, parse_flags
+    from paravt_jax.config_checks import check_config
+
+    argv = list(argv)
+    if len(argv) > 1 and argv[1] in HELP_FLAGS:  # `paravt-jax --help` (`paravt-jax` alone runs `run`)
+        print(PROGRAM_USAGE, flush=True)
+        raise HelpShown()
     command = "run"
     if len(argv) > 1 and not argv[1].startswith("-"):
         command = argv.pop(1)
-    from paravt_jax import compile_cache, distributed
-
     if command in MODULE_COMMANDS:
         import importlib
 
@@ -44,15 +81,18 @@ def main(argv: list[str] | None = None) -> None:
         distributed.initialize()  # multi-host from the environment only: these parse their own flags
         return importlib.import_module(MODULE_COMMANDS[command]).main(argv)
     if command not in COMMANDS:
-        raise SystemExit(f"unknown command {command!r}; choose from {sorted(set(COMMANDS) | set(MODULE_COMMANDS))}")
+        raise UsageError(f"unknown command {command!r}; choose from {sorted(set(COMMANDS) | set(MODULE_COMMANDS))} "
+                         f"(paravt-jax --help lists them)")
     flag_values = flags.FlagValues()
     # sys_argv lets ml_collections register the --config.* override flags of this argv.
     default = DEFAULT_CONFIG if command == "forward" else DEFAULT_CONFIG.replace("base.py", "paragrpo.py")
     config_flags.DEFINE_config_file("config", default + ":tiny", "config file[:arg]",
                                     flag_values=flag_values, sys_argv=argv)
-    flags.DEFINE_string("workdir", "", "run directory (checkpoints, metrics, final model)",
-                        flag_values=flag_values)
-    flag_values(argv)
+    if command in TAKES_WORKDIR:
+        flags.DEFINE_string("workdir", "", "run directory (checkpoints, metrics, final model); default: "
+                            "config.workdir, else runs/PRESET", flag_values=flag_values)
+    parse_flags(flag_values, argv, command_usage(command), show_config=True)
+    check_config(flag_values.config)
     compile_cache.enable(flag_values.config.get("compilation_cache_dir", ""))
     distributed.initialize(flag_values.config)  # before anything touches JAX devices
     if command in TAKES_WORKDIR:
@@ -60,5 +100,26 @@ def main(argv: list[str] | None = None) -> None:
     return COMMANDS[command](flag_values.config)
 
 
+def main(argv: list[str] | None = None) -> int:
+    """The `paravt-jax` console script: the exit status (see EXIT_STATUSES); the command's
+    result is not printed (tests and notebooks call `execute` or the command functions)."""
+    from paravt_jax import preemption
+    from paravt_jax.cli_flags import EXIT_OK, EXIT_USAGE, HelpShown, UsageError
+    from paravt_jax.config_checks import ConfigValueError
+
+    try:
+        with preemption.guard():
+            execute(list(sys.argv if argv is None else argv))
+    except HelpShown:
+        return EXIT_OK
+    except (UsageError, ConfigValueError) as e:
+        print(f"paravt-jax: {e}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
+    except preemption.Preempted as e:
+        print(f"paravt-jax: {e.message}", file=sys.stderr, flush=True)
+        return e.exit_status
+    return EXIT_OK
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

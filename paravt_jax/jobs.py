@@ -35,8 +35,10 @@ def build_model(config, default_dir: str | None = None):
     directory = m.checkpoint or (default_dir if m.preset == "tiny" else None)
     if directory:
         return load_pretrained(directory, dtype=m.param_dtype, compute_dtype=m.dtype, mesh=mesh,
-                               remat=m.remat, scan_layers=m.scan_layers)
-    knobs = dict(param_dtype=m.param_dtype, dtype=m.dtype, remat=m.remat, scan_layers=m.scan_layers)
+                               remat=m.remat, scan_layers=m.scan_layers, attention=m.attention,
+                               attention_block=m.attention_block)
+    knobs = dict(param_dtype=m.param_dtype, dtype=m.dtype, remat=m.remat, scan_layers=m.scan_layers,
+                 attention=m.attention, attention_block=m.attention_block)
     return init_model(preset(m.preset, **knobs), seed=config.seed, mesh=mesh)
 
 
@@ -130,11 +132,10 @@ def _workdir(config, flag_workdir: str) -> str:
 
 def _setup(config):
 
+    from paravt_jax import distributed
     from paravt_jax.data.paravt_parquet import load_rl_rows, load_sft_rows
     from paravt_jax.text.inputs import check_against_model
     from paravt_jax.text.tokenizer import Tokenizer
-
-    from paravt_jax import distributed
 
     # Process 0 creates the built-in assets (if missing) before the others read them.
     assets = builtin_assets(config) if distributed.is_primary() else None
@@ -194,11 +195,14 @@ def evaluate_all(config, model, tokenizer, eval_rows) -> list[dict]:
 
     e = eval_config(config)
     rows = eval_rows[: e.limit] if e.limit else eval_rows
+    settings = [(tools, int(k)) for tools in (False, True) for k in e.nframes]
     results = []
-    for tools in (False, True):
-        for k in e.nframes:
-            results.append(evaluate(model, tokenizer, rows, nframes=int(k), tools=tools,
-                                    max_new_tokens=e.max_new_tokens, max_turns=e.max_turns).row())
+    for number, (tools, k) in enumerate(settings, 1):
+        t0 = time.perf_counter()
+        results.append(evaluate(model, tokenizer, rows, nframes=k, tools=tools,
+                                max_new_tokens=e.max_new_tokens, max_turns=e.max_turns).row())
+        print(f"[run] evaluation {number}/{len(settings)} (tools {'yes' if tools else 'no'}, K = {k}, "
+              f"{len(rows)} videos) in {time.perf_counter() - t0:.0f} s", flush=True)
     return results
 
 
@@ -213,36 +217,99 @@ def print_results(results: list[dict]) -> str:
     return text
 
 
+def phase_histories(workdir: str) -> dict:
+    """The whole run's per-step histories from sft/ and rl/ metrics.jsonl (every segment of a
+    resumed run; the loop drops repeated steps on resume)."""
+    import json
+
+    def lines(phase):
+        path = os.path.join(workdir, phase, "metrics.jsonl")
+        if not os.path.isfile(path):
+            return []
+        out = []
+        with open(path) as f:
+            for line in f:
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    continue  # torn by a kill; the next resume drops it
+        return out
+
+    sft, rl = lines("sft"), lines("rl")
+    rl_keys = ("reward", "format_compliance", "kappa", "loss")
+    return {
+        "sft_loss": [round(line["sft/loss"], 4) for line in sft if "sft/loss" in line],
+        "rl": [{k: round(float(line[f"rl/{k}"]), 4) for k in rl_keys} for line in rl if "rl/reward" in line],
+        "training_minutes": round(sum(line.get(f"{phase}/step_s", 0.0)
+                                      for phase, phase_lines in (("sft", sft), ("rl", rl))
+                                      for line in phase_lines) / 60, 2),
+    }
+
+
+def finished_summary(config, workdir: str) -> dict | None:
+    """A finished run's summary.json, if it is complete (it has the evaluation) and every
+    phase's checkpoint is at its configured step count; else None."""
+    import json
+
+    from paravt_jax.checkpointing import Checkpointer
+
+    try:
+        with open(os.path.join(workdir, "summary.json")) as f:
+            summary = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if "eval" not in summary:
+        return None
+    for phase, steps in (("sft", config.sft.steps), ("rl", config.rl.steps)):
+        directory = os.path.join(workdir, phase, "checkpoints")
+        if steps and (not os.path.isdir(directory) or (Checkpointer(directory).latest_step() or 0) < steps):
+            return None
+    return summary
+
+
 def run_command(config, workdir: str = "") -> dict:
-    """The main job: SFT, then PARA-GRPO, then evaluation with and without tools."""
+    """The main job: SFT, then PARA-GRPO, then evaluation with and without tools.
+
+    Resumable: each phase continues from its latest checkpoint. On SIGTERM/SIGINT a phase
+    checkpoints and `preemption.Preempted` propagates: nothing after it runs and no
+    summary.json is written (a previous one is removed before any training), so only a
+    completed run has one. A completed run is left alone when run again."""
+    from paravt_jax import distributed, preemption
     from paravt_jax.files import write_json_atomic
     from paravt_jax.models.qwen3_vl import save_pretrained
     from paravt_jax.rl.trainer import train_rl
     from paravt_jax.sft.trainer import train_sft
 
     workdir = _workdir(config, workdir)
+    summary_path = os.path.join(workdir, "summary.json")
+    finished = finished_summary(config, workdir)
+    if finished is not None:
+        print(f"[run] {os.path.abspath(workdir)} has finished every phase; its summary {summary_path} is "
+              f"kept (delete it to evaluate again)", flush=True)
+        return finished
     t0 = time.perf_counter()
     model, tokenizer, sft_rows, rl_rows, eval_rows, root = _setup(config)
     print(f"[run] workdir {os.path.abspath(workdir)}; {len(sft_rows)} SFT rows, {len(rl_rows)} RL rows, "
           f"{len(eval_rows)} held-out rows", flush=True)
-    summary = {"workdir": os.path.abspath(workdir)}
+    if distributed.is_primary() and os.path.exists(summary_path):
+        os.remove(summary_path)  # stale from an earlier, shorter run: it must not claim completion
     if config.sft.steps:
-        model, sft = train_sft(model, tokenizer, sft_rows, root, os.path.join(workdir, "sft"), sft_config(config))
-        summary["sft_loss"] = [round(h["loss"], 4) for h in sft.history]
+        model, _ = train_sft(model, tokenizer, sft_rows, root, os.path.join(workdir, "sft"), sft_config(config))
     if config.rl.steps:
-        model, rl = train_rl(model, tokenizer, rl_rows, os.path.join(workdir, "rl"), rl_config(config),
-                             eval_rows=eval_rows)
-        summary["rl"] = [{k: round(float(h[k]), 4) for k in ("reward", "format_compliance", "kappa", "loss")}
-                         for h in rl.history]
-    from paravt_jax import distributed
-
+        model, _ = train_rl(model, tokenizer, rl_rows, os.path.join(workdir, "rl"), rl_config(config),
+                            eval_rows=eval_rows)
     model = distributed.local_model(model)  # multi-process: a whole copy on this process's devices
+    summary = {"workdir": os.path.abspath(workdir), **phase_histories(workdir)}
     if not distributed.is_primary():  # process 0 alone saves, evaluates and writes the summary
         return summary
     final = os.path.join(workdir, "final")
-    save_pretrained(model, final)
-    tokenizer.save(final)
-    print("[run] evaluation on held-out synthetic videos (greedy)", flush=True)
+    with preemption.deferred():  # the final model is written whole
+        save_pretrained(model, final)
+        tokenizer.save(final)
+    preemption.raise_if_requested("[run] stopped after saving the final model, before evaluation; "
+                                  "rerun to evaluate")
+    print(f"[run] evaluation on held-out synthetic videos (greedy, {len(eval_config(config).nframes) * 2} "
+          f"settings)", flush=True)
     summary["eval"] = evaluate_all(config, model, tokenizer, eval_rows)
     summary["table"] = print_results(summary["eval"])
     summary["minutes"] = round((time.perf_counter() - t0) / 60, 2)
@@ -250,7 +317,8 @@ def run_command(config, workdir: str = "") -> dict:
 
     summary["curves"] = plot_run({p: os.path.join(workdir, p, "metrics.jsonl") for p in ("sft", "rl")},
                                  os.path.join(workdir, "curves.png"))
-    write_json_atomic(os.path.join(workdir, "summary.json"), summary)
+    with preemption.deferred():
+        write_json_atomic(summary_path, summary)
     print(f"[run] done in {summary['minutes']} min; final model {final}; curves {summary['curves']}; "
           f"metrics {os.path.join(workdir, 'rl', 'metrics.jsonl')}", flush=True)
     return summary

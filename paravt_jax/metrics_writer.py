@@ -13,6 +13,8 @@ import time
 
 import jax
 
+from paravt_jax.files import write_bytes_atomic
+
 
 def _crc32c_table():
     table = []
@@ -72,7 +74,8 @@ def event_bytes(wall_time: float, step: int, scalars: dict[str, float] | None = 
 
 def record(data: bytes) -> bytes:
     header = struct.pack("<Q", len(data))
-    return header + struct.pack("<I", masked_crc32c(crc32c(header))) + data + struct.pack("<I", masked_crc32c(crc32c(data)))
+    return (header + struct.pack("<I", masked_crc32c(crc32c(header)))
+            + data + struct.pack("<I", masked_crc32c(crc32c(data))))
 
 
 class MetricsWriter:
@@ -90,6 +93,18 @@ class MetricsWriter:
             self._events = open(os.path.join(self.events_dir, name), "ab")
             self._events.write(record(event_bytes(time.time(), 0, file_version="brain.Event:2")))
             self._events.flush()
+
+    def resume(self, start_step: int):
+        """Drops what an interrupted run logged for steps >= start_step (the steps the resumed
+        run repeats), from metrics.jsonl and from the earlier TensorBoard event files."""
+        if not self.enabled:
+            return
+        if os.path.isfile(self.jsonl_path):
+            truncate_jsonl(self.jsonl_path, start_step)
+        own = os.path.basename(self._events.name)
+        for name in sorted(os.listdir(self.events_dir)):
+            if name.startswith("events.out.tfevents") and name != own:
+                truncate_events(os.path.join(self.events_dir, name), start_step)
 
     def write(self, step: int, metrics: dict, prefix: str = ""):
         if not self.enabled:
@@ -112,3 +127,85 @@ class MetricsWriter:
         if self._events:
             self._events.close()
             self._events = None
+
+
+def truncate_jsonl(path: str, start_step: int) -> None:
+    """Keeps the lines of steps < start_step (and drops a torn last line), atomically."""
+    kept = []
+    with open(path, "rb") as f:
+        for line in f:
+            try:
+                step = json.loads(line)["step"]
+            except (ValueError, KeyError, TypeError):
+                continue  # a line torn by a kill mid-write
+            if step < start_step:
+                kept.append(line if line.endswith(b"\n") else line + b"\n")
+    write_bytes_atomic(path, b"".join(kept))
+
+
+def event_records(data: bytes):
+    """(start, end, body) of each whole record; stops at a torn or corrupt tail."""
+    pos = 0
+    while pos + 12 <= len(data):
+        header = data[pos:pos + 8]
+        (length,) = struct.unpack("<Q", header)
+        end = pos + 16 + length
+        if (struct.unpack("<I", data[pos + 8:pos + 12])[0] != masked_crc32c(crc32c(header)) or end > len(data)):
+            return
+        body = data[pos + 12:pos + 12 + length]
+        if struct.unpack("<I", data[end - 4:end])[0] != masked_crc32c(crc32c(body)):
+            return
+        yield pos, end, body
+        pos = end
+
+
+def truncate_events(path: str, start_step: int) -> None:
+    """Keeps the file-version record and the scalar records of steps < start_step."""
+    data = open(path, "rb").read()
+    kept = []
+    for start, end, body in event_records(data):
+        step, scalars = parse_event(body)
+        if step < start_step or not scalars:
+            kept.append(data[start:end])
+    write_bytes_atomic(path, b"".join(kept))
+
+
+def _read_varint(buf, pos):
+    result = shift = 0
+    while True:
+        byte = buf[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return result, pos
+
+
+def _parse_fields(buf):
+    pos = 0
+    while pos < len(buf):
+        key, pos = _read_varint(buf, pos)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, pos = _read_varint(buf, pos)
+        elif wire == 1:
+            value, pos = buf[pos:pos + 8], pos + 8
+        elif wire == 5:
+            value, pos = buf[pos:pos + 4], pos + 4
+        else:
+            length, pos = _read_varint(buf, pos)
+            value, pos = buf[pos:pos + length], pos + length
+        yield number, value
+
+
+def parse_event(buf) -> tuple[int, dict[str, float]]:
+    """(step, {tag: value}) of one serialized Event protobuf."""
+    step, scalars = 0, {}
+    for number, value in _parse_fields(buf):
+        if number == 2:
+            step = value
+        elif number == 5:
+            for _, v in _parse_fields(value):
+                fields = dict(_parse_fields(v))
+                scalars[fields[1].decode()] = struct.unpack("<f", fields[2])[0]
+    return step, scalars

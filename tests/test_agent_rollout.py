@@ -31,7 +31,8 @@ def tokenizer():
 
 
 def crop(row, k, video, start, end, path="model_path.mp4"):
-    return CropTask(row, k, video, 40.0, ToolCall("crop_video", {"video_path": path, "start_time": start, "end_time": end}))
+    arguments = {"video_path": path, "start_time": start, "end_time": end}
+    return CropTask(row, k, video, 40.0, ToolCall("crop_video", arguments))
 
 
 def test_calls_run_concurrently_in_order_and_failures_become_errors(video, tmp_path):
@@ -119,8 +120,10 @@ class ScriptedSampler:
 
 def calls_text(*windows):
     return "<think>check windows</think>\n" + "\n".join(
-        "<tool_call>\n" + json.dumps({"name": "crop_video", "arguments": {"video_path": "/etc/passwd",
-                                                                          "start_time": s, "end_time": e}}) + "\n</tool_call>"
+        "<tool_call>\n"
+        + json.dumps({"name": "crop_video",
+                      "arguments": {"video_path": "/etc/passwd", "start_time": s, "end_time": e}})
+        + "\n</tool_call>"
         for s, e in windows)
 
 
@@ -266,7 +269,6 @@ def test_rl_prompt_layout_system_and_subagent(video, tokenizer):
     flat schema of the RL workflow; timestamped overview frames. Sub-agent prompts: bare
     frames, then the segment's range and duration."""
     from paravt_jax.agent.rollout import overview_prompts
-    from paravt_jax.text.chat import placeholder_text
 
     def prompt_text(episode, config=RolloutConfig()):
         with CropDispatcher() as pool:
@@ -378,7 +380,8 @@ def test_eval_crop_errors_and_extra_calls_as_the_reference_driver(video, tokeniz
     assert "20.0s" not in text and "Error: call 6" not in text
     ours, ours_text = eval_rollout(video, tokenizer, [[calls, "B"]], frames_response="timestamped",
                                    extra_calls="respond")
-    assert "start_time (50.0s) exceeds video duration (40.0s)" in ours_text and "Error: call 6 was not executed" in ours_text
+    assert "start_time (50.0s) exceeds video duration (40.0s)" in ours_text
+    assert "Error: call 6 was not executed" in ours_text
     assert "<tool_response>\n2 frames from 1.0 s to 3.0 s.\n<1.0 seconds>" in ours_text
 
 

@@ -1,7 +1,8 @@
 """Format compliance, kappa and calls per tool turn: one definition, hand-counted cases."""
 from paravt_jax.rl.episode_stats import calls_per_tool_turn, tool_use
 
-CALL = '<tool_call>{"name": "crop_video", "arguments": {"video_path": "v.mp4", "start_time": 1, "end_time": 5}}</tool_call>'
+CALL = ('<tool_call>{"name": "crop_video", "arguments": {"video_path": "v.mp4", "start_time": 1, "end_time": 5}}'
+        "</tool_call>")
 COMPLIANT_WITH_CALL = f"<think>look closer</think>{CALL}{CALL}<think>seen</think><answer>B</answer>"
 COMPLIANT_NO_CALL = "<think>easy</think><answer>A</answer>"
 BROKEN_CALL = "<think>x</think><tool_call>{not json</tool_call><answer>C</answer>"

@@ -81,6 +81,6 @@ def test_rl_episodes_draw_one_k_per_video():
     assert all(len(k) == 1 for k in per_video)
     counts = collections.Counter(k.pop() for k in per_video)
     assert set(counts) == set(NFRAMES_CHOICES) and all(340 <= c <= 460 for c in counts.values()), counts
-    assert ks[0] == nframes_for_prompt(prompt_key_from_videos(["/data/videos/v0.mp4"]), 3, True)
+    assert ks[0] == nframes_for_prompt("/data/videos/v0.mp4", 3, True)
     off = RLConfig(seed=3, nframes_gating=False)
     assert {episode(r, off).nframes for r in rows[:30]} == {0}

@@ -206,3 +206,23 @@ def test_parse_judge_reply(reply, expected):
 def test_parse_judge_reply_failures(reply):
     with pytest.raises(JudgeError):
         parse_judge_reply(reply)
+
+
+def test_a_key_in_the_base_url_never_shows(server):
+    """Keys passed in the URL (user:key@host, ?key=...) are hidden from repr, str, errors and
+    bad-URL messages; the request still goes to the real URL."""
+    url = server.base_url.replace("http://", f"http://bob:{KEY}@") + f"/?key={KEY}-query&api-version=2024"
+    judge = LLMJudge(url)
+    assert judge.endpoint == server.base_url + f"/chat/completions?key={KEY}-query&api-version=2024"
+    for text in (repr(judge), str(judge)):
+        assert KEY not in text and "***@127.0.0.1" in text and "key=***" in text
+    server.behaviour = {"status": 500, "body": f"bad request for {url}"}
+    with pytest.raises(JudgeError) as err:
+        judge.score("q", "p", "t")
+    assert KEY not in str(err.value)
+    server.behaviour = {"content": "1"}
+    assert judge.score("q", "p", "t") == 1.0 and server.requests[-1]["path"].startswith("/v1/chat/completions?key=")
+    assert server.requests[-1]["headers"]["Authorization"].startswith("Basic ")
+    with pytest.raises(ValueError) as err:
+        LLMJudge(f"ftp://bob:{KEY}@example/v1?token={KEY}")
+    assert KEY not in str(err.value)

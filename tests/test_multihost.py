@@ -70,7 +70,7 @@ def runs(tmp_path_factory):
                   for i in range(2)])}
     procs, logs = [], []
     start = time.perf_counter()
-    for name, (base, devices, envs) in layout.items():
+    for base, devices, envs in layout.values():
         os.makedirs(base)
         for i, extra in enumerate(envs):
             logs.append(os.path.join(base, f"log_{i}.txt"))

@@ -2,7 +2,6 @@
 import json
 import os
 import signal
-import threading
 
 import jax
 import numpy as np
@@ -15,11 +14,11 @@ from paravt_jax.data import synthetic as syn
 from paravt_jax.data.paravt_parquet import SchemaError, load_rl_rows, load_sft_rows
 from paravt_jax.models.qwen3_vl import init_model, preset
 from paravt_jax.rl.advantages import AdvantageConfig
-from paravt_jax.train.step import OptimizerConfig, TrainStep
-from paravt_jax.rl.trainer import RLConfig, RewardConfig, train_rl
+from paravt_jax.rl.trainer import RewardConfig, RLConfig, train_rl
 from paravt_jax.sft.trainer import HEAD, SFTConfig, sft_loss, train_sft
 from paravt_jax.text.tokenizer import train_tokenizer
 from paravt_jax.train.loop import LoopConfig, data_indices, run_loop
+from paravt_jax.train.step import OptimizerConfig, TrainStep
 from tfevents import read_events
 
 
@@ -59,11 +58,11 @@ def test_data_order_is_deterministic():
     assert data_indices(6, 4, 4, seed=3) == a[6:10]
 
 
-def _toy_loop(workdir, steps, stop_after=None):
+def _toy_loop(workdir, steps, stop_after=None, signum=signal.SIGTERM):
     model = init_model(preset("tiny"), seed=0)
     step = TrainStep(model, OptimizerConfig(learning_rate=1e-3), sft_loss, HEAD)
-    from paravt_jax.train.batch import micro_batches, pack
     from paravt_jax.text.inputs import encode_ids
+    from paravt_jax.train.batch import micro_batches, pack
 
     seqs = [encode_ids(list(range(1 + i, 20 + i)), 0, True) for i in range(8)]
 
@@ -71,17 +70,30 @@ def _toy_loop(workdir, steps, stop_after=None):
         chosen = data_indices(index * 2, 2, len(seqs), 0)
         packed = pack([seqs[i] for i in chosen])
         if stop_after is not None and index == stop_after:
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signum)
         return step.step(state, micro_batches(packed, 1, model.config.vision))
 
     return run_loop("toy", workdir, step.init_state(), step_fn, LoopConfig(steps, async_checkpoints=False))
 
 
-def test_resume_is_bit_exact_and_sigterm_checkpoints(tmp_path):
+def logged_steps(workdir, tag="toy/loss"):
+    """(metrics.jsonl steps, TensorBoard steps over every event file) of `tag`."""
+    lines = [json.loads(l) for l in open(os.path.join(workdir, "metrics.jsonl"))]
+    events = sorted(f for f in os.listdir(os.path.join(workdir, "tensorboard")) if f.startswith("events.out.tfevents"))
+    steps = sorted(s for f in events for s, v in read_events(os.path.join(workdir, "tensorboard", f)) if tag in v)
+    return [l["step"] for l in lines if tag in l], steps
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_resume_is_bit_exact_and_a_signal_checkpoints_then_stops(tmp_path, signum):
+    from paravt_jax.preemption import Preempted
+
     straight = _toy_loop(str(tmp_path / "a"), 4)
-    first = _toy_loop(str(tmp_path / "b"), 4, stop_after=1)  # SIGTERM during step 1
-    assert first.preempted and first.steps_done == 2
+    with pytest.raises(Preempted, match=f"{signal.Signals(signum).name}: checkpoint at step 2 of 4") as stopped:
+        _toy_loop(str(tmp_path / "b"), 4, stop_after=1, signum=signum)  # the signal arrives during step 1
+    assert stopped.value.exit_status == 128 + signum
     assert os.path.isdir(tmp_path / "b" / "checkpoints" / "2")
+    assert signal.getsignal(signum) is not None and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
     resumed = _toy_loop(str(tmp_path / "b"), 4)
     assert resumed.steps_done == 4 and len(resumed.history) == 2
     assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(straight.state.params),
@@ -93,6 +105,28 @@ def test_resume_is_bit_exact_and_sigterm_checkpoints(tmp_path):
     parsed = read_events(str(tmp_path / "a" / "tensorboard" / events[0]))
     assert [s for s, v in parsed if "toy/loss" in v] == [0, 1, 2, 3]
     assert abs(parsed[1][1]["toy/loss"] - lines[0]["toy/loss"]) < 1e-5
+    assert logged_steps(tmp_path / "b") == ([0, 1, 2, 3], [0, 1, 2, 3])
+
+
+def test_resume_drops_metrics_logged_past_the_restored_step(tmp_path):
+    """A kill between a step's metrics line and its checkpoint (here: steps 2 and 3 logged,
+    the checkpoint at 2, a torn last line) must not leave those steps twice."""
+    from paravt_jax.checkpointing import Checkpointer
+    from paravt_jax.metrics_writer import MetricsWriter
+
+    workdir = str(tmp_path / "run")
+    _toy_loop(workdir, 2)
+    stale = MetricsWriter(workdir, console=False)
+    for step in (2, 3):
+        stale.write(step, {"loss": 9.0}, prefix="toy/")
+    stale.close()
+    with open(os.path.join(workdir, "metrics.jsonl"), "a") as f:
+        f.write('{"step": 4, "toy/lo')
+    assert Checkpointer(os.path.join(workdir, "checkpoints")).latest_step() == 2
+    _toy_loop(workdir, 4)
+    assert logged_steps(workdir) == ([0, 1, 2, 3], [0, 1, 2, 3])
+    lines = [json.loads(l) for l in open(os.path.join(workdir, "metrics.jsonl"))]
+    assert all(l["toy/loss"] != 9.0 for l in lines)
 
 
 def test_short_sft_lowers_its_loss(dataset, tmp_path):
@@ -119,7 +153,8 @@ def test_two_rl_steps(dataset, tmp_path, anchor_mode, gating):
     assert result.steps_done == 2 and len(result.history) == 2
     for h in result.history:
         assert h["rollouts"] == 4 and np.isfinite(h["loss"]) and not h["skipped"]
-        assert set(k for k in h if k.startswith("nframes_")) <= ({"nframes_2", "nframes_4"} if gating else {"nframes_4"})
+        drawn = {k for k in h if k.startswith("nframes_")}
+        assert drawn <= ({"nframes_2", "nframes_4"} if gating else {"nframes_4"})
         assert ("anchor/positions" in h) == (anchor_mode == "token")
 
 
@@ -181,3 +216,38 @@ def test_rl_step_logs_the_anchor_of_forced_think_turns(dataset, tmp_path):
     assert h["anchor_reward"] == pytest.approx(0.4) and np.isfinite(h["loss"]) and not h["skipped"]
     assert h["format_reward"] == pytest.approx(0.3)  # think .2 + balanced .1 (anchor: token mode)
     assert h["format_compliance"] == 0.0 and h["response_length"] == len(tok.encode(text)) + 1
+
+
+def _rl_config(steps):
+    return RLConfig(steps=steps, prompts_per_step=2, samples_per_prompt=2, default_nframes=4, nframes_choices=(2, 4),
+                    rollout=RolloutConfig(max_turns=1, max_new_tokens=12, subagent_max_tokens=8,
+                                          overview_max_pixels=64 * 96),
+                    optimizer=OptimizerConfig(learning_rate=1e-4))
+
+
+def test_an_rl_step_with_no_readable_video_is_skipped_and_named(dataset, tmp_path, capsys):
+    import dataclasses
+
+    root, ds, tok = dataset
+    rows, _ = load_rl_rows(ds.rl_train, root)
+    first_step = data_indices(0, 2, len(rows), 0)
+    rows = [dataclasses.replace(r, video_path=str(tmp_path / f"gone{i}.mp4")) if i in first_step else r
+            for i, r in enumerate(rows)]
+    _, result = train_rl(init_model(preset("tiny"), seed=2), tok, rows, str(tmp_path / "run"), _rl_config(2))
+    assert result.steps_done == 2 and result.history[0]["unreadable_step"] == 1.0
+    assert result.history[1]["rollouts"] == 4 and np.isfinite(result.history[1]["loss"])
+    out = capsys.readouterr().out
+    assert "step 0 skipped" in out and all(f"gone{i}.mp4" in out for i in first_step)
+
+
+def test_a_whole_unreadable_epoch_stops_rl_with_a_clear_error(dataset, tmp_path):
+    import dataclasses
+
+    from paravt_jax.rl.trainer import UnreadableDataError
+
+    root, ds, tok = dataset
+    rows, _ = load_rl_rows(ds.rl_train, root)
+    rows = [dataclasses.replace(r, video_path=str(tmp_path / f"gone{i}.mp4")) for i, r in enumerate(rows)]
+    message = r"no video could be read for 4 prompts in a row \(the dataset has 4\)"
+    with pytest.raises(UnreadableDataError, match=message):
+        train_rl(init_model(preset("tiny"), seed=2), tok, rows, str(tmp_path / "run"), _rl_config(5))

@@ -119,3 +119,9 @@ def test_concurrent_reads_match_sequential(video):
         np.testing.assert_array_equal(a.frames, b.frames)
         np.testing.assert_array_equal(a.timestamps, b.timestamps)
     assert os.path.getsize(video) > 0
+
+
+@pytest.mark.parametrize("start", [29.76, 29.8, 29.99])
+def test_a_crop_starting_in_the_last_frame_interval_reads_the_final_frame(video, start):
+    clip = read_frames(video, fps=1, start=start, end=30.0, min_frames=1, max_frames=4)
+    assert clip.indices.tolist() == [119] and clip.frames.shape[0] == 1

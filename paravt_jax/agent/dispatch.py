@@ -11,7 +11,7 @@ import concurrent.futures as futures
 import dataclasses
 import threading
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 from paravt_jax.agent.tools import TOOL_NAME, CropRequest, ToolCall, lenient_window, validate_crop
 from paravt_jax.video.reader import Clip, VideoError, read_frames
@@ -27,6 +27,7 @@ class DispatchConfig:
     max_pixels: int = 50176
     timeout_s: float = 60.0
     max_parallel: int = 5  # calls executed per turn (the rest: see RolloutConfig.extra_calls)
+    max_error_responses: int = 10  # error responses per turn (parse + not executed); the rest are counted in one
     # strict: a call must name crop_video and give start and end (else an error response);
     # lenient: the evaluation driver's reading (`tools.lenient_window`: any name, start 0 and
     # end start + 10 s by default, unreadable times 0)
@@ -70,6 +71,9 @@ def _crop(task: CropTask, config: DispatchConfig) -> CropResult:
         request = validate_crop(call, task.duration)
     except ValueError as e:
         return CropResult(task, None, None, f"invalid arguments: {e}", started, time.perf_counter())
+    except Exception as e:  # validation is meant to raise ValueError only; a model-written call never crashes
+        return CropResult(task, None, None, f"invalid arguments: {type(e).__name__}", started,
+                          time.perf_counter())
     try:
         clip = read_frames(task.video_path, fps=config.fps, start=request.start, end=request.end,
                            min_frames=config.min_frames, max_frames=config.max_frames,

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 from paravt_jax.agent.dispatch import CropDispatcher, CropResult, CropTask
-from paravt_jax.agent.tools import lenient_window, parse_tool_calls
+from paravt_jax.agent.tools import cap_errors, lenient_window, parse_tool_calls
 from paravt_jax.config import set_by
 from paravt_jax.models.qwen3_vl.rope import IMAGE, VIDEO
 from paravt_jax.sampling.sampler import Sampler
@@ -118,7 +118,8 @@ class Rollout:
     sample: int  # 0..G-1
     inputs: ModelInputs  # the whole sequence; inputs.loss_mask is 1 on generated tokens only
     logprobs: np.ndarray  # [L] behaviour log-probs, 0 where loss_mask is 0
-    structural_mask: np.ndarray  # [L] 1 on <think> </think> <tool_call> </tool_call> <answer> </answer> tokens generated
+    # [L] 1 on generated <think> </think> <tool_call> </tool_call> <answer> </answer> tokens
+    structural_mask: np.ndarray
     prompt_length: int
     completion: str  # everything after the prompt (turns and tool responses)
     generated_text: str  # only the policy-generated tokens: what the released reward code scores
@@ -343,13 +344,14 @@ def run_rollouts(sampler: Sampler, tokenizer: Tokenizer, episodes: Sequence[Epis
             if not parsed.calls and not block_errors:
                 row.active = False
                 continue
-            messages = [f"Error: {e}" for e in block_errors]
+            errors = list(block_errors)
             executed = parsed.calls[:max_parallel]
             if config.extra_calls == "respond":
-                for k, call in enumerate(parsed.calls[max_parallel:]):
-                    messages.append(f"Error: call {max_parallel + k + 1} was not executed: at most "
-                                    f"{max_parallel} crop_video calls run per turn")
-            row.errors += [m[len('Error: '):] for m in messages]
+                for k in range(len(parsed.calls[max_parallel:])):
+                    errors.append(f"call {max_parallel + k + 1} was not executed: at most "
+                                  f"{max_parallel} crop_video calls run per turn")
+            row.errors += errors
+            messages = [f"Error: {e}" for e in cap_errors(errors, dispatcher.config.max_error_responses)]
             row.calls.append(len(executed))
             per_row[b] = (len(tasks), len(executed))
             tasks += [CropTask(b, k, row.episode.video_path, row_duration[b], call)

@@ -24,7 +24,49 @@ _TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", re.DOTA
 _TOOL_CODE = re.compile(r"<tool_code>(.*?)</tool_code>|<tool_code>(.*)", re.DOTALL)
 
 __all__ = ["CROP_VIDEO_TOOL", "ToolCall", "ParsedCalls", "CropRequest", "parse_tool_calls",
-           "parse_time", "validate_crop"]
+           "parse_time", "validate_crop", "quote", "cap_errors"]
+
+QUOTE_CHARS = 60  # model-written text quoted back in an error response is cut to this length
+# Python refuses int<->str conversions above 4300 digits (sys.int_info.str_digits_check_threshold):
+# the model can write such a number, so it must be read (and quoted) without that conversion.
+MAX_NUMBER_DIGITS = 400
+
+
+def quote(value: Any, limit: int = QUOTE_CHARS) -> str:
+    """repr(value) cut to `limit` characters, safe for any value the model can write (an
+    integer too long to print becomes its digit count, never a ValueError)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 3 * MAX_NUMBER_DIGITS:
+        return f"<an integer of about {int(value.bit_length() * 0.30103)} digits>"
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):
+        text = f"<an unprintable {type(value).__name__}>"
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
+
+
+def _read_int(text: str) -> int | float:
+    """JSON integers: exact up to MAX_NUMBER_DIGITS digits, beyond that a float (inf), so a
+    number of any length parses (the time check then rejects it)."""
+    return int(text) if len(text) <= MAX_NUMBER_DIGITS else float(text)
+
+
+def _loads(text: str):
+    """json.loads that raises only ValueError for anything the model can write (deep nesting
+    included)."""
+    try:
+        return json.loads(text, parse_int=_read_int)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
+def cap_errors(messages: list[str], limit: int) -> list[str]:
+    """At most `limit` error messages: the first limit-1 and one line counting the rest (a turn
+    with thousands of bad calls must not add thousands of tool responses to the context)."""
+    if limit <= 0 or len(messages) <= limit:
+        return list(messages)
+    omitted = len(messages) - (limit - 1)
+    return list(messages[:limit - 1]) + [f"{omitted} more errors in this turn were not reported "
+                                         f"(at most {limit} error responses per turn)"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,16 +83,16 @@ class ParsedCalls:
 
 def _json_block(body: str, index: int) -> tuple[ToolCall | None, str | None]:
     try:
-        obj = json.loads(body)
-    except (json.JSONDecodeError, RecursionError) as e:
-        return None, f"<tool_call> block {index + 1}: not valid JSON ({e.msg if hasattr(e, 'msg') else e})"
+        obj = _loads(body)
+    except ValueError as e:
+        return None, f"<tool_call> block {index + 1}: not valid JSON ({quote(getattr(e, 'msg', str(e)))[1:-1]})"
     if not isinstance(obj, dict) or "name" not in obj or "arguments" not in obj:
         return None, f'<tool_call> block {index + 1}: expected {{"name": ..., "arguments": {{...}}}}'
     arguments = obj["arguments"]
     if isinstance(arguments, str):  # some models JSON-encode the arguments twice
         try:
-            arguments = json.loads(arguments)
-        except json.JSONDecodeError:
+            arguments = _loads(arguments)
+        except ValueError:
             pass
     if not isinstance(arguments, dict):
         return None, f"<tool_call> block {index + 1}: arguments must be a JSON object"
@@ -69,11 +111,11 @@ def _python_line(line: str) -> tuple[ToolCall | None, str | None]:
     except SyntaxError:
         cleaned = _strip_stray_quotes(line)
         if cleaned == line:
-            return None, f"<tool_code> line {line[:60]!r}: not a Python call"
+            return None, f"<tool_code> line {quote(line)}: not a Python call"
         try:
             tree = ast.parse(cleaned, mode="eval")
         except SyntaxError:
-            return None, f"<tool_code> line {line[:60]!r}: not a Python call"
+            return None, f"<tool_code> line {quote(line)}: not a Python call"
     call = tree.body
     if (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "print"
             and call.args and isinstance(call.args[0], ast.Call)):
@@ -85,7 +127,7 @@ def _python_line(line: str) -> tuple[ToolCall | None, str | None]:
     elif isinstance(call.func, ast.Attribute):
         name = call.func.attr
     else:
-        return None, f"<tool_code> line {line[:60]!r}: unsupported callee"
+        return None, f"<tool_code> line {quote(line)}: unsupported callee"
     arguments: dict[str, Any] = {}
     for keyword in call.keywords:
         if keyword.arg is None:
@@ -104,7 +146,7 @@ def _python_line(line: str) -> tuple[ToolCall | None, str | None]:
             if i < len(names):
                 arguments[names[i]] = value
     if not arguments:
-        return None, f"<tool_code> line {line[:60]!r}: no literal arguments"
+        return None, f"<tool_code> line {quote(line)}: no literal arguments"
     return ToolCall(name, arguments), None
 
 
@@ -135,7 +177,7 @@ def parse_tool_calls(text: str) -> ParsedCalls:
                 try:
                     call, error = _python_line(line)
                 except (RecursionError, MemoryError, ValueError) as e:
-                    call, error = None, f"<tool_code> line {line[:60]!r}: {type(e).__name__}"
+                    call, error = None, f"<tool_code> line {quote(line)}: {type(e).__name__}"
                 if call is not None:
                     calls.append(call)
                 if error:
@@ -154,31 +196,33 @@ class CropRequest:
 def parse_time(value: Any) -> float:
     """Seconds from a number, a numeric string, "MM:SS" or "HH:MM:SS"."""
     if isinstance(value, bool):
-        raise ValueError(f"time {value!r} is a boolean")
-    if isinstance(value, (int, float)):
-        seconds = float(value)
+        raise ValueError(f"time {quote(value)} is a boolean")
+    if isinstance(value, int):
+        seconds = float(value) if value.bit_length() <= 1023 else math.inf  # float() overflows
+    elif isinstance(value, float):
+        seconds = value
     elif isinstance(value, str):
         text = value.strip().rstrip("s").strip()
-        if ":" in text:
-            parts = text.split(":")
-            if len(parts) not in (2, 3) or not all(p.strip() for p in parts):
-                raise ValueError(f"time {value!r} is not MM:SS or HH:MM:SS")
-            seconds = 0.0
-            for part in parts:
+        parts = text.split(":")
+        if len(parts) > 3 or (len(parts) > 1 and not all(p.strip() for p in parts)):
+            raise ValueError(f"time {quote(value)} is not MM:SS or HH:MM:SS")
+        seconds = 0.0
+        for part in parts:
+            try:
                 seconds = seconds * 60 + float(part)
-        else:
-            seconds = float(text)
+            except ValueError:  # float()'s own message would echo the whole string
+                raise ValueError(f"time {quote(value)} is not a number or a time string") from None
     else:
-        raise ValueError(f"time {value!r} is not a number or a time string")
+        raise ValueError(f"time {quote(value)} is not a number or a time string")
     if not math.isfinite(seconds):
-        raise ValueError(f"time {value!r} is not finite")
+        raise ValueError(f"time {quote(value)} is not finite")
     return seconds
 
 
 def validate_crop(call: ToolCall, duration: float) -> CropRequest:
     """Checks one call against the episode's video; raises ValueError with the reason."""
     if call.name != TOOL_NAME:
-        raise ValueError(f"unknown tool {call.name!r}; the only tool is {TOOL_NAME}")
+        raise ValueError(f"unknown tool {quote(call.name)}; the only tool is {TOOL_NAME}")
     args = call.arguments
     raw_start = args.get("start_time", args.get("start"))
     raw_end = args.get("end_time", args.get("end"))

@@ -32,6 +32,8 @@ def ensure_builtin(root: str = "artifacts/builtin", seed: int = 0, num_train: in
     stamp = os.path.join(root, "READY")
     if os.path.exists(stamp):
         return assets
+    print(f"[data] generating the built-in synthetic set once ({num_train} + {num_eval} videos, tokenizer, "
+          f"tiny model) in {root}", flush=True)
     dataset = write_dataset(assets.data_dir, num_train, num_eval, durations, seed)
     tokenizer = train_tokenizer(corpus(list(dataset.questions) + list(dataset.eval_questions)))
     tokenizer.save(assets.model_dir)
@@ -41,4 +43,5 @@ def ensure_builtin(root: str = "artifacts/builtin", seed: int = 0, num_train: in
     save_pretrained(model, assets.model_dir)
     with open(stamp, "w") as f:
         json.dump(spec, f)
+    print(f"[data] built-in set ready: {assets.data_dir}", flush=True)
     return assets

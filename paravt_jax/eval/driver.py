@@ -23,7 +23,7 @@ import glob
 import json
 import os
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -115,7 +115,8 @@ def score(sample, final: str) -> dict:
 def sample_record(index: int, sample, config: DriverConfig) -> dict:
     record = {"index": index, "id": sample.sample_id, "dataset": sample.dataset,
               "question_type": sample.question_type, "prompt_mode": config.prompt_mode,
-              "dispatch": config.dispatch, "answer": sample.answer, "pred": "", "correct": False if sample.is_mcq else None,
+              "dispatch": config.dispatch, "answer": sample.answer, "pred": "",
+              "correct": False if sample.is_mcq else None,
               "score": 0.0, "tool_calls": 0, "calls_per_turn": [], "turns": 0, "context_tokens": 0}
     for field in ("duration", "task", "key"):
         if getattr(sample, field, ""):
@@ -254,6 +255,7 @@ def run_dataset(sampler, tokenizer, benchmark, config: DriverConfig, output_dir:
     pending = [(i, samples[i]) for i in shard_indices(len(samples), shard_id, num_shards) if i not in done]
     log(f"[eval] {name}: {len(samples)} samples, shard {shard_id}/{num_shards}: {len(pending)} to run, "
         f"{len(done)} already done; {len(benchmark.missing_videos)} missing videos skipped")
+    started, finished = time.perf_counter(), 0
     with crop_dispatcher(config) as dispatcher:
         for batch in batches(pending, config.batch_size):
             records = evaluate_batch(sampler, tokenizer, batch, config, dispatcher)
@@ -262,6 +264,8 @@ def run_dataset(sampler, tokenizer, benchmark, config: DriverConfig, output_dir:
                     f.write(json.dumps(record, default=str) + "\n")
                 f.flush()
                 os.fsync(f.fileno())
+            finished += len(batch)
+            log(f"[eval] {name}: {finished}/{len(pending)} samples ({time.perf_counter() - started:.0f} s)")
     all_records = read_records(glob.glob(os.path.join(output_dir, f"{name}.shard-*-of-{num_shards:05d}.jsonl")))
     records = [all_records[i] for i in sorted(all_records) if i < len(samples)]
     summary = summarize(name, records, config.nframes)
@@ -392,7 +396,9 @@ def main(argv: list[str]) -> dict:
     from absl import flags
     from ml_collections import config_flags
 
+    from paravt_jax.cli_flags import parse_flags
     from paravt_jax.config import config_path
+    from paravt_jax.config_checks import check_config
 
     default = config_path("eval")
     flag_values = flags.FlagValues()
@@ -402,10 +408,13 @@ def main(argv: list[str]) -> dict:
                         flag_values=flag_values)
     flags.DEFINE_integer("shard_id", 0, "this host's shard", flag_values=flag_values)
     flags.DEFINE_integer("num_shards", 1, "shards across hosts", flag_values=flag_values)
-    flags.DEFINE_integer("limit", 0, "samples per dataset (0 = all)", flag_values=flag_values)
+    flags.DEFINE_integer("limit", 0, "samples per dataset (0 = all)", lower_bound=0, flag_values=flag_values)
     flags.DEFINE_bool("compare", False, "parallel vs sequential dispatch side by side", flag_values=flag_values)
-    flag_values(argv)
+    parse_flags(flag_values, argv, "usage: paravt-jax eval [--config=FILE[:ARG]] [--config.FIELD=VALUE ...] "
+                "[--output_dir=DIR] [--limit=N] [--compare] [--shard_id=I --num_shards=N]\n\nThe benchmark "
+                "driver: per-dataset JSON (resumable) and summary_all.json in --output_dir.", show_config=True)
     config = flag_values.config
+    check_config(config)
     output_dir = flag_values.output_dir or config.output_dir or os.path.join("runs", "eval")
     return evaluate_command(config, output_dir, shard_id=flag_values.shard_id, num_shards=flag_values.num_shards,
                             limit=flag_values.limit, compare=flag_values.compare)

@@ -33,7 +33,7 @@ import json
 import math
 import os
 import time
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -208,7 +208,8 @@ def model_config(config) -> tuple[str, Qwen3VLConfig]:
     """(name, model config) with the run's dtypes and remat, as jobs.build_model builds it."""
     m = config.model
     knobs = dict(param_dtype=m.param_dtype, dtype=m.dtype, remat=bool(m.remat),
-                 scan_layers=bool(m.get("scan_layers", True)))
+                 scan_layers=bool(m.get("scan_layers", True)), attention=m.get("attention", "auto"),
+                 attention_block=int(m.get("attention_block", 512)))
     if m.get("checkpoint", ""):
         return m.checkpoint, load_config(m.checkpoint).replace(**knobs).validate()
     return m.preset, preset(m.preset, **knobs)
@@ -762,6 +763,8 @@ def main(argv: list[str]) -> MemoryPlan:
     from absl import flags
     from ml_collections import config_flags
 
+    from paravt_jax.cli_flags import parse_flags
+
     argv = list(argv)
     values = flags.FlagValues()
     config_flags.DEFINE_config_file("config", DEFAULT_CONFIG, "config file[:arg]", flag_values=values,
@@ -774,10 +777,7 @@ def main(argv: list[str]) -> MemoryPlan:
     flags.DEFINE_enum("activations", "auto", list(ACTIVATION_MODES), "activation numbers: XLA "
                       "memory analysis or the shape estimate", flag_values=values)
     flags.DEFINE_string("json", "", "also write the plan as JSON to this path", flag_values=values)
-    try:
-        values(argv)
-    except flags.Error as e:
-        raise SystemExit(f"plan: {e}") from None
+    parse_flags(values, argv, "usage: " + main.__doc__.strip().strip("`"), show_config=True)
     try:
         memory = values.device_memory_gb
         text = values.mesh.strip()

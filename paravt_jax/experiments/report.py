@@ -24,7 +24,7 @@ import json
 import math
 import os
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 from paravt_jax.experiments.plots import read_jsonl
 
@@ -316,16 +316,25 @@ def write_report(directories: Sequence[str], prefix: str) -> dict:
             "plots": plot_groups(arms, prefix), "text": text, "groups": groups}
 
 
+REPORT_USAGE = "paravt-jax report DIR... [--out=PATH_PREFIX]"
+
+
 def main(argv: Sequence[str]) -> dict:
     """argv = [prog, DIR..., --out=PREFIX]."""
+    from paravt_jax.cli_flags import HelpShown, UsageError, wants_help
+
     args = list(argv[1:])
     out = ""
     directories = []
+    if wants_help(argv):
+        print(f"usage: {REPORT_USAGE}\n\nTables (markdown, CSV) and plots comparing the arms of swept "
+              "workdirs.", flush=True)
+        raise HelpShown()
     for a in args:
         if a.startswith("--out="):
             out = a.split("=", 1)[1]
         elif a.startswith("-"):
-            raise SystemExit(f"report: unknown flag {a!r}; usage: paravt-jax report DIR... [--out=PATH_PREFIX]")
+            raise UsageError(f"report: unknown flag {a!r}; usage: {REPORT_USAGE}")
         else:
             directories.append(a)
     if not directories:

@@ -35,7 +35,8 @@ import shlex
 import sys
 import time
 import traceback
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from paravt_jax.config import config_file
 from paravt_jax.files import write_json_atomic
@@ -471,6 +472,8 @@ def main(argv: Sequence[str]) -> list[dict] | list[str]:
     from absl import flags
     from ml_collections import config_flags
 
+    from paravt_jax.cli_flags import parse_flags
+
     argv = list(argv)
     values = flags.FlagValues()
     config_flags.DEFINE_config_file("config", None, "config file[:arg] that defines sweep()",
@@ -482,10 +485,7 @@ def main(argv: Sequence[str]) -> list[dict] | list[str]:
                       "from its exported model", flag_values=values)
     flags.DEFINE_string("only", "", "run only the arms whose name matches this regular expression",
                         flag_values=values)
-    try:
-        values(argv)
-    except flags.Error as e:
-        raise SystemExit(f"sweep: {e}") from None
+    parse_flags(values, argv, "usage: " + main.__doc__.strip().strip("`"))
     if values["config"].value is None:
         raise SystemExit("sweep: --config=FILE[:ARG] is required")
     if not values.workdir:

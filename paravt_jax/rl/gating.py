@@ -7,7 +7,7 @@ tuple of the prompt's video paths; Python's string `hash()` is salted per proces
 assignment is not reproducible across runs or workers. We keep its contract (uniform over
 the choices, constant per prompt, gating off -> the default K) with a stable hash. The
 reference also draws an unseeded K when a prompt has no key; here a key is required (the RL
-trainer passes the prompt's video path and question).
+trainer passes the row's video path, the reference's key for a one-video prompt).
 
 (As released, the reference's fps-based overview sampling discards the gated K; this
 project follows the paper: with gating on the overview is exactly K frames.)
@@ -15,7 +15,7 @@ project follows the paper: with gating on the overview is exactly K frames.)
 from __future__ import annotations
 
 import hashlib
-from typing import Sequence
+from collections.abc import Sequence
 
 __all__ = ["NFRAMES_CHOICES", "DEFAULT_NFRAMES", "nframes_for_prompt"]
 

@@ -18,6 +18,7 @@ without their chained cause); a key is optional (local servers often need none).
 """
 from __future__ import annotations
 
+import base64
 import ipaddress
 import json
 import logging
@@ -29,7 +30,8 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 __all__ = ["LLMJudge", "JudgeError", "JudgeUsage", "parse_judge_reply", "judge_messages",
            "ENV_BASE_URL", "ENV_API_KEY", "ENV_MODEL", "ENV_TIMEOUT"]
@@ -138,6 +140,27 @@ def _token_count(usage: Any, key: str) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
+def url_secrets(url: str) -> list[str]:
+    """The parts of a URL that may hold a credential: the userinfo (user:password@) and every
+    query value (?key=..., ?api-key=...)."""
+    parts = urllib.parse.urlsplit(url)
+    found = []
+    if "@" in parts.netloc:
+        userinfo = parts.netloc.rsplit("@", 1)[0]
+        found += [userinfo, *userinfo.split(":", 1)]
+    found += [value for _, value in urllib.parse.parse_qsl(parts.query, keep_blank_values=True)]
+    found += [piece.split("=", 1)[1] for piece in parts.query.split("&") if "=" in piece]  # raw (unquoted) forms
+    return sorted({f for f in found if len(f) >= 4}, key=len, reverse=True)  # shorter ones are no credential
+
+
+def redact_url(url: str) -> str:
+    """`url` without its credentials: userinfo becomes ***@, query values ***."""
+    parts = urllib.parse.urlsplit(url)
+    netloc = "***@" + parts.netloc.rsplit("@", 1)[1] if "@" in parts.netloc else parts.netloc
+    query = "&".join(f"{key}=***" for key, _ in urllib.parse.parse_qsl(parts.query, keep_blank_values=True))
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+
+
 class LLMJudge:
     """OpenAI-compatible chat-completions judge. `score(question, prediction, truth)`
     returns a float in [0, 1] or raises `JudgeError`; `usage` holds the counters."""
@@ -147,7 +170,7 @@ class LLMJudge:
                  max_tokens: int = MAX_REPLY_TOKENS, temperature: float = 0.0) -> None:
         parsed = urllib.parse.urlsplit(base_url)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
-            raise ValueError(f"judge base URL must be http(s)://host[...], got {base_url!r}")
+            raise ValueError(f"judge base URL must be http(s)://host[...], got {redact_url(base_url)!r}")
         if api_key is not None and (not api_key.isprintable() or any(c.isspace() for c in api_key)):
             raise ValueError("judge API key contains whitespace or control characters")
         if not timeout_s > 0:
@@ -158,13 +181,14 @@ class LLMJudge:
         self.max_tokens = int(max_tokens)
         self.temperature = float(temperature)
         self._api_key = api_key or None
+        self._secrets = ([self._api_key] if self._api_key else []) + url_secrets(self.base_url)
         self.usage = JudgeUsage()
         # Loopback endpoints never go through an environment proxy.
         handlers = [urllib.request.ProxyHandler({})] if _is_loopback(parsed.hostname) else []
         self._opener = urllib.request.build_opener(*handlers)
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "LLMJudge":
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> LLMJudge:
         """Build from PARAVT_JUDGE_BASE_URL (default the OpenAI API), PARAVT_JUDGE_API_KEY
         (optional), PARAVT_JUDGE_MODEL (default gpt-4o-mini) and PARAVT_JUDGE_TIMEOUT_S
         (default 30). `environ` defaults to `os.environ`; keyword overrides win."""
@@ -184,12 +208,15 @@ class LLMJudge:
 
     @property
     def endpoint(self) -> str:
-        if self.base_url.endswith("/chat/completions"):
-            return self.base_url
-        return self.base_url + "/chat/completions"
+        """The request URL: base_url + /chat/completions, without user:password@ (sent as a
+        Basic Authorization header instead, which urllib needs)."""
+        parts = urllib.parse.urlsplit(self.base_url)
+        path = parts.path.rstrip("/")
+        path = path if path.endswith("/chat/completions") else path + "/chat/completions"
+        return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[-1], path=path))
 
     def __repr__(self) -> str:
-        return (f"LLMJudge(base_url={self.base_url!r}, model={self.model!r}, "
+        return (f"LLMJudge(base_url={redact_url(self.base_url)!r}, model={self.model!r}, "
                 f"api_key={'<set>' if self._api_key else '<unset>'}, "
                 f"timeout_s={self.timeout_s})")
 
@@ -199,14 +226,18 @@ class LLMJudge:
         raise TypeError("LLMJudge is not picklable; rebuild it with LLMJudge.from_env()")
 
     def _redact(self, text: str) -> str:
-        if self._api_key:
-            text = text.replace(self._api_key, "***")
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
         return text
 
     def _post(self, payload: dict[str, Any]) -> dict[str, Any]:
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        userinfo = urllib.parse.urlsplit(self.base_url).netloc.rpartition("@")[0]
         if self._api_key:
             headers["Authorization"] = f"Bearer {self._api_key}"
+        elif userinfo:
+            credentials = urllib.parse.unquote(userinfo).encode()
+            headers["Authorization"] = "Basic " + base64.b64encode(credentials).decode()
         request = urllib.request.Request(self.endpoint, data=json.dumps(payload).encode("utf-8"),
                                          headers=headers, method="POST")
         try:

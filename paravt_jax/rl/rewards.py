@@ -56,6 +56,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 REWARD_KEYS = ("acc_reward", "format_reward", "tool_reward")
+REWARD_MODES = ("f1", "exact", "llm")  # accuracy_reward for open-ended answers: token F1, exact match, LLM judge
 
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"

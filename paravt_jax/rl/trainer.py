@@ -21,9 +21,8 @@ from paravt_jax.rl.episode_stats import summarize
 from paravt_jax.rl.objective import StepConfig, policy_head, policy_loss
 from paravt_jax.sampling import Sampler, SamplerConfig
 from paravt_jax.train.batch import micro_batches, pack
-from paravt_jax.train.loop import LoopConfig, data_indices, run_loop
+from paravt_jax.train.loop import LoopConfig, UnreadableDataError, data_indices, run_loop
 from paravt_jax.train.step import OptimizerConfig, TrainStep
-
 
 REWARD_TEXTS = ("turns", "released", "completion")
 
@@ -151,6 +150,19 @@ def gather_scored(rollouts: list, rewards: list[dict], seq_rewards: np.ndarray, 
             np.concatenate([p[3] for p in parts]).astype(np.float32), dist.concatenate_lists([p[4] for p in parts]))
 
 
+def unreadable_step(index: int, skipped: list[str], streak: dict, prompts_per_step: int,
+                    dataset_size: int) -> dict:
+    """The metrics of a step none of whose videos could be read (the update is skipped); raises
+    UnreadableDataError once a whole epoch's worth of prompts in a row was unreadable."""
+    streak["prompts"] += prompts_per_step
+    names = "; ".join(skipped)
+    if streak["prompts"] >= dataset_size:
+        raise UnreadableDataError(f"[rl] no video could be read for {streak['prompts']} prompts in a row "
+                                  f"(the dataset has {dataset_size}); the last step's: {names}")
+    print(f"[rl] warning: step {index} skipped, none of its videos could be read: {names}", flush=True)
+    return {"unreadable_step": 1.0, "skipped_episodes": len(skipped), "rollouts": 0}
+
+
 def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge=None, eval_rows=None):
     """rows: RLRow list (eval_rows: held-out rows for periodic evaluation). Returns (model with
     trained weights, LoopResult).
@@ -167,6 +179,7 @@ def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge
     dispatcher = CropDispatcher(config.dispatch)
     rollout_config = dataclasses.replace(config.rollout, temperature=config.step.temperature)
     G = config.samples_per_prompt
+    unreadable = {"prompts": 0}  # prompts in a row whose videos could not be read
 
     def step_fn(state, index):
         t0 = time.perf_counter()
@@ -187,6 +200,9 @@ def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge
         rollouts, rewards, seq_rewards, anchor_rewards, skipped = gather_scored(
             rollouts, rewards, seq_rewards, anchor_rewards, skipped)
         t2 = time.perf_counter()
+        if not rollouts:
+            return state, unreadable_step(index, skipped, unreadable, config.prompts_per_step, len(rows))
+        unreadable["prompts"] = 0
         packed = pack([r.inputs for r in rollouts], {"behaviour_logp": [r.logprobs for r in rollouts],
                                                      "structural_mask": [r.structural_mask for r in rollouts]})
         behaviour = packed.extras["behaviour_logp"]

@@ -1,20 +1,23 @@
 """Cold-start SFT: masked cross-entropy on assistant tokens (prompts, tool responses and
-template tokens masked out), rows length-bucketed by padding to bucketed widths."""
+template tokens masked out), rows length-bucketed by padding to bucketed widths. An example
+whose video cannot be read is skipped (a warning names it; `skipped_examples` counts it per
+step) and the batch is filled up with its readable examples."""
 from __future__ import annotations
 
 import dataclasses
 import functools
 
-from paravt_jax import distributed as dist
 import jax
 import jax.numpy as jnp
 
+from paravt_jax import distributed as dist
 from paravt_jax.config import set_by
 from paravt_jax.data.sft_examples import sft_inputs
 from paravt_jax.rl.loss import WeightedMean
 from paravt_jax.train.batch import micro_batches, pack
-from paravt_jax.train.loop import LoopConfig, data_indices, run_loop
+from paravt_jax.train.loop import LoopConfig, UnreadableDataError, data_indices, run_loop
 from paravt_jax.train.step import HeadConfig, OptimizerConfig, TokenScores, TrainStep
+from paravt_jax.video.reader import VideoError
 
 HEAD = HeadConfig(temperature=1.0)  # plain next-token cross-entropy
 
@@ -39,6 +42,12 @@ class SFTConfig:
     checkpoint_every: int = 0
 
 
+def fill_batch(readable: list, size: int) -> list:
+    """`size` examples: the readable ones, repeated in order where unreadable ones were dropped,
+    so the batch keeps its shape (and its micro-batches their size)."""
+    return [readable[i % len(readable)] for i in range(size)]
+
+
 def train_sft(model, tokenizer, rows: list, video_root: str, workdir: str, config: SFTConfig):
     """Returns (model with trained weights, LoopResult). Each process reads the videos of its
     contiguous share of every batch (once per row, on first use); the shares are gathered into
@@ -46,16 +55,36 @@ def train_sft(model, tokenizer, rows: list, video_root: str, workdir: str, confi
     share = dist.process_slice(config.batch_size, "batch_size")
 
     @functools.cache
-    def example(i: int):
-        return sft_inputs(rows[i], tokenizer, video_root, config.nframes, config.max_pixels)
+    def example(i: int) -> tuple[object | None, str | None]:
+        """(inputs, None), or (None, the reason) for an example whose video cannot be read."""
+        try:
+            return sft_inputs(rows[i], tokenizer, video_root, config.nframes, config.max_pixels), None
+        except (VideoError, ValueError, OSError) as e:
+            print(f"[sft] warning: example {i} skipped: {e}", flush=True)
+            return None, f"example {i}: {e}"
 
     step = TrainStep(model, config.optimizer, sft_loss, HEAD, mesh=dist.model_mesh(model))
+    unreadable = {"examples": 0}  # examples in a row that could not be read
 
     def step_fn(state, index):
         chosen = data_indices(index * config.batch_size, config.batch_size, len(rows), config.seed)
         mine = [example(i) for i in chosen[share]]
-        packed = pack(dist.concatenate_lists(dist.allgather_objects(mine)))
-        return step.step(state, micro_batches(packed, config.micro_batches, model.config.vision))
+        gathered = dist.concatenate_lists(dist.allgather_objects(mine))
+        readable = [inputs for inputs, _ in gathered if inputs is not None]
+        skipped = len(gathered) - len(readable)
+        if not readable:
+            unreadable["examples"] += skipped
+            if unreadable["examples"] >= len(rows):
+                raise UnreadableDataError(f"[sft] no example could be read for {unreadable['examples']} examples "
+                                          f"in a row (the dataset has {len(rows)}); the last: "
+                                          + "; ".join(error for _, error in gathered))
+            print(f"[sft] warning: step {index} skipped, none of its examples could be read", flush=True)
+            return state, {"unreadable_step": 1.0, "skipped_examples": skipped}
+        unreadable["examples"] = 0
+        packed = pack(fill_batch(readable, config.batch_size))
+        batches = micro_batches(packed, config.micro_batches, model.config.vision)
+        state, metrics = step.step(state, batches)
+        return state, {**metrics, "skipped_examples": skipped}
 
     result = run_loop("sft", workdir, step.init_state(), step_fn,
                       LoopConfig(config.steps, config.checkpoint_every),

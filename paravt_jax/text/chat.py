@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Sequence, Union
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -25,7 +25,7 @@ class Image:
     frame: np.ndarray  # uint8 [H, W, 3], sides multiples of 32
 
 
-Segment = Union[Text, Image]
+Segment = Text | Image
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,7 +34,7 @@ class Message:
     content: tuple[Segment, ...]
 
     @classmethod
-    def of(cls, role: str, *content: Segment | str) -> "Message":
+    def of(cls, role: str, *content: Segment | str) -> Message:
         return cls(role, tuple(Text(c) if isinstance(c, str) else c for c in content))
 
 

@@ -1,21 +1,27 @@
 """The loop every trainer shares: deterministic data order, resume from the latest
-checkpoint, periodic and preemption (SIGTERM) checkpoints, non-finite-step accounting,
+checkpoint, periodic and preemption (SIGTERM / SIGINT) checkpoints, non-finite-step accounting,
 metrics. Trainers supply `step(state, index) -> (state, metrics)`."""
 from __future__ import annotations
 
 import dataclasses
 import signal
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
+from paravt_jax import distributed as dist
+from paravt_jax import preemption
 from paravt_jax.checkpointing import Checkpointer
 from paravt_jax.metrics_writer import MetricsWriter
 
 
 class NonFiniteError(RuntimeError):
     pass
+
+
+class UnreadableDataError(RuntimeError):
+    """A whole epoch's worth of examples in a row could not be read: the data is broken."""
 
 
 def data_indices(cursor: int, count: int, size: int, seed: int) -> list[int]:
@@ -32,7 +38,7 @@ def data_indices(cursor: int, count: int, size: int, seed: int) -> list[int]:
 @dataclasses.dataclass(frozen=True)
 class LoopConfig:
     steps: int
-    checkpoint_every: int = 0  # 0 = only at the end / on SIGTERM
+    checkpoint_every: int = 0  # 0 = only at the end / on SIGTERM or SIGINT
     keep_checkpoints: int = 3
     max_bad_steps: int = 3  # consecutive non-finite steps that stop the run
     async_checkpoints: bool = True
@@ -42,15 +48,24 @@ class LoopConfig:
 class LoopResult:
     state: object
     steps_done: int
-    preempted: bool
-    history: list[dict]
+    history: list[dict]  # this invocation's steps only (metrics.jsonl holds the whole run)
+
+
+def stop_requested_everywhere() -> int | None:
+    """The signal that asked any process to stop (all processes stop at the same step, since
+    a checkpoint is a collective write)."""
+    signum = preemption.stop_requested()
+    if dist.process_count() > 1:
+        signum = max((s or 0) for s in dist.allgather_objects(signum)) or None
+    return signum
 
 
 def run_loop(name: str, workdir: str, state, step_fn: Callable, config: LoopConfig,
-             meta_fn: Callable[[int], dict] = lambda i: {},
-             writer: MetricsWriter | None = None) -> LoopResult:
+             meta_fn: Callable[[int], dict] = lambda i: {}) -> LoopResult:
     """Runs steps [start, config.steps) where start comes from the latest checkpoint in
-    workdir/checkpoints (if any)."""
+    workdir/checkpoints (if any); metrics an interrupted run logged for steps >= start are
+    dropped first. On SIGTERM or SIGINT the current step finishes, a checkpoint is written and
+    `preemption.Preempted` is raised (the rerun resumes from that checkpoint)."""
     checkpoints = Checkpointer(f"{workdir}/checkpoints", keep=config.keep_checkpoints,
                                async_save=config.async_checkpoints)
     start = 0
@@ -59,19 +74,13 @@ def run_loop(name: str, workdir: str, state, step_fn: Callable, config: LoopConf
         state, meta = restored
         start = int(meta["next_step"])
         print(f"[{name}] resumed from {checkpoints.directory} at step {start}", flush=True)
-    writer = writer or MetricsWriter(workdir, total_steps=config.steps)
-    stop = {"sigterm": False}
-    previous = signal.getsignal(signal.SIGTERM)
-
-    def on_sigterm(signum, frame):
-        stop["sigterm"] = True
-
-    try:
-        signal.signal(signal.SIGTERM, on_sigterm)
-    except ValueError:  # not the main thread
-        previous = None
-    history, bad, index = [], 0, start
-    try:
+    writer = MetricsWriter(workdir, total_steps=config.steps)
+    writer.resume(start)
+    history, bad = [], 0
+    if start < config.steps:
+        print(f"[{name}] step {start}/{config.steps}: the first step of a run also compiles its programs "
+              f"(minutes for large models)", flush=True)
+    with preemption.deferred():
         for index in range(start, config.steps):
             t0 = time.perf_counter()
             state, metrics = step_fn(state, index)
@@ -81,17 +90,19 @@ def run_loop(name: str, workdir: str, state, step_fn: Callable, config: LoopConf
             bad = bad + 1 if metrics.get("skipped") else 0
             if bad >= config.max_bad_steps:
                 checkpoints.save(index + 1, state, {"next_step": index + 1, **meta_fn(index + 1)}, force=True)
+                checkpoints.close()
                 raise NonFiniteError(f"[{name}] {bad} consecutive non-finite steps, the last at step {index}")
             done = index + 1
+            signum = stop_requested_everywhere()
             periodic = config.checkpoint_every and done % config.checkpoint_every == 0
-            if periodic or done == config.steps or stop["sigterm"]:
+            if periodic or done == config.steps or signum:
                 checkpoints.save(done, state, {"next_step": done, **meta_fn(done)}, force=True)
-            if stop["sigterm"]:
-                print(f"[{name}] SIGTERM: checkpoint at step {done} written, exiting", flush=True)
+            if signum:
                 checkpoints.close()
-                return LoopResult(state, done, True, history)
+                writer.close()
+                raise preemption.Preempted(signum, f"[{name}] {signal.Signals(signum).name}: checkpoint at "
+                                                   f"step {done} of {config.steps} written to "
+                                                   f"{checkpoints.directory}; rerun to resume")
         checkpoints.close()
-        return LoopResult(state, config.steps, False, history)
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        writer.close()
+    return LoopResult(state, config.steps, history)

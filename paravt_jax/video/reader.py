@@ -110,12 +110,13 @@ def frame_range(meta: VideoMetadata, start: float | None, end: float | None) -> 
     if start is not None and start >= duration:
         raise ValueError(f"{meta.path}: start={start} s is beyond the video duration "
                          f"{duration:.3f} s")
-    first = math.ceil(max(0.0, min(start, duration)) * meta.fps) if start is not None else 0
-    last = meta.num_frames - 1
+    final = meta.num_frames - 1
+    # A start inside the last frame interval rounds up past the final frame: clamp it first.
+    first = min(math.ceil(max(0.0, min(start, duration)) * meta.fps), final) if start is not None else 0
+    last = final
     if end is not None:
-        last = min(math.floor(max(0.0, min(end, duration)) * meta.fps), meta.num_frames - 1)
+        last = min(math.floor(max(0.0, min(end, duration)) * meta.fps), final)
     last = max(last, first)  # a window shorter than one frame still yields its nearest frame
-    first = min(first, meta.num_frames - 1)
     return first, last
 
 

@@ -7,7 +7,6 @@ import functools
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -93,10 +92,9 @@ def prepare_inputs(config: Qwen3VLConfig, input_ids, attention_mask=None, mm_tok
         pixels.append(pv)
         grids.append(grid)
     if position_ids is None:
-        positions, deltas = get_rope_index(types, mask,
-                                           image_grid_thw if image_grid_thw is not None and pixel_values is not None else None,
-                                           video_grid_thw if video_grid_thw is not None and pixel_values_videos is not None else None,
-                                           vis.spatial_merge_size)
+        image_grid = image_grid_thw if image_grid_thw is not None and pixel_values is not None else None
+        video_grid = video_grid_thw if video_grid_thw is not None and pixel_values_videos is not None else None
+        positions, deltas = get_rope_index(types, mask, image_grid, video_grid, vis.spatial_merge_size)
     else:
         positions = as_numpy_int(position_ids, "position_ids")
         if positions.shape != (3,) + ids.shape:

@@ -1,0 +1,123 @@
+"""Start-of-run checks of an ml_collections config: every value a command reads is refused
+before any work starts if it is out of range, with the field's dotted name and what is
+allowed (`ConfigValueError`). A rule applies to a field only when the config has it, so the
+same table serves the training configs (configs/paragrpo.py ...) and the flat benchmark config
+(configs/eval.py)."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+from paravt_jax.agent.rollout import MODES as ROLLOUT_MODES
+from paravt_jax.rl.advantages import ANCHOR_MODES
+from paravt_jax.rl.rewards import REWARD_MODES
+
+
+class ConfigValueError(ValueError):
+    """A config value outside its allowed range; the message names the field."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    allowed: str  # shown to the user: "an integer >= 1", "one of ('f1', ...)"
+    check: Callable[[Any], bool]
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def integer(low: int) -> Rule:
+    return Rule(f"an integer >= {low}", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= low)
+
+
+def positive() -> Rule:
+    return Rule("a finite number > 0", lambda v: _number(v) and v > 0)
+
+
+def non_negative() -> Rule:
+    return Rule("a finite number >= 0", lambda v: _number(v) and v >= 0)
+
+
+def one_of(choices) -> Rule:
+    return Rule(f"one of {tuple(choices)}", lambda v: v in tuple(choices))
+
+
+def integers(low: int) -> Rule:
+    return Rule(f"a non-empty list of integers >= {low}",
+                lambda v: isinstance(v, (list, tuple)) and len(v) > 0 and all(integer(low).check(x) for x in v))
+
+
+RULES: dict[str, Rule] = {
+    # the built-in data and the forward demo
+    "data.num_train": integer(1), "data.num_eval": integer(1),
+    "demo.frames": integer(1), "demo.repeats": integer(1),
+    # cold-start SFT
+    "sft.steps": integer(0), "sft.batch_size": integer(1), "sft.micro_batches": integer(1),
+    "sft.optimizer.learning_rate": positive(), "sft.optimizer.weight_decay": non_negative(),
+    "sft.optimizer.grad_clip": non_negative(), "sft.optimizer.warmup_steps": integer(0),
+    "sft.nframes": integer(1), "sft.max_pixels": integer(784), "sft.checkpoint_every": integer(0),
+    # PARA-GRPO
+    "rl.steps": integer(0), "rl.prompts_per_step": integer(1), "rl.samples_per_prompt": integer(1),
+    "rl.micro_batches": integer(1), "rl.checkpoint_every": integer(0), "rl.eval_every": integer(0),
+    "rl.max_bad_steps": integer(1), "rl.nframes_choices": integers(1), "rl.default_nframes": integer(0),
+    "rl.optimizer.learning_rate": positive(), "rl.optimizer.weight_decay": non_negative(),
+    "rl.optimizer.grad_clip": non_negative(), "rl.optimizer.warmup_steps": integer(0),
+    "rl.step.temperature": positive(), "rl.step.eps_clip": positive(), "rl.step.behaviour_cap": positive(),
+    "rl.step.logprob_chunk": integer(1),
+    "rl.rollout.max_turns": integer(0), "rl.rollout.max_new_tokens": integer(1),
+    "rl.rollout.mode": one_of(ROLLOUT_MODES), "rl.rollout.subagent_max_tokens": integer(1),
+    "rl.rollout.overview_max_pixels": integer(784), "rl.rollout.overview_max_frames": integer(1),
+    "rl.dispatch.max_parallel": integer(1), "rl.dispatch.max_frames": integer(1),
+    "rl.dispatch.max_error_responses": integer(1), "rl.dispatch.max_workers": integer(1),
+    "rl.advantage.anchor_mode": one_of(ANCHOR_MODES), "rl.advantage.anchor_weight": non_negative(),
+    "rl.advantage.kl_ctl": non_negative(), "rl.reward.format_weight": non_negative(),
+    "rl.reward.mode": one_of(REWARD_MODES),
+    # held-out evaluation of `run`, and `generate`
+    "eval.nframes": integers(1), "eval.max_new_tokens": integer(1), "eval.max_turns": integer(0),
+    "eval.limit": integer(0), "generate.nframes": integer(1),
+    # the benchmark driver's flat config (configs/eval.py)
+    "limit": integer(0), "nframes": integer(1), "max_turns": integer(0), "max_parallel": integer(1),
+    "max_new_tokens": integer(1), "batch_size": integer(1), "mcq_answer_tokens": integer(1),
+    "grounding_answer_tokens": integer(1), "dispatch": one_of(("parallel", "sequential")),
+}
+
+
+def _get(config, path: str):
+    node = config
+    for part in path.split("."):
+        if not hasattr(node, "get") or part not in node:
+            return _MISSING
+        node = node[part]
+    return node
+
+
+_MISSING = object()
+
+
+def _divides(config, errors: list[str], total_fields: tuple[str, ...], parts_field: str):
+    """Micro-batches must split the step's rows evenly."""
+    values = [_get(config, f) for f in (*total_fields, parts_field)]
+    if any(v is _MISSING or not integer(1).check(v) for v in values):
+        return
+    *factors, parts = values
+    total = math.prod(factors)
+    if total % parts:
+        rows = " x ".join(total_fields)
+        errors.append(f"{parts_field}={parts}: must divide the {total} rows of a step ({rows})")
+
+
+def check_config(config) -> None:
+    """Raises ConfigValueError listing every out-of-range field of `config`."""
+    errors = []
+    for path, rule in RULES.items():
+        value = _get(config, path)
+        if value is not _MISSING and not rule.check(value):
+            errors.append(f"{path}={value!r}: must be {rule.allowed}")
+    _divides(config, errors, ("sft.batch_size",), "sft.micro_batches")
+    _divides(config, errors, ("rl.prompts_per_step", "rl.samples_per_prompt"), "rl.micro_batches")
+    if errors:
+        raise ConfigValueError("invalid config value" + ("s" if len(errors) > 1 else "") + ":\n  "
+                               + "\n  ".join(errors))

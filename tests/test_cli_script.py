@@ -1,0 +1,180 @@
+"""The `paravt-jax` console script as a user runs it: exit statuses, --help, bad values
+refused at start; `run` stopped by SIGTERM, SIGINT and SIGKILL, then resumed."""
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(os.path.dirname(sys.executable), "paravt-jax")  # installed next to this python
+COMMANDS = ("run", "sft", "train", "export", "generate", "forward", "eval", "plan", "sweep", "report")
+
+
+def environment():
+    return dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
+
+
+def script(*args, timeout=300):
+    """The installed console script (this checkout's code first on the path)."""
+    return subprocess.run([SCRIPT, *args], capture_output=True, text=True, env=environment(), timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def builtin_root(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("builtin"))
+
+
+def test_console_script_help_and_quiet_success(tmp_path):
+    assert os.access(SCRIPT, os.X_OK), f"{SCRIPT}: install the package (pip install -e .)"
+    out = script("--help")
+    assert out.returncode == 0 and out.stderr == ""
+    for command in COMMANDS:
+        assert f"\n  {command} " in out.stdout
+    assert "130/143" in out.stdout
+    out = script("run", "--help")
+    assert out.returncode == 0 and out.stderr == ""
+    assert "usage: paravt-jax run" in out.stdout and "--workdir" in out.stdout
+    assert "rl.reward.mode = 'f1'" in out.stdout and "--config.FIELD=VALUE" in out.stdout
+    # a successful command exits 0 and prints nothing of its return value
+    out = script("plan", f"--config={ROOT}/configs/paragrpo.py:tiny", "--mesh=data=1,fsdp=1,tensor=1",
+                 "--device_memory_gb=16", "--activations=estimate", f"--json={tmp_path / 'plan.json'}")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "TRAINER" in out.stdout and "MemoryPlan(" not in out.stderr and len(out.stderr) < 500, out.stderr
+    out = script("fly")
+    assert out.returncode == 2 and "unknown command 'fly'" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_has_help(command, capsys):
+    from paravt_jax.cli import main
+
+    assert main(["paravt-jax", command, "--help"]) == 0
+    out = capsys.readouterr().out
+    assert f"usage: paravt-jax {command}" in out
+    if command != "report":
+        assert "--config" in out  # the flags block
+
+
+BAD = [
+    (("run", "--config.rl.reward.mode=bogus"), "rl.reward.mode='bogus': must be one of ('f1', 'exact', 'llm')"),
+    (("train", "--config.rl.optimizer.learning_rate=-0.0001"),
+     "rl.optimizer.learning_rate=-0.0001: must be a finite number > 0"),
+    (("run", "--config.rl.dispatch.max_parallel=0"), "rl.dispatch.max_parallel=0: must be an integer >= 1"),
+    (("sft", "--config.sft.steps=-1"), "sft.steps=-1: must be an integer >= 0"),
+    (("train", "--config.rl.steps=-3"), "rl.steps=-3: must be an integer >= 0"),
+    (("sft", "--config.sft.batch_size=0"), "sft.batch_size=0: must be an integer >= 1"),
+    (("sft", "--config.sft.micro_batches=0"), "sft.micro_batches=0: must be an integer >= 1"),
+    (("sft", "--config.sft.micro_batches=3"), "sft.micro_batches=3: must divide the 8 rows of a step"),
+    (("train", "--config.rl.micro_batches=0"), "rl.micro_batches=0: must be an integer >= 1"),
+    (("train", "--config.rl.samples_per_prompt=0"), "rl.samples_per_prompt=0: must be an integer >= 1"),
+    (("train", "--config.rl.prompts_per_step=-1"), "rl.prompts_per_step=-1: must be an integer >= 1"),
+    (("run", "--config.data.num_train=0"), "data.num_train=0: must be an integer >= 1"),
+    (("run", "--config.sft.checkpoint_every=-5"), "sft.checkpoint_every=-5: must be an integer >= 0"),
+    (("run", f"--config={ROOT}/configs/paragrpo.py:huge"), "unknown preset 'huge'; choose from"),
+    (("eval", "--limit=-2"), "--limit=-2"),
+    (("eval", "--config.max_parallel=0"), "max_parallel=0: must be an integer >= 1"),
+]
+
+
+@pytest.mark.parametrize("args,message", BAD, ids=[" ".join(a) for a, _ in BAD])
+def test_bad_values_are_refused_at_start(args, message, tmp_path, capsys):
+    from paravt_jax.cli import main
+
+    command, *flags = args
+    workdir = [f"--workdir={tmp_path / 'run'}"] if command != "eval" else [f"--output_dir={tmp_path / 'run'}"]
+    assert main(["paravt-jax", command, *flags, *workdir]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not os.path.exists(tmp_path / "run")  # refused before any work
+
+
+def test_several_bad_values_are_listed_together():
+    from configs import paragrpo
+    from paravt_jax.config_checks import ConfigValueError, check_config
+
+    config = paragrpo.get_config("tiny")
+    config.rl.step.temperature, config.eval.nframes = 0.0, (4, 0)
+    with pytest.raises(ConfigValueError) as err:
+        check_config(config)
+    assert "rl.step.temperature=0.0: must be a finite number > 0" in str(err.value)
+    assert "eval.nframes=(4, 0): must be a non-empty list of integers >= 1" in str(err.value)
+
+
+# ----------------------------------------------------------------------------- preemption
+RUN = ["--config.sft.steps=3", "--config.sft.batch_size=2", "--config.sft.nframes=2", "--config.rl.steps=2",
+       "--config.rl.prompts_per_step=1", "--config.rl.samples_per_prompt=2", "--config.rl.rollout.max_new_tokens=4",
+       "--config.rl.rollout.max_turns=1", "--config.rl.rollout.subagent_max_tokens=4", "--config.rl.eval_every=0",
+       "--config.rl.nframes_gating=False", "--config.rl.default_nframes=4", "--config.eval.limit=1",
+       "--config.eval.nframes=(4,)", "--config.eval.max_new_tokens=4", "--config.eval.max_turns=1"]
+
+
+def run_until(workdir, builtin_root, marker, signum, extra=()):
+    """Starts `paravt-jax run` (via `python -m paravt_jax.cli`), sends `signum` once a stdout
+    line contains `marker`, and returns (exit status, stdout, stderr)."""
+    args = [sys.executable, "-m", "paravt_jax.cli", "run", f"--config={ROOT}/configs/paragrpo.py:tiny",
+            f"--workdir={workdir}", f"--config.data.builtin_root={builtin_root}", *RUN, *extra]
+    process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment())
+    lines = []
+    try:
+        for line in process.stdout:
+            lines.append(line)
+            if signum is not None and marker in line:
+                process.send_signal(signum)
+                signum = None
+        status = process.wait(timeout=600)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    return status, "".join(lines), process.stderr.read()
+
+
+def metric_steps(workdir, phase):
+    with open(os.path.join(workdir, phase, "metrics.jsonl")) as f:
+        return [json.loads(line)["step"] for line in f]
+
+
+def claims_completion(workdir) -> bool:
+    return os.path.exists(os.path.join(workdir, "summary.json")) or os.path.exists(os.path.join(workdir, "final"))
+
+
+def test_sigterm_during_sft_checkpoints_and_stops_the_run(tmp_path, builtin_root):
+    workdir = str(tmp_path / "run")
+    status, out, err = run_until(workdir, builtin_root, "[sft/ 0/3]", signal.SIGTERM)
+    assert status == 128 + signal.SIGTERM, err[-3000:]
+    assert "SIGTERM: checkpoint at step 2 of 3" in err and "rerun to resume" in err and "Traceback" not in err
+    assert sorted(os.listdir(os.path.join(workdir, "sft", "checkpoints"))) == ["2"]
+    assert metric_steps(workdir, "sft") == [0, 1]
+    assert not os.path.exists(os.path.join(workdir, "rl")) and not claims_completion(workdir)
+    assert "[rl]" not in out and "evaluation" not in out
+
+
+@pytest.mark.slow
+def test_run_resumes_the_interrupted_phase_and_everything_after_it(tmp_path, builtin_root):
+    """SIGTERM in SFT, SIGINT in RL, SIGKILL in RL, then a clean finish: every step once,
+    the final model trained on all of them, a whole summary, and a finished run left alone."""
+    workdir = str(tmp_path / "run")
+    status, _, _ = run_until(workdir, builtin_root, "[sft/ 0/3]", signal.SIGTERM)
+    assert status == 143 and not claims_completion(workdir)
+    status, out, err = run_until(workdir, builtin_root, "[rl] step 0/2", signal.SIGINT)
+    assert status == 128 + signal.SIGINT, err[-3000:]
+    assert "[sft] resumed" in out and "at step 2" in out and "SIGINT: checkpoint at step 1 of 2" in err
+    assert metric_steps(workdir, "sft") == [0, 1, 2] and metric_steps(workdir, "rl") == [0]
+    assert not claims_completion(workdir)
+    # SIGKILL right after RL step 1's metrics line, before or during its checkpoint
+    status, out, _ = run_until(workdir, builtin_root, "[rl/ 1/2]", signal.SIGKILL)
+    assert status == -signal.SIGKILL and "[rl] resumed" in out and not claims_completion(workdir)
+    status, out, err = run_until(workdir, builtin_root, "", None)
+    assert status == 0, err[-3000:]
+    assert len(err) < 2000 and "'sft_loss'" not in err  # quiet: no return value dumped
+    assert metric_steps(workdir, "sft") == [0, 1, 2] and metric_steps(workdir, "rl") == [0, 1]
+    with open(os.path.join(workdir, "summary.json")) as f:
+        summary = json.load(f)
+    assert len(summary["sft_loss"]) == 3 and len(summary["rl"]) == 2 and len(summary["eval"]) == 2
+    assert summary["training_minutes"] > 0
+    before = open(os.path.join(workdir, "summary.json")).read()
+    status, out, _ = run_until(workdir, builtin_root, "", None)
+    assert status == 0 and "has finished every phase" in out
+    assert open(os.path.join(workdir, "summary.json")).read() == before
