@@ -396,7 +396,7 @@ def main(argv: list[str]) -> dict:
     from absl import flags
     from ml_collections import config_flags
 
-    from paravt_jax.cli_flags import parse_flags
+    from paravt_jax.flags import parse_flags
     from paravt_jax.config import config_path
     from paravt_jax.config_checks import check_config
 

@@ -763,7 +763,7 @@ def main(argv: list[str]) -> MemoryPlan:
     from absl import flags
     from ml_collections import config_flags
 
-    from paravt_jax.cli_flags import parse_flags
+    from paravt_jax.flags import parse_flags
 
     argv = list(argv)
     values = flags.FlagValues()
