@@ -472,7 +472,7 @@ def main(argv: Sequence[str]) -> list[dict] | list[str]:
     from absl import flags
     from ml_collections import config_flags
 
-    from paravt_jax.cli_flags import parse_flags
+    from paravt_jax.flags import parse_flags
 
     argv = list(argv)
     values = flags.FlagValues()
