@@ -33,6 +33,7 @@ EXTRAS = {
         "nbclient>=0.10",
         "nbformat>=5.10",
         "ipykernel>=6.29",
+        "ruff>=0.17.5,<0.18",  # `ruff check .` in CI (.ci/run) and the pre-commit hook
     ],
     "gpu": ["jax[cuda12]>=0.10.2,<0.11"],
     "tpu": ["jax[tpu]>=0.10.2,<0.11"],
@@ -42,7 +43,7 @@ setup(
     name="paravt_jax",
     version="0.1.0",
     description="ParaVT in JAX: Qwen3-VL, parallel crop_video tool calls, PARA-GRPO",
-    packages=find_packages(include=["paravt_jax", "paravt_jax.*"]),
+    packages=find_packages(include=["paravt_jax", "paravt_jax.*", "configs"]),
     python_requires=">=3.10",
     install_requires=RUNTIME,
     extras_require=EXTRAS,

@@ -35,7 +35,7 @@ def measure_machine():
     copy = 2 * a.nbytes / best_time(lambda: np.copyto(b, a))
     big = jnp.ones(256 * 1024 * 1024 // 4, jnp.float32)  # 256 MB: far beyond the caches
     total = jax.jit(jnp.sum)
-    read = big.nbytes / best_time(lambda: total(big).block_until_ready())
+    read = big.nbytes / best_time(lambda: total(big).block_until_ready())  # noqa: F821 (called before the del)
     del big
     m = jnp.ones((1024, 1024), jnp.float32)
     f = jax.jit(lambda x: x @ x)
@@ -132,7 +132,7 @@ def main():
                 tid = torch.tensor(ids)
                 with torch.no_grad():
                     peer.generate(input_ids=tid[:, :8], max_new_tokens=2, do_sample=False)  # warm
-                    theirs = min(steady_times(lambda: peer.generate(
+                    theirs = min(steady_times(lambda: peer.generate(  # noqa: F821 (deleted after the loop)
                         input_ids=tid, attention_mask=torch.ones_like(tid), max_new_tokens=new,
                         min_new_tokens=new, do_sample=False, eos_token_id=None, pad_token_id=0), args.repeats))
                 prefill_floor, decode_floor = floors(model.config, batch, prompt_len, new, bandwidth, rate)
@@ -146,7 +146,7 @@ def main():
         # G = 8 samples of one prompt: one prefill + cache row copies vs 8 prefills
         ids = rng.integers(0, 900, (1, args.prompt))
         prompt = encode_ids(ids[0].tolist(), 0)
-        for warm in range(2):
+        for _ in range(2):  # the second run is the measured one
             start = time.perf_counter()
             sampler.generate([prompt], num_samples=8, max_new_tokens=1)
             shared = time.perf_counter() - start

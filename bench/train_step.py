@@ -32,8 +32,9 @@ def main():
 
     from sampler import measure_machine, model_costs
     from paravt_jax.models.qwen3_vl import init_model, preset
-    from paravt_jax.rl.batch import micro_batches, pack
-    from paravt_jax.rl.train_step import OptimizerConfig, StepConfig, TrainStep
+    from paravt_jax.train.batch import micro_batches, pack
+    from paravt_jax.rl.objective import StepConfig, policy_head, policy_loss
+    from paravt_jax.train.step import OptimizerConfig, TrainStep
     from paravt_jax.text.inputs import encode_ids
 
     _, rate = measure_machine()
@@ -43,7 +44,8 @@ def main():
     for name in args.presets.split(","):
         for length in (int(x) for x in args.lengths.split(",")):
             model = init_model(preset(name, remat=args.remat), seed=0)
-            step = TrainStep(model, OptimizerConfig(learning_rate=1e-5), StepConfig())
+            step = TrainStep(model, OptimizerConfig(learning_rate=1e-5), policy_loss(StepConfig()),
+                             policy_head(StepConfig()))
             state = step.init_state()
             seqs = []
             for _ in range(args.batch):
@@ -51,8 +53,9 @@ def main():
                 seqs.append(prompt.extend(encode_ids(rng.integers(0, 900, length - 64).tolist(), 64, True)))
             packed = pack(seqs, multiple=1024)
             adv = rng.standard_normal(packed.input_ids.shape).astype(np.float32) * packed.loss_mask
-            batches = micro_batches(packed, adv, 1, model.config.vision,
-                                    prox_logp=np.zeros(packed.input_ids.shape, np.float32))
+            zero = np.zeros(packed.input_ids.shape, np.float32)
+            batches = micro_batches(packed, 1, model.config.vision,
+                                    {"advantages": adv, "behaviour_logp": zero, "prox_logp": zero})
             tree = batches[0].device_tree()
             start = time.perf_counter()
             compiled = jax.jit(step._grads).lower(state.params, tree).compile()

@@ -10,11 +10,11 @@ sweep(arg) is the grid, five arms x seeds:
   vanilla            vanilla GRPO, the settings of configs/vanilla_grpo.py: no anchor, no
                      nFrames gating, no think prefix, no answer-suffix format scoring;
   anchor_only        the format anchor (token-masked anchor reward, think prefix, answer
-                     suffix), K fixed at rl.default_nframes;
+                     suffix), no gating: the overview at 1 fps, at most 64 frames (rl.default_nframes 0);
   gating_only        nFrames gating, no anchor (anchor 0, no think prefix / answer suffix);
   paragrpo           both: PARA-GRPO as in configs/paragrpo.py;
   paragrpo_seqanchor PARA-GRPO with the anchor reward added to the sequence reward, as the
-                     released code does (rl.anchor_mode=sequence), against our token mask.
+                     released code does (rl.advantage.anchor_mode=sequence), against our token mask.
 "Anchor" here is everything vanilla_grpo.py switches off besides gating, so the first four
 arms are a 2 x 2 factorial of the two PARA-GRPO parts.
 
@@ -23,12 +23,9 @@ paragrpo tiny main job, three seeds), qwen3vl_2b and qwen3vl_8b (the paragrpo re
 seeds). A seed changes the data order, gating draws, rollout sampling and (without a
 checkpoint) the model initialisation; the built-in synthetic data has its own `data.seed`.
 """
-import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import paragrpo  # noqa: E402
-import vanilla_grpo  # noqa: E402
+from configs import paragrpo
+from configs import vanilla_grpo
 
 SEEDS = (0, 1, 2)
 GATING_FIELDS = ("rl.nframes_gating",)
@@ -79,12 +76,12 @@ def arms(arg="tiny"):
         {"name": "anchor_only", **gating_off},
         {"name": "gating_only", **anchor_off},
         {"name": "paragrpo"},
-        {"name": "paragrpo_seqanchor", "rl.anchor_mode": "sequence"},
+        {"name": "paragrpo_seqanchor", "rl.advantage.anchor_mode": "sequence"},
     ]
 
 
 def sweep(arg="tiny"):
-    from paravt_jax.sweep import product
+    from paravt_jax.experiments.sweep import product
 
     seeds = SEEDS[:1] if (arg or "tiny") == "tiny" else SEEDS
     return product(arm=arms(arg), seed=list(seeds))

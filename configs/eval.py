@@ -10,12 +10,10 @@ Benchmark paths default to the reference's layout under `root` (an HF_HOME-like 
 set `benchmarks.<name>.annotations` / `.video_dir` (absolute) to point anywhere else.
 """
 import os
-import sys
 
 import ml_collections
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import base  # noqa: E402
+from configs import base
 
 ALL = "videomme,videomme_wsub,longvideobench,lvbench,mlvu,mmvu,charades"
 
@@ -59,11 +57,26 @@ def get_config(arg: str = "synthetic") -> ml_collections.ConfigDict:
     c.mcq_answer_tokens = 64
     c.grounding_answer_tokens = 128
     c.batch_size = 8
-    c.overview_max_pixels = 50176
-    c.crop_max_pixels = 50176
+    # The reference protocol (docs/eval.md): frame budgets as its processors leave them, bare
+    # overview images, crops as images before "<tool_response>\nN frames from S.Ss to E.Es.\n
+    # </tool_response>", a missing end_time = start + 10 s, calls past max_parallel dropped, a
+    # turn without a valid call is the answer, " The video path for this video is: NAME" unless
+    # the question names a video path. Our variants: see the comments of DriverConfig.
+    c.overview_min_pixels = 100352
+    c.overview_max_pixels = 602112
+    c.crop_min_pixels = 65536
+    c.crop_max_pixels = 81920
     c.think_prefix = False
+    c.overview_timestamps = False
+    c.video_path_line = "space_if_absent"  # space_if_absent | newline | none
+    c.frames_response = "images_first"  # images_first | timestamped
+    c.malformed = "ignore"  # ignore | respond
+    c.extra_calls = "ignore"  # ignore | respond
+    c.crop_arguments = "lenient"  # lenient | strict
+    c.prompt_file = ""  # JSON of exact prompt texts (paravt_jax.eval.prompts.PromptTexts)
     if preset == "synthetic":  # the tiny model was trained on 96x160 frames and short turns
         c.nframes, c.max_new_tokens, c.batch_size = 16, 96, 4
+        c.overview_min_pixels = c.crop_min_pixels = 784
         c.overview_max_pixels = c.crop_max_pixels = 96 * 160
     else:
         c.model.param_dtype = c.model.dtype = "bfloat16"

@@ -1,9 +1,6 @@
 """Cold-start SFT only (RL steps 0)."""
-import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import paragrpo  # noqa: E402
+from configs import paragrpo
 
 
 def get_config(arg: str = "tiny"):

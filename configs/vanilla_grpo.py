@@ -1,17 +1,14 @@
 """Vanilla GRPO baseline: PARA-GRPO with both parts off (anchor 0, gating off, no think
 prefix), as the reference's baseline recipe."""
-import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import paragrpo  # noqa: E402
+from configs import paragrpo
 
 
 def get_config(arg: str = "tiny"):
     c = paragrpo.get_config(arg)
-    c.rl.anchor_weight = 0.0
-    c.rl.anchor_mode = "sequence"
+    c.rl.advantage.anchor_weight = 0.0
+    c.rl.advantage.anchor_mode = "sequence"
     c.rl.nframes_gating = False
-    c.rl.think_prefix = False
-    c.rl.answer_suffix = False
+    c.rl.rollout.think_prefix = False
+    c.rl.reward.answer_suffix = False
     return c

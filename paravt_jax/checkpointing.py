@@ -8,7 +8,6 @@ import os
 from typing import Any
 
 import jax
-import numpy as np
 import orbax.checkpoint as ocp
 
 
@@ -43,8 +42,3 @@ class Checkpointer:
     def close(self):
         self.manager.wait_until_finished()
         self.manager.close()
-
-
-def tree_equal(a, b) -> bool:
-    return all(np.array_equal(np.asarray(x), np.asarray(y))
-               for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))

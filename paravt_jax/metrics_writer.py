@@ -13,6 +13,8 @@ import time
 
 import jax
 
+from paravt_jax.files import write_bytes_atomic
+
 
 def _crc32c_table():
     table = []
@@ -34,7 +36,8 @@ def crc32c(data: bytes) -> int:
     return crc ^ 0xFFFFFFFF
 
 
-def _masked(crc: int) -> int:
+def masked_crc32c(crc: int) -> int:
+    """TFRecord's masked CRC32C of a length or payload."""
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
@@ -71,7 +74,8 @@ def event_bytes(wall_time: float, step: int, scalars: dict[str, float] | None = 
 
 def record(data: bytes) -> bytes:
     header = struct.pack("<Q", len(data))
-    return header + struct.pack("<I", _masked(crc32c(header))) + data + struct.pack("<I", _masked(crc32c(data)))
+    return (header + struct.pack("<I", masked_crc32c(crc32c(header)))
+            + data + struct.pack("<I", masked_crc32c(crc32c(data))))
 
 
 class MetricsWriter:
@@ -125,15 +129,6 @@ class MetricsWriter:
             self._events = None
 
 
-def _replace(path: str, data: bytes) -> None:
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def truncate_jsonl(path: str, start_step: int) -> None:
     """Keeps the lines of steps < start_step (and drops a torn last line), atomically."""
     kept = []
@@ -145,7 +140,7 @@ def truncate_jsonl(path: str, start_step: int) -> None:
                 continue  # a line torn by a kill mid-write
             if step < start_step:
                 kept.append(line if line.endswith(b"\n") else line + b"\n")
-    _replace(path, b"".join(kept))
+    write_bytes_atomic(path, b"".join(kept))
 
 
 def _records(data: bytes):
@@ -155,10 +150,10 @@ def _records(data: bytes):
         header = data[pos:pos + 8]
         (length,) = struct.unpack("<Q", header)
         end = pos + 16 + length
-        if (struct.unpack("<I", data[pos + 8:pos + 12])[0] != _masked(crc32c(header)) or end > len(data)):
+        if (struct.unpack("<I", data[pos + 8:pos + 12])[0] != masked_crc32c(crc32c(header)) or end > len(data)):
             return
         body = data[pos + 12:pos + 12 + length]
-        if struct.unpack("<I", data[end - 4:end])[0] != _masked(crc32c(body)):
+        if struct.unpack("<I", data[end - 4:end])[0] != masked_crc32c(crc32c(body)):
             return
         yield pos, end, body
         pos = end
@@ -169,25 +164,10 @@ def truncate_events(path: str, start_step: int) -> None:
     data = open(path, "rb").read()
     kept = []
     for start, end, body in _records(data):
-        step, scalars = _parse_event(body)
+        step, scalars = parse_event(body)
         if step < start_step or not scalars:
             kept.append(data[start:end])
-    _replace(path, b"".join(kept))
-
-
-def read_events(path: str) -> list[tuple[int, dict[str, float]]]:
-    """Parses our event files back (for tests and the report)."""
-    out = []
-    data = open(path, "rb").read()
-    pos = 0
-    while pos < len(data):
-        (length,) = struct.unpack("<Q", data[pos:pos + 8])
-        assert struct.unpack("<I", data[pos + 8:pos + 12])[0] == _masked(crc32c(data[pos:pos + 8]))
-        body = data[pos + 12:pos + 12 + length]
-        assert struct.unpack("<I", data[pos + 12 + length:pos + 16 + length])[0] == _masked(crc32c(body))
-        pos += 16 + length
-        out.append(_parse_event(body))
-    return out
+    write_bytes_atomic(path, b"".join(kept))
 
 
 def _read_varint(buf, pos):
@@ -218,7 +198,8 @@ def _parse_fields(buf):
         yield number, value
 
 
-def _parse_event(buf) -> tuple[int, dict[str, float]]:
+def parse_event(buf) -> tuple[int, dict[str, float]]:
+    """(step, {tag: value}) of one serialized Event protobuf."""
     step, scalars = 0, {}
     for number, value in _parse_fields(buf):
         if number == 2:

@@ -3,11 +3,10 @@
 Every parameter carries logical names in its `axes` metadata (e.g. ("layers", "embed",
 "mlp")). `logical_to_spec` turns them into a PartitionSpec with the rules below; changing the
 parallelism is a change of mesh shape or rules in the config, never of model code. A dimension
-that the mesh axes do not divide is replicated instead (and reported by `explain_sharding`).
+that the mesh axes do not divide is replicated instead.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Mapping, Sequence
 
@@ -39,34 +38,54 @@ DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
 )
 
 
-@dataclasses.dataclass(frozen=True)
-class MeshConfig:
-    data: int = 1
-    fsdp: int = -1  # -1: whatever devices are left
-    tensor: int = 1
+def parse_mesh(text: str) -> dict[str, int]:
+    """`data=1,fsdp=8,tensor=1` -> sizes for `mesh_sizes` (missing axes 1; one may be -1)."""
+    sizes: dict[str, int] = {}
+    for part in text.split(","):
+        name, sep, value = part.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise ValueError(f"mesh {text!r}: expected AXIS=SIZE pairs like data=1,fsdp=8,tensor=1")
+        if name in sizes:
+            raise ValueError(f"mesh {text!r}: axis {name!r} given twice")
+        try:
+            sizes[name] = int(value)
+        except ValueError:
+            raise ValueError(f"mesh {text!r}: size of {name!r} is {value!r}, not an integer") from None
+    return mesh_sizes(sizes)
 
 
-def make_mesh(config: MeshConfig | Mapping[str, int] | None = None,
-              devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A (data, fsdp, tensor) mesh; one entry may be -1 to absorb the remaining devices."""
-    if config is None:
-        config = MeshConfig()
-    if isinstance(config, Mapping):
-        config = MeshConfig(**dict(config))
+def mesh_sizes(sizes: Mapping[str, int], devices: int | None = None) -> dict[str, int]:
+    """Checked (data, fsdp, tensor) sizes: missing axes are 1; one axis may be -1, the devices
+    left over (filled when `devices` is given). With `devices`, the product must equal it.
+    Raises ValueError naming the axis or the count."""
+    unknown = sorted(set(sizes) - set(MESH_AXES))
+    if unknown:
+        raise ValueError(f"mesh {dict(sizes)}: unknown axis {unknown[0]!r}; axes are {', '.join(MESH_AXES)}")
+    out = {}
+    for axis in MESH_AXES:
+        size = sizes.get(axis, 1)
+        if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or (size < 1 and size != -1):
+            raise ValueError(f"mesh {dict(sizes)}: size of {axis!r} must be an integer >= 1 (or -1), got {size!r}")
+        out[axis] = int(size)
+    free = [axis for axis, size in out.items() if size == -1]
+    if len(free) > 1:
+        raise ValueError(f"mesh {out}: at most one axis may be -1")
+    if free and devices is not None:
+        known = math.prod(s for s in out.values() if s != -1)
+        if devices % known:
+            raise ValueError(f"mesh {out} does not divide {devices} devices")
+        out[free[0]] = devices // known
+    if devices is not None and math.prod(out.values()) != devices:
+        raise ValueError(f"mesh {out} has {math.prod(out.values())} devices, {devices} available")
+    return out
+
+
+def make_mesh(sizes: Mapping[str, int] | None = None, devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A (data, fsdp, tensor) mesh over `devices` (default: all); see `mesh_sizes`."""
     devices = list(devices if devices is not None else jax.devices())
-    sizes = [config.data, config.fsdp, config.tensor]
-    if sizes.count(-1) > 1:
-        raise ValueError(f"mesh {dict(zip(MESH_AXES, sizes))}: at most one axis may be -1")
-    known = math.prod(s for s in sizes if s != -1)
-    if -1 in sizes:
-        if len(devices) % known:
-            raise ValueError(f"mesh {dict(zip(MESH_AXES, sizes))} does not divide "
-                             f"{len(devices)} devices")
-        sizes[sizes.index(-1)] = len(devices) // known
-    if math.prod(sizes) != len(devices):
-        raise ValueError(f"mesh {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices, "
-                         f"{len(devices)} available")
-    return Mesh(np.asarray(devices).reshape(sizes), MESH_AXES)
+    shape = mesh_sizes(sizes if sizes is not None else {"fsdp": -1}, len(devices))
+    return Mesh(np.asarray(devices).reshape([shape[a] for a in MESH_AXES]), MESH_AXES)
 
 
 def hybrid_device_array(ici: Mapping[str, int], dcn: Mapping[str, int] | None = None,
@@ -167,14 +186,41 @@ def state_shardings(module: nnx.Module, mesh: Mesh, rules=DEFAULT_RULES):
     return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
-def shard_module(module: nnx.Module, mesh: Mesh, rules=DEFAULT_RULES) -> nnx.Module:
-    """Places every parameter of `module` on its sharding (in place) and returns it."""
-    for _, node in nnx.iter_graph(module):
-        if isinstance(node, nnx.Variable):
-            value = node.get_value()
-            node.set_value(jax.device_put(value, named_sharding(mesh, param_axes(node),
-                                                                value.shape, rules)))
-    return module
+def param_shardings(params, mesh, rules=DEFAULT_RULES):
+    """The NamedSharding of every parameter: a tree shaped like `params` (an nnx.State of
+    Variables, concrete or abstract)."""
+    return jax.tree.map(lambda v: named_sharding(mesh, param_axes(v), v.get_value().shape, rules),
+                        params, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def _key_name(key) -> str:
+    for attribute in ("key", "name", "idx"):
+        if hasattr(key, attribute):
+            return str(getattr(key, attribute))
+    return str(key)
+
+
+def optimizer_shardings(opt_state, params, mesh, rules=DEFAULT_RULES):
+    """A NamedSharding for every leaf of `opt_state` (a tree shaped like it). A leaf that
+    mirrors a parameter (its path ends with the parameter's path and it has the parameter's
+    shape: Adam's mu and nu) takes that parameter's sharding: the moments are as large as the
+    model, replicated they would not fit. Other leaves (step counts) are replicated."""
+    by_path = {}
+    for path, variable in nnx.to_flat_state(params):
+        value = variable.get_value()
+        by_path[tuple(str(p) for p in path)] = (tuple(value.shape),
+                                                named_sharding(mesh, param_axes(variable), value.shape, rules))
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    def one(keys, leaf):
+        path = tuple(name for name in map(_key_name, keys) if name != "value")
+        for start in range(len(path)):
+            if path[start:] in by_path:
+                shape, sharding = by_path[path[start:]]
+                return sharding if shape == tuple(leaf.shape) else replicated
+        return replicated
+
+    return jax.tree_util.tree_map_with_path(one, opt_state)
 
 
 def batch_sharding(mesh: Mesh, ndim: int, batch_axis: int = 0, rules=DEFAULT_RULES,
@@ -186,14 +232,3 @@ def batch_sharding(mesh: Mesh, ndim: int, batch_axis: int = 0, rules=DEFAULT_RUL
         shape = [1] * ndim
         shape[batch_axis] = batch_size
     return NamedSharding(mesh, logical_to_spec(axes, shape, mesh if shape else None, rules))
-
-
-def explain_sharding(module: nnx.Module, mesh: Mesh, rules=DEFAULT_RULES) -> list[str]:
-    """One line per parameter: path, shape, logical axes, resulting spec."""
-    lines = []
-    for path, node in nnx.iter_graph(module):
-        if isinstance(node, nnx.Variable):
-            value = node.get_value()
-            spec = logical_to_spec(param_axes(node), value.shape, mesh, rules)
-            lines.append(f"{'/'.join(map(str, path))} {tuple(value.shape)} {param_axes(node)} -> {spec}")
-    return lines

@@ -1,5 +1,5 @@
 """PARA-GRPO advantages: hand-derived numbers for shaping, group norm, k1 KL, reward-to-go,
-batch norm, the targeted anchor and the sub-agent broadcast."""
+batch norm and the targeted anchor."""
 import functools
 
 import jax
@@ -11,9 +11,7 @@ from paravt_jax.rl.advantages import (
     AdvantageConfig,
     anchor_advantages,
     anchor_positions,
-    broadcast_to_subagents,
     compute_advantages,
-    episode_advantage,
     group_normalize,
     group_normalize_by_ids,
     masked_normalize,
@@ -222,21 +220,6 @@ def test_token_mode_requires_anchor_inputs():
         compute_advantages(rewards, A_LOSS, old, ref, AdvantageConfig(), group_size=4)
     with pytest.raises(ValueError):
         AdvantageConfig(anchor_mode="tokens")
-
-
-def test_subagent_broadcast():
-    adv = np.array([
-        [0.0, 1.5, 2.0, 0.0],
-        [0.0, 0.0, -0.7, -0.1],
-        [0.0, 0.0, 0.0, 0.0],
-    ])
-    mask = np.array([[0, 1, 1, 0], [0, 0, 1, 1], [0, 0, 0, 0]])
-    # Episode advantage = value at the first loss token: 1.5, -0.7, and 0 for an empty row.
-    np.testing.assert_allclose(episode_advantage(adv, mask), [1.5, -0.7, 0.0])
-    sub_to_main = np.array([1, 0, 1])
-    sub_mask = np.array([[0, 1, 1], [1, 1, 0], [0, 0, 1]])
-    got = broadcast_to_subagents(adv, mask, sub_to_main, sub_mask)
-    np.testing.assert_allclose(got, [[0.0, -0.7, -0.7], [1.5, 1.5, 0.0], [0.0, 0.0, -0.7]])
 
 
 def test_jit_and_dtype():

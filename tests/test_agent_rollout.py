@@ -31,7 +31,8 @@ def tokenizer():
 
 
 def crop(row, k, video, start, end, path="model_path.mp4"):
-    return CropTask(row, k, video, 40.0, ToolCall("crop_video", {"video_path": path, "start_time": start, "end_time": end}))
+    arguments = {"video_path": path, "start_time": start, "end_time": end}
+    return CropTask(row, k, video, 40.0, ToolCall("crop_video", arguments))
 
 
 def test_calls_run_concurrently_in_order_and_failures_become_errors(video, tmp_path):
@@ -119,8 +120,10 @@ class ScriptedSampler:
 
 def calls_text(*windows):
     return "<think>check windows</think>\n" + "\n".join(
-        "<tool_call>\n" + json.dumps({"name": "crop_video", "arguments": {"video_path": "/etc/passwd",
-                                                                          "start_time": s, "end_time": e}}) + "\n</tool_call>"
+        "<tool_call>\n"
+        + json.dumps({"name": "crop_video",
+                      "arguments": {"video_path": "/etc/passwd", "start_time": s, "end_time": e}})
+        + "\n</tool_call>"
         for s, e in windows)
 
 
@@ -212,3 +215,182 @@ def test_final_answer_round_forces_a_short_answer(video, tokenizer):
     assert r.completion.index("Reply with the letter only.") > r.completion.rindex("</tool_response>")
     prompt = tokenizer.decode(r.inputs.input_ids[:r.prompt_length])
     assert prompt.startswith("<|im_start|>system\nSYSTEM TEXT<|im_end|>") and "<tools>" not in prompt
+
+
+def test_turn_texts_carry_the_forced_prefix_and_the_anchor_lands_on_generated_tags(video, tokenizer):
+    from paravt_jax.rl.trainer import RewardConfig, score
+
+    first = "I see sparse frames.\n</think>\n" + calls_text((1, 5)).split("\n", 1)[1]
+    scripts = [[first, "The circle is blue.\n</think>\n<answer>blue</answer>"],
+               ["<think>I write my own think.</think>\n<answer>blue</answer>"]]
+    episode = Episode("e0", "What colour?", "blue", "oe", video, nframes=4)
+    with CropDispatcher() as dispatcher:
+        rollouts, _ = run_rollouts(ScriptedSampler(tokenizer, scripts), tokenizer, [episode], 2,
+                                   RolloutConfig(mode="frames", max_turns=2), dispatcher)
+    a, b = rollouts
+    assert a.turn_texts == ("<think>\n" + first + "<|im_end|>",
+                            "<think>\n" + scripts[0][1] + "<|im_end|>")
+    assert b.turn_texts == ("<think>\n" + scripts[1][0] + "<|im_end|>",)
+    assert "<tool_response>" not in a.assistant_text and not a.generated_text.startswith("<think>")
+    # Structural positions: exactly the tags the policy generated, in order; the forced
+    # "<think>" tokens of the prompt (loss mask 0) are never among them.
+    ids, sp = a.inputs.input_ids, tokenizer.special
+    tags = lambda r: tokenizer.decode(r.inputs.input_ids[r.structural_mask == 1])
+    assert tags(a) == "</think><tool_call></tool_call></think><answer></answer>"
+    assert tags(b) == "<think></think><answer></answer>"
+    assert np.all(a.inputs.loss_mask[a.structural_mask == 1] == 1)
+    assert (ids == sp.think).sum() == 2 and not np.any(a.structural_mask[ids == sp.think])
+    # rewards: the turns text scores the forced think, the released text does not
+    rewards, _, anchors = score(rollouts, RewardConfig(), token_anchor=True)
+    assert anchors.tolist() == [pytest.approx(0.7), pytest.approx(0.7)]
+    assert rewards[0]["format_reward"] == pytest.approx(1.0)  # .2 + .5 + tool .3 + balanced .1 -> 1.0
+    released, _, released_anchors = score(rollouts, RewardConfig(text="released"), token_anchor=True)
+    assert released_anchors.tolist() == [0.0, pytest.approx(0.7)]
+    assert released[0]["format_reward"] == pytest.approx(0.5)  # answer tags only; think unbalanced
+
+
+def test_gating_off_overview_samples_one_fps_up_to_64(video, tokenizer, tmp_path):
+    """K = 0: the overview at rollout.overview_fps capped at overview_max_frames (the reference
+    with gating off: 1 fps, at most 64), not a fixed 64 frames."""
+    from paravt_jax.agent.rollout import overview_prompts
+
+    long_video = write_video(str(tmp_path / "long.mp4"), 100.0, [Event(10.0, 14.0, "red", "square")], fps=2.0,
+                             height=64, width=96, seed=2)
+    episodes = [Episode("a", "q?", "A", "mcq", video, nframes=0), Episode("b", "q?", "A", "mcq", long_video, nframes=0),
+                Episode("c", "q?", "A", "mcq", video, nframes=8)]
+    with CropDispatcher() as pool:
+        prompts, errors, durations = overview_prompts(episodes, tokenizer, RolloutConfig(), pool)
+    assert errors == [None] * 3 and durations == pytest.approx([40.0, 100.0, 40.0], abs=0.5)
+    assert [p.image_grid_thw.shape[0] for p in prompts] == [40, 64, 8]
+
+
+def test_rl_prompt_layout_system_and_subagent(video, tokenizer):
+    """RL prompt: the row's system prompt kept (no second schema when it has <tools>), else the
+    flat schema of the RL workflow; timestamped overview frames. Sub-agent prompts: bare
+    frames, then the segment's range and duration."""
+    from paravt_jax.agent.rollout import overview_prompts
+    from paravt_jax.text.chat import placeholder_text
+
+    def prompt_text(episode, config=RolloutConfig()):
+        with CropDispatcher() as pool:
+            (prompt,), _, _ = overview_prompts([episode], tokenizer, config, pool)
+        return tokenizer.decode(prompt.input_ids)
+
+    plain = prompt_text(Episode("a", "What colour?", "blue", "oe", video, nframes=2))
+    assert ('"parameters": {"video_path": {"type": "string", "description": "Path of the video file"}, '
+            '"start_time": {"type": "number"') in plain and '"required"' not in plain
+    assert "<|vision_end|><5.0 seconds>" not in plain and "<0.0 seconds><|vision_start|>" in plain
+    assert plain.endswith("What colour?\nThe video path for this video is: episode.mp4<|im_end|>\n"
+                          "<|im_start|>assistant\n<think>\n")
+    own = prompt_text(Episode("a", "What colour?", "blue", "oe", video, nframes=2,
+                              system_prompt="You are a video agent.\n<tools>\nX\n</tools>"))
+    assert own.startswith("<|im_start|>system\nYou are a video agent.\n<tools>\nX\n</tools><|im_end|>")
+    assert own.count("<tools>") == 1
+    bare = prompt_text(Episode("a", "Q?", "A", "mcq", video, nframes=2),
+                       RolloutConfig(overview_timestamps=False, video_path_line="space_if_absent", tools=False))
+    assert "seconds>" not in bare and "<|vision_end|>Q?<|im_end|>" in bare
+    # the sub-agent prompt of one crop: frames without timestamps, then the instruction
+    sampler = ScriptedSampler(tokenizer, [[calls_text((1, 5)), "<think>done</think><answer>blue</answer>"]])
+    seen = []
+    real = sampler.generate
+
+    def spy(prompts, **knobs):
+        seen.extend(prompts)
+        return real(prompts, **knobs)
+
+    sampler.generate = spy
+    with CropDispatcher() as dispatcher:
+        run_rollouts(sampler, tokenizer, [Episode("e", "Q?", "blue", "oe", video, nframes=2)], 1,
+                     RolloutConfig(mode="subagent", max_turns=1), dispatcher)
+    sub = tokenizer.decode(seen[-1].input_ids)
+    assert sub.startswith("<|im_start|>user\n<|vision_start|>") and "seconds>" not in sub
+    assert "<|vision_end|>You are looking at a video segment from 00:01 to 00:05 (duration: 4.0 seconds)." in sub
+
+
+def test_subagent_summary_cut_at_the_budget_ends_with_the_marker(video, tokenizer):
+    """A summary that reaches subagent_max_tokens without its stop token is cut there with the
+    reference's ' [truncated]' marker; a finished one is kept as is."""
+    class Unfinished(ScriptedSampler):
+        def generate(self, prompts, num_samples=1, **knobs):
+            out, state = super().generate(prompts, num_samples=num_samples, **knobs)
+            if state is None:  # a sub-agent call: the budget ran out before the stop token
+                tokens = [t[:-1] for t in out.tokens]
+                out = SampleOutput(tokens, [l[:-1] for l in out.logprobs], np.zeros(len(tokens), bool),
+                                   np.array([len(t) for t in tokens]))
+            return out, state
+
+    for cls, marker in ((ScriptedSampler, False), (Unfinished, True)):
+        sampler = cls(tokenizer, [[calls_text((1, 5)), "<think>ok</think><answer>blue</answer>"]])
+        with CropDispatcher() as dispatcher:
+            (r,), _ = run_rollouts(sampler, tokenizer, [Episode("e", "Q?", "blue", "oe", video, nframes=2)], 1,
+                                   RolloutConfig(mode="subagent", max_turns=1), dispatcher)
+        body = "a blue circle from 10 to 14 seconds" + (" [truncated]" if marker else "")
+        assert f"<tool_response>\n{body}\n</tool_response>" in r.completion
+
+
+IMG = "<|vision_start|><|image_pad|><|vision_end|>"
+
+
+def eval_rollout(video, tokenizer, scripts, question="Which colour?", max_turns=1, **driver_changes):
+    """One greedy episode under the evaluation protocol (driver defaults: the reference's)."""
+    from paravt_jax.eval import driver
+
+    config = driver.DriverConfig(nframes=2, max_turns=max_turns, overview_min_pixels=784, overview_max_pixels=64 * 96,
+                                 crop_min_pixels=784, crop_max_pixels=64 * 96, **driver_changes)
+    with driver.crop_dispatcher(config) as dispatcher:
+        (r,), _ = run_rollouts(ScriptedSampler(tokenizer, scripts), tokenizer,
+                               [Episode("e", question, "B", "mcq", video, nframes=2)], 1,
+                               driver.rollout_config(config, "mcq"), dispatcher)
+    import re
+    return r, re.sub(r"(<\|image_pad\|>)+", "<|image_pad|>", tokenizer.decode(r.inputs.input_ids))
+
+
+def test_eval_two_call_round_renders_as_the_reference_driver(video, tokenizer):
+    """The whole context of a two-call round, then the forced answer: bare overview images, the
+    video-path sentence after a space, each crop's frames BEFORE its `<tool_response>` text,
+    a missing end_time read as start + 10 s, the final-answer instruction, the answer."""
+    from paravt_jax.eval import prompts
+
+    first = ('<think>two windows</think>\n<tool_call>\n{"name": "crop_video", "arguments": {"video_path": "x", '
+             '"start_time": 1, "end_time": 5}}\n</tool_call>\n<tool_call>\n{"name": "crop_video", "arguments": '
+             '{"video_path": "x", "start_time": "00:09"}}\n</tool_call>')
+    r, text = eval_rollout(video, tokenizer, [[first, "B"]])
+    assert text == (
+        f"<|im_start|>system\n{prompts.PromptTexts().agentic_general}<|im_end|>\n"
+        f"<|im_start|>user\n{IMG * 2}Which colour? The video path for this video is: episode.mp4<|im_end|>\n"
+        f"<|im_start|>assistant\n{first}<|im_end|>\n"
+        f"<|im_start|>user\n{IMG * 4}<tool_response>\n4 frames from 1.0s to 5.0s.\n</tool_response><|im_end|>\n"
+        f"<|im_start|>user\n{IMG * 10}<tool_response>\n10 frames from 9.0s to 19.0s.\n</tool_response><|im_end|>\n"
+        f"<|im_start|>user\n{prompts.FINAL_MCQ}<|im_end|>\n"
+        "<|im_start|>assistant\nB<|im_end|>")
+    assert r.calls_per_turn == (2,) and r.turns == 2 and r.turn_texts[-1] == "B<|im_end|>"
+    # a question that already names the video path gets no second sentence
+    _, named = eval_rollout(video, tokenizer, [["B"]], question="Which colour? (video path: a.mp4)")
+    assert f"{IMG * 2}Which colour? (video path: a.mp4)<|im_end|>" in named
+
+
+def test_eval_crop_errors_and_extra_calls_as_the_reference_driver(video, tokenizer):
+    """A crop that fails reads `[Error cropping S.Ss-E.Es]` in its tool response; calls past
+    max_parallel are dropped without a response; our variants are named options."""
+    calls = "<think>look</think>" + "".join(
+        '<tool_call>\n{"name": "crop_video", "arguments": ' + json.dumps({"start_time": s, "end_time": e}) +
+        "}\n</tool_call>" for s, e in ((50, 60), (1, 3), (5, 7), (8, 9), (10, 12), (20, 22)))
+    r, text = eval_rollout(video, tokenizer, [[calls, "B"]])
+    assert r.calls_per_turn == (5,) and text.count("<tool_response>") == 5
+    assert "<|im_start|>user\n<tool_response>\n[Error cropping 50.0s-60.0s]\n</tool_response><|im_end|>" in text
+    assert "20.0s" not in text and "Error: call 6" not in text
+    ours, ours_text = eval_rollout(video, tokenizer, [[calls, "B"]], frames_response="timestamped",
+                                   extra_calls="respond")
+    assert "start_time (50.0s) exceeds video duration (40.0s)" in ours_text and "Error: call 6 was not executed" in ours_text
+    assert "<tool_response>\n2 frames from 1.0 s to 3.0 s.\n<1.0 seconds>" in ours_text
+
+
+def test_eval_turn_without_a_valid_call_is_the_answer(video, tokenizer):
+    """The reference driver ends the dialog at a response with no parseable call and scores that
+    response; with malformed = respond the model gets an error response and another turn."""
+    broken = "<think>hm</think><tool_call>\nnot json\n</tool_call> The answer is B"
+    r, text = eval_rollout(video, tokenizer, [[broken, "B"]], max_turns=3)
+    assert r.turns == 1 and r.calls_per_turn == () and "<tool_response>" not in text
+    assert text.endswith(f"<|im_start|>assistant\n{broken}<|im_end|>")
+    retry, retry_text = eval_rollout(video, tokenizer, [[broken, "B"]], max_turns=3, malformed="respond")
+    assert retry.turns == 2 and "<tool_response>\nError: <tool_call> block 1: not valid JSON" in retry_text

@@ -48,17 +48,15 @@ def test_launch_scripts_dry_run():
 def test_configs_load_with_presets_and_overrides():
     from ml_collections import config_flags  # noqa: F401
 
-    import importlib.util
+    import importlib
 
     for name in ("paragrpo", "vanilla_grpo", "sft"):
-        spec = importlib.util.spec_from_file_location(name, f"{ROOT}/configs/{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        module = importlib.import_module(f"configs.{name}")
         for preset in ("tiny", "qwen3vl_2b", "qwen3vl_8b"):
             c = module.get_config(preset)
             assert c.rl.samples_per_prompt >= 2
         if name == "vanilla_grpo":
-            assert c.rl.anchor_weight == 0.0 and not c.rl.nframes_gating and not c.rl.think_prefix
+            assert c.rl.advantage.anchor_weight == 0.0 and not c.rl.nframes_gating and not c.rl.rollout.think_prefix
     assert module.get_config("qwen3vl_8b").rl.steps == 0  # sft.py: RL off
 
 
@@ -83,8 +81,9 @@ def test_main_job_end_to_end_then_export(builtin_root, tmp_path):
               f"--config.data.builtin_root={builtin_root}"]
     text = run_cli("run", *common, "--config.sft.steps=2", "--config.sft.batch_size=2",
                    "--config.sft.nframes=2", "--config.rl.steps=1", "--config.rl.samples_per_prompt=2",
-                   "--config.rl.prompts_per_step=1", "--config.rl.max_new_tokens=8", "--config.rl.max_turns=1",
-                   "--config.rl.subagent_max_tokens=8", "--config.rl.eval_every=1",
+                   "--config.rl.prompts_per_step=1", "--config.rl.rollout.max_new_tokens=8",
+                   "--config.rl.rollout.max_turns=1",
+                   "--config.rl.rollout.subagent_max_tokens=8", "--config.rl.eval_every=1",
                    "--config.eval.limit=1", "--config.eval.max_new_tokens=8", "--config.eval.max_turns=1")
     assert "| tools | K | accuracy |" in text and "| yes | 64 |" in text
     summary = json.load(open(f"{workdir}/summary.json"))
@@ -101,9 +100,10 @@ def test_mesh_preset_builds_the_named_mesh(builtin_root):
     import jax
     from flax import nnx
 
-    from paravt_jax.cli import build_model, builtin_assets, config_module
+    from configs import paragrpo
+    from paravt_jax.jobs import build_model, builtin_assets
 
-    config = config_module("paragrpo").get_config("tiny")
+    config = paragrpo.get_config("tiny")
     config.data.builtin_root = builtin_root
     config.mesh_preset = "gpu8_tp2"
     model = build_model(config, default_dir=builtin_assets(config).model_dir)

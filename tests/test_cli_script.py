@@ -59,9 +59,9 @@ def test_every_command_has_help(command, capsys):
 
 
 BAD = [
-    (("run", "--config.rl.reward_mode=bogus"), "rl.reward_mode='bogus': must be one of ('f1', 'exact', 'llm')"),
-    (("train", "--config.rl.learning_rate=-0.0001"), "rl.learning_rate=-0.0001: must be a finite number > 0"),
-    (("run", "--config.rl.max_parallel=0"), "rl.max_parallel=0: must be an integer >= 1"),
+    (("run", "--config.rl.reward.mode=bogus"), "rl.reward.mode='bogus': must be one of ('f1', 'exact', 'llm')"),
+    (("train", "--config.rl.optimizer.learning_rate=-0.0001"), "rl.optimizer.learning_rate=-0.0001: must be a finite number > 0"),
+    (("run", "--config.rl.dispatch.max_parallel=0"), "rl.dispatch.max_parallel=0: must be an integer >= 1"),
     (("sft", "--config.sft.steps=-1"), "sft.steps=-1: must be an integer >= 0"),
     (("train", "--config.rl.steps=-3"), "rl.steps=-3: must be an integer >= 0"),
     (("sft", "--config.sft.batch_size=0"), "sft.batch_size=0: must be an integer >= 1"),
@@ -92,20 +92,20 @@ def test_bad_values_are_refused_at_start(args, message, tmp_path, capsys):
 
 def test_several_bad_values_are_listed_together():
     from paravt_jax.config_checks import ConfigValueError, check_config
-    from paravt_jax.cli import config_module
+    from configs import paragrpo
 
-    config = config_module("paragrpo").get_config("tiny")
-    config.rl.temperature, config.eval.nframes = 0.0, (4, 0)
+    config = paragrpo.get_config("tiny")
+    config.rl.step.temperature, config.eval.nframes = 0.0, (4, 0)
     with pytest.raises(ConfigValueError) as err:
         check_config(config)
-    assert "rl.temperature=0.0: must be a finite number > 0" in str(err.value)
+    assert "rl.step.temperature=0.0: must be a finite number > 0" in str(err.value)
     assert "eval.nframes=(4, 0): must be a non-empty list of integers >= 1" in str(err.value)
 
 
 # ----------------------------------------------------------------------------- preemption
 RUN = ["--config.sft.steps=3", "--config.sft.batch_size=2", "--config.sft.nframes=2", "--config.rl.steps=2",
-       "--config.rl.prompts_per_step=1", "--config.rl.samples_per_prompt=2", "--config.rl.max_new_tokens=4",
-       "--config.rl.max_turns=1", "--config.rl.subagent_max_tokens=4", "--config.rl.eval_every=0",
+       "--config.rl.prompts_per_step=1", "--config.rl.samples_per_prompt=2", "--config.rl.rollout.max_new_tokens=4",
+       "--config.rl.rollout.max_turns=1", "--config.rl.rollout.subagent_max_tokens=4", "--config.rl.eval_every=0",
        "--config.rl.nframes_gating=False", "--config.rl.default_nframes=4", "--config.eval.limit=1",
        "--config.eval.nframes=(4,)", "--config.eval.max_new_tokens=4", "--config.eval.max_turns=1"]
 

@@ -81,8 +81,8 @@ class FakeSampler:
 
 
 def config(**kw):
-    base = dict(nframes=4, max_turns=2, max_new_tokens=16, mcq_answer_tokens=4, grounding_answer_tokens=5, batch_size=4, overview_max_pixels=96 * 160,
-                crop_max_pixels=96 * 160)
+    base = dict(nframes=4, max_turns=2, max_new_tokens=16, mcq_answer_tokens=4, grounding_answer_tokens=5,
+                batch_size=4, overview_max_pixels=96 * 160, crop_max_pixels=96 * 160)
     base.update(kw)
     return driver.DriverConfig(**base)
 

@@ -6,8 +6,7 @@ import sys
 import numpy as np
 import pytest
 
-from paravt_jax.rl.gating import (NFRAMES_CHOICES, nframes_for_prompt, nframes_for_prompts,
-                                  prompt_key_from_videos)
+from paravt_jax.rl.gating import NFRAMES_CHOICES, nframes_for_prompt
 
 
 def test_choices():
@@ -24,7 +23,6 @@ def test_same_key_same_k_and_in_choices():
 def test_disabled_gives_default():
     assert nframes_for_prompt("a", 0, enabled=False) == 64
     assert nframes_for_prompt("a", 0, enabled=False, default=32) == 32
-    assert nframes_for_prompts(["a", "b"], 0, enabled=False).tolist() == [64, 64]
 
 
 def test_reproducible_across_processes():
@@ -55,24 +53,34 @@ def test_roughly_uniform():
 
 def test_seed_changes_assignment():
     keys = [f"prompt-{i}" for i in range(200)]
-    a = nframes_for_prompts(keys, 0, True)
-    b = nframes_for_prompts(keys, 1, True)
+    a = np.array([nframes_for_prompt(k, 0, True) for k in keys])
+    b = np.array([nframes_for_prompt(k, 1, True) for k in keys])
     assert (a != b).mean() > 0.6  # independent draws differ 80% of the time
-
-
-def test_batch_matches_scalar_and_repeats():
-    keys = ["x", "y", "x", "z", "x"]
-    ks = nframes_for_prompts(keys, 5, True)
-    assert ks.dtype == np.int64 and ks.shape == (5,)
-    assert ks.tolist() == [nframes_for_prompt(k, 5, True) for k in keys]
-    assert ks[0] == ks[2] == ks[4]
-    assert nframes_for_prompts([], 5, True).shape == (0,)
 
 
 def test_custom_choices_and_keys():
     assert nframes_for_prompt("a", 0, True, choices=(16,)) == 16
     with pytest.raises(ValueError):
         nframes_for_prompt("a", 0, True, choices=())
-    assert prompt_key_from_videos(["a.mp4", "b.mp4"]) != prompt_key_from_videos(["a.mp4b.mp4"])
     assert nframes_for_prompt("\ud800 lone surrogate", 0, True) in NFRAMES_CHOICES
 
+
+
+def test_rl_episodes_draw_one_k_per_video():
+    """The trainer keys K on the row's video (the reference's key): every question on a video
+    sees the same overview; over videos, K is uniform over the choices; gating off samples the
+    overview by fps (K = 0, rollout.overview_fps / overview_max_frames)."""
+    from paravt_jax.data.paravt_parquet import RLRow
+    from paravt_jax.rl.trainer import RLConfig, episode
+
+    config = RLConfig(seed=3)
+    rows = [RLRow(i, f"question {q} on video {v}?", f"/data/videos/v{v}.mp4", "A", "mcq", {})
+            for i, (v, q) in enumerate((v, q) for v in range(2000) for q in range(3))]
+    ks = [episode(r, config).nframes for r in rows]
+    per_video = [set(ks[3 * v:3 * v + 3]) for v in range(2000)]
+    assert all(len(k) == 1 for k in per_video)
+    counts = collections.Counter(k.pop() for k in per_video)
+    assert set(counts) == set(NFRAMES_CHOICES) and all(340 <= c <= 460 for c in counts.values()), counts
+    assert ks[0] == nframes_for_prompt("/data/videos/v0.mp4", 3, True)
+    off = RLConfig(seed=3, nframes_gating=False)
+    assert {episode(r, off).nframes for r in rows[:30]} == {0}

@@ -4,7 +4,6 @@ Dry runs execute with a PATH whose `gcloud`, `ssh`, `scp`, `rsync` and `nvidia-s
 that record the call and fail, so a dry run that touched any of them fails its test.
 """
 import dataclasses
-import importlib.util
 import math
 import os
 import shlex
@@ -14,20 +13,12 @@ import sys
 
 import pytest
 
+from configs import meshes
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCH = os.path.join(ROOT, "launch")
 TOOLS = ("gcloud", "ssh", "scp", "rsync", "nvidia-smi")
 SECRET = "s3cr3t value'with quotes"
-
-
-def load(name: str, path: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-meshes = load("paravt_config_meshes", os.path.join(ROOT, "configs", "meshes.py"))
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -429,7 +420,8 @@ def test_preset_reaches_the_config_and_builds_a_mesh_on_fake_devices():
     from paravt_jax import sharding as sh
 
     assert jax.device_count() == 8
-    base = load("paravt_config_base", os.path.join(ROOT, "configs", "base.py"))
+    from configs import base
+
     config = meshes.apply_mesh_preset(base.get_config("tiny"), "gpu8_tp2")
     assert dict(config.mesh) == {"data": 1, "fsdp": 4, "tensor": 2}
     mesh = sh.make_mesh(dict(config.mesh))

@@ -1,4 +1,4 @@
-"""Decoupled PPO-clip loss, SFT cross-entropy, entropy and (sum, count) accumulation."""
+"""Decoupled PPO-clip loss and (sum, count) accumulation."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,12 +7,9 @@ import pytest
 from paravt_jax.rl.loss import (
     RunningMax,
     WeightedMean,
-    entropy_from_logits,
     finalize_stats,
-    gather_logprobs,
     merge_stats,
     ppo_loss,
-    sft_loss,
 )
 
 
@@ -165,40 +162,17 @@ def test_stat_helpers():
     assert isinstance(out["clip_frac"], WeightedMean) and isinstance(out["behaviour_weight_max"], RunningMax)
 
 
-def _np_log_softmax(z):
-    z = z - z.max(axis=-1, keepdims=True)
-    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
-
-
-def test_sft_loss_matches_numpy():
-    rng = np.random.default_rng(2)
-    logits = rng.normal(0.0, 3.0, size=(3, 7, 11)).astype(np.float32)
-    targets = rng.integers(0, 11, size=(3, 7))
-    mask = (rng.random((3, 7)) < 0.6).astype(np.int32)
-    ls = _np_log_softmax(logits.astype(np.float64))
-    nll = -np.take_along_axis(ls, targets[..., None], axis=-1)[..., 0]
-    loss_sum, count = sft_loss(logits, targets, mask)
-    assert int(count) == int(mask.sum())
-    np.testing.assert_allclose(float(loss_sum), float((nll * mask).sum()), rtol=1e-5)
-    # logits[:, t] predicts targets[:, t] (no shift inside): a one-hot peak at the target wins.
-    peaked = np.full((1, 3, 5), -30.0, np.float32)
-    peaked[0, np.arange(3), [4, 0, 2]] = 30.0
-    assert float(sft_loss(peaked, np.array([[4, 0, 2]]), np.ones((1, 3)))[0]) < 1e-6
-    # gather_logprobs with temperature divides the logits first.
-    lp = gather_logprobs(logits, targets, temperature=0.7)
-    ref = np.take_along_axis(_np_log_softmax(logits.astype(np.float64) / 0.7), targets[..., None], -1)[..., 0]
-    np.testing.assert_allclose(np.asarray(lp), ref, atol=1e-4)
-
-
-def test_entropy_matches_numpy():
-    rng = np.random.default_rng(3)
-    logits = rng.normal(0.0, 2.0, size=(2, 5, 9)).astype(np.float32)
-    mask = np.array([[1, 1, 0, 1, 0], [0, 1, 1, 1, 1]])
-    ls = _np_log_softmax(logits.astype(np.float64))
-    ent = -(np.exp(ls) * ls).sum(-1)
-    s, c = entropy_from_logits(logits, mask)
-    assert int(c) == 7
-    np.testing.assert_allclose(float(s), float((ent * mask).sum()), rtol=1e-5)
-    # Uniform logits: entropy log V per token.
-    s_u, c_u = entropy_from_logits(np.zeros((1, 2, 9)), np.ones((1, 2)))
-    np.testing.assert_allclose(float(s_u) / int(c_u), np.log(9), rtol=1e-6)
+def test_clip_bound_tie_passes_the_gradient_as_torch_clamp():
+    """A ratio exactly on a clip bound: both branches are equal, each gets half of the gradient
+    (max ties), and the clipped branch passes its half as torch.clamp does (jnp.clip would not):
+    the total is the unclipped gradient -A * ratio, not half of it."""
+    ratio = float(jnp.exp(jnp.float32(0.25)))
+    eps = ratio - 1.0  # so that 1 + eps is exactly the float32 ratio
+    logp = jnp.full((1, 2), 0.25, jnp.float32)
+    prox = jnp.zeros((1, 2), jnp.float32)
+    adv = jnp.array([[1.0, 2.0]], jnp.float32)
+    loss = lambda lp: ppo_loss(lp, prox, None, adv, jnp.ones((1, 2)), eps_clip=eps)
+    _, _, metrics = loss(logp)
+    assert float(metrics["importance_ratio"].total) / 2 == ratio == np.float32(1.0 + eps)
+    grad = jax.grad(lambda lp: loss(lp)[0])(logp)
+    np.testing.assert_allclose(np.asarray(grad), [[-ratio, -2.0 * ratio]], rtol=1e-6)

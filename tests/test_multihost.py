@@ -29,9 +29,9 @@ STEPS = 2
 OVERRIDES = [
     "--config=configs/paragrpo.py:tiny", "--config.data.num_train=4", "--config.data.num_eval=1",
     "--config.data.durations=(30.0,)", "--config.sft.steps=0", f"--config.rl.steps={STEPS}",
-    "--config.rl.prompts_per_step=2", "--config.rl.samples_per_prompt=2", "--config.rl.max_new_tokens=4",
-    "--config.rl.max_turns=0", "--config.rl.eval_every=0", "--config.rl.nframes_gating=False",
-    "--config.rl.default_nframes=2", "--config.rl.overview_max_pixels=3136", "--config.rl.kl_ctl=0.0",
+    "--config.rl.prompts_per_step=2", "--config.rl.samples_per_prompt=2", "--config.rl.rollout.max_new_tokens=4",
+    "--config.rl.rollout.max_turns=0", "--config.rl.eval_every=0", "--config.rl.nframes_gating=False",
+    "--config.rl.default_nframes=2", "--config.rl.rollout.overview_max_pixels=3136", "--config.rl.advantage.kl_ctl=0.0",
     "--config.eval.nframes=()",
 ]
 TIMEOUT_S = 1200
@@ -70,7 +70,7 @@ def runs(tmp_path_factory):
                   for i in range(2)])}
     procs, logs = [], []
     start = time.perf_counter()
-    for name, (base, devices, envs) in layout.items():
+    for base, devices, envs in layout.values():
         os.makedirs(base)
         for i, extra in enumerate(envs):
             logs.append(os.path.join(base, f"log_{i}.txt"))
@@ -188,9 +188,10 @@ def test_checkpoint_written_by_two_processes_restores(runs):
     (here in one process) to the single-process run's state."""
     from paravt_jax.checkpointing import Checkpointer
     from paravt_jax.models.qwen3_vl import load_pretrained
-    from paravt_jax.rl.train_step import TrainStep
+    from paravt_jax.sft.trainer import HEAD, sft_loss
+    from paravt_jax.train.step import OptimizerConfig, TrainStep
 
-    target = TrainStep(load_pretrained(runs["model_dir"])).init_state()
+    target = TrainStep(load_pretrained(runs["model_dir"]), OptimizerConfig(), sft_loss, HEAD).init_state()
     restored = {}
     for name in ("single", "multi"):
         checkpoints = Checkpointer(os.path.join(runs[name], "work", "rl", "checkpoints"), async_save=False)

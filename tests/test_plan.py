@@ -4,7 +4,6 @@ import io
 import json
 import math
 import os
-import sys
 from contextlib import redirect_stdout
 
 import jax
@@ -12,13 +11,13 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from paravt_jax import plan as P
+from paravt_jax.experiments import plan as P
 from paravt_jax import sharding as sh
 from paravt_jax.models.qwen3_vl import init_model, preset
 
+from configs import paragrpo
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "configs"))
-import paragrpo  # noqa: E402
 
 MESH8 = dict(data=1, fsdp=8, tensor=1)
 
@@ -28,7 +27,7 @@ def small_config(preset_name: str = "tiny"):
     c = paragrpo.get_config("tiny")
     c.model.preset = preset_name
     c.rl.nframes_gating, c.rl.default_nframes = False, 4
-    c.rl.max_new_tokens, c.rl.subagent_max_tokens, c.rl.max_turns = 32, 16, 1
+    c.rl.rollout.max_new_tokens, c.rl.rollout.subagent_max_tokens, c.rl.rollout.max_turns = 32, 16, 1
     return c
 
 
@@ -190,6 +189,6 @@ def test_cli_mesh_preset_and_bad_mesh():
                           ("v9z-1", "unknown mesh preset 'v9z-1'")):
         with pytest.raises(SystemExit, match=message):
             run_plan(f"--config={ROOT}/configs/paragrpo.py:tiny", f"--mesh={mesh}", "--device_memory_gb=16")
-    with pytest.raises(SystemExit, match="has 8 devices, --devices=4"):
+    with pytest.raises(SystemExit, match="has 8 devices, 4 available"):
         run_plan(f"--config={ROOT}/configs/paragrpo.py:tiny", "--mesh=fsdp=8", "--devices=4",
                  "--device_memory_gb=16")

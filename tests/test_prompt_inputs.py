@@ -118,7 +118,8 @@ def test_extension_equals_full_encode(tokenizer):
     tok, _ = tokenizer
     rng = np.random.default_rng(3)
     prefix, _ = paravt_segments(rng, 2)
-    generated = tok.encode('The window matters.</think>\n<tool_call>\n{"name": "crop_video"}\n</tool_call>') + [tok.special.im_end]
+    generated = tok.encode('The window matters.</think>\n<tool_call>\n{"name": "crop_video"}\n</tool_call>')
+    generated += [tok.special.im_end]
     crop = random_frames(rng, 2, 32, 64)
     responses = chat.tool_response_messages(["a red circle from 3.0 to 5.0 seconds",
                                              [chat.Text("2 frames from 3 s to 5 s."),

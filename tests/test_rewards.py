@@ -384,3 +384,27 @@ def test_metrics_never_raise_on_unicode(text):
     for metric in (metrics.f1_score, metrics.mcq_accuracy, metrics.temporal_iou):
         assert 0.0 <= metric(text, text) <= 1.0
     assert 0.0 <= accuracy_reward(text, text, "tvg") <= 1.0
+
+
+# A well-formed first turn under think_prefix: the "<think>\n" that opens it is forced by the
+# prompt, so the generated tokens start inside the think block.
+PREFIXED_TURN = ("I see sparse frames, so I zoom into two windows.\n</think>\n<tool_call>\n"
+                 '{"name": "crop_video", "arguments": {"video_path": "v.mp4", "start_time": 10, '
+                 '"end_time": 20}}\n</tool_call>')
+
+
+def test_forced_think_prefix_counts_for_format_and_anchor():
+    # generated tokens alone (the released scoring): the think block is invisible
+    assert anchor_reward(PREFIXED_TURN) == 0.0
+    assert format_reward(PREFIXED_TURN, answer_suffix=True, anchor_weight=0.5) == 0.0
+    # the turn as the model's context shows it: think .2 + anchor .5 x .4 + think-before-tool .3
+    # + balanced .1
+    shown = "<think>\n" + PREFIXED_TURN
+    assert anchor_reward(shown) == approx(0.4)
+    assert format_reward(shown, answer_suffix=True, anchor_weight=0.5) == approx(0.8)
+    kw = dict(answer_suffix=True, anchor_weight=0.5, format_weight=1.0)
+    released = compose_reward(PREFIXED_TURN, "B", "mcq", **kw)
+    turns = compose_reward(PREFIXED_TURN, "B", "mcq", format_text=shown, **kw)
+    assert released[1] == {"acc_reward": 0.0, "format_reward": 0.0, "tool_reward": approx(0.1)}
+    assert turns[1] == {"acc_reward": 0.0, "format_reward": approx(0.8), "tool_reward": approx(0.1)}
+    assert turns[0] == approx(0.9)

@@ -20,14 +20,15 @@ ABLATIONS = f"{ROOT}/configs/ablations.py"
 # The cheapest honest main job: every stage runs, on one question, a few tokens each.
 MINI = ["--config.sft.steps=1", "--config.sft.batch_size=2", "--config.sft.nframes=2",
         "--config.rl.steps=1", "--config.rl.prompts_per_step=1", "--config.rl.samples_per_prompt=2",
-        "--config.rl.max_new_tokens=8", "--config.rl.max_turns=1", "--config.rl.subagent_max_tokens=8",
+        "--config.rl.rollout.max_new_tokens=8", "--config.rl.rollout.max_turns=1",
+        "--config.rl.rollout.subagent_max_tokens=8",
         "--config.eval.limit=1", "--config.eval.max_new_tokens=8", "--config.eval.max_turns=1",
         "--config.eval.nframes=(4,)"]
 TWO_ARMS = "^(vanilla|paragrpo),"  # two arms of the tiny grid (one seed in tiny)
 
 
 def sweep_main(*args):
-    from paravt_jax import sweep
+    from paravt_jax.experiments import sweep
 
     out = io.StringIO()
     with redirect_stdout(out):
@@ -73,9 +74,9 @@ def test_arms_ran_in_workdirs_named_by_their_overrides(swept):
         assert not os.path.exists(os.path.join(root, name, "sft"))
         assert len(open(os.path.join(root, name, "rl", "metrics.jsonl")).read().splitlines()) == 1
     vanilla = json.load(open(f"{root}/vanilla,seed=0/sweep_arm.json"))["overrides"]
-    assert vanilla["rl.anchor_weight"] == 0.0 and vanilla["rl.nframes_gating"] is False
-    assert vanilla["rl.think_prefix"] is False and vanilla["rl.anchor_mode"] == "sequence"
-    assert "rl.anchor_weight" not in json.load(open(f"{root}/paragrpo,seed=0/sweep_arm.json"))["overrides"]
+    assert vanilla["rl.advantage.anchor_weight"] == 0.0 and vanilla["rl.nframes_gating"] is False
+    assert vanilla["rl.rollout.think_prefix"] is False and vanilla["rl.advantage.anchor_mode"] == "sequence"
+    assert "rl.advantage.anchor_weight" not in json.load(open(f"{root}/paragrpo,seed=0/sweep_arm.json"))["overrides"]
     print(f"\n[test_sweep] real 2-arm sweep (+ shared SFT) took {swept['seconds']:.0f} s")
 
 
@@ -97,7 +98,7 @@ def test_rerun_skips_finished_arms(swept):
 
 
 def test_report_table_and_plots(swept, tmp_path):
-    from paravt_jax import report
+    from paravt_jax.experiments import report
 
     root = swept["root"]
     prefix = str(tmp_path / "cmp")
@@ -139,7 +140,7 @@ def test_report_groups_seeds_with_mean_and_spread(swept):
     """The two real arms relabelled as two seeds of one group: mean and sample std."""
     import dataclasses
 
-    from paravt_jax import report
+    from paravt_jax.experiments import report
 
     arms = [dataclasses.replace(report.load_arm(os.path.join(swept["root"], n)), group="both")
             for n in ("vanilla,seed=0", "paragrpo,seed=0")]
@@ -154,7 +155,7 @@ def test_report_groups_seeds_with_mean_and_spread(swept):
 
 
 def test_dry_run_prints_one_command_per_arm_that_parses_to_the_arm_config(tmp_path):
-    from paravt_jax import sweep
+    from paravt_jax.experiments import sweep
 
     root = str(tmp_path / "dry")
     lines, out = sweep_main(f"--config={ABLATIONS}:qwen3vl_8b", f"--workdir={root}", "--dry_run",
@@ -165,8 +166,8 @@ def test_dry_run_prints_one_command_per_arm_that_parses_to_the_arm_config(tmp_pa
     assert names[:3] == ["vanilla,seed=0", "vanilla,seed=1", "vanilla,seed=2"] and "paragrpo,seed=2" in names
     vanilla = shlex.split(lines[1])
     assert vanilla[:5] == ["python", "-m", "paravt_jax.cli", "run", f"--config={ABLATIONS}:qwen3vl_8b"]
-    for flag in ("--config.rl.anchor_weight=0.0", "--config.rl.nframes_gating=False",
-                 "--config.rl.think_prefix=False", "--config.seed=1", "--config.rl.steps=7"):
+    for flag in ("--config.rl.advantage.anchor_weight=0.0", "--config.rl.nframes_gating=False",
+                 "--config.rl.rollout.think_prefix=False", "--config.seed=1", "--config.rl.steps=7"):
         assert flag in vanilla
     # The printed command, parsed as cli.main parses it, gives the config the sweep builds
     # for that arm from the preset and the command-line override.
@@ -174,7 +175,8 @@ def test_dry_run_prints_one_command_per_arm_that_parses_to_the_arm_config(tmp_pa
     plan = sweep.make_plan(base, f"{ABLATIONS}:qwen3vl_8b", root, {"rl.steps": 7})
     parsed, workdir = _parse_config(["paravt-jax"] + vanilla[4:])
     assert parsed.to_dict() == sweep.apply_overrides(base, plan.arms[1].overrides).to_dict()
-    assert (parsed.seed, base.seed, parsed.rl.anchor_weight, base.rl.anchor_weight) == (1, 0, 0.0, 0.5)
+    anchor = (parsed.rl.advantage.anchor_weight, base.rl.advantage.anchor_weight)
+    assert (parsed.seed, base.seed, *anchor) == (1, 0, 0.0, 0.5)
     assert parsed.rl.steps == 7 and workdir == f"{root}/vanilla,seed=1"
 
 
@@ -190,39 +192,34 @@ def _parse_config(argv):
 
 
 def _write_config(path, sweep_body):
-    path.write_text(f"import sys\nsys.path.insert(0, {ROOT + '/configs'!r})\nimport ablations\n"
-                    "from paravt_jax.sweep import product\n"
+    path.write_text("from configs import ablations\n"
+                    "from paravt_jax.experiments.sweep import product\n"
                     "def get_config(arg='tiny'):\n    return ablations.get_config(arg)\n" + sweep_body)
     return str(path)
 
 
 def test_unnamed_overrides_name_the_workdirs_typed_like_the_fields(tmp_path):
     config = _write_config(tmp_path / "grid.py", "def sweep():\n    return product(**{"
-                           "'rl.anchor_weight': [0, 0.5], 'rl.nframes_gating': ['false'], 'seed': [1]})\n")
+                           "'rl.advantage.anchor_weight': [0, 0.5], 'rl.nframes_gating': ['false'], 'seed': [1]})\n")
     root = str(tmp_path / "grid")
     lines, _ = sweep_main(f"--config={config}", f"--workdir={root}", "--dry_run")
     assert [shlex.split(line)[5] for line in lines] == [
         f"--workdir={root}/anchor_weight=0.0,nframes_gating=False,seed=1",
         f"--workdir={root}/anchor_weight=0.5,nframes_gating=False,seed=1"]
-    assert "--config.rl.anchor_weight=0.0" in lines[0] and "--config.rl.nframes_gating=False" in lines[0]
+    assert "--config.rl.advantage.anchor_weight=0.0" in lines[0] and "--config.rl.nframes_gating=False" in lines[0]
 
 
 def test_arm_names_are_stable_safe_and_bounded():
-    from paravt_jax import sweep
-    from paravt_jax.cli import DEFAULT_CONFIG
+    from paravt_jax.experiments import sweep
+    from configs import paragrpo
 
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("paragrpo_for_test", DEFAULT_CONFIG.replace("base.py", "paragrpo.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    config = module.get_config("tiny")
-    entries = [{"seed": 2, "rl.max_new_tokens": 16, "eval.max_new_tokens": 32, "eval.nframes": [4, 64]},
-               {"eval.max_new_tokens": 32, "eval.nframes": (4, 64), "rl.max_new_tokens": 16, "seed": 2.0},
+    config = paragrpo.get_config("tiny")
+    entries = [{"seed": 2, "rl.rollout.max_new_tokens": 16, "eval.max_new_tokens": 32, "eval.nframes": [4, 64]},
+               {"eval.max_new_tokens": 32, "eval.nframes": (4, 64), "rl.rollout.max_new_tokens": 16, "seed": 2.0},
                {"data.video_root": "/videos/" + "x" * 200}, {"data.video_root": "/videos/" + "x" * 199 + "y"}]
     arms = sweep.build_arms(config, entries[:1] + entries[2:], "test")
-    assert arms[0].name == "eval.max_new_tokens=32,nframes=4+64,rl.max_new_tokens=16,seed=2"
-    assert arms[0].group == "eval.max_new_tokens=32,nframes=4+64,rl.max_new_tokens=16"
+    assert arms[0].name == "eval.max_new_tokens=32,nframes=4+64,rl.rollout.max_new_tokens=16,seed=2"
+    assert arms[0].group == "eval.max_new_tokens=32,nframes=4+64,rl.rollout.max_new_tokens=16"
     assert sweep.build_arms(config, entries[1:2], "test")[0].name == arms[0].name  # order-free, typed
     for arm in arms[1:]:
         assert len(arm.name) <= sweep.MAX_NAME_LENGTH and "/" not in arm.name

@@ -1,4 +1,4 @@
-"""The PARA-GRPO / SFT train step on the tiny model."""
+"""The training engine (paravt_jax.train.step) with the PARA-GRPO and SFT losses, on the tiny model."""
 import dataclasses
 
 import jax
@@ -8,8 +8,10 @@ from flax import nnx
 
 from paravt_jax import sharding as sh
 from paravt_jax.models.qwen3_vl import init_model, preset
-from paravt_jax.rl.batch import micro_batches, pack
-from paravt_jax.rl.train_step import OptimizerConfig, StepConfig, TrainStep
+from paravt_jax.rl.objective import StepConfig, policy_head, policy_loss
+from paravt_jax.sft.trainer import HEAD, sft_loss
+from paravt_jax.train.batch import micro_batches, pack
+from paravt_jax.train.step import OptimizerConfig, TrainStep, token_scores
 from paravt_jax.text import chat
 from paravt_jax.text.inputs import encode, encode_ids
 from paravt_jax.text.tokenizer import train_tokenizer
@@ -31,20 +33,31 @@ def sequences():
     return out
 
 
+def policy_step(model, optimizer=OptimizerConfig(learning_rate=1e-3), config=StepConfig(), **kwargs):
+    return TrainStep(model, optimizer, policy_loss(config), policy_head(config), **kwargs)
+
+
 def make(model, sequences, advantages, step, num_micro=1, behaviour=None):
-    packed = pack(sequences, behaviour_logp=behaviour)
+    """Policy micro-batches; the proximal log-probs are recomputed by `update`, as the RL trainer does."""
+    packed = pack(sequences, {"behaviour_logp": behaviour} if behaviour is not None else None)
     adv = np.zeros(packed.input_ids.shape, np.float32) + np.asarray(advantages, np.float32)[:, None]
-    return packed, micro_batches(packed, adv * packed.loss_mask, num_micro, model.config.vision)
+    behaviour = packed.extras.get("behaviour_logp", np.zeros(packed.input_ids.shape, np.float32))
+    return packed, micro_batches(packed, num_micro, model.config.vision,
+                                 {"advantages": adv * packed.loss_mask, "behaviour_logp": behaviour})
+
+
+def update(step, state, batches):
+    return step.step(state, [b.with_extras(prox_logp=step.logprobs(state.params, b)) for b in batches])
 
 
 def current_logp(step, state, packed, model):
-    batch = micro_batches(packed, np.zeros(packed.input_ids.shape), 1, model.config.vision)[0]
-    return step.logprobs(state.params, batch)
+    batch = micro_batches(packed, 1, model.config.vision)[0]
+    return np.asarray(step.logprobs(state.params, batch))
 
 
 def test_logprobs_match_full_forward(sequences):
     model = init_model(preset("tiny"), seed=1)
-    step = TrainStep(model, config=StepConfig(temperature=0.7, logprob_chunk=8))
+    step = policy_step(model, config=StepConfig(temperature=0.7, logprob_chunk=8))
     packed = pack(sequences)
     lp = current_logp(step, step.init_state(), packed, model)
     for b, seq in enumerate(sequences):
@@ -54,21 +67,63 @@ def test_logprobs_match_full_forward(sequences):
         np.testing.assert_allclose(lp[b, 1:seq.length], want, atol=2e-5)
 
 
+def test_head_entropy_and_sft_loss_match_full_forward(sequences):
+    """The one token head: its entropies under the policy head and the SFT loss on its
+    log-probs equal what the full [B, T, vocab] logits give."""
+    model = init_model(preset("tiny"), seed=1)
+    batch = micro_batches(pack(sequences), 1, model.config.vision)[0]
+    policy = policy_step(model, config=StepConfig(temperature=0.7, logprob_chunk=8))
+    scores = token_scores(model, batch.device_tree(), policy.head)
+    sft = TrainStep(model, OptimizerConfig(), sft_loss, HEAD)
+    total, count, metrics = sft_loss(token_scores(model, batch.device_tree(), sft.head), batch.device_tree())
+    want_nll = 0.0
+    for b, seq in enumerate(sequences):
+        logits = np.asarray(model(**seq.model_kwargs()).logits)[0].astype(np.float64)
+        for temperature in (0.7, 1.0):
+            z = logits / temperature
+            logp = z - z.max(-1, keepdims=True)
+            logp = logp - np.log(np.exp(logp).sum(-1, keepdims=True))
+            if temperature == 0.7:
+                entropy = -(np.exp(logp) * logp).sum(-1)
+                np.testing.assert_allclose(np.asarray(scores.entropy)[b, 1:seq.length], entropy[:-1], atol=5e-5)
+            else:
+                picked = logp[np.arange(seq.length - 1), seq.input_ids[1:]]
+                want_nll -= (picked * batch.loss_mask[b, 1:seq.length]).sum()
+    assert int(count) == int(batch.loss_mask.sum())
+    np.testing.assert_allclose(float(total), want_nll, rtol=1e-5)
+    np.testing.assert_allclose(float(metrics["nll"].value), want_nll / int(count), rtol=1e-5)
+
+
+def test_reference_logprobs_use_the_reference_temperature(sequences):
+    """The KL term's reference log-probs at StepConfig.reference_temperature (the recipe: 1.0,
+    passed by the RL trainer) while the behaviour policy samples at 0.7; the default keeps the
+    head's temperature."""
+    model = init_model(preset("tiny"), seed=1)
+    packed = pack(sequences[:2])
+    batch = micro_batches(packed, 1, model.config.vision)[0]
+    step = policy_step(model, config=StepConfig(temperature=0.7, reference_temperature=1.0), keep_reference=True)
+    params = step.init_state().params
+    at_one, at_sampling = np.asarray(step.logprobs(params, batch, 1.0)), np.asarray(step.logprobs(params, batch))
+    np.testing.assert_array_equal(np.asarray(step.reference_logprobs(batch, 1.0)), at_one)
+    np.testing.assert_array_equal(np.asarray(step.reference_logprobs(batch)), at_sampling)
+    m = packed.loss_mask > 0
+    assert np.abs(at_one[m] - at_sampling[m]).min() > 1e-4
+
+
 def test_one_step_moves_logprobs_by_advantage_sign(sequences):
     model = init_model(preset("tiny"), seed=2)
-    step = TrainStep(model, OptimizerConfig(learning_rate=3e-3, weight_decay=0.0), StepConfig(),
-                     keep_reference=True)
+    step = policy_step(model, OptimizerConfig(learning_rate=3e-3, weight_decay=0.0), keep_reference=True)
     state = step.init_state()
     packed0 = pack(sequences)
     before = current_logp(step, state, packed0, model)
     behaviour = [before[b, :s.length] for b, s in enumerate(sequences)]
     advantages = [1.0, -1.0] * 4
     packed, batches = make(model, sequences, advantages, step, behaviour=behaviour)
-    state, metrics = step.step(state, batches)
+    state, metrics = update(step, state, batches)
     assert not metrics["skipped"] and metrics["loss_tokens"] == 40 and metrics["grad_norm"] > 0
     assert 0 < metrics["entropy"] < np.log(1000) + 1e-3
     after = current_logp(step, state, packed, model)
-    reference = step.reference_logprobs(batches[0])
+    reference = np.asarray(step.reference_logprobs(batches[0]))
     np.testing.assert_allclose(reference, before, atol=1e-6)  # frozen at the initial policy
     assert np.abs(after - reference).max() > 1e-4
     m = packed.loss_mask.astype(bool)
@@ -79,11 +134,11 @@ def test_one_step_moves_logprobs_by_advantage_sign(sequences):
 def test_micro_batch_accumulation_equals_one_batch(sequences):
     def run(num_micro):
         model = init_model(preset("tiny"), seed=3)
-        step = TrainStep(model, OptimizerConfig(learning_rate=1e-3), StepConfig())
+        step = policy_step(model)
         state = step.init_state()
         rng = np.random.default_rng(1)
         _, batches = make(model, sequences, rng.standard_normal(8), step, num_micro)
-        state, metrics = step.step(state, batches)
+        state, metrics = update(step, state, batches)
         return jax.tree.map(np.asarray, state.params), metrics
 
     one, m1 = run(1)
@@ -97,10 +152,10 @@ def test_micro_batch_accumulation_equals_one_batch(sequences):
 def test_sharded_step_equals_single_device(sequences):
     def run(mesh):
         model = init_model(preset("tiny"), seed=4, mesh=mesh)
-        step = TrainStep(model, OptimizerConfig(learning_rate=1e-3), StepConfig(), mesh=mesh)
+        step = policy_step(model, mesh=mesh)
         state = step.init_state()
         _, batches = make(model, sequences, np.linspace(-1, 1, 8), step, 2)
-        state, metrics = step.step(state, batches)
+        state, metrics = update(step, state, batches)
         return state, metrics
 
     single, m1 = run(None)
@@ -115,11 +170,11 @@ def test_sharded_step_equals_single_device(sequences):
 
 def test_non_finite_update_is_skipped(sequences):
     model = init_model(preset("tiny"), seed=5)
-    step = TrainStep(model, OptimizerConfig(learning_rate=1e-3), StepConfig())
+    step = policy_step(model)
     state = step.init_state()
     before = jax.tree.map(np.asarray, state.params)
     _, batches = make(model, sequences, [np.nan] + [1.0] * 7, step)
-    state, metrics = step.step(state, batches)
+    state, metrics = update(step, state, batches)
     assert metrics["skipped"] and int(state.skipped) == 1
     for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(state.params)):
         np.testing.assert_array_equal(a, np.asarray(b))
@@ -127,9 +182,9 @@ def test_non_finite_update_is_skipped(sequences):
 
 def test_sft_objective_reduces_nll(sequences):
     model = init_model(preset("tiny"), seed=6)
-    step = TrainStep(model, OptimizerConfig(learning_rate=1e-2, weight_decay=0.0), StepConfig(objective="sft"))
+    step = TrainStep(model, OptimizerConfig(learning_rate=1e-2, weight_decay=0.0), sft_loss, HEAD)
     state = step.init_state()
-    _, batches = make(model, sequences, np.zeros(8), step)
+    batches = micro_batches(pack(sequences), 1, model.config.vision)
     losses = []
     for _ in range(3):
         state, metrics = step.step(state, batches)
@@ -142,14 +197,14 @@ def test_sharded_steps_compile_once(sequences):
     shardings are stable across the donated update)."""
     mesh = sh.make_mesh({"data": 1, "fsdp": 4, "tensor": 2})
     model = init_model(preset("tiny"), seed=4, mesh=mesh)
-    step = TrainStep(model, OptimizerConfig(learning_rate=1e-3), StepConfig(), mesh=mesh)
+    step = policy_step(model, mesh=mesh)
     state = step.init_state()
     _, batches = make(model, sequences, np.linspace(-1, 1, 8), step, 2)
     counts = lambda: [f._cache_size() for f in (step._grads, step._apply, step._logprobs, step._add)]
-    state, _ = step.step(state, batches)
+    state, _ = update(step, state, batches)
     warm = counts()
     for _ in range(2):
-        state, _ = step.step(state, batches)
+        state, _ = update(step, state, batches)
     assert counts() == warm
     params = {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_flatten_with_path(state.params)[0]}
     moments = [(jax.tree_util.keystr(k), v) for k, v in jax.tree_util.tree_flatten_with_path(state.opt_state)[0]

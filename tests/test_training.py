@@ -11,17 +11,16 @@ import pyarrow.parquet as pq
 import pytest
 
 from paravt_jax.agent.rollout import RolloutConfig
-from paravt_jax.checkpointing import tree_equal
 from paravt_jax.data import synthetic as syn
 from paravt_jax.data.paravt_parquet import SchemaError, load_rl_rows, load_sft_rows
-from paravt_jax.metrics_writer import read_events
 from paravt_jax.models.qwen3_vl import init_model, preset
 from paravt_jax.rl.advantages import AdvantageConfig
-from paravt_jax.rl.train_step import OptimizerConfig, StepConfig, TrainStep
+from paravt_jax.train.step import OptimizerConfig, TrainStep
 from paravt_jax.rl.trainer import RLConfig, RewardConfig, train_rl
-from paravt_jax.sft.trainer import SFTConfig, train_sft
+from paravt_jax.sft.trainer import HEAD, SFTConfig, sft_loss, train_sft
 from paravt_jax.text.tokenizer import train_tokenizer
-from paravt_jax.training import LoopConfig, data_indices, run_loop
+from paravt_jax.train.loop import LoopConfig, data_indices, run_loop
+from tfevents import read_events
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +61,8 @@ def test_data_order_is_deterministic():
 
 def _toy_loop(workdir, steps, stop_after=None, signum=signal.SIGTERM):
     model = init_model(preset("tiny"), seed=0)
-    step = TrainStep(model, OptimizerConfig(learning_rate=1e-3), StepConfig(objective="sft"))
-    from paravt_jax.rl.batch import micro_batches, pack
+    step = TrainStep(model, OptimizerConfig(learning_rate=1e-3), sft_loss, HEAD)
+    from paravt_jax.train.batch import micro_batches, pack
     from paravt_jax.text.inputs import encode_ids
 
     seqs = [encode_ids(list(range(1 + i, 20 + i)), 0, True) for i in range(8)]
@@ -73,7 +72,7 @@ def _toy_loop(workdir, steps, stop_after=None, signum=signal.SIGTERM):
         packed = pack([seqs[i] for i in chosen])
         if stop_after is not None and index == stop_after:
             os.kill(os.getpid(), signum)
-        return step.step(state, micro_batches(packed, np.zeros(packed.input_ids.shape), 1, model.config.vision))
+        return step.step(state, micro_batches(packed, 1, model.config.vision))
 
     return run_loop("toy", workdir, step.init_state(), step_fn, LoopConfig(steps, async_checkpoints=False))
 
@@ -98,7 +97,8 @@ def test_resume_is_bit_exact_and_a_signal_checkpoints_then_stops(tmp_path, signu
     assert signal.getsignal(signum) is not None and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
     resumed = _toy_loop(str(tmp_path / "b"), 4)
     assert resumed.steps_done == 4 and len(resumed.history) == 2
-    assert tree_equal(straight.state.params, resumed.state.params)
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(straight.state.params),
+                                                    jax.tree.leaves(resumed.state.params)))
     assert [h["loss"] for h in straight.history[2:]] == [h["loss"] for h in resumed.history]
     lines = [json.loads(l) for l in open(tmp_path / "a" / "metrics.jsonl")]
     assert [l["step"] for l in lines] == [0, 1, 2, 3] and "toy/loss" in lines[0]
@@ -154,12 +154,13 @@ def test_two_rl_steps(dataset, tmp_path, anchor_mode, gating):
     assert result.steps_done == 2 and len(result.history) == 2
     for h in result.history:
         assert h["rollouts"] == 4 and np.isfinite(h["loss"]) and not h["skipped"]
-        assert set(k for k in h if k.startswith("nframes_")) <= ({"nframes_2", "nframes_4"} if gating else {"nframes_4"})
+        drawn = {k for k in h if k.startswith("nframes_")}
+        assert drawn <= ({"nframes_2", "nframes_4"} if gating else {"nframes_4"})
         assert ("anchor/positions" in h) == (anchor_mode == "token")
 
 
 def test_consecutive_non_finite_steps_stop_the_run(tmp_path):
-    from paravt_jax.training import NonFiniteError
+    from paravt_jax.train.loop import NonFiniteError
 
     calls = []
 
@@ -171,6 +172,51 @@ def test_consecutive_non_finite_steps_stop_the_run(tmp_path):
         run_loop("nan", str(tmp_path), {"w": np.zeros(2)}, step_fn,
                  LoopConfig(steps=10, max_bad_steps=3, async_checkpoints=False))
     assert calls == [0, 1, 2, 3]
+
+
+def bigram_policy(tokenizer, text: str, seed: int = 2):
+    """The tiny model made into a deterministic bigram policy that writes `text` right after the
+    think-prefixed generation prompt: attention and MLP outputs are zeroed (the last hidden
+    state is the current token's embedding) and the lm head maps each token of the chain to
+    its successor (logit margin ~50, so sampling at temperature 0.7 follows the chain)."""
+    import jax.numpy as jnp
+
+    from paravt_jax.agent.rollout import THINK_PREFIX
+    from paravt_jax.text import chat
+    from paravt_jax.text.inputs import encode
+
+    model = init_model(preset("tiny"), seed=seed)
+    tail = int(encode(chat.render([], add_generation_prompt=True, assistant_prefix=THINK_PREFIX),
+                      tokenizer).input_ids[-1])
+    chain = [tail] + tokenizer.encode(text) + [tokenizer.special.im_end]
+    assert len(set(chain)) == len(chain), "a bigram chain needs distinct tokens"
+    lang = model.language
+    for name in ("o_proj", "down_proj"):
+        lang.layers[name].value = jnp.zeros_like(lang.layers[name].value)
+    embed = np.asarray(lang.embed_tokens.value)
+    head = np.zeros(lang.lm_head.value.shape, np.float32)
+    for current, successor in zip(chain, chain[1:]):
+        head[:, successor] = 8.0 * embed[current] / np.linalg.norm(embed[current])
+    lang.lm_head.value = jnp.asarray(head)
+    return model
+
+
+def test_rl_step_logs_the_anchor_of_forced_think_turns(dataset, tmp_path):
+    """Rollouts that close the forced <think> block log R_anchor of a closed substantive think
+    (0.4) and a non-zero format reward (the released scoring gives 0 to both: see
+    test_turn_texts_carry_the_forced_prefix_and_the_anchor_lands_on_generated_tags)."""
+    root, ds, tok = dataset
+    rows, _ = load_rl_rows(ds.rl_train, root)
+    text = "The red square moves</think>"
+    config = RLConfig(steps=1, prompts_per_step=2, samples_per_prompt=2, nframes_gating=False, default_nframes=2,
+                      rollout=RolloutConfig(max_turns=1, max_new_tokens=12, overview_max_pixels=64 * 96),
+                      reward=RewardConfig(), advantage=AdvantageConfig(anchor_mode="token"),
+                      optimizer=OptimizerConfig(learning_rate=1e-4))
+    _, result = train_rl(bigram_policy(tok, text), tok, rows, str(tmp_path), config)
+    (h,) = result.history
+    assert h["anchor_reward"] == pytest.approx(0.4) and np.isfinite(h["loss"]) and not h["skipped"]
+    assert h["format_reward"] == pytest.approx(0.3)  # think .2 + balanced .1 (anchor: token mode)
+    assert h["format_compliance"] == 0.0 and h["response_length"] == len(tok.encode(text)) + 1
 
 
 def _rl_config(steps):

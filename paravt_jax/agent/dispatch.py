@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Sequence
 
-from paravt_jax.agent.tools import CropRequest, ToolCall, validate_crop
+from paravt_jax.agent.tools import TOOL_NAME, CropRequest, ToolCall, lenient_window, validate_crop
 from paravt_jax.video.reader import Clip, VideoError, read_frames
 
 
@@ -26,8 +26,16 @@ class DispatchConfig:
     min_pixels: int = 784
     max_pixels: int = 50176
     timeout_s: float = 60.0
-    max_parallel: int = 5  # calls executed per turn; the rest get an error response
+    max_parallel: int = 5  # calls executed per turn (the rest: see RolloutConfig.extra_calls)
     max_error_responses: int = 10  # error responses per turn (parse + not executed); the rest are counted in one
+    # strict: a call must name crop_video and give start and end (else an error response);
+    # lenient: the evaluation driver's reading (`tools.lenient_window`: any name, start 0 and
+    # end start + 10 s by default, unreadable times 0)
+    arguments: str = "strict"
+
+    def __post_init__(self):
+        if self.arguments not in ("strict", "lenient"):
+            raise ValueError(f"dispatch arguments {self.arguments!r}: expected strict or lenient")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,8 +63,12 @@ class CropResult:
 
 def _crop(task: CropTask, config: DispatchConfig) -> CropResult:
     started = time.perf_counter()
+    call = task.call
+    if config.arguments == "lenient":
+        start, end = lenient_window(call)
+        call = ToolCall(TOOL_NAME, {"start_time": start, "end_time": end})
     try:
-        request = validate_crop(task.call, task.duration)
+        request = validate_crop(call, task.duration)
     except ValueError as e:
         return CropResult(task, None, None, f"invalid arguments: {e}", started, time.perf_counter())
     except Exception as e:  # validation is meant to raise ValueError only; a model-written call never crashes

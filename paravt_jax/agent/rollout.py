@@ -15,7 +15,8 @@ from typing import Sequence
 import numpy as np
 
 from paravt_jax.agent.dispatch import CropDispatcher, CropResult, CropTask
-from paravt_jax.agent.tools import cap_errors, parse_tool_calls
+from paravt_jax.agent.tools import cap_errors, lenient_window, parse_tool_calls
+from paravt_jax.config import set_by
 from paravt_jax.models.qwen3_vl.rope import IMAGE, VIDEO
 from paravt_jax.sampling.sampler import Sampler
 from paravt_jax.text import chat
@@ -24,7 +25,10 @@ from paravt_jax.text.tokenizer import Tokenizer
 from paravt_jax.video.reader import VideoError, read_frames
 
 MODES = ("subagent", "frames", "sequential")
+FRAMES_RESPONSES = ("timestamped", "images_first")
+CALL_HANDLING = ("respond", "ignore")
 ANSWER_TAGS = ("<answer>", "</answer>")
+THINK_PREFIX = "<think>\n"  # the forced start of every assistant turn under think_prefix
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,7 +38,8 @@ class Episode:
     answer: str
     question_type: str
     video_path: str  # the episode's own video: the only file any crop may open
-    nframes: int = 64  # K overview frames (nFrames gating decides it per prompt)
+    nframes: int = 64  # K overview frames (nFrames gating decides it); 0: sampled at overview_fps
+    system_prompt: str = ""  # the data row's own system message ("" = none)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,14 +47,34 @@ class RolloutConfig:
     mode: str = "subagent"
     max_turns: int = 3  # tool rounds
     max_new_tokens: int = 512  # per assistant turn
-    temperature: float = 0.7
+    temperature: float = set_by(0.7, "rl.step.temperature: rollouts sample at the log-prob temperature")
     top_p: float = 1.0
     top_k: int = 0
     think_prefix: bool = True
     tools: bool = True  # False: no tool schema in the prompt, one turn
     overview_min_pixels: int = 784
     overview_max_pixels: int = 50176
-    subagent_max_tokens: int = 512
+    # Episodes with nframes 0 sample the overview at this rate, at most overview_max_frames
+    # frames (the reference's overview when gating is off).
+    overview_fps: float = 1.0
+    overview_max_frames: int = 64
+    # "<t seconds>" text before each overview frame (the RL workflow); False: bare images
+    # (the evaluation driver).
+    overview_timestamps: bool = True
+    video_path_line: str = "newline"  # newline | space_if_absent | none (chat.with_video_path)
+    tool_layout: str = "flat"  # the injected tool schema: flat (RL workflow) | object (eval, SFT data)
+    # Frames-mode tool responses. timestamped: `<tool_response>\nN frames from S s to E s.\n`, the
+    # frames each after its `<t seconds>`, `\n</tool_response>`, errors as "Error: reason";
+    # images_first (the evaluation driver): the bare frames, then `<tool_response>\nN frames
+    # from S.Ss to E.Es.\n</tool_response>`, errors `[Error cropping S.Ss-E.Es]`.
+    frames_response: str = "timestamped"
+    # malformed: respond = every malformed call block gets an error response, and a turn with
+    # malformed blocks only gets its responses and another turn; ignore = malformed blocks are
+    # skipped and a turn without a valid call ends the dialog (the evaluation driver, and the
+    # RL workflow's parser).
+    malformed: str = "respond"
+    extra_calls: str = "respond"  # calls beyond max_parallel: respond (an error response) | ignore
+    subagent_max_tokens: int = 512  # the summary budget; a summary cut there ends in " [truncated]"
     # final_answer: the last of the max_turns tool rounds ends with its tool responses, then
     # final_answer_instruction (a user message, if any) and one short turn of
     # final_answer_tokens to answer (the evaluation protocol). Without it, calls made after
@@ -59,17 +84,24 @@ class RolloutConfig:
     final_answer_prefix: str = ""
     final_answer_instruction: str = ""
     system_prompt: str | None = None  # replaces the default system message (tool envelope)
-    seed: int = 0
+    seed: int = set_by(0, "the run's seed and the step index")
     # Index of this call's first row in the whole step's batch (multi-host: the rows of the
     # processes before this one). Random streams follow a row's place in the step's batch, not
     # in this call, so splitting the episodes over processes samples the same rollouts.
-    row_offset: int = 0
+    row_offset: int = set_by(0, "this process's share of the step's prompts")
 
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(f"rollout mode {self.mode!r}: expected one of {MODES}")
         if self.max_turns < 0:
             raise ValueError(f"max_turns={self.max_turns} must be >= 0")
+        for name, value, allowed in (("frames_response", self.frames_response, FRAMES_RESPONSES),
+                                     ("malformed", self.malformed, CALL_HANDLING),
+                                     ("extra_calls", self.extra_calls, CALL_HANDLING),
+                                     ("video_path_line", self.video_path_line, chat.VIDEO_PATH_LINES),
+                                     ("tool_layout", self.tool_layout, chat.TOOL_LAYOUTS)):
+            if value not in allowed:
+                raise ValueError(f"rollout {name} {value!r}: expected one of {allowed}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,10 +118,15 @@ class Rollout:
     sample: int  # 0..G-1
     inputs: ModelInputs  # the whole sequence; inputs.loss_mask is 1 on generated tokens only
     logprobs: np.ndarray  # [L] behaviour log-probs, 0 where loss_mask is 0
-    structural_mask: np.ndarray  # [L] 1 on <think> </think> <tool_call> </tool_call> <answer> </answer> tokens generated
+    # [L] 1 on generated <think> </think> <tool_call> </tool_call> <answer> </answer> tokens
+    structural_mask: np.ndarray
     prompt_length: int
     completion: str  # everything after the prompt (turns and tool responses)
     generated_text: str  # only the policy-generated tokens: what the released reward code scores
+    # Every assistant turn as the model's context shows it: the turn's forced prefix (e.g. the
+    # "<think>\n" of think_prefix, which is prompt, not generated) followed by its generated
+    # tokens; tool responses and chat template excluded. What the format and anchor rewards read.
+    turn_texts: tuple[str, ...]
     calls_per_turn: tuple[int, ...]
     turns: int  # assistant turns generated
     errors: tuple[str, ...]  # parse, validation, decode and overflow errors, in order
@@ -103,6 +140,11 @@ class Rollout:
     @property
     def num_tool_calls(self) -> int:
         return int(sum(self.calls_per_turn))
+
+    @property
+    def assistant_text(self) -> str:
+        """The assistant turns, concatenated in order (see `turn_texts`)."""
+        return "".join(self.turn_texts)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -129,10 +171,6 @@ def completion_text(inputs: ModelInputs, start: int, tokenizer: Tokenizer) -> st
     return tokenizer.decode(ids[keep])
 
 
-def _truncate(tokens: list[int], limit: int) -> tuple[list[int], bool]:
-    return (tokens[:limit], True) if len(tokens) > limit else (tokens, False)
-
-
 @dataclasses.dataclass
 class _Row:
     episode: Episode
@@ -143,13 +181,16 @@ class _Row:
     calls: list[int] = dataclasses.field(default_factory=list)
     errors: list[str] = dataclasses.field(default_factory=list)
     subagents: list[SubTrajectory] = dataclasses.field(default_factory=list)
+    turn_texts: list[str] = dataclasses.field(default_factory=list)
+    prefix: str = ""  # the forced start of the turn being generated
     turns: int = 0
     active: bool = True
     truncated: bool = False
 
-    def add_generated(self, tokens: list[int], logprobs: np.ndarray):
+    def add_generated(self, tokens: list[int], logprobs: np.ndarray, tokenizer: Tokenizer):
         self.inputs = self.inputs.extend(encode_ids(tokens, self.inputs.next_position, trainable=True))
         self.logprobs.append(np.asarray(logprobs, np.float32))
+        self.turn_texts.append(self.prefix + tokenizer.decode(tokens))
         self.turns += 1
 
     def add_chunk(self, chunk: ModelInputs):
@@ -162,17 +203,23 @@ def overview_prompts(episodes: Sequence[Episode], tokenizer: Tokenizer, config: 
                      pool) -> tuple[list[ModelInputs | None], list[str | None], list[float]]:
     """Reads every episode's K overview frames concurrently and builds its ParaVT prompt."""
     def build(ep: Episode):
-        clip = read_frames(ep.video_path, nframes=ep.nframes, min_pixels=config.overview_min_pixels,
-                           max_pixels=config.overview_max_pixels)
-        tools = (chat.CROP_VIDEO_TOOL,) if config.tools else ()
+        pixels = dict(min_pixels=config.overview_min_pixels, max_pixels=config.overview_max_pixels)
+        if ep.nframes > 0:
+            clip = read_frames(ep.video_path, nframes=ep.nframes, **pixels)
+        else:
+            clip = read_frames(ep.video_path, fps=config.overview_fps, max_frames=config.overview_max_frames,
+                               **pixels)
+        tools = (chat.crop_video_tool(layout=config.tool_layout),) if config.tools else ()
         if config.system_prompt is not None:
             tools, system = (), config.system_prompt
         else:
-            system = ""
+            system = ep.system_prompt
         video_name = os.path.basename(ep.video_path) if config.tools else None
-        messages = chat.paravt_messages(ep.question, clip.frames, clip.timestamps, video_name=video_name,
-                                        tools=tools, system_text=system)
-        prefix = "<think>\n" if config.think_prefix else ""
+        messages = chat.paravt_messages(ep.question, clip.frames,
+                                        clip.timestamps if config.overview_timestamps else None,
+                                        video_name=video_name, tools=tools, system_text=system,
+                                        video_path_line=config.video_path_line)
+        prefix = THINK_PREFIX if config.think_prefix else ""
         return encode(chat.render(messages, add_generation_prompt=True, assistant_prefix=prefix),
                       tokenizer), clip.metadata.duration
 
@@ -202,7 +249,7 @@ def _responses_subagent(results: list[CropResult], sampler: Sampler, tokenizer: 
         prompts = []
         for i in ok:
             r = results[i]
-            content = tuple(chat.frames_as_images(r.clip.frames, r.clip.timestamps)) + (
+            content = tuple(chat.frames_as_images(r.clip.frames, None)) + (
                 chat.Text(chat.segment_instruction(r.request.start, r.request.end)),)
             prompts.append(encode(chat.render([chat.Message("user", content)], add_generation_prompt=True),
                                   tokenizer))
@@ -213,7 +260,9 @@ def _responses_subagent(results: list[CropResult], sampler: Sampler, tokenizer: 
         for j, i in enumerate(ok):
             tokens = out.tokens[j]
             body = [t for t in tokens if t != tokenizer.special.im_end]
-            body, cut = _truncate(body, config.subagent_max_tokens)
+            # A summary that reaches the budget without its stop token is cut there: the text the
+            # reference keeps of a longer summary (its first 512 tokens), with its marker.
+            cut = not bool(out.finished[j])
             texts[i] = tokenizer.decode(body, skip_special_tokens=True).strip() + (" [truncated]" if cut else "")
             seq = prompts[j].extend(encode_ids(tokens, prompts[j].next_position, trainable=True))
             logps = np.concatenate([np.zeros(prompts[j].length, np.float32), out.logprobs[j]])
@@ -225,6 +274,7 @@ def _responses_subagent(results: list[CropResult], sampler: Sampler, tokenizer: 
 
 
 def _responses_frames(results: list[CropResult]) -> list:
+    """Timestamped layout: each call's response body (text, or text and frames)."""
     out = []
     for r in results:
         if not r.ok:
@@ -234,6 +284,23 @@ def _responses_frames(results: list[CropResult]) -> list:
         out.append([chat.Text(f"{len(clip.frames)} frames from {r.request.start:.1f} s to "
                               f"{r.request.end:.1f} s.\n"),
                     *chat.frames_as_images(clip.frames, clip.timestamps)])
+    return out
+
+
+def images_first_messages(results: list[CropResult]) -> list[chat.Message]:
+    """The evaluation driver's layout: one user turn per call, the crop's bare frames BEFORE
+    `<tool_response>\nN frames from S.Ss to E.Es.\n</tool_response>`; a failed crop is
+    `<tool_response>\n[Error cropping S.Ss-E.Es]\n</tool_response>`. S and E are the window as
+    the driver reads the call (`tools.lenient_window`), before clamping to the video."""
+    out = []
+    for r in results:
+        start, end = lenient_window(r.task.call)
+        if r.ok:
+            text = f"<tool_response>\n{len(r.clip.frames)} frames from {start:.1f}s to {end:.1f}s.\n</tool_response>"
+            out.append(chat.Message("user", (*chat.frames_as_images(r.clip.frames, None), chat.Text(text))))
+        else:
+            out.append(chat.Message.of("user", f"<tool_response>\n[Error cropping {start:.1f}s-{end:.1f}s]\n"
+                                               "</tool_response>"))
     return out
 
 
@@ -251,8 +318,9 @@ def run_rollouts(sampler: Sampler, tokenizer: Tokenizer, episodes: Sequence[Epis
     if not kept:
         return [], skipped
     eps = [episodes[i] for i in kept]
+    think = THINK_PREFIX if config.think_prefix else ""
     rows = [_Row(eps[e], g, prompts[kept[e]], [np.zeros(prompts[kept[e]].length, np.float32)],
-                 prompts[kept[e]].length)
+                 prompts[kept[e]].length, prefix=think)
             for e in range(len(eps)) for g in range(num_samples)]
     row_duration = [durations[kept[e]] for e in range(len(eps)) for _ in range(num_samples)]
     # a row's random stream: its place in the step's batch (skipped episodes keep their slots)
@@ -264,7 +332,7 @@ def run_rollouts(sampler: Sampler, tokenizer: Tokenizer, episodes: Sequence[Epis
     for turn in range(config.max_turns + 1):
         turn_rows = [b for b, row in enumerate(rows) if row.active]
         for b in turn_rows:
-            rows[b].add_generated(out.tokens[b], out.logprobs[b])
+            rows[b].add_generated(out.tokens[b], out.logprobs[b], tokenizer)
             rows[b].truncated = not bool(out.finished[b])
         if not config.tools:
             break
@@ -272,14 +340,16 @@ def run_rollouts(sampler: Sampler, tokenizer: Tokenizer, episodes: Sequence[Epis
         for b in turn_rows:
             row = rows[b]
             parsed = parse_tool_calls(tokenizer.decode(out.tokens[b]))
-            if not parsed.calls and not parsed.errors:
+            block_errors = parsed.errors if config.malformed == "respond" else []
+            if not parsed.calls and not block_errors:
                 row.active = False
                 continue
-            errors = list(parsed.errors)
+            errors = list(block_errors)
             executed = parsed.calls[:max_parallel]
-            for k, call in enumerate(parsed.calls[max_parallel:]):
-                errors.append(f"call {max_parallel + k + 1} was not executed: at most "
-                              f"{max_parallel} crop_video calls run per turn")
+            if config.extra_calls == "respond":
+                for k, call in enumerate(parsed.calls[max_parallel:]):
+                    errors.append(f"call {max_parallel + k + 1} was not executed: at most "
+                                  f"{max_parallel} crop_video calls run per turn")
             row.errors += errors
             messages = [f"Error: {e}" for e in cap_errors(errors, dispatcher.config.max_error_responses)]
             row.calls.append(len(executed))
@@ -305,6 +375,8 @@ def run_rollouts(sampler: Sampler, tokenizer: Tokenizer, episodes: Sequence[Epis
             for t in trajectories:
                 if t is not None:
                     rows[t.row].subagents.append(t)
+        elif config.frames_response == "images_first":
+            texts = images_first_messages(results)
         else:
             texts = _responses_frames(results)
         chunks: list[ModelInputs | None] = [None] * len(rows)
@@ -312,11 +384,15 @@ def run_rollouts(sampler: Sampler, tokenizer: Tokenizer, episodes: Sequence[Epis
             row = rows[b]
             responses = texts[first:first + count] + pending_errors[b]
             close = "\n" if not row.truncated else "<|im_end|>\n"
-            prefix = "<think>\n" if config.think_prefix else ""
+            prefix = think
             if last_round:
                 prefix = config.final_answer_prefix
                 row.active = False  # after the forced answer this row is done
-            messages = chat.tool_response_messages(responses)
+            row.prefix = prefix
+            if config.mode != "subagent" and config.frames_response == "images_first":
+                messages = texts[first:first + count] + chat.tool_response_messages(pending_errors[b])
+            else:
+                messages = chat.tool_response_messages(responses)
             if last_round and config.final_answer_instruction:
                 messages.append(chat.Message.of("user", config.final_answer_instruction))
             segments = [chat.Text(close)] + chat.render(messages, add_generation_prompt=True,
@@ -329,7 +405,7 @@ def run_rollouts(sampler: Sampler, tokenizer: Tokenizer, episodes: Sequence[Epis
                                     seed=config.seed + turn + 1, row_ids=row_ids, **knobs)
         if last_round:
             for b in per_row:
-                rows[b].add_generated(out.tokens[b], out.logprobs[b])
+                rows[b].add_generated(out.tokens[b], out.logprobs[b], tokenizer)
                 rows[b].truncated = not bool(out.finished[b])
             break
     return [_finish(row, tokenizer) for row in rows], skipped
@@ -345,5 +421,6 @@ def _finish(row: _Row, tokenizer: Tokenizer) -> Rollout:
         prompt_length=row.prompt_length,
         completion=completion_text(inputs, row.prompt_length, tokenizer),
         generated_text=tokenizer.decode(inputs.input_ids[inputs.loss_mask == 1]),
+        turn_texts=tuple(row.turn_texts),
         calls_per_turn=tuple(row.calls), turns=row.turns, errors=tuple(row.errors),
         subagents=tuple(row.subagents), truncated=row.truncated)

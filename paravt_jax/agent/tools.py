@@ -80,10 +80,6 @@ class ParsedCalls:
     calls: list[ToolCall]
     errors: list[str]  # one message per malformed block / line
 
-    @property
-    def tools_called(self) -> bool:
-        return bool(self.calls)
-
 
 def _json_block(body: str, index: int) -> tuple[ToolCall | None, str | None]:
     try:
@@ -240,3 +236,26 @@ def validate_crop(call: ToolCall, duration: float) -> CropRequest:
     if start >= duration:
         raise ValueError(f"start_time ({start:.1f}s) exceeds video duration ({duration:.1f}s)")
     return CropRequest(start=max(0.0, start), end=min(end, duration))
+
+
+# ----------------------------------------------------------------------------- evaluation reading
+DEFAULT_WINDOW_S = 10.0  # the evaluation driver's window length when end_time is missing
+
+
+def lenient_time(value: Any) -> float:
+    """The evaluation driver's reading of a time: a number, a numeric string, MM:SS or
+    HH:MM:SS; anything else (and a non-finite value) is 0.0 instead of an error."""
+    try:
+        seconds = parse_time(value)
+    except ValueError:
+        return 0.0
+    return seconds
+
+
+def lenient_window(call: ToolCall) -> tuple[float, float]:
+    """(start, end) as the evaluation driver reads a call, whatever its name: start_time (or
+    start, default 0), end_time (or end, default start + 10 s), each by `lenient_time`."""
+    args = call.arguments
+    start = lenient_time(args.get("start_time", args.get("start", 0)))
+    end = args.get("end_time", args.get("end"))
+    return start, start + DEFAULT_WINDOW_S if end is None else lenient_time(end)

@@ -33,6 +33,7 @@ class RLRow:
     answer: str
     question_type: str
     extra: dict
+    system_prompt: str = ""  # the row's own system turn, kept as the reference keeps it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,19 +79,29 @@ def _json_field(row: dict, field: str, path: str, index: int) -> Any:
         raise SchemaError(f"{path}: row {index}: {field} is not valid JSON ({e})") from e
 
 
-def question_text(prompt: Any, path: str, index: int) -> str:
+def _turn_texts(prompt: Any, path: str, index: int, role: str) -> list[str]:
     if isinstance(prompt, str):
-        return prompt.replace("<video>", "").strip()
+        return [prompt.replace("<video>", "").strip()] if role == "user" else []
     texts = []
     for turn in prompt or []:
         if not isinstance(turn, dict) or "content" not in turn:
             raise SchemaError(f"{path}: row {index}: prompt turns need a 'content' field")
-        if turn.get("role", "user") == "user":
+        if turn.get("role", "user") == role:
             content = turn["content"]
             if isinstance(content, list):
                 content = " ".join(c.get("text", "") for c in content if isinstance(c, dict))
             texts.append(str(content).replace("<video>", "").strip())
-    return "\n".join(t for t in texts if t)
+    return [t for t in texts if t]
+
+
+def question_text(prompt: Any, path: str, index: int) -> str:
+    """The row's user turns (without the `<video>` marker), joined by newlines."""
+    return "\n".join(_turn_texts(prompt, path, index, "user"))
+
+
+def system_text(prompt: Any, path: str, index: int) -> str:
+    """The row's system turn ("" without one)."""
+    return "\n".join(_turn_texts(prompt, path, index, "system"))
 
 
 def load_rl_rows(path: str, video_root: str) -> tuple[list[RLRow], LoadReport]:
@@ -109,7 +120,7 @@ def load_rl_rows(path: str, video_root: str) -> tuple[list[RLRow], LoadReport]:
             missing.append(video)
             continue
         out.append(RLRow(i, question_text(row["prompt"], path, i), video, str(info["answer"]),
-                         str(info["question_type"]), dict(info)))
+                         str(info["question_type"]), dict(info), system_text(row["prompt"], path, i)))
     return out, _report(path, len(rows), len(out), missing)
 
 

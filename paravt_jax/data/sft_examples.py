@@ -16,11 +16,11 @@ def _content(item: dict, video_root: str, nframes: int, max_pixels: int) -> list
         return [chat.Text(str(item.get("text", "")))]
     if kind == "video_url":
         path = resolve_path(item["video_url"]["url"], video_root)
-        if "video_start" in item or "video_end" in item:  # a crop: 1 fps, as the dispatcher does
+        if "video_start" in item or "video_end" in item:  # a crop: 1 fps, bare frames, as the sub-agent sees it
             clip = read_frames(path, fps=1.0, start=item.get("video_start"), end=item.get("video_end"),
                                min_frames=1, max_frames=16, max_pixels=max_pixels)
-        else:
-            clip = read_frames(path, nframes=nframes, max_pixels=max_pixels)
+            return chat.frames_as_images(clip.frames, None)
+        clip = read_frames(path, nframes=nframes, max_pixels=max_pixels)
         return chat.frames_as_images(clip.frames, clip.timestamps)
     if kind == "image_url":
         from PIL import Image

@@ -37,21 +37,6 @@ def shape_mask(shape: str, height: int, width: int, cy: float, cx: float, radius
     raise ValueError(f"unknown shape {shape!r}; known: {SHAPES}")
 
 
-def render_frame(t: float, events: list[Event], height: int, width: int, seed: int) -> np.ndarray:
-    """The frame at time t seconds: background plus any event active at t. [H, W, 3] uint8."""
-    frame = np.empty((height, width, 3), np.uint8)
-    frame[:] = background(np.array([t]), seed)[0]
-    for event in events:
-        if event.start <= t < event.end:
-            mask = shape_mask(event.shape, height, width, height / 2, width / 2, min(height, width) / 4)
-            frame[mask] = COLORS[event.color]
-    return frame
-
-
-def render_frames(times, events: list[Event], height: int, width: int, seed: int) -> np.ndarray:
-    return np.stack([render_frame(float(t), events, height, width, seed) for t in times])
-
-
 # ----------------------------------------------------------------------------- video files
 def write_video(path: str, duration: float, events: list[Event], fps: float = 4.0,
                 height: int = 360, width: int = 640, seed: int = 0) -> str:

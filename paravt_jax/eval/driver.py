@@ -30,7 +30,9 @@ import numpy as np
 from paravt_jax.agent.dispatch import CropDispatcher, DispatchConfig
 from paravt_jax.agent.rollout import Episode, Rollout, RolloutConfig, run_rollouts
 from paravt_jax.eval import prompts, scoring
+from paravt_jax.files import write_json_atomic
 from paravt_jax.rl import rewards as R
+from paravt_jax.rl.episode_stats import calls_per_tool_turn
 
 DISPATCH = ("parallel", "sequential")
 
@@ -46,9 +48,23 @@ class DriverConfig:
     grounding_answer_tokens: int = 128
     batch_size: int = 8  # samples per sampler call
     dispatch: str = "parallel"  # parallel | sequential (one call per round: the baseline)
-    overview_max_pixels: int = 50176
-    crop_max_pixels: int = 50176
+    # Frame budgets. The reference's overview frames get the video defaults of qwen-vl-utils
+    # (128..768 tokens of 28 x 28 pixels for up to 300 frames) and its crops 784..50176 pixels,
+    # both then re-sized by the server's image processor (at least 65536 pixels, sides multiples
+    # of 32): these defaults are that result in one resize (docs/eval.md).
+    overview_min_pixels: int = 100352
+    overview_max_pixels: int = 602112
+    crop_min_pixels: int = 65536
+    crop_max_pixels: int = 81920
     think_prefix: bool = False  # the reference evaluates without a forced <think>
+    # The reference driver's protocol (docs/eval.md); the alternatives are this project's.
+    overview_timestamps: bool = False  # True: "<t seconds>" before every overview frame
+    video_path_line: str = "space_if_absent"  # space_if_absent | newline | none
+    frames_response: str = "images_first"  # images_first | timestamped
+    malformed: str = "ignore"  # ignore (a turn without a valid call is the answer) | respond
+    extra_calls: str = "ignore"  # calls beyond max_parallel: ignore | respond (error responses)
+    crop_arguments: str = "lenient"  # lenient (end defaults to start + 10 s) | strict
+    prompt_file: str = ""  # JSON file of exact prompt texts (prompts.PromptTexts), "" = ours
 
     def __post_init__(self):
         prompts.prompt_mode(self.prompt_mode)  # validates the name
@@ -60,15 +76,18 @@ class DriverConfig:
 
 # ----------------------------------------------------------------------------- one batch
 def rollout_config(config: DriverConfig, question_type: str) -> RolloutConfig:
-    mode = prompts.prompt_mode(config.prompt_mode)
+    texts = prompts.load_prompt_texts(config.prompt_file)
+    mode = prompts.prompt_mode(config.prompt_mode, texts)
     answer_tokens = config.grounding_answer_tokens if question_type == "tvg" else config.mcq_answer_tokens
     return RolloutConfig(
         mode="sequential" if config.dispatch == "sequential" else "frames",
         max_turns=config.max_turns if mode.tools else 0, max_new_tokens=config.max_new_tokens,
         temperature=0.0, think_prefix=config.think_prefix, tools=mode.tools,
-        overview_max_pixels=config.overview_max_pixels, final_answer=mode.tools,
-        final_answer_tokens=answer_tokens, final_answer_instruction=prompts.final_instruction(question_type),
-        system_prompt=mode.system)
+        overview_min_pixels=config.overview_min_pixels, overview_max_pixels=config.overview_max_pixels,
+        overview_timestamps=config.overview_timestamps, video_path_line=config.video_path_line,
+        frames_response=config.frames_response, malformed=config.malformed, extra_calls=config.extra_calls,
+        final_answer=mode.tools, final_answer_tokens=answer_tokens,
+        final_answer_instruction=prompts.final_instruction(question_type, texts), system_prompt=mode.system)
 
 
 def turn_texts(rollout: Rollout, tokenizer) -> list[str]:
@@ -96,7 +115,8 @@ def score(sample, final: str) -> dict:
 def sample_record(index: int, sample, config: DriverConfig) -> dict:
     record = {"index": index, "id": sample.sample_id, "dataset": sample.dataset,
               "question_type": sample.question_type, "prompt_mode": config.prompt_mode,
-              "dispatch": config.dispatch, "answer": sample.answer, "pred": "", "correct": False if sample.is_mcq else None,
+              "dispatch": config.dispatch, "answer": sample.answer, "pred": "",
+              "correct": False if sample.is_mcq else None,
               "score": 0.0, "tool_calls": 0, "calls_per_turn": [], "turns": 0, "context_tokens": 0}
     for field in ("duration", "task", "key"):
         if getattr(sample, field, ""):
@@ -146,7 +166,8 @@ def _ends_with_newline(path: str) -> bool:
 
 
 def crop_dispatcher(config: DriverConfig) -> CropDispatcher:
-    return CropDispatcher(DispatchConfig(max_parallel=config.max_parallel, max_pixels=config.crop_max_pixels))
+    return CropDispatcher(DispatchConfig(max_parallel=config.max_parallel, min_pixels=config.crop_min_pixels,
+                                         max_pixels=config.crop_max_pixels, arguments=config.crop_arguments))
 
 
 def batches(pending: Sequence[tuple[int, object]], batch_size: int) -> list[list[tuple[int, object]]]:
@@ -210,20 +231,11 @@ def summarize(dataset: str, records: Sequence[dict], nframes: int) -> dict:
         summary["mean_score"] = float(np.mean([r["score"] for r in records])) if records else 0.0
     summary["avg_turns"] = float(np.mean([r["turns"] for r in records])) if records else 0.0
     summary["avg_context_tokens"] = float(np.mean([r["context_tokens"] for r in records])) if records else 0.0
-    tool_turns = [c for r in records for c in r["calls_per_turn"] if c > 0]
-    summary["calls_per_tool_turn"] = float(np.mean(tool_turns)) if tool_turns else 0.0
+    summary["calls_per_tool_turn"] = calls_per_tool_turn([r["calls_per_turn"] for r in records])
     summary["samples_per_minute"] = 60.0 * len(records) / elapsed if elapsed > 0 else 0.0
     summary["per_duration"] = scoring.per_duration(records)
     summary["per_task"] = scoring.per_task(records)
     return summary
-
-
-def write_json(path: str, payload) -> None:
-    """Atomic: a reader never sees a half-written file."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(payload, f, indent=2, default=str)
-    os.replace(tmp, path)
 
 
 def run_dataset(sampler, tokenizer, benchmark, config: DriverConfig, output_dir: str, *, shard_id: int = 0,
@@ -266,7 +278,7 @@ def run_dataset(sampler, tokenizer, benchmark, config: DriverConfig, output_dir:
                                         elapsed=summary["elapsed"])
         output["summary"] = summary
         output["missing_videos"] = list(benchmark.missing_videos)
-        write_json(os.path.join(output_dir, f"{name}.json"), output)
+        write_json_atomic(os.path.join(output_dir, f"{name}.json"), output)
     return summary
 
 
@@ -274,7 +286,7 @@ def write_summary_all(output_dir: str, summaries: dict[str, dict]) -> str:
     path = os.path.join(output_dir, "summary_all.json")
     previous = json.load(open(path)) if os.path.exists(path) else {}
     previous.update(summaries)
-    write_json(path, previous)
+    write_json_atomic(path, previous)
     return path
 
 
@@ -335,7 +347,7 @@ def load_benchmarks(c, prompt_mode_for: Callable[[str], str], limit: int, defaul
 
 def evaluate_command(config, output_dir: str, *, shard_id: int = 0, num_shards: int = 1, limit: int = 0,
                      compare: bool = False) -> dict:
-    from paravt_jax.cli import build_model, builtin_assets
+    from paravt_jax.jobs import build_model, builtin_assets
     from paravt_jax.sampling import Sampler, SamplerConfig
     from paravt_jax.text.inputs import check_against_model
     from paravt_jax.text.tokenizer import Tokenizer
@@ -374,7 +386,7 @@ def evaluate_command(config, output_dir: str, *, shard_id: int = 0, num_shards: 
     table = comparison_table(comparison)
     print(table, flush=True)
     if compare:
-        write_json(os.path.join(output_dir, "compare.json"), comparison)
+        write_json_atomic(os.path.join(output_dir, "compare.json"), comparison)
         with open(os.path.join(output_dir, "compare.md"), "w") as f:
             f.write(table + "\n")
     return summaries
@@ -385,10 +397,10 @@ def main(argv: list[str]) -> dict:
     from ml_collections import config_flags
 
     from paravt_jax.cli_flags import parse_flags
+    from paravt_jax.config import config_path
     from paravt_jax.config_checks import check_config
 
-    default = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                           "configs", "eval.py")
+    default = config_path("eval")
     flag_values = flags.FlagValues()
     config_flags.DEFINE_config_file("config", default + ":synthetic", "config file[:arg]",
                                     flag_values=flag_values, sys_argv=argv)

@@ -3,7 +3,8 @@ final-answer instruction of the reference driver's protocol.
 
 Instructions are in our own words; formats (tag names, the Hermes tool envelope, the tool
 JSON shape, the grounding answer sentence) are kept identical to the reference because the
-evaluated models were trained on them.
+evaluated models were trained on them. `prompt_file` (a JSON file of `PromptTexts`) replaces
+every text verbatim, e.g. with the exact texts a released checkpoint was evaluated with.
 
   direct           one turn, answer in <answer></answer>
   reasoning        one turn, <think>...</think> then <answer>...</answer>
@@ -19,13 +20,9 @@ import json
 from paravt_jax.text import chat
 
 # The evaluation returns the cropped frames themselves (frames mode), so the tool says so.
-EVAL_CROP_TOOL = {
-    "type": "function",
-    "function": {**chat.CROP_VIDEO_TOOL["function"],
-                 "description": ("Inspect one time window of the video: frames sampled between start_time "
-                                 "and end_time are returned. Several calls in one turn inspect several "
-                                 "windows at once.")},
-}
+EVAL_CROP_TOOL = chat.crop_video_tool(
+    "Inspect one time window of the video: frames sampled between start_time and end_time are "
+    "returned. Several calls in one turn inspect several windows at once.", layout="object")
 
 DIRECT_SYSTEM = ("You answer questions about videos. Look at the video carefully, then give "
                  "your final answer inside <answer></answer> tags.")
@@ -64,30 +61,59 @@ MODES = ("direct", "reasoning", "agentic_general", "agentic_minimal")
 
 
 @dataclasses.dataclass(frozen=True)
+class PromptTexts:
+    """Every instruction text of the evaluation, verbatim. The defaults are ours; a JSON file
+    with any of these keys (`load_prompt_texts`) replaces them, e.g. with the exact texts of
+    another release. System texts of the agentic modes are used as given (they hold the tool
+    schema themselves)."""
+    direct: str = DIRECT_SYSTEM
+    reasoning: str = REASONING_SYSTEM
+    agentic_general: str = _GENERAL_AGENTIC.format(tool=json.dumps(EVAL_CROP_TOOL))
+    agentic_minimal: str = chat.tools_system_prompt([EVAL_CROP_TOOL])
+    final_mcq: str = FINAL_MCQ
+    final_grounding: str = FINAL_GROUNDING
+    final_open: str = FINAL_OPEN
+
+
+def load_prompt_texts(path: str) -> PromptTexts:
+    """PromptTexts from a JSON object of strings ("" = the defaults); unknown keys and values
+    that are not strings are errors naming the file and the key."""
+    if not path:
+        return PromptTexts()
+    try:
+        with open(path, encoding="utf-8") as f:
+            values = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"prompt_file {path}: cannot read a JSON object: {e}") from e
+    if not isinstance(values, dict):
+        raise ValueError(f"prompt_file {path}: expected a JSON object of strings")
+    known = {f.name for f in dataclasses.fields(PromptTexts)}
+    for key, value in values.items():
+        if key not in known:
+            raise ValueError(f"prompt_file {path}: unknown key {key!r} (known: {sorted(known)})")
+        if not isinstance(value, str):
+            raise ValueError(f"prompt_file {path}: {key!r} must be a string")
+    return PromptTexts(**values)
+
+
+@dataclasses.dataclass(frozen=True)
 class PromptMode:
     name: str
     system: str
     tools: bool
 
 
-def prompt_mode(name: str) -> PromptMode:
+def prompt_mode(name: str, texts: PromptTexts = PromptTexts()) -> PromptMode:
     """The system message and tool switch of one prompt mode."""
-    tool = json.dumps(EVAL_CROP_TOOL)
-    if name == "direct":
-        return PromptMode(name, DIRECT_SYSTEM, False)
-    if name == "reasoning":
-        return PromptMode(name, REASONING_SYSTEM, False)
-    if name == "agentic_general":
-        return PromptMode(name, _GENERAL_AGENTIC.format(tool=tool), True)
-    if name == "agentic_minimal":
-        return PromptMode(name, chat.tools_system_prompt([EVAL_CROP_TOOL]), True)
-    raise ValueError(f"prompt_mode {name!r}: expected one of {MODES}")
+    if name not in MODES:
+        raise ValueError(f"prompt_mode {name!r}: expected one of {MODES}")
+    return PromptMode(name, getattr(texts, name), name.startswith("agentic_"))
 
 
-def final_instruction(question_type: str) -> str:
+def final_instruction(question_type: str, texts: PromptTexts = PromptTexts()) -> str:
     """The user message that forces a short final answer after the last tool round."""
     if question_type == "mcq":
-        return FINAL_MCQ
+        return texts.final_mcq
     if question_type == "tvg":
-        return FINAL_GROUNDING
-    return FINAL_OPEN
+        return texts.final_grounding
+    return texts.final_open

@@ -52,11 +52,6 @@ ORDER DECISION: the anchor term is added AFTER the batch normalisation. Reasons:
     everywhere.
 `anchor_mode="sequence"` is the released-code behaviour: R_anchor is already inside the
 sequence reward (through the format reward) and nothing extra happens here.
-
-Sub-agent rows (only when `AdvantageConfig.subagent_in_loss` is on, default off as in the
-reference): `broadcast_to_subagents` copies the main row's episode advantage (its advantage at
-its first loss token, i.e. the whole episode's return after normalisation) onto every loss
-token of the sub-agent rows the main row spawned.
 """
 from __future__ import annotations
 
@@ -78,13 +73,10 @@ __all__ = [
     "kl_rewards",
     "token_rewards",
     "reward_to_go",
-    "first_loss_index",
     "last_loss_index",
     "anchor_positions",
     "anchor_advantages",
     "compute_advantages",
-    "episode_advantage",
-    "broadcast_to_subagents",
 ]
 
 
@@ -103,7 +95,6 @@ class AdvantageConfig:
     anchor_mode: str = "token"       # "token" (this project's default) | "sequence" (released)
     anchor_weight: float = 0.5       # paravt.anchoring.weight
     gamma: float = 1.0               # discount x GAE lambda (both 1.0 in the recipe)
-    subagent_in_loss: bool = False   # reference `include_subagent_in_loss` (default False)
 
     def __post_init__(self):
         if self.anchor_mode not in ANCHOR_MODES:
@@ -184,11 +175,6 @@ def _normalize_groups(x, eps: float, group_size: int | None, group_ids) -> jax.A
 # ---------------------------------------------------------------------------------------------
 # Token-level rewards and returns
 # ---------------------------------------------------------------------------------------------
-
-def first_loss_index(loss_mask) -> jax.Array:
-    """[N] index of each row's first loss token (0 for a row without any)."""
-    return jnp.argmax(_mask(loss_mask), axis=-1)
-
 
 def last_loss_index(loss_mask) -> jax.Array:
     """[N] index of each row's last loss token (T - 1 for a row without any)."""
@@ -356,30 +342,3 @@ def compute_advantages(
 
     metrics["adv/mean"], metrics["adv/std"] = _masked_mean_std(adv, m)
     return adv, metrics
-
-
-# ---------------------------------------------------------------------------------------------
-# Sub-agent trajectories
-# ---------------------------------------------------------------------------------------------
-
-def episode_advantage(advantages, loss_mask) -> jax.Array:
-    """[N] one scalar per main row: its advantage at its first loss token (the whole episode's
-    normalised return); 0 for a row without loss tokens.
-
-    The reference broadcasts the main row's advantage at position 0 instead; after its masked
-    batch normalisation that position (a prompt token) holds 0, so sub-agent rows would learn
-    nothing. We take the first generated token, which is what the broadcast is meant to carry.
-    """
-    m = _mask(loss_mask)
-    adv = _float(advantages)
-    first = jnp.take_along_axis(adv, first_loss_index(m)[:, None], axis=-1)[:, 0]
-    return jnp.where(m.any(axis=-1), first, 0.0)
-
-
-def broadcast_to_subagents(main_advantages, main_loss_mask, sub_to_main, sub_loss_mask) -> jax.Array:
-    """[S, Ts] advantages for sub-agent rows: the episode advantage of main row
-    `sub_to_main[s]` on every loss token of sub-agent row s (0 elsewhere). Use only when
-    `AdvantageConfig.subagent_in_loss` is on."""
-    ep = episode_advantage(main_advantages, main_loss_mask)
-    vals = ep[jnp.asarray(sub_to_main, jnp.int32)]
-    return jnp.where(_mask(sub_loss_mask), vals[:, None], 0.0)

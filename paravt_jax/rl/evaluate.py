@@ -8,7 +8,7 @@ import numpy as np
 from paravt_jax.agent.dispatch import CropDispatcher, DispatchConfig
 from paravt_jax.agent.rollout import Episode, RolloutConfig, run_rollouts
 from paravt_jax.rl import rewards as R
-from paravt_jax.rl.episode_stats import format_compliant
+from paravt_jax.rl.episode_stats import tool_use
 from paravt_jax.sampling import Sampler, SamplerConfig
 
 
@@ -37,9 +37,6 @@ def evaluate(model, tokenizer, rows, *, nframes: int, tools: bool, max_new_token
         rollouts, _ = run_rollouts(sampler, tokenizer, episodes, 1, config, dispatcher)
     acc = [R.accuracy_reward(R.extract_answer(r.generated_text), r.episode.answer, r.episode.question_type)
            for r in rollouts]
-    tool_turns = [c for r in rollouts for c in r.calls_per_turn if c > 0]
-    n = max(len(rollouts), 1)
-    return EvalResult(tools, nframes, float(np.mean(acc)) if acc else 0.0,
-                      sum(format_compliant(r.generated_text) for r in rollouts) / n,
-                      sum(R.has_parseable_tool_call(r.generated_text) for r in rollouts) / n,
-                      float(np.mean(tool_turns)) if tool_turns else 0.0, len(rollouts))
+    use = tool_use([r.generated_text for r in rollouts], [r.calls_per_turn for r in rollouts])
+    return EvalResult(tools, nframes, float(np.mean(acc)) if acc else 0.0, use["format_compliance"],
+                      use["kappa"], use["calls_per_tool_turn"], len(rollouts))

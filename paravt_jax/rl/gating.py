@@ -6,8 +6,8 @@ process: K is picked from a SHA-256 digest of (seed, prompt key). The reference
 tuple of the prompt's video paths; Python's string `hash()` is salted per process, so its
 assignment is not reproducible across runs or workers. We keep its contract (uniform over
 the choices, constant per prompt, gating off -> the default K) with a stable hash. The
-reference also draws an unseeded K when a prompt has no key; here a key is required
-(`prompt_key_from_videos` builds one from the video paths, as the reference does).
+reference also draws an unseeded K when a prompt has no key; here a key is required (the RL
+trainer passes the row's video path, the reference's key for a one-video prompt).
 
 (As released, the reference's fps-based overview sampling discards the gated K; this
 project follows the paper: with gating on the overview is exactly K frames.)
@@ -15,22 +15,14 @@ project follows the paper: with gating on the overview is exactly K frames.)
 from __future__ import annotations
 
 import hashlib
-from typing import Iterable, Sequence
+from typing import Sequence
 
-import numpy as np
-
-__all__ = ["NFRAMES_CHOICES", "DEFAULT_NFRAMES", "prompt_key_from_videos",
-           "nframes_for_prompt", "nframes_for_prompts"]
+__all__ = ["NFRAMES_CHOICES", "DEFAULT_NFRAMES", "nframes_for_prompt"]
 
 NFRAMES_CHOICES = (4, 8, 16, 32, 64)
 DEFAULT_NFRAMES = 64
 
-_SEP = "\x1f"  # unit separator: cannot be confused with characters of a path
-
-
-def prompt_key_from_videos(video_paths: Iterable[str]) -> str:
-    """A prompt identity from its video paths (the reference's `tuple(video_paths)`)."""
-    return _SEP.join(str(p) for p in video_paths)
+_SEP = "\x1f"  # unit separator: cannot be confused with characters of a seed or a path
 
 
 def _draw_index(prompt_key: str, seed: int, n: int) -> int:
@@ -51,11 +43,3 @@ def nframes_for_prompt(prompt_key: str, seed: int, enabled: bool,
         raise ValueError("nframes choices must not be empty")
     return int(choices[_draw_index(str(prompt_key), seed, len(choices))])
 
-
-def nframes_for_prompts(prompt_keys: Sequence[str], seed: int, enabled: bool,
-                        default: int = DEFAULT_NFRAMES,
-                        choices: Sequence[int] = NFRAMES_CHOICES) -> np.ndarray:
-    """`nframes_for_prompt` over a batch of prompt keys: int64 array of shape [len(keys)].
-    Repeated keys (e.g. the G samples of one prompt laid out in a batch) get the same K."""
-    return np.asarray([nframes_for_prompt(k, seed, enabled, default, choices)
-                       for k in prompt_keys], dtype=np.int64).reshape(len(prompt_keys))

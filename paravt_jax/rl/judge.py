@@ -127,6 +127,11 @@ def _is_loopback(host: str | None) -> bool:
         return False
 
 
+def is_loopback_url(url: str) -> bool:
+    """Whether a judge endpoint is on this machine (a local server may need no API key)."""
+    return _is_loopback(urllib.parse.urlsplit(url).hostname)
+
+
 def _token_count(usage: Any, key: str) -> int:
     if not isinstance(usage, Mapping):
         return 0

@@ -1,4 +1,4 @@
-"""PPO (decoupled, token-level clip) and SFT losses as pure JAX functions.
+"""The decoupled token-level PPO loss, and the (sum, count) metric bookkeeping of every loss.
 
 Everything returns SUMS and COUNTS, never means, so that accumulating micro-batches is exact:
 the loss of a step is (sum over micro-batches of loss_sum) / (sum of token_count), which is
@@ -12,9 +12,8 @@ count) or a `RunningMax(value, count)`; `merge_stats` combines two dicts of them
 `finalize_stats` turns one into plain numbers. Both are pytrees, so they pass through
 `jax.jit` / `lax.scan` unchanged.
 
-Shift convention for logits: `logits[:, t]` is the distribution that predicts `targets[:, t]`
-(i.e. targets = input_ids shifted left by one, done by the caller). `gather_logprobs`,
-`sft_loss` and `entropy_from_logits` all use it.
+Log-probs come from the training engine's token head (`paravt_jax.train.step.token_scores`):
+logp[:, t] is log p(token t | tokens < t), aligned with the tokens and the loss mask.
 """
 from __future__ import annotations
 
@@ -28,10 +27,7 @@ __all__ = [
     "RunningMax",
     "merge_stats",
     "finalize_stats",
-    "gather_logprobs",
     "ppo_loss",
-    "entropy_from_logits",
-    "sft_loss",
 ]
 
 
@@ -93,42 +89,6 @@ def _float(x) -> jax.Array:
 
 
 # ---------------------------------------------------------------------------------------------
-# Log-probs, entropy, SFT
-# ---------------------------------------------------------------------------------------------
-
-def _log_softmax(logits, temperature: float = 1.0) -> jax.Array:
-    z = _float(logits)
-    if temperature != 1.0:
-        z = z / temperature
-    return jax.nn.log_softmax(z, axis=-1)
-
-
-def gather_logprobs(logits, targets, temperature: float = 1.0) -> jax.Array:
-    """[N, T] log p(targets[:, t] | logits[:, t] / temperature), computed in float32 (or wider).
-
-    The reference trains with the rollout temperature (actor.temperature = 0.7) applied to
-    the logits before the log-softmax; pass the same value here."""
-    logp = _log_softmax(logits, temperature)
-    return jnp.take_along_axis(logp, jnp.asarray(targets)[..., None].astype(jnp.int32), axis=-1)[..., 0]
-
-
-def entropy_from_logits(logits, mask, temperature: float = 1.0) -> tuple[jax.Array, jax.Array]:
-    """(sum of per-token entropies over `mask`, token count). Entropy of softmax(logits / T)."""
-    logp = _log_softmax(logits, temperature)
-    ent = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
-    m = jnp.asarray(mask) > 0
-    return jnp.sum(jnp.where(m, ent, 0.0)), jnp.sum(m).astype(jnp.int32)
-
-
-def sft_loss(logits, targets, loss_mask) -> tuple[jax.Array, jax.Array]:
-    """Masked cross-entropy: (sum over masked positions of -log softmax(logits[:, t])[targets[:, t]],
-    number of masked positions). logits [N, T, V], targets [N, T] ints, loss_mask [N, T]."""
-    m = jnp.asarray(loss_mask) > 0
-    nll = -gather_logprobs(logits, targets)
-    return jnp.sum(jnp.where(m, nll, 0.0)), jnp.sum(m).astype(jnp.int32)
-
-
-# ---------------------------------------------------------------------------------------------
 # PPO
 # ---------------------------------------------------------------------------------------------
 
@@ -181,7 +141,10 @@ def ppo_loss(
     log_ratio = jnp.where(m, logp - prox, 0.0)
     ratio = jnp.exp(log_ratio)
     high = eps_clip if eps_clip_high is None else eps_clip_high
-    clipped = jnp.clip(ratio, 1.0 - eps_clip, 1.0 + high)
+    # torch.clamp semantics: the gradient passes at a ratio exactly on a bound (jnp.clip's does
+    # not), so a tie between the two branches gets the full gradient, as in the reference.
+    low_bound, high_bound = 1.0 - eps_clip, 1.0 + high
+    clipped = jnp.where(ratio < low_bound, low_bound, jnp.where(ratio > high_bound, high_bound, ratio))
     loss1 = -adv * ratio
     loss2 = -adv * clipped
     per_token = jnp.maximum(loss1, loss2)

@@ -343,13 +343,16 @@ def compose_reward(
     mode: str = "f1",
     judge: Any = None,
     question: str = "",
+    format_text: str | None = None,
 ) -> tuple[float, dict[str, float]]:
     """Total reward and its parts (reference `compose_reward`, released sequence semantics).
 
     Degenerate completions (`is_degenerate`) score 0 on everything. Otherwise:
     acc = accuracy_reward(extract_answer(completion), answer, ...) -- the EXTRACTED answer;
-    fmt = format_reward(completion, ...) and tool = tool_reward(completion, acc) on the whole
-    completion; total = acc + format_weight * fmt + tool.
+    fmt = format_reward(format_text, ...) and tool = tool_reward(completion, acc);
+    total = acc + format_weight * fmt + tool. `format_text` defaults to the completion (the
+    released code); the trainer passes the assistant turns with their forced prefixes, so that
+    a `<think>` forced by the prompt counts as the model's context shows it.
     Returns (total, {"acc_reward": acc, "format_reward": fmt, "tool_reward": tool}).
     """
     completion = _as_text(completion)
@@ -357,7 +360,8 @@ def compose_reward(
         return 0.0, dict.fromkeys(REWARD_KEYS, 0.0)
     acc = accuracy_reward(extract_answer(completion), answer, question_type,
                           mode=mode, judge=judge, question=question)
-    fmt = format_reward(completion, answer_suffix=answer_suffix, anchor_weight=anchor_weight)
+    format_text = completion if format_text is None else _as_text(format_text)
+    fmt = format_reward(format_text, answer_suffix=answer_suffix, anchor_weight=anchor_weight)
     tool = tool_reward(completion, acc)
     total = acc + format_weight * fmt + tool
     return total, {"acc_reward": acc, "format_reward": fmt, "tool_reward": tool}

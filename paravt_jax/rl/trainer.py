@@ -4,6 +4,7 @@ advantages, runs the train step and logs."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 
 import numpy as np
@@ -11,23 +12,75 @@ import numpy as np
 from paravt_jax import distributed as dist
 from paravt_jax.agent.dispatch import CropDispatcher, DispatchConfig
 from paravt_jax.agent.rollout import Episode, RolloutConfig, run_rollouts
+from paravt_jax.config import set_by
 from paravt_jax.rl import gating
+from paravt_jax.rl import judge as J
 from paravt_jax.rl import rewards as R
 from paravt_jax.rl.advantages import AdvantageConfig, compute_advantages
-from paravt_jax.rl.batch import micro_batches, pack
 from paravt_jax.rl.episode_stats import summarize
-from paravt_jax.rl.train_step import OptimizerConfig, StepConfig, TrainStep
+from paravt_jax.rl.objective import StepConfig, policy_head, policy_loss
 from paravt_jax.sampling import Sampler, SamplerConfig
-from paravt_jax.training import LoopConfig, UnreadableDataError, data_indices, run_loop
+from paravt_jax.train.batch import micro_batches, pack
+from paravt_jax.train.loop import LoopConfig, UnreadableDataError, data_indices, run_loop
+from paravt_jax.train.step import OptimizerConfig, TrainStep
+
+
+REWARD_TEXTS = ("turns", "released", "completion")
 
 
 @dataclasses.dataclass(frozen=True)
 class RewardConfig:
+    """The sequence reward; its anchor weight is the advantage's (`AdvantageConfig.anchor_weight`).
+
+    text: what the rewards read.
+      turns      accuracy and tool rewards read the generated tokens; the format and anchor
+                 rewards read every assistant turn as the model's context shows it (its forced
+                 prefix, e.g. `<think>\n`, then its generated tokens; tool responses excluded);
+      released   every reward reads the generated tokens only, as the released workflow does
+                 (under think_prefix the forced `<think>` is then invisible and the format and
+                 anchor rewards of a well-formed turn are 0);
+      completion every reward reads everything after the prompt, tool responses included."""
     answer_suffix: bool = True
-    anchor_weight: float = 0.5
     format_weight: float = 1.0
-    mode: str = "f1"
-    text: str = "generated"  # generated (as the released workflow scores) | completion
+    mode: str = "f1"  # f1 | exact | llm (the judge from the environment, F1 when a call fails)
+    text: str = "turns"  # turns | released | completion
+    # mode "llm": the NAME of the environment variable holding the judge's API key (never
+    # the key); the endpoint and model come from PARAVT_JUDGE_BASE_URL / PARAVT_JUDGE_MODEL.
+    judge_api_key_env: str = J.ENV_API_KEY
+
+    def __post_init__(self):
+        if self.text not in REWARD_TEXTS:
+            raise ValueError(f"reward text {self.text!r}: expected one of {REWARD_TEXTS}")
+
+
+def make_judge(config: RewardConfig, environ=None) -> J.LLMJudge | None:
+    """The LLM judge of reward mode "llm" (None for the other modes), built from the
+    environment. Raises ValueError naming the missing or bad variable: a run that asked for a
+    judge must not silently score F1."""
+    if config.mode != "llm":
+        return None
+    env = os.environ if environ is None else environ
+    base_url = env.get(J.ENV_BASE_URL) or J.DEFAULT_BASE_URL
+    key = env.get(config.judge_api_key_env) or None
+    if key is None and not J.is_loopback_url(base_url):
+        raise ValueError(f"reward mode 'llm': the judge at {base_url} needs an API key, and the environment "
+                         f"variable {config.judge_api_key_env} (rl.reward.judge_api_key_env) is not set; "
+                         f"set it, or {J.ENV_BASE_URL} to a local server")
+    try:
+        return J.LLMJudge.from_env(env, api_key=key)
+    except ValueError as e:
+        raise ValueError(f"reward mode 'llm': cannot build the judge from the environment "
+                         f"({J.ENV_BASE_URL}, {J.ENV_MODEL}, {J.ENV_TIMEOUT}): {e}") from None
+
+
+def reward_texts(rollout, text: str) -> tuple[str, str]:
+    """(the text the accuracy and tool rewards read, the text the format and anchor rewards
+    read) of one rollout under `RewardConfig.text`."""
+    if text == "completion":
+        return rollout.completion, rollout.completion
+    if text == "released":
+        return rollout.generated_text, rollout.generated_text
+    return rollout.generated_text, rollout.assistant_text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,9 +89,11 @@ class RLConfig:
     prompts_per_step: int = 2
     samples_per_prompt: int = 4
     micro_batches: int = 1
-    seed: int = 0
+    seed: int = set_by(0, "seed (the top of the config)")
     nframes_gating: bool = True
-    default_nframes: int = 64
+    # K with gating off; 0 = the overview sampled at rollout.overview_fps, at most
+    # rollout.overview_max_frames frames (the reference recipe: 1 fps, 64 frames)
+    default_nframes: int = 0
     nframes_choices: tuple[int, ...] = gating.NFRAMES_CHOICES
     rollout: RolloutConfig = RolloutConfig()
     dispatch: DispatchConfig = DispatchConfig()
@@ -46,6 +101,7 @@ class RLConfig:
     advantage: AdvantageConfig = AdvantageConfig()
     step: StepConfig = StepConfig()
     optimizer: OptimizerConfig = OptimizerConfig()
+    sampler: SamplerConfig = SamplerConfig(min_chunk_bucket=64)
     checkpoint_every: int = 0
     max_bad_steps: int = 3
     eval_every: int = 0  # greedy held-out evaluation every N steps (0 = off)
@@ -53,20 +109,32 @@ class RLConfig:
     eval_limit: int = 2
 
 
-def score(rollouts, config: RewardConfig, token_anchor: bool, judge=None) -> tuple[list[dict], np.ndarray, np.ndarray]:
-    """(reward dicts, sequence rewards [N], anchor rewards [N])."""
+def score(rollouts, config: RewardConfig, anchor_weight: float, token_anchor: bool,
+          judge=None) -> tuple[list[dict], np.ndarray, np.ndarray]:
+    """(reward dicts, sequence rewards [N], anchor rewards [N]). With the token anchor, the
+    anchor reward goes to its own array instead of the sequence reward."""
     out, seq, anchor = [], [], []
     for r in rollouts:
-        text = r.generated_text if config.text == "generated" else r.completion
+        text, format_text = reward_texts(r, config.text)
         total, parts = R.compose_reward(text, r.episode.answer, r.episode.question_type,
                                         answer_suffix=config.answer_suffix,
-                                        anchor_weight=0.0 if token_anchor else config.anchor_weight,
-                                        format_weight=config.format_weight, mode=config.mode, judge=judge)
-        a = R.anchor_reward(text) if token_anchor and not R.is_degenerate(text) else 0.0
+                                        anchor_weight=0.0 if token_anchor else anchor_weight,
+                                        format_weight=config.format_weight, mode=config.mode, judge=judge,
+                                        format_text=format_text)
+        a = R.anchor_reward(format_text) if token_anchor and not R.is_degenerate(text) else 0.0
         out.append({"total": total, **parts, "anchor_reward": a})
         seq.append(total)
         anchor.append(a)
     return out, np.asarray(seq, np.float32), np.asarray(anchor, np.float32)
+
+
+def episode(row, config: RLConfig) -> Episode:
+    """One RL row's episode. K is drawn per video, as the reference keys it on the row's video
+    paths (every question on a video sees the same overview), with a stable hash."""
+    k = gating.nframes_for_prompt(row.video_path, config.seed,
+                                  config.nframes_gating, config.default_nframes, config.nframes_choices)
+    return Episode(f"row{row.index}", row.question, row.answer, row.question_type, row.video_path, k,
+                   system_prompt=row.system_prompt)
 
 
 def gather_scored(rollouts: list, rewards: list[dict], seq_rewards: np.ndarray, anchor_rewards: np.ndarray,
@@ -104,10 +172,11 @@ def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge
     on its own devices; the scored rollouts are gathered so that every process builds the same
     global batch, and the update runs over all devices (see paravt_jax.distributed)."""
     share = dist.process_slice(config.prompts_per_step, "prompts_per_step")  # this process's prompts
+    judge = judge if judge is not None else make_judge(config.reward)  # fails now, not at the first score
     token_anchor = config.advantage.token_anchor
     keep_reference = config.advantage.kl_ctl > 0
-    step = TrainStep(model, config.optimizer, config.step, mesh=dist.model_mesh(model),
-                     keep_reference=keep_reference)
+    step = TrainStep(model, config.optimizer, policy_loss(config.step), policy_head(config.step),
+                     mesh=dist.model_mesh(model), keep_reference=keep_reference)
     dispatcher = CropDispatcher(config.dispatch)
     rollout_config = dataclasses.replace(config.rollout, temperature=config.step.temperature)
     G = config.samples_per_prompt
@@ -117,39 +186,41 @@ def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge
         t0 = time.perf_counter()
         chosen = [rows[i] for i in data_indices(index * config.prompts_per_step, config.prompts_per_step,
                                                  len(rows), config.seed)]
-        episodes = [Episode(f"row{r.index}", r.question, r.answer, r.question_type, r.video_path,
-                            gating.nframes_for_prompt(r.video_path + "\n" + r.question, config.seed,
-                                                      config.nframes_gating, config.default_nframes,
-                                                      config.nframes_choices))
-                    for r in chosen[share]]
-        sampler = Sampler(dist.local_model(step.model(state)), SamplerConfig(min_chunk_bucket=64))
+        episodes = [episode(r, config) for r in chosen[share]]
+        sampler = Sampler(dist.local_model(step.model(state)), config.sampler)
         # rows are prompt-major: this share's rows start at share.start * G in the step's batch
         run_config = dataclasses.replace(rollout_config, seed=config.seed * 100_003 + index,
                                          row_offset=share.start * G)
         rollouts, skipped = run_rollouts(sampler, tokenizer, episodes, G, run_config, dispatcher)
         del sampler  # frees its per-layer weight copy before the update
         t1 = time.perf_counter()
-        rewards, seq_rewards, anchor_rewards = score(rollouts, config.reward, token_anchor, judge)
+        usage = getattr(judge, "usage", None)
+        failures = usage.failures if usage is not None else 0
+        rewards, seq_rewards, anchor_rewards = score(rollouts, config.reward, config.advantage.anchor_weight,
+                                                     token_anchor, judge)
         rollouts, rewards, seq_rewards, anchor_rewards, skipped = gather_scored(
             rollouts, rewards, seq_rewards, anchor_rewards, skipped)
         t2 = time.perf_counter()
         if not rollouts:
             return state, unreadable_step(index, skipped, unreadable, config.prompts_per_step, len(rows))
         unreadable["prompts"] = 0
-        packed = pack([r.inputs for r in rollouts], [r.logprobs for r in rollouts],
-                      [r.structural_mask for r in rollouts])
+        packed = pack([r.inputs for r in rollouts], {"behaviour_logp": [r.logprobs for r in rollouts],
+                                                     "structural_mask": [r.structural_mask for r in rollouts]})
+        behaviour = packed.extras["behaviour_logp"]
         # Micro-batches (with their vision inputs) are built once, for the reference pass and
-        # the update; the advantages are filled in between.
+        # the update; the advantages and proximal log-probs are filled in between.
+        batches = micro_batches(packed, config.micro_batches, model.config.vision, {"behaviour_logp": behaviour})
         zero = np.zeros(packed.input_ids.shape, np.float32)
-        batches = micro_batches(packed, zero, config.micro_batches, model.config.vision)
-        ref = np.concatenate([step.reference_logprobs(b) for b in batches]) if keep_reference else zero
+        ref = (np.concatenate([step.reference_logprobs(b, config.step.reference_temperature) for b in batches])
+               if keep_reference else zero)
         advantages, adv_metrics = compute_advantages(
-            seq_rewards, packed.loss_mask, packed.behaviour_logp, ref, config.advantage,
+            seq_rewards, packed.loss_mask, behaviour, ref, config.advantage,
             group_size=G, anchor_rewards=anchor_rewards if token_anchor else None,
-            structural_mask=packed.structural_mask if token_anchor else None)
+            structural_mask=packed.extras["structural_mask"] if token_anchor else None)
         per_micro = len(rollouts) // config.micro_batches
         advantages = np.asarray(advantages, np.float32)
-        batches = [dataclasses.replace(b, advantages=advantages[i * per_micro:(i + 1) * per_micro])
+        batches = [b.with_extras(advantages=advantages[i * per_micro:(i + 1) * per_micro],
+                                 prox_logp=step.logprobs(state.params, b))  # PPO's "old" policy
                    for i, b in enumerate(batches)]
         state, metrics = step.step(state, batches)
         t3 = time.perf_counter()
@@ -158,6 +229,8 @@ def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge
         tokens = int(packed.loss_mask.sum())
         metrics.update(rollout_s=t1 - t0, reward_s=t2 - t1, train_s=t3 - t2, skipped_episodes=len(skipped),
                        tokens_per_s=tokens / max(t3 - t0, 1e-9), rollouts=len(rollouts))
+        if usage is not None:  # judge failures this step: those answers were scored by token F1
+            metrics["judge_f1_fallbacks"] = usage.failures - failures
         if config.eval_every and eval_rows and (index + 1) % config.eval_every == 0:
             from paravt_jax.rl.evaluate import evaluate
 

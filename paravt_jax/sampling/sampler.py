@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from paravt_jax.config import set_by
 from paravt_jax.models.qwen3_vl.model import Qwen3VL
 from paravt_jax.models.qwen3_vl.text import DecodeWeights
 from paravt_jax.models.qwen3_vl.vision import pad_frames_to_buckets, vision_layout
@@ -36,11 +37,12 @@ MAX_STOP_IDS = 8
 
 @dataclasses.dataclass(frozen=True)
 class SamplerConfig:
-    max_new_tokens: int = 256
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0  # 0 = no top-k
-    stop_ids: tuple[int, ...] = ()
+    # Defaults of the per-call knobs; rollouts and evaluation pass their own on every call.
+    max_new_tokens: int = set_by(256, "each generate() call (rollout / eval settings)")
+    temperature: float = set_by(0.0, "each generate() call (rollout / eval settings)")
+    top_p: float = set_by(1.0, "each generate() call (rollout / eval settings)")
+    top_k: int = set_by(0, "each generate() call (rollout / eval settings)")  # 0 = no top-k
+    stop_ids: tuple[int, ...] = set_by((), "each generate() call (the tokenizer's stop tokens)")
     min_chunk_bucket: int = 16
     min_batch_bucket: int = 1
     cache_multiple: int = 1024  # capacities: powers of two up to this, then multiples of it
@@ -138,13 +140,13 @@ def _merge(graphdef: _HashOnce, params):
     return nnx.merge(graphdef.value, params)
 
 
-@functools.partial(jax.jit, static_argnums=0)
+@functools.partial(jax.jit, static_argnames="graphdef")
 def _vision(graphdef, params, pixel_values, meta):
     model = _merge(graphdef, params)
     return model.encode_vision(pixel_values, *meta)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 2))
+@functools.partial(jax.jit, static_argnames=("graphdef", "fuse"))
 def _decode_weights(graphdef, params, fuse):
     return _merge(graphdef, params).language.decode_weights(fuse)
 
@@ -167,7 +169,7 @@ def _row_keys(seed, row_ids):
     return jax.vmap(lambda r: jax.random.fold_in(base, r))(row_ids)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
+@functools.partial(jax.jit, static_argnames=("layers", "shape", "dtype", "sharding"))
 def _new_cache(layers, shape, dtype, sharding):
     """shape = (B, KV, S, hd) of one value array; keys are stored [B, KV, hd, S]."""
     rows, kv, capacity, head_dim = shape
@@ -176,7 +178,8 @@ def _new_cache(layers, shape, dtype, sharding):
     return (*constrain(keys, values, sharding), jnp.zeros((rows, capacity), bool))
 
 
-@functools.partial(jax.jit, static_argnums=(0, 13, 14, 15), donate_argnums=(3, 4, 5))
+@functools.partial(jax.jit, static_argnames=("graphdef", "sharding", "window", "score_bytes"),
+                   donate_argnames=("cache_k", "cache_v", "valid"))
 def _prefill(graphdef, params, weights, cache_k, cache_v, valid, write_index, ids, positions, counts,
              visual_index, visual_embeds, deepstack, sharding, window, score_bytes):
     lang = _merge(graphdef, params).language
@@ -193,7 +196,7 @@ def _prefill(graphdef, params, weights, cache_k, cache_v, valid, write_index, id
     return (logits, *constrain(cache_k, cache_v, sharding), valid)
 
 
-@functools.partial(jax.jit, static_argnums=(5, 6))
+@functools.partial(jax.jit, static_argnames=("capacity_pad", "sharding"))
 def _gather_rows(cache_k, cache_v, valid, logits, index, capacity_pad, sharding):
     """Copies cache rows (G samples sharing one prefilled prompt) and grows the capacity."""
     def take(layer, slot_axis):
@@ -234,7 +237,7 @@ jax.tree_util.register_dataclass(_DecodeCarry, data_fields=[f.name for f in data
                                  meta_fields=[])
 
 
-@functools.partial(jax.jit, static_argnums=(0, 15), donate_argnums=(3, 4, 5))
+@functools.partial(jax.jit, static_argnames=("graphdef", "sharding"), donate_argnames=("cache_k", "cache_v", "valid"))
 def _decode(graphdef, params, weights, cache_k, cache_v, valid, logits, budgets, stop_ids, row_keys,
             temperature, top_p, top_k, carry: _DecodeCarry, max_steps, sharding):
     """Samples until every row is done, `max_steps` tokens were emitted, or the cache is full

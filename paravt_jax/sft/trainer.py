@@ -7,14 +7,27 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-import numpy as np
+import jax
+import jax.numpy as jnp
 
 from paravt_jax import distributed as dist
+from paravt_jax.config import set_by
 from paravt_jax.data.sft_examples import sft_inputs
-from paravt_jax.rl.batch import micro_batches, pack
-from paravt_jax.rl.train_step import OptimizerConfig, StepConfig, TrainStep
-from paravt_jax.training import LoopConfig, UnreadableDataError, data_indices, run_loop
+from paravt_jax.rl.loss import WeightedMean
+from paravt_jax.train.batch import micro_batches, pack
+from paravt_jax.train.loop import LoopConfig, UnreadableDataError, data_indices, run_loop
+from paravt_jax.train.step import HeadConfig, OptimizerConfig, TokenScores, TrainStep
 from paravt_jax.video.reader import VideoError
+
+HEAD = HeadConfig(temperature=1.0)  # plain next-token cross-entropy
+
+
+def sft_loss(scores: TokenScores, batch) -> tuple[jax.Array, jax.Array, dict]:
+    """Masked negative log-likelihood: (sum over loss tokens, their count, {"nll": mean})."""
+    m = batch["loss_mask"] > 0
+    total = -jnp.sum(jnp.where(m, scores.logp, 0.0))
+    count = jnp.sum(m).astype(jnp.int32)
+    return total, count, {"nll": WeightedMean(total, count.astype(jnp.float32))}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,7 +35,7 @@ class SFTConfig:
     steps: int = 20
     batch_size: int = 4
     micro_batches: int = 1
-    seed: int = 0
+    seed: int = set_by(0, "seed (the top of the config)")
     nframes: int = 8
     max_pixels: int = 50176
     optimizer: OptimizerConfig = OptimizerConfig(learning_rate=1e-3, weight_decay=0.0)
@@ -50,7 +63,7 @@ def train_sft(model, tokenizer, rows: list, video_root: str, workdir: str, confi
             print(f"[sft] warning: example {i} skipped: {e}", flush=True)
             return None, f"example {i}: {e}"
 
-    step = TrainStep(model, config.optimizer, StepConfig(objective="sft"), mesh=dist.model_mesh(model))
+    step = TrainStep(model, config.optimizer, sft_loss, HEAD, mesh=dist.model_mesh(model))
     unreadable = {"examples": 0}  # examples in a row that could not be read
 
     def step_fn(state, index):
@@ -69,8 +82,7 @@ def train_sft(model, tokenizer, rows: list, video_root: str, workdir: str, confi
             return state, {"unreadable_step": 1.0, "skipped_examples": skipped}
         unreadable["examples"] = 0
         packed = pack(fill_batch(readable, config.batch_size))
-        batches = micro_batches(packed, np.zeros(packed.input_ids.shape, np.float32), config.micro_batches,
-                                model.config.vision)
+        batches = micro_batches(packed, config.micro_batches, model.config.vision)
         state, metrics = step.step(state, batches)
         return state, {**metrics, "skipped_examples": skipped}
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Sequence, Union
+from typing import Sequence
 
 import numpy as np
 
@@ -25,7 +25,7 @@ class Image:
     frame: np.ndarray  # uint8 [H, W, 3], sides multiples of 32
 
 
-Segment = Union[Text, Image]
+Segment = Text | Image
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,25 +38,35 @@ class Message:
         return cls(role, tuple(Text(c) if isinstance(c, str) else c for c in content))
 
 
-CROP_VIDEO_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "crop_video",
-        "description": ("Look closely at one time window of the video: frames are sampled "
-                        "from [start_time, end_time] and a summary of what happens in that "
-                        "window is returned. Call it several times in one turn to inspect "
-                        "several windows at once."),
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "video_path": {"type": "string", "description": "Path of the video file"},
-                "start_time": {"type": "number", "description": "Window start in seconds"},
-                "end_time": {"type": "number", "description": "Window end in seconds"},
-            },
-            "required": ["video_path", "start_time", "end_time"],
-        },
-    },
+CROP_VIDEO_ARGUMENTS = {
+    "video_path": {"type": "string", "description": "Path of the video file"},
+    "start_time": {"type": "number", "description": "Window start in seconds"},
+    "end_time": {"type": "number", "description": "Window end in seconds"},
 }
+CROP_VIDEO_SUMMARY = ("Look closely at one time window of the video: frames are sampled from "
+                      "[start_time, end_time] and a summary of what happens in that window is "
+                      "returned. Call it several times in one turn to inspect several windows at once.")
+# Two layouts of the same schema, as the reference has them: "object" (a JSON-schema object
+# with properties and required: the evaluation driver and the SFT data) and "flat" (the
+# argument table itself as "parameters", no "required": the RL workflow's injected schema).
+TOOL_LAYOUTS = ("object", "flat")
+
+
+def crop_video_tool(description: str = CROP_VIDEO_SUMMARY, layout: str = "object") -> dict:
+    """The crop_video function schema in one of `TOOL_LAYOUTS`."""
+    if layout == "object":
+        parameters = {"type": "object", "properties": CROP_VIDEO_ARGUMENTS,
+                      "required": list(CROP_VIDEO_ARGUMENTS)}
+    elif layout == "flat":
+        parameters = CROP_VIDEO_ARGUMENTS
+    else:
+        raise ValueError(f"tool layout {layout!r}: expected one of {TOOL_LAYOUTS}")
+    return {"type": "function", "function": {"name": "crop_video", "description": description,
+                                             "parameters": parameters}}
+
+
+CROP_VIDEO_TOOL = crop_video_tool()
+VIDEO_PATH_LINES = ("newline", "space_if_absent", "none")
 
 
 def tools_system_prompt(tools: Sequence[dict]) -> str:
@@ -99,8 +109,11 @@ def render(messages: Sequence[Message], add_generation_prompt: bool = False,
     return out
 
 
-def frames_as_images(frames: np.ndarray, timestamps: Sequence[float]) -> list[Segment]:
-    """Overview frames as image items, each preceded by its `<t seconds>` text."""
+def frames_as_images(frames: np.ndarray, timestamps: Sequence[float] | None) -> list[Segment]:
+    """Frames as image items, each preceded by its `<t seconds>` text (one decimal: the RL
+    workflow's overview); with timestamps None, bare images (the evaluation driver's)."""
+    if timestamps is None:
+        return [Image(np.asarray(frame)) for frame in frames]
     if len(frames) != len(timestamps):
         raise ValueError(f"{len(frames)} frames but {len(timestamps)} timestamps")
     out: list[Segment] = []
@@ -109,15 +122,31 @@ def frames_as_images(frames: np.ndarray, timestamps: Sequence[float]) -> list[Se
     return out
 
 
-def paravt_messages(question: str, frames: np.ndarray, timestamps: Sequence[float],
+def with_video_path(question: str, video_name: str | None, style: str = "newline") -> str:
+    """The question with the video-path sentence the tool's `video_path` argument refers to.
+    newline: after a newline, always; space_if_absent: after a space, only when the question
+    does not already mention a video path (the evaluation driver); none: the question as is."""
+    if style not in VIDEO_PATH_LINES:
+        raise ValueError(f"video path line {style!r}: expected one of {VIDEO_PATH_LINES}")
+    if not video_name or style == "none":
+        return question
+    sentence = f"The video path for this video is: {video_name}"
+    if style == "newline":
+        return f"{question}\n{sentence}"
+    return question if "video path" in question.lower() else f"{question} {sentence}"
+
+
+def paravt_messages(question: str, frames: np.ndarray, timestamps: Sequence[float] | None,
                     video_name: str | None = None, tools: Sequence[dict] = (CROP_VIDEO_TOOL,),
-                    system_text: str = "") -> list[Message]:
-    """System (tool schema) + user turn: K overview frames as images, then the question."""
-    system = "\n\n".join(t for t in (system_text, tools_system_prompt(tools) if tools else "") if t)
+                    system_text: str = "", video_path_line: str = "newline") -> list[Message]:
+    """System + user turn: the overview frames as images (timestamped, or bare with timestamps
+    None), then the question. The tool schema is appended to `system_text` (after a blank
+    line) unless that text already holds a `<tools>` block, as the reference does with a data
+    row's own system prompt."""
+    schema = tools_system_prompt(tools) if tools and "<tools>" not in system_text else ""
+    system = "\n\n".join(t for t in (system_text, schema) if t)
     messages = [Message.of("system", system)] if system else []
-    question_text = question
-    if video_name:
-        question_text += f"\nThe video path for this video is: {video_name}"
+    question_text = with_video_path(question, video_name, video_path_line)
     messages.append(Message("user", tuple(frames_as_images(frames, timestamps)) + (Text(question_text),)))
     return messages
 
@@ -143,9 +172,11 @@ def placeholder_text(segments: Sequence[Segment]) -> str:
 
 
 def segment_instruction(start: float, end: float) -> str:
-    """The sub-agent's task for one crop (our wording of the reference's instruction)."""
+    """The sub-agent's task for one crop, shown after the crop's bare frames: the segment's
+    time range as MM:SS and its duration with one decimal, as the reference's sub-agent prompt
+    has them (the wording is ours)."""
     mmss = lambda s: f"{int(s // 60):02d}:{int(s % 60):02d}"
-    return (f"These frames were sampled from the video between {mmss(start)} and {mmss(end)} "
-            f"({end - start:.1f} seconds), in order. Summarise what happens in this segment: the "
-            "key actions, objects and changes, in the order they occur, stating only what is "
-            "visible.\n\nSummary:")
+    return (f"You are looking at a video segment from {mmss(start)} to {mmss(end)} (duration: "
+            f"{end - start:.1f} seconds). The images are frames sampled from it, in order.\n\n"
+            "Summarise what happens in this segment: the key actions, objects and changes, in the "
+            "order they occur, stating only what is visible.\n\nSummary:")

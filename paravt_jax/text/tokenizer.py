@@ -4,7 +4,7 @@ locally on the synthetic corpus for the built-in default.
 Special token ids are always looked up in the tokenizer, never hard-coded. The locally
 trained tokenizer appends the Qwen special tokens in Qwen's own order after its BPE
 vocabulary, so with a 900-token BPE they land at `real_id - 151643 + 900` (the tiny model's
-convention in docs/qwen3vl.md).
+convention in docs/model.md, "The tiny model and the built-in tokenizer").
 """
 from __future__ import annotations
 

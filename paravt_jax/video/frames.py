@@ -2,7 +2,7 @@
 
 `pixel_values` rows are flattened (C, T, ph, pw) patches in merge-block order
 (t, block_row, block_col, in_row, in_col); pixels are rescaled to [-1, 1] with mean = std =
-0.5 (docs/qwen3vl.md section 5).
+0.5 (docs/model.md, "Pixels and patches").
 """
 from __future__ import annotations
 
@@ -72,14 +72,6 @@ def patchify_image(image: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """One image [H, W, 3] -> (pixel_values, grid (1, H/16, W/16)); duplicated to fill T=2."""
     image = np.asarray(image)
     return patchify(np.stack([image] * TEMPORAL))
-
-
-def pad_to_temporal(frames: np.ndarray, temporal: int = TEMPORAL) -> np.ndarray:
-    """Repeats the last frame so the count is a multiple of `temporal`."""
-    extra = -len(frames) % temporal
-    if extra:
-        frames = np.concatenate([frames, np.repeat(frames[-1:], extra, axis=0)])
-    return frames
 
 
 def llm_tokens(grid_thw, merge: int = MERGE) -> int:

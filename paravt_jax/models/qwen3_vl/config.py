@@ -254,7 +254,7 @@ def _text(hidden, inter, layers, heads, kv, vocab=151936, theta=5_000_000.0,
                       mrope_section=section, max_position_embeddings=262144)
 
 
-# Tiny special ids follow the "real - 151643 + 900" convention of docs/qwen3vl.md.
+# Tiny special ids follow the "real - 151643 + 900" convention of docs/model.md.
 TINY_SPECIAL = dict(image_token_id=912, video_token_id=913, vision_start_token_id=909,
                     vision_end_token_id=910)
 

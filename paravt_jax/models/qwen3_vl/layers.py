@@ -1,6 +1,6 @@
 """Small numerical building blocks shared by the vision tower and the text decoder.
 
-Precision rules (docs/qwen3vl.md section 6): norms accumulate in float32, softmax runs in
+Precision rules (docs/model.md, "Precision"): norms accumulate in float32, softmax runs in
 float32, the vision rotary is applied in float32, the text rotary in the compute dtype.
 """
 from __future__ import annotations
@@ -199,7 +199,7 @@ def run_layers(layer_fn: Callable, carry, stacked_params, num_layers: int, *, sc
         carry, _ = jax.lax.scan(body, carry, (stacked_params, jnp.arange(num_layers)))
         return carry
     for i in range(num_layers):
-        carry = fn(carry, jax.tree.map(lambda p: p[i], stacked_params), i)
+        carry = fn(carry, jax.tree.map(lambda p, i=i: p[i], stacked_params), i)
     return carry
 
 

@@ -93,10 +93,9 @@ def prepare_inputs(config: Qwen3VLConfig, input_ids, attention_mask=None, mm_tok
         pixels.append(pv)
         grids.append(grid)
     if position_ids is None:
-        positions, deltas = get_rope_index(types, mask,
-                                           image_grid_thw if image_grid_thw is not None and pixel_values is not None else None,
-                                           video_grid_thw if video_grid_thw is not None and pixel_values_videos is not None else None,
-                                           vis.spatial_merge_size)
+        image_grid = image_grid_thw if image_grid_thw is not None and pixel_values is not None else None
+        video_grid = video_grid_thw if video_grid_thw is not None and pixel_values_videos is not None else None
+        positions, deltas = get_rope_index(types, mask, image_grid, video_grid, vis.spatial_merge_size)
     else:
         positions = as_numpy_int(position_ids, "position_ids")
         if positions.shape != (3,) + ids.shape:
@@ -151,7 +150,7 @@ def device_args(prepared: PreparedInputs) -> tuple[Any, ...]:
             prepared.visual_index, prepared.pixel_values, meta)
 
 
-@functools.partial(jax.jit, static_argnums=0)
+@functools.partial(jax.jit, static_argnames="graphdef")
 def _jitted_forward(graphdef, state, *args):
     model = nnx.merge(graphdef, state)
     return model.forward(*args)

@@ -61,8 +61,7 @@ def stop_requested_everywhere() -> int | None:
 
 
 def run_loop(name: str, workdir: str, state, step_fn: Callable, config: LoopConfig,
-             meta_fn: Callable[[int], dict] = lambda i: {}, restore_meta: Callable[[dict], None] = lambda m: None
-             ) -> LoopResult:
+             meta_fn: Callable[[int], dict] = lambda i: {}) -> LoopResult:
     """Runs steps [start, config.steps) where start comes from the latest checkpoint in
     workdir/checkpoints (if any); metrics an interrupted run logged for steps >= start are
     dropped first. On SIGTERM or SIGINT the current step finishes, a checkpoint is written and
@@ -74,7 +73,6 @@ def run_loop(name: str, workdir: str, state, step_fn: Callable, config: LoopConf
     if restored is not None:
         state, meta = restored
         start = int(meta["next_step"])
-        restore_meta(meta)
         print(f"[{name}] resumed from {checkpoints.directory} at step {start}", flush=True)
     writer = MetricsWriter(workdir, total_steps=config.steps)
     writer.resume(start)

@@ -5,20 +5,20 @@
 
 A config file defines `sweep()` (or `sweep(arg)`, which receives the preset after ':') next
 to `get_config(arg)`, as in big_vision. It returns a list of arms; an arm is a dict of
-overrides keyed by dotted config field (`{"rl.anchor_weight": 0.0, "seed": 1}`). An entry
+overrides keyed by dotted config field (`{"rl.advantage.anchor_weight": 0.0, "seed": 1}`). An entry
 whose value is itself a dict is a named group of overrides: `{"arm": {"name": "vanilla",
-"rl.anchor_weight": 0.0, ...}, "seed": 1}`; the group's name stands for its overrides in the
+"rl.advantage.anchor_weight": 0.0, ...}, "seed": 1}`; the group's name stands for its overrides in the
 arm's directory name (`vanilla,seed=1`). `product(arm=[...], seed=[0, 1, 2])` builds the
-cartesian product of such axes (`product(**{"rl.anchor_mode": ["token", "sequence"]})` for a
+cartesian product of such axes (`product(**{"rl.advantage.anchor_mode": ["token", "sequence"]})` for a
 dotted field).
 
-Each arm runs the main job (`paravt_jax.cli.run_command`: SFT -> RL -> eval) in
+Each arm runs the main job (`paravt_jax.jobs.run_command`: SFT -> RL -> eval) in
 `<workdir>/<arm name>`, one after another in this process; `--dry_run` prints instead one
 `python -m paravt_jax.cli run ...` command per arm, for launch scripts to fan out. Arms whose
 workdir holds a finished run are skipped, so a sweep is resumed by running it again.
 `--shared_sft` runs the cold-start SFT once (into `<workdir>/_sft`, with RL off) and starts
 every arm's RL from its exported model. Every override is checked against the config before
-any arm starts. At the end the comparison report (`paravt_jax.report`) is written to
+any arm starts. At the end the comparison report (`paravt_jax.experiments.report`) is written to
 `<workdir>/report.*`.
 """
 from __future__ import annotations
@@ -26,7 +26,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
-import importlib.util
 import inspect
 import itertools
 import json
@@ -37,6 +36,9 @@ import sys
 import time
 import traceback
 from typing import Any, Mapping, Sequence
+
+from paravt_jax.config import config_file
+from paravt_jax.files import write_json_atomic
 
 ARM_RECORD = "sweep_arm.json"  # written when an arm starts: its name, group and overrides
 DONE_MARKER = "sweep_done.json"  # written atomically when an arm's main job has returned
@@ -76,7 +78,7 @@ def product(**axes: Sequence) -> list[dict]:
     """Cartesian product of axes, the first axis varying slowest.
 
     An axis named after a config field takes plain values (`seed=[0, 1, 2]`); an axis whose
-    values are dicts (`arm=[{"name": "vanilla", "rl.anchor_weight": 0.0}, ...]`) is a set of
+    values are dicts (`arm=[{"name": "vanilla", "rl.advantage.anchor_weight": 0.0}, ...]`) is a set of
     override groups and its name is only a label. Returns one entry per combination, in the
     format `sweep()` returns.
     """
@@ -302,14 +304,11 @@ def load_sweep_entries(path: str, arg: str | None) -> list:
     """Calls the config file's sweep() (with the preset when it takes a parameter)."""
     if not os.path.isfile(path):
         raise SweepError(f"config file {path!r} does not exist")
-    name = "paravt_sweep_config_" + hashlib.sha1(os.path.abspath(path).encode()).hexdigest()[:8]
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = config_file(path)
     sweep = getattr(module, "sweep", None)
     if not callable(sweep):
         raise SweepError(f"config file {path!r} defines no sweep(); add `def sweep(arg=None)` returning a "
-                         "list of override dicts (see paravt_jax/sweep.py)")
+                         "list of override dicts (see paravt_jax/experiments/sweep.py)")
     parameters = [p for p in inspect.signature(sweep).parameters.values()
                   if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     # sweep(arg) gets the preset after ':' (None without one); sweep() is a fixed grid.
@@ -336,16 +335,6 @@ def run_args(config_argument: str, workdir: str, common: Mapping[str, Any], arm:
 
 
 # ----------------------------------------------------------------------------- running
-def write_json_atomic(path: str, payload: Any) -> None:
-    """Readers see the old file or the whole new one, never a partial one."""
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(payload, f, indent=2, default=str)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def is_finished(workdir: str) -> bool:
     """The sweep's marker, or (for arms launched by hand from --dry_run) a summary.json
     that the main job completed (it writes it last, with the eval table)."""
@@ -377,7 +366,7 @@ def _changed(workdir: str, record: dict) -> bool:
 
 def run_arm(config, arm: Arm, workdir: str, record: dict) -> dict:
     """Runs one arm's main job in this process and marks it finished."""
-    from paravt_jax.cli import run_command
+    from paravt_jax.jobs import run_command
 
     os.makedirs(workdir, exist_ok=True)
     write_json_atomic(os.path.join(workdir, ARM_RECORD), record)
@@ -467,7 +456,7 @@ def run_plan(config, plan: SweepPlan, write_report: bool = True) -> list[dict]:
         print(f"[sweep] {s['status']:>7}  {s['name']}" + (f"  ({s['seconds']:.0f} s)" if "seconds" in s else ""),
               flush=True)
     if write_report:
-        from paravt_jax import report
+        from paravt_jax.experiments import report
 
         report.write_report([plan.root], os.path.join(plan.root, "report"))
     failed = [s["name"] for s in statuses if s["status"] == "failed"]

@@ -9,7 +9,7 @@ NamedSharding that `paravt_jax.sharding` gives it on an `AbstractMesh` of the re
 sizes (so any device count can be planned on a laptop), and each array is counted as
 `prod(sharding.shard_shape(shape)) * itemsize` bytes per device: a dimension that the mesh
 does not divide is replicated, here as in a real run. The optimizer state is
-`jax.eval_shape(make_optimizer(...).init, params)` (the optimizer rl/train_step.py builds),
+`jax.eval_shape(make_optimizer(...).init, params)` (the optimizer train/step.py builds),
 its moments sharded like their parameters. The KV caches use the sampler's own `CacheSpec`
 and `cache_sharding`. Activations of one micro-batch come either from XLA
 (`--activations=xla`: the real `TrainStep` gradient function lowered on abstract sharded
@@ -29,7 +29,6 @@ Sizes are GiB (2**30 bytes); --device_memory_gb is read as GiB too.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import math
 import os
@@ -42,6 +41,7 @@ from flax import nnx
 from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
 
 from paravt_jax import sharding as sh
+from paravt_jax.config import config_path
 from paravt_jax.models.qwen3_vl.config import Qwen3VLConfig, load_config, preset
 from paravt_jax.models.qwen3_vl.hf_io import abstract_model
 from paravt_jax.sampling.kv_cache import CacheSpec, bucket, cache_sharding, first_capacity, grown_capacity
@@ -50,9 +50,7 @@ from paravt_jax.text import chat
 from paravt_jax.video.frames import PATCH, smart_resize
 
 GIB = 2**30
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_CONFIG = os.path.join(ROOT, "configs", "paragrpo.py") + ":tiny"
-MESH_PRESETS_FILE = os.path.join(ROOT, "configs", "meshes.py")
+DEFAULT_CONFIG = config_path("paragrpo") + ":tiny"
 ACTIVATION_MODES = ("auto", "xla", "estimate")
 
 # Token counts the config does not fix, taken at their worst reasonable value.
@@ -64,7 +62,7 @@ SOURCE_FRAME = (720, 1280)  # nominal decoded frame (h, w) before smart_resize: 
 AUTO_XLA_MAX_PARAMETERS = 10_000_000_000
 # rl/trainer.py builds its sampler with these knobs; chunk and cache buckets follow them.
 TRAINER_SAMPLER = SamplerConfig(min_chunk_bucket=64)
-PACK_MIN_LENGTH, PACK_MULTIPLE = 16, 256  # rl/batch.pack defaults: the train length bucket
+PACK_MIN_LENGTH, PACK_MULTIPLE = 16, 256  # train/batch.pack defaults: the train length bucket
 
 
 class PlanError(ValueError):
@@ -173,56 +171,31 @@ class MemoryPlan:
 # ----------------------------------------------------------------------------- mesh
 def parse_mesh(text: str) -> dict[str, int]:
     """`data=1,fsdp=8,tensor=1` -> sizes (one may be -1: the remaining devices)."""
-    sizes: dict[str, int] = {}
-    for part in text.split(","):
-        name, sep, value = part.partition("=")
-        name = name.strip()
-        if not sep or not name:
-            raise PlanError(f"--mesh={text!r}: expected AXIS=SIZE pairs like data=1,fsdp=8,tensor=1 "
-                            "or a preset name from configs/meshes.py")
-        if name not in sh.MESH_AXES:
-            raise PlanError(f"--mesh={text!r}: unknown axis {name!r}; axes are {', '.join(sh.MESH_AXES)}")
-        if name in sizes:
-            raise PlanError(f"--mesh={text!r}: axis {name!r} given twice")
-        try:
-            size = int(value)
-        except ValueError:
-            raise PlanError(f"--mesh={text!r}: size of {name!r} is {value!r}, not an integer") from None
-        if size < 1 and size != -1:
-            raise PlanError(f"--mesh={text!r}: size of {name!r} must be >= 1 (or -1), got {size}")
-        sizes[name] = size
-    return {axis: sizes.get(axis, 1) for axis in sh.MESH_AXES}
+    try:
+        return sh.parse_mesh(text)
+    except ValueError as e:
+        raise PlanError(f"--mesh: {e}; or give a preset name from configs/meshes.py") from None
 
 
 def resolve_mesh(sizes: Mapping[str, int], devices: int | None) -> dict[str, int]:
     """Fills a -1 axis from `devices` and checks the product; returns positive sizes."""
-    sizes = {axis: int(sizes.get(axis, 1)) for axis in sh.MESH_AXES}
-    unknown = [a for a, s in sizes.items() if s == -1]
-    if len(unknown) > 1:
-        raise PlanError(f"mesh {sizes}: at most one axis may be -1")
-    known = math.prod(s for s in sizes.values() if s != -1)
-    if unknown:
-        if devices is None:
-            raise PlanError(f"mesh {sizes}: axis {unknown[0]!r} is -1; give --devices=N")
-        if devices % known:
-            raise PlanError(f"mesh {sizes} does not divide --devices={devices}")
-        sizes[unknown[0]] = devices // known
-    if devices is not None and math.prod(sizes.values()) != devices:
-        raise PlanError(f"mesh {sizes} has {math.prod(sizes.values())} devices, --devices={devices}")
+    try:
+        sizes = sh.mesh_sizes(sizes, devices)
+    except ValueError as e:
+        raise PlanError(str(e)) from None
+    free = [axis for axis, size in sizes.items() if size == -1]
+    if free:
+        raise PlanError(f"mesh {sizes}: axis {free[0]!r} is -1; give --devices=N")
     return sizes
 
 
 def mesh_preset(name: str) -> tuple[dict[str, int], float]:
     """(axis sizes, device_memory_gb) of a preset in configs/meshes.py."""
-    if not os.path.isfile(MESH_PRESETS_FILE):
-        raise PlanError(f"--mesh={name!r}: {MESH_PRESETS_FILE} not found; give axis sizes "
-                        "like data=1,fsdp=8,tensor=1")
-    spec = importlib.util.spec_from_file_location("paravt_mesh_presets", MESH_PRESETS_FILE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    from configs import meshes
+
     try:
-        entry = module.get_mesh(name)
-        sizes = dict(module.mesh_shape(entry))
+        entry = meshes.get_mesh(name)
+        sizes = dict(meshes.mesh_shape(entry))
     except (KeyError, ValueError) as e:
         raise PlanError(f"--mesh={name!r}: {e.args[0] if e.args else e}") from None
     return sizes, float(entry["device_memory_gb"])
@@ -234,7 +207,7 @@ def abstract_mesh(sizes: Mapping[str, int]) -> AbstractMesh:
 
 # ----------------------------------------------------------------------------- config
 def model_config(config) -> tuple[str, Qwen3VLConfig]:
-    """(name, model config) with the run's dtypes and remat, as cli.build_model builds it."""
+    """(name, model config) with the run's dtypes and remat, as jobs.build_model builds it."""
     m = config.model
     knobs = dict(param_dtype=m.param_dtype, dtype=m.dtype, remat=bool(m.remat),
                  scan_layers=bool(m.get("scan_layers", True)))
@@ -244,12 +217,12 @@ def model_config(config) -> tuple[str, Qwen3VLConfig]:
 
 
 def rl_settings(config):
-    """The RLConfig rl/trainer.py would get (cli.rl_config); dataclass defaults without `rl`."""
+    """The RLConfig rl/trainer.py would get (jobs.rl_config); dataclass defaults without `rl`."""
     from paravt_jax.rl.trainer import RLConfig
 
     if "rl" not in config:
         return RLConfig(), ("the config has no `rl` section: RLConfig defaults are planned",)
-    from paravt_jax.cli import rl_config
+    from paravt_jax.jobs import rl_config
 
     return rl_config(config), ()
 
@@ -280,10 +253,10 @@ def _decode_turn(capacity: int, chunk_end: int, budget: int) -> tuple[int, int]:
 
 def workload(rl, vision) -> Workload:
     """The token and row counts of one RL step, mirroring agent/rollout.py, the sampler's
-    bucketing and rl/batch.pack. Text lengths not fixed by the config use the constants above."""
+    bucketing and train/batch.pack. Text lengths not fixed by the config use the constants above."""
     r, d = rl.rollout, rl.dispatch
     merge_unit = vision.spatial_merge_size**2
-    frames = max(rl.nframes_choices) if rl.nframes_gating else rl.default_nframes
+    frames = max(rl.nframes_choices) if rl.nframes_gating else (rl.default_nframes or r.overview_max_frames)
     frame_size, frame_patches = _frame(r.overview_min_pixels, r.overview_max_pixels)
     crop_size, crop_patches = _frame(d.min_pixels, d.max_pixels)
     frame_tokens, crop_tokens = frame_patches // merge_unit, crop_patches // merge_unit
@@ -354,17 +327,6 @@ def _shard_bytes(shape: Sequence[int], dtype, sharding: NamedSharding | None) ->
     return math.prod(sharding.shard_shape(tuple(shape))) * itemsize, total
 
 
-def _key_name(key) -> str:
-    for attribute in ("key", "name", "idx"):
-        if hasattr(key, attribute):
-            return str(getattr(key, attribute))
-    return str(key)
-
-
-def _path(keys) -> tuple[str, ...]:
-    return tuple(_key_name(k) for k in keys)
-
-
 @dataclasses.dataclass(frozen=True)
 class TreeBytes:
     per_device: int
@@ -421,24 +383,10 @@ def _param_leaves(params, shardings) -> list[tuple[jax.ShapeDtypeStruct, NamedSh
             for path, variable in nnx.to_flat_state(params)]
 
 
-def optimizer_leaves(opt_state, shardings: Mapping[tuple[str, ...], NamedSharding], mesh):
-    """Each optimizer-state leaf with the sharding of the parameter it mirrors (matched on the
-    longest path suffix: mu/nu hold one leaf per parameter); scalars (step counts) replicate."""
-    out = []
-    for keys, leaf in jax.tree_util.tree_flatten_with_path(opt_state)[0]:
-        path = tuple(p for p in _path(keys) if p != "value")
-        sharding = None
-        for start in range(len(path)):
-            if path[start:] in shardings:
-                sharding = shardings[path[start:]]
-                break
-        if sharding is not None:
-            try:  # a leaf that shares a path but not a shape with its parameter replicates
-                sharding.shard_shape(tuple(leaf.shape))
-            except ValueError:
-                sharding = None
-        out.append((leaf, sharding if sharding is not None else NamedSharding(mesh, PartitionSpec())))
-    return out
+def optimizer_leaves(opt_state, params, mesh):
+    """Each optimizer-state leaf with the sharding TrainStep gives it (`sharding.optimizer_shardings`)."""
+    shardings = sh.optimizer_shardings(opt_state, params, mesh)
+    return list(zip(jax.tree.leaves(opt_state), jax.tree.leaves(shardings)))
 
 
 def _spec_text(sharding: NamedSharding) -> str:
@@ -574,7 +522,8 @@ def prefill_estimate(config: Qwen3VLConfig, work: Workload, mesh_sizes: Mapping[
 
 
 def train_batch_spec(config: Qwen3VLConfig, work: Workload, mesh) -> dict:
-    """The abstract micro-batch TrainStep.grads receives: token arrays split over the batch
+    """The abstract micro-batch TrainStep.grads receives for the policy loss: token arrays and
+    per-token extras split over the batch
     axis as TrainStep._place splits them, vision inputs replicated, the vision layout with
     the shapes vision_layout gives for frames of one size."""
     rows, length = work.micro_batch_rows, work.train_length
@@ -613,7 +562,8 @@ def train_batch_spec(config: Qwen3VLConfig, work: Workload, mesh) -> dict:
 def activation_xla(config: Qwen3VLConfig, rl, work: Workload, mesh_sizes: Mapping[str, int]) -> tuple[int, float]:
     """(temp bytes per device, compile seconds) of the real TrainStep gradient function for one
     micro-batch, lowered on abstract sharded inputs and compiled for the local devices."""
-    from paravt_jax.rl.train_step import TrainStep
+    from paravt_jax.rl.objective import policy_head, policy_loss
+    from paravt_jax.train.step import TrainStep
 
     need = math.prod(mesh_sizes.values())
     devices = jax.devices()
@@ -623,7 +573,7 @@ def activation_xla(config: Qwen3VLConfig, rl, work: Workload, mesh_sizes: Mappin
                         f"CPU devices: XLA_FLAGS=--xla_force_host_platform_device_count={need} JAX_PLATFORMS=cpu")
     mesh = sh.make_mesh(dict(mesh_sizes), devices[:need])
     start = time.perf_counter()
-    step = TrainStep(abstract_model(config), rl.optimizer, rl.step, mesh=mesh)
+    step = TrainStep(abstract_model(config), rl.optimizer, policy_loss(rl.step), policy_head(rl.step), mesh=mesh)
     params = jax.tree.map(
         lambda v: v.replace(jax.ShapeDtypeStruct(v.get_value().shape, v.get_value().dtype,
                                                  sharding=sh.named_sharding(mesh, sh.param_axes(v),
@@ -663,14 +613,14 @@ def plan(config, mesh_sizes: Mapping[str, int], device_memory_gb: float,
     work = workload(rl, model.vision)
 
     # Parameters, gradients, optimizer state, reference: real abstract trees, real shardings.
-    from paravt_jax.rl.train_step import make_optimizer
+    from paravt_jax.train.step import make_optimizer
 
     _, params, _ = abstract_params(model)
     shardings = param_shardings(params, mesh)
     p = tree_bytes(_param_leaves(params, shardings))
     count = sum(math.prod(v.get_value().shape) for _, v in nnx.to_flat_state(params))
     opt_state = jax.eval_shape(make_optimizer(rl.optimizer).init, params)
-    o = tree_bytes(optimizer_leaves(opt_state, shardings, mesh))
+    o = tree_bytes(optimizer_leaves(opt_state, params, mesh))
     keep_reference = rl.advantage.kl_ctl > 0
     gradient_copies = 2 if rl.micro_batches > 1 else 1
     param_row = Component("parameters", p.per_device, p.total, p.summary())

@@ -26,7 +26,7 @@ import os
 import re
 from typing import Sequence
 
-from paravt_jax.plots import read_jsonl
+from paravt_jax.experiments.plots import read_jsonl
 
 # Per-step RL metrics (rl/metrics.jsonl keys without the "rl/" prefix): final and best.
 TRAIN_METRICS = ("reward", "acc_reward", "format_reward", "tool_reward", "anchor_reward",

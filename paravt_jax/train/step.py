@@ -1,20 +1,22 @@
-"""The functional, sharded PARA-GRPO / SFT train step.
+"""The functional, sharded train step, shared by every objective (SFT, PARA-GRPO).
 
-`TrainStep(model, config, mesh)` builds the jitted pieces once:
-  logprobs(params, batch)  — token log-probs under softmax(logits / temperature) (the
-                             sampler's convention), computed from hidden states in sequence
-                             chunks so the [B, T, vocab] logits never exist at once;
-  grads(params, batch)     — loss sums/counts and gradients of one micro-batch;
+`TrainStep(model, optimizer, loss_fn, head)` builds the jitted pieces once:
+  logprobs(params, batch)  — the token head: [B, T] log-probs under softmax(logits / T),
+                             computed from hidden states in sequence chunks so that the
+                             [B, T, vocab] logits never exist at once (`token_scores`);
+  grads(params, batch)     — the loss sums/counts and gradients of one micro-batch;
   apply(state, grads, n)   — optax update, donated state, explicit shardings.
-`step(state, micro_batches)` recomputes the proximal log-probs before the update, accumulates
-the micro-batch gradients exactly (sums / total token count) and skips the update when the
-loss or the gradients are not finite.
+The objective is the function passed in: `loss_fn(scores, batch) -> (loss_sum, token_count,
+metrics)`, where `scores` holds the head's per-token log-probs (and entropies, when the head
+computes them) and `batch` the micro-batch's arrays with its per-token extras by name. The
+loss returns SUMS and COUNTS (see paravt_jax.rl.loss): `step(state, micro_batches)` adds the
+micro-batch gradients exactly (sums / total token count) and skips the update when the loss
+or the gradients are not finite.
 """
 from __future__ import annotations
 
 import dataclasses
-import functools
-from typing import Any, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -24,7 +26,7 @@ from flax import nnx
 
 from paravt_jax import sharding as sh
 from paravt_jax.rl import loss as L
-from paravt_jax.rl.batch import TrainBatch
+from paravt_jax.train.batch import TrainBatch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,13 +44,22 @@ class OptimizerConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class StepConfig:
-    objective: str = "ppo"  # ppo | sft
-    temperature: float = 0.7  # log-prob temperature; must equal the sampler's
-    eps_clip: float = 0.2
-    eps_clip_high: float | None = None
-    behaviour_cap: float | None = 5.0
-    logprob_chunk: int = 512  # sequence chunk for the lm head + log-softmax
+class HeadConfig:
+    """The token head: log-probs (and optionally entropies) of softmax(logits / temperature)."""
+    temperature: float = 1.0  # RL: the sampler's temperature
+    chunk: int = 512  # sequence chunk for the lm head + log-softmax
+    entropy: bool = False  # also the per-token entropy (a metric; costs one more vocab pass)
+
+
+class TokenScores(NamedTuple):
+    """What the head gives a loss: [B, T] log p(token t | tokens < t) (0 at t = 0), and the
+    entropy of that predictive distribution [B, T] (zeros when the head skips it)."""
+    logp: jax.Array
+    entropy: jax.Array
+
+
+# loss_fn(scores, batch) -> (loss_sum, token_count, {name: WeightedMean | RunningMax})
+LossFn = Callable[[TokenScores, Mapping[str, Any]], tuple[jax.Array, jax.Array, dict]]
 
 
 def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
@@ -80,11 +91,10 @@ class TrainState:
     skipped: jax.Array  # updates skipped for non-finite loss / gradients
 
 
-def _token_logprobs(graphdef, params, rest, batch: dict, temperature: float, chunk: int,
-                    with_entropy: bool = False):
-    """[B, T] log p(ids[:, t] | ids[:, <t]) under softmax(logits / T); 0 at t = 0. With
-    with_entropy, also the entropy of that predictive distribution at each token [B, T]."""
-    model = nnx.merge(graphdef, params, rest)
+def token_scores(model: nnx.Module, batch: Mapping[str, Any], head: HeadConfig) -> TokenScores:
+    """The token head of `model` on `batch` (the device tree of a TrainBatch): [B, T] log-probs
+    and entropies under softmax(logits / head.temperature), shifted so that position t scores
+    token t given the tokens before it."""
     embeds = deepstack = None
     if batch["pixel_values"] is not None:
         embeds, deepstack = model.encode_vision(batch["pixel_values"], *batch["vision_meta"])
@@ -93,67 +103,57 @@ def _token_logprobs(graphdef, params, rest, batch: dict, temperature: float, chu
     ids = batch["input_ids"]
     b, t, d = hidden.shape
     targets = jnp.concatenate([ids[:, 1:], jnp.zeros((b, 1), ids.dtype)], axis=1)
-    size = min(chunk, t)
+    size = min(head.chunk, t)
     pad = -t % size
     h = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0))).reshape(b, -1, size, d).transpose(1, 0, 2, 3)
     tg = jnp.pad(targets, ((0, 0), (0, pad))).reshape(b, -1, size).transpose(1, 0, 2)
 
     def one(_, xs):
         hc, tc = xs
-        logits = model.language.logits(hc).astype(jnp.float32) / temperature
+        logits = model.language.logits(hc).astype(jnp.float32) / head.temperature
         logp = jax.nn.log_softmax(logits, axis=-1)
         picked = jnp.take_along_axis(logp, tc[..., None].astype(jnp.int32), axis=-1)[..., 0]
-        entropy = -jnp.sum(jnp.exp(logp) * logp, axis=-1) if with_entropy else jnp.zeros_like(picked)
+        entropy = -jnp.sum(jnp.exp(logp) * logp, axis=-1) if head.entropy else jnp.zeros_like(picked)
         return None, (picked, entropy)
 
     _, (lp, ent) = jax.lax.scan(one, None, (h, tg))
-    # shift: the log-prob of token t comes from position t - 1
-    shift = lambda x: jnp.concatenate([jnp.zeros((b, 1), x.dtype), x.transpose(1, 0, 2).reshape(b, -1)[:, :t][:, :-1]], axis=1)
-    return (shift(lp), shift(ent)) if with_entropy else shift(lp)
 
-
-def _loss(params, graphdef, rest, batch, cfg: StepConfig):
-    if cfg.objective == "sft":
-        logp = _token_logprobs(graphdef, params, rest, batch, 1.0, cfg.logprob_chunk)
-        m = batch["loss_mask"] > 0
-        total = -jnp.sum(jnp.where(m, logp, 0.0))
-        count = jnp.sum(m).astype(jnp.int32)
-        return total, (count, {"nll": L.WeightedMean(total, count.astype(jnp.float32))})
-    logp, entropy = _token_logprobs(graphdef, params, rest, batch, cfg.temperature, cfg.logprob_chunk,
-                                    with_entropy=True)
-    total, count, metrics = L.ppo_loss(logp, batch["prox_logp"], batch["behaviour_logp"],
-                                       batch["advantages"], batch["loss_mask"], eps_clip=cfg.eps_clip,
-                                       eps_clip_high=cfg.eps_clip_high, behaviour_cap=cfg.behaviour_cap)
-    m = batch["loss_mask"] > 0
-    metrics = dict(metrics, entropy=L.WeightedMean(jnp.sum(jnp.where(m, jax.lax.stop_gradient(entropy), 0.0)),
-                                                   jnp.sum(m).astype(jnp.int32)))
-    return total, (count, metrics)
+    def shift(x):  # the score of token t comes from position t - 1
+        flat = x.transpose(1, 0, 2).reshape(b, -1)[:, :t]
+        return jnp.concatenate([jnp.zeros((b, 1), x.dtype), flat[:, :-1]], axis=1)
+    return TokenScores(shift(lp), shift(ent))
 
 
 class TrainStep:
-    def __init__(self, model: nnx.Module, optimizer: OptimizerConfig = OptimizerConfig(),
-                 config: StepConfig = StepConfig(), mesh=None, rules=sh.DEFAULT_RULES,
+    def __init__(self, model: nnx.Module, optimizer: OptimizerConfig, loss_fn: LossFn,
+                 head: HeadConfig = HeadConfig(), mesh=None, rules=sh.DEFAULT_RULES,
                  keep_reference: bool = False):
-        """keep_reference: hold a frozen copy of the initial parameters for the reference-policy
-        log-prob pass of the KL penalty (leave it off when kl_ctl = 0: it costs a model copy)."""
-        self.config = config
+        """keep_reference: hold a frozen copy of the initial parameters (the reference policy of
+        a KL penalty; leave it off when unused: it costs a model copy)."""
+        self.head = head
         self.mesh = mesh
         self.graphdef, self.params, self.rest = nnx.split(model, nnx.Param, ...)
         self.reference_params = jax.tree.map(jnp.copy, self.params) if keep_reference else None
         self.tx = make_optimizer(optimizer)
         self.param_shardings = None
         if mesh is not None:
-            self.param_shardings = jax.tree.map(
-                lambda v: sh.named_sharding(mesh, sh.param_axes(v), v.get_value().shape, rules),
-                self.params, is_leaf=lambda x: isinstance(x, nnx.Variable))
-        cfg, graphdef, rest = config, self.graphdef, self.rest
+            self.param_shardings = sh.param_shardings(self.params, mesh, rules)
+        self.rules = rules
+        graphdef, rest = self.graphdef, self.rest
 
-        def logprobs(params, batch):
-            return _token_logprobs(graphdef, params, rest, batch, cfg.temperature, cfg.logprob_chunk)
+        def scores(params, batch) -> TokenScores:
+            return token_scores(nnx.merge(graphdef, params, rest), batch, head)
+
+        def logprobs(params, batch, temperature):
+            return token_scores(nnx.merge(graphdef, params, rest), batch,
+                                dataclasses.replace(head, temperature=temperature, entropy=False)).logp
+
+        def loss(params, batch):
+            total, count, metrics = loss_fn(scores(params, batch), batch)
+            return total, (count, metrics)
 
         def grads(params, batch):
-            (total, (count, metrics)), g = jax.value_and_grad(_loss, has_aux=True)(
-                params, graphdef, rest, batch, cfg)
+            (total, (count, metrics)), g = jax.value_and_grad(loss, has_aux=True)(params, batch)
             return g, total, count, metrics
 
         def apply(state: TrainState, g, count):
@@ -168,10 +168,14 @@ class TrainStep:
             return TrainState(state.step + 1, keep(new_params, state.params), keep(new_opt, state.opt_state),
                               state.skipped + (~finite).astype(jnp.int32)), optax.global_norm(g), finite
 
-        self._logprobs = jax.jit(logprobs)
+        self._logprobs = jax.jit(logprobs, static_argnames="temperature")
         self._grads = jax.jit(grads)
-        self._apply = jax.jit(apply, donate_argnums=(0,))
-        self._add = jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b), donate_argnums=(0,))
+
+        def add(total, part):
+            return jax.tree.map(jnp.add, total, part)
+
+        self._apply = jax.jit(apply, donate_argnames="state")
+        self._add = jax.jit(add, donate_argnames="total")
 
     def init_state(self) -> TrainState:
         # Built under jit so that counters and optimizer moments get the same (mesh) shardings
@@ -181,55 +185,44 @@ class TrainStep:
             return TrainState(zero, params, self._like_params(self.tx.init(params)), zero)
         return jax.jit(init)(self.params)
 
-    def _like_params(self, tree):
-        """Optimizer-state leaves shaped like a parameter take that parameter's sharding (the
-        moments are as large as the model: left alone they come out replicated); the rest
-        (step counts) are replicated over the mesh."""
+    def _like_params(self, opt_state):
         if self.mesh is None:
-            return tree
-        by_path = {jax.tree_util.keystr(path): (leaf.shape, leaf.sharding)
-                   for path, leaf in jax.tree_util.tree_flatten_with_path(self.params)[0]}
-        replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
-
-        def one(path, leaf):
-            key = jax.tree_util.keystr(path)
-            shape, sharding = by_path.get(key[key.find("['"):], (None, None))
-            return jax.lax.with_sharding_constraint(leaf, sharding if shape == leaf.shape else replicated)
-        return jax.tree_util.tree_map_with_path(one, tree)
+            return opt_state
+        return jax.lax.with_sharding_constraint(
+            opt_state, sh.optimizer_shardings(opt_state, self.params, self.mesh, self.rules))
 
     def model(self, state: TrainState) -> nnx.Module:
         return nnx.merge(self.graphdef, state.params, self.rest)
 
     def _place(self, batch: TrainBatch) -> dict:
-        """Token arrays split along the batch over (data, fsdp) when a mesh is set; vision
-        inputs replicated. Without a mesh, the host arrays go as they are."""
+        """Token arrays and extras split along the batch over (data, fsdp) when a mesh is set;
+        vision inputs replicated. Without a mesh, the host arrays go as they are."""
         tree = batch.device_tree()
         if self.mesh is None:
             return tree
         rows = batch.input_ids.shape[0]
-        for key in ("input_ids", "attention_mask", "loss_mask", "advantages", "behaviour_logp",
-                    "prox_logp", "visual_index", "position_ids"):
+        for key in ("input_ids", "attention_mask", "loss_mask", "visual_index", "position_ids", *batch.extras):
             if tree.get(key) is not None:
                 axis = 1 if key == "position_ids" else 0
                 tree[key] = jax.device_put(tree[key], sh.batch_sharding(self.mesh, tree[key].ndim, axis,
                                                                         batch_size=rows))
         return tree
 
-    def logprobs(self, params, batch: TrainBatch) -> np.ndarray:
-        return np.asarray(self._logprobs(params, self._place(batch)))
+    def logprobs(self, params, batch: TrainBatch, temperature: float | None = None) -> jax.Array:
+        """[B, T] token log-probs of the head under `params` (on device), at `temperature`
+        (default: the head's)."""
+        t = self.head.temperature if temperature is None else float(temperature)
+        return self._logprobs(params, self._place(batch), t)
 
-    def reference_logprobs(self, batch: TrainBatch) -> np.ndarray:
-        """Token log-probs under the frozen reference policy (same temperature convention)."""
+    def reference_logprobs(self, batch: TrainBatch, temperature: float | None = None) -> jax.Array:
+        """Token log-probs under the frozen initial parameters (default: the head's temperature)."""
         if self.reference_params is None:
-            raise ValueError("TrainStep was built with keep_reference=False (kl_ctl = 0)")
-        return self.logprobs(self.reference_params, batch)
+            raise ValueError("TrainStep was built with keep_reference=False")
+        return self.logprobs(self.reference_params, batch, temperature)
 
     def step(self, state: TrainState, batches: Sequence[TrainBatch]) -> tuple[TrainState, dict]:
         """One optimizer step over the micro-batches (their gradients summed exactly). Sums stay
         on device across micro-batches; the host reads the results once, at the end."""
-        if self.config.objective == "ppo":
-            batches = [dataclasses.replace(b, prox_logp=self._logprobs(state.params, self._place(b)))
-                       if b.prox_logp is None else b for b in batches]
         acc, stats = None, {}
         for b in batches:
             g, total, n, metrics = self._grads(state.params, self._place(b))

@@ -1,0 +1,1 @@
+"""Experiment tooling: the memory planner, ablation sweeps, reports and plots."""

@@ -1,0 +1,384 @@
+"""The jobs the command line runs, as library functions: building the model and the built-in
+assets from a config, turning config sections into the trainers' dataclasses, and the main job
+(cold-start SFT, PARA-GRPO, evaluation), SFT or RL alone, export, generate and forward.
+
+Every function takes an ml_collections config (configs/*.py) and returns plain data, so that
+notebooks, the sweep and the planner call them directly; `paravt_jax.cli` only parses the
+command line and dispatches here.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+
+import numpy as np
+
+from paravt_jax.config import build
+
+
+def build_model(config, default_dir: str | None = None):
+    """The configured checkpoint, else the built-in tiny checkpoint directory."""
+    from paravt_jax import sharding as sh
+    from paravt_jax.models.qwen3_vl import init_model, load_pretrained, preset
+
+    m = config.model
+    if config.get("mesh_preset", ""):  # a named TPU slice / GPU host layout (configs/meshes.py)
+        from configs import meshes
+
+        preset = meshes.get_mesh(config.mesh_preset)
+        mesh = sh.make_hybrid_mesh(preset["ici"], preset["dcn"])
+    else:
+        mesh = sh.make_mesh(dict(config.mesh))
+    # The built-in checkpoint stands in for `tiny`; other presets without a checkpoint are
+    # randomly initialised (benchmarks, memory checks).
+    directory = m.checkpoint or (default_dir if m.preset == "tiny" else None)
+    if directory:
+        return load_pretrained(directory, dtype=m.param_dtype, compute_dtype=m.dtype, mesh=mesh,
+                               remat=m.remat, scan_layers=m.scan_layers)
+    knobs = dict(param_dtype=m.param_dtype, dtype=m.dtype, remat=m.remat, scan_layers=m.scan_layers)
+    return init_model(preset(m.preset, **knobs), seed=config.seed, mesh=mesh)
+
+
+def builtin_assets(config):
+    from paravt_jax.data.builtin import ensure_builtin
+
+    d = config.data
+    # The built-in data and initial tiny model have their own seed, so runs that differ only
+    # by `config.seed` (sweep seeds) share data and initialisation.
+    return ensure_builtin(d.builtin_root, seed=d.get("seed", 0), num_train=d.num_train,
+                          num_eval=d.num_eval, durations=tuple(d.durations))
+
+
+def first_prompt(config, tokenizer, data_dir: str):
+    """The ParaVT prompt for the first held-out synthetic question: K overview frames as
+    images, each after its `<t seconds>` text, the question, and the `<think>` prefix."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    from paravt_jax.text import chat
+    from paravt_jax.text.inputs import encode
+    from paravt_jax.video import read_frames
+
+    row = pq.read_table(os.path.join(data_dir, "rl_eval.parquet")).to_pylist()[0]
+    video = os.path.join(data_dir, row["videos"][0]["video"])
+    question = row["prompt"][0]["content"].replace("<video>", "").strip()
+    d = config.demo
+    clip = read_frames(video, nframes=d.frames, min_pixels=d.min_pixels, max_pixels=d.max_pixels)
+    messages = chat.paravt_messages(question, clip.frames, clip.timestamps,
+                                    video_name=os.path.basename(video))
+    segments = chat.render(messages, add_generation_prompt=True, assistant_prefix="<think>\n")
+    return encode(segments, tokenizer), json.loads(row["extra_info"]), video
+
+
+def forward_command(config) -> dict:
+    import jax
+
+    from paravt_jax.text.inputs import check_against_model
+    from paravt_jax.text.tokenizer import Tokenizer
+
+    t0 = time.perf_counter()
+    assets = builtin_assets(config)
+    setup_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    model = build_model(config, default_dir=assets.model_dir)
+    load_s = time.perf_counter() - t0
+    tokenizer = Tokenizer.from_directory(config.model.checkpoint or assets.model_dir)
+    check_against_model(tokenizer, model.config)
+    inputs, info, video = first_prompt(config, tokenizer, assets.data_dir)
+    kwargs = inputs.model_kwargs()
+    times = []
+    for _ in range(max(2, config.demo.repeats)):
+        start = time.perf_counter()
+        out = model(**kwargs)
+        jax.block_until_ready(out.logits)
+        times.append(time.perf_counter() - start)
+    logits = np.asarray(out.logits)
+    summary = {
+        "devices": f"{jax.device_count()} x {jax.devices()[0].platform}",
+        "model": config.model.checkpoint or f"built-in tiny ({assets.model_dir})",
+        "video": f"{video} ({config.demo.frames} overview frames)",
+        "question type / answer": f"{info['question_type']} / {info['answer']}",
+        "input_ids": tuple(kwargs["input_ids"].shape),
+        "image tokens": int((inputs.mm_token_type_ids == 1).sum()),
+        "pixel_values": tuple(inputs.pixel_values.shape),
+        "image_grid_thw": inputs.image_grid_thw[0].tolist(),
+        "logits": tuple(logits.shape), "logits_finite": bool(np.isfinite(logits).all()),
+        "greedy next token": repr(tokenizer.decode([int(logits[0, -1].argmax())])),
+        "assets_s": round(setup_s, 3), "model_load_s": round(load_s, 3),
+        "first_call_s (compile)": round(times[0], 3),
+        "steady_call_ms (median)": round(1e3 * float(np.median(times[1:])), 2),
+        "tokens_per_s": round(inputs.length / float(np.median(times[1:])), 1),
+    }
+    width = max(len(k) for k in summary)
+    print("paravt-jax forward pass on the built-in synthetic video prompt")
+    for key, value in summary.items():
+        print(f"  {key:<{width}}  {value}")
+    if not summary["logits_finite"]:
+        raise SystemExit("forward produced non-finite logits")
+    return summary
+
+
+# ----------------------------------------------------------------------------- training
+def _workdir(config, flag_workdir: str) -> str:
+
+    workdir = flag_workdir or config.get("workdir", "") or os.path.join("runs", f"{config.get('preset', 'tiny')}")
+    os.makedirs(workdir, exist_ok=True)
+    return workdir
+
+
+def _setup(config):
+
+    from paravt_jax.data.paravt_parquet import load_rl_rows, load_sft_rows
+    from paravt_jax.text.inputs import check_against_model
+    from paravt_jax.text.tokenizer import Tokenizer
+
+    from paravt_jax import distributed
+
+    # Process 0 creates the built-in assets (if missing) before the others read them.
+    assets = builtin_assets(config) if distributed.is_primary() else None
+    distributed.barrier("paravt:builtin-assets")
+    assets = assets or builtin_assets(config)
+    model = build_model(config, default_dir=assets.model_dir)
+    tokenizer = Tokenizer.from_directory(config.model.checkpoint or assets.model_dir)
+    check_against_model(tokenizer, model.config)
+    data = config.data
+    root = data.get("video_root", "") or assets.data_dir
+    paths = {name: data.get(name, "") or os.path.join(assets.data_dir, f"{name}.parquet")
+             for name in ("sft", "rl_train", "rl_eval")}
+    sft_rows, _ = load_sft_rows(paths["sft"], root)
+    if data.get("tfds_dir", ""):  # RL rows through the TFDS ArrayRecord builder + grain
+        from paravt_jax.data import tfds_builder as tb
+
+        sources = tb.build("rl", {"train": paths["rl_train"], "eval": paths["rl_eval"]}, data.tfds_dir, root)
+        rl_rows = [tb.rl_row(x) for x in tb.grain_loader(sources["train"], seed=config.seed, num_epochs=1,
+                                                          shuffle=False)]
+        eval_rows = [tb.rl_row(x) for x in tb.grain_loader(sources["eval"], seed=config.seed, num_epochs=1,
+                                                            shuffle=False)]
+    else:
+        rl_rows, _ = load_rl_rows(paths["rl_train"], root)
+        eval_rows, _ = load_rl_rows(paths["rl_eval"], root)
+    return model, tokenizer, sft_rows, rl_rows, eval_rows, root
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+    """The main job's held-out evaluation: greedy, with and without tools, at every K."""
+    nframes: tuple[int, ...] = (4, 64)  # overview frames K
+    max_new_tokens: int = 256
+    max_turns: int = 2
+    limit: int = 4  # held-out rows (0 = all)
+
+
+def sft_config(config):
+    """The `sft` section -> SFTConfig (the run's seed from the top of the config)."""
+    from paravt_jax.sft.trainer import SFTConfig
+
+    return build(SFTConfig, config.sft, "sft", seed=config.seed)
+
+
+def rl_config(config):
+    """The `rl` section -> RLConfig (the run's seed from the top of the config)."""
+    from paravt_jax.rl.trainer import RLConfig
+
+    return build(RLConfig, config.rl, "rl", seed=config.seed)
+
+
+def eval_config(config) -> EvalConfig:
+    return build(EvalConfig, config.eval, "eval")
+
+
+def evaluate_all(config, model, tokenizer, eval_rows) -> list[dict]:
+    from paravt_jax.rl.evaluate import evaluate
+
+    e = eval_config(config)
+    rows = eval_rows[: e.limit] if e.limit else eval_rows
+    settings = [(tools, int(k)) for tools in (False, True) for k in e.nframes]
+    results = []
+    for number, (tools, k) in enumerate(settings, 1):
+        t0 = time.perf_counter()
+        results.append(evaluate(model, tokenizer, rows, nframes=k, tools=tools,
+                                max_new_tokens=e.max_new_tokens, max_turns=e.max_turns).row())
+        print(f"[run] evaluation {number}/{len(settings)} (tools {'yes' if tools else 'no'}, K = {k}, "
+              f"{len(rows)} videos) in {time.perf_counter() - t0:.0f} s", flush=True)
+    return results
+
+
+def print_results(results: list[dict]) -> str:
+    header = "| tools | K | accuracy | format compliance | kappa | calls per tool turn | samples |"
+    lines = [header, "|---|---|---|---|---|---|---|"]
+    for r in results:
+        lines.append(f"| {'yes' if r['tools'] else 'no'} | {r['nframes']} | {r['accuracy']:.3f} | "
+                     f"{r['format_compliance']:.3f} | {r['kappa']:.3f} | {r['calls_per_turn']:.2f} | {r['samples']} |")
+    text = "\n".join(lines)
+    print(text, flush=True)
+    return text
+
+
+def phase_histories(workdir: str) -> dict:
+    """The whole run's per-step histories from sft/ and rl/ metrics.jsonl (every segment of a
+    resumed run; the loop drops repeated steps on resume)."""
+    import json
+
+    def lines(phase):
+        path = os.path.join(workdir, phase, "metrics.jsonl")
+        if not os.path.isfile(path):
+            return []
+        out = []
+        with open(path) as f:
+            for line in f:
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    continue  # torn by a kill; the next resume drops it
+        return out
+
+    sft, rl = lines("sft"), lines("rl")
+    rl_keys = ("reward", "format_compliance", "kappa", "loss")
+    return {
+        "sft_loss": [round(line["sft/loss"], 4) for line in sft if "sft/loss" in line],
+        "rl": [{k: round(float(line[f"rl/{k}"]), 4) for k in rl_keys} for line in rl if "rl/reward" in line],
+        "training_minutes": round(sum(line.get(f"{phase}/step_s", 0.0)
+                                      for phase, phase_lines in (("sft", sft), ("rl", rl))
+                                      for line in phase_lines) / 60, 2),
+    }
+
+
+def finished_summary(config, workdir: str) -> dict | None:
+    """A finished run's summary.json, if it is complete (it has the evaluation) and every
+    phase's checkpoint is at its configured step count; else None."""
+    import json
+
+    from paravt_jax.checkpointing import Checkpointer
+
+    try:
+        with open(os.path.join(workdir, "summary.json")) as f:
+            summary = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if "eval" not in summary:
+        return None
+    for phase, steps in (("sft", config.sft.steps), ("rl", config.rl.steps)):
+        directory = os.path.join(workdir, phase, "checkpoints")
+        if steps and (not os.path.isdir(directory) or (Checkpointer(directory).latest_step() or 0) < steps):
+            return None
+    return summary
+
+
+def run_command(config, workdir: str = "") -> dict:
+    """The main job: SFT, then PARA-GRPO, then evaluation with and without tools.
+
+    Resumable: each phase continues from its latest checkpoint. On SIGTERM/SIGINT a phase
+    checkpoints and `preemption.Preempted` propagates: nothing after it runs and no
+    summary.json is written (a previous one is removed before any training), so only a
+    completed run has one. A completed run is left alone when run again."""
+    from paravt_jax import distributed, preemption
+    from paravt_jax.files import write_json_atomic
+    from paravt_jax.models.qwen3_vl import save_pretrained
+    from paravt_jax.rl.trainer import train_rl
+    from paravt_jax.sft.trainer import train_sft
+
+    workdir = _workdir(config, workdir)
+    summary_path = os.path.join(workdir, "summary.json")
+    finished = finished_summary(config, workdir)
+    if finished is not None:
+        print(f"[run] {os.path.abspath(workdir)} has finished every phase; its summary {summary_path} is "
+              f"kept (delete it to evaluate again)", flush=True)
+        return finished
+    t0 = time.perf_counter()
+    model, tokenizer, sft_rows, rl_rows, eval_rows, root = _setup(config)
+    print(f"[run] workdir {os.path.abspath(workdir)}; {len(sft_rows)} SFT rows, {len(rl_rows)} RL rows, "
+          f"{len(eval_rows)} held-out rows", flush=True)
+    if distributed.is_primary() and os.path.exists(summary_path):
+        os.remove(summary_path)  # stale from an earlier, shorter run: it must not claim completion
+    if config.sft.steps:
+        model, _ = train_sft(model, tokenizer, sft_rows, root, os.path.join(workdir, "sft"), sft_config(config))
+    if config.rl.steps:
+        model, _ = train_rl(model, tokenizer, rl_rows, os.path.join(workdir, "rl"), rl_config(config),
+                            eval_rows=eval_rows)
+    model = distributed.local_model(model)  # multi-process: a whole copy on this process's devices
+    summary = {"workdir": os.path.abspath(workdir), **phase_histories(workdir)}
+    if not distributed.is_primary():  # process 0 alone saves, evaluates and writes the summary
+        return summary
+    final = os.path.join(workdir, "final")
+    with preemption.deferred():  # the final model is written whole
+        save_pretrained(model, final)
+        tokenizer.save(final)
+    preemption.raise_if_requested("[run] stopped after saving the final model, before evaluation; "
+                                  "rerun to evaluate")
+    print(f"[run] evaluation on held-out synthetic videos (greedy, {len(eval_config(config).nframes) * 2} "
+          f"settings)", flush=True)
+    summary["eval"] = evaluate_all(config, model, tokenizer, eval_rows)
+    summary["table"] = print_results(summary["eval"])
+    summary["minutes"] = round((time.perf_counter() - t0) / 60, 2)
+    from paravt_jax.experiments.plots import plot_run
+
+    summary["curves"] = plot_run({p: os.path.join(workdir, p, "metrics.jsonl") for p in ("sft", "rl")},
+                                 os.path.join(workdir, "curves.png"))
+    with preemption.deferred():
+        write_json_atomic(summary_path, summary)
+    print(f"[run] done in {summary['minutes']} min; final model {final}; curves {summary['curves']}; "
+          f"metrics {os.path.join(workdir, 'rl', 'metrics.jsonl')}", flush=True)
+    return summary
+
+
+def sft_command(config, workdir: str = ""):
+    from paravt_jax.sft.trainer import train_sft
+
+    workdir = _workdir(config, workdir)
+    model, tokenizer, sft_rows, _, _, root = _setup(config)
+    return train_sft(model, tokenizer, sft_rows, root, workdir, sft_config(config))
+
+
+def train_command(config, workdir: str = ""):
+    from paravt_jax.rl.trainer import train_rl
+
+    workdir = _workdir(config, workdir)
+    model, tokenizer, _, rl_rows, eval_rows, _ = _setup(config)
+    return train_rl(model, tokenizer, rl_rows, workdir, rl_config(config), eval_rows=eval_rows)
+
+
+def export_command(config, workdir: str = ""):
+    """The latest checkpoint under workdir (rl/ preferred, else sft/) -> an HF checkpoint in
+    workdir/export that transformers loads."""
+
+    from paravt_jax.checkpointing import Checkpointer
+    from paravt_jax.models.qwen3_vl import save_pretrained
+    from paravt_jax.sft.trainer import HEAD, sft_loss
+    from paravt_jax.train.step import OptimizerConfig, TrainStep
+
+    model, tokenizer, *_ = _setup(config)
+    step = TrainStep(model, OptimizerConfig(), sft_loss, HEAD)  # only its state layout is used
+    for phase in ("rl", "sft", ""):
+        directory = os.path.join(workdir, phase, "checkpoints")
+        if os.path.isdir(directory) and Checkpointer(directory).latest_step() is not None:
+            state, meta = Checkpointer(directory).restore_latest(step.init_state())
+            out = os.path.join(workdir, "export")
+            save_pretrained(step.model(state), out)
+            tokenizer.save(out)
+            print(f"[export] {directory} step {meta['next_step']} -> {out}", flush=True)
+            return out
+    raise SystemExit(f"export: no checkpoint under {workdir}/{{rl,sft}}/checkpoints")
+
+
+def generate_command(config, workdir: str = ""):
+    """Greedy answer of the policy to config.generate.question on config.generate.video."""
+    from paravt_jax.agent.dispatch import CropDispatcher
+    from paravt_jax.agent.rollout import Episode, RolloutConfig, run_rollouts
+    from paravt_jax.sampling import Sampler
+
+    model, tokenizer, _, _, eval_rows, _ = _setup(config)
+    g = config.get("generate", None)
+    question = g.question if g and g.question else eval_rows[0].question
+    video = g.video if g and g.video else eval_rows[0].video_path
+    episode = Episode("generate", question, "", "oe", video, int(g.nframes) if g else 16)
+    r = rl_config(config).rollout
+    rollout = RolloutConfig(mode=r.mode, max_turns=r.max_turns, max_new_tokens=r.max_new_tokens,
+                            temperature=0.0, overview_max_pixels=r.overview_max_pixels)
+    with CropDispatcher() as dispatcher:
+        rollouts, skipped = run_rollouts(Sampler(model), tokenizer, [episode], 1, rollout, dispatcher)
+    if skipped:
+        raise SystemExit(skipped[0])
+    print(rollouts[0].completion)
+    return dataclasses.asdict(rollouts[0].episode)

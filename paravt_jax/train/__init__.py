@@ -1,0 +1,1 @@
+"""The task-agnostic training engine: batches, the jitted step, the loop."""
