@@ -249,7 +249,8 @@ def test_a_whole_unreadable_epoch_stops_rl_with_a_clear_error(dataset, tmp_path)
     root, ds, tok = dataset
     rows, _ = load_rl_rows(ds.rl_train, root)
     rows = [dataclasses.replace(r, video_path=str(tmp_path / f"gone{i}.mp4")) for i, r in enumerate(rows)]
-    with pytest.raises(UnreadableDataError, match=r"no video could be read for 4 prompts in a row \(the dataset has 4\)"):
+    message = r"no video could be read for 4 prompts in a row \(the dataset has 4\)"
+    with pytest.raises(UnreadableDataError, match=message):
         train_rl(init_model(preset("tiny"), seed=2), tok, rows, str(tmp_path / "run"), _rl_config(5))
 
 
