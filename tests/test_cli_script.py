@@ -37,7 +37,7 @@ def test_console_script_help_and_quiet_success(tmp_path):
     out = script("run", "--help")
     assert out.returncode == 0 and out.stderr == ""
     assert "usage: paravt-jax run" in out.stdout and "--workdir" in out.stdout
-    assert "rl.reward_mode = 'f1'" in out.stdout and "--config.FIELD=VALUE" in out.stdout
+    assert "rl.reward.mode = 'f1'" in out.stdout and "--config.FIELD=VALUE" in out.stdout
     # a successful command exits 0 and prints nothing of its return value
     out = script("plan", f"--config={ROOT}/configs/paragrpo.py:tiny", "--mesh=data=1,fsdp=1,tensor=1",
                  "--device_memory_gb=16", "--activations=estimate", f"--json={tmp_path / 'plan.json'}")
