@@ -251,3 +251,31 @@ def test_a_whole_unreadable_epoch_stops_rl_with_a_clear_error(dataset, tmp_path)
     message = r"no video could be read for 4 prompts in a row \(the dataset has 4\)"
     with pytest.raises(UnreadableDataError, match=message):
         train_rl(init_model(preset("tiny"), seed=2), tok, rows, str(tmp_path / "run"), _rl_config(5))
+
+
+def test_fill_batch_repeats_the_readable_examples():
+    from paravt_jax.sft.trainer import fill_batch
+
+    assert fill_batch(["a", "b", "c"], 5) == ["a", "b", "c", "a", "b"] and fill_batch(["a"], 2) == ["a", "a"]
+
+
+def test_sft_skips_and_counts_unreadable_examples_and_checkpoints_periodically(dataset, tmp_path, capsys):
+    import copy
+
+    root, ds, tok = dataset
+    rows, _ = load_sft_rows(ds.sft, root)
+    rows = copy.deepcopy(rows[:4])
+    broken = tmp_path / "broken.mp4"
+    broken.write_bytes(b"not a video at all" * 100)
+    for turn in rows[1]:  # every video of example 1 now points at an unreadable file
+        for item in turn["content"] if isinstance(turn["content"], list) else []:
+            if item.get("type") == "video_url":
+                item["video_url"]["url"] = str(broken)
+    config = SFTConfig(steps=2, batch_size=4, nframes=2, max_pixels=64 * 96, checkpoint_every=1,
+                       optimizer=OptimizerConfig(learning_rate=1e-3, weight_decay=0.0))
+    _, result = train_sft(init_model(preset("tiny"), seed=1), tok, rows, root, str(tmp_path / "sft"), config)
+    assert [h["skipped_examples"] for h in result.history] == [1, 1]
+    assert all(np.isfinite(h["loss"]) for h in result.history)
+    out = capsys.readouterr().out
+    assert "example 1 skipped" in out and "broken.mp4" in out
+    assert sorted(os.listdir(tmp_path / "sft" / "checkpoints")) == ["1", "2"]  # sft.checkpoint_every=1
