@@ -132,11 +132,10 @@ def _workdir(config, flag_workdir: str) -> str:
 
 def _setup(config):
 
+    from paravt_jax import distributed
     from paravt_jax.data.paravt_parquet import load_rl_rows, load_sft_rows
     from paravt_jax.text.inputs import check_against_model
     from paravt_jax.text.tokenizer import Tokenizer
-
-    from paravt_jax import distributed
 
     # Process 0 creates the built-in assets (if missing) before the others read them.
     assets = builtin_assets(config) if distributed.is_primary() else None

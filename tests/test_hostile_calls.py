@@ -25,23 +25,29 @@ def call_json(arguments, name="crop_video") -> str:
 HOSTILE = {
     "309-digit start_time": '<tool_call>{"name": "crop_video", "arguments": {"start_time": ' + "9" * 309
                             + ', "end_time": 5}}</tool_call>',
-    "309-digit start_time in tool_code": "<tool_code>crop_video('v.mp4', " + "9" * 309 + ", 5)</tool_code>",
+    "309-digit start_time in tool_code": ("<tool_code>crop_video('v.mp4', " + "9" * 309
+                                           + ", 5)</tool_code>"),
     "5000-digit start_time": '<tool_call>{"name": "crop_video", "arguments": {"start_time": ' + "9" * 5000
                              + ', "end_time": 5}}</tool_call>',
-    "5000-digit start_time in tool_code": "<tool_code>crop_video(start_time=" + "9" * 5000 + ", end_time=5)</tool_code>",
+    "5000-digit start_time in tool_code": ("<tool_code>crop_video(start_time=" + "9" * 5000
+                                            + ", end_time=5)</tool_code>"),
     "negative 400-digit end_time": call_json({"start_time": 1, "end_time": -int("9" * 400)}),
     "double-encoded deep nesting": '<tool_call>{"name": "crop_video", "arguments": '
                                    + json.dumps("[" * 100_000 + "]" * 100_000) + "}</tool_call>",
     "double-encoded nested object": '<tool_call>{"name": "crop_video", "arguments": '
-                                    + json.dumps('{"start_time": ' + "[" * 50_000 + "]" * 50_000 + "}") + "}</tool_call>",
+                                    + json.dumps('{"start_time": ' + "[" * 50_000 + "]" * 50_000 + "}")
+                                    + "}</tool_call>",
     "deep nesting": "<tool_call>" + "[" * 100_000 + "</tool_call>",
-    "deep nesting in tool_code": "<tool_code>crop_video(start_time=" + "[" * 100_000 + ")</tool_code>",
+    "deep nesting in tool_code": ("<tool_code>crop_video(start_time=" + "[" * 100_000
+                                  + ")</tool_code>"),
     "1 MB string": call_json({"start_time": "x" * 1_000_000, "end_time": 5}),
     "1 MB tool name": call_json({"start_time": 1, "end_time": 5}, name="n" * 1_000_000),
     "1 MB tool_code line": "<tool_code>" + "y" * 1_000_000 + "(</tool_code>",
-    "non-string name": '<tool_call>{"name": ' + "7" * 5000 + ', "arguments": {"start_time": 1, "end_time": 2}}</tool_call>',
+    "non-string name": ('<tool_call>{"name": ' + "7" * 5000
+                        + ', "arguments": {"start_time": 1, "end_time": 2}}</tool_call>'),
     "list name": '<tool_call>{"name": [[[1]]], "arguments": {"start_time": 1, "end_time": 2}}</tool_call>',
-    "NaN and Infinity": '<tool_call>{"name": "crop_video", "arguments": {"start_time": NaN, "end_time": Infinity}}</tool_call>',
+    "NaN and Infinity": ('<tool_call>{"name": "crop_video", "arguments": {"start_time": NaN, '
+                         '"end_time": Infinity}}</tool_call>'),
     "1e999": call_json({"start_time": "1e999", "end_time": "2e999"}),
     "object times": call_json({"start_time": {"a": [1, 2]}, "end_time": [3]}),
     "huge MM:SS": call_json({"start_time": "9" * 400 + ":00", "end_time": "1:" + "9" * 5000}),

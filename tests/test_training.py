@@ -2,7 +2,6 @@
 import json
 import os
 import signal
-import threading
 
 import jax
 import numpy as np
@@ -15,11 +14,11 @@ from paravt_jax.data import synthetic as syn
 from paravt_jax.data.paravt_parquet import SchemaError, load_rl_rows, load_sft_rows
 from paravt_jax.models.qwen3_vl import init_model, preset
 from paravt_jax.rl.advantages import AdvantageConfig
-from paravt_jax.train.step import OptimizerConfig, TrainStep
-from paravt_jax.rl.trainer import RLConfig, RewardConfig, train_rl
+from paravt_jax.rl.trainer import RewardConfig, RLConfig, train_rl
 from paravt_jax.sft.trainer import HEAD, SFTConfig, sft_loss, train_sft
 from paravt_jax.text.tokenizer import train_tokenizer
 from paravt_jax.train.loop import LoopConfig, data_indices, run_loop
+from paravt_jax.train.step import OptimizerConfig, TrainStep
 from tfevents import read_events
 
 
@@ -62,8 +61,8 @@ def test_data_order_is_deterministic():
 def _toy_loop(workdir, steps, stop_after=None, signum=signal.SIGTERM):
     model = init_model(preset("tiny"), seed=0)
     step = TrainStep(model, OptimizerConfig(learning_rate=1e-3), sft_loss, HEAD)
-    from paravt_jax.train.batch import micro_batches, pack
     from paravt_jax.text.inputs import encode_ids
+    from paravt_jax.train.batch import micro_batches, pack
 
     seqs = [encode_ids(list(range(1 + i, 20 + i)), 0, True) for i in range(8)]
 
@@ -249,5 +248,34 @@ def test_a_whole_unreadable_epoch_stops_rl_with_a_clear_error(dataset, tmp_path)
     root, ds, tok = dataset
     rows, _ = load_rl_rows(ds.rl_train, root)
     rows = [dataclasses.replace(r, video_path=str(tmp_path / f"gone{i}.mp4")) for i, r in enumerate(rows)]
-    with pytest.raises(UnreadableDataError, match=r"no video could be read for 4 prompts in a row \(the dataset has 4\)"):
+    message = r"no video could be read for 4 prompts in a row \(the dataset has 4\)"
+    with pytest.raises(UnreadableDataError, match=message):
         train_rl(init_model(preset("tiny"), seed=2), tok, rows, str(tmp_path / "run"), _rl_config(5))
+
+
+def test_fill_batch_repeats_the_readable_examples():
+    from paravt_jax.sft.trainer import fill_batch
+
+    assert fill_batch(["a", "b", "c"], 5) == ["a", "b", "c", "a", "b"] and fill_batch(["a"], 2) == ["a", "a"]
+
+
+def test_sft_skips_and_counts_unreadable_examples_and_checkpoints_periodically(dataset, tmp_path, capsys):
+    import copy
+
+    root, ds, tok = dataset
+    rows, _ = load_sft_rows(ds.sft, root)
+    rows = copy.deepcopy(rows[:4])
+    broken = tmp_path / "broken.mp4"
+    broken.write_bytes(b"not a video at all" * 100)
+    for turn in rows[1]:  # every video of example 1 now points at an unreadable file
+        for item in turn["content"] if isinstance(turn["content"], list) else []:
+            if item.get("type") == "video_url":
+                item["video_url"]["url"] = str(broken)
+    config = SFTConfig(steps=2, batch_size=4, nframes=2, max_pixels=64 * 96, checkpoint_every=1,
+                       optimizer=OptimizerConfig(learning_rate=1e-3, weight_decay=0.0))
+    _, result = train_sft(init_model(preset("tiny"), seed=1), tok, rows, root, str(tmp_path / "sft"), config)
+    assert [h["skipped_examples"] for h in result.history] == [1, 1]
+    assert all(np.isfinite(h["loss"]) for h in result.history)
+    out = capsys.readouterr().out
+    assert "example 1 skipped" in out and "broken.mp4" in out
+    assert sorted(os.listdir(tmp_path / "sft" / "checkpoints")) == ["1", "2"]  # sft.checkpoint_every=1

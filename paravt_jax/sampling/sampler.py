@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -26,10 +26,9 @@ from flax import nnx
 
 from paravt_jax.config import set_by
 from paravt_jax.models.qwen3_vl.model import Qwen3VL
-from paravt_jax.sampling.backend import DecodeWeights, SamplerBackend, backend_policy, decode_weights
 from paravt_jax.models.qwen3_vl.vision import pad_frames_to_buckets, vision_layout
-from paravt_jax.sampling.kv_cache import (CacheSpec, bucket, cache_sharding, constrain, first_capacity,
-                                          grown_capacity)
+from paravt_jax.sampling.backend import DecodeWeights, SamplerBackend, backend_policy, decode_weights
+from paravt_jax.sampling.kv_cache import CacheSpec, bucket, cache_sharding, constrain, first_capacity, grown_capacity
 from paravt_jax.text.inputs import ModelInputs, collate_vision, encode_ids
 
 MAX_STOP_IDS = 8

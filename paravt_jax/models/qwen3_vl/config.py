@@ -9,7 +9,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 DTYPES = ("float32", "bfloat16")
 ATTENTION_IMPLEMENTATIONS = ("auto", "dense", "blockwise", "cudnn", "splash")
@@ -89,10 +90,10 @@ class Qwen3VLConfig:
     attention: str = "auto"
     attention_block: int = 512
 
-    def replace(self, **changes: Any) -> "Qwen3VLConfig":
+    def replace(self, **changes: Any) -> Qwen3VLConfig:
         return dataclasses.replace(self, **changes)
 
-    def validate(self) -> "Qwen3VLConfig":
+    def validate(self) -> Qwen3VLConfig:
         t, v = self.text, self.vision
         if self.attention not in ATTENTION_IMPLEMENTATIONS:
             raise ConfigError(f"attention={self.attention!r}: expected one of {ATTENTION_IMPLEMENTATIONS}")

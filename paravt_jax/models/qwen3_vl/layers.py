@@ -5,12 +5,13 @@ float32, the vision rotary is applied in float32, the text rotary in the compute
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+
 
 def make_param(rngs: nnx.Rngs, shape: Sequence[int], axes: Sequence[str | None],
                init: str, dtype, stddev: float = 0.02) -> nnx.Param:
