@@ -187,3 +187,14 @@ def test_driver_runs_a_charades_sample_on_the_tiny_model(video, tokenizer, tmp_p
     assert summary["complete"] and "error" not in record and record["turns"] >= 1
     assert record["context_tokens"] > 2 * 12 and 0.0 <= record["score"] <= 1.0
     assert {"mIoU", "R@0.5"} <= set(summary)
+
+
+def test_charades_gets_the_video_item_by_default():
+    from configs import eval as eval_config
+
+    c = eval_config.get_config("paravt_8b")
+    assert driver.benchmark_protocol(c, "charades") == {"prompt_mode": "agentic_minimal", "overview_visual": "video"}
+    assert driver.benchmark_protocol(c, "videomme") == {"prompt_mode": "agentic_general", "overview_visual": "images"}
+    c.grounding_visual = "images"
+    built = driver.driver_config(c, **driver.benchmark_protocol(c, "charades"))
+    assert built.overview_visual == "images" and (built.video_frames, built.video_max_pixels) == (32, 25165824)

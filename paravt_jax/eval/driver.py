@@ -338,6 +338,14 @@ def driver_config(c, **override) -> DriverConfig:
     return DriverConfig(**values)
 
 
+def benchmark_protocol(c, name: str) -> dict:
+    """DriverConfig overrides of one benchmark: Charades-STA has its own prompt mode and overview
+    (`grounding_prompt_mode`, `grounding_visual`); the others use `prompt_mode` and images."""
+    if name == "charades":
+        return dict(prompt_mode=c.grounding_prompt_mode, overview_visual=c.grounding_visual)
+    return dict(prompt_mode=c.prompt_mode, overview_visual="images")
+
+
 def load_benchmarks(c, prompt_mode_for: Callable[[str], str], limit: int, default_data_dir: str):
     from paravt_jax.eval import datasets
 
@@ -373,16 +381,8 @@ def evaluate_command(config, output_dir: str, *, shard_id: int = 0, num_shards: 
     check_against_model(tokenizer, model.config)
     sampler = Sampler(model, SamplerConfig(min_chunk_bucket=64))
 
-    def prompt_mode_for(name: str) -> str:
-        return config.grounding_prompt_mode if name == "charades" else config.prompt_mode
-
-    def protocol_for(name: str) -> dict:
-        """The per-benchmark protocol: Charades-STA has its own prompt mode and overview."""
-        grounding = name == "charades"
-        return dict(prompt_mode=prompt_mode_for(name),
-                    overview_visual=config.grounding_visual if grounding else "images")
-
-    benchmarks = load_benchmarks(config, prompt_mode_for, limit or config.limit, assets.data_dir)
+    benchmarks = load_benchmarks(config, lambda name: benchmark_protocol(config, name)["prompt_mode"],
+                                 limit or config.limit, assets.data_dir)
     summaries: dict[str, dict] = {}
     comparison: dict[str, dict[str, dict]] = {}
     for benchmark in benchmarks:
@@ -392,13 +392,13 @@ def evaluate_command(config, output_dir: str, *, shard_id: int = 0, num_shards: 
             for batch in batches(list(enumerate(benchmark.samples)), config.batch_size):
                 warm.setdefault(batch[0][1].question_type, batch)
             for dispatch in arms:
-                driver = driver_config(config, **protocol_for(benchmark.name), dispatch=dispatch)
+                driver = driver_config(config, **benchmark_protocol(config, benchmark.name), dispatch=dispatch)
                 with crop_dispatcher(driver) as dispatcher:
                     for batch in warm.values():
                         evaluate_batch(sampler, tokenizer, batch, driver, dispatcher)
         for dispatch in arms:
             directory = os.path.join(output_dir, dispatch) if compare else output_dir
-            driver = driver_config(config, **protocol_for(benchmark.name), dispatch=dispatch)
+            driver = driver_config(config, **benchmark_protocol(config, benchmark.name), dispatch=dispatch)
             summary = run_dataset(sampler, tokenizer, benchmark, driver, directory, shard_id=shard_id,
                                   num_shards=num_shards)
             write_summary_all(directory, {benchmark.name: summary})
