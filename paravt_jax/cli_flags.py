@@ -4,7 +4,7 @@ statuses. Each command defines its absl flags on its own FlagValues and parses t
 `UsageError` (exit status 2) that names it."""
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 HELP_FLAGS = ("--help", "-h", "-help", "--helpfull", "--helpshort")
 

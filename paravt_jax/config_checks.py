@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from paravt_jax.agent.rollout import MODES as ROLLOUT_MODES
 from paravt_jax.rl.advantages import ANCHOR_MODES
