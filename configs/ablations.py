@@ -24,8 +24,7 @@ seeds). A seed changes the data order, gating draws, rollout sampling and (witho
 checkpoint) the model initialisation; the built-in synthetic data has its own `data.seed`.
 """
 
-from configs import paragrpo
-from configs import vanilla_grpo
+from configs import paragrpo, vanilla_grpo
 
 SEEDS = (0, 1, 2)
 GATING_FIELDS = ("rl.nframes_gating",)

@@ -19,6 +19,20 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     c.model.dtype = "float32"
     c.model.remat = False
     c.model.scan_layers = True
+    # The attention op of every attention (training forward, sampler prefill/decode, vision
+    # tower); docs/scale-out.md compares them.
+    #   auto:      cudnn on GPU (bf16/fp16, unpacked rows) / splash on TPU (lengths a multiple
+    #              of 128, no KV cache) where they take the call; else dense for a small score
+    #              array (a decode step) and blockwise for the rest.
+    #   dense:     the whole [rows, heads, T, T] score array (fastest at short lengths on CPU).
+    #   blockwise: pure-JAX flash attention: online softmax over attention_block-sized query
+    #              and key blocks, recomputed in the backward pass; memory linear in T.
+    #   cudnn:     jax.nn.dot_product_attention(implementation="cudnn"); blockwise where
+    #              cuDNN does not take the call (packed rows, KV caches, fp32, not a GPU).
+    #   splash:    the Pallas TPU splash attention kernel with segment ids; blockwise where
+    #              it does not take the call.
+    c.model.attention = "auto"
+    c.model.attention_block = 512
     c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))
     # A named layout from configs/meshes.py (e.g. v5p-32, 2xv5p-128, gpu8, gpu16_tp2): ICI
     # axes within a slice/host, DCN axes across them. Empty = the `mesh` sizes above.

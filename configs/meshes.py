@@ -35,7 +35,8 @@ import copy
 import json
 import math
 import sys
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 MESH_AXES = ("data", "fsdp", "tensor")  # the order of paravt_jax.sharding.MESH_AXES
 

@@ -15,7 +15,6 @@ from paravt_jax.jobs import EvalConfig
 from paravt_jax.rl.trainer import RLConfig
 from paravt_jax.sft.trainer import SFTConfig
 
-
 MODEL_PRESETS = {"tiny": "tiny", "qwen3vl_2b": "2b", "qwen3vl_8b": "8b"}  # preset -> model preset
 
 

@@ -64,8 +64,8 @@ def execute(argv: list[str]):
     from ml_collections import config_flags
 
     from paravt_jax import compile_cache, distributed
-    from paravt_jax.cli_flags import HELP_FLAGS, HelpShown, UsageError, parse_flags
     from paravt_jax.config_checks import check_config
+    from paravt_jax.flags import HELP_FLAGS, HelpShown, UsageError, parse_flags
 
     argv = list(argv)
     if len(argv) > 1 and argv[1] in HELP_FLAGS:  # `paravt-jax --help` (`paravt-jax` alone runs `run`)
@@ -104,8 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     """The `paravt-jax` console script: the exit status (see EXIT_STATUSES); the command's
     result is not printed (tests and notebooks call `execute` or the command functions)."""
     from paravt_jax import preemption
-    from paravt_jax.cli_flags import EXIT_OK, EXIT_USAGE, HelpShown, UsageError
     from paravt_jax.config_checks import ConfigValueError
+    from paravt_jax.flags import EXIT_OK, EXIT_USAGE, HelpShown, UsageError
 
     try:
         with preemption.guard():

@@ -28,7 +28,8 @@ import functools
 import glob
 import os
 import pickle
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -35,8 +35,10 @@ def build_model(config, default_dir: str | None = None):
     directory = m.checkpoint or (default_dir if m.preset == "tiny" else None)
     if directory:
         return load_pretrained(directory, dtype=m.param_dtype, compute_dtype=m.dtype, mesh=mesh,
-                               remat=m.remat, scan_layers=m.scan_layers)
-    knobs = dict(param_dtype=m.param_dtype, dtype=m.dtype, remat=m.remat, scan_layers=m.scan_layers)
+                               remat=m.remat, scan_layers=m.scan_layers, attention=m.attention,
+                               attention_block=m.attention_block)
+    knobs = dict(param_dtype=m.param_dtype, dtype=m.dtype, remat=m.remat, scan_layers=m.scan_layers,
+                 attention=m.attention, attention_block=m.attention_block)
     return init_model(preset(m.preset, **knobs), seed=config.seed, mesh=mesh)
 
 
@@ -130,11 +132,10 @@ def _workdir(config, flag_workdir: str) -> str:
 
 def _setup(config):
 
+    from paravt_jax import distributed
     from paravt_jax.data.paravt_parquet import load_rl_rows, load_sft_rows
     from paravt_jax.text.inputs import check_against_model
     from paravt_jax.text.tokenizer import Tokenizer
-
-    from paravt_jax import distributed
 
     # Process 0 creates the built-in assets (if missing) before the others read them.
     assets = builtin_assets(config) if distributed.is_primary() else None

@@ -143,7 +143,7 @@ def truncate_jsonl(path: str, start_step: int) -> None:
     write_bytes_atomic(path, b"".join(kept))
 
 
-def _records(data: bytes):
+def event_records(data: bytes):
     """(start, end, body) of each whole record; stops at a torn or corrupt tail."""
     pos = 0
     while pos + 12 <= len(data):
@@ -163,7 +163,7 @@ def truncate_events(path: str, start_step: int) -> None:
     """Keeps the file-version record and the scalar records of steps < start_step."""
     data = open(path, "rb").read()
     kept = []
-    for start, end, body in _records(data):
+    for start, end, body in event_records(data):
         step, scalars = parse_event(body)
         if step < start_step or not scalars:
             kept.append(data[start:end])

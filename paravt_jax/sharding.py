@@ -8,7 +8,7 @@ that the mesh axes do not divide is replicated instead.
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import jax
 import numpy as np

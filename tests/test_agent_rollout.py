@@ -241,10 +241,10 @@ def test_turn_texts_carry_the_forced_prefix_and_the_anchor_lands_on_generated_ta
     assert np.all(a.inputs.loss_mask[a.structural_mask == 1] == 1)
     assert (ids == sp.think).sum() == 2 and not np.any(a.structural_mask[ids == sp.think])
     # rewards: the turns text scores the forced think, the released text does not
-    rewards, _, anchors = score(rollouts, RewardConfig(), token_anchor=True)
+    rewards, _, anchors = score(rollouts, RewardConfig(), 0.5, token_anchor=True)
     assert anchors.tolist() == [pytest.approx(0.7), pytest.approx(0.7)]
     assert rewards[0]["format_reward"] == pytest.approx(1.0)  # .2 + .5 + tool .3 + balanced .1 -> 1.0
-    released, _, released_anchors = score(rollouts, RewardConfig(text="released"), token_anchor=True)
+    released, _, released_anchors = score(rollouts, RewardConfig(text="released"), 0.5, token_anchor=True)
     assert released_anchors.tolist() == [0.0, pytest.approx(0.7)]
     assert released[0]["format_reward"] == pytest.approx(0.5)  # answer tags only; think unbalanced
 
@@ -269,9 +269,9 @@ def test_rl_prompt_layout_system_and_subagent(video, tokenizer):
     flat schema of the RL workflow; timestamped overview frames. Sub-agent prompts: bare
     frames, then the segment's range and duration."""
     from paravt_jax.agent.rollout import overview_prompts
-    from paravt_jax.text.chat import placeholder_text
 
-    def prompt_text(episode, config=RolloutConfig()):
+    def prompt_text(episode, config=None):
+        config = config or RolloutConfig()
         with CropDispatcher() as pool:
             (prompt,), _, _ = overview_prompts([episode], tokenizer, config, pool)
         return tokenizer.decode(prompt.input_ids)
@@ -381,7 +381,8 @@ def test_eval_crop_errors_and_extra_calls_as_the_reference_driver(video, tokeniz
     assert "20.0s" not in text and "Error: call 6" not in text
     ours, ours_text = eval_rollout(video, tokenizer, [[calls, "B"]], frames_response="timestamped",
                                    extra_calls="respond")
-    assert "start_time (50.0s) exceeds video duration (40.0s)" in ours_text and "Error: call 6 was not executed" in ours_text
+    assert "start_time (50.0s) exceeds video duration (40.0s)" in ours_text
+    assert "Error: call 6 was not executed" in ours_text
     assert "<tool_response>\n2 frames from 1.0 s to 3.0 s.\n<1.0 seconds>" in ours_text
 
 

@@ -46,9 +46,9 @@ def test_launch_scripts_dry_run():
 
 
 def test_configs_load_with_presets_and_overrides():
-    from ml_collections import config_flags  # noqa: F401
-
     import importlib
+
+    from ml_collections import config_flags  # noqa: F401
 
     for name in ("paragrpo", "vanilla_grpo", "sft"):
         module = importlib.import_module(f"configs.{name}")
@@ -65,7 +65,8 @@ def test_unknown_command_and_field_are_refused(builtin_root, capsys):
 
     assert main(["paravt-jax", "fly"]) == 2
     assert "unknown command 'fly'" in capsys.readouterr().err
-    assert main(["paravt-jax", "forward", f"--config={ROOT}/configs/base.py:tiny", "--config.model.no_such_field=1"]) == 2
+    argv = ["paravt-jax", "forward", f"--config={ROOT}/configs/base.py:tiny", "--config.model.no_such_field=1"]
+    assert main(argv) == 2
     assert "no_such_field" in capsys.readouterr().err
 
 

@@ -11,11 +11,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from paravt_jax.experiments import plan as P
-from paravt_jax import sharding as sh
-from paravt_jax.models.qwen3_vl import init_model, preset
-
 from configs import paragrpo
+from paravt_jax import sharding as sh
+from paravt_jax.experiments import plan as P
+from paravt_jax.models.qwen3_vl import init_model, preset
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -3,8 +3,17 @@ import numpy as np
 import pytest
 
 from conftest import require_torch
-from hf_tiny import (IM_END, IM_START, build_hf_tiny, image_tokens, pad_batch, patches,
-                     rewrite_config_as_457, text_ids, video_tokens)
+from hf_tiny import (
+    IM_END,
+    IM_START,
+    build_hf_tiny,
+    image_tokens,
+    pad_batch,
+    patches,
+    rewrite_config_as_457,
+    text_ids,
+    video_tokens,
+)
 from paravt_jax.models.qwen3_vl import load_pretrained
 
 TOL = 1e-4
@@ -145,6 +154,7 @@ def test_deepstack_non_default_indexes_and_scan(tmp_path, torch_module, scan):
 
 def test_tied_embeddings(tmp_path, torch_module):
     import os
+
     from paravt_jax.models.qwen3_vl import safetensors_io as st
 
     directory = str(tmp_path)

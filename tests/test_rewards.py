@@ -3,13 +3,22 @@ plus property tests that no reward function raises on any text."""
 import math
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from paravt_jax.rl import metrics, rewards
-from paravt_jax.rl.rewards import (accuracy_reward, anchor_reward, compose_reward,
-                                   extract_answer, format_reward, has_parseable_tool_call,
-                                   has_substantive_think, normalize_text, think_before_tool,
-                                   tool_reward)
+from paravt_jax.rl.rewards import (
+    accuracy_reward,
+    anchor_reward,
+    compose_reward,
+    extract_answer,
+    format_reward,
+    has_parseable_tool_call,
+    has_substantive_think,
+    normalize_text,
+    think_before_tool,
+    tool_reward,
+)
 
 approx = lambda x: pytest.approx(x, abs=1e-12)  # noqa: E731
 

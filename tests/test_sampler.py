@@ -5,14 +5,14 @@ import numpy as np
 import pytest
 
 from conftest import require_torch
-from hf_tiny import IM_START, build_hf_tiny, image_tokens, pad_batch, patches, text_ids, video_tokens
+from hf_tiny import IM_START, build_hf_tiny, image_tokens, patches, text_ids, video_tokens
 from paravt_jax import sharding as sh
 from paravt_jax.models.qwen3_vl import init_model, load_pretrained, preset
+from paravt_jax.models.qwen3_vl.rope import get_rope_index
 from paravt_jax.sampling import Sampler, SamplerConfig, generate, sample_logits
 from paravt_jax.sampling.kv_cache import bucket
 from paravt_jax.text import chat
 from paravt_jax.text.inputs import ModelInputs, encode_ids
-from paravt_jax.models.qwen3_vl.rope import get_rope_index
 
 NEW = 24
 
@@ -266,101 +266,31 @@ def test_long_decode_grows_the_cache_and_matches_teacher_forced_forward(tiny):
         np.testing.assert_allclose(result.logprobs[b], want, atol=1e-4)
 
 
-def attention_case(seed, b, lq, lk, heads, kv, hd, cache_layout=True):
-    """Random q [B, Lq, H, hd] and k/v (cache layout: k [B, KV, hd, Lk], v [B, KV, Lk, hd];
-    else [B, Lk, KV, hd]), valid keys (slot 0 always), query i at key slot lk - lq + i, and
-    the dense mask those give."""
-    rng = np.random.default_rng(seed)
-    q = rng.standard_normal((b, lq, heads, hd)).astype(np.float32)
-    k = rng.standard_normal((b, kv, hd, lk) if cache_layout else (b, lk, kv, hd)).astype(np.float32)
-    v = rng.standard_normal((b, kv, lk, hd) if cache_layout else (b, lk, kv, hd)).astype(np.float32)
-    valid = rng.random((b, lk)) < 0.7
-    valid[:, 0] = True
-    slots = (lk - lq) + np.arange(lq)
-    mask = valid[:, None, :] & (np.arange(lk)[None, None, :] <= slots[None, :, None])
-    return q, k, v, valid, slots, mask
-
-
-@pytest.mark.parametrize("cache_layout", [False, True])
-@pytest.mark.parametrize("causal", [False, True])
-def test_chunked_attention_equals_dense(cache_layout, causal):
-    from paravt_jax.models.qwen3_vl import layers as L
-
-    b, lq, lk, heads, kv, hd = 3, 24, 40, 4, 2, 8
-    q, k, v, valid, slots, mask = attention_case(0, b, lq, lk, heads, kv, hd, cache_layout)
-    dense = np.asarray(L.dot_attention(q, k, v, mask, cache_layout))
-    # <= 8 queries' scores per block: 4 blocks of 6 per row, the causal ones read 22..40 keys
-    chunked = np.asarray(L.chunked_attention(q, k, v, valid, slots, cache_layout,
-                                             max_score_bytes=8 * heads * lk * 4,
-                                             causal_offset=lk - lq if causal else None))
-    assert np.isfinite(chunked).all()
-    np.testing.assert_allclose(chunked, dense, atol=1e-6)
-
-
-@pytest.mark.parametrize("rows_per_step", [2, 4])
-def test_chunked_attention_row_groups_equal_dense(rows_per_step):
-    """Rows that fit the score budget together run as one group (2 groups of 2 rows: a
-    lax.map; 4 rows: one group) with the same result as dense attention."""
-    from paravt_jax.models.qwen3_vl import layers as L
-
-    b, lq, lk, heads, kv, hd = 4, 8, 16, 4, 2, 8
-    q, k, v, valid, slots, mask = attention_case(1, b, lq, lk, heads, kv, hd)
-    dense = np.asarray(L.dot_attention(q, k, v, mask, True))
-    chunked = np.asarray(L.chunked_attention(q, k, v, valid, slots, True,
-                                             max_score_bytes=rows_per_step * lq * heads * lk * 4,
-                                             causal_offset=lk - lq))
-    np.testing.assert_allclose(chunked, dense, atol=1e-6)
-
-
-@pytest.mark.parametrize("rows_per_step", [1, 2])
-def test_chunked_attention_long_chunk_segments_equal_dense(rows_per_step):
-    """A chunk of more query blocks than MAX_QUERY_SEGMENTS (64 blocks of 2 queries here):
-    the blocks of each segment share its key range and run in a lax.map, with the same
-    result as dense attention, and the program does not grow with the chunk: a 4x longer
-    chunk traces to as many matmuls."""
-    from paravt_jax.models.qwen3_vl import layers as L
-
-    b, heads, kv, hd = 2, 2, 1, 4
-
-    def case(lq, lk):
-        *inputs, mask = attention_case(3, b, lq, lk, heads, kv, hd)
-        budget = rows_per_step * 2 * heads * lk * 4  # 2 queries per block
-        fn = lambda *a: L.chunked_attention(*a, True, max_score_bytes=budget, causal_offset=lk - lq)
-        return inputs, mask, fn
-
-    inputs, mask, fn = case(128, 136)
-    dense = np.asarray(L.dot_attention(*inputs[:3], mask, True))
-    np.testing.assert_allclose(np.asarray(jax.jit(fn)(*inputs)), dense, atol=1e-6)
-
-    def matmuls(lq):
-        inputs, _, fn = case(lq, lq + 8)
-        return str(jax.make_jaxpr(fn)(*inputs)).count("dot_general")
-
-    assert matmuls(512) == matmuls(128) <= 2 * L.MAX_QUERY_SEGMENTS
-
-
-def test_attention_block_bytes_reaches_chunked_prefill(monkeypatch):
-    """SamplerConfig.attention_block_bytes is the score budget chunked prefill attention runs
-    with (0 = the backend default, 8 MB on CPU); the sampled tokens and log-probs do not depend
-    on it; a negative budget is refused by name."""
-    from paravt_jax.models.qwen3_vl import layers as L
+def test_attention_block_bytes_sizes_the_prefill_block(monkeypatch):
+    """SamplerConfig.attention_block_bytes is the score budget the blockwise prefill's block is
+    sized from (0 = the backend default, 8 MB on CPU); the sampled tokens and log-probs do not
+    depend on it; a negative budget is refused by name."""
+    from paravt_jax.models.qwen3_vl import attention as A
 
     seen = []
-    original = L.chunked_attention
+    original = A.blockwise_attention
 
     def spy(*args, **kwargs):
-        seen.append(kwargs["max_score_bytes"])
+        seen.append(args[5] if len(args) > 5 else kwargs["block"])
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(L, "chunked_attention", spy)
+    monkeypatch.setattr(A, "blockwise_attention", spy)
+    monkeypatch.setattr(A, "DENSE_MAX_SCORE_BYTES", 0)  # auto: blockwise for every prefill
     model = init_model(preset("tiny"), seed=0)
     prompt = [encode_ids(np.random.default_rng(4).integers(0, 900, 300).tolist(), 0)]
     outs = []
     for budget in (0, 64 << 10):
-        out, _ = Sampler(model, SamplerConfig(attention_block_bytes=budget)).generate(
-            prompt, max_new_tokens=3, temperature=1.0, seed=5)
+        sampler = Sampler(model, SamplerConfig(attention_block_bytes=budget))
+        assert sampler.backend.prefill_score_bytes == (budget or 8 << 20)
+        out, _ = sampler.generate(prompt, max_new_tokens=3, temperature=1.0, seed=5)
         outs.append(out)
-    assert set(seen) == {L.chunk_score_bytes(), 64 << 10} and L.chunk_score_bytes() == 8 << 20
+    # 1 row x 4 heads: 8 MB allows the model's 512 block (capped), 64 kB a block of 64
+    assert {512, 64} <= set(seen)
     assert outs[0].tokens == outs[1].tokens
     np.testing.assert_allclose(outs[0].logprobs[0], outs[1].logprobs[0], atol=1e-5)
     with pytest.raises(ValueError, match="attention_block_bytes"):
@@ -368,28 +298,29 @@ def test_attention_block_bytes_reaches_chunked_prefill(monkeypatch):
 
 
 def test_weight_first_matmul_equals_plain():
-    """matmul_t: few rows and a >= 1 MB weight take the weight-first form on CPU (the
-    sampler's decode with real-size weights); both forms equal x @ w^T."""
-    from paravt_jax.models.qwen3_vl import text as T
+    """The CPU policy's matmul_t: few rows and a >= 1 MB weight take the weight-first form
+    (the sampler's decode with real-size weights); both forms equal x @ w^T. Accelerators
+    never take it."""
+    from paravt_jax.sampling.backend import backend_policy
 
+    cpu = backend_policy("cpu")
+    assert backend_policy("gpu").weight_first_max_rows == 0
     rng = np.random.default_rng(2)
     w = rng.standard_normal((1024, 512)).astype(np.float32)  # 2 MB
-    assert w.nbytes >= T.WEIGHT_FIRST_MIN_BYTES and 3 <= T.WEIGHT_FIRST_MAX_ROWS < 80  # both branches
+    assert w.nbytes >= cpu.weight_first_min_bytes and 3 <= cpu.weight_first_max_rows < 80  # both branches
     for shape in ((3, 1, 512), (2, 40, 512)):  # 3 rows (weight-first), 80 rows (plain)
         x = rng.standard_normal(shape).astype(np.float32)
-        np.testing.assert_allclose(np.asarray(T.matmul_t(x, w)), x @ w.T, rtol=1e-5, atol=1e-4)
+        np.testing.assert_allclose(np.asarray(cpu.matmul_t(x, w)), x @ w.T, rtol=1e-5, atol=1e-4)
 
 
-def test_prefill_chunked_attention_path_equals_dense_path(monkeypatch):
-    """The cached forward switches to chunked attention above a score-size threshold; the
-    hidden states and the cache it writes are the same either way."""
+def test_prefill_blockwise_attention_equals_dense():
+    """The cached forward with blockwise attention (blocks of 32 over 128 queries: causal
+    block skipping, a padded row) writes the same hidden states and cache as dense attention."""
     import jax.numpy as jnp
 
-    from paravt_jax.models.qwen3_vl import text as T
-
-    model = init_model(preset("tiny"), seed=0)
+    model = init_model(preset("tiny", attention="dense"), seed=0)
     t = model.config.text
-    rows, length, capacity = 2, 128, 192  # 128 queries: two causal blocks of 64
+    rows, length, capacity = 2, 128, 192  # 128 queries: four causal blocks of 32
     rng = np.random.default_rng(1)
     ids = jnp.asarray(rng.integers(0, 900, (rows, length)), jnp.int32)
     positions = jnp.broadcast_to(jnp.arange(length)[None, None], (3, rows, length))
@@ -397,11 +328,10 @@ def test_prefill_chunked_attention_path_equals_dense_path(monkeypatch):
     zeros_k = tuple(jnp.zeros((rows, t.num_key_value_heads, t.head_dim, capacity)) for _ in range(t.num_hidden_layers))
     zeros_v = tuple(jnp.zeros((rows, t.num_key_value_heads, capacity, t.head_dim)) for _ in range(t.num_hidden_layers))
 
-    def run():
-        return model.language.forward_cached(ids, positions, 0, valid, zeros_k, zeros_v, window=length)
+    def run(lang):
+        return lang.forward_cached(ids, positions, 0, valid, zeros_k, zeros_v, window=length, block=32)
 
-    dense = run()
-    monkeypatch.setattr(T, "CHUNK_SCORE_BYTES", 0)
-    chunked = run()
-    for a, b in zip(jax.tree.leaves(dense), jax.tree.leaves(chunked)):
+    dense = run(model.language)
+    other = run(init_model(preset("tiny", attention="blockwise"), seed=0).language)
+    for a, b in zip(jax.tree.leaves(dense), jax.tree.leaves(other)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)

@@ -210,8 +210,8 @@ def test_unnamed_overrides_name_the_workdirs_typed_like_the_fields(tmp_path):
 
 
 def test_arm_names_are_stable_safe_and_bounded():
-    from paravt_jax.experiments import sweep
     from configs import paragrpo
+    from paravt_jax.experiments import sweep
 
     config = paragrpo.get_config("tiny")
     entries = [{"seed": 2, "rl.rollout.max_new_tokens": 16, "eval.max_new_tokens": 32, "eval.nframes": [4, 64]},

@@ -1,20 +1,18 @@
 """The training engine (paravt_jax.train.step) with the PARA-GRPO and SFT losses, on the tiny model."""
-import dataclasses
 
 import jax
 import numpy as np
 import pytest
-from flax import nnx
 
 from paravt_jax import sharding as sh
 from paravt_jax.models.qwen3_vl import init_model, preset
 from paravt_jax.rl.objective import StepConfig, policy_head, policy_loss
 from paravt_jax.sft.trainer import HEAD, sft_loss
-from paravt_jax.train.batch import micro_batches, pack
-from paravt_jax.train.step import OptimizerConfig, TrainStep, token_scores
 from paravt_jax.text import chat
 from paravt_jax.text.inputs import encode, encode_ids
 from paravt_jax.text.tokenizer import train_tokenizer
+from paravt_jax.train.batch import micro_batches, pack
+from paravt_jax.train.step import OptimizerConfig, TrainStep, token_scores
 
 
 @pytest.fixture(scope="module")

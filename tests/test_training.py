@@ -2,7 +2,6 @@
 import json
 import os
 import signal
-import threading
 
 import jax
 import numpy as np
@@ -15,11 +14,11 @@ from paravt_jax.data import synthetic as syn
 from paravt_jax.data.paravt_parquet import SchemaError, load_rl_rows, load_sft_rows
 from paravt_jax.models.qwen3_vl import init_model, preset
 from paravt_jax.rl.advantages import AdvantageConfig
-from paravt_jax.train.step import OptimizerConfig, TrainStep
-from paravt_jax.rl.trainer import RLConfig, RewardConfig, train_rl
+from paravt_jax.rl.trainer import RewardConfig, RLConfig, train_rl
 from paravt_jax.sft.trainer import HEAD, SFTConfig, sft_loss, train_sft
 from paravt_jax.text.tokenizer import train_tokenizer
 from paravt_jax.train.loop import LoopConfig, data_indices, run_loop
+from paravt_jax.train.step import OptimizerConfig, TrainStep
 from tfevents import read_events
 
 
@@ -62,8 +61,8 @@ def test_data_order_is_deterministic():
 def _toy_loop(workdir, steps, stop_after=None, signum=signal.SIGTERM):
     model = init_model(preset("tiny"), seed=0)
     step = TrainStep(model, OptimizerConfig(learning_rate=1e-3), sft_loss, HEAD)
-    from paravt_jax.train.batch import micro_batches, pack
     from paravt_jax.text.inputs import encode_ids
+    from paravt_jax.train.batch import micro_batches, pack
 
     seqs = [encode_ids(list(range(1 + i, 20 + i)), 0, True) for i in range(8)]
 

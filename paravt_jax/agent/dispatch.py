@@ -11,7 +11,7 @@ import concurrent.futures as futures
 import dataclasses
 import threading
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 from paravt_jax.agent.tools import TOOL_NAME, CropRequest, ToolCall, lenient_window, validate_crop
 from paravt_jax.video.reader import Clip, VideoError, read_frames

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -347,8 +347,8 @@ def run_rollouts(sampler: Sampler, tokenizer: Tokenizer, episodes: Sequence[Epis
             errors = list(block_errors)
             executed = parsed.calls[:max_parallel]
             if config.extra_calls == "respond":
-                for k, call in enumerate(parsed.calls[max_parallel:]):
-                    errors.append(f"call {max_parallel + k + 1} was not executed: at most "
+                for number in range(max_parallel + 1, len(parsed.calls) + 1):
+                    errors.append(f"call {number} was not executed: at most "
                                   f"{max_parallel} crop_video calls run per turn")
             row.errors += errors
             messages = [f"Error: {e}" for e in cap_errors(errors, dispatcher.config.max_error_responses)]

@@ -23,7 +23,7 @@ import glob
 import json
 import os
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -396,9 +396,9 @@ def main(argv: list[str]) -> dict:
     from absl import flags
     from ml_collections import config_flags
 
-    from paravt_jax.cli_flags import parse_flags
     from paravt_jax.config import config_path
     from paravt_jax.config_checks import check_config
+    from paravt_jax.flags import parse_flags
 
     default = config_path("eval")
     flag_values = flags.FlagValues()

@@ -33,7 +33,7 @@ import json
 import math
 import os
 import time
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -45,7 +45,6 @@ from paravt_jax.config import config_path
 from paravt_jax.models.qwen3_vl.config import Qwen3VLConfig, load_config, preset
 from paravt_jax.models.qwen3_vl.hf_io import abstract_model
 from paravt_jax.sampling.kv_cache import CacheSpec, bucket, cache_sharding, first_capacity, grown_capacity
-from paravt_jax.sampling.sampler import SamplerConfig
 from paravt_jax.text import chat
 from paravt_jax.video.frames import PATCH, smart_resize
 
@@ -60,8 +59,6 @@ FRAME_TEXT_TOKENS = 8  # "<12.5 seconds>" + <|vision_start|> + <|vision_end|> ar
 SOURCE_FRAME = (720, 1280)  # nominal decoded frame (h, w) before smart_resize: 16:9 video
 # `auto` compiles with XLA up to this size (8b: ~45 s on a 2-core CPU; 32b not measured).
 AUTO_XLA_MAX_PARAMETERS = 10_000_000_000
-# rl/trainer.py builds its sampler with these knobs; chunk and cache buckets follow them.
-TRAINER_SAMPLER = SamplerConfig(min_chunk_bucket=64)
 PACK_MIN_LENGTH, PACK_MULTIPLE = 16, 256  # train/batch.pack defaults: the train length bucket
 
 
@@ -132,6 +129,7 @@ class Workload:
     cache_capacity: int  # final rollout cache capacity (slots)
     cache_capacity_before_growth: int  # the capacity copied from during the last growth (0 = none)
     prefill_width: int  # first prefill chunk width
+    chunk_bucket: int  # SamplerConfig.min_chunk_bucket: prefill widths are multiples of it
     prefill_capacity: int  # cache capacity at the first prefill
     extend_width: int  # chunk width of a tool-response extend
     subagent_rows: int  # rows of the sub-agent cache (0 unless mode == subagent)
@@ -210,7 +208,8 @@ def model_config(config) -> tuple[str, Qwen3VLConfig]:
     """(name, model config) with the run's dtypes and remat, as jobs.build_model builds it."""
     m = config.model
     knobs = dict(param_dtype=m.param_dtype, dtype=m.dtype, remat=bool(m.remat),
-                 scan_layers=bool(m.get("scan_layers", True)))
+                 scan_layers=bool(m.get("scan_layers", True)), attention=m.get("attention", "auto"),
+                 attention_block=int(m.get("attention_block", 512)))
     if m.get("checkpoint", ""):
         return m.checkpoint, load_config(m.checkpoint).replace(**knobs).validate()
     return m.preset, preset(m.preset, **knobs)
@@ -237,11 +236,11 @@ def _frame(min_pixels: int, max_pixels: int) -> tuple[tuple[int, int], int]:
     return (h, w), (h // PATCH) * (w // PATCH)
 
 
-def _decode_turn(capacity: int, chunk_end: int, budget: int) -> tuple[int, int]:
+def _decode_turn(capacity: int, chunk_end: int, budget: int, multiple: int) -> tuple[int, int]:
     """(capacity, the capacity before its last growth or 0) after a chunk ending at
     `chunk_end` and a decode of `budget` tokens, grown as Sampler.extend / Sampler._decode
-    grow it (every row using its whole budget)."""
-    multiple, previous = TRAINER_SAMPLER.cache_multiple, 0
+    grow it (every row using its whole budget); `multiple` is SamplerConfig.cache_multiple."""
+    previous = 0
     first = first_capacity(chunk_end, budget, multiple)
     if first > capacity:
         previous, capacity = capacity, first
@@ -262,7 +261,8 @@ def workload(rl, vision) -> Workload:
     frame_tokens, crop_tokens = frame_patches // merge_unit, crop_patches // merge_unit
     calls = (1 if r.mode == "sequential" else d.max_parallel) if r.tools else 0
 
-    system = (_text_tokens(chat.tools_system_prompt((chat.CROP_VIDEO_TOOL,))) + 5) if r.tools else 0
+    system = (_text_tokens(chat.tools_system_prompt((chat.crop_video_tool(layout=r.tool_layout),))) + 5
+              if r.tools else 0)
     question = QUESTION_TOKENS + _text_tokens("\nThe video path for this video is: video_000000.mp4")
     generation_prompt = 3 + (3 if r.think_prefix else 0)  # <|im_start|>assistant\n<think>\n
     prompt = system + 5 + frames * (FRAME_TEXT_TOKENS + frame_tokens) + question + generation_prompt
@@ -279,14 +279,15 @@ def workload(rl, vision) -> Workload:
 
     # The rollout cache, grown exactly as Sampler.generate / Sampler.extend grow it.
     M = r.max_new_tokens
-    prefill_width = bucket(prompt, TRAINER_SAMPLER.min_chunk_bucket)
-    prefill_capacity = first_capacity(prefill_width, M, TRAINER_SAMPLER.cache_multiple)
-    capacity, previous = _decode_turn(prefill_capacity, prefill_width, M)
+    sampler = rl.sampler  # the trainer's sampler knobs: chunk and cache buckets follow them
+    prefill_width = bucket(prompt, sampler.min_chunk_bucket)
+    prefill_capacity = first_capacity(prefill_width, M, sampler.cache_multiple)
+    capacity, previous = _decode_turn(prefill_capacity, prefill_width, M, sampler.cache_multiple)
     write = prefill_width + M - 1
-    extend_width = bucket(1 + response, TRAINER_SAMPLER.min_chunk_bucket) if calls else 0
+    extend_width = bucket(1 + response, sampler.min_chunk_bucket) if calls else 0
     turns = [M] * rounds + ([r.final_answer_tokens] if calls and r.final_answer else [])
     for budget in turns:
-        capacity, grew_from = _decode_turn(capacity, write + extend_width, budget)
+        capacity, grew_from = _decode_turn(capacity, write + extend_width, budget, sampler.cache_multiple)
         previous = grew_from or previous
         write += extend_width + budget - 1
 
@@ -296,8 +297,8 @@ def workload(rl, vision) -> Workload:
         sub_rows = bucket(rows * calls)
         sub_prompt = (3 + d.max_frames * (FRAME_TEXT_TOKENS + crop_tokens)
                       + _text_tokens(chat.segment_instruction(0.0, 60.0)) + 2 + 3)  # no think prefix
-        sub_capacity, _ = _decode_turn(0, bucket(sub_prompt, TRAINER_SAMPLER.min_chunk_bucket),
-                                       r.subagent_max_tokens)
+        sub_capacity, _ = _decode_turn(0, bucket(sub_prompt, sampler.min_chunk_bucket),
+                                       r.subagent_max_tokens, sampler.cache_multiple)
     patches = frames * frame_patches
     if r.mode != "subagent":
         patches += rounds * calls * d.max_frames * crop_patches
@@ -306,14 +307,15 @@ def workload(rl, vision) -> Workload:
                         f"{rl.prompts_per_step} x {rl.samples_per_prompt} rows")
     return Workload(
         prompts_per_step=rl.prompts_per_step, samples_per_prompt=rl.samples_per_prompt,
-        rollout_rows=rows, sampler_rows=bucket(rows, TRAINER_SAMPLER.min_batch_bucket),
+        rollout_rows=rows, sampler_rows=bucket(rows, sampler.min_batch_bucket),
         micro_batches=rl.micro_batches, micro_batch_rows=rows // rl.micro_batches,
         overview_frames=frames, frame_size=frame_size, frame_tokens=frame_tokens,
         crop_frames=d.max_frames, crop_frame_size=crop_size, crop_frame_tokens=crop_tokens,
         calls_per_turn=calls, prompt_tokens=prompt, response_tokens=response,
         sequence_tokens=sequence, train_length=bucket(sequence, PACK_MIN_LENGTH, PACK_MULTIPLE),
         patches_per_row=patches, cache_capacity=capacity, cache_capacity_before_growth=previous,
-        prefill_width=prefill_width, prefill_capacity=prefill_capacity, extend_width=extend_width,
+        prefill_width=prefill_width, chunk_bucket=sampler.min_chunk_bucket, prefill_capacity=prefill_capacity,
+        extend_width=extend_width,
         subagent_rows=sub_rows, subagent_prompt_tokens=sub_prompt, subagent_capacity=sub_capacity)
 
 
@@ -504,7 +506,7 @@ def prefill_estimate(config: Qwen3VLConfig, work: Workload, mesh_sizes: Mapping[
                       patches, crop))
     if work.subagent_rows:
         calls.append(("sub-agent prefill", work.subagent_rows,
-                      bucket(work.subagent_prompt_tokens, TRAINER_SAMPLER.min_chunk_bucket),
+                      bucket(work.subagent_prompt_tokens, work.chunk_bucket),
                       work.subagent_capacity, work.rollout_rows * work.calls_per_turn * work.crop_frames * crop,
                       crop))
     best, label = 0, ""
@@ -659,7 +661,7 @@ def plan(config, mesh_sizes: Mapping[str, int], device_memory_gb: float,
 
     # Sampler: the KV caches with the sampler's CacheSpec and cache_sharding.
     t = model.text
-    cache_dtype = jnp.dtype(TRAINER_SAMPLER.cache_dtype or model.dtype).name
+    cache_dtype = jnp.dtype(rl.sampler.cache_dtype or model.dtype).name
 
     def cache_row(label, rows, capacity, counted=True):
         spec = CacheSpec(t.num_hidden_layers, rows, capacity, t.num_key_value_heads, t.head_dim, cache_dtype)
@@ -762,7 +764,7 @@ def main(argv: list[str]) -> MemoryPlan:
     from absl import flags
     from ml_collections import config_flags
 
-    from paravt_jax.cli_flags import parse_flags
+    from paravt_jax.flags import parse_flags
 
     argv = list(argv)
     values = flags.FlagValues()

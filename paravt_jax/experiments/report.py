@@ -24,7 +24,7 @@ import json
 import math
 import os
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 from paravt_jax.experiments.plots import read_jsonl
 
@@ -321,7 +321,7 @@ REPORT_USAGE = "paravt-jax report DIR... [--out=PATH_PREFIX]"
 
 def main(argv: Sequence[str]) -> dict:
     """argv = [prog, DIR..., --out=PREFIX]."""
-    from paravt_jax.cli_flags import HelpShown, UsageError, wants_help
+    from paravt_jax.flags import HelpShown, UsageError, wants_help
 
     args = list(argv[1:])
     out = ""

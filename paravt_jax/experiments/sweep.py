@@ -35,7 +35,8 @@ import shlex
 import sys
 import time
 import traceback
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from paravt_jax.config import config_file
 from paravt_jax.files import write_json_atomic
@@ -471,7 +472,7 @@ def main(argv: Sequence[str]) -> list[dict] | list[str]:
     from absl import flags
     from ml_collections import config_flags
 
-    from paravt_jax.cli_flags import parse_flags
+    from paravt_jax.flags import parse_flags
 
     argv = list(argv)
     values = flags.FlagValues()

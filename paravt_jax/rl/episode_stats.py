@@ -2,7 +2,7 @@
 compliance, the tool-call rate kappa and calls per tool turn."""
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -15,7 +15,7 @@ project follows the paper: with gating on the overview is exactly K frames.)
 from __future__ import annotations
 
 import hashlib
-from typing import Sequence
+from collections.abc import Sequence
 
 __all__ = ["NFRAMES_CHOICES", "DEFAULT_NFRAMES", "nframes_for_prompt"]
 

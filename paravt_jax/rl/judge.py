@@ -30,7 +30,8 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 __all__ = ["LLMJudge", "JudgeError", "JudgeUsage", "parse_judge_reply", "judge_messages",
            "ENV_BASE_URL", "ENV_API_KEY", "ENV_MODEL", "ENV_TIMEOUT"]
@@ -187,7 +188,7 @@ class LLMJudge:
         self._opener = urllib.request.build_opener(*handlers)
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "LLMJudge":
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> LLMJudge:
         """Build from PARAVT_JUDGE_BASE_URL (default the OpenAI API), PARAVT_JUDGE_API_KEY
         (optional), PARAVT_JUDGE_MODEL (default gpt-4o-mini) and PARAVT_JUDGE_TIMEOUT_S
         (default 30). `environ` defaults to `os.environ`; keyword overrides win."""

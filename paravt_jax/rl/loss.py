@@ -17,7 +17,8 @@ logp[:, t] is log p(token t | tokens < t), aligned with the tokens and the loss 
 """
 from __future__ import annotations
 
-from typing import Mapping, NamedTuple
+from collections.abc import Mapping
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -41,7 +42,7 @@ class WeightedMean(NamedTuple):
     total: jax.Array
     count: jax.Array
 
-    def merge(self, other: "WeightedMean") -> "WeightedMean":
+    def merge(self, other: WeightedMean) -> WeightedMean:
         return WeightedMean(self.total + other.total, self.count + other.count)
 
     @property
@@ -56,7 +57,7 @@ class RunningMax(NamedTuple):
     maximum: jax.Array
     count: jax.Array
 
-    def merge(self, other: "RunningMax") -> "RunningMax":
+    def merge(self, other: RunningMax) -> RunningMax:
         return RunningMax(jnp.maximum(self.maximum, other.maximum), self.count + other.count)
 
     @property

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -26,10 +26,9 @@ from flax import nnx
 
 from paravt_jax.config import set_by
 from paravt_jax.models.qwen3_vl.model import Qwen3VL
-from paravt_jax.models.qwen3_vl.text import DecodeWeights
 from paravt_jax.models.qwen3_vl.vision import pad_frames_to_buckets, vision_layout
-from paravt_jax.sampling.kv_cache import (CacheSpec, bucket, cache_sharding, constrain, first_capacity,
-                                          grown_capacity)
+from paravt_jax.sampling.backend import DecodeWeights, SamplerBackend, backend_policy, decode_weights
+from paravt_jax.sampling.kv_cache import CacheSpec, bucket, cache_sharding, constrain, first_capacity, grown_capacity
 from paravt_jax.text.inputs import ModelInputs, collate_vision, encode_ids
 
 MAX_STOP_IDS = 8
@@ -47,8 +46,8 @@ class SamplerConfig:
     min_batch_bucket: int = 1
     cache_multiple: int = 1024  # capacities: powers of two up to this, then multiples of it
     cache_dtype: str = ""  # "" = the model's compute dtype
-    # score block budget of chunked prefill attention; 0 = layers.chunk_score_bytes() (8 MB
-    # on CPU, 256 MB on accelerators)
+    # float32 score block budget of a blockwise prefill; 0 = the backend's default
+    # (sampling/backend.py: 8 MB on CPU, 256 MB on accelerators)
     attention_block_bytes: int = 0
 
 
@@ -148,7 +147,7 @@ def _vision(graphdef, params, pixel_values, meta):
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "fuse"))
 def _decode_weights(graphdef, params, fuse):
-    return _merge(graphdef, params).language.decode_weights(fuse)
+    return decode_weights(_merge(graphdef, params).language, fuse)
 
 
 def _output_axis_whole(model: Qwen3VL) -> bool:
@@ -178,10 +177,10 @@ def _new_cache(layers, shape, dtype, sharding):
     return (*constrain(keys, values, sharding), jnp.zeros((rows, capacity), bool))
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "sharding", "window", "score_bytes"),
+@functools.partial(jax.jit, static_argnames=("graphdef", "sharding", "window", "backend", "block"),
                    donate_argnames=("cache_k", "cache_v", "valid"))
 def _prefill(graphdef, params, weights, cache_k, cache_v, valid, write_index, ids, positions, counts,
-             visual_index, visual_embeds, deepstack, sharding, window, score_bytes):
+             visual_index, visual_embeds, deepstack, sharding, window, backend: SamplerBackend, block):
     lang = _merge(graphdef, params).language
     width = ids.shape[1]
     fresh = jnp.arange(width)[None, :] < counts[:, None]
@@ -189,10 +188,10 @@ def _prefill(graphdef, params, weights, cache_k, cache_v, valid, write_index, id
     hidden, cache_k, cache_v = lang.forward_cached(ids, positions, write_index, valid, cache_k,
                                                    cache_v, visual_index, visual_embeds, deepstack,
                                                    window=window, layers=weights.layers,
-                                                   score_bytes=score_bytes)
+                                                   project=backend.project, block=block)
     last = jnp.maximum(counts - 1, 0)
     last_hidden = hidden[jnp.arange(ids.shape[0]), last][:, None]
-    logits = lang.logits(last_hidden, weights.head_t)[:, 0].astype(jnp.float32)
+    logits = backend.logits(lang, last_hidden, weights)[:, 0].astype(jnp.float32)
     return (logits, *constrain(cache_k, cache_v, sharding), valid)
 
 
@@ -237,9 +236,10 @@ jax.tree_util.register_dataclass(_DecodeCarry, data_fields=[f.name for f in data
                                  meta_fields=[])
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "sharding"), donate_argnames=("cache_k", "cache_v", "valid"))
+@functools.partial(jax.jit, static_argnames=("graphdef", "sharding", "backend"),
+                   donate_argnames=("cache_k", "cache_v", "valid"))
 def _decode(graphdef, params, weights, cache_k, cache_v, valid, logits, budgets, stop_ids, row_keys,
-            temperature, top_p, top_k, carry: _DecodeCarry, max_steps, sharding):
+            temperature, top_p, top_k, carry: _DecodeCarry, max_steps, sharding, backend: SamplerBackend):
     """Samples until every row is done, `max_steps` tokens were emitted, or the cache is full
     (the caller grows it and calls again with the returned carry). The first call (step 0)
     samples from the prefill's `logits`; see the module docstring for the log-prob convention."""
@@ -270,8 +270,9 @@ def _decode(graphdef, params, weights, cache_k, cache_v, valid, logits, budgets,
         fed = jnp.maximum(c.tokens[:, c.step - 1], 0)[:, None]
         positions = jnp.broadcast_to(c.next_position[None, :, None], (3, fed.shape[0], 1))
         valid = jax.lax.dynamic_update_slice(valid, active[:, None], (0, c.write_index))
-        hidden, ck, cv = lang.forward_cached(fed, positions, c.write_index, valid, ck, cv, layers=weights.layers)
-        new_logits = lang.logits(hidden, weights.head_t)[:, 0].astype(jnp.float32)
+        hidden, ck, cv = lang.forward_cached(fed, positions, c.write_index, valid, ck, cv,
+                                             layers=weights.layers, project=backend.project)
+        new_logits = backend.logits(lang, hidden, weights)[:, 0].astype(jnp.float32)
         c = dataclasses.replace(c, write_index=c.write_index + 1, next_position=c.next_position + active)
         return (emit(c, new_logits, active), *constrain(ck, cv, sharding), valid)
 
@@ -325,6 +326,7 @@ class Sampler:
         self.cache_dtype = jnp.dtype(config.cache_dtype or model.config.dtype)
         self._layout = (text.num_hidden_layers, text.num_key_value_heads, text.head_dim)
         self._weights = None
+        self.backend = backend_policy(prefill_score_bytes=config.attention_block_bytes)
 
     @property
     def weights(self) -> DecodeWeights:
@@ -450,14 +452,17 @@ class Sampler:
             pixels, grids = pad_frames_to_buckets(batch.pixel_values, batch.grids)
             layout = vision_layout(grids, self.model.config.vision)
             embeds, deepstack = _vision(self.graphdef, self.params, pixels, layout.device_arrays())
+        rows = batch.ids.shape[0]
+        block = self.backend.prefill_block(rows, self.model.config.text.num_attention_heads,
+                                           self.model.config.attention_block)
         return _prefill(self.graphdef, self.params, self.weights, cache_k, cache_v, valid, np.int32(write_index),
                         batch.ids, batch.positions, batch.counts.astype(np.int32),
                         batch.visual_index, embeds, deepstack,
-                        self._sharding(batch.ids.shape[0], valid.shape[1]),
+                        self._sharding(rows, valid.shape[1]),
                         # attend only to the slots in use (bucketed, so few compiled variants)
                         min(bucket(write_index + batch.ids.shape[1], 16, self.config.cache_multiple),
                             valid.shape[1]),
-                        self.config.attention_block_bytes)
+                        self.backend, block)
 
     def _decode(self, cache_k, cache_v, valid, write_index, logits, next_position, budgets, num_rows,
                 seed, k, keep_pending=None, takes_part=None, row_ids=None):
@@ -478,7 +483,7 @@ class Sampler:
         while True:  # one segment per cache size: grow (double) when the slots run out
             carry, cache_k, cache_v, valid = _decode(
                 self.graphdef, self.params, self.weights, cache_k, cache_v, valid, logits, budgets, stop,
-                row_keys, *knobs, carry, steps, self._sharding(rows, valid.shape[1]))
+                row_keys, *knobs, carry, steps, self._sharding(rows, valid.shape[1]), self.backend)
             n_gen, done = np.asarray(carry.n_gen), np.asarray(carry.done)
             if done.all() or int(carry.step) >= steps:
                 break

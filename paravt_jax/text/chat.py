@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -34,7 +34,7 @@ class Message:
     content: tuple[Segment, ...]
 
     @classmethod
-    def of(cls, role: str, *content: Segment | str) -> "Message":
+    def of(cls, role: str, *content: Segment | str) -> Message:
         return cls(role, tuple(Text(c) if isinstance(c, str) else c for c in content))
 
 

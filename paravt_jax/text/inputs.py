@@ -3,7 +3,7 @@ extensible chunk by chunk with positions that continue exactly as a full re-enco
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -46,7 +46,7 @@ class ModelInputs:
     def attention_mask(self) -> np.ndarray:
         return np.ones_like(self.input_ids)
 
-    def extend(self, chunk: "ModelInputs") -> "ModelInputs":
+    def extend(self, chunk: ModelInputs) -> ModelInputs:
         """self followed by `chunk`; the chunk must have been encoded with
         start_position=self.next_position (checked)."""
         if chunk.length and int(chunk.position_ids.min()) < self.next_position:

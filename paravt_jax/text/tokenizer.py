@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Iterable
+from collections.abc import Iterable
 
 # Qwen3 / Qwen3-VL added tokens, in id order starting at 151643.
 QWEN_SPECIAL_TOKENS = (
@@ -69,7 +69,7 @@ class Tokenizer:
         self.special = SpecialIds(**{field: self.token_id(token) for field, token in _SPECIAL_FIELDS.items()})
 
     @classmethod
-    def from_directory(cls, directory: str) -> "Tokenizer":
+    def from_directory(cls, directory: str) -> Tokenizer:
         from tokenizers import Tokenizer as Backend
 
         path = os.path.join(directory, "tokenizer.json")
@@ -108,7 +108,8 @@ class Tokenizer:
 
 def train_tokenizer(corpus: Iterable[str], bpe_vocab_size: int = 900) -> Tokenizer:
     """A byte-level BPE with exactly `bpe_vocab_size` regular tokens, then the Qwen specials."""
-    from tokenizers import AddedToken, Tokenizer as Backend, decoders, models, pre_tokenizers, trainers
+    from tokenizers import AddedToken, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer as Backend
 
     backend = Backend(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)

@@ -8,7 +8,7 @@ probs follow the sampler's convention: logprob[b, t] is log p(token t | tokens <
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -80,7 +80,7 @@ class TrainBatch:
     vision_meta: tuple | None
     extras: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
-    def with_extras(self, **extras) -> "TrainBatch":
+    def with_extras(self, **extras) -> TrainBatch:
         """A copy with these extras added or replaced."""
         _check_extra_names(extras)
         return dataclasses.replace(self, extras={**self.extras, **extras})

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import signal
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

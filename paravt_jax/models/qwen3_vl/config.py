@@ -9,9 +9,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 DTYPES = ("float32", "bfloat16")
+ATTENTION_IMPLEMENTATIONS = ("auto", "dense", "blockwise", "cudnn", "splash")
 
 
 class ConfigError(ValueError):
@@ -82,12 +84,21 @@ class Qwen3VLConfig:
     # lax.scan over layers: one compiled layer body (compile time for deep models) and no
     # per-layer weight slicing copies; measured faster than unrolling even on CPU.
     scan_layers: bool = True
+    # The attention implementation of every attention (text decoder, sampler, vision tower):
+    # auto | dense | blockwise | cudnn | splash (models/qwen3_vl/attention.py), and the query /
+    # key block of `blockwise`.
+    attention: str = "auto"
+    attention_block: int = 512
 
-    def replace(self, **changes: Any) -> "Qwen3VLConfig":
+    def replace(self, **changes: Any) -> Qwen3VLConfig:
         return dataclasses.replace(self, **changes)
 
-    def validate(self) -> "Qwen3VLConfig":
+    def validate(self) -> Qwen3VLConfig:
         t, v = self.text, self.vision
+        if self.attention not in ATTENTION_IMPLEMENTATIONS:
+            raise ConfigError(f"attention={self.attention!r}: expected one of {ATTENTION_IMPLEMENTATIONS}")
+        if not isinstance(self.attention_block, int) or self.attention_block < 8:
+            raise ConfigError(f"attention_block={self.attention_block!r}: expected an integer >= 8")
         for name in ("param_dtype", "dtype"):
             if getattr(self, name) not in DTYPES:
                 raise ConfigError(f"{name}={getattr(self, name)!r}: expected one of {DTYPES}")

@@ -13,7 +13,7 @@ import functools
 import json
 import os
 import re
-from typing import Callable, Iterator
+from collections.abc import Iterator
 
 import jax
 import jax.numpy as jnp

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import struct
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 import ml_dtypes
 import numpy as np

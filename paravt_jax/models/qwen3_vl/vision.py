@@ -20,6 +20,7 @@ import numpy as np
 from flax import nnx
 
 from paravt_jax.models.qwen3_vl import layers as L
+from paravt_jax.models.qwen3_vl.attention import AttentionMask, attend
 from paravt_jax.models.qwen3_vl.config import Qwen3VLConfig, VisionConfig
 
 
@@ -158,6 +159,7 @@ class VisionTower(nnx.Module):
         v = config.vision
         self.config = v
         self.remat, self.scan = config.remat, config.scan_layers
+        self.attention_impl, self.attention_block = config.attention, config.attention_block
         self.dtype = L.to_dtype(config.dtype)
         pd = L.to_dtype(config.param_dtype)
         d, f, n, depth = v.hidden_size, v.intermediate_size, len(v.deepstack_visual_indexes), v.depth
@@ -206,7 +208,9 @@ class VisionTower(nnx.Module):
         q, k, val = qkv[:, 0], qkv[:, 1], qkv[:, 2]
         q = L.apply_rotary(q.astype(jnp.float32), cos, sin).astype(x.dtype)
         k = L.apply_rotary(k.astype(jnp.float32), cos, sin).astype(x.dtype)
-        outputs = [L.dot_attention(q[g], k[g], val[g], None).reshape(-1, v.num_heads, v.head_dim)
+        # each group: [segments, segment length] patch indices, one attention per segment
+        outputs = [attend(q[g], k[g], val[g], AttentionMask.full(*g.shape, g.shape[1]),
+                          self.attention_impl, block=self.attention_block).reshape(-1, v.num_heads, v.head_dim)
                    for g in groups]
         attn = jnp.concatenate(outputs, axis=0)[inverse].reshape(n, d)
         x = x + L.dense(attn, params["proj_kernel"], params["proj_bias"])

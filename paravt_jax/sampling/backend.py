@@ -1,0 +1,105 @@
+"""The sampler's per-backend policy: weight layouts, matmul forms and attention block sizes.
+
+The model (models/qwen3_vl/text.py) keeps the math; the choices here only change how fast the
+sampler's prefill and decode run on one platform, never what they compute:
+  - decode weights: per-layer copies with the projections stored [out, in], q/k/v and gate/up
+    fused into one weight each where no device holds a slice of their output axis (fewer,
+    wider matmuls at decode's few rows), and an untied lm head as [vocab, D];
+  - weight-first matmuls on XLA:CPU: weight @ x^T for few rows and a large weight;
+  - the prefill's attention block, sized from a score budget per backend.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# Projections that read the same input, stored as one [sum(out), in] weight.
+FUSED = {("q_proj", "k_proj", "v_proj"): "qkv_t", ("gate_proj", "up_proj"): "gate_up_t"}
+
+
+class DecodeWeights(NamedTuple):
+    """Weight copies laid out for the sampler (see decode_weights)."""
+    layers: tuple  # per-layer parameter dicts, projections [out, in] under `<name>_t`
+    head_t: jax.Array | None  # the untied lm head [vocab, D]; None when tied to the embeddings
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerBackend:
+    """weight_first_max_rows / weight_first_min_bytes: matmuls of at most this many rows with
+    a weight of at least this many bytes run as weight @ x^T (0 rows = never). XLA:CPU streams
+    a weight that does not fit its caches 1.1-1.3x faster that way at decode's few rows
+    (measured at 4-32 rows). prefill_score_bytes: the float32 score block budget of a blockwise
+    prefill: cache-sized on XLA:CPU (8 MB measured fastest of 2, 8 and 16 MB), 256 MB on
+    accelerators, where every block is a few kernel launches."""
+    weight_first_max_rows: int
+    weight_first_min_bytes: int
+    prefill_score_bytes: int
+
+    def matmul_t(self, x: jax.Array, weight_t: jax.Array) -> jax.Array:
+        """x [..., in] @ weight_t [out, in]^T -> [..., out]."""
+        weight_t = weight_t.astype(x.dtype)
+        if (np.prod(x.shape[:-1]) <= self.weight_first_max_rows
+                and weight_t.size * weight_t.dtype.itemsize >= self.weight_first_min_bytes):
+            return jnp.moveaxis(jnp.einsum("oi,...i->o...", weight_t, x), 0, -1)
+        return jnp.einsum("...i,oi->...o", x, weight_t)
+
+    def project(self, x: jax.Array, params: dict, names: tuple[str, ...],
+                sizes: tuple[int, ...]) -> tuple[jax.Array, ...]:
+        """(x @ kernel for each name) from `decode_weights`' layouts: the fused [sum(sizes), in]
+        weight when present, else each `<name>_t` [out, in]."""
+        fused = FUSED.get(names)
+        if fused in params:
+            y = self.matmul_t(x, params[fused])
+            return tuple(jnp.split(y, np.cumsum(sizes)[:-1].tolist(), axis=-1))
+        return tuple(self.matmul_t(x, params[name + "_t"]) for name in names)
+
+    def logits(self, lang, hidden: jax.Array, weights: DecodeWeights) -> jax.Array:
+        """The decoder's output logits from the [vocab, D] head copy (XLA:CPU multiplies it
+        ~1.4x faster at 8-32 rows than the [D, vocab] kernel)."""
+        head_t = lang.head() if weights.head_t is None else weights.head_t
+        return self.matmul_t(lang.final_norm(hidden), head_t)
+
+    def prefill_block(self, rows: int, heads: int, max_block: int) -> int:
+        """The largest power-of-two attention block (>= 16, <= max_block) whose float32 score
+        block [rows, heads, block, block] fits prefill_score_bytes."""
+        block = 16
+        while block * 2 <= max_block and rows * heads * (block * 2) ** 2 * 4 <= self.prefill_score_bytes:
+            block *= 2
+        return block
+
+
+def decode_weights(lang, fuse: bool) -> DecodeWeights:
+    """Per-layer copies of the decoder weights, projections stored [out, in] under `<name>_t`;
+    with `fuse`, q/k/v and gate/up as one [sum(out), in] weight each (`FUSED`).
+
+    XLA:CPU and XLA:GPU copy a slice of a stacked weight that feeds a matmul; inside the
+    sampler's decode loop that meant reading and writing the decoder weights once more per
+    token, so the Sampler builds these buffers once and passes them in. Fusing suits weights
+    whose output axis is not split over devices (the split of a fused output would not line up
+    with the shards)."""
+    stacked = lang.layer_params()
+    fused_names = {n for names in FUSED for n in names} if fuse else set()
+    layers = []
+    for i in range(lang.config.num_hidden_layers):
+        layer = {name: p[i] for name, p in stacked.items() if name not in PROJECTIONS}
+        layer.update({name + "_t": stacked[name][i].T for name in PROJECTIONS if name not in fused_names})
+        if fuse:
+            layer.update({fused: jnp.concatenate([stacked[n][i].T for n in names], axis=0)
+                          for names, fused in FUSED.items()})
+        layers.append(layer)
+    return DecodeWeights(tuple(layers), None if lang.tie_word_embeddings else lang.head())
+
+
+def backend_policy(platform: str | None = None, prefill_score_bytes: int = 0) -> SamplerBackend:
+    """The policy for `platform` (default: jax's default backend); prefill_score_bytes 0 = the
+    platform's default."""
+    platform = platform or jax.default_backend()
+    cpu = platform == "cpu"
+    return SamplerBackend(weight_first_max_rows=64 if cpu else 0,
+                          weight_first_min_bytes=1 << 20,
+                          prefill_score_bytes=prefill_score_bytes or ((8 << 20) if cpu else (256 << 20)))
