@@ -68,6 +68,13 @@ def get_config(arg: str = "synthetic") -> ml_collections.ConfigDict:
     c.crop_max_pixels = 81920
     c.think_prefix = False
     c.overview_timestamps = False
+    # Charades-STA's overview: "video" = one Qwen3-VL video item (the reference sends the video
+    # file, which the server decodes to 32 frames resized within the checkpoint's video budget
+    # of 4096..25165824 total pixels) | "images" = K bare image items like the other benchmarks.
+    c.grounding_visual = "video"  # video | images
+    c.video_frames = 32
+    c.video_min_pixels = 4096
+    c.video_max_pixels = 25165824
     c.video_path_line = "space_if_absent"  # space_if_absent | newline | none
     c.frames_response = "images_first"  # images_first | timestamped
     c.malformed = "ignore"  # ignore | respond

@@ -82,6 +82,8 @@ RULES: dict[str, Rule] = {
     "limit": integer(0), "nframes": integer(1), "max_turns": integer(0), "max_parallel": integer(1),
     "max_new_tokens": integer(1), "batch_size": integer(1), "mcq_answer_tokens": integer(1),
     "grounding_answer_tokens": integer(1), "dispatch": one_of(("parallel", "sequential")),
+    "grounding_visual": one_of(("video", "images")), "video_frames": integer(1),
+    "video_min_pixels": integer(1), "video_max_pixels": integer(1),
 }
 
 

@@ -22,7 +22,7 @@ from paravt_jax.sampling.sampler import Sampler
 from paravt_jax.text import chat
 from paravt_jax.text.inputs import ModelInputs, encode, encode_ids
 from paravt_jax.text.tokenizer import Tokenizer
-from paravt_jax.video.reader import VideoError, read_frames
+from paravt_jax.video.reader import VideoError, read_frames, read_video_item
 
 MODES = ("subagent", "frames", "sequential")
 FRAMES_RESPONSES = ("timestamped", "images_first")
@@ -61,6 +61,13 @@ class RolloutConfig:
     # "<t seconds>" text before each overview frame (the RL workflow); False: bare images
     # (the evaluation driver).
     overview_timestamps: bool = True
+    # How the overview is sent: "images" (image items; the above) or "video" (one Qwen3-VL video
+    # item of overview_video_frames frames whose total pixels lie in the video budget below;
+    # the reference's Charades-STA protocol).
+    overview_visual: str = "images"
+    overview_video_frames: int = 32
+    overview_video_min_pixels: int = 4096
+    overview_video_max_pixels: int = 25165824
     video_path_line: str = "newline"  # newline | space_if_absent | none (chat.with_video_path)
     tool_layout: str = "flat"  # the injected tool schema: flat (RL workflow) | object (eval, SFT data)
     # Frames-mode tool responses. timestamped: `<tool_response>\nN frames from S s to E s.\n`, the
@@ -99,6 +106,7 @@ class RolloutConfig:
                                      ("malformed", self.malformed, CALL_HANDLING),
                                      ("extra_calls", self.extra_calls, CALL_HANDLING),
                                      ("video_path_line", self.video_path_line, chat.VIDEO_PATH_LINES),
+                                     ("overview_visual", self.overview_visual, chat.VISUALS),
                                      ("tool_layout", self.tool_layout, chat.TOOL_LAYOUTS)):
             if value not in allowed:
                 raise ValueError(f"rollout {name} {value!r}: expected one of {allowed}")
@@ -204,7 +212,10 @@ def overview_prompts(episodes: Sequence[Episode], tokenizer: Tokenizer, config: 
     """Reads every episode's K overview frames concurrently and builds its ParaVT prompt."""
     def build(ep: Episode):
         pixels = dict(min_pixels=config.overview_min_pixels, max_pixels=config.overview_max_pixels)
-        if ep.nframes > 0:
+        if config.overview_visual == "video":
+            clip = read_video_item(ep.video_path, config.overview_video_frames,
+                                   config.overview_video_min_pixels, config.overview_video_max_pixels)
+        elif ep.nframes > 0:
             clip = read_frames(ep.video_path, nframes=ep.nframes, **pixels)
         else:
             clip = read_frames(ep.video_path, fps=config.overview_fps, max_frames=config.overview_max_frames,
@@ -215,10 +226,10 @@ def overview_prompts(episodes: Sequence[Episode], tokenizer: Tokenizer, config: 
         else:
             system = ep.system_prompt
         video_name = os.path.basename(ep.video_path) if config.tools else None
-        messages = chat.paravt_messages(ep.question, clip.frames,
-                                        clip.timestamps if config.overview_timestamps else None,
+        stamped = config.overview_timestamps or config.overview_visual == "video"
+        messages = chat.paravt_messages(ep.question, clip.frames, clip.timestamps if stamped else None,
                                         video_name=video_name, tools=tools, system_text=system,
-                                        video_path_line=config.video_path_line)
+                                        video_path_line=config.video_path_line, visual=config.overview_visual)
         prefix = THINK_PREFIX if config.think_prefix else ""
         return encode(chat.render(messages, add_generation_prompt=True, assistant_prefix=prefix),
                       tokenizer), clip.metadata.duration

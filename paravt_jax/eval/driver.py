@@ -33,6 +33,7 @@ from paravt_jax.eval import prompts, scoring
 from paravt_jax.files import write_json_atomic
 from paravt_jax.rl import rewards as R
 from paravt_jax.rl.episode_stats import calls_per_tool_turn
+from paravt_jax.text.chat import VISUALS
 
 DISPATCH = ("parallel", "sequential")
 
@@ -57,6 +58,15 @@ class DriverConfig:
     crop_min_pixels: int = 65536
     crop_max_pixels: int = 81920
     think_prefix: bool = False  # the reference evaluates without a forced <think>
+    # How the overview is sent: images (K image items) | video (one Qwen3-VL video item of
+    # video_frames frames whose total T*H*W lies in [video_min_pixels, video_max_pixels]: what a
+    # serving engine makes of the video file the reference sends for Charades-STA, decoded
+    # with its default 32 frames and resized by the checkpoint's video processor budget).
+    # evaluate_command sets it per benchmark (config.grounding_visual for charades).
+    overview_visual: str = "images"
+    video_frames: int = 32
+    video_min_pixels: int = 4096
+    video_max_pixels: int = 25165824
     # The reference driver's protocol (docs/eval.md); the alternatives are this project's.
     overview_timestamps: bool = False  # True: "<t seconds>" before every overview frame
     video_path_line: str = "space_if_absent"  # space_if_absent | newline | none
@@ -70,8 +80,11 @@ class DriverConfig:
         prompts.prompt_mode(self.prompt_mode)  # validates the name
         if self.dispatch not in DISPATCH:
             raise ValueError(f"dispatch {self.dispatch!r}: expected one of {DISPATCH}")
-        if self.batch_size < 1 or self.nframes < 1:
-            raise ValueError(f"batch_size={self.batch_size} and nframes={self.nframes} must be >= 1")
+        if self.batch_size < 1 or self.nframes < 1 or self.video_frames < 1:
+            raise ValueError(f"batch_size={self.batch_size}, nframes={self.nframes} and video_frames="
+                             f"{self.video_frames} must be >= 1")
+        if self.overview_visual not in VISUALS:
+            raise ValueError(f"overview_visual {self.overview_visual!r}: expected one of {VISUALS}")
 
 
 # ----------------------------------------------------------------------------- one batch
@@ -85,6 +98,8 @@ def rollout_config(config: DriverConfig, question_type: str) -> RolloutConfig:
         temperature=0.0, think_prefix=config.think_prefix, tools=mode.tools,
         overview_min_pixels=config.overview_min_pixels, overview_max_pixels=config.overview_max_pixels,
         overview_timestamps=config.overview_timestamps, video_path_line=config.video_path_line,
+        overview_visual=config.overview_visual, overview_video_frames=config.video_frames,
+        overview_video_min_pixels=config.video_min_pixels, overview_video_max_pixels=config.video_max_pixels,
         frames_response=config.frames_response, malformed=config.malformed, extra_calls=config.extra_calls,
         final_answer=mode.tools, final_answer_tokens=answer_tokens,
         final_answer_instruction=prompts.final_instruction(question_type, texts), system_prompt=mode.system)
@@ -361,6 +376,12 @@ def evaluate_command(config, output_dir: str, *, shard_id: int = 0, num_shards: 
     def prompt_mode_for(name: str) -> str:
         return config.grounding_prompt_mode if name == "charades" else config.prompt_mode
 
+    def protocol_for(name: str) -> dict:
+        """The per-benchmark protocol: Charades-STA has its own prompt mode and overview."""
+        grounding = name == "charades"
+        return dict(prompt_mode=prompt_mode_for(name),
+                    overview_visual=config.grounding_visual if grounding else "images")
+
     benchmarks = load_benchmarks(config, prompt_mode_for, limit or config.limit, assets.data_dir)
     summaries: dict[str, dict] = {}
     comparison: dict[str, dict[str, dict]] = {}
@@ -371,13 +392,13 @@ def evaluate_command(config, output_dir: str, *, shard_id: int = 0, num_shards: 
             for batch in batches(list(enumerate(benchmark.samples)), config.batch_size):
                 warm.setdefault(batch[0][1].question_type, batch)
             for dispatch in arms:
-                driver = driver_config(config, prompt_mode=prompt_mode_for(benchmark.name), dispatch=dispatch)
+                driver = driver_config(config, **protocol_for(benchmark.name), dispatch=dispatch)
                 with crop_dispatcher(driver) as dispatcher:
                     for batch in warm.values():
                         evaluate_batch(sampler, tokenizer, batch, driver, dispatcher)
         for dispatch in arms:
             directory = os.path.join(output_dir, dispatch) if compare else output_dir
-            driver = driver_config(config, prompt_mode=prompt_mode_for(benchmark.name), dispatch=dispatch)
+            driver = driver_config(config, **protocol_for(benchmark.name), dispatch=dispatch)
             summary = run_dataset(sampler, tokenizer, benchmark, driver, directory, shard_id=shard_id,
                                   num_shards=num_shards)
             write_summary_all(directory, {benchmark.name: summary})

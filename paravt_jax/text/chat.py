@@ -1,9 +1,10 @@
 """Chat rendering (Qwen3-VL template semantics), the tools system prompt and the ParaVT prompt.
 
-Messages render to a list of segments: `Text` (may contain special-token strings) and
-`Image` (one frame). Adjacent text is merged before tokenisation, and every image is
-bounded by `<|vision_start|>`/`<|vision_end|>`, so encoding segment by segment gives the
-same ids as tokenising the whole expanded prompt string.
+Messages render to a list of segments: `Text` (may contain special-token strings), `Image`
+(one frame) and `Video` (frames with their timestamps: Qwen3-VL's video item). Adjacent text
+is merged before tokenisation, and every image and video is bounded by
+`<|vision_start|>`/`<|vision_end|>`, so encoding segment by segment gives the same ids as
+tokenising the whole expanded prompt string.
 """
 from __future__ import annotations
 
@@ -25,7 +26,25 @@ class Image:
     frame: np.ndarray  # uint8 [H, W, 3], sides multiples of 32
 
 
-Segment = Text | Image
+@dataclasses.dataclass(frozen=True, eq=False)
+class Video:
+    """One video item: frames uint8 [T, H, W, 3] (sides multiples of 32, all frames one size)
+    and timestamps [T] in seconds (source frame index / the video's fps)."""
+    frames: np.ndarray
+    timestamps: np.ndarray
+
+    def __post_init__(self):
+        frames = np.asarray(self.frames)
+        if frames.ndim != 4 or frames.shape[-1] != 3 or not len(frames):
+            raise ValueError(f"video item: frames must be a non-empty [T, H, W, 3], got {frames.shape}")
+        if len(self.timestamps) != len(frames):
+            raise ValueError(f"video item: {len(frames)} frames but {len(self.timestamps)} timestamps")
+
+
+Segment = Text | Image | Video
+VISUALS = ("images", "video")  # how an overview is sent: image items | one video item
+PLACEHOLDERS = {Image: "<|vision_start|><|image_pad|><|vision_end|>",
+                Video: "<|vision_start|><|video_pad|><|vision_end|>"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,9 +115,9 @@ def render(messages: Sequence[Message], add_generation_prompt: bool = False,
         for item in message.content:
             if isinstance(item, Text):
                 out.append(Text(item.text, trainable=message.role == "assistant"))
-            elif isinstance(item, Image):
+            elif isinstance(item, (Image, Video)):
                 if message.role == "assistant":
-                    raise ValueError("assistant messages cannot hold images")
+                    raise ValueError("assistant messages cannot hold images or videos")
                 out.append(item)
             else:
                 raise TypeError(f"message content item of type {type(item).__name__}")
@@ -136,18 +155,32 @@ def with_video_path(question: str, video_name: str | None, style: str = "newline
     return question if "video path" in question.lower() else f"{question} {sentence}"
 
 
+def overview_segments(frames: np.ndarray, timestamps: Sequence[float] | None,
+                      visual: str = "images") -> list[Segment]:
+    """The overview as image items (`frames_as_images`) or as one video item (which needs the
+    timestamps: Qwen3-VL writes each temporal group's time before it)."""
+    if visual not in VISUALS:
+        raise ValueError(f"overview visual {visual!r}: expected one of {VISUALS}")
+    if visual == "images":
+        return frames_as_images(frames, timestamps)
+    if timestamps is None:
+        raise ValueError("a video item needs its frames' timestamps")
+    return [Video(np.asarray(frames), np.asarray(timestamps, np.float64))]
+
+
 def paravt_messages(question: str, frames: np.ndarray, timestamps: Sequence[float] | None,
                     video_name: str | None = None, tools: Sequence[dict] = (CROP_VIDEO_TOOL,),
-                    system_text: str = "", video_path_line: str = "newline") -> list[Message]:
-    """System + user turn: the overview frames as images (timestamped, or bare with timestamps
-    None), then the question. The tool schema is appended to `system_text` (after a blank
-    line) unless that text already holds a `<tools>` block, as the reference does with a data
-    row's own system prompt."""
+                    system_text: str = "", video_path_line: str = "newline",
+                    visual: str = "images") -> list[Message]:
+    """System + user turn: the overview (`overview_segments`: images, timestamped or bare with
+    timestamps None, or one video item), then the question. The tool schema is appended to
+    `system_text` (after a blank line) unless that text already holds a `<tools>` block, as
+    the reference does with a data row's own system prompt."""
     schema = tools_system_prompt(tools) if tools and "<tools>" not in system_text else ""
     system = "\n\n".join(t for t in (system_text, schema) if t)
     messages = [Message.of("system", system)] if system else []
     question_text = with_video_path(question, video_name, video_path_line)
-    messages.append(Message("user", tuple(frames_as_images(frames, timestamps)) + (Text(question_text),)))
+    messages.append(Message("user", (*overview_segments(frames, timestamps, visual), Text(question_text))))
     return messages
 
 
@@ -165,10 +198,9 @@ def tool_response_messages(responses: Sequence[str | Sequence[Segment]]) -> list
 
 
 def placeholder_text(segments: Sequence[Segment]) -> str:
-    """The prompt string with each image as the template's single-pad placeholder (what an HF
-    processor expands); useful for logging and cross-checks."""
-    return "".join(s.text if isinstance(s, Text) else "<|vision_start|><|image_pad|><|vision_end|>"
-                   for s in segments)
+    """The prompt string with each image and video as the template's single-pad placeholder
+    (what an HF processor expands); useful for logging and cross-checks."""
+    return "".join(s.text if isinstance(s, Text) else PLACEHOLDERS[type(s)] for s in segments)
 
 
 def segment_instruction(start: float, end: float) -> str:

@@ -7,10 +7,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from paravt_jax.models.qwen3_vl.rope import IMAGE, TEXT, VIDEO, sequence_positions
-from paravt_jax.text.chat import Image, Segment, Text
+from paravt_jax.models.qwen3_vl.rope import IMAGE, TEXT, VIDEO, sequence_positions, split_video_grids
+from paravt_jax.text.chat import Image, Segment, Text, Video
 from paravt_jax.text.tokenizer import Tokenizer
-from paravt_jax.video.frames import llm_tokens, patchify_image
+from paravt_jax.video.frames import group_times, llm_tokens, patchify_image, patchify_video
 
 PATCH_DIM = 1536
 
@@ -91,10 +91,15 @@ def _merge_text(segments: Sequence[Segment]) -> list[Segment]:
 def encode(segments: Sequence[Segment], tokenizer: Tokenizer, start_position: int = 0,
            spatial_merge_size: int = 2) -> ModelInputs:
     """Segments -> ModelInputs. Images become `<|vision_start|>` + pads + `<|vision_end|>`
-    (the template's placeholder expanded to (h/32)*(w/32) pads) and merge-block patches."""
+    (the template's placeholder expanded to (h/32)*(w/32) pads) and merge-block patches.
+    A video becomes the template's `<|vision_start|>...<|vision_end|>` around, per temporal
+    group of two frames, `<t seconds>` (one decimal) + `<|vision_start|>` + (h/32)*(w/32)
+    video pads + `<|vision_end|>`: the Qwen3-VL processor's layout (transformers >= 5.10
+    expands only the video pad, keeping the outer pair), each group one row of rope grid."""
     sp = tokenizer.special
     ids, types, loss = [], [], []
     pixels, grids = [], []
+    video_pixels, video_grids = [], []
     for seg in _merge_text(segments):
         if isinstance(seg, Text):
             piece = tokenizer.encode(seg.text)
@@ -109,19 +114,36 @@ def encode(segments: Sequence[Segment], tokenizer: Tokenizer, start_position: in
             loss += [0] * (n + 2)
             pixels.append(pv)
             grids.append(grid)
+        elif isinstance(seg, Video):
+            pv, grid = patchify_video(seg.frames)
+            n = llm_tokens((1, *grid[1:]), spatial_merge_size)
+            piece = [sp.vision_start]
+            kinds = [TEXT]
+            for seconds in group_times(seg.timestamps):
+                stamp = tokenizer.encode(f"<{seconds:.1f} seconds>")
+                piece += stamp + [sp.vision_start] + [sp.video_pad] * n + [sp.vision_end]
+                kinds += [TEXT] * (len(stamp) + 1) + [VIDEO] * n + [TEXT]
+            piece.append(sp.vision_end)
+            kinds.append(TEXT)
+            ids += piece
+            types += kinds
+            loss += [0] * len(piece)
+            video_pixels.append(pv)
+            video_grids.append(grid)
         else:
             raise TypeError(f"segment of type {type(seg).__name__}")
     types_arr = np.asarray(types, np.int32)
     image_grid = np.asarray(grids, np.int64).reshape(-1, 3)
-    positions = sequence_positions(types_arr, {IMAGE: list(image_grid), VIDEO: []},
+    video_grid = np.asarray(video_grids, np.int64).reshape(-1, 3)
+    positions = sequence_positions(types_arr, {IMAGE: list(image_grid), VIDEO: list(split_video_grids(video_grid))},
                                    {IMAGE: 0, VIDEO: 0}, start_position, spatial_merge_size)
     return ModelInputs(
         input_ids=np.asarray(ids, np.int32), mm_token_type_ids=types_arr,
         loss_mask=np.asarray(loss, np.int32), position_ids=positions,
         pixel_values=np.concatenate(pixels) if pixels else np.zeros((0, PATCH_DIM), np.float32),
         image_grid_thw=image_grid,
-        pixel_values_videos=np.zeros((0, PATCH_DIM), np.float32),
-        video_grid_thw=np.zeros((0, 3), np.int64),
+        pixel_values_videos=np.concatenate(video_pixels) if video_pixels else np.zeros((0, PATCH_DIM), np.float32),
+        video_grid_thw=video_grid,
         next_position=int(positions.max()) + 1 if positions.size else start_position,
     )
 

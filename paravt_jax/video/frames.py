@@ -40,6 +40,34 @@ def smart_resize(height: int, width: int, factor: int = FACTOR, min_pixels: int 
     return h, w
 
 
+def video_smart_resize(num_frames: int, height: int, width: int, factor: int = FACTOR,
+                       min_pixels: int = 4096, max_pixels: int = 25165824,
+                       temporal: int = TEMPORAL) -> tuple[int, int]:
+    """Target (h, w) of every frame of a video item: the pixel budget [min_pixels, max_pixels]
+    bounds the whole video's T*h*w (T rounded to the temporal patch size), not one frame's.
+    Frames smaller than `factor` are first scaled up to it. Defaults: the Qwen3-VL video
+    processor's budget."""
+    if num_frames < 1 or height < 1 or width < 1:
+        raise ValueError(f"video_smart_resize: video of {num_frames} frames of {height}x{width} must be non-empty")
+    if height < factor or width < factor:
+        scale = max(factor / height, factor / width)
+        height, width = int(height * scale), int(width * scale)
+    if max(height, width) / min(height, width) > MAX_ASPECT:
+        raise ValueError(f"video_smart_resize: aspect ratio of {height}x{width} exceeds {MAX_ASPECT}")
+    frames = max(temporal, round(num_frames / temporal) * temporal)
+    h = round(height / factor) * factor
+    w = round(width / factor) * factor
+    if frames * h * w > max_pixels:
+        beta = math.sqrt(num_frames * height * width / max_pixels)
+        h = max(factor, math.floor(height / beta / factor) * factor)
+        w = max(factor, math.floor(width / beta / factor) * factor)
+    elif frames * h * w < min_pixels:
+        beta = math.sqrt(min_pixels / (num_frames * height * width))
+        h = math.ceil(height * beta / factor) * factor
+        w = math.ceil(width * beta / factor) * factor
+    return h, w
+
+
 def normalize(frames: np.ndarray) -> np.ndarray:
     """uint8 [..., H, W, 3] -> float32 in [-1, 1]."""
     return (frames.astype(np.float32) / 255.0 - 0.5) / 0.5
@@ -72,6 +100,27 @@ def patchify_image(image: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """One image [H, W, 3] -> (pixel_values, grid (1, H/16, W/16)); duplicated to fill T=2."""
     image = np.asarray(image)
     return patchify(np.stack([image] * TEMPORAL))
+
+
+def patchify_video(frames: np.ndarray, temporal: int = TEMPORAL) -> tuple[np.ndarray, np.ndarray]:
+    """A video item's frames [T, H, W, 3] -> (pixel_values, grid (ceil(T/2), H/16, W/16)); an
+    odd T is padded by repeating the last frame, as the Qwen3-VL video processor does."""
+    frames = np.asarray(frames)
+    if frames.ndim != 4 or not len(frames):
+        raise ValueError(f"patchify_video: frames must be a non-empty [T, H, W, 3], got {frames.shape}")
+    if pad := -len(frames) % temporal:
+        frames = np.concatenate([frames, np.repeat(frames[-1:], pad, axis=0)])
+    return patchify(frames, temporal=temporal)
+
+
+def group_times(timestamps, temporal: int = TEMPORAL) -> list[float]:
+    """Seconds of each temporal group of a video item: the mean of its first and last frame's
+    timestamp (the list padded with its last value to a multiple of `temporal`)."""
+    times = [float(t) for t in timestamps]
+    if not times:
+        raise ValueError("group_times: a video item needs at least one timestamp")
+    times += [times[-1]] * (-len(times) % temporal)
+    return [(times[i] + times[i + temporal - 1]) / 2 for i in range(0, len(times), temporal)]
 
 
 def llm_tokens(grid_thw, merge: int = MERGE) -> int:

@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 
-from paravt_jax.video.frames import FACTOR, smart_resize
+from paravt_jax.video.frames import FACTOR, smart_resize, video_smart_resize
 
 FRAME_FACTOR = 2  # frame counts are rounded to the temporal patch size, as the reference does
 DEFAULT_FPS = 2.0
@@ -155,12 +155,16 @@ def sample_indices(first: int, last: int, n: int) -> np.ndarray:
 def resize_frames(frames: np.ndarray, min_pixels: int | None, max_pixels: int | None,
                   factor: int = FACTOR) -> np.ndarray:
     """Bicubic resize of every frame to the smart_resize target (multiples of `factor`)."""
+    height, width = frames.shape[1:3]
+    return _resize_to(frames, *smart_resize(height, width, factor,
+                                            DEFAULT_MIN_PIXELS if min_pixels is None else min_pixels,
+                                            DEFAULT_MAX_PIXELS if max_pixels is None else max_pixels))
+
+
+def _resize_to(frames: np.ndarray, h: int, w: int) -> np.ndarray:
     from PIL import Image
 
     height, width = frames.shape[1:3]
-    h, w = smart_resize(height, width, factor,
-                        DEFAULT_MIN_PIXELS if min_pixels is None else min_pixels,
-                        DEFAULT_MAX_PIXELS if max_pixels is None else max_pixels)
     if (h, w) == (height, width):
         return frames
     return np.stack([np.asarray(Image.fromarray(f).resize((w, h), Image.BICUBIC)) for f in frames])
@@ -185,6 +189,23 @@ def read_frames(path, nframes: int | None = None, fps: float | None = None,
     indices = sample_indices(first, last, n)
     frames = resize_frames(reader.get(indices), min_pixels, max_pixels)
     return Clip(frames=frames, timestamps=indices / meta.fps, indices=indices, metadata=meta)
+
+
+def read_video_item(path, nframes: int, min_pixels: int, max_pixels: int, num_threads: int = 1) -> Clip:
+    """The frames of a Qwen3-VL video item as a serving engine decodes a video file: `nframes`
+    indices spread over the whole video and truncated to integers (every frame when the video
+    has fewer), all resized (bicubic) to one size whose total T*h*w lies in
+    [min_pixels, max_pixels] (`video_smart_resize`). Timestamps are frame index / fps."""
+    if nframes < 1:
+        raise ValueError(f"nframes={nframes} must be >= 1")
+    reader = VideoReader(path, num_threads=num_threads)
+    meta = reader.metadata
+    total = meta.num_frames
+    indices = (np.arange(total, dtype=np.int64) if total <= nframes
+               else np.linspace(0, total - 1, nframes).astype(np.int64))
+    frames = reader.get(indices)
+    h, w = video_smart_resize(len(frames), *frames.shape[1:3], min_pixels=min_pixels, max_pixels=max_pixels)
+    return Clip(frames=_resize_to(frames, h, w), timestamps=indices / meta.fps, indices=indices, metadata=meta)
 
 
 def video_metadata(path) -> VideoMetadata:
