@@ -24,7 +24,6 @@ from paravt_jax.train.batch import micro_batch_plan, pack, planned_micro_batches
 from paravt_jax.train.loop import LoopConfig, UnreadableDataError, data_indices, run_loop
 from paravt_jax.train.step import OptimizerConfig, TrainStep
 
-
 REWARD_TEXTS = ("turns", "released", "completion")
 
 
