@@ -62,7 +62,8 @@ RULES: dict[str, Rule] = {
     "sft.nframes": integer(1), "sft.max_pixels": integer(784), "sft.checkpoint_every": integer(0),
     # PARA-GRPO
     "rl.steps": integer(0), "rl.prompts_per_step": integer(1), "rl.samples_per_prompt": integer(1),
-    "rl.micro_batches": integer(1), "rl.max_tokens_per_micro_batch": integer(0), "rl.checkpoint_every": integer(0), "rl.eval_every": integer(0),
+    "rl.micro_batches": integer(1), "rl.max_tokens_per_micro_batch": integer(0),
+    "rl.checkpoint_every": integer(0), "rl.eval_every": integer(0),
     "rl.max_bad_steps": integer(1), "rl.nframes_choices": integers(1), "rl.default_nframes": integer(0),
     "rl.optimizer.learning_rate": positive(), "rl.optimizer.weight_decay": non_negative(),
     "rl.optimizer.grad_clip": non_negative(), "rl.optimizer.warmup_steps": integer(0),
