@@ -74,7 +74,7 @@ def main(argv=None):
     parser.add_argument("--speed-lengths", default="1024,2048", help="timed lengths ('' = none)")
     parser.add_argument("--attention", default="blockwise,dense", help="implementations compared")
     parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3, help="timed steps after the first (0: time the first)")
     parser.add_argument("--remat", action="store_true")
     args = parser.parse_args(argv)
 
@@ -116,12 +116,12 @@ def main(argv=None):
                     jax.clear_caches()
                     continue
                 compile_s = time.perf_counter() - start
-                times = []
+                times = [compile_s]  # --repeats 0: the first step, compile included
                 for _ in range(args.repeats):
                     start = time.perf_counter()
                     state, _ = step.step(state, batches)
                     times.append(time.perf_counter() - start)
-                t = min(times)
+                t = min(times[1:] or times)
                 tokens = args.batch * length
                 params, _, layers, _ = model_costs(model.config)
                 qd = model.config.text.num_attention_heads * model.config.text.head_dim

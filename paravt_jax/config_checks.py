@@ -56,12 +56,14 @@ RULES: dict[str, Rule] = {
     "demo.frames": integer(1), "demo.repeats": integer(1),
     # cold-start SFT
     "sft.steps": integer(0), "sft.batch_size": integer(1), "sft.micro_batches": integer(1),
+    "sft.max_tokens_per_micro_batch": integer(0),
     "sft.optimizer.learning_rate": positive(), "sft.optimizer.weight_decay": non_negative(),
     "sft.optimizer.grad_clip": non_negative(), "sft.optimizer.warmup_steps": integer(0),
     "sft.nframes": integer(1), "sft.max_pixels": integer(784), "sft.checkpoint_every": integer(0),
     # PARA-GRPO
     "rl.steps": integer(0), "rl.prompts_per_step": integer(1), "rl.samples_per_prompt": integer(1),
-    "rl.micro_batches": integer(1), "rl.checkpoint_every": integer(0), "rl.eval_every": integer(0),
+    "rl.micro_batches": integer(1), "rl.max_tokens_per_micro_batch": integer(0),
+    "rl.checkpoint_every": integer(0), "rl.eval_every": integer(0),
     "rl.max_bad_steps": integer(1), "rl.nframes_choices": integers(1), "rl.default_nframes": integer(0),
     "rl.optimizer.learning_rate": positive(), "rl.optimizer.weight_decay": non_negative(),
     "rl.optimizer.grad_clip": non_negative(), "rl.optimizer.warmup_steps": integer(0),

@@ -192,6 +192,7 @@ def test_resolve_per_backend_and_fallback():
         preset("tiny", attention_block=4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attention", ["blockwise", "splash"])
 def test_model_forward_and_gradient_independent_of_attention(attention):
     """The text decoder (a padded row) and the vision tower give the same logits and parameter

@@ -139,8 +139,11 @@ def test_short_sft_lowers_its_loss(dataset, tmp_path):
     assert losses[-1] < losses[0] - 0.3, losses
 
 
-@pytest.mark.parametrize("anchor_mode,gating", [("token", True), ("sequence", True), ("token", False)])
-def test_two_rl_steps(dataset, tmp_path, anchor_mode, gating):
+@pytest.mark.parametrize("anchor_mode,gating,max_tokens", [("token", True, 0), ("sequence", True, 0),
+                                                            ("token", False, 0), ("token", True, 1)])
+def test_two_rl_steps(dataset, tmp_path, anchor_mode, gating, max_tokens):
+    """Two RL steps; max_tokens=1: token-budget micro-batches (each row its own micro-batch,
+    episodes packed into rows), with the padding fraction logged."""
     root, ds, tok = dataset
     rows, _ = load_rl_rows(ds.rl_train, root)
     config = RLConfig(steps=2, prompts_per_step=2, samples_per_prompt=2, nframes_gating=gating,
@@ -148,11 +151,12 @@ def test_two_rl_steps(dataset, tmp_path, anchor_mode, gating):
                       rollout=RolloutConfig(max_turns=1, max_new_tokens=12, subagent_max_tokens=8,
                                             overview_max_pixels=64 * 96),
                       reward=RewardConfig(), advantage=AdvantageConfig(anchor_mode=anchor_mode),
-                      optimizer=OptimizerConfig(learning_rate=1e-4))
+                      optimizer=OptimizerConfig(learning_rate=1e-4), max_tokens_per_micro_batch=max_tokens)
     _, result = train_rl(init_model(preset("tiny"), seed=2), tok, rows, str(tmp_path), config)
     assert result.steps_done == 2 and len(result.history) == 2
     for h in result.history:
         assert h["rollouts"] == 4 and np.isfinite(h["loss"]) and not h["skipped"]
+        assert 0 <= h["padding_fraction"] < 1
         drawn = {k for k in h if k.startswith("nframes_")}
         assert drawn <= ({"nframes_2", "nframes_4"} if gating else {"nframes_4"})
         assert ("anchor/positions" in h) == (anchor_mode == "token")

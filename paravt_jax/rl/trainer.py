@@ -20,7 +20,7 @@ from paravt_jax.rl.advantages import AdvantageConfig, compute_advantages
 from paravt_jax.rl.episode_stats import summarize
 from paravt_jax.rl.objective import StepConfig, policy_head, policy_loss
 from paravt_jax.sampling import Sampler, SamplerConfig
-from paravt_jax.train.batch import micro_batches, pack
+from paravt_jax.train.batch import micro_batch_plan, pack, planned_micro_batches
 from paravt_jax.train.loop import LoopConfig, UnreadableDataError, data_indices, run_loop
 from paravt_jax.train.step import OptimizerConfig, TrainStep
 
@@ -88,6 +88,10 @@ class RLConfig:
     prompts_per_step: int = 2
     samples_per_prompt: int = 4
     micro_batches: int = 1
+    # > 0: micro-batches of at most this many tokens, short episodes packed into shared rows
+    # (segment ids, each episode its own positions), a long one alone in its row;
+    # micro_batches is then unused
+    max_tokens_per_micro_batch: int = 0
     seed: int = set_by(0, "seed (the top of the config)")
     nframes_gating: bool = True
     # K with gating off; 0 = the overview sampled at rollout.overview_fps, at most
@@ -208,17 +212,17 @@ def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge
         behaviour = packed.extras["behaviour_logp"]
         # Micro-batches (with their vision inputs) are built once, for the reference pass and
         # the update; the advantages and proximal log-probs are filled in between.
-        batches = micro_batches(packed, config.micro_batches, model.config.vision, {"behaviour_logp": behaviour})
+        plan = micro_batch_plan(packed, config.micro_batches, config.max_tokens_per_micro_batch)
+        batches = planned_micro_batches(packed, plan, model.config.vision, {"behaviour_logp": behaviour})
         zero = np.zeros(packed.input_ids.shape, np.float32)
-        ref = (np.concatenate([step.reference_logprobs(b, config.step.reference_temperature) for b in batches])
-               if keep_reference else zero)
+        ref = (plan.merge([step.reference_logprobs(b, config.step.reference_temperature) for b in batches],
+                          packed.input_ids.shape[1]) if keep_reference else zero)
         advantages, adv_metrics = compute_advantages(
             seq_rewards, packed.loss_mask, behaviour, ref, config.advantage,
             group_size=G, anchor_rewards=anchor_rewards if token_anchor else None,
             structural_mask=packed.extras["structural_mask"] if token_anchor else None)
-        per_micro = len(rollouts) // config.micro_batches
-        advantages = np.asarray(advantages, np.float32)
-        batches = [b.with_extras(advantages=advantages[i * per_micro:(i + 1) * per_micro],
+        advantages = plan.split(np.asarray(advantages, np.float32))
+        batches = [b.with_extras(advantages=advantages[i],
                                  prox_logp=step.logprobs(state.params, b))  # PPO's "old" policy
                    for i, b in enumerate(batches)]
         state, metrics = step.step(state, batches)
@@ -227,7 +231,8 @@ def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge
         metrics.update({k: float(v) for k, v in adv_metrics.items()})
         tokens = int(packed.loss_mask.sum())
         metrics.update(rollout_s=t1 - t0, reward_s=t2 - t1, train_s=t3 - t2, skipped_episodes=len(skipped),
-                       tokens_per_s=tokens / max(t3 - t0, 1e-9), rollouts=len(rollouts))
+                       tokens_per_s=tokens / max(t3 - t0, 1e-9), rollouts=len(rollouts),
+                       padding_fraction=plan.padding_fraction())
         if usage is not None:  # judge failures this step: those answers were scored by token F1
             metrics["judge_f1_fallbacks"] = usage.failures - failures
         if config.eval_every and eval_rows and (index + 1) % config.eval_every == 0:

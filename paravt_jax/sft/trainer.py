@@ -14,7 +14,7 @@ from paravt_jax import distributed as dist
 from paravt_jax.config import set_by
 from paravt_jax.data.sft_examples import sft_inputs
 from paravt_jax.rl.loss import WeightedMean
-from paravt_jax.train.batch import micro_batches, pack
+from paravt_jax.train.batch import micro_batch_plan, pack, planned_micro_batches
 from paravt_jax.train.loop import LoopConfig, UnreadableDataError, data_indices, run_loop
 from paravt_jax.train.step import HeadConfig, OptimizerConfig, TokenScores, TrainStep
 from paravt_jax.video.reader import VideoError
@@ -35,6 +35,9 @@ class SFTConfig:
     steps: int = 20
     batch_size: int = 4
     micro_batches: int = 1
+    # > 0: micro-batches of at most this many tokens, short examples packed into shared rows
+    # (segment ids); micro_batches is then unused
+    max_tokens_per_micro_batch: int = 0
     seed: int = set_by(0, "seed (the top of the config)")
     nframes: int = 8
     max_pixels: int = 50176
@@ -82,9 +85,9 @@ def train_sft(model, tokenizer, rows: list, video_root: str, workdir: str, confi
             return state, {"unreadable_step": 1.0, "skipped_examples": skipped}
         unreadable["examples"] = 0
         packed = pack(fill_batch(readable, config.batch_size))
-        batches = micro_batches(packed, config.micro_batches, model.config.vision)
-        state, metrics = step.step(state, batches)
-        return state, {**metrics, "skipped_examples": skipped}
+        plan = micro_batch_plan(packed, config.micro_batches, config.max_tokens_per_micro_batch)
+        state, metrics = step.step(state, planned_micro_batches(packed, plan, model.config.vision))
+        return state, {**metrics, "skipped_examples": skipped, "padding_fraction": plan.padding_fraction()}
 
     result = run_loop("sft", workdir, step.init_state(), step_fn,
                       LoopConfig(config.steps, config.checkpoint_every),

@@ -177,16 +177,22 @@ def collate_vision(sequences: Sequence[ModelInputs | None], rows: int, width: in
     """Vision inputs of a right-padded batch: items ordered row by row (each row's images,
     then its videos). Returns (visual_index [rows, width] with -1 for text, pixel values,
     grids), or (None, None, None) when no row holds an image or video."""
+    return collate_vision_placed([(b, 0, s) for b, s in enumerate(sequences)], rows, width)
+
+
+def collate_vision_placed(placements: Sequence[tuple[int, int, ModelInputs | None]], rows: int, width: int):
+    """collate_vision for sequences placed at (row, offset) (several per row when packed):
+    items ordered as the placements (each sequence's images, then its videos)."""
     visual_index = np.full((rows, width), -1, np.int32)
     pixels, grids, offset = [], [], 0
-    for b, s in enumerate(sequences):
+    for b, start, s in placements:
         if s is None or not s.length:
             continue
         for kind, pv, grid in ((IMAGE, s.pixel_values, s.image_grid_thw),
                                (VIDEO, s.pixel_values_videos, s.video_grid_thw)):
             where = np.nonzero(s.mm_token_type_ids == kind)[0]
             if len(where):
-                visual_index[b, where] = offset + np.arange(len(where))
+                visual_index[b, start + where] = offset + np.arange(len(where))
                 offset += len(where)
                 pixels.append(pv)
                 grids.append(grid)

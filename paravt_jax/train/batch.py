@@ -14,11 +14,11 @@ import numpy as np
 
 from paravt_jax.models.qwen3_vl.vision import pad_frames_to_buckets, vision_layout
 from paravt_jax.sampling.kv_cache import bucket
-from paravt_jax.text.inputs import ModelInputs, collate_vision
+from paravt_jax.text.inputs import ModelInputs, collate_vision_placed
 
 # Fields of every batch; an extra may not reuse one of these names.
 TOKEN_FIELDS = ("input_ids", "attention_mask", "position_ids", "loss_mask", "visual_index",
-                "pixel_values", "vision_meta")
+                "pixel_values", "vision_meta", "segment_ids")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +79,10 @@ class TrainBatch:
     pixel_values: np.ndarray | None
     vision_meta: tuple | None
     extras: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    # packed rows: [B, T] int32, the sequence each token belongs to (1, 2, ... per row, 0 =
+    # padding); None when each row holds one sequence (attention_mask then says which tokens
+    # are real)
+    segment_ids: np.ndarray | None = None
 
     def with_extras(self, **extras) -> TrainBatch:
         """A copy with these extras added or replaced."""
@@ -93,35 +97,140 @@ class TrainBatch:
         return tree
 
 
-def _vision(sequences: Sequence[ModelInputs], width: int, vision_config):
-    visual_index, pixels, grids = collate_vision(sequences, len(sequences), width)
-    if pixels is None:
-        return None, None, None
-    pixels, grids = pad_frames_to_buckets(pixels, grids)  # few distinct shapes: few compiles
-    return visual_index, pixels, vision_layout(grids, vision_config).device_arrays()
-
-
 def micro_batches(packed: Packed, num_micro: int, vision_config,
                   extras: Mapping[str, np.ndarray] | None = None) -> list[TrainBatch]:
     """Splits rows into `num_micro` equal micro-batches (rows must divide evenly). extras:
     name -> [N, T] per-token arrays for the loss (not `packed.extras` implicitly: the caller
     chooses what goes to the device), split by rows like the tokens."""
-    extras = dict(extras or {})
-    _check_extra_names(extras)
-    n = packed.input_ids.shape[0]
+    plan = plan_rows([s.length for s in packed.sequences], packed.input_ids.shape[1], num_micro)
+    return planned_micro_batches(packed, plan, vision_config, extras)
+
+
+@dataclasses.dataclass(frozen=True)
+class MicroBatchPlan:
+    """Where every sequence of a `Packed` goes: micro-batch, row and offset.
+
+    placements[m]: one (row, offset, sequence index) per sequence of micro-batch m; rows[m]
+    and width: the micro-batch's [rows, width] shape; lengths: tokens per sequence.
+    `packed`: rows may hold several sequences (segment ids); otherwise one sequence per row at
+    offset 0."""
+    placements: tuple[tuple[tuple[int, int, int], ...], ...]
+    rows: tuple[int, ...]
+    width: int
+    lengths: tuple[int, ...]
+    packed: bool
+
+    def split(self, array: np.ndarray) -> list[np.ndarray]:
+        """A per-token [N, T] array (the Packed layout) -> one [rows, width] array per micro-batch."""
+        out = []
+        for placements, rows in zip(self.placements, self.rows):
+            part = np.zeros((rows, self.width), array.dtype)
+            for row, start, index in placements:
+                part[row, start:start + self.lengths[index]] = array[index, :self.lengths[index]]
+            out.append(part)
+        return out
+
+    def merge(self, parts: Sequence[np.ndarray], width: int) -> np.ndarray:
+        """The inverse of `split`: per-micro-batch [rows, width] arrays -> [N, width] (zeros
+        after each sequence's tokens)."""
+        out = np.zeros((len(self.lengths), width), np.asarray(parts[0]).dtype)
+        for placements, part in zip(self.placements, parts):
+            part = np.asarray(part)
+            for row, start, index in placements:
+                out[index, :self.lengths[index]] = part[row, start:start + self.lengths[index]]
+        return out
+
+    def padding_fraction(self) -> float:
+        """Padding tokens / all tokens of the micro-batches."""
+        return 1.0 - sum(self.lengths) / max(sum(self.rows) * self.width, 1)
+
+
+def plan_rows(lengths: Sequence[int], width: int, num_micro: int) -> MicroBatchPlan:
+    """One sequence per row, rows split into `num_micro` equal micro-batches."""
+    n = len(lengths)
     if n % num_micro:
         raise ValueError(f"{n} rows do not split into {num_micro} micro-batches")
+    size = n // num_micro
+    return MicroBatchPlan(tuple(tuple((i - m * size, 0, i) for i in range(m * size, (m + 1) * size))
+                                for m in range(num_micro)), (size,) * num_micro, width, tuple(lengths),
+                          packed=False)
+
+
+def plan_token_budget(lengths: Sequence[int], max_tokens: int, min_length: int = 16,
+                      multiple: int = 256) -> MicroBatchPlan:
+    """Sequences packed into rows (first fit, longest first) of one bucketed width, the rows
+    grouped into micro-batches of at most `max_tokens` tokens (rows x width; a row longer than
+    the budget is a micro-batch of its own). A sequence longer than every other row's free
+    space sits alone in its row."""
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens_per_micro_batch={max_tokens} must be >= 1")
+    width = bucket(max(lengths), min_length, multiple)
+    free: list[int] = []  # tokens left per row
+    rows: list[list[tuple[int, int]]] = []  # (offset, sequence index)
+    for index in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        row = next((r for r, left in enumerate(free) if left >= lengths[index]), None)
+        if row is None:
+            free.append(width)
+            rows.append([])
+            row = len(rows) - 1
+        rows[row].append((width - free[row], index))
+        free[row] -= lengths[index]
+    per_micro = max(1, max_tokens // width)
+    placements, counts = [], []
+    for start in range(0, len(rows), per_micro):
+        group = rows[start:start + per_micro]
+        placements.append(tuple((r, offset, index) for r, row in enumerate(group) for offset, index in row))
+        counts.append(len(group))
+    return MicroBatchPlan(tuple(placements), tuple(counts), width, tuple(lengths), packed=True)
+
+
+def micro_batch_plan(packed: Packed, num_micro: int, max_tokens: int = 0) -> MicroBatchPlan:
+    """`max_tokens` > 0: token-budget micro-batches of packed rows (`plan_token_budget`, at the
+    width `pack` chose); 0: `num_micro` equal groups of one sequence per row."""
+    lengths = [s.length for s in packed.sequences]
+    width = packed.input_ids.shape[1]
+    if max_tokens:
+        return plan_token_budget(lengths, max_tokens, min_length=width, multiple=width)
+    return plan_rows(lengths, width, num_micro)
+
+
+def planned_micro_batches(packed: Packed, plan: MicroBatchPlan, vision_config,
+                          extras: Mapping[str, np.ndarray] | None = None) -> list[TrainBatch]:
+    """The micro-batches of `plan`: token arrays, extras ([N, T] in the Packed layout) and
+    vision inputs moved to each sequence's (row, offset); with plan.packed, segment ids number
+    the sequences of each row and every sequence keeps its own positions (its 3-D MRoPE
+    positions start again at its first token) and its own loss mask (its first token, which
+    has no prediction within the sequence, excluded)."""
+    extras = dict(extras or {})
+    _check_extra_names(extras)
     for name, array in extras.items():
         if np.shape(array) != packed.input_ids.shape:
             raise ValueError(f"extra {name!r} has shape {np.shape(array)}, the tokens {packed.input_ids.shape}")
-    size = n // num_micro
+    if plan.lengths != tuple(s.length for s in packed.sequences):
+        raise ValueError("the micro-batch plan was made for other sequences")
+    lengths = plan.lengths
+    split = {name: plan.split(np.asarray(packed_array)) for name, packed_array in
+             (("input_ids", packed.input_ids), ("attention_mask", packed.attention_mask),
+              ("loss_mask", packed.loss_mask), *extras.items())}
+    positions = [np.stack(parts, 0) for parts in zip(*(plan.split(p) for p in packed.position_ids))]
     out = []
-    for i in range(num_micro):
-        rows = slice(i * size, (i + 1) * size)
-        visual_index, pixels, meta = _vision(packed.sequences[rows], packed.input_ids.shape[1], vision_config)
+    for m, placements in enumerate(plan.placements):
+        segment_ids = None
+        if plan.packed:
+            segment_ids = np.zeros((plan.rows[m], plan.width), np.int32)
+            seen: dict[int, int] = {}
+            for row, start, index in placements:
+                seen[row] = seen.get(row, 0) + 1
+                segment_ids[row, start:start + lengths[index]] = seen[row]
+        visual_index, pixels, grids = collate_vision_placed(
+            [(row, start, packed.sequences[index]) for row, start, index in placements], plan.rows[m], plan.width)
+        meta = None
+        if pixels is not None:
+            pixels, grids = pad_frames_to_buckets(pixels, grids)
+            meta = vision_layout(grids, vision_config).device_arrays()
         out.append(TrainBatch(
-            input_ids=packed.input_ids[rows], attention_mask=packed.attention_mask[rows],
-            position_ids=packed.position_ids[:, rows], loss_mask=packed.loss_mask[rows],
-            visual_index=visual_index, pixel_values=pixels, vision_meta=meta,
-            extras={name: array[rows] for name, array in extras.items()}))
+            input_ids=split["input_ids"][m], attention_mask=split["attention_mask"][m],
+            position_ids=positions[m], loss_mask=split["loss_mask"][m], visual_index=visual_index,
+            pixel_values=pixels, vision_meta=meta,
+            extras={name: split[name][m] for name in extras}, segment_ids=segment_ids))
     return out

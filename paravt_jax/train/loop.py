@@ -77,10 +77,10 @@ def run_loop(name: str, workdir: str, state, step_fn: Callable, config: LoopConf
     writer = MetricsWriter(workdir, total_steps=config.steps)
     writer.resume(start)
     history, bad = [], 0
-    if start < config.steps:
-        print(f"[{name}] step {start}/{config.steps}: the first step of a run also compiles its programs "
-              f"(minutes for large models)", flush=True)
-    with preemption.deferred():
+    with preemption.deferred():  # from here a signal means: finish the step, checkpoint, stop
+        if start < config.steps:
+            print(f"[{name}] step {start}/{config.steps}: the first step of a run also compiles its programs "
+                  f"(minutes for large models)", flush=True)
         for index in range(start, config.steps):
             t0 = time.perf_counter()
             state, metrics = step_fn(state, index)

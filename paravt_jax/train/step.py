@@ -99,8 +99,11 @@ def token_scores(model: nnx.Module, batch: Mapping[str, Any], head: HeadConfig) 
     embeds = deepstack = None
     if batch["pixel_values"] is not None:
         embeds, deepstack = model.encode_vision(batch["pixel_values"], *batch["vision_meta"])
-    hidden = model.language(batch["input_ids"], batch["attention_mask"], batch["position_ids"],
-                            batch["visual_index"], embeds, deepstack, return_hidden=True)
+    # packed rows (several sequences each) attend within their segment ids
+    packed = batch.get("segment_ids") is not None
+    hidden = model.language(batch["input_ids"], batch["segment_ids"] if packed else batch["attention_mask"],
+                            batch["position_ids"], batch["visual_index"], embeds, deepstack,
+                            return_hidden=True, packed=packed)
     ids = batch["input_ids"]
     b, t, d = hidden.shape
     targets = jnp.concatenate([ids[:, 1:], jnp.zeros((b, 1), ids.dtype)], axis=1)
@@ -202,7 +205,8 @@ class TrainStep:
         if self.mesh is None:
             return tree
         rows = batch.input_ids.shape[0]
-        for key in ("input_ids", "attention_mask", "loss_mask", "visual_index", "position_ids", *batch.extras):
+        for key in ("input_ids", "attention_mask", "segment_ids", "loss_mask", "visual_index", "position_ids",
+                    *batch.extras):
             if tree.get(key) is not None:
                 axis = 1 if key == "position_ids" else 0
                 tree[key] = jax.device_put(tree[key], sh.batch_sharding(self.mesh, tree[key].ndim, axis,
