@@ -200,6 +200,7 @@ def test_charades_gets_the_video_item_by_default():
     assert built.overview_visual == "images" and (built.video_frames, built.video_max_pixels) == (32, 25165824)
 
 
+@pytest.mark.slow
 def test_sampler_prefill_of_a_video_then_an_image_matches_the_forward_pass(tokenizer):
     """The rollout's rows hold the overview video and then crop images: the sampler's batched
     vision inputs must place both as the model's own forward does."""
