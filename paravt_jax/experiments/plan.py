@@ -42,6 +42,7 @@ from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
 
 from paravt_jax import sharding as sh
 from paravt_jax.config import config_path
+from paravt_jax.models.qwen3_vl.attention import DENSE_MAX_SCORE_BYTES
 from paravt_jax.models.qwen3_vl.config import Qwen3VLConfig, load_config, preset
 from paravt_jax.models.qwen3_vl.hf_io import abstract_model
 from paravt_jax.sampling.kv_cache import CacheSpec, bucket, cache_sharding, first_capacity, grown_capacity
@@ -406,6 +407,19 @@ def _rows_per_device(rows: int, mesh) -> int:
     return sharding.shard_shape((rows, 1))[0]
 
 
+def _score_extent(config: Qwen3VLConfig, rows: int, heads: int, queries: int, keys: int) -> tuple[int, int, bool]:
+    """(queries, keys, dense) of the attention scores live at once: the whole [queries, keys]
+    array for dense attention (and for `auto` where it picks dense: a small score array), else
+    one [block, block] tile (blockwise; the fused cuDNN/splash kernels are counted alike, an
+    estimate: their tiles are not measured here)."""
+    implementation = config.attention
+    small = rows * heads * queries * keys * 4 <= DENSE_MAX_SCORE_BYTES
+    if implementation == "dense" or (implementation == "auto" and small):
+        return queries, keys, True
+    block = config.attention_block
+    return min(block, queries), min(block, keys), False
+
+
 def _text_layer_bytes(config: Qwen3VLConfig, rows: int, queries: int, keys: int, tensor: int,
                       attention_bytes: int | None = None) -> int:
     """Working set of one decoder layer for `rows` x `queries` tokens attending to `keys`:
@@ -419,7 +433,10 @@ def _text_layer_bytes(config: Qwen3VLConfig, rows: int, queries: int, keys: int,
     mlp = _divided(t.intermediate_size, tensor)
     groups = max(t.num_attention_heads // t.num_key_value_heads, 1)
     per_score = 4 + c if attention_bytes is None else attention_bytes
-    attention = rows * heads * queries * keys * per_score + rows * queries * keys * (1 + groups)
+    score_queries, score_keys, dense = _score_extent(config, rows, heads, queries, keys)
+    attention = rows * heads * score_queries * score_keys * per_score
+    if dense:  # the [rows, queries, keys] mask, tiled over the query-head groups
+        attention += rows * queries * keys * (1 + groups)
     linear = rows * queries * (6 * t.hidden_size + 3 * (heads + 2 * kv) * t.head_dim + 3 * mlp) * c
     return attention + linear
 
