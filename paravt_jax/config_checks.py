@@ -45,9 +45,12 @@ def one_of(choices) -> Rule:
     return Rule(f"one of {tuple(choices)}", lambda v: v in tuple(choices))
 
 
-def integers(low: int) -> Rule:
-    return Rule(f"a non-empty list of integers >= {low}",
-                lambda v: isinstance(v, (list, tuple)) and len(v) > 0 and all(integer(low).check(x) for x in v))
+def integers(low: int, empty: bool = False) -> Rule:
+    """A list of integers >= low; `empty` allows an empty list (e.g. no evaluation setting)."""
+    kind = "a list" if empty else "a non-empty list"
+    return Rule(f"{kind} of integers >= {low}",
+                lambda v: isinstance(v, (list, tuple)) and (empty or len(v) > 0)
+                and all(integer(low).check(x) for x in v))
 
 
 RULES: dict[str, Rule] = {
@@ -78,7 +81,7 @@ RULES: dict[str, Rule] = {
     "rl.advantage.kl_ctl": non_negative(), "rl.reward.format_weight": non_negative(),
     "rl.reward.mode": one_of(REWARD_MODES),
     # held-out evaluation of `run`, and `generate`
-    "eval.nframes": integers(1), "eval.max_new_tokens": integer(1), "eval.max_turns": integer(0),
+    "eval.nframes": integers(1, empty=True), "eval.max_new_tokens": integer(1), "eval.max_turns": integer(0),
     "eval.limit": integer(0), "generate.nframes": integer(1),
     # the benchmark driver's flat config (configs/eval.py)
     "limit": integer(0), "nframes": integer(1), "max_turns": integer(0), "max_parallel": integer(1),

@@ -56,8 +56,10 @@ def main(out_dir: str, argv: list[str]) -> None:
     writes, rollouts, recording = [], [], {"on": True}
     sys.addaudithook(_record_writes(writes, recording))
     _record_rollouts(rollouts)
-    cli.main(["paravt-jax", *argv])
+    status = cli.main(["paravt-jax", *argv])
     recording["on"] = False
+    if status:
+        sys.exit(status)
     index = distributed.process_index()
     os.makedirs(out_dir, exist_ok=True)
     for name, value in (("rollouts", rollouts), ("writes", writes)):

@@ -100,7 +100,7 @@ def test_several_bad_values_are_listed_together():
     with pytest.raises(ConfigValueError) as err:
         check_config(config)
     assert "rl.step.temperature=0.0: must be a finite number > 0" in str(err.value)
-    assert "eval.nframes=(4, 0): must be a non-empty list of integers >= 1" in str(err.value)
+    assert "eval.nframes=(4, 0): must be a list of integers >= 1" in str(err.value)
 
 
 # ----------------------------------------------------------------------------- preemption

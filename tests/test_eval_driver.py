@@ -180,10 +180,11 @@ def test_cli_compare_on_the_synthetic_benchmark(assets, tmp_path):
 
     out = io.StringIO()
     with redirect_stdout(out):
-        main(["paravt-jax", "eval", f"--config={ROOT}/configs/eval.py:synthetic", f"--output_dir={tmp_path}",
+        status = main(["paravt-jax", "eval", f"--config={ROOT}/configs/eval.py:synthetic", f"--output_dir={tmp_path}",
               f"--config.data.builtin_root={os.path.dirname(assets.model_dir)}", "--limit=2", "--compare",
               "--config.nframes=4", "--config.max_new_tokens=8", "--config.max_turns=1"])
     text = out.getvalue()
+    assert status == 0, text[-2000:]
     assert "| synthetic | parallel |" in text and "| synthetic | sequential |" in text
     for dispatch in driver.DISPATCH:
         summary = json.load(open(tmp_path / dispatch / "summary_all.json"))["synthetic"]

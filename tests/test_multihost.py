@@ -143,7 +143,9 @@ def test_two_processes_train_the_parameters_of_one(runs):
     assert sorted(final_one) == sorted(final_two) == sorted(initial)
     moved = difference = 0.0
     for name in initial:
-        np.testing.assert_allclose(final_two[name], final_one[name], rtol=1e-5, atol=2e-6, err_msg=name)
+        # Adam divides by sqrt(v): where a gradient is ~0, summation-order rounding between the two
+        # device layouts moves single elements by a few 1e-6; the sum below bounds the whole update.
+        np.testing.assert_allclose(final_two[name], final_one[name], rtol=1e-5, atol=1e-5, err_msg=name)
         update_one, update_two = final_one[name] - initial[name], final_two[name] - initial[name]
         moved += np.abs(update_one).sum()
         difference += np.abs(update_two - update_one).sum()
@@ -163,8 +165,8 @@ def test_only_process_zero_writes_files(runs):
     # (the audit hook sees Python-level writes; safetensors and orbax write from native code)
     written_zero = {path for event, path in _json(os.path.join(runs["multi"], "out", "writes_0.json"))
                     if event == "open"}
-    for name in ("rl/metrics.jsonl", "summary.json", "curves.png"):
-        assert os.path.join(work, name) in written_zero, name
+    for name in ("rl/metrics.jsonl", "summary.json", "curves.png"):  # summary.json: a temporary file renamed
+        assert any(path.startswith(os.path.join(work, name)) for path in written_zero), name
     assert any(path.startswith(os.path.join(work, "final") + os.sep) for path in written_zero)
     for name in ("config.json", "model.safetensors"):
         assert os.path.isfile(os.path.join(work, "final", name)), name
@@ -202,7 +204,7 @@ def test_checkpoint_written_by_two_processes_restores(runs):
     assert meta_two == meta_one == {"next_step": STEPS, "cursor": 2 * STEPS, "seed": 0}
     assert int(state_two.step) == int(state_one.step) == STEPS
     for a, b in zip(jax.tree.leaves(state_one.params), jax.tree.leaves(state_two.params)):
-        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=2e-6)
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-5)  # see the final-model comparison
 
 
 # ----------------------------------------------------------------------------- pieces

@@ -158,7 +158,8 @@ def run_plan(*args):
 
     out = io.StringIO()
     with redirect_stdout(out):
-        main(["paravt-jax", "plan", *args])
+        status = main(["paravt-jax", "plan", *args])
+    assert status == 0, out.getvalue()[-2000:]
     return out.getvalue()
 
 
