@@ -74,7 +74,7 @@ def test_logical_rules_replicate_undivisible_dims():
     assert sh.logical_to_spec(("embed", "mlp"), (6, 128), mesh) == jax.sharding.PartitionSpec(None, "tensor")
     with pytest.raises(KeyError, match="no_such_axis"):
         sh.logical_to_spec(("no_such_axis",), (4,), mesh)
-    with pytest.raises(ValueError, match="needs 12 devices"):
+    with pytest.raises(ValueError, match="has 12 devices, 8 available"):
         sh.make_mesh({"data": 3, "fsdp": 2, "tensor": 2})
 
 
