@@ -124,14 +124,12 @@ def forward_command(config) -> dict:
 
 # ----------------------------------------------------------------------------- training
 def _workdir(config, flag_workdir: str) -> str:
-
     workdir = flag_workdir or config.get("workdir", "") or os.path.join("runs", f"{config.get('preset', 'tiny')}")
     os.makedirs(workdir, exist_ok=True)
     return workdir
 
 
 def _setup(config):
-
     from paravt_jax import distributed
     from paravt_jax.data.paravt_parquet import load_rl_rows, load_sft_rows
     from paravt_jax.text.inputs import check_against_model
