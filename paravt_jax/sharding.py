@@ -223,6 +223,24 @@ def optimizer_shardings(opt_state, params, mesh, rules=DEFAULT_RULES):
     return jax.tree_util.tree_map_with_path(one, opt_state)
 
 
+def row_constraint(mesh: Mesh | None, batch_axis: int = 0, rules=DEFAULT_RULES):
+    """A function x -> x pinned with its `batch_axis` split over the mesh's batch axes
+    (data, fsdp) where they divide it, every other axis whole; the identity without a mesh.
+
+    The train step applies it to the decoder's layer carry: without it XLA lays activations out
+    like the parameters they meet (the embedding dimension over fsdp), so every device would
+    hold every row's MLP intermediates instead of its own rows'."""
+    if mesh is None:
+        return lambda x: x
+
+    def constrain(x: jax.Array) -> jax.Array:
+        axes = [None] * x.ndim
+        axes[batch_axis] = "batch"
+        return jax.lax.with_sharding_constraint(x, named_sharding(mesh, axes, x.shape, rules))
+
+    return constrain
+
+
 def batch_sharding(mesh: Mesh, ndim: int, batch_axis: int = 0, rules=DEFAULT_RULES,
                    batch_size: int | None = None) -> NamedSharding:
     axes = [None] * ndim

@@ -93,10 +93,11 @@ class TrainState:
     skipped: jax.Array  # updates skipped for non-finite loss / gradients
 
 
-def token_scores(model: nnx.Module, batch: Mapping[str, Any], head: HeadConfig) -> TokenScores:
+def token_scores(model: nnx.Module, batch: Mapping[str, Any], head: HeadConfig, mesh=None) -> TokenScores:
     """The token head of `model` on `batch` (the device tree of a TrainBatch): [B, T] log-probs
     and entropies under softmax(logits / head.temperature), shifted so that position t scores
-    token t given the tokens before it."""
+    token t given the tokens before it. With a `mesh`, the decoder's activations and the head's
+    chunks stay split by rows over the batch axes (`sharding.row_constraint`)."""
     embeds = deepstack = None
     if batch["pixel_values"] is not None:
         embeds, deepstack = model.encode_vision(batch["pixel_values"], *batch["vision_meta"])
@@ -104,7 +105,7 @@ def token_scores(model: nnx.Module, batch: Mapping[str, Any], head: HeadConfig) 
     packed = batch.get("segment_ids") is not None
     hidden = model.language(batch["input_ids"], batch["segment_ids"] if packed else batch["attention_mask"],
                             batch["position_ids"], batch["visual_index"], embeds, deepstack,
-                            return_hidden=True, packed=packed)
+                            return_hidden=True, packed=packed, constrain_rows=sh.row_constraint(mesh))
     ids = batch["input_ids"]
     b, t, d = hidden.shape
     targets = jnp.concatenate([ids[:, 1:], jnp.zeros((b, 1), ids.dtype)], axis=1)
@@ -112,6 +113,7 @@ def token_scores(model: nnx.Module, batch: Mapping[str, Any], head: HeadConfig) 
     pad = -t % size
     h = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0))).reshape(b, -1, size, d).transpose(1, 0, 2, 3)
     tg = jnp.pad(targets, ((0, 0), (0, pad))).reshape(b, -1, size).transpose(1, 0, 2)
+    h = sh.row_constraint(mesh, batch_axis=1)(h)
 
     # Each chunk's logits are recomputed in the backward pass: the scan then saves only the
     # [B, chunk, D] hidden inputs, not a [B, chunk, vocab] float32 log-softmax per chunk
@@ -151,11 +153,11 @@ class TrainStep:
         graphdef, rest = self.graphdef, self.rest
 
         def scores(params, batch) -> TokenScores:
-            return token_scores(nnx.merge(graphdef, params, rest), batch, head)
+            return token_scores(nnx.merge(graphdef, params, rest), batch, head, mesh)
 
         def logprobs(params, batch, temperature):
             return token_scores(nnx.merge(graphdef, params, rest), batch,
-                                dataclasses.replace(head, temperature=temperature, entropy=False)).logp
+                                dataclasses.replace(head, temperature=temperature, entropy=False), mesh).logp
 
         def loss(params, batch):
             total, count, metrics = loss_fn(scores(params, batch), batch)
@@ -163,6 +165,8 @@ class TrainStep:
 
         def grads(params, batch):
             (total, (count, metrics)), g = jax.value_and_grad(loss, has_aux=True)(params, batch)
+            if self.param_shardings is not None:  # gradients as the parameters (reduce-scattered)
+                g = jax.lax.with_sharding_constraint(g, self.param_shardings)
             return g, total, count, metrics
 
         def apply(state: TrainState, g, count):

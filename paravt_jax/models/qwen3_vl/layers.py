@@ -70,22 +70,26 @@ def apply_rotary(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 
 
 def run_layers(layer_fn: Callable, carry, stacked_params, num_layers: int, *, scan: bool,
-               remat: bool):
+               remat: bool, constrain: Callable | None = None):
     """Applies `carry = layer_fn(carry, params_i, i)` for i in range(num_layers).
 
     Parameters are stored stacked along a leading `layers` axis; `scan=True` runs one
     `lax.scan` (one compiled body, fast compiles for deep models), `scan=False` unrolls.
+    `constrain` (e.g. a sharding constraint) is applied to the carry between layers, outside
+    the rematerialised function, so the layer inputs remat saves take its layout.
     """
     fn = jax.checkpoint(layer_fn, prevent_cse=not scan) if remat else layer_fn
+    pin = constrain or (lambda c: c)
+    carry = pin(carry)
     if scan:
         def body(c, xs):
             params_i, i = xs
-            return fn(c, params_i, i), None
+            return pin(fn(c, params_i, i)), None
 
         carry, _ = jax.lax.scan(body, carry, (stacked_params, jnp.arange(num_layers)))
         return carry
     for i in range(num_layers):
-        carry = fn(carry, jax.tree.map(lambda p, i=i: p[i], stacked_params), i)
+        carry = pin(fn(carry, jax.tree.map(lambda p, i=i: p[i], stacked_params), i))
     return carry
 
 
