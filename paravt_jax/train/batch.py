@@ -187,8 +187,13 @@ def plan_token_budget(lengths: Sequence[int], max_tokens: int, min_length: int =
 def micro_batch_plan(packed: Packed, num_micro: int, max_tokens: int = 0) -> MicroBatchPlan:
     """`max_tokens` > 0: token-budget micro-batches of packed rows (`plan_token_budget`, at the
     width `pack` chose); 0: `num_micro` equal groups of one sequence per row."""
-    lengths = [s.length for s in packed.sequences]
-    width = packed.input_ids.shape[1]
+    return plan_micro_batches([s.length for s in packed.sequences], packed.input_ids.shape[1], num_micro,
+                              max_tokens)
+
+
+def plan_micro_batches(lengths: Sequence[int], width: int, num_micro: int, max_tokens: int = 0) -> MicroBatchPlan:
+    """`micro_batch_plan` for sequences of these lengths padded to `width` (what `pack` gives):
+    the memory planner calls it with the workload's episode lengths."""
     if max_tokens:
         return plan_token_budget(lengths, max_tokens, min_length=width, multiple=width)
     return plan_rows(lengths, width, num_micro)
