@@ -60,6 +60,16 @@ def test_plan_token_budget():
         plan_token_budget(lengths, 0)
 
 
+def test_token_budget_keeps_the_packed_width():
+    """micro_batch_plan packs at the width `pack` chose, also when it is no power of two."""
+    from paravt_jax.train.batch import plan_micro_batches
+
+    plan = plan_micro_batches([20_244] * 56, 20_480, 1, max_tokens=8 * 20_480)
+    assert plan.width == 20_480 and plan.rows == (8,) * 7
+    with pytest.raises(ValueError, match="shorter than the longest"):
+        plan_token_budget([300], 1000, width=256)
+
+
 @pytest.mark.parametrize("attention", ["blockwise", "dense"])
 def test_packed_step_equals_unpacked(attention):
     """The step's loss (sum / token count) and gradients (summed over micro-batches / count)

@@ -157,14 +157,17 @@ def plan_rows(lengths: Sequence[int], width: int, num_micro: int) -> MicroBatchP
 
 
 def plan_token_budget(lengths: Sequence[int], max_tokens: int, min_length: int = 16,
-                      multiple: int = 256) -> MicroBatchPlan:
-    """Sequences packed into rows (first fit, longest first) of one bucketed width, the rows
-    grouped into micro-batches of at most `max_tokens` tokens (rows x width; a row longer than
-    the budget is a micro-batch of its own). A sequence longer than every other row's free
-    space sits alone in its row."""
+                      multiple: int = 256, width: int | None = None) -> MicroBatchPlan:
+    """Sequences packed into rows (first fit, longest first) of one bucketed width (or the
+    given `width`, at least the longest sequence), the rows grouped into micro-batches of at
+    most `max_tokens` tokens (rows x width; a row longer than the budget is a micro-batch of
+    its own). A sequence longer than every other row's free space sits alone in its row."""
     if max_tokens < 1:
         raise ValueError(f"max_tokens_per_micro_batch={max_tokens} must be >= 1")
-    width = bucket(max(lengths), min_length, multiple)
+    if width is None:
+        width = bucket(max(lengths), min_length, multiple)
+    elif width < max(lengths):
+        raise ValueError(f"width {width} is shorter than the longest sequence ({max(lengths)} tokens)")
     free: list[int] = []  # tokens left per row
     rows: list[list[tuple[int, int]]] = []  # (offset, sequence index)
     for index in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
@@ -194,8 +197,8 @@ def micro_batch_plan(packed: Packed, num_micro: int, max_tokens: int = 0) -> Mic
 def plan_micro_batches(lengths: Sequence[int], width: int, num_micro: int, max_tokens: int = 0) -> MicroBatchPlan:
     """`micro_batch_plan` for sequences of these lengths padded to `width` (what `pack` gives):
     the memory planner calls it with the workload's episode lengths."""
-    if max_tokens:
-        return plan_token_budget(lengths, max_tokens, min_length=width, multiple=width)
+    if max_tokens:  # pack's width as is: bucket(width, width, width) rounds 20,480 up to 32,768
+        return plan_token_budget(lengths, max_tokens, width=width)
     return plan_rows(lengths, width, num_micro)
 
 
