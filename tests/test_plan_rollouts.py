@@ -34,12 +34,12 @@ class FullBudgetPolicy:
     that budget making valid parallel crop_video calls, and each summary by filler tokens
     (cut at its budget, as a long summary is)."""
 
-    def __init__(self, sampler, tokenizer, video_name):
+    def __init__(self, sampler, tokenizer):
         self.sampler, self.tok = sampler, tokenizer
         self.filler = tokenizer.encode(" blue")
         assert len(self.filler) == 1
         calls = "\n".join("<tool_call>\n" + json.dumps({"name": "crop_video", "arguments": {
-            "video_path": video_name, "start_time": s, "end_time": e}}) + "\n</tool_call>" for s, e in WINDOWS)
+            "start_time": s, "end_time": e}}) + "\n</tool_call>" for s, e in WINDOWS)
         self.head, self.tail = tokenizer.encode("<think>"), tokenizer.encode("</think>\n" + calls)
         self.main_calls = 0
 
@@ -78,7 +78,7 @@ def rl_for(mode):
     c = paragrpo.get_config("tiny")
     c.rl.nframes_gating, c.rl.default_nframes = False, 4
     c.rl.rollout.mode, c.rl.rollout.max_turns = mode, 2
-    c.rl.rollout.max_new_tokens, c.rl.rollout.subagent_max_tokens = 192, 24
+    c.rl.rollout.max_new_tokens, c.rl.rollout.subagent_max_tokens = 128, 24
     c.rl.dispatch.max_parallel, c.rl.dispatch.max_frames = len(WINDOWS), 4
     return rl_config(c)
 
@@ -91,7 +91,7 @@ def test_planner_token_counts_match_full_budget_rollouts(setup, mode):
                                 source_frame=(HEIGHT, WIDTH), source_fps=FPS, video_name=os.path.basename(video))
     work = P.workload(rl, model.config.vision, tok, assumptions)
 
-    policy = FullBudgetPolicy(Sampler(model, SamplerConfig(min_chunk_bucket=64)), tok, os.path.basename(video))
+    policy = FullBudgetPolicy(Sampler(model, SamplerConfig(min_chunk_bucket=64)), tok)
     episodes = [Episode(f"e{i}", QUESTION, "[10.0, 14.0]", "tvg", video, nframes=4) for i in range(2)]
     config = dataclasses.replace(rl.rollout, temperature=rl.step.temperature)
     with CropDispatcher(rl.dispatch) as dispatcher:
