@@ -198,7 +198,9 @@ def test_token_budget_micro_batches_and_rows_per_device(tokenizer):
     w = budget.workload
     assert (w.micro_batches, w.micro_batch_rows, w.packed, budget.rows_per_device) == (2, 8, True, 1)
     assert leaf_bytes(budget, "activations").per_device_bytes < leaf_bytes(one, "activations").per_device_bytes
-    config.rl.max_tokens_per_micro_batch = 4 * width  # 4 rows do not divide fsdp = 8: replicated
+    config.rl.max_tokens_per_micro_batch = 4 * width  # rounded up to 8 rows, the batch's devices
+    assert plan_of(config, MESH8, 16, "estimate", tokenizer).workload.micro_batch_rows == 8
+    config.rl.max_tokens_per_micro_batch, config.rl.micro_batches = 0, 4  # 4 rows do not divide fsdp = 8
     replicated = plan_of(config, MESH8, 16, "estimate", tokenizer)
     assert replicated.rows_per_device == 4 and any("replicated batch" in n for n in replicated.notes)
 

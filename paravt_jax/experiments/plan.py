@@ -350,11 +350,12 @@ def _patches(inputs: ModelInputs) -> int:
     return int(inputs.pixel_values.shape[0] + inputs.pixel_values_videos.shape[0])
 
 
-def workload(rl, vision, tokenizer, assumptions: Assumptions = Assumptions()) -> Workload:
+def workload(rl, vision, tokenizer, assumptions: Assumptions = Assumptions(), batch_devices: int = 1) -> Workload:
     """The token and row counts of one RL step: the episode from the rollout's prompt builders
     (`episode_tokens`), every row at the full budget; the KV cache grown as the sampler grows
     it; the train micro-batches from train/batch.py's own plan (`plan_micro_batches`: token
-    budget or fixed count) over the packed episode lengths."""
+    budget or fixed count) over the packed episode lengths; batch_devices: the devices the
+    batch axis splits over (`sharding.batch_devices`), the row multiple of token budgets."""
     from paravt_jax.train.batch import plan_micro_batches
 
     r = rl.rollout
@@ -403,7 +404,8 @@ def workload(rl, vision, tokenizer, assumptions: Assumptions = Assumptions()) ->
                                          + (_patches(tokens.final_response) if final else 0))
     width = bucket(sequence, PACK_MIN_LENGTH, PACK_MULTIPLE)
     try:
-        micro = plan_micro_batches([sequence] * rows, width, rl.micro_batches, rl.max_tokens_per_micro_batch)
+        micro = plan_micro_batches([sequence] * rows, width, rl.micro_batches, rl.max_tokens_per_micro_batch,
+                                   batch_devices)
     except ValueError as e:
         raise PlanError(f"rl.micro_batches={rl.micro_batches} / rl.max_tokens_per_micro_batch="
                         f"{rl.max_tokens_per_micro_batch}: {e}") from None
@@ -787,7 +789,7 @@ def plan(config, mesh_sizes: Mapping[str, int], device_memory_gb: float,
     which = "given by the caller"
     if tokenizer is None:
         tokenizer, which = plan_tokenizer(config)
-    work = workload(rl, model.vision, tokenizer, assumptions)
+    work = workload(rl, model.vision, tokenizer, assumptions, sh.batch_devices(mesh))
     notes.append(f"token counts: agent/rollout.py's prompt and tool-response builders on frames of the planned "
                  f"sizes, every turn, call and summary at its full budget; tokenizer: {which}; assumed "
                  f"{assumptions.text()}")
