@@ -303,8 +303,16 @@ def episode_tokens(rl, tokenizer, assumptions: Assumptions = Assumptions()) -> E
     round makes max_parallel valid calls of max_frames frames each, every summary uses its
     whole budget. The question text is empty here; `question_tokens` is added to the prompt."""
     from paravt_jax.agent.dispatch import CropResult, CropTask
-    from paravt_jax.agent.rollout import (THINK_PREFIX, Episode, frames_responses, images_first_messages,
-                                          prompt_inputs, response_chunk, subagent_prompt, summary_text)
+    from paravt_jax.agent.rollout import (
+        THINK_PREFIX,
+        Episode,
+        frames_responses,
+        images_first_messages,
+        prompt_inputs,
+        response_chunk,
+        subagent_prompt,
+        summary_text,
+    )
     from paravt_jax.agent.tools import TOOL_NAME, CropRequest, ToolCall
 
     r, d = rl.rollout, rl.dispatch
@@ -829,10 +837,11 @@ def plan(config, mesh_sizes: Mapping[str, int], device_memory_gb: float,
         mode = "xla" if fits_locally and count <= AUTO_XLA_MAX_PARAMETERS else "estimate"
     if mode == "xla":
         temp, seconds = activation_xla(model, rl, work, sizes)
-        fake = math.prod(sizes.values()) > jax.device_count()
+        need = math.prod(sizes.values())
+        where = ("fake CPU devices (child process)" if need > jax.device_count()
+                 else f"{jax.devices()[0].platform} devices")
         notes.append(f"activations: XLA memory_analysis of TrainStep.grads for the largest micro-batch on "
-                     f"{math.prod(sizes.values())} {'fake CPU devices (child process)' if fake else jax.devices()[0].platform + ' devices'}"
-                     f" ({seconds:.1f} s to compile)")
+                     f"{need} {where} ({seconds:.1f} s to compile)")
         act_row = Component("activations (XLA temp, largest micro-batch)", temp, temp, "XLA buffer assignment")
     else:
         temp = activation_estimate(model, work, sizes, rl.step.logprob_chunk)
@@ -886,7 +895,8 @@ def plan(config, mesh_sizes: Mapping[str, int], device_memory_gb: float,
     return MemoryPlan(
         preset=name, parameters=count, param_dtype=model.param_dtype, compute_dtype=model.dtype,
         remat=model.remat, mesh=sizes, devices=math.prod(sizes.values()), device_memory_gb=float(device_memory_gb),
-        activations=mode, workload=work, rows_per_device=per_device_rows, trainer=trainer, sampler=sampler, rollout=rollout, notes=tuple(notes))
+        activations=mode, workload=work, rows_per_device=per_device_rows, trainer=trainer, sampler=sampler,
+        rollout=rollout, notes=tuple(notes))
 
 
 # ----------------------------------------------------------------------------- output
