@@ -8,13 +8,20 @@ Nothing is allocated. The model is built with `nnx.eval_shape`, every parameter 
 NamedSharding that `paravt_jax.sharding` gives it on an `AbstractMesh` of the requested axis
 sizes (so any device count can be planned on a laptop), and each array is counted as
 `prod(sharding.shard_shape(shape)) * itemsize` bytes per device: a dimension that the mesh
-does not divide is replicated, here as in a real run. The optimizer state is
+does not divide is replicated, here as in a run. The optimizer state is
 `jax.eval_shape(make_optimizer(...).init, params)` (the optimizer train/step.py builds),
 its moments sharded like their parameters. The KV caches use the sampler's own `CacheSpec`
-and `cache_sharding`. Activations of one micro-batch come either from XLA
-(`--activations=xla`: the real `TrainStep` gradient function lowered on abstract sharded
-inputs and compiled; `memory_analysis().temp_size_in_bytes`) or from a per-layer estimate
-from the shapes (`--activations=estimate`, labelled as such; see `activation_estimate`).
+and `cache_sharding`.
+
+The workload's token counts come from agent/rollout.py's own prompt and tool-response builders
+on black frames of the planned sizes (`episode_tokens`), counted with the run's tokenizer; the
+question length and the source video are stated assumptions (`Assumptions`). The trainer's
+micro-batches are train/batch.py's own plan (`plan_micro_batches`) of those episodes.
+Activations of the largest micro-batch come either from XLA (`--activations=xla`: the real
+`TrainStep` gradient function lowered on abstract sharded inputs and compiled;
+`memory_analysis().temp_size_in_bytes`; on a CPU machine with fewer devices than the mesh, in
+a child process with fake CPU devices) or from a per-layer estimate from the shapes
+(`--activations=estimate`, labelled as such; see `activation_estimate`).
 
 Three phases are checked against the device memory:
   trainer  one optimizer step: parameters, gradients, AdamW state, the frozen reference
