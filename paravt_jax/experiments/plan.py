@@ -597,9 +597,9 @@ def activation_estimate(config: Qwen3VLConfig, work: Workload, mesh_sizes: Mappi
                         d-scores in the compute dtype)
     The per-score byte counts are calibrated against XLA's buffer assignment (CPU) of the real
     gradient function for tiny, small125m (remat on and off) and 2b (README: plan section).
-      head:             rows x T x vocab x 4 (the f32 log-softmax every chunk of the chunked
-                        log-prob scan keeps for its backward) + 3 x rows x chunk x vocab x 4
-                        (one chunk's logits, softmax and gradient)
+      head:             3 x rows x chunk x vocab x 4 (one chunk's f32 logits, softmax and
+                        gradient: the chunked log-prob scan recomputes each chunk's logits in
+                        its backward pass and keeps only its hidden inputs)
       vision:           the same rule over depth blocks, over ALL patches of the micro-batch
                         (the vision inputs are replicated, not split by rows), + its outputs
     """
@@ -615,7 +615,7 @@ def activation_estimate(config: Qwen3VLConfig, work: Workload, mesh_sizes: Mappi
     else:
         text = t.num_hidden_layers * layer(12 + c) + layer(8)
     chunk = min(logprob_chunk, length)
-    head = (length + 3 * chunk) * rows * _divided(t.vocab_size, tensor) * 4
+    head = 3 * chunk * rows * _divided(t.vocab_size, tensor) * 4
     patches = work.micro_batch_rows * work.patches_per_row
     image = (work.frame_size[0] // PATCH) * (work.frame_size[1] // PATCH)
     block = _vision_block_bytes(config, patches, image, tensor)
