@@ -401,7 +401,7 @@ def workload(rl, vision, tokenizer, assumptions: Assumptions = Assumptions(), ba
     prefill_capacity = first_capacity(prefill_width, M, sampler.cache_multiple)
     capacity, previous = _decode_turn(prefill_capacity, prefill_width, M, sampler.cache_multiple)
     write = prefill_width + M - 1
-    extend_width = bucket(response, sampler.min_chunk_bucket) if calls else 0
+    extend_width = bucket(1 + response, sampler.min_chunk_bucket) if calls else 0  # + the pending token
     turns = [M] * full_rounds + ([r.final_answer_tokens] if final else [])
     for budget in turns:
         capacity, grew_from = _decode_turn(capacity, write + extend_width, budget, sampler.cache_multiple)
