@@ -70,6 +70,9 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
         c.rl.rollout.subagent_max_tokens, c.rl.rollout.overview_max_pixels = 512, 50176
         c.rl.dispatch.max_pixels = 50176
         c.rl.step.reference_temperature = 1.0  # the reference recipe's (AReaL default), see docs/deviations.md
+        # 8 full-budget episodes (8 x 20,480 tokens) per micro-batch: one row per device on the
+        # 8-device meshes (gpu8, v5p-16); docs/scale-out.md says why 8 (batch sharding)
+        c.rl.max_tokens_per_micro_batch = 8 * 20480
         c.model.param_dtype = c.model.dtype = "bfloat16"
         c.model.remat = True
         c.eval.max_new_tokens, c.eval.max_turns, c.eval.limit = 2048, 3, 0

@@ -241,6 +241,16 @@ def row_constraint(mesh: Mesh | None, batch_axis: int = 0, rules=DEFAULT_RULES):
     return constrain
 
 
+def batch_devices(mesh: Mesh | None, rules=DEFAULT_RULES) -> int:
+    """How many ways the logical batch axis splits on `mesh` (data x fsdp by default): a batch
+    whose size this does not divide is replicated on every device (`logical_to_spec`)."""
+    if mesh is None:
+        return 1
+    target = dict(rules).get("batch")
+    targets = (target,) if isinstance(target, str) else tuple(target or ())
+    return math.prod(mesh.shape[t] for t in targets)
+
+
 def batch_sharding(mesh: Mesh, ndim: int, batch_axis: int = 0, rules=DEFAULT_RULES,
                    batch_size: int | None = None) -> NamedSharding:
     axes = [None] * ndim

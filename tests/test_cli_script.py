@@ -27,7 +27,7 @@ def builtin_root(tmp_path_factory):
     return str(tmp_path_factory.mktemp("builtin"))
 
 
-def test_console_script_help_and_quiet_success(tmp_path):
+def test_console_script_help_and_quiet_success(tmp_path, builtin_root):
     assert os.access(SCRIPT, os.X_OK), f"{SCRIPT}: install the package (pip install -e .)"
     out = script("--help")
     assert out.returncode == 0 and out.stderr == ""
@@ -40,6 +40,7 @@ def test_console_script_help_and_quiet_success(tmp_path):
     assert "rl.reward.mode = 'f1'" in out.stdout and "--config.FIELD=VALUE" in out.stdout
     # a successful command exits 0 and prints nothing of its return value
     out = script("plan", f"--config={ROOT}/configs/paragrpo.py:tiny", "--mesh=data=1,fsdp=1,tensor=1",
+                 f"--config.data.builtin_root={builtin_root}",
                  "--device_memory_gb=16", "--activations=estimate", f"--json={tmp_path / 'plan.json'}")
     assert out.returncode == 0, out.stderr[-2000:]
     assert "TRAINER" in out.stdout and "MemoryPlan(" not in out.stderr and len(out.stderr) < 500, out.stderr

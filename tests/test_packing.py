@@ -60,6 +60,22 @@ def test_plan_token_budget():
         plan_token_budget(lengths, 0)
 
 
+def test_token_budget_keeps_the_packed_width():
+    """micro_batch_plan packs at the width `pack` chose, also when it is no power of two."""
+    from paravt_jax.train.batch import plan_micro_batches
+
+    plan = plan_micro_batches([20_244] * 56, 20_480, 1, max_tokens=8 * 20_480)
+    assert plan.width == 20_480 and plan.rows == (8,) * 7
+    # narrower rows fit 9 under that budget; a row multiple of 8 (the batch's devices) keeps 8,
+    # and fills the last micro-batch up with empty rows
+    assert plan_micro_batches([18_000] * 56, 18_176, 1, max_tokens=8 * 20_480).rows == (9,) * 6 + (2,)
+    plan = plan_micro_batches([18_000] * 58, 18_176, 1, max_tokens=8 * 20_480, row_multiple=8)
+    assert plan.rows == (8,) * 8 and len(plan.placements[-1]) == 2
+    assert plan_micro_batches([200] * 6, 256, 1, max_tokens=256, row_multiple=4).rows == (4,) * 2
+    with pytest.raises(ValueError, match="shorter than the longest"):
+        plan_token_budget([300], 1000, width=256)
+
+
 @pytest.mark.parametrize("attention", ["blockwise", "dense"])
 def test_packed_step_equals_unpacked(attention):
     """The step's loss (sum / token count) and gradients (summed over micro-batches / count)
@@ -85,9 +101,15 @@ def test_packed_step_equals_unpacked(attention):
             acc = (g, total, n) if acc is None else step._add(acc, (g, total, n))
         return acc
 
-    (g_ref, total_ref, n_ref), (g, total, n) = summed(unpacked_batches), summed(packed_batches)
-    assert int(n) == int(n_ref) == sum(int(s.loss_mask.sum()) for s in seqs)
-    count = float(n)
-    assert abs(float(total) / count - float(total_ref) / count) <= 1e-6
-    for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g_ref)):
-        np.testing.assert_allclose(np.asarray(a) / count, np.asarray(b) / count, atol=1e-6, rtol=0)
+    # rows filled up to a multiple of 4 with empty rows (all padding) change nothing
+    filled = plan_token_budget([s.length for s in seqs], max_tokens=2 * 48, min_length=16, multiple=16,
+                               row_multiple=4)
+    assert filled.rows == (4,) and sum(filled.rows) > len({r for r, _, _ in filled.placements[0]})
+    (g_ref, total_ref, n_ref) = summed(unpacked_batches)
+    for batches in (packed_batches, planned_micro_batches(packed, filled, model.config.vision)):
+        g, total, n = summed(batches)
+        assert int(n) == int(n_ref) == sum(int(s.loss_mask.sum()) for s in seqs)
+        count = float(n)
+        assert abs(float(total) / count - float(total_ref) / count) <= 1e-6
+        for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g_ref)):
+            np.testing.assert_allclose(np.asarray(a) / count, np.asarray(b) / count, atol=1e-6, rtol=0)

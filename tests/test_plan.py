@@ -4,6 +4,8 @@ import io
 import json
 import math
 import os
+import subprocess
+import sys
 from contextlib import redirect_stdout
 
 import jax
@@ -19,6 +21,27 @@ from paravt_jax.models.qwen3_vl import init_model, preset
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 MESH8 = dict(data=1, fsdp=8, tensor=1)
+
+
+@pytest.fixture(scope="module")
+def builtin_root(tmp_path_factory):
+    """The built-in assets (their tokenizer counts the prompts), made once for this module."""
+    root = str(tmp_path_factory.mktemp("builtin"))
+    config = paragrpo.get_config("tiny")
+    config.data.builtin_root = root
+    P.plan_tokenizer(config)  # creates them
+    return root
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from paravt_jax.text.tokenizer import train_tokenizer
+
+    return train_tokenizer(["crop_video start_time end_time seconds frames", "What happens in the video?"] * 10)
+
+
+def plan_of(config, sizes, memory, activations, tokenizer):
+    return P.plan(config, sizes, memory, activations=activations, tokenizer=tokenizer)
 
 
 def small_config(preset_name: str = "tiny"):
@@ -41,9 +64,9 @@ def sharded_tiny():
     return mesh, init_model(preset("tiny"), mesh=mesh)
 
 
-def test_parameter_bytes_equal_the_initialised_sharded_model(sharded_tiny):
+def test_parameter_bytes_equal_the_initialised_sharded_model(sharded_tiny, tokenizer):
     config = paragrpo.get_config("tiny")
-    result = P.plan(config, MESH8, 16, activations="estimate")
+    result = plan_of(config, MESH8, 16, "estimate", tokenizer)
     mesh, model = sharded_tiny
     arrays = [x for x in jax.tree.leaves(model) if isinstance(x, jax.Array)]
     device = mesh.devices.flat[0]
@@ -71,11 +94,11 @@ def test_fsdp_splits_divisible_weights_and_counts_replicated_leaves_fully():
     assert total.total / 8 < total.per_device < total.total / 8 + total.replicated_bytes
 
 
-def test_optimizer_state_is_two_copies_of_the_parameters_plus_counts():
+def test_optimizer_state_is_two_copies_of_the_parameters_plus_counts(tokenizer):
     for dtype in ("float32", "bfloat16"):
         config = paragrpo.get_config("tiny")
         config.model.param_dtype = dtype
-        result = P.plan(config, MESH8, 16, activations="estimate")
+        result = plan_of(config, MESH8, 16, "estimate", tokenizer)
         params, optimizer = leaf_bytes(result, "parameters"), leaf_bytes(result, "optimizer state")
         counts = 2 * 4  # adam's and the schedule's int32 step counters, replicated
         assert optimizer.global_bytes == 2 * params.global_bytes + counts
@@ -85,24 +108,24 @@ def test_optimizer_state_is_two_copies_of_the_parameters_plus_counts():
 
 
 @pytest.mark.parametrize("name,billions", [("2b", 2.13), ("4b", 4.44), ("8b", 8.77), ("32b", 33.36)])
-def test_preset_parameter_counts_from_eval_shape(name, billions):
+def test_preset_parameter_counts_from_eval_shape(name, billions, tokenizer):
     _, params, _ = P.abstract_params(preset(name, param_dtype="bfloat16"))
     total = P.tree_bytes(P._param_leaves(params, P.param_shardings(params, P.abstract_mesh(MESH8))))
     assert abs(total.total / 2 / 1e9 - billions) < 0.006
     if name == "8b":  # v5p-8-like: 4 chips, fsdp over all
         config = paragrpo.get_config("qwen3vl_8b")
-        result = P.plan(config, dict(data=1, fsdp=4, tensor=1), 95, activations="estimate")
+        result = plan_of(config, dict(data=1, fsdp=4, tensor=1), 95, "estimate", tokenizer)
         params = leaf_bytes(result, "parameters")
         assert abs(result.parameters / 1e9 - 8.77) < 0.005
         assert params.global_bytes == 2 * result.parameters
         assert math.isclose(params.per_device_bytes, params.global_bytes / 4, rel_tol=1e-3)
 
 
-def test_kv_cache_matches_the_samplers_own_cache(sharded_tiny):
+def test_kv_cache_matches_the_samplers_own_cache(sharded_tiny, tokenizer):
     from paravt_jax.sampling.sampler import Sampler
 
     config = small_config()
-    result = P.plan(config, MESH8, 16, activations="estimate")
+    result = plan_of(config, MESH8, 16, "estimate", tokenizer)
     work = result.workload
     mesh, model = sharded_tiny
     sampler = Sampler(model, mesh=mesh)
@@ -114,12 +137,12 @@ def test_kv_cache_matches_the_samplers_own_cache(sharded_tiny):
     assert row.global_bytes == sum(a.nbytes for a in arrays)
 
 
-def test_batch_spec_vision_layout_matches_vision_layout():
+def test_batch_spec_vision_layout_matches_vision_layout(tokenizer):
     from paravt_jax.models.qwen3_vl.vision import vision_layout
 
     config = small_config()
     model = preset("tiny")
-    work = P.workload(P.rl_settings(config)[0], model.vision)
+    work = P.workload(P.rl_settings(config)[0], model.vision, tokenizer)
     spec = P.train_batch_spec(model, work, P.abstract_mesh(MESH8))
     h, w = (s // 16 for s in work.frame_size)
     grids = np.array([[1, h, w]] * (work.micro_batch_rows * work.overview_frames))
@@ -128,29 +151,58 @@ def test_batch_spec_vision_layout_matches_vision_layout():
     assert spec["pixel_values"].shape == (int(grids.prod(1).sum()), model.vision.patch_dim)
 
 
-def test_fit_verdicts():
+def test_fit_verdicts(tokenizer):
     config = paragrpo.get_config("tiny")
-    roomy = P.plan(config, MESH8, 16, activations="estimate")
+    roomy = plan_of(config, MESH8, 16, "estimate", tokenizer)
     assert all(p.fits for p in roomy.phases)
     assert 0 < roomy.trainer.headroom_percent < 100
     assert roomy.trainer.verdict().startswith("fits (headroom")
-    tight = P.plan(config, MESH8, 0.01, activations="estimate")
+    tight = plan_of(config, MESH8, 0.01, "estimate", tokenizer)
     assert not tight.trainer.fits
     needs = tight.trainer.total_bytes / P.GIB
     assert tight.trainer.verdict() == f"does NOT fit (needs {needs:.2f} GiB, has 0.01)"
 
 
-def test_xla_activations_agree_with_the_estimate():
+def test_xla_activations_agree_with_the_estimate(tokenizer):
     config = small_config()
     sizes = dict(data=1, fsdp=2, tensor=1)
-    xla = P.plan(config, sizes, 16, activations="xla")
-    estimate = P.plan(config, sizes, 16, activations="estimate")
+    xla = plan_of(config, sizes, 16, "xla", tokenizer)
+    estimate = plan_of(config, sizes, 16, "estimate", tokenizer)
     measured = leaf_bytes(xla, "activations (XLA").per_device_bytes
     guessed = leaf_bytes(estimate, "activations (ESTIMATE").per_device_bytes
     assert xla.activations == "xla" and measured > 0
     assert 0.5 < guessed / measured < 2.0
-    with pytest.raises(P.PlanError, match="xla_force_host_platform_device_count=16"):
-        P.plan(config, dict(data=1, fsdp=16, tensor=1), 16, activations="xla")
+
+
+def test_xla_on_more_devices_than_the_process_has_compiles_in_a_child(tokenizer):
+    """16 devices from a process with 8: a child process with 16 fake CPU devices compiles the
+    same program; its number equals an in-process compile of the same per-device shapes."""
+    config = small_config()
+    config.rl.samples_per_prompt = 8  # 16 rows: one per device on 16, two on 8
+    child = plan_of(config, dict(data=1, fsdp=16, tensor=1), 16, "xla", tokenizer)
+    assert any("16 fake CPU devices (child process)" in n for n in child.notes)
+    assert leaf_bytes(child, "activations (XLA").per_device_bytes > 0
+    bad = P.workload(P.rl_settings(config)[0], preset("tiny").vision, tokenizer)
+    with pytest.raises(P.PlanError, match="failed with exit status 1:\n.*Traceback"):
+        P.activation_xla_child(preset("tiny"), None, bad, dict(data=1, fsdp=16, tensor=1))
+
+
+def test_token_budget_micro_batches_and_rows_per_device(tokenizer):
+    config = small_config()
+    config.rl.prompts_per_step, config.rl.samples_per_prompt = 2, 8
+    one = plan_of(config, MESH8, 16, "estimate", tokenizer)
+    assert one.workload.micro_batches == 1 and one.workload.micro_batch_rows == 16 and one.rows_per_device == 2
+    width = one.workload.train_length
+    config.rl.max_tokens_per_micro_batch = 8 * width  # 8 rows per micro-batch: one per device
+    budget = plan_of(config, MESH8, 16, "estimate", tokenizer)
+    w = budget.workload
+    assert (w.micro_batches, w.micro_batch_rows, w.packed, budget.rows_per_device) == (2, 8, True, 1)
+    assert leaf_bytes(budget, "activations").per_device_bytes < leaf_bytes(one, "activations").per_device_bytes
+    config.rl.max_tokens_per_micro_batch = 4 * width  # rounded up to 8 rows, the batch's devices
+    assert plan_of(config, MESH8, 16, "estimate", tokenizer).workload.micro_batch_rows == 8
+    config.rl.max_tokens_per_micro_batch, config.rl.micro_batches = 0, 4  # 4 rows do not divide fsdp = 8
+    replicated = plan_of(config, MESH8, 16, "estimate", tokenizer)
+    assert replicated.rows_per_device == 4 and any("replicated batch" in n for n in replicated.notes)
 
 
 def run_plan(*args):
@@ -163,9 +215,10 @@ def run_plan(*args):
     return out.getvalue()
 
 
-def test_cli_prints_the_table_and_writes_json(tmp_path):
+def test_cli_prints_the_table_and_writes_json(tmp_path, builtin_root):
     path = tmp_path / "plan.json"
     text = run_plan(f"--config={ROOT}/configs/paragrpo.py:tiny", "--config.rl.samples_per_prompt=8",
+                    f"--config.data.builtin_root={builtin_root}",
                     "--mesh=data=2,fsdp=4,tensor=1", "--device_memory_gb=16", "--activations=estimate",
                     f"--json={path}")
     for phase in ("TRAINER", "SAMPLER", "ROLLOUT"):
@@ -180,8 +233,9 @@ def test_cli_prints_the_table_and_writes_json(tmp_path):
                                                   if c["counted"])
 
 
-def test_cli_mesh_preset_and_bad_mesh():
-    text = run_plan(f"--config={ROOT}/configs/paragrpo.py:tiny", "--mesh=v5p-8", "--activations=estimate")
+def test_cli_mesh_preset_and_bad_mesh(builtin_root):
+    text = run_plan(f"--config={ROOT}/configs/paragrpo.py:tiny", "--mesh=v5p-8", "--activations=estimate",
+                    f"--config.data.builtin_root={builtin_root}")
     assert "mesh data=1 fsdp=4 tensor=1 (4 devices); device memory 95 GiB" in text
     for mesh, message in (("data=1,fsdp=eight", "size of 'fsdp' is 'eight'"),
                           ("data=1,model=8", "unknown axis 'model'"),
@@ -192,3 +246,24 @@ def test_cli_mesh_preset_and_bad_mesh():
     with pytest.raises(SystemExit, match="has 8 devices, 4 available"):
         run_plan(f"--config={ROOT}/configs/paragrpo.py:tiny", "--mesh=fsdp=8", "--devices=4",
                  "--device_memory_gb=16")
+
+
+def test_plan_exits_0_and_prints_only_notes_after_the_table(builtin_root, tmp_path):
+    """`python -m paravt_jax.cli plan` from a plain environment (no XLA_FLAGS: the xla compile
+    for 2 devices runs in a child process): exit 0, nothing after the table but notes."""
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    env["PYTHONPATH"] = ROOT
+    done = subprocess.run([sys.executable, "-m", "paravt_jax.cli", "plan", f"--config={ROOT}/configs/paragrpo.py:tiny",
+                           f"--config.data.builtin_root={builtin_root}", "--config.rl.rollout.max_new_tokens=32",
+                           "--config.rl.rollout.max_turns=1", "--mesh=data=1,fsdp=2,tensor=1", "--device_memory_gb=16",
+                           "--activations=xla", "--question_tokens=40"],
+                          capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "MemoryPlan(" not in done.stderr and "Traceback" not in done.stderr
+    lines = done.stdout.rstrip().splitlines()
+    last_verdict = max(i for i, line in enumerate(lines) if line.startswith("  => "))
+    assert lines[last_verdict - 1].startswith("  total")
+    tail = [line for line in lines[last_verdict + 1:] if line]
+    assert tail and all(line.startswith("note: ") for line in tail), tail
+    assert any("2 fake CPU devices (child process)" in line for line in tail)
+    assert any("assumed question 40 tokens" in line for line in tail)

@@ -22,7 +22,7 @@ from paravt_jax.sampling.sampler import Sampler
 from paravt_jax.text import chat
 from paravt_jax.text.inputs import ModelInputs, encode, encode_ids
 from paravt_jax.text.tokenizer import Tokenizer
-from paravt_jax.video.reader import VideoError, read_frames, read_video_item
+from paravt_jax.video.reader import Clip, VideoError, read_frames, read_video_item
 
 MODES = ("subagent", "frames", "sequential")
 FRAMES_RESPONSES = ("timestamped", "images_first")
@@ -207,6 +207,57 @@ class _Row:
 
 
 # ----------------------------------------------------------------------------- engine
+def prompt_inputs(episode: Episode, clip: Clip, tokenizer: Tokenizer, config: RolloutConfig) -> ModelInputs:
+    """The episode's ParaVT prompt over its overview `clip`: system message (tool schema),
+    the frames (timestamped or bare, or one video item), the question with the video-path
+    line, and the generation prompt with the turn's forced prefix."""
+    tools = (chat.crop_video_tool(layout=config.tool_layout),) if config.tools else ()
+    if config.system_prompt is not None:
+        tools, system = (), config.system_prompt
+    else:
+        system = episode.system_prompt
+    video_name = os.path.basename(episode.video_path) if config.tools else None
+    stamped = config.overview_timestamps or config.overview_visual == "video"
+    messages = chat.paravt_messages(episode.question, clip.frames, clip.timestamps if stamped else None,
+                                    video_name=video_name, tools=tools, system_text=system,
+                                    video_path_line=config.video_path_line, visual=config.overview_visual)
+    prefix = THINK_PREFIX if config.think_prefix else ""
+    return encode(chat.render(messages, add_generation_prompt=True, assistant_prefix=prefix), tokenizer)
+
+
+def subagent_prompt(clip: Clip, start: float, end: float, tokenizer: Tokenizer) -> ModelInputs:
+    """One sub-agent's prompt: the crop's bare frames, then the segment instruction."""
+    content = tuple(chat.frames_as_images(clip.frames, None)) + (chat.Text(chat.segment_instruction(start, end)),)
+    return encode(chat.render([chat.Message("user", content)], add_generation_prompt=True), tokenizer)
+
+
+def summary_text(tokens: Sequence[int], finished: bool, tokenizer: Tokenizer) -> str:
+    """A sub-agent's answer as its tool response shows it: the decoded summary, and a summary
+    that reached its budget without the stop token marked " [truncated]" (the text the
+    reference keeps of a longer summary: its first tokens, with the marker)."""
+    body = [t for t in tokens if t != tokenizer.special.im_end]
+    return tokenizer.decode(body, skip_special_tokens=True).strip() + ("" if finished else " [truncated]")
+
+
+def response_chunk(bodies: Sequence, errors: Sequence[str], truncated: bool, prefix: str,
+                   instruction: str, config: RolloutConfig, tokenizer: Tokenizer,
+                   start_position: int) -> ModelInputs:
+    """The chunk appended to a row after a tool round: the end of the assistant turn (its
+    `<|im_end|>` too when the turn was cut at its budget), one tool-response user turn per
+    executed call (`bodies`: sub-agent summaries, frames-mode bodies, or whole images_first
+    messages) and per error, an optional user instruction, and the next generation prompt
+    with its forced `prefix`."""
+    if config.mode != "subagent" and config.frames_response == "images_first":
+        messages = list(bodies) + chat.tool_response_messages(errors)
+    else:
+        messages = chat.tool_response_messages(list(bodies) + list(errors))
+    if instruction:
+        messages.append(chat.Message.of("user", instruction))
+    close = "<|im_end|>\n" if truncated else "\n"
+    segments = [chat.Text(close)] + chat.render(messages, add_generation_prompt=True, assistant_prefix=prefix)
+    return encode(segments, tokenizer, start_position=start_position)
+
+
 def overview_prompts(episodes: Sequence[Episode], tokenizer: Tokenizer, config: RolloutConfig,
                      pool) -> tuple[list[ModelInputs | None], list[str | None], list[float]]:
     """Reads every episode's K overview frames concurrently and builds its ParaVT prompt."""
@@ -220,19 +271,7 @@ def overview_prompts(episodes: Sequence[Episode], tokenizer: Tokenizer, config: 
         else:
             clip = read_frames(ep.video_path, fps=config.overview_fps, max_frames=config.overview_max_frames,
                                **pixels)
-        tools = (chat.crop_video_tool(layout=config.tool_layout),) if config.tools else ()
-        if config.system_prompt is not None:
-            tools, system = (), config.system_prompt
-        else:
-            system = ep.system_prompt
-        video_name = os.path.basename(ep.video_path) if config.tools else None
-        stamped = config.overview_timestamps or config.overview_visual == "video"
-        messages = chat.paravt_messages(ep.question, clip.frames, clip.timestamps if stamped else None,
-                                        video_name=video_name, tools=tools, system_text=system,
-                                        video_path_line=config.video_path_line, visual=config.overview_visual)
-        prefix = THINK_PREFIX if config.think_prefix else ""
-        return encode(chat.render(messages, add_generation_prompt=True, assistant_prefix=prefix),
-                      tokenizer), clip.metadata.duration
+        return prompt_inputs(ep, clip, tokenizer, config), clip.metadata.duration
 
     prompts, errors, durations = [], [], []
     for ep, future in [(ep, pool.submit(build, ep)) for ep in episodes]:
@@ -257,24 +296,15 @@ def _responses_subagent(results: list[CropResult], sampler: Sampler, tokenizer: 
     trajectories: list[SubTrajectory | None] = [None] * len(results)
     ok = [i for i, r in enumerate(results) if r.ok]
     if ok:
-        prompts = []
-        for i in ok:
-            r = results[i]
-            content = tuple(chat.frames_as_images(r.clip.frames, None)) + (
-                chat.Text(chat.segment_instruction(r.request.start, r.request.end)),)
-            prompts.append(encode(chat.render([chat.Message("user", content)], add_generation_prompt=True),
-                                  tokenizer))
+        prompts = [subagent_prompt(results[i].clip, results[i].request.start, results[i].request.end, tokenizer)
+                   for i in ok]
         out, _ = sampler.generate(prompts, max_new_tokens=config.subagent_max_tokens,
                                   temperature=config.temperature, top_p=config.top_p, top_k=config.top_k,
                                   stop_ids=(tokenizer.special.im_end,), seed=seed,
                                   row_ids=None if stream_ids is None else [stream_ids[i] for i in ok])
         for j, i in enumerate(ok):
             tokens = out.tokens[j]
-            body = [t for t in tokens if t != tokenizer.special.im_end]
-            # A summary that reaches the budget without its stop token is cut there: the text the
-            # reference keeps of a longer summary (its first 512 tokens), with its marker.
-            cut = not bool(out.finished[j])
-            texts[i] = tokenizer.decode(body, skip_special_tokens=True).strip() + (" [truncated]" if cut else "")
+            texts[i] = summary_text(tokens, bool(out.finished[j]), tokenizer)
             seq = prompts[j].extend(encode_ids(tokens, prompts[j].next_position, trainable=True))
             logps = np.concatenate([np.zeros(prompts[j].length, np.float32), out.logprobs[j]])
             trajectories[i] = SubTrajectory(results[i].task.row, seq, logps)
@@ -284,7 +314,7 @@ def _responses_subagent(results: list[CropResult], sampler: Sampler, tokenizer: 
     return texts, trajectories
 
 
-def _responses_frames(results: list[CropResult]) -> list:
+def frames_responses(results: list[CropResult]) -> list:
     """Timestamped layout: each call's response body (text, or text and frames)."""
     out = []
     for r in results:
@@ -389,26 +419,18 @@ def run_rollouts(sampler: Sampler, tokenizer: Tokenizer, episodes: Sequence[Epis
         elif config.frames_response == "images_first":
             texts = images_first_messages(results)
         else:
-            texts = _responses_frames(results)
+            texts = frames_responses(results)
         chunks: list[ModelInputs | None] = [None] * len(rows)
         for b, (first, count) in per_row.items():
             row = rows[b]
-            responses = texts[first:first + count] + pending_errors[b]
-            close = "\n" if not row.truncated else "<|im_end|>\n"
             prefix = think
             if last_round:
                 prefix = config.final_answer_prefix
                 row.active = False  # after the forced answer this row is done
             row.prefix = prefix
-            if config.mode != "subagent" and config.frames_response == "images_first":
-                messages = texts[first:first + count] + chat.tool_response_messages(pending_errors[b])
-            else:
-                messages = chat.tool_response_messages(responses)
-            if last_round and config.final_answer_instruction:
-                messages.append(chat.Message.of("user", config.final_answer_instruction))
-            segments = [chat.Text(close)] + chat.render(messages, add_generation_prompt=True,
-                                                        assistant_prefix=prefix)
-            chunk = encode(segments, tokenizer, start_position=int(state.chunk_start[b]))
+            chunk = response_chunk(texts[first:first + count], pending_errors[b], row.truncated, prefix,
+                                   config.final_answer_instruction if last_round else "", config, tokenizer,
+                                   int(state.chunk_start[b]))
             row.add_chunk(chunk)
             chunks[b] = chunk
         budget = config.final_answer_tokens if last_round else config.max_new_tokens

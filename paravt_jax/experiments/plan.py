@@ -8,13 +8,20 @@ Nothing is allocated. The model is built with `nnx.eval_shape`, every parameter 
 NamedSharding that `paravt_jax.sharding` gives it on an `AbstractMesh` of the requested axis
 sizes (so any device count can be planned on a laptop), and each array is counted as
 `prod(sharding.shard_shape(shape)) * itemsize` bytes per device: a dimension that the mesh
-does not divide is replicated, here as in a real run. The optimizer state is
+does not divide is replicated, here as in a run. The optimizer state is
 `jax.eval_shape(make_optimizer(...).init, params)` (the optimizer train/step.py builds),
 its moments sharded like their parameters. The KV caches use the sampler's own `CacheSpec`
-and `cache_sharding`. Activations of one micro-batch come either from XLA
-(`--activations=xla`: the real `TrainStep` gradient function lowered on abstract sharded
-inputs and compiled; `memory_analysis().temp_size_in_bytes`) or from a per-layer estimate
-from the shapes (`--activations=estimate`, labelled as such; see `activation_estimate`).
+and `cache_sharding`.
+
+The workload's token counts come from agent/rollout.py's own prompt and tool-response builders
+on black frames of the planned sizes (`episode_tokens`), counted with the run's tokenizer; the
+question length and the source video are stated assumptions (`Assumptions`). The trainer's
+micro-batches are train/batch.py's own plan (`plan_micro_batches`) of those episodes.
+Activations of the largest micro-batch come either from XLA (`--activations=xla`: the real
+`TrainStep` gradient function lowered on abstract sharded inputs and compiled;
+`memory_analysis().temp_size_in_bytes`; on a CPU machine with fewer devices than the mesh, in
+a child process with fake CPU devices) or from a per-layer estimate from the shapes
+(`--activations=estimate`, labelled as such; see `activation_estimate`).
 
 Three phases are checked against the device memory:
   trainer  one optimizer step: parameters, gradients, AdamW state, the frozen reference
@@ -46,18 +53,14 @@ from paravt_jax.models.qwen3_vl.attention import DENSE_MAX_SCORE_BYTES
 from paravt_jax.models.qwen3_vl.config import Qwen3VLConfig, load_config, preset
 from paravt_jax.models.qwen3_vl.hf_io import abstract_model
 from paravt_jax.sampling.kv_cache import CacheSpec, bucket, cache_sharding, first_capacity, grown_capacity
-from paravt_jax.text import chat
-from paravt_jax.video.frames import PATCH, smart_resize
+from paravt_jax.text.inputs import ModelInputs
+from paravt_jax.video.frames import PATCH
+from paravt_jax.video.reader import Clip, VideoMetadata, blank_clip
 
 GIB = 2**30
 DEFAULT_CONFIG = config_path("paragrpo") + ":tiny"
 ACTIVATION_MODES = ("auto", "xla", "estimate")
 
-# Token counts the config does not fix, taken at their worst reasonable value.
-CHARS_PER_TOKEN = 3.0  # English + JSON under Qwen's BPE is ~4 chars/token; 3 over-counts on purpose
-QUESTION_TOKENS = 128  # question text of one dataset row
-FRAME_TEXT_TOKENS = 8  # "<12.5 seconds>" + <|vision_start|> + <|vision_end|> around each frame
-SOURCE_FRAME = (720, 1280)  # nominal decoded frame (h, w) before smart_resize: 16:9 video
 # `auto` compiles with XLA up to this size (8b: ~45 s on a 2-core CPU; 32b not measured).
 AUTO_XLA_MAX_PARAMETERS = 10_000_000_000
 PACK_MIN_LENGTH, PACK_MULTIPLE = 16, 256  # train/batch.pack defaults: the train length bucket
@@ -114,7 +117,10 @@ class Workload:
     rollout_rows: int  # B * G
     sampler_rows: int  # rows of the rollout KV cache (power-of-two bucket of B * G)
     micro_batches: int
-    micro_batch_rows: int
+    micro_batch_rows: int  # rows of the largest micro-batch
+    packed: bool  # token-budget micro-batches: rows carry segment ids
+    episodes_per_row: int  # episodes packed into one row (1 unless the width fits several)
+    max_tokens_per_micro_batch: int  # rl.max_tokens_per_micro_batch (0: rl.micro_batches equal groups)
     overview_frames: int  # K (the largest gated choice when gating is on)
     frame_size: tuple[int, int]  # overview frame (h, w) after smart_resize
     frame_tokens: int  # LLM tokens per overview frame
@@ -150,6 +156,7 @@ class MemoryPlan:
     device_memory_gb: float
     activations: str  # "xla" | "estimate"
     workload: Workload
+    rows_per_device: int  # rows of the largest micro-batch each device holds (all of them when replicated)
     trainer: Phase
     sampler: Phase
     rollout: Phase
@@ -227,14 +234,38 @@ def rl_settings(config):
     return rl_config(config), ()
 
 
-def _text_tokens(text: str) -> int:
-    return math.ceil(len(text) / CHARS_PER_TOKEN)
+@dataclasses.dataclass(frozen=True)
+class Assumptions:
+    """What neither the config nor the prompt builders fix, taken at a stated value (printed
+    with the plan; `--question_tokens`, `--video_seconds` change them)."""
+    question_tokens: int = 128  # question text of one dataset row
+    video_seconds: float = 3600.0  # source video length: the digits of every "<t seconds>"
+    source_frame: tuple[int, int] = (720, 1280)  # decoded frame (h, w) before smart_resize: 16:9
+    source_fps: float = 30.0
+    video_name: str = "video_000000.mp4"  # the basename the video-path line shows
+
+    def text(self) -> str:
+        h, w = self.source_frame
+        return (f"question {self.question_tokens} tokens; {self.video_seconds:g} s video of {w}x{h} at "
+                f"{self.source_fps:g} fps named {self.video_name}")
 
 
-def _frame(min_pixels: int, max_pixels: int) -> tuple[tuple[int, int], int]:
-    """((h, w), patches) of one frame shown as an image (grid (1, h/16, w/16))."""
-    h, w = smart_resize(*SOURCE_FRAME, min_pixels=min_pixels, max_pixels=max_pixels)
-    return (h, w), (h // PATCH) * (w // PATCH)
+def plan_tokenizer(config):
+    """(tokenizer, which) of the run: the checkpoint's tokenizer files when model.checkpoint
+    holds them, else the built-in tokenizer (created with the built-in assets if missing, as
+    a run creates it)."""
+    from paravt_jax.text.tokenizer import Tokenizer, TokenizerError
+
+    checkpoint = config.model.get("checkpoint", "")
+    if checkpoint:
+        try:
+            return Tokenizer.from_directory(checkpoint), f"the checkpoint's ({checkpoint})"
+        except TokenizerError as e:
+            raise PlanError(f"config.model.checkpoint: {e}") from None
+    from paravt_jax.jobs import builtin_assets
+
+    assets = builtin_assets(config)
+    return Tokenizer.from_directory(assets.model_dir), f"the built-in BPE ({assets.model_dir})"
 
 
 def _decode_turn(capacity: int, chunk_end: int, budget: int, multiple: int) -> tuple[int, int]:
@@ -251,32 +282,117 @@ def _decode_turn(capacity: int, chunk_end: int, budget: int, multiple: int) -> t
     return capacity, previous
 
 
-def workload(rl, vision) -> Workload:
-    """The token and row counts of one RL step, mirroring agent/rollout.py, the sampler's
-    bucketing and train/batch.pack. Text lengths not fixed by the config use the constants above."""
-    r, d = rl.rollout, rl.dispatch
-    merge_unit = vision.spatial_merge_size**2
-    frames = max(rl.nframes_choices) if rl.nframes_gating else (rl.default_nframes or r.overview_max_frames)
-    frame_size, frame_patches = _frame(r.overview_min_pixels, r.overview_max_pixels)
-    crop_size, crop_patches = _frame(d.min_pixels, d.max_pixels)
-    frame_tokens, crop_tokens = frame_patches // merge_unit, crop_patches // merge_unit
-    calls = (1 if r.mode == "sequential" else d.max_parallel) if r.tools else 0
+@dataclasses.dataclass(frozen=True)
+class EpisodeTokens:
+    """Token counts of one full-budget episode, from the rollout's own prompt builders."""
+    overview: Clip  # the overview as the rollout would read it (black frames)
+    crop: Clip  # one crop_video call's frames
+    prompt: ModelInputs
+    response: ModelInputs  # the chunk after one tool round (all calls answered)
+    final_response: ModelInputs | None  # the chunk before the final-answer turn
+    subagent_prompt: ModelInputs | None
+    summary_tokens: int  # generated tokens of one summary inside a response (subagent mode)
+    question_tokens: int
 
-    system = (_text_tokens(chat.tools_system_prompt((chat.crop_video_tool(layout=r.tool_layout),))) + 5
-              if r.tools else 0)
-    question = QUESTION_TOKENS + _text_tokens("\nThe video path for this video is: video_000000.mp4")
-    generation_prompt = 3 + (3 if r.think_prefix else 0)  # <|im_start|>assistant\n<think>\n
-    prompt = system + 5 + frames * (FRAME_TEXT_TOKENS + frame_tokens) + question + generation_prompt
+    @property
+    def prompt_tokens(self) -> int:
+        return self.prompt.length + self.question_tokens
+
+    def response_tokens(self, calls: int, final: bool = False) -> int:
+        chunk = self.final_response if final else self.response
+        return chunk.length + calls * self.summary_tokens
+
+
+def episode_tokens(rl, tokenizer, assumptions: Assumptions = Assumptions()) -> EpisodeTokens:
+    """One episode's prompt, tool-response chunks and sub-agent prompt built by
+    agent/rollout.py's builders on black frames of the sizes `read_frames` would return
+    (video/reader.py `blank_clip`): every turn uses its whole budget (no stop token), every
+    round makes max_parallel valid calls of max_frames frames each, every summary uses its
+    whole budget. The question text is empty here; `question_tokens` is added to the prompt."""
+    from paravt_jax.agent.dispatch import CropResult, CropTask
+    from paravt_jax.agent.rollout import (
+        THINK_PREFIX,
+        Episode,
+        frames_responses,
+        images_first_messages,
+        prompt_inputs,
+        response_chunk,
+        subagent_prompt,
+        summary_text,
+    )
+    from paravt_jax.agent.tools import TOOL_NAME, CropRequest, ToolCall
+
+    r, d = rl.rollout, rl.dispatch
+    if r.overview_visual != "images":
+        raise PlanError(f"rl.rollout.overview_visual={r.overview_visual!r}: the planner sizes image overviews only")
+    a = assumptions
+    meta = VideoMetadata(a.video_name, a.source_fps, max(1, round(a.video_seconds * a.source_fps)), *a.source_frame)
+    pixels = dict(min_pixels=r.overview_min_pixels, max_pixels=r.overview_max_pixels)
+    frames = max(rl.nframes_choices) if rl.nframes_gating else rl.default_nframes
+    if frames > 0:
+        overview = blank_clip(meta, nframes=frames, **pixels)
+    else:
+        overview = blank_clip(meta, fps=r.overview_fps, max_frames=r.overview_max_frames, **pixels)
+    episode = Episode("plan", "", "", "", a.video_name, nframes=frames)
+    prompt = prompt_inputs(episode, overview, tokenizer, r)
+    # One crop window of max_frames frames at the dispatcher's rate, at the video's end (the
+    # longest timestamps).
+    span = (d.max_frames + 1) / d.fps
+    start, end = max(0.0, meta.duration - span - 1.0), meta.duration - 1.0
+    crop = blank_clip(meta, fps=d.fps, start=start, end=end, min_frames=d.min_frames, max_frames=d.max_frames,
+                      min_pixels=d.min_pixels, max_pixels=d.max_pixels)
+    calls = (1 if r.mode == "sequential" else d.max_parallel) if r.tools else 0
+    call = ToolCall(TOOL_NAME, {"video_path": a.video_name, "start_time": start, "end_time": end})
+    results = [CropResult(CropTask(0, k, a.video_name, meta.duration, call), CropRequest(start, end), crop,
+                          None, 0.0, 0.0) for k in range(calls)]
+    summary_tokens, sub_prompt = 0, None
     if r.mode == "subagent":
-        body = r.subagent_max_tokens + 4  # the summary (+ " [truncated]")
-    else:  # frames / sequential: the crop's frames go into the main context
-        body = _text_tokens("16 frames from 1234.5 s to 1299.9 s.\n") + d.max_frames * (
-            FRAME_TEXT_TOKENS + crop_tokens)
-    response = 2 + calls * (body + 15) + generation_prompt if calls else 0
+        summary_tokens = r.subagent_max_tokens  # counted as generated; the text adds its marker
+        bodies = [summary_text([], False, tokenizer)] * calls
+        sub_prompt = subagent_prompt(crop, start, end, tokenizer) if calls else None
+    elif r.frames_response == "images_first":
+        bodies = images_first_messages(results)
+    else:
+        bodies = frames_responses(results)
+    think = THINK_PREFIX if r.think_prefix else ""
+    response = response_chunk(bodies, [], True, think, "", r, tokenizer, prompt.next_position)
+    final = (response_chunk(bodies, [], True, r.final_answer_prefix, r.final_answer_instruction, r, tokenizer,
+                            prompt.next_position) if r.final_answer else None)
+    return EpisodeTokens(overview, crop, prompt, response, final, sub_prompt, summary_tokens, a.question_tokens)
+
+
+def _patches(inputs: ModelInputs) -> int:
+    return int(inputs.pixel_values.shape[0] + inputs.pixel_values_videos.shape[0])
+
+
+def workload(rl, vision, tokenizer, assumptions: Assumptions = Assumptions(), batch_devices: int = 1) -> Workload:
+    """The token and row counts of one RL step: the episode from the rollout's prompt builders
+    (`episode_tokens`), every row at the full budget; the KV cache grown as the sampler grows
+    it; the train micro-batches from train/batch.py's own plan (`plan_micro_batches`: token
+    budget or fixed count) over the packed episode lengths; batch_devices: the devices the
+    batch axis splits over (`sharding.batch_devices`), the row multiple of token budgets."""
+    from paravt_jax.train.batch import plan_micro_batches
+
+    r = rl.rollout
+    merge_unit = vision.spatial_merge_size**2
+    tokens = episode_tokens(rl, tokenizer, assumptions)
+    frames = len(tokens.overview.frames)
+    frame_size = tuple(int(x) for x in tokens.overview.frames.shape[1:3])
+    crop_size = tuple(int(x) for x in tokens.crop.frames.shape[1:3])
+    frame_tokens = (frame_size[0] // PATCH) * (frame_size[1] // PATCH) // merge_unit
+    crop_tokens = (crop_size[0] // PATCH) * (crop_size[1] // PATCH) // merge_unit
+    calls = (1 if r.mode == "sequential" else rl.dispatch.max_parallel) if r.tools else 0
+
+    prompt = tokens.prompt_tokens
+    response = tokens.response_tokens(calls) if calls else 0
     rounds = r.max_turns if calls else 0
-    sequence = prompt + (rounds + 1) * r.max_new_tokens + rounds * response
-    if calls and r.final_answer:
-        sequence += response + r.final_answer_tokens
+    final = calls and r.final_answer and rounds
+    # rounds with tool responses and a full decode turn each; the final-answer round ends with
+    # the last responses and a short turn instead
+    full_rounds = rounds - 1 if final else rounds
+    sequence = prompt + (full_rounds + 1) * r.max_new_tokens + full_rounds * response
+    if final:
+        sequence += tokens.response_tokens(calls, final=True) + r.final_answer_tokens
 
     # The rollout cache, grown exactly as Sampler.generate / Sampler.extend grow it.
     M = r.max_new_tokens
@@ -285,8 +401,8 @@ def workload(rl, vision) -> Workload:
     prefill_capacity = first_capacity(prefill_width, M, sampler.cache_multiple)
     capacity, previous = _decode_turn(prefill_capacity, prefill_width, M, sampler.cache_multiple)
     write = prefill_width + M - 1
-    extend_width = bucket(1 + response, sampler.min_chunk_bucket) if calls else 0
-    turns = [M] * rounds + ([r.final_answer_tokens] if calls and r.final_answer else [])
+    extend_width = bucket(1 + response, sampler.min_chunk_bucket) if calls else 0  # + the pending token
+    turns = [M] * full_rounds + ([r.final_answer_tokens] if final else [])
     for budget in turns:
         capacity, grew_from = _decode_turn(capacity, write + extend_width, budget, sampler.cache_multiple)
         previous = grew_from or previous
@@ -294,27 +410,32 @@ def workload(rl, vision) -> Workload:
 
     rows = rl.prompts_per_step * rl.samples_per_prompt
     sub_rows = sub_prompt = sub_capacity = 0
-    if r.mode == "subagent" and calls:
+    if tokens.subagent_prompt is not None:
         sub_rows = bucket(rows * calls)
-        sub_prompt = (3 + d.max_frames * (FRAME_TEXT_TOKENS + crop_tokens)
-                      + _text_tokens(chat.segment_instruction(0.0, 60.0)) + 2 + 3)  # no think prefix
+        sub_prompt = tokens.subagent_prompt.length
         sub_capacity, _ = _decode_turn(0, bucket(sub_prompt, sampler.min_chunk_bucket),
                                        r.subagent_max_tokens, sampler.cache_multiple)
-    patches = frames * frame_patches
-    if r.mode != "subagent":
-        patches += rounds * calls * d.max_frames * crop_patches
-    if rows % rl.micro_batches:
-        raise PlanError(f"rl.micro_batches={rl.micro_batches} does not divide "
-                        f"{rl.prompts_per_step} x {rl.samples_per_prompt} rows")
+    patches = _patches(tokens.prompt) + (full_rounds * _patches(tokens.response)
+                                         + (_patches(tokens.final_response) if final else 0))
+    width = bucket(sequence, PACK_MIN_LENGTH, PACK_MULTIPLE)
+    try:
+        micro = plan_micro_batches([sequence] * rows, width, rl.micro_batches, rl.max_tokens_per_micro_batch,
+                                   batch_devices)
+    except ValueError as e:
+        raise PlanError(f"rl.micro_batches={rl.micro_batches} / rl.max_tokens_per_micro_batch="
+                        f"{rl.max_tokens_per_micro_batch}: {e}") from None
+    per_row = max(sum(1 for p in placements if p[0] == row) for placements in micro.placements
+                  for row in {p[0] for p in placements})
     return Workload(
         prompts_per_step=rl.prompts_per_step, samples_per_prompt=rl.samples_per_prompt,
         rollout_rows=rows, sampler_rows=bucket(rows, sampler.min_batch_bucket),
-        micro_batches=rl.micro_batches, micro_batch_rows=rows // rl.micro_batches,
+        micro_batches=len(micro.rows), micro_batch_rows=max(micro.rows), packed=micro.packed,
+        episodes_per_row=per_row, max_tokens_per_micro_batch=rl.max_tokens_per_micro_batch,
         overview_frames=frames, frame_size=frame_size, frame_tokens=frame_tokens,
-        crop_frames=d.max_frames, crop_frame_size=crop_size, crop_frame_tokens=crop_tokens,
+        crop_frames=len(tokens.crop.frames), crop_frame_size=crop_size, crop_frame_tokens=crop_tokens,
         calls_per_turn=calls, prompt_tokens=prompt, response_tokens=response,
-        sequence_tokens=sequence, train_length=bucket(sequence, PACK_MIN_LENGTH, PACK_MULTIPLE),
-        patches_per_row=patches, cache_capacity=capacity, cache_capacity_before_growth=previous,
+        sequence_tokens=sequence, train_length=micro.width,
+        patches_per_row=per_row * patches, cache_capacity=capacity, cache_capacity_before_growth=previous,
         prefill_width=prefill_width, chunk_bucket=sampler.min_chunk_bucket, prefill_capacity=prefill_capacity,
         extend_width=extend_width,
         subagent_rows=sub_rows, subagent_prompt_tokens=sub_prompt, subagent_capacity=sub_capacity)
@@ -476,9 +597,9 @@ def activation_estimate(config: Qwen3VLConfig, work: Workload, mesh_sizes: Mappi
                         d-scores in the compute dtype)
     The per-score byte counts are calibrated against XLA's buffer assignment (CPU) of the real
     gradient function for tiny, small125m (remat on and off) and 2b (README: plan section).
-      head:             rows x T x vocab x 4 (the f32 log-softmax every chunk of the chunked
-                        log-prob scan keeps for its backward) + 3 x rows x chunk x vocab x 4
-                        (one chunk's logits, softmax and gradient)
+      head:             3 x rows x chunk x vocab x 4 (one chunk's f32 logits, softmax and
+                        gradient: the chunked log-prob scan recomputes each chunk's logits in
+                        its backward pass and keeps only its hidden inputs)
       vision:           the same rule over depth blocks, over ALL patches of the micro-batch
                         (the vision inputs are replicated, not split by rows), + its outputs
     """
@@ -494,7 +615,7 @@ def activation_estimate(config: Qwen3VLConfig, work: Workload, mesh_sizes: Mappi
     else:
         text = t.num_hidden_layers * layer(12 + c) + layer(8)
     chunk = min(logprob_chunk, length)
-    head = (length + 3 * chunk) * rows * _divided(t.vocab_size, tensor) * 4
+    head = 3 * chunk * rows * _divided(t.vocab_size, tensor) * 4
     patches = work.micro_batch_rows * work.patches_per_row
     image = (work.frame_size[0] // PATCH) * (work.frame_size[1] // PATCH)
     block = _vision_block_bytes(config, patches, image, tensor)
@@ -575,7 +696,7 @@ def train_batch_spec(config: Qwen3VLConfig, work: Workload, mesh) -> dict:
                 prox_logp=tokens((rows, length), jnp.float32),
                 visual_index=tokens((rows, length), jnp.int32),
                 pixel_values=host((patches, config.vision.patch_dim), jnp.float32),
-                vision_meta=meta)
+                vision_meta=meta, **({"segment_ids": tokens((rows, length), jnp.int32)} if work.packed else {}))
 
 
 def activation_xla(config: Qwen3VLConfig, rl, work: Workload, mesh_sizes: Mapping[str, int]) -> tuple[int, float]:
@@ -587,9 +708,10 @@ def activation_xla(config: Qwen3VLConfig, rl, work: Workload, mesh_sizes: Mappin
     need = math.prod(mesh_sizes.values())
     devices = jax.devices()
     if len(devices) < need:
-        raise PlanError(f"--activations=xla compiles for {need} devices but this process has "
-                        f"{len(devices)} ({devices[0].platform}); use --activations=estimate, or fake "
-                        f"CPU devices: XLA_FLAGS=--xla_force_host_platform_device_count={need} JAX_PLATFORMS=cpu")
+        if devices[0].platform != "cpu":
+            raise PlanError(f"--activations=xla compiles for {need} devices but this process has "
+                            f"{len(devices)} ({devices[0].platform}); use --activations=estimate")
+        return activation_xla_child(config, rl, work, mesh_sizes)
     mesh = sh.make_mesh(dict(mesh_sizes), devices[:need])
     start = time.perf_counter()
     step = TrainStep(abstract_model(config), rl.optimizer, policy_loss(rl.step), policy_head(rl.step), mesh=mesh)
@@ -609,15 +731,65 @@ def activation_xla(config: Qwen3VLConfig, rl, work: Workload, mesh_sizes: Mappin
     return int(analysis.temp_size_in_bytes), time.perf_counter() - start
 
 
+CHILD_TIMEOUT_S = 3600
+
+
+def activation_xla_child(config: Qwen3VLConfig, rl, work: Workload, mesh_sizes: Mapping[str, int]
+                         ) -> tuple[int, float]:
+    """`activation_xla` in a child Python process that has as many fake CPU devices as the mesh
+    (XLA fixes the device count when a process starts). The inputs go over a pipe as a pickle
+    (the very config objects, overrides applied); the child answers with one JSON line."""
+    import pickle
+    import subprocess
+    import sys
+
+    need = math.prod(mesh_sizes.values())
+    env = dict(os.environ)
+    flags = [f for f in env.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")]
+    env["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={need}"])
+    env["JAX_PLATFORMS"] = "cpu"
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+    payload = pickle.dumps((config, rl, work, dict(mesh_sizes)))
+    try:
+        done = subprocess.run([sys.executable, "-m", "paravt_jax.experiments.plan", "--xla-child"], input=payload,
+                              capture_output=True, env=env, timeout=CHILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise PlanError(f"--activations=xla: the compile on {need} fake CPU devices ran past "
+                        f"{CHILD_TIMEOUT_S} s; use --activations=estimate") from None
+    lines = done.stdout.decode(errors="replace").strip().splitlines()
+    if done.returncode != 0 or not lines:
+        tail = done.stderr.decode(errors="replace").strip().splitlines()[-15:]
+        raise PlanError(f"--activations=xla: the compile on {need} fake CPU devices (a child process with "
+                        f"XLA_FLAGS=--xla_force_host_platform_device_count={need}) failed with exit status "
+                        f"{done.returncode}:\n" + "\n".join(tail))
+    answer = json.loads(lines[-1])
+    return int(answer["temp_bytes"]), float(answer["seconds"])
+
+
+def _xla_child() -> None:
+    """The child side of `activation_xla_child`: a pickle on stdin, one JSON line on stdout."""
+    import pickle
+    import sys
+
+    config, rl, work, mesh_sizes = pickle.loads(sys.stdin.buffer.read())
+    if jax.device_count() < math.prod(mesh_sizes.values()):
+        raise SystemExit(f"child process: {jax.device_count()} devices for mesh {mesh_sizes}")
+    temp, seconds = activation_xla(config, rl, work, mesh_sizes)
+    print(json.dumps({"temp_bytes": temp, "seconds": seconds}), flush=True)
+
+
 # ----------------------------------------------------------------------------- the plan
 def plan(config, mesh_sizes: Mapping[str, int], device_memory_gb: float,
-         activations: str = "estimate") -> MemoryPlan:
+         activations: str = "estimate", assumptions: Assumptions = Assumptions(), tokenizer=None) -> MemoryPlan:
     """Per-device memory of the trainer, the sampler and the co-located rollout phase.
 
     config: an ml_collections config as `paravt-jax train` takes (model, rl sections);
     mesh_sizes: {"data", "fsdp", "tensor"} positive sizes; device_memory_gb: GiB per device;
-    activations: "estimate" | "xla" | "auto" (xla when the local devices can host the mesh and
-    the model has at most AUTO_XLA_MAX_PARAMETERS parameters).
+    activations: "estimate" | "xla" | "auto" (xla when the local devices can host the mesh, or
+    they are CPUs (a child process fakes the devices), and the model has at most
+    AUTO_XLA_MAX_PARAMETERS parameters); assumptions: what the config does not fix;
+    tokenizer: counts the prompt text (default: the run's, `plan_tokenizer`).
     """
     if activations not in ACTIVATION_MODES:
         raise PlanError(f"--activations={activations!r}: expected one of {', '.join(ACTIVATION_MODES)}")
@@ -629,7 +801,13 @@ def plan(config, mesh_sizes: Mapping[str, int], device_memory_gb: float,
     name, model = model_config(config)
     rl, notes = rl_settings(config)
     notes = list(notes)
-    work = workload(rl, model.vision)
+    which = "given by the caller"
+    if tokenizer is None:
+        tokenizer, which = plan_tokenizer(config)
+    work = workload(rl, model.vision, tokenizer, assumptions, sh.batch_devices(mesh))
+    notes.append(f"token counts: agent/rollout.py's prompt and tool-response builders on frames of the planned "
+                 f"sizes, every turn, call and summary at its full budget; tokenizer: {which}; assumed "
+                 f"{assumptions.text()}")
 
     # Parameters, gradients, optimizer state, reference: real abstract trees, real shardings.
     from paravt_jax.train.step import make_optimizer
@@ -641,7 +819,7 @@ def plan(config, mesh_sizes: Mapping[str, int], device_memory_gb: float,
     opt_state = jax.eval_shape(make_optimizer(rl.optimizer).init, params)
     o = tree_bytes(optimizer_leaves(opt_state, params, mesh))
     keep_reference = rl.advantage.kl_ctl > 0
-    gradient_copies = 2 if rl.micro_batches > 1 else 1
+    gradient_copies = 2 if work.micro_batches > 1 else 1
     param_row = Component("parameters", p.per_device, p.total, p.summary())
     grad_row = Component("gradients" + (" (accumulator + micro-batch)" if gradient_copies > 1 else ""),
                          gradient_copies * p.per_device, gradient_copies * p.total, "as parameters")
@@ -662,16 +840,19 @@ def plan(config, mesh_sizes: Mapping[str, int], device_memory_gb: float,
                           b.per_device, b.total, "tokens over batch axes; pixels replicated")
     mode = activations
     if mode == "auto":
-        fits_locally = math.prod(sizes.values()) <= jax.device_count()
+        fits_locally = math.prod(sizes.values()) <= jax.device_count() or jax.devices()[0].platform == "cpu"
         mode = "xla" if fits_locally and count <= AUTO_XLA_MAX_PARAMETERS else "estimate"
     if mode == "xla":
         temp, seconds = activation_xla(model, rl, work, sizes)
-        notes.append(f"activations: XLA memory_analysis of TrainStep.grads on "
-                     f"{jax.devices()[0].platform} ({seconds:.1f} s to compile)")
-        act_row = Component("activations (XLA temp, one micro-batch)", temp, temp, "XLA buffer assignment")
+        need = math.prod(sizes.values())
+        where = ("fake CPU devices (child process)" if need > jax.device_count()
+                 else f"{jax.devices()[0].platform} devices")
+        notes.append(f"activations: XLA memory_analysis of TrainStep.grads for the largest micro-batch on "
+                     f"{need} {where} ({seconds:.1f} s to compile)")
+        act_row = Component("activations (XLA temp, largest micro-batch)", temp, temp, "XLA buffer assignment")
     else:
         temp = activation_estimate(model, work, sizes, rl.step.logprob_chunk)
-        act_row = Component("activations (ESTIMATE, one micro-batch)", temp, temp,
+        act_row = Component("activations (ESTIMATE, largest micro-batch)", temp, temp,
                             f"remat {'on' if model.remat else 'off'}; per-layer formula", estimate=True)
     trainer = Phase("trainer", "one optimizer step", (param_row, grad_row, opt_row, reference_row, batch_row,
                                                       act_row), memory)
@@ -721,7 +902,8 @@ def plan(config, mesh_sizes: Mapping[str, int], device_memory_gb: float,
     return MemoryPlan(
         preset=name, parameters=count, param_dtype=model.param_dtype, compute_dtype=model.dtype,
         remat=model.remat, mesh=sizes, devices=math.prod(sizes.values()), device_memory_gb=float(device_memory_gb),
-        activations=mode, workload=work, trainer=trainer, sampler=sampler, rollout=rollout, notes=tuple(notes))
+        activations=mode, workload=work, rows_per_device=per_device_rows, trainer=trainer, sampler=sampler,
+        rollout=rollout, notes=tuple(notes))
 
 
 # ----------------------------------------------------------------------------- output
@@ -750,8 +932,15 @@ def format_plan(result: MemoryPlan) -> str:
         f"mesh {mesh} ({result.devices} devices); device memory {result.device_memory_gb:g} GiB",
         f"workload: {w.prompts_per_step} prompts x {w.samples_per_prompt} samples = {w.rollout_rows} rows "
         f"(sampler {w.sampler_rows}); K <= {w.overview_frames} frames of {w.frame_size[0]}x{w.frame_size[1]} "
-        f"({w.frame_tokens} tokens); prompt {w.prompt_tokens}, episode {w.sequence_tokens} tokens "
-        f"(train length {w.train_length}); {w.micro_batches} micro-batch(es) of {w.micro_batch_rows} rows",
+        f"({w.frame_tokens} tokens); {w.calls_per_turn} calls per round of {w.crop_frames} frames of "
+        f"{w.crop_frame_size[0]}x{w.crop_frame_size[1]} ({w.crop_frame_tokens} tokens)",
+        f"tokens: prompt {w.prompt_tokens}, tool responses {w.response_tokens} per round, episode "
+        f"{w.sequence_tokens} (train length {w.train_length})"
+        + (f"; sub-agent prompt {w.subagent_prompt_tokens}" if w.subagent_rows else ""),
+        f"micro-batches: {w.micro_batches} of <= {w.micro_batch_rows} rows x {w.train_length} "
+        + (f"(budget {w.max_tokens_per_micro_batch} tokens, {w.episodes_per_row} episode(s) per row)"
+           if w.max_tokens_per_micro_batch else "(rl.micro_batches equal groups)")
+        + f"; {result.rows_per_device} row(s) per device",
     ]
     width = max(len(c.name) for phase in result.phases for c in phase.components) + 2
     for phase in result.phases:
@@ -777,7 +966,8 @@ def _device_memory_default() -> float | None:
 
 def main(argv: list[str]) -> MemoryPlan:
     """`paravt-jax plan --config=FILE[:ARG] [--config.x=y] [--mesh=...] [--devices=N]
-    [--device_memory_gb=G] [--activations=auto|xla|estimate] [--json=PATH]`."""
+    [--device_memory_gb=G] [--activations=auto|xla|estimate] [--json=PATH] [--question_tokens=N]
+    [--video_seconds=S]`."""
     from absl import flags
     from ml_collections import config_flags
 
@@ -795,6 +985,10 @@ def main(argv: list[str]) -> MemoryPlan:
     flags.DEFINE_enum("activations", "auto", list(ACTIVATION_MODES), "activation numbers: XLA "
                       "memory analysis or the shape estimate", flag_values=values)
     flags.DEFINE_string("json", "", "also write the plan as JSON to this path", flag_values=values)
+    flags.DEFINE_integer("question_tokens", Assumptions.question_tokens, "assumed tokens of one question",
+                         flag_values=values)
+    flags.DEFINE_float("video_seconds", Assumptions.video_seconds, "assumed video length (the digits of "
+                       "every frame's timestamp)", flag_values=values)
     parse_flags(values, argv, "usage: " + main.__doc__.strip().strip("`"), show_config=True)
     try:
         memory = values.device_memory_gb
@@ -812,7 +1006,11 @@ def main(argv: list[str]) -> MemoryPlan:
         if memory is None:
             raise PlanError(f"no device memory known for {jax.devices()[0].platform}: give "
                             "--device_memory_gb=G or a --mesh preset")
-        result = plan(values.config, sizes, memory, values.activations)
+        if values.question_tokens < 0 or not values.video_seconds > 0:
+            raise PlanError(f"--question_tokens={values.question_tokens} must be >= 0 and "
+                            f"--video_seconds={values.video_seconds} > 0")
+        assumptions = Assumptions(question_tokens=values.question_tokens, video_seconds=values.video_seconds)
+        result = plan(values.config, sizes, memory, values.activations, assumptions)
     except PlanError as e:
         raise SystemExit(f"plan: {e}") from None
     print(format_plan(result), flush=True)
@@ -827,4 +1025,7 @@ def main(argv: list[str]) -> MemoryPlan:
 if __name__ == "__main__":
     import sys
 
-    main(sys.argv)
+    if sys.argv[1:] == ["--xla-child"]:
+        _xla_child()
+    else:
+        main(sys.argv)

@@ -10,6 +10,7 @@ import time
 import numpy as np
 
 from paravt_jax import distributed as dist
+from paravt_jax import sharding as sh
 from paravt_jax.agent.dispatch import CropDispatcher, DispatchConfig
 from paravt_jax.agent.rollout import Episode, RolloutConfig, run_rollouts
 from paravt_jax.config import set_by
@@ -212,7 +213,9 @@ def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge
         behaviour = packed.extras["behaviour_logp"]
         # Micro-batches (with their vision inputs) are built once, for the reference pass and
         # the update; the advantages and proximal log-probs are filled in between.
-        plan = micro_batch_plan(packed, config.micro_batches, config.max_tokens_per_micro_batch)
+        # token-budget micro-batches get a multiple of the batch's devices as rows (else replicated)
+        plan = micro_batch_plan(packed, config.micro_batches, config.max_tokens_per_micro_batch,
+                                sh.batch_devices(step.mesh))
         batches = planned_micro_batches(packed, plan, model.config.vision, {"behaviour_logp": behaviour})
         zero = np.zeros(packed.input_ids.shape, np.float32)
         ref = (plan.merge([step.reference_logprobs(b, config.step.reference_temperature) for b in batches],

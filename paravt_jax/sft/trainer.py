@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from paravt_jax import distributed as dist
+from paravt_jax import sharding as sh
 from paravt_jax.config import set_by
 from paravt_jax.data.sft_examples import sft_inputs
 from paravt_jax.rl.loss import WeightedMean
@@ -85,7 +86,9 @@ def train_sft(model, tokenizer, rows: list, video_root: str, workdir: str, confi
             return state, {"unreadable_step": 1.0, "skipped_examples": skipped}
         unreadable["examples"] = 0
         packed = pack(fill_batch(readable, config.batch_size))
-        plan = micro_batch_plan(packed, config.micro_batches, config.max_tokens_per_micro_batch)
+        # token-budget micro-batches get a multiple of the batch's devices as rows (else replicated)
+        plan = micro_batch_plan(packed, config.micro_batches, config.max_tokens_per_micro_batch,
+                                sh.batch_devices(step.mesh))
         state, metrics = step.step(state, planned_micro_batches(packed, plan, model.config.vision))
         return state, {**metrics, "skipped_examples": skipped, "padding_fraction": plan.padding_fraction()}
 

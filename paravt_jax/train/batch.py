@@ -157,14 +157,23 @@ def plan_rows(lengths: Sequence[int], width: int, num_micro: int) -> MicroBatchP
 
 
 def plan_token_budget(lengths: Sequence[int], max_tokens: int, min_length: int = 16,
-                      multiple: int = 256) -> MicroBatchPlan:
-    """Sequences packed into rows (first fit, longest first) of one bucketed width, the rows
-    grouped into micro-batches of at most `max_tokens` tokens (rows x width; a row longer than
-    the budget is a micro-batch of its own). A sequence longer than every other row's free
-    space sits alone in its row."""
+                      multiple: int = 256, width: int | None = None, row_multiple: int = 1) -> MicroBatchPlan:
+    """Sequences packed into rows (first fit, longest first) of one bucketed width (or the
+    given `width`, at least the longest sequence), the rows grouped into micro-batches of at
+    most `max_tokens` tokens (rows x width; a row longer than the budget is a micro-batch of
+    its own). A sequence longer than every other row's free space sits alone in its row.
+
+    row_multiple: every micro-batch gets a multiple of this many rows (the devices its batch
+    axis is split over, data x fsdp: a row count they do not divide is replicated on all of
+    them): the rows per micro-batch are rounded down to a multiple of it (at least one
+    multiple, whatever the budget: one row per device costs no more memory than a replicated
+    single row) and the last micro-batch is filled up with empty rows (all padding, no loss)."""
     if max_tokens < 1:
         raise ValueError(f"max_tokens_per_micro_batch={max_tokens} must be >= 1")
-    width = bucket(max(lengths), min_length, multiple)
+    if width is None:
+        width = bucket(max(lengths), min_length, multiple)
+    elif width < max(lengths):
+        raise ValueError(f"width {width} is shorter than the longest sequence ({max(lengths)} tokens)")
     free: list[int] = []  # tokens left per row
     rows: list[list[tuple[int, int]]] = []  # (offset, sequence index)
     for index in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
@@ -175,22 +184,32 @@ def plan_token_budget(lengths: Sequence[int], max_tokens: int, min_length: int =
             row = len(rows) - 1
         rows[row].append((width - free[row], index))
         free[row] -= lengths[index]
+    if row_multiple < 1:
+        raise ValueError(f"row_multiple={row_multiple} must be >= 1")
     per_micro = max(1, max_tokens // width)
+    per_micro = max(row_multiple, per_micro - per_micro % row_multiple)
     placements, counts = [], []
     for start in range(0, len(rows), per_micro):
         group = rows[start:start + per_micro]
         placements.append(tuple((r, offset, index) for r, row in enumerate(group) for offset, index in row))
-        counts.append(len(group))
+        counts.append(-(-len(group) // row_multiple) * row_multiple)
     return MicroBatchPlan(tuple(placements), tuple(counts), width, tuple(lengths), packed=True)
 
 
-def micro_batch_plan(packed: Packed, num_micro: int, max_tokens: int = 0) -> MicroBatchPlan:
+def micro_batch_plan(packed: Packed, num_micro: int, max_tokens: int = 0, row_multiple: int = 1) -> MicroBatchPlan:
     """`max_tokens` > 0: token-budget micro-batches of packed rows (`plan_token_budget`, at the
     width `pack` chose); 0: `num_micro` equal groups of one sequence per row."""
-    lengths = [s.length for s in packed.sequences]
-    width = packed.input_ids.shape[1]
-    if max_tokens:
-        return plan_token_budget(lengths, max_tokens, min_length=width, multiple=width)
+    return plan_micro_batches([s.length for s in packed.sequences], packed.input_ids.shape[1], num_micro,
+                              max_tokens, row_multiple)
+
+
+def plan_micro_batches(lengths: Sequence[int], width: int, num_micro: int, max_tokens: int = 0,
+                       row_multiple: int = 1) -> MicroBatchPlan:
+    """`micro_batch_plan` for sequences of these lengths padded to `width` (what `pack` gives):
+    the memory planner calls it with the workload's episode lengths. row_multiple: see
+    `plan_token_budget` (token budgets only)."""
+    if max_tokens:  # pack's width as is: bucket(width, width, width) rounds 20,480 up to 32,768
+        return plan_token_budget(lengths, max_tokens, width=width, row_multiple=row_multiple)
     return plan_rows(lengths, width, num_micro)
 
 

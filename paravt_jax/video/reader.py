@@ -184,10 +184,32 @@ def read_frames(path, nframes: int | None = None, fps: float | None = None,
     """
     reader = VideoReader(path, num_threads=num_threads)
     meta = reader.metadata
+    indices = clip_indices(meta, nframes, fps, start, end, min_frames, max_frames)
+    frames = resize_frames(reader.get(indices), min_pixels, max_pixels)
+    return Clip(frames=frames, timestamps=indices / meta.fps, indices=indices, metadata=meta)
+
+
+def clip_indices(meta: VideoMetadata, nframes: int | None = None, fps: float | None = None,
+                 start: float | None = None, end: float | None = None, min_frames: int | None = None,
+                 max_frames: int | None = None) -> np.ndarray:
+    """The source frame indices [N] `read_frames` decodes for these arguments."""
     first, last = frame_range(meta, start, end)
     n = count_frames(last - first + 1, meta.fps, nframes, fps, min_frames, max_frames)
-    indices = sample_indices(first, last, n)
-    frames = resize_frames(reader.get(indices), min_pixels, max_pixels)
+    return sample_indices(first, last, n)
+
+
+def blank_clip(meta: VideoMetadata, nframes: int | None = None, fps: float | None = None,
+               start: float | None = None, end: float | None = None, min_frames: int | None = None,
+               max_frames: int | None = None, min_pixels: int | None = None,
+               max_pixels: int | None = None) -> Clip:
+    """The clip `read_frames` would return from a video with metadata `meta` (same frame count,
+    timestamps and resized frame size), with black frames and no decoding: for sizing prompts
+    (the memory planner) without a video file."""
+    indices = clip_indices(meta, nframes, fps, start, end, min_frames, max_frames)
+    h, w = smart_resize(meta.height, meta.width, FACTOR,
+                        DEFAULT_MIN_PIXELS if min_pixels is None else min_pixels,
+                        DEFAULT_MAX_PIXELS if max_pixels is None else max_pixels)
+    frames = np.zeros((len(indices), h, w, 3), np.uint8)
     return Clip(frames=frames, timestamps=indices / meta.fps, indices=indices, metadata=meta)
 
 

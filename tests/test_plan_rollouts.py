@@ -1,0 +1,116 @@
+"""The planner's token counts against real rollouts: `run_rollouts` on the tiny model, with a
+policy that makes every turn, call and summary use its whole budget, produces episodes whose
+prompt, tool-response and total lengths the planner's workload predicts within 10%."""
+import dataclasses
+import json
+import os
+
+import numpy as np
+import pytest
+
+from configs import paragrpo
+from paravt_jax.agent.dispatch import CropDispatcher
+from paravt_jax.agent.rollout import Episode, run_rollouts
+from paravt_jax.data.synthetic import Event, write_video
+from paravt_jax.experiments import plan as P
+from paravt_jax.jobs import rl_config
+from paravt_jax.models.qwen3_vl import init_model, preset
+from paravt_jax.sampling import Sampler, SamplerConfig
+from paravt_jax.sampling.sampler import SampleOutput
+from paravt_jax.text.tokenizer import train_tokenizer
+
+CORPUS = ["<think>I will look at two windows.</think> the answer is blue", "crop_video start_time end_time",
+          '{"name": "crop_video", "arguments": {"video_path": "v.mp4", "start_time": 1, "end_time": 5}}',
+          "When does the blue circle appear in the video?"] * 20
+QUESTION = "When does the blue circle appear in the video?"
+SECONDS, FPS, HEIGHT, WIDTH = 40.0, 4.0, 96, 128
+WINDOWS = ((1, 9), (10, 18), (20, 28))  # each >= max_frames seconds: every crop gets max_frames frames
+
+
+class FullBudgetPolicy:
+    """Test double for the policy around the real tiny-model Sampler: the sampler runs every
+    prefill and decode (no stop ids, so each turn fills its budget and the cache positions are
+    the real ones), then each main turn's tokens are replaced by a scripted turn of exactly
+    that budget making valid parallel crop_video calls, and each summary by filler tokens
+    (cut at its budget, as a long summary is)."""
+
+    def __init__(self, sampler, tokenizer):
+        self.sampler, self.tok = sampler, tokenizer
+        self.filler = tokenizer.encode(" blue")
+        assert len(self.filler) == 1
+        calls = "\n".join("<tool_call>\n" + json.dumps({"name": "crop_video", "arguments": {
+            "start_time": s, "end_time": e}}) + "\n</tool_call>" for s, e in WINDOWS)
+        self.head, self.tail = tokenizer.encode("<think>"), tokenizer.encode("</think>\n" + calls)
+        self.main_calls = 0
+
+    def _turn(self, budget):
+        fill = budget - len(self.head) - len(self.tail)
+        assert fill >= 0, f"a budget of {budget} tokens cannot hold the scripted calls"
+        return self.head + self.filler * fill + self.tail
+
+    def _replace(self, out, tokens_for):
+        tokens = [tokens_for(len(t)) if len(t) else [] for t in out.tokens]
+        return SampleOutput(tokens, out.logprobs, np.zeros(len(tokens), bool), np.array([len(t) for t in tokens]))
+
+    def generate(self, prompts, num_samples=1, **knobs):
+        knobs["stop_ids"] = ()
+        out, state = self.sampler.generate(prompts, num_samples, **knobs)
+        if self.main_calls == 0:  # the episode's first turn; later generate calls are sub-agents
+            self.main_calls += 1
+            return self._replace(out, self._turn), state
+        return self._replace(out, lambda n: self.filler * n), state
+
+    def extend(self, state, chunks, **knobs):
+        knobs["stop_ids"] = ()
+        out, state = self.sampler.extend(state, chunks, **knobs)
+        return self._replace(out, self._turn), state
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("plan_rollouts") / "episode.mp4")
+    video = write_video(path, SECONDS, [Event(10.0, 14.0, "blue", "circle")], fps=FPS, height=HEIGHT,
+                        width=WIDTH, seed=1)
+    return video, train_tokenizer(CORPUS), init_model(preset("tiny"), seed=0)
+
+
+def rl_for(mode):
+    c = paragrpo.get_config("tiny")
+    c.rl.nframes_gating, c.rl.default_nframes = False, 4
+    c.rl.rollout.mode, c.rl.rollout.max_turns = mode, 2
+    c.rl.rollout.max_new_tokens, c.rl.rollout.subagent_max_tokens = 128, 24
+    c.rl.dispatch.max_parallel, c.rl.dispatch.max_frames = len(WINDOWS), 4
+    return rl_config(c)
+
+
+@pytest.mark.parametrize("mode", ["frames", "subagent"])
+def test_planner_token_counts_match_full_budget_rollouts(setup, mode):
+    video, tok, model = setup
+    rl = rl_for(mode)
+    assumptions = P.Assumptions(question_tokens=len(tok.encode(QUESTION)), video_seconds=SECONDS,
+                                source_frame=(HEIGHT, WIDTH), source_fps=FPS, video_name=os.path.basename(video))
+    work = P.workload(rl, model.config.vision, tok, assumptions)
+
+    policy = FullBudgetPolicy(Sampler(model, SamplerConfig(min_chunk_bucket=64)), tok)
+    episodes = [Episode(f"e{i}", QUESTION, "[10.0, 14.0]", "tvg", video, nframes=4) for i in range(2)]
+    config = dataclasses.replace(rl.rollout, temperature=rl.step.temperature)
+    with CropDispatcher(rl.dispatch) as dispatcher:
+        rollouts, skipped = run_rollouts(policy, tok, episodes, 2, config, dispatcher)
+    assert not skipped and len(rollouts) == 4
+    rounds = rl.rollout.max_turns
+    for r in rollouts:
+        # every turn made all its calls: the rounds really happened, the last turn's calls unanswered
+        assert r.calls_per_turn == (len(WINDOWS),) * (rounds + 1) and not r.errors
+        generated = int(r.inputs.loss_mask.sum())
+        assert generated == (rounds + 1) * rl.rollout.max_new_tokens
+        responses = (r.inputs.length - r.prompt_length - generated) / rounds
+        for planned, actual in ((work.prompt_tokens, r.prompt_length), (work.response_tokens, responses),
+                                (work.sequence_tokens, r.inputs.length),
+                                (work.patches_per_row, r.inputs.pixel_values.shape[0])):
+            assert abs(planned / actual - 1) <= 0.10, (mode, planned, actual)
+        if mode == "subagent":
+            assert len(r.subagents) == rounds * len(WINDOWS)
+            for s in r.subagents:
+                prompt = s.inputs.length - rl.rollout.subagent_max_tokens
+                assert abs(work.subagent_prompt_tokens / prompt - 1) <= 0.10
+    assert work.crop_frames == 4 and work.overview_frames == 4 and work.calls_per_turn == len(WINDOWS)
