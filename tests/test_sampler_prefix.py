@@ -38,7 +38,7 @@ def prompts(seed=0):
             encode_ids(rng.integers(0, 900, 30).tolist(), 0)]
 
 
-def episode(sampler: Sampler, temperature: float, reserve: int = 0):
+def episode(sampler: Sampler, temperature: float, reserve=()):
     """generate + 2 extends (row 4 sits the first extend out; the second extend's chunks carry an
     image). Returns the three SampleOutputs and the states."""
     rng = np.random.default_rng(9)
@@ -86,10 +86,10 @@ def test_suffix_growth_copies_one_layer_and_keeps_outputs(model):
     the prefix is never copied (the same buffers after every turn) and the grow program reads
     one layer."""
     grown, grown_states = episode(Sampler(model), 1.0)
-    reserved, reserved_states = episode(Sampler(model), 1.0, reserve=256)
+    reserved, reserved_states = episode(Sampler(model), 1.0, reserve=[(40, 6)] * 2)
     assert_same(grown, reserved)
     assert grown_states[0].valid.shape[1] < grown_states[-1].valid.shape[1]  # it grew
-    assert reserved_states[0].valid.shape[1] == reserved_states[-1].valid.shape[1] == 256  # never grew
+    assert reserved_states[0].valid.shape[1] == reserved_states[-1].valid.shape[1]  # never grew
     for state in grown_states[1:]:
         assert state.prefix.keys[0] is grown_states[0].prefix.keys[0]
     layer = jax.ShapeDtypeStruct((12, 2, 16, 64), jnp.float32)
@@ -118,6 +118,26 @@ def test_row_grouped_prefill_equals_one_group(model):
         grouped, _ = episode(Sampler(model, SamplerConfig(prefill_tokens=budget)), 0.0)
         one, _ = episode(sampler, 0.0)
         assert_same(grouped, one)
+
+
+def test_row_groups_on_a_mesh_stay_on_each_device(model):
+    """Rows split over 4 devices (data x fsdp): every row group takes the same rows of each
+    device's block, and the episode equals the unsharded one-group episode."""
+    from flax import nnx
+
+    from paravt_jax import sharding as sh
+    from paravt_jax.sampling.sampler import group_order
+
+    mesh = sh.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+    sharded_model = init_model(preset("tiny"), seed=0, mesh=mesh)
+    nnx.update(sharded_model, jax.device_put(nnx.state(model), sh.state_shardings(model, mesh)))
+    sampler = Sampler(sharded_model, SamplerConfig(prefill_tokens=16), mesh=mesh)
+    assert sampler.row_shards(12, 4) == 4 and sampler.prefill_group(12, 3, 16, 4) == 4
+    assert group_order(12, 4, 4, 2).tolist() == [2, 5, 8, 11]
+    sharded, states = episode(sampler, 1.0)
+    plain, _ = episode(Sampler(model), 1.0)
+    assert_same(sharded, plain, atol=1e-4)
+    assert states[-1].cache_k[0].sharding.spec[0] is not None
 
 
 def test_group_rows():

@@ -42,6 +42,20 @@ def grown_capacity(capacity: int, write_index: int, tokens_left: int, multiple: 
     return bucket(min(write_index + tokens_left + 1, 2 * capacity), 16, multiple)
 
 
+def episode_capacity(turns, min_chunk: int, multiple: int) -> int:
+    """Suffix slots that an episode never outgrows: turns = [(chunk tokens, new tokens)], the
+    first (0, M) for generate's decode after the prompt, then (tool-response tokens, budget)
+    per extend. Mirrors Sampler.extend / Sampler._decode: an extend writes the pending token
+    plus its chunk, bucketed to min_chunk, at the shared write pointer; a decode of n tokens
+    writes n - 1 (the last stays pending); both check first_capacity."""
+    write, capacity = 0, 0
+    for chunk, budget in turns:
+        end = write + (bucket(1 + chunk, min_chunk) if chunk else 0)
+        capacity = max(capacity, first_capacity(end, budget, multiple), end + budget - 1)
+        write = end + budget - 1
+    return bucket(capacity, 16, multiple)
+
+
 @dataclasses.dataclass(frozen=True)
 class CacheSpec:
     layers: int
@@ -80,6 +94,16 @@ def cache_sharding(mesh, spec: CacheSpec) -> CacheShardings | None:
         return None
     return CacheShardings(sh.named_sharding(mesh, KEY_AXES, spec.key_layer_shape),
                           sh.named_sharding(mesh, CACHE_AXES[1:], spec.layer_shape))
+
+
+def row_shards(shardings: CacheShardings | None, spec: CacheSpec, prompts: int) -> int:
+    """Blocks the cache rows are split into over the devices: 1 without a mesh, or when
+    `prompts` prefix rows do not split alike (then a prefill row group may read rows of other
+    devices)."""
+    if shardings is None:
+        return 1
+    shards = spec.batch // shardings.values.shard_shape(spec.layer_shape)[0]
+    return shards if prompts % shards == 0 else 1
 
 
 def constrain(cache_k, cache_v, shardings: CacheShardings | None):

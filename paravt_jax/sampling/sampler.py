@@ -29,8 +29,8 @@ from paravt_jax.models.qwen3_vl.model import Qwen3VL
 from paravt_jax.models.qwen3_vl.text import SharedPrefix
 from paravt_jax.models.qwen3_vl.vision import pad_frames_to_buckets, vision_layout
 from paravt_jax.sampling.backend import DecodeWeights, SamplerBackend, backend_policy, decode_weights
-from paravt_jax.sampling.kv_cache import (CacheShardings, CacheSpec, bucket, cache_sharding, constrain, first_capacity,
-                                          grown_capacity)
+from paravt_jax.sampling.kv_cache import (CacheShardings, CacheSpec, bucket, cache_sharding, constrain, episode_capacity,
+                                          first_capacity, grown_capacity, row_shards)
 from paravt_jax.text.inputs import ModelInputs, collate_vision, encode_ids
 
 MAX_STOP_IDS = 8
@@ -197,36 +197,58 @@ def _new_cache(layers, shape, dtype, sharding):
     return (*constrain(keys, values, sharding), jnp.zeros((rows, capacity), bool))
 
 
-def _rows(arrays, start, count):
-    return tuple(jax.lax.dynamic_slice_in_dim(a, start, count, 0) for a in arrays)
+def _rows(arrays, shards: int, start, count: int):
+    """Rows [start, start + count) of each of `shards` equal blocks of rows (a device's rows when
+    the row axis is split over `shards` devices, so no device reads another's rows)."""
+    out = []
+    for a in arrays:
+        blocks = a.reshape(shards, a.shape[0] // shards, *a.shape[1:])
+        part = jax.lax.dynamic_slice_in_dim(blocks, start, count, 1)
+        out.append(part.reshape(shards * count, *a.shape[1:]))
+    return tuple(out)
 
 
-def _put_rows(arrays, parts, start):
-    return tuple(jax.lax.dynamic_update_slice_in_dim(a, p, start, 0) for a, p in zip(arrays, parts))
+def _put_rows(arrays, parts, shards: int, start):
+    """Writes parts (as `_rows` read them) back in place."""
+    out = []
+    for a, p in zip(arrays, parts):
+        blocks = a.reshape(shards, a.shape[0] // shards, *a.shape[1:])
+        p = p.reshape(shards, p.shape[0] // shards, *p.shape[1:])
+        out.append(jax.lax.dynamic_update_slice_in_dim(blocks, p, start, 1).reshape(a.shape))
+    return tuple(out)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "sharding", "window", "backend", "block"),
+def group_order(rows: int, shards: int, group: int, start: int) -> np.ndarray:
+    """The cache rows of the row group that starts at `start` inside each of the `shards` blocks
+    of rows, in the order _rows reads them: [group] row indices."""
+    local = group // shards
+    return (np.arange(shards)[:, None] * (rows // shards) + start + np.arange(local)[None]).reshape(-1)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "sharding", "window", "backend", "block", "shards"),
                    donate_argnames=("cache_k", "cache_v", "valid"))
 def _prefill(graphdef, params, weights, cache_k, cache_v, valid, prefix, write_index, row_start, ids, positions,
-             counts, visual_index, visual_embeds, deepstack, sharding, window, backend: SamplerBackend, block):
-    """One row group: the chunk ids [g, W] of rows [row_start, row_start + g) written into
-    their cache rows at `write_index` (in place: the caches are donated); with `prefix`
+             counts, visual_index, visual_embeds, deepstack, sharding, window, backend: SamplerBackend, block,
+             shards=1):
+    """One row group: the chunk ids [g, W] of the rows group_order(B, shards, g, row_start)
+    (rows [row_start, row_start + g / shards) of each device's block of rows) written into
+    their cache rows at `write_index`, in place (the caches are donated); with `prefix`
     (SharedPrefix, None for a prompt prefill) the rows also attend to their prompts'
     prefixes. Returns (logits [g, V] of each row's last chunk token, caches, valid)."""
     lang = _merge(graphdef, params).language
     group, width = ids.shape
     whole = group == valid.shape[0]
+    local = group // shards
     if whole:
-        keys, values, rows_valid = cache_k, cache_v, valid
+        keys, values, (rows_valid,) = cache_k, cache_v, (valid,)
     else:
-        keys, values = _rows(cache_k, row_start, group), _rows(cache_v, row_start, group)
-        rows_valid = jax.lax.dynamic_slice_in_dim(valid, row_start, group, 0)
+        keys, values = _rows(cache_k, shards, row_start, local), _rows(cache_v, shards, row_start, local)
+        (rows_valid,) = _rows((valid,), shards, row_start, local)
     if prefix is not None and not whole:
         per_prompt = valid.shape[0] // prefix.valid.shape[0]
-        prompts = max(group // per_prompt, 1)
-        first = row_start // per_prompt
-        prefix = SharedPrefix(_rows(prefix.keys, first, prompts), _rows(prefix.values, first, prompts),
-                              jax.lax.dynamic_slice_in_dim(prefix.valid, first, prompts, 0))
+        count, first = max(local // per_prompt, 1), row_start // per_prompt
+        prefix = SharedPrefix(_rows(prefix.keys, shards, first, count), _rows(prefix.values, shards, first, count),
+                              _rows((prefix.valid,), shards, first, count)[0])
     fresh = jnp.arange(width)[None, :] < counts[:, None]
     rows_valid = jax.lax.dynamic_update_slice(rows_valid, fresh, (0, write_index))
     hidden, keys, values = lang.forward_cached(ids, positions, write_index, rows_valid, keys, values,
@@ -239,8 +261,8 @@ def _prefill(graphdef, params, weights, cache_k, cache_v, valid, prefix, write_i
     if whole:
         cache_k, cache_v, valid = keys, values, rows_valid
     else:
-        cache_k, cache_v = _put_rows(cache_k, keys, row_start), _put_rows(cache_v, values, row_start)
-        valid = jax.lax.dynamic_update_slice_in_dim(valid, rows_valid, row_start, 0)
+        cache_k, cache_v = _put_rows(cache_k, keys, shards, row_start), _put_rows(cache_v, values, shards, row_start)
+        (valid,) = _put_rows((valid,), (rows_valid,), shards, row_start)
     return (logits, *constrain(cache_k, cache_v, sharding), valid)
 
 
@@ -377,14 +399,21 @@ def _collate(chunks: Sequence[ModelInputs | None], rows: int, width: int) -> _Ba
 
 
 def group_rows(rows: int, per_prompt: int, width: int, token_budget: int) -> int:
-    """Rows per prefill call: the largest group of at most `token_budget` chunk tokens (one row
-    when even one row exceeds it) that holds whole prompts (a multiple of `per_prompt`, a
-    power-of-two count of prompts) or a divisor of `per_prompt`; it divides `rows`."""
-    prompts = rows // per_prompt
+    """Rows per prefill call (per device when the rows are split over devices): the largest
+    group of at most `token_budget` chunk tokens (one row when even one row exceeds it) that
+    holds whole prompts (a multiple of `per_prompt`, a power-of-two count of prompts) or a
+    divisor of `per_prompt`; it divides `rows`."""
+    prompts = max(rows // per_prompt, 1)
     sizes = {per_prompt << j for j in range(prompts.bit_length()) if prompts % (1 << j) == 0}
     sizes |= {d for d in range(1, per_prompt + 1) if per_prompt % d == 0}
-    fitting = [g for g in sizes if g * width <= token_budget]
+    fitting = [g for g in sizes if g * width <= token_budget and rows % g == 0]
     return max(fitting) if fitting else 1
+
+
+def prefill_group(rows: int, per_prompt: int, width: int, shards: int, token_budget: int) -> int:
+    """Rows per prefill call of `rows` rows (`per_prompt` per prompt) of `width` tokens split
+    over `shards` devices: group_rows of each device's rows, on every device."""
+    return shards * group_rows(rows // shards, per_prompt, width, token_budget)
 
 
 def _prepend(token: int, position: int, chunk: ModelInputs | None) -> ModelInputs:
@@ -428,20 +457,20 @@ class Sampler:
 
     # -- public -------------------------------------------------------------------------
     def generate(self, prompts: Sequence[ModelInputs], num_samples: int = 1, *, seed: int = 0,
-                 row_ids: Sequence[int] | None = None, reserve: int = 0,
+                 row_ids: Sequence[int] | None = None, reserve: Sequence[tuple[int, int]] = (),
                  **knobs) -> tuple[SampleOutput, SamplerState]:
         """Prefills each prompt once (vision included) into the prompt cache, then decodes
         `num_samples` samples of each (row p * num_samples + g) together: with
         config.shared_prefix they all read the prompt's one copy of its keys and values, and
-        each writes only its own suffix cache. `reserve`: suffix slots to allocate up front
-        (the tokens the later turns will add: generated tokens and tool responses), so that
-        no extend has to grow the cache. Row b draws from the random stream
+        each writes only its own suffix cache. `reserve`: the later turns of the episode,
+        (chunk tokens, new tokens) per extend at their longest; the suffix cache is sized up
+        front so that none of them grows it (kv_cache.episode_capacity). Row b draws from the random stream
         fold_in(PRNGKey(seed), row_ids[b]) (default: b), so a row's samples do not depend on
         which other rows share the call (multi-host rollouts)."""
         if not prompts:
             raise ValueError("generate: no prompts")
-        if num_samples < 1 or reserve < 0:
-            raise ValueError(f"generate: num_samples={num_samples} must be >= 1 and reserve={reserve} >= 0")
+        if num_samples < 1:
+            raise ValueError(f"generate: num_samples={num_samples} must be >= 1")
         k = self._knobs(knobs)
         prompt_rows = bucket(len(prompts), self.config.min_batch_bucket)
         width = chunk_width(prompts, self.config.min_chunk_bucket)
@@ -456,7 +485,8 @@ class Sampler:
             prefix_k, prefix_v, prefix_valid = _copy_rows(prefix_k, prefix_v, prefix_valid, index,
                                                           self._sharding(rows, width))
         prefix = SharedPrefix(prefix_k, prefix_v, prefix_valid)
-        capacity = self._capacity(0, k["max_new_tokens"], reserve)
+        capacity = episode_capacity([(0, k["max_new_tokens"]), *reserve], self.config.min_chunk_bucket,
+                                    self.config.cache_multiple)
         cache_k, cache_v, valid = self._empty_cache(rows, capacity)
         next_position = np.zeros(rows, np.int32)
         next_position[:total] = np.repeat([p.next_position for p in prompts], num_samples)
@@ -526,11 +556,9 @@ class Sampler:
         layers, kv, hd = self._layout
         return cache_sharding(self.mesh, CacheSpec(layers, rows, capacity, kv, hd, self.cache_dtype.name))
 
-    def _capacity(self, chunk_end: int, max_new_tokens: int, reserve: int = 0) -> int:
-        """Suffix slots for a chunk ending at suffix slot `chunk_end` and its decode, at least
-        `reserve`."""
-        return max(first_capacity(chunk_end, max_new_tokens, self.config.cache_multiple),
-                   bucket(reserve, 16, self.config.cache_multiple) if reserve else 0)
+    def _capacity(self, chunk_end: int, max_new_tokens: int) -> int:
+        """Suffix slots for a chunk ending at suffix slot `chunk_end` and the start of its decode."""
+        return first_capacity(chunk_end, max_new_tokens, self.config.cache_multiple)
 
     def _grow(self, cache_k, cache_v, valid, new_capacity: int):
         rows, capacity = valid.shape
@@ -540,9 +568,13 @@ class Sampler:
         layers, kv, hd = self._layout
         return _new_cache(layers, (rows, kv, capacity, hd), self.cache_dtype, self._sharding(rows, capacity))
 
-    def prefill_group(self, rows: int, per_prompt: int, width: int) -> int:
-        """Rows per prefill call for `rows` rows (`per_prompt` per prompt) of `width` tokens."""
-        return group_rows(rows, per_prompt, width, self.backend.prefill_tokens)
+    def row_shards(self, rows: int, prompts: int) -> int:
+        layers, kv, hd = self._layout
+        spec = CacheSpec(layers, rows, 16, kv, hd, self.cache_dtype.name)
+        return row_shards(cache_sharding(self.mesh, spec), spec, prompts)
+
+    def prefill_group(self, rows: int, per_prompt: int, width: int, shards: int = 1) -> int:
+        return prefill_group(rows, per_prompt, width, shards, self.backend.prefill_tokens)
 
     def prefill_block(self, rows: int) -> int:
         return self.backend.prefill_block(rows, self.model.config.text.num_attention_heads,
@@ -550,17 +582,23 @@ class Sampler:
 
     def _prefill(self, cache_k, cache_v, valid, prefix: SharedPrefix | None, write_index: int,
                  chunks: list[ModelInputs | None], rows: int, width: int):
-        """Writes `chunks` (one per row, None = nothing) at `write_index` in row groups.
-        Returns (logits [rows, V], caches, valid)."""
-        per_prompt = 1 if prefix is None else rows // prefix.valid.shape[0]
-        group = self.prefill_group(rows, per_prompt, width)
+        """Writes `chunks` (one per row, None = nothing) at `write_index` in row groups of at
+        most the token budget per device, each group taking the same rows of every device's
+        block of rows. Returns (logits [rows, V], caches, valid)."""
+        prompts = rows if prefix is None else prefix.valid.shape[0]
+        per_prompt = rows // prompts
+        shards = self.row_shards(rows, prompts)
+        group = self.prefill_group(rows, per_prompt, width, shards)
         capacity = valid.shape[1]
         # attend only to the slots in use (bucketed, so few compiled variants)
         window = min(bucket(write_index + width, 16, self.config.cache_multiple), capacity)
         block = self.prefill_block(group)
-        logits = []
-        for start in range(0, rows, group):
-            part = chunks[start:start + group]
+        chunks = list(chunks) + [None] * (rows - len(chunks))
+        logits, order = [], []
+        for start in range(0, rows // shards, group // shards):
+            index = group_order(rows, shards, group, start)
+            part = [chunks[r] for r in index]
+            order.append(index)
             if group < rows and not any(c is not None and c.length for c in part):
                 logits.append(jnp.zeros((group, self.model.config.text.vocab_size), jnp.float32))
                 continue  # padding rows / rows sitting the turn out: nothing to write
@@ -573,9 +611,12 @@ class Sampler:
             out, cache_k, cache_v, valid = _prefill(
                 self.graphdef, self.params, self.weights, cache_k, cache_v, valid, prefix, np.int32(write_index),
                 np.int32(start), batch.ids, batch.positions, batch.counts.astype(np.int32), batch.visual_index,
-                embeds, deepstack, self._sharding(rows, capacity), window, self.backend, block)
+                embeds, deepstack, self._sharding(rows, capacity), window, self.backend, block, shards)
             logits.append(out)
-        return (logits[0] if len(logits) == 1 else jnp.concatenate(logits)), cache_k, cache_v, valid
+        if len(logits) == 1:
+            return logits[0], cache_k, cache_v, valid
+        inverse = np.argsort(np.concatenate(order))
+        return jnp.concatenate(logits)[inverse], cache_k, cache_v, valid
 
     def _decode(self, prefix: SharedPrefix, cache_k, cache_v, valid, write_index, logits, next_position,
                 budgets, num_rows, seed, k, keep_pending=None, takes_part=None, row_ids=None):
