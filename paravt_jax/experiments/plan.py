@@ -45,7 +45,8 @@ from paravt_jax.config import config_path
 from paravt_jax.models.qwen3_vl.attention import DENSE_MAX_SCORE_BYTES
 from paravt_jax.models.qwen3_vl.config import Qwen3VLConfig, load_config, preset
 from paravt_jax.models.qwen3_vl.hf_io import abstract_model
-from paravt_jax.sampling.kv_cache import CacheSpec, bucket, cache_sharding, first_capacity, grown_capacity
+from paravt_jax.sampling.kv_cache import (CacheSpec, bucket, cache_sharding, episode_capacity, first_capacity,
+                                          grown_capacity)
 from paravt_jax.text import chat
 from paravt_jax.video.frames import PATCH, smart_resize
 
@@ -503,40 +504,40 @@ def activation_estimate(config: Qwen3VLConfig, work: Workload, mesh_sizes: Mappi
     return text + head + vision
 
 
-def prefill_estimate(config: Qwen3VLConfig, work: Workload, mesh_sizes: Mapping[str, int]) -> tuple[int, str]:
-    """(bytes, which call) of the largest sampler prefill working set: one decoder layer over
-    the chunk attending to the whole cache (f32 logits), that layer's K/V read from the cache,
+def prefill_estimate(config: Qwen3VLConfig, rl, work: Workload, mesh_sizes: Mapping[str, int]) -> tuple[int, str]:
+    """(bytes, which call) of the largest sampler prefill working set, for ONE row group of
+    each call (sampler_calls; rows per device at most the token budget): one decoder layer
+    over the group's chunk attending to its prefix and cache (f32 logits), that layer's K/V,
     the chunk's hidden states, and the vision tower's one-block working set + outputs for the
-    frames of the call (vision inputs replicated). Forward only, one layer live at a time."""
+    group's frames (vision inputs replicated). Forward only, one layer live at a time."""
+    from paravt_jax.sampling.backend import backend_policy
+    from paravt_jax.sampling.sampler import group_rows
+
     mesh = abstract_mesh(mesh_sizes)
     tensor = mesh_sizes["tensor"]
     t = config.text
     c = jnp.dtype(config.dtype).itemsize
+    budget = backend_policy("gpu", prefill_tokens=rl.sampler.prefill_tokens).prefill_tokens
+    merge_unit = config.vision.spatial_merge_size**2
     frame = (work.frame_size[0] // PATCH) * (work.frame_size[1] // PATCH)
     crop = (work.crop_frame_size[0] // PATCH) * (work.crop_frame_size[1] // PATCH)
-    calls = [("first prompt prefill", bucket(work.prompts_per_step), work.prefill_width, work.prefill_capacity,
-              work.prompts_per_step * work.overview_frames * frame, frame)]
-    if work.extend_width:
-        frames_mode = work.subagent_rows == 0
-        patches = work.rollout_rows * work.calls_per_turn * work.crop_frames * crop if frames_mode else 0
-        calls.append(("tool-response prefill", work.sampler_rows, work.extend_width, work.cache_capacity,
-                      patches, crop))
-    if work.subagent_rows:
-        calls.append(("sub-agent prefill", work.subagent_rows,
-                      bucket(work.subagent_prompt_tokens, work.chunk_bucket),
-                      work.subagent_capacity, work.rollout_rows * work.calls_per_turn * work.crop_frames * crop,
-                      crop))
+    calls, _ = sampler_calls(sampler_layout(rl, work), work, rl)
     best, label = 0, ""
-    for name, rows, width, capacity, patches, image in calls:
-        local = _rows_per_device(rows, mesh)
+    for call in calls:
+        local = _rows_per_device(call.rows, mesh)
+        per_prompt = call.rows // call.prompts if call.prompts else 1
+        group = group_rows(local, min(per_prompt, local), call.width, budget)
+        keys = call.capacity + call.prefix_slots
         kv = _divided(t.num_key_value_heads, tensor)
-        layer = _text_layer_bytes(config, local, width, capacity, tensor)
-        layer += 2 * local * kv * capacity * t.head_dim * c + 2 * local * width * t.hidden_size * c
+        layer = _text_layer_bytes(config, group, call.width, keys, tensor)
+        layer += 2 * group * kv * keys * t.head_dim * c + 2 * group * call.width * t.hidden_size * c
+        patches = group * (call.rows // local) * call.visual_tokens_per_row * merge_unit  # every shard's group
+        image = frame if call.name.startswith("first") else crop
         vision_out = _vision_outputs_bytes(config, patches) if patches else 0
         vision = _vision_block_bytes(config, patches, image, tensor) + vision_out if patches else 0
         total = max(layer + vision_out, vision)
         if total > best:
-            best, label = total, name
+            best, label = total, call.name
     return best, label
 
 
@@ -609,6 +610,119 @@ def activation_xla(config: Qwen3VLConfig, rl, work: Workload, mesh_sizes: Mappin
     return int(analysis.temp_size_in_bytes), time.perf_counter() - start
 
 
+# ----------------------------------------------------------------------------- sampler phase
+@dataclasses.dataclass(frozen=True)
+class SamplerLayout:
+    """The rollout's caches as sampling/sampler.py lays them out: one prompt cache per prompt
+    (shared by its G samples), one suffix cache per row sized for the whole episode up front
+    (generate(reserve=...) from agent/rollout.episode_turns: never grown), and the sub-agent
+    call's caches (its prompts are its prefixes, one sample each)."""
+    prompt_rows: int  # prompts, bucketed (prefix rows)
+    rows: int  # prompt_rows x G (suffix rows)
+    prefix_slots: int
+    suffix_slots: int
+    extend_width: int
+    subagent_rows: int
+    subagent_prefix_slots: int
+    subagent_suffix_slots: int
+
+
+def sampler_layout(rl, work: Workload) -> SamplerLayout:
+    from paravt_jax.agent.rollout import episode_turns
+
+    r, sampler = rl.rollout, rl.sampler
+    calls = work.calls_per_turn
+    prompt_rows = bucket(rl.prompts_per_step, sampler.min_batch_bucket)
+    turns = [(0, r.max_new_tokens)] + episode_turns(r, rl.dispatch, max(calls, 1))
+    suffix = episode_capacity(turns, sampler.min_chunk_bucket, sampler.cache_multiple)
+    sub_prefix = sub_suffix = 0
+    if work.subagent_rows:
+        sub_prefix = bucket(work.subagent_prompt_tokens, sampler.min_chunk_bucket)
+        sub_suffix = episode_capacity([(0, r.subagent_max_tokens)], sampler.min_chunk_bucket, sampler.cache_multiple)
+    return SamplerLayout(prompt_rows, prompt_rows * rl.samples_per_prompt, work.prefill_width, suffix,
+                         work.extend_width, work.subagent_rows, sub_prefix, sub_suffix)
+
+
+def sampler_calls(layout: SamplerLayout, work: Workload, rl):
+    """(prefill calls, decode shapes) of one rollout: the prompt prefill, the tool-response
+    extend, the sub-agent prompt prefill; the main decode."""
+    from paravt_jax.sampling.memory import PrefillCall
+
+    calls = [PrefillCall("first prompt prefill", layout.prompt_rows, layout.prefix_slots, layout.prefix_slots,
+                         visual_tokens_per_row=work.overview_frames * work.frame_tokens)]
+    if layout.extend_width:
+        frames_mode = work.subagent_rows == 0
+        calls.append(PrefillCall("tool-response prefill", layout.rows, layout.suffix_slots, layout.extend_width,
+                                 prompts=layout.prompt_rows, prefix_slots=layout.prefix_slots,
+                                 visual_tokens_per_row=(work.calls_per_turn * work.crop_frames
+                                                        * work.crop_frame_tokens if frames_mode else 0)))
+    if layout.subagent_rows:
+        calls.append(PrefillCall("sub-agent prefill", layout.subagent_rows, layout.subagent_prefix_slots,
+                                 layout.subagent_prefix_slots,
+                                 visual_tokens_per_row=work.crop_frames * work.crop_frame_tokens))
+    decode = dict(rows=layout.rows, capacity=layout.suffix_slots, prompts=layout.prompt_rows,
+                  prefix_slots=layout.prefix_slots, max_new_tokens=rl.rollout.max_new_tokens)
+    return calls, decode
+
+
+def sampler_xla(config: Qwen3VLConfig, rl, layout: SamplerLayout, work: Workload,
+                mesh_sizes: Mapping[str, int]):
+    """ProgramMemory of each sampler program (sampling/memory.py) on a mesh of local devices."""
+    from paravt_jax.sampling.memory import SamplerPrograms
+
+    need = math.prod(mesh_sizes.values())
+    devices = jax.devices()
+    if len(devices) < need:
+        raise PlanError(f"--activations=xla compiles for {need} devices but this process has {len(devices)}")
+    programs = SamplerPrograms(config, rl.sampler, sh.make_mesh(dict(mesh_sizes), devices[:need]))
+    calls, decode = sampler_calls(layout, work, rl)
+    return [programs.prefill(call) for call in calls] + [programs.decode(**decode)]
+
+
+def sampler_components(config: Qwen3VLConfig, rl, work: Workload, mesh_sizes: Mapping[str, int],
+                       mode: str) -> tuple[tuple[Component, ...], Component, list[str]]:
+    """(cache rows, the largest working set, notes) of the sampler phase."""
+    mesh = abstract_mesh(mesh_sizes)
+    t = config.text
+    cache_dtype = jnp.dtype(rl.sampler.cache_dtype or config.dtype).name
+    layout = sampler_layout(rl, work)
+
+    def cache_row(label, rows, capacity):
+        spec = CacheSpec(t.num_hidden_layers, rows, capacity, t.num_key_value_heads, t.head_dim, cache_dtype)
+        sharding = cache_sharding(mesh, spec)
+        keys, _ = _shard_bytes(spec.key_layer_shape, cache_dtype, sharding and sharding.keys)
+        values, _ = _shard_bytes(spec.layer_shape, cache_dtype, sharding and sharding.values)
+        text = "unsharded" if sharding is None else _spec_text(sharding.values)
+        return Component(label, spec.layers * (keys + values), spec.bytes, f"k+v, {spec.layers} layers, values {text}")
+
+    rows = [cache_row(f"prompt KV cache ({layout.prompt_rows} prompts x {layout.prefix_slots} slots, "
+                      f"shared by {rl.samples_per_prompt} samples)", layout.prompt_rows, layout.prefix_slots),
+            cache_row(f"KV cache ({layout.rows} rows x {layout.suffix_slots} slots after the prompt)",
+                      layout.rows, layout.suffix_slots)]
+    if layout.subagent_rows:
+        prompts = cache_row("sub-agent", layout.subagent_rows, layout.subagent_prefix_slots)
+        own = cache_row("sub-agent", layout.subagent_rows, layout.subagent_suffix_slots)
+        rows.append(dataclasses.replace(
+            prompts, name=f"sub-agent KV cache ({layout.subagent_rows} rows x "
+                          f"{layout.subagent_prefix_slots} + {layout.subagent_suffix_slots} slots)",
+            per_device_bytes=prompts.per_device_bytes + own.per_device_bytes,
+            global_bytes=prompts.global_bytes + own.global_bytes))
+    notes = ["no cache growth copy: the rollout sizes each row's cache for its whole episode up front"]
+    if mode == "xla":
+        programs = sampler_xla(config, rl, layout, work, mesh_sizes)
+        best = max(programs, key=lambda p: p.working_bytes)
+        notes.append("sampler working sets (XLA temp + the call's own inputs, per device): " + "; ".join(
+            f"{p.name} {p.working_bytes / GIB:.2f} GiB ({p.group_rows} rows per call, {p.seconds:.0f} s to compile)"
+            for p in programs))
+        working = Component(f"prefill/decode working set (XLA, {best.name})", best.working_bytes,
+                            best.working_bytes, "XLA buffer assignment")
+    else:
+        size, which = prefill_estimate(config, rl, work, mesh_sizes)
+        working = Component(f"prefill working set (ESTIMATE, {which})", size, size, "one layer + vision block",
+                            estimate=True)
+    return tuple(rows), working, notes
+
+
 # ----------------------------------------------------------------------------- the plan
 def plan(config, mesh_sizes: Mapping[str, int], device_memory_gb: float,
          activations: str = "estimate") -> MemoryPlan:
@@ -676,36 +790,10 @@ def plan(config, mesh_sizes: Mapping[str, int], device_memory_gb: float,
     trainer = Phase("trainer", "one optimizer step", (param_row, grad_row, opt_row, reference_row, batch_row,
                                                       act_row), memory)
 
-    # Sampler: the KV caches with the sampler's CacheSpec and cache_sharding.
-    t = model.text
-    cache_dtype = jnp.dtype(rl.sampler.cache_dtype or model.dtype).name
-
-    def cache_row(label, rows, capacity, counted=True):
-        spec = CacheSpec(t.num_hidden_layers, rows, capacity, t.num_key_value_heads, t.head_dim, cache_dtype)
-        sharding = cache_sharding(mesh, spec)
-        keys, _ = _shard_bytes(spec.key_layer_shape, cache_dtype, sharding and sharding.keys)
-        values, _ = _shard_bytes(spec.layer_shape, cache_dtype, sharding and sharding.values)
-        text = "unsharded" if sharding is None else _spec_text(sharding.values)
-        return Component(label, spec.layers * (keys + values), spec.bytes,
-                         f"k+v, {spec.layers} layers, values {text}", counted=counted)
-
-    main_cache = cache_row(f"KV cache ({work.sampler_rows} rows x {work.cache_capacity} slots)",
-                           work.sampler_rows, work.cache_capacity)
-    extra = []
-    if work.cache_capacity_before_growth:
-        extra.append(cache_row(f"KV cache growth copy ({work.cache_capacity_before_growth} slots)",
-                               work.sampler_rows, work.cache_capacity_before_growth))
-    if work.subagent_rows:
-        extra.append(cache_row(f"sub-agent KV cache ({work.subagent_rows} rows x {work.subagent_capacity})",
-                               work.subagent_rows, work.subagent_capacity))
-    if len(extra) == 2:  # never alive together: growth happens in extend, sub-agents between turns
-        smaller = min(extra, key=lambda x: x.per_device_bytes)
-        extra = [dataclasses.replace(x, counted=x is not smaller) for x in extra]
-        notes.append(f"'{smaller.name}' is not added to the sampler total: it is never alive "
-                     "together with the other extra cache")
-    prefill, which = prefill_estimate(model, work, sizes)
-    prefill_row = Component(f"prefill working set (ESTIMATE, {which})", prefill, prefill,
-                            "one layer + vision block", estimate=True)
+    # Sampler: the KV caches with the sampler's CacheSpec and cache_sharding, laid out as
+    # sampling/sampler.py lays them out, and the working sets of its programs.
+    cache_rows, prefill_row, sampler_notes = sampler_components(model, rl, work, sizes, mode)
+    notes += sampler_notes
     # Sampler.weights: a per-layer copy of the decoder layers and of an untied lm head
     # (dropped before the update)
     layer_leaves = [(variable.get_value(), shardings[tuple(str(x) for x in path)])
@@ -714,7 +802,7 @@ def plan(config, mesh_sizes: Mapping[str, int], device_memory_gb: float,
     lb = tree_bytes(layer_leaves)
     copies_row = Component("decoder layer + lm head copies (Sampler.weights)", lb.per_device, lb.total,
                            "per-layer buffers; sharded as the stacked parameters")
-    sampler_rows = (param_row, copies_row, main_cache, *extra, prefill_row)
+    sampler_rows = (param_row, copies_row, *cache_rows, prefill_row)
     sampler = Phase("sampler", "a rollout on its own (parameters + caches)", sampler_rows, memory)
     rollout = Phase("rollout", "the sampler inside rl/trainer.py: optimizer state and reference stay resident",
                     (param_row, opt_row, reference_row, *sampler_rows[1:]), memory)

@@ -40,14 +40,14 @@ class PrefillCall:
     """One prefill as the sampler runs it: `rows` cache rows of `capacity` slots written with a
     chunk of `width` tokens, in row groups of the backend's token budget. prompts > 0: the rows
     attend to `prompts` shared prefixes of `prefix_slots` (an extend); 0: a prompt prefill.
-    visual_tokens: merged vision tokens in ONE row group's chunks."""
+    visual_tokens_per_row: merged vision tokens in one row's chunk."""
     name: str
     rows: int
     capacity: int
     width: int
     prompts: int = 0
     prefix_slots: int = 0
-    visual_tokens: int = 0
+    visual_tokens_per_row: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,11 +139,12 @@ class SamplerPrograms:
         chunk = (self._host((group, call.width), jnp.int32), self._host((3, group, call.width), jnp.int32),
                  self._host((group,), jnp.int32))
         vision = (None, None, None)
-        if call.visual_tokens:
+        visual = group * call.visual_tokens_per_row
+        if visual:
             d, compute = self.config.text.hidden_size, jnp.dtype(self.config.dtype)
             layers = len(self.config.vision.deepstack_visual_indexes)
-            vision = (self._host((group, call.width), jnp.int32), self._host((call.visual_tokens, d), compute),
-                      self._host((layers, call.visual_tokens, d), compute))
+            vision = (self._host((group, call.width), jnp.int32), self._host((visual, d), compute),
+                      self._host((layers, visual, d), compute))
         block = self.backend.prefill_block(group, self.config.text.num_attention_heads, self.config.attention_block)
         args = (self.graphdef, self.params, self.weights, keys, values, valid, prefix, scalar, scalar,
                 *chunk, *vision)
