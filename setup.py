@@ -25,6 +25,7 @@ RUNTIME = [
 EXTRAS = {
     "test": [
         "pytest>=8",
+        "pytest-xdist>=3.6,<4",  # launch/test.sh runs the suite on every core (-n)
         "hypothesis>=6",
         "torch==2.13.0",  # CPU wheel; pinned exactly so pip never pulls a CUDA build
         "transformers>=5.24.0,<6",

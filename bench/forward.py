@@ -43,6 +43,9 @@ def main():
     parser.add_argument("--length", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
+    shortest = 8 + 64 + 2 + 1  # text, the image's 64 tokens with its two markers, text
+    if args.length < shortest:
+        parser.error(f"--length={args.length}: each row holds a 64-token image; give at least {shortest}")
 
     import jax
     import torch

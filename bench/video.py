@@ -26,6 +26,8 @@ def main():
     parser.add_argument("--fps", type=float, default=30.0)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
+    if args.minutes * 60 < 4 * 60 + 20:  # the five crop windows start at 5, 65, ... 245 s
+        parser.error(f"--minutes={args.minutes:g}: the five 15-second crop windows need at least 4.4 minutes")
 
     from paravt_jax.data.synthetic import make_video, write_video
     from paravt_jax.video import read_frames

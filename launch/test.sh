@@ -2,9 +2,10 @@
 # The test suite. Builds .venv if needed; extra arguments go to pytest.
 #   bash launch/test.sh                 # default suite (slow tests excluded)
 #   bash launch/test.sh -m slow         # only the slow tests
+#   PARAVT_TEST_WORKERS  pytest-xdist worker processes (default: auto = one per core; 0 = none)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 PY="$(bash launch/env.sh)"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-exec "$PY" -m pytest "$@"
+exec "$PY" -m pytest -n "${PARAVT_TEST_WORKERS:-auto}" "$@"

@@ -220,11 +220,13 @@ def test_never_raises(text):
 
 
 def test_long_digit_runs_are_fast():
-    # the reference's bare-range regex backtracks cubically here (1,600 digits take ~20 s)
+    # the reference's bare-range regex backtracks cubically here (1,600 digits take ~20 s, so
+    # these inputs would take minutes); linear parsing takes milliseconds, and the generous bound
+    # keeps a loaded machine from failing it
     import time
 
     t0 = time.perf_counter()
     assert S.parse_span("9" * 5000) is None  # one number only
     assert S.parse_span("1" * 3000 + " and 2") == (math.inf, 2.0)  # float() of 3000 digits is inf
     assert S.parse_span("<time>" + "7" * 4000 + "</time>") is None
-    assert time.perf_counter() - t0 < 2.0
+    assert time.perf_counter() - t0 < 30.0

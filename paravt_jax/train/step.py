@@ -3,7 +3,8 @@
 `TrainStep(model, optimizer, loss_fn, head)` builds the jitted pieces once:
   logprobs(params, batch)  — the token head: [B, T] log-probs under softmax(logits / T),
                              computed from hidden states in sequence chunks so that the
-                             [B, T, vocab] logits never exist at once (`token_scores`);
+                             [B, T, vocab] logits never exist at once, in the forward or
+                             the backward pass (`token_scores`);
   grads(params, batch)     — the loss sums/counts and gradients of one micro-batch;
   apply(state, grads, n)   — optax update, donated state, explicit shardings.
 The objective is the function passed in: `loss_fn(scores, batch) -> (loss_sum, token_count,
@@ -112,6 +113,10 @@ def token_scores(model: nnx.Module, batch: Mapping[str, Any], head: HeadConfig) 
     h = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0))).reshape(b, -1, size, d).transpose(1, 0, 2, 3)
     tg = jnp.pad(targets, ((0, 0), (0, pad))).reshape(b, -1, size).transpose(1, 0, 2)
 
+    # Each chunk's logits are recomputed in the backward pass: the scan then saves only the
+    # [B, chunk, D] hidden inputs, not a [B, chunk, vocab] float32 log-softmax per chunk
+    # (for an 8B model at 20k tokens that is 12 GiB per row), at one more head matmul per chunk.
+    @jax.checkpoint
     def one(_, xs):
         hc, tc = xs
         logits = model.language.logits(hc).astype(jnp.float32) / head.temperature
