@@ -126,14 +126,14 @@ def test_row_groups_on_a_mesh_stay_on_each_device(model):
     from flax import nnx
 
     from paravt_jax import sharding as sh
-    from paravt_jax.sampling.sampler import group_order
+    from paravt_jax.sampling.kv_cache import RowGroup
 
     mesh = sh.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
     sharded_model = init_model(preset("tiny"), seed=0, mesh=mesh)
     nnx.update(sharded_model, jax.device_put(nnx.state(model), sh.state_shardings(model, mesh)))
     sampler = Sampler(sharded_model, SamplerConfig(prefill_tokens=16), mesh=mesh)
     assert sampler.row_shards(12, 4) == 4 and sampler.prefill_group(12, 3, 16, 4) == 4
-    assert group_order(12, 4, 4, 2).tolist() == [2, 5, 8, 11]
+    assert RowGroup(2, 1, 4).order(12).tolist() == [2, 5, 8, 11]
     sharded, states = episode(sampler, 1.0)
     plain, _ = episode(Sampler(model), 1.0)
     assert_same(sharded, plain, atol=1e-4)

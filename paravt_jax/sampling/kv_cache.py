@@ -96,6 +96,38 @@ def cache_sharding(mesh, spec: CacheSpec) -> CacheShardings | None:
                           sh.named_sharding(mesh, CACHE_AXES[1:], spec.layer_shape))
 
 
+@dataclasses.dataclass(frozen=True)
+class RowGroup:
+    """Rows [start, start + local) of each of `shards` equal blocks of cache rows: a prefill row
+    group that takes the same rows of every device's block, so no device touches another's
+    rows. The cached forward (TextDecoder.forward_cached) writes the group's chunk into the
+    whole cache in place and reads only the group's rows, one layer at a time."""
+    start: jax.Array
+    local: int
+    shards: int
+
+    def _blocks(self, array):
+        return array.reshape(self.shards, array.shape[0] // self.shards, *array.shape[1:])
+
+    def read(self, array):
+        part = jax.lax.dynamic_slice_in_dim(self._blocks(array), self.start, self.local, 1)
+        return part.reshape(self.shards * self.local, *array.shape[1:])
+
+    def write(self, array, part, slot_axis: int | None = None, slot=0):
+        """`array` with `part` (the group's rows, as read) written at the group's rows and, along
+        slot_axis, from `slot`."""
+        part = part.reshape(self.shards, self.local, *part.shape[1:])
+        index = [0, self.start] + [0] * (array.ndim - 1)
+        if slot_axis is not None:
+            index[slot_axis + 1] = slot
+        return jax.lax.dynamic_update_slice(self._blocks(array), part, index).reshape(array.shape)
+
+    def order(self, rows: int) -> np.ndarray:
+        """[shards * local] the cache rows of the group, in the order read() returns them."""
+        return (np.arange(self.shards)[:, None] * (rows // self.shards) + int(self.start)
+                + np.arange(self.local)[None]).reshape(-1)
+
+
 def row_shards(shardings: CacheShardings | None, spec: CacheSpec, prompts: int) -> int:
     """Blocks the cache rows are split into over the devices: 1 without a mesh, or when
     `prompts` prefix rows do not split alike (then a prefill row group may read rows of other

@@ -30,7 +30,7 @@ from paravt_jax.models.qwen3_vl.text import SharedPrefix
 from paravt_jax.models.qwen3_vl.vision import pad_frames_to_buckets, vision_layout
 from paravt_jax.sampling.backend import DecodeWeights, SamplerBackend, backend_policy, decode_weights
 from paravt_jax.sampling.kv_cache import (CacheShardings, CacheSpec, bucket, cache_sharding, constrain, episode_capacity,
-                                          first_capacity, grown_capacity, row_shards)
+                                          first_capacity, grown_capacity, RowGroup, row_shards)
 from paravt_jax.text.inputs import ModelInputs, collate_vision, encode_ids
 
 MAX_STOP_IDS = 8
@@ -197,72 +197,35 @@ def _new_cache(layers, shape, dtype, sharding):
     return (*constrain(keys, values, sharding), jnp.zeros((rows, capacity), bool))
 
 
-def _rows(arrays, shards: int, start, count: int):
-    """Rows [start, start + count) of each of `shards` equal blocks of rows (a device's rows when
-    the row axis is split over `shards` devices, so no device reads another's rows)."""
-    out = []
-    for a in arrays:
-        blocks = a.reshape(shards, a.shape[0] // shards, *a.shape[1:])
-        part = jax.lax.dynamic_slice_in_dim(blocks, start, count, 1)
-        out.append(part.reshape(shards * count, *a.shape[1:]))
-    return tuple(out)
-
-
-def _put_rows(arrays, parts, shards: int, start):
-    """Writes parts (as `_rows` read them) back in place."""
-    out = []
-    for a, p in zip(arrays, parts):
-        blocks = a.reshape(shards, a.shape[0] // shards, *a.shape[1:])
-        p = p.reshape(shards, p.shape[0] // shards, *p.shape[1:])
-        out.append(jax.lax.dynamic_update_slice_in_dim(blocks, p, start, 1).reshape(a.shape))
-    return tuple(out)
-
-
-def group_order(rows: int, shards: int, group: int, start: int) -> np.ndarray:
-    """The cache rows of the row group that starts at `start` inside each of the `shards` blocks
-    of rows, in the order _rows reads them: [group] row indices."""
-    local = group // shards
-    return (np.arange(shards)[:, None] * (rows // shards) + start + np.arange(local)[None]).reshape(-1)
-
-
 @functools.partial(jax.jit, static_argnames=("graphdef", "sharding", "window", "backend", "block", "shards"),
                    donate_argnames=("cache_k", "cache_v", "valid"))
 def _prefill(graphdef, params, weights, cache_k, cache_v, valid, prefix, write_index, row_start, ids, positions,
              counts, visual_index, visual_embeds, deepstack, sharding, window, backend: SamplerBackend, block,
              shards=1):
-    """One row group: the chunk ids [g, W] of the rows group_order(B, shards, g, row_start)
-    (rows [row_start, row_start + g / shards) of each device's block of rows) written into
-    their cache rows at `write_index`, in place (the caches are donated); with `prefix`
+    """One row group: the chunk ids [g, W] of the cache rows RowGroup(row_start, g / shards,
+    shards).order(B) (rows [row_start, row_start + g / shards) of each device's block of rows)
+    written into their cache rows at `write_index`, in place (the caches are donated); with `prefix`
     (SharedPrefix, None for a prompt prefill) the rows also attend to their prompts'
     prefixes. Returns (logits [g, V] of each row's last chunk token, caches, valid)."""
     lang = _merge(graphdef, params).language
     group, width = ids.shape
-    whole = group == valid.shape[0]
-    local = group // shards
-    if whole:
-        keys, values, (rows_valid,) = cache_k, cache_v, (valid,)
-    else:
-        keys, values = _rows(cache_k, shards, row_start, local), _rows(cache_v, shards, row_start, local)
-        (rows_valid,) = _rows((valid,), shards, row_start, local)
-    if prefix is not None and not whole:
+    rows = None if group == valid.shape[0] else RowGroup(row_start, group // shards, shards)
+    rows_valid = valid if rows is None else rows.read(valid)
+    if prefix is not None and rows is not None:
         per_prompt = valid.shape[0] // prefix.valid.shape[0]
-        count, first = max(local // per_prompt, 1), row_start // per_prompt
-        prefix = SharedPrefix(_rows(prefix.keys, shards, first, count), _rows(prefix.values, shards, first, count),
-                              _rows((prefix.valid,), shards, first, count)[0])
+        prompts = RowGroup(row_start // per_prompt, max(rows.local // per_prompt, 1), shards)
+        prefix = SharedPrefix(tuple(map(prompts.read, prefix.keys)), tuple(map(prompts.read, prefix.values)),
+                              prompts.read(prefix.valid))
     fresh = jnp.arange(width)[None, :] < counts[:, None]
     rows_valid = jax.lax.dynamic_update_slice(rows_valid, fresh, (0, write_index))
-    hidden, keys, values = lang.forward_cached(ids, positions, write_index, rows_valid, keys, values,
-                                               visual_index, visual_embeds, deepstack,
-                                               window=window, layers=weights.layers,
-                                               project=backend.project, block=block, prefix=prefix)
+    hidden, cache_k, cache_v = lang.forward_cached(ids, positions, write_index, rows_valid, cache_k, cache_v,
+                                                   visual_index, visual_embeds, deepstack,
+                                                   window=window, layers=weights.layers,
+                                                   project=backend.project, block=block, prefix=prefix, rows=rows)
     last = jnp.maximum(counts - 1, 0)
     last_hidden = hidden[jnp.arange(group), last][:, None]
     logits = backend.logits(lang, last_hidden, weights)[:, 0].astype(jnp.float32)
-    if whole:
-        cache_k, cache_v, valid = keys, values, rows_valid
-    else:
-        cache_k, cache_v = _put_rows(cache_k, keys, shards, row_start), _put_rows(cache_v, values, shards, row_start)
-        (valid,) = _put_rows((valid,), (rows_valid,), shards, row_start)
+    valid = rows_valid if rows is None else rows.write(valid, rows_valid)
     return (logits, *constrain(cache_k, cache_v, sharding), valid)
 
 
@@ -596,7 +559,7 @@ class Sampler:
         chunks = list(chunks) + [None] * (rows - len(chunks))
         logits, order = [], []
         for start in range(0, rows // shards, group // shards):
-            index = group_order(rows, shards, group, start)
+            index = RowGroup(start, group // shards, shards).order(rows)
             part = [chunks[r] for r in index]
             order.append(index)
             if group < rows and not any(c is not None and c.length for c in part):

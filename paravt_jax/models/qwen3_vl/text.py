@@ -175,7 +175,7 @@ class TextDecoder(nnx.Module):
                        visual_index: jax.Array | None = None, visual_embeds: jax.Array | None = None,
                        deepstack: jax.Array | None = None, window: int | None = None,
                        layers: tuple[dict, ...] | None = None, project=dense_projections,
-                       block: int | None = None, prefix: SharedPrefix | None = None):
+                       block: int | None = None, prefix: SharedPrefix | None = None, rows=None):
         """Runs a chunk of P tokens per row on top of a KV cache.
 
         The cache is one array per layer (cache_k: [B, KV, hd, S] each, cache_v:
@@ -193,7 +193,12 @@ class TextDecoder(nnx.Module):
         sliced here. `block` (static): the attention block of a blockwise prefill (default
         config.attention_block). `prefix`: keys and values that groups of rows share and
         attend before their own cache (row b reads prefix b // (B / P)); they are read, never
-        written. The layers are unrolled.
+        written. `rows`: which rows of the caches the B rows of this call are (an object with
+        read(array) -> those rows and write(array, chunk, slot_axis, slot) -> the array with
+        chunk written at those rows; sampling/kv_cache.RowGroup); None: all rows. valid is the
+        call's own rows. The layers are unrolled, each behind an optimization barrier with its
+        input, so that XLA cannot fetch (all-gather) a later layer's sharded weights early and
+        holds one layer's at a time.
         Returns (hidden [B, P, D], cache_k, cache_v).
         """
         t = self.config
@@ -216,14 +221,20 @@ class TextDecoder(nnx.Module):
 
             def kv(k_new, v_new, ck=cache_k[i], cv=cache_v[i], written=written):
                 # chunk [B, P, KV, hd] -> keys [B, KV, hd, P], values [B, KV, P, hd]
-                written["k"] = jax.lax.dynamic_update_slice(
-                    ck, k_new.transpose(0, 2, 3, 1).astype(ck.dtype), (0, 0, 0, slot))
-                written["v"] = jax.lax.dynamic_update_slice(
-                    cv, v_new.transpose(0, 2, 1, 3).astype(cv.dtype), (0, 0, slot, 0))
-                keys, values = written["k"][..., :window], written["v"][:, :, :window]
+                k_chunk = k_new.transpose(0, 2, 3, 1).astype(ck.dtype)
+                v_chunk = v_new.transpose(0, 2, 1, 3).astype(cv.dtype)
+                if rows is None:
+                    written["k"] = jax.lax.dynamic_update_slice(ck, k_chunk, (0, 0, 0, slot))
+                    written["v"] = jax.lax.dynamic_update_slice(cv, v_chunk, (0, 0, slot, 0))
+                    keys, values = written["k"], written["v"]
+                else:
+                    written["k"], written["v"] = rows.write(ck, k_chunk, 3, slot), rows.write(cv, v_chunk, 2, slot)
+                    keys, values = rows.read(written["k"]), rows.read(written["v"])
+                keys, values = keys[..., :window], values[:, :, :window]
                 return keys.astype(k_new.dtype), values.astype(v_new.dtype)
 
             shared = None if prefix is None else PrefixLayer(prefix.keys[i], prefix.values[i], prefix.valid)
+            x, params = jax.lax.optimization_barrier((x, params))
             x, _ = self.layer(x, params, cos, sin, mask, kv, cache_layout=True, project=project, block=block,
                               prefix=shared)
             x = add_deepstack(x, i)
