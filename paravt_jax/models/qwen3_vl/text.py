@@ -175,7 +175,8 @@ class TextDecoder(nnx.Module):
                        visual_index: jax.Array | None = None, visual_embeds: jax.Array | None = None,
                        deepstack: jax.Array | None = None, window: int | None = None,
                        layers: tuple[dict, ...] | None = None, project=dense_projections,
-                       block: int | None = None, prefix: SharedPrefix | None = None, rows=None):
+                       block: int | None = None, prefix: SharedPrefix | None = None, rows=None,
+                       place=None):
         """Runs a chunk of P tokens per row on top of a KV cache.
 
         The cache is one array per layer (cache_k: [B, KV, hd, S] each, cache_v:
@@ -198,7 +199,9 @@ class TextDecoder(nnx.Module):
         chunk written at those rows; sampling/kv_cache.RowGroup); None: all rows. valid is the
         call's own rows. The layers are unrolled, each behind an optimization barrier with its
         input, so that XLA cannot fetch (all-gather) a later layer's sharded weights early and
-        holds one layer's at a time.
+        holds one layer's at a time. `place`: applied to the hidden states [B, P, D] after the
+        embedding and after every layer (the sampler pins them to its row placement, so that a
+        sharded weight is gathered rather than the whole batch's activations reduced).
         Returns (hidden [B, P, D], cache_k, cache_v).
         """
         t = self.config
@@ -206,7 +209,8 @@ class TextDecoder(nnx.Module):
             raise ValueError(f"forward_cached: {len(cache_k)}/{len(cache_v)} cache layers for a "
                              f"{t.num_hidden_layers}-layer decoder")
         length = input_ids.shape[1]
-        x = self.embed(input_ids, visual_index, visual_embeds)
+        place = place or (lambda h: h)
+        x = place(self.embed(input_ids, visual_index, visual_embeds))
         cos, sin = mrope_tables(position_ids, t, self.dtype)
         capacity = valid.shape[1]
         window = capacity if window is None else min(int(window), capacity)
@@ -224,12 +228,16 @@ class TextDecoder(nnx.Module):
                 k_chunk = k_new.transpose(0, 2, 3, 1).astype(ck.dtype)
                 v_chunk = v_new.transpose(0, 2, 1, 3).astype(cv.dtype)
                 if rows is None:
-                    written["k"] = jax.lax.dynamic_update_slice(ck, k_chunk, (0, 0, 0, slot))
-                    written["v"] = jax.lax.dynamic_update_slice(cv, v_chunk, (0, 0, slot, 0))
-                    keys, values = written["k"], written["v"]
+                    new_k = jax.lax.dynamic_update_slice(ck, k_chunk, (0, 0, 0, slot))
+                    new_v = jax.lax.dynamic_update_slice(cv, v_chunk, (0, 0, slot, 0))
                 else:
-                    written["k"], written["v"] = rows.write(ck, k_chunk, 3, slot), rows.write(cv, v_chunk, 2, slot)
-                    keys, values = rows.read(written["k"]), rows.read(written["v"])
+                    new_k, new_v = rows.write(ck, k_chunk, 3, slot), rows.write(cv, v_chunk, 2, slot)
+                # the barrier: write in place first, then read (else XLA may fuse the read with
+                # the write and copy the whole layer's cache to keep the original)
+                written["k"], written["v"] = jax.lax.optimization_barrier((new_k, new_v))
+                keys, values = written["k"], written["v"]
+                if rows is not None:
+                    keys, values = rows.read(keys), rows.read(values)
                 keys, values = keys[..., :window], values[:, :, :window]
                 return keys.astype(k_new.dtype), values.astype(v_new.dtype)
 
@@ -237,7 +245,7 @@ class TextDecoder(nnx.Module):
             x, params = jax.lax.optimization_barrier((x, params))
             x, _ = self.layer(x, params, cos, sin, mask, kv, cache_layout=True, project=project, block=block,
                               prefix=shared)
-            x = add_deepstack(x, i)
+            x = place(add_deepstack(x, i))
             out_k.append(written["k"])
             out_v.append(written["v"])
         return x, tuple(out_k), tuple(out_v)
