@@ -9,12 +9,10 @@ array."""
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec
 
 from paravt_jax import sharding as sh
 
@@ -138,24 +136,6 @@ def row_shards(shardings: CacheShardings | None, spec: CacheSpec, prompts: int) 
         return 1
     shards = spec.batch // shardings.values.shard_shape(spec.layer_shape)[0]
     return shards if prompts % shards == 0 else 1
-
-
-def constrain_rows(x: jax.Array, shardings: CacheShardings | None, axis: int = 0) -> jax.Array:
-    """x split over its `axis` (rows) as the cache rows are split, where the split divides it.
-    Host inputs (token ids, positions) arrive replicated; left so, every device would compute
-    every row and gather the other devices' cache rows to attend to them."""
-    if shardings is None:
-        return x
-    sharding = shardings.values
-    rows_spec = sharding.spec[0] if len(sharding.spec) else None
-    if rows_spec is None:
-        return x
-    names = rows_spec if isinstance(rows_spec, tuple) else (rows_spec,)
-    if x.shape[axis] % math.prod(sharding.mesh.shape[name] for name in names):
-        return x
-    spec = [None] * x.ndim
-    spec[axis] = rows_spec
-    return jax.lax.with_sharding_constraint(x, NamedSharding(sharding.mesh, PartitionSpec(*spec)))
 
 
 def constrain(cache_k, cache_v, shardings: CacheShardings | None):

@@ -30,8 +30,7 @@ from paravt_jax.models.qwen3_vl.text import SharedPrefix
 from paravt_jax.models.qwen3_vl.vision import pad_frames_to_buckets, vision_layout
 from paravt_jax.sampling.backend import DecodeWeights, SamplerBackend, backend_policy, decode_weights
 from paravt_jax.sampling.kv_cache import (CacheShardings, CacheSpec, RowGroup, bucket, cache_sharding, constrain,
-                                          constrain_rows, episode_capacity, first_capacity, grown_capacity,
-                                          row_shards)
+                                          episode_capacity, first_capacity, grown_capacity, row_shards)
 from paravt_jax.text.inputs import ModelInputs, collate_vision, encode_ids
 
 MAX_STOP_IDS = 8
@@ -210,10 +209,6 @@ def _prefill(graphdef, params, weights, cache_k, cache_v, valid, prefix, write_i
     prefixes. Returns (logits [g, V] of each row's last chunk token, caches, valid)."""
     lang = _merge(graphdef, params).language
     group, width = ids.shape
-    ids, counts = constrain_rows(ids, sharding), constrain_rows(counts, sharding)
-    positions = constrain_rows(positions, sharding, 1)
-    if visual_index is not None:
-        visual_index = constrain_rows(visual_index, sharding)
     rows = None if group == valid.shape[0] else RowGroup(row_start, group // shards, shards)
     rows_valid = valid if rows is None else rows.read(valid)
     if prefix is not None and rows is not None:
@@ -226,8 +221,7 @@ def _prefill(graphdef, params, weights, cache_k, cache_v, valid, prefix, write_i
     hidden, cache_k, cache_v = lang.forward_cached(ids, positions, write_index, rows_valid, cache_k, cache_v,
                                                    visual_index, visual_embeds, deepstack,
                                                    window=window, layers=weights.layers,
-                                                   project=backend.project, block=block, prefix=prefix, rows=rows,
-                                                   place=functools.partial(constrain_rows, shardings=sharding))
+                                                   project=backend.project, block=block, prefix=prefix, rows=rows)
     last = jnp.maximum(counts - 1, 0)
     last_hidden = hidden[jnp.arange(group), last][:, None]
     logits = backend.logits(lang, last_hidden, weights)[:, 0].astype(jnp.float32)
@@ -325,9 +319,8 @@ def _decode(graphdef, params, weights, cache_k, cache_v, valid, prefix, logits, 
     def body(loop):
         c, ck, cv, valid = loop
         active = ~c.done
-        fed = constrain_rows(jnp.maximum(c.tokens[:, c.step - 1], 0)[:, None], sharding)
-        positions = constrain_rows(jnp.broadcast_to(c.next_position[None, :, None], (3, fed.shape[0], 1)),
-                                   sharding, 1)
+        fed = jnp.maximum(c.tokens[:, c.step - 1], 0)[:, None]
+        positions = jnp.broadcast_to(c.next_position[None, :, None], (3, fed.shape[0], 1))
         valid = jax.lax.dynamic_update_slice(valid, active[:, None], (0, c.write_index))
         hidden, ck, cv = lang.forward_cached(fed, positions, c.write_index, valid, ck, cv,
                                              layers=weights.layers, project=backend.project, prefix=prefix)
@@ -382,8 +375,11 @@ def group_rows(rows: int, per_prompt: int, width: int, token_budget: int) -> int
 
 def prefill_group(rows: int, per_prompt: int, width: int, shards: int, token_budget: int) -> int:
     """Rows per prefill call of `rows` rows (`per_prompt` per prompt) of `width` tokens split
-    over `shards` devices: group_rows of each device's rows, on every device."""
-    return shards * group_rows(rows // shards, per_prompt, width, token_budget)
+    over `shards` devices: the same group_rows of each device's rows, at most `token_budget`
+    chunk tokens in all (at least one row per device). The budget counts the whole group: on an
+    fsdp mesh XLA computes a layer's matmuls for all of the group's tokens on every device
+    (partial sums over the split weight, then all-reduced)."""
+    return shards * group_rows(rows // shards, per_prompt, width, token_budget // shards)
 
 
 def _prepend(token: int, position: int, chunk: ModelInputs | None) -> ModelInputs:

@@ -320,21 +320,28 @@ def blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: Attentio
     plus O(L) residuals (the output and a log-sum-exp per query) for the backward pass.
     """
     batch, q_len, heads, head_dim = q.shape
+    out = _flash(*_flash_inputs(q, k, v, mask, cache_layout, block), mask.causal,
+                 *block_sizes(q_len, k.shape[-1] if cache_layout else k.shape[1], block))
+    out = out[:, :, :, :q_len].transpose(0, 3, 1, 2, 4)
+    return out.reshape(batch, q_len, heads, head_dim)
+
+
+def _flash_inputs(q, k, v, mask: AttentionMask, cache_layout: bool, block: int):
+    """The blockwise kernels' operands: q [B, KV, G, Lq', hd], k/v [B, KV, Lk', hd] and the
+    mask's segments and positions, padded to multiples of the blocks (block_sizes)."""
+    batch, q_len, heads, head_dim = q.shape
     if cache_layout:
         k = k.transpose(0, 1, 3, 2)  # [B, KV, hd, Lk] -> [B, KV, Lk, hd]
     else:
         k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
     kv_heads, k_len = k.shape[1], k.shape[2]
-    groups = heads // kv_heads
     block_q, block_k = block_sizes(q_len, k_len, block)
-    qg = q.reshape(batch, q_len, kv_heads, groups, head_dim).transpose(0, 2, 3, 1, 4)
+    qg = q.reshape(batch, q_len, kv_heads, heads // kv_heads, head_dim).transpose(0, 2, 3, 1, 4)
     qg = _pad_to(qg, 3, block_q)
     k, v = _pad_to(k, 2, block_k), _pad_to(v, 2, block_k)
     q_seg, q_pos = (_pad_to(x, 1, block_q) for x in (mask.query_segments, mask.query_positions))
     k_seg, k_pos = (_pad_to(x, 1, block_k) for x in (mask.key_segments, mask.key_positions))
-    out = _flash(qg, k, v, q_seg, q_pos, k_seg, k_pos, mask.causal, block_q, block_k)
-    out = out[:, :, :, :q_len].transpose(0, 3, 1, 2, 4)
-    return out.reshape(batch, q_len, heads, head_dim)
+    return qg, k, v, q_seg, q_pos, k_seg, k_pos
 
 
 def _dense_partial(q, k, v, mask: AttentionMask, cache_layout: bool):
@@ -379,19 +386,8 @@ def attend_partial(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMask
         out = out.reshape(batch, kv_heads, q_len, groups, head_dim).transpose(0, 2, 1, 3, 4)
         lse = lse.reshape(batch, kv_heads, q_len, groups).transpose(0, 2, 1, 3)
         return out.reshape(batch, q_len, heads, head_dim), lse.reshape(batch, q_len, heads)
-    if cache_layout:
-        k = k.transpose(0, 1, 3, 2)
-    else:
-        k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
-    k_len = k.shape[2]
-    block_q, block_k = block_sizes(q_len, k_len, block)
-    qg = q.reshape(batch, q_len, kv_heads, groups, head_dim).transpose(0, 2, 3, 1, 4)
-    qg = _pad_to(qg, 3, block_q)
-    k, v = _pad_to(k, 2, block_k), _pad_to(v, 2, block_k)
-    q_seg, q_pos = (_pad_to(x, 1, block_q) for x in (mask.query_segments, mask.query_positions))
-    k_seg, k_pos = (_pad_to(x, 1, block_k) for x in (mask.key_segments, mask.key_positions))
-    out, lse = _flash_forward(qg, k, v, q_seg, q_pos, k_seg, k_pos, mask.causal,
-                              block_q, block_k)
+    out, lse = _flash_forward(*_flash_inputs(q, k, v, mask, cache_layout, block), mask.causal,
+                              *block_sizes(q_len, key_len, block))
     out = out[:, :, :, :q_len].transpose(0, 3, 1, 2, 4).reshape(batch, q_len, heads, head_dim).astype(jnp.float32)
     lse = lse[:, :, :, :q_len].transpose(0, 3, 1, 2).reshape(batch, q_len, heads)
     return out, lse

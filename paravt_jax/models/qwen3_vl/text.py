@@ -175,8 +175,7 @@ class TextDecoder(nnx.Module):
                        visual_index: jax.Array | None = None, visual_embeds: jax.Array | None = None,
                        deepstack: jax.Array | None = None, window: int | None = None,
                        layers: tuple[dict, ...] | None = None, project=dense_projections,
-                       block: int | None = None, prefix: SharedPrefix | None = None, rows=None,
-                       place=None):
+                       block: int | None = None, prefix: SharedPrefix | None = None, rows=None):
         """Runs a chunk of P tokens per row on top of a KV cache.
 
         The cache is one array per layer (cache_k: [B, KV, hd, S] each, cache_v:
@@ -197,11 +196,7 @@ class TextDecoder(nnx.Module):
         written. `rows`: which rows of the caches the B rows of this call are (an object with
         read(array) -> those rows and write(array, chunk, slot_axis, slot) -> the array with
         chunk written at those rows; sampling/kv_cache.RowGroup); None: all rows. valid is the
-        call's own rows. The layers are unrolled, each behind an optimization barrier with its
-        input, so that XLA cannot fetch (all-gather) a later layer's sharded weights early and
-        holds one layer's at a time. `place`: applied to the hidden states [B, P, D] after the
-        embedding and after every layer (the sampler pins them to its row placement, so that a
-        sharded weight is gathered rather than the whole batch's activations reduced).
+        call's own rows. The layers are unrolled.
         Returns (hidden [B, P, D], cache_k, cache_v).
         """
         t = self.config
@@ -209,8 +204,7 @@ class TextDecoder(nnx.Module):
             raise ValueError(f"forward_cached: {len(cache_k)}/{len(cache_v)} cache layers for a "
                              f"{t.num_hidden_layers}-layer decoder")
         length = input_ids.shape[1]
-        place = place or (lambda h: h)
-        x = place(self.embed(input_ids, visual_index, visual_embeds))
+        x = self.embed(input_ids, visual_index, visual_embeds)
         cos, sin = mrope_tables(position_ids, t, self.dtype)
         capacity = valid.shape[1]
         window = capacity if window is None else min(int(window), capacity)
@@ -242,10 +236,9 @@ class TextDecoder(nnx.Module):
                 return keys.astype(k_new.dtype), values.astype(v_new.dtype)
 
             shared = None if prefix is None else PrefixLayer(prefix.keys[i], prefix.values[i], prefix.valid)
-            x, params = jax.lax.optimization_barrier((x, params))
             x, _ = self.layer(x, params, cos, sin, mask, kv, cache_layout=True, project=project, block=block,
                               prefix=shared)
-            x = place(add_deepstack(x, i))
+            x = add_deepstack(x, i)
             out_k.append(written["k"])
             out_v.append(written["v"])
         return x, tuple(out_k), tuple(out_v)
