@@ -506,12 +506,12 @@ def activation_estimate(config: Qwen3VLConfig, work: Workload, mesh_sizes: Mappi
 
 def prefill_estimate(config: Qwen3VLConfig, rl, work: Workload, mesh_sizes: Mapping[str, int]) -> tuple[int, str]:
     """(bytes, which call) of the largest sampler prefill working set, for ONE row group of
-    each call (sampler_calls; rows per device at most the token budget): one decoder layer
+    each call (sampler_calls; at most the token budget in all): one decoder layer
     over the group's chunk attending to its prefix and cache (f32 logits), that layer's K/V,
     the chunk's hidden states, and the vision tower's one-block working set + outputs for the
     group's frames (vision inputs replicated). Forward only, one layer live at a time."""
     from paravt_jax.sampling.backend import backend_policy
-    from paravt_jax.sampling.sampler import group_rows
+    from paravt_jax.sampling.sampler import prefill_group
 
     mesh = abstract_mesh(mesh_sizes)
     tensor = mesh_sizes["tensor"]
@@ -524,14 +524,16 @@ def prefill_estimate(config: Qwen3VLConfig, rl, work: Workload, mesh_sizes: Mapp
     calls, _ = sampler_calls(sampler_layout(rl, work), work, rl)
     best, label = 0, ""
     for call in calls:
-        local = _rows_per_device(call.rows, mesh)
-        per_prompt = call.rows // call.prompts if call.prompts else 1
-        group = group_rows(local, min(per_prompt, local), call.width, budget)
+        shards = call.rows // _rows_per_device(call.rows, mesh)
+        prompts = call.prompts or call.rows
+        # every device computes a layer for all of the group's tokens (see sampler.prefill_group)
+        group = prefill_group(call.rows, call.rows // prompts, call.width,
+                              shards if prompts % shards == 0 else 1, budget)
         keys = call.capacity + call.prefix_slots
         kv = _divided(t.num_key_value_heads, tensor)
         layer = _text_layer_bytes(config, group, call.width, keys, tensor)
         layer += 2 * group * kv * keys * t.head_dim * c + 2 * group * call.width * t.hidden_size * c
-        patches = group * (call.rows // local) * call.visual_tokens_per_row * merge_unit  # every shard's group
+        patches = group * call.visual_tokens_per_row * merge_unit
         image = frame if call.name.startswith("first") else crop
         vision_out = _vision_outputs_bytes(config, patches) if patches else 0
         vision = _vision_block_bytes(config, patches, image, tensor) + vision_out if patches else 0
