@@ -362,7 +362,7 @@ def _collate(chunks: Sequence[ModelInputs | None], rows: int, width: int) -> _Ba
 
 
 def group_rows(rows: int, per_prompt: int, width: int, token_budget: int) -> int:
-    """Rows per prefill call (per device when the rows are split over devices): the largest
+    """Rows per prefill call (of one device's block when the rows are split over devices): the largest
     group of at most `token_budget` chunk tokens (one row when even one row exceeds it) that
     holds whole prompts (a multiple of `per_prompt`, a power-of-two count of prompts) or a
     divisor of `per_prompt`; it divides `rows`."""
@@ -549,7 +549,7 @@ class Sampler:
     def _prefill(self, cache_k, cache_v, valid, prefix: SharedPrefix | None, write_index: int,
                  chunks: list[ModelInputs | None], rows: int, width: int):
         """Writes `chunks` (one per row, None = nothing) at `write_index` in row groups of at
-        most the token budget per device, each group taking the same rows of every device's
+        most the token budget, each group taking the same rows of every device's
         block of rows. Returns (logits [rows, V], caches, valid)."""
         prompts = rows if prefix is None else prefix.valid.shape[0]
         per_prompt = rows // prompts
