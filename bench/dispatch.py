@@ -93,8 +93,8 @@ def main():
                 start = time.perf_counter()
                 seq_state = sequential(k, dispatcher)
                 seq = time.perf_counter() - start
-                par_tokens = int(np.asarray(par_state.valid)[0].sum()) + 1
-                seq_tokens = int(np.asarray(seq_state.valid)[0].sum()) + 1
+                par_tokens = int(par_state.cached_tokens()[0]) + 1
+                seq_tokens = int(seq_state.cached_tokens()[0]) + 1
                 rows.append([k, f"{par:.2f}", f"{seq:.2f}", f"{seq / par:.2f}x", par_tokens, seq_tokens,
                              f"{seq_tokens / par_tokens:.2f}x"])
                 print(rows[-1], flush=True)

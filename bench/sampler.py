@@ -9,10 +9,14 @@ over 256 MB and the matmul rate a jitted 1024^3 fp32 matmul. Each cell reports t
 --repeats timed runs (after a warm-up) for both sides.
 
     python bench/sampler.py [--presets tiny,small125m] [--batches 1,8,32]
+
+The last table sets the shared-prefix cache layout against the copied one (every sample its
+own copy of the prompt's keys and values) in the same run: cache bytes and decode tokens/s.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import time
@@ -61,6 +65,13 @@ def decode_gemm_rates(m=32, k=768, n=2048, reps=20):
                lambda: [torch.nn.functional.linear(tx, tw[i]) for i in range(reps)]):
         rates.append(2 * m * k * n * reps / best_time(fn))
     return rates
+
+
+def cache_bytes(state) -> int:
+    """Bytes of a SamplerState's live cache buffers: the prompt prefixes and the rows' suffixes."""
+    import jax
+
+    return sum(a.nbytes for a in jax.tree.leaves((state.prefix, state.cache_k, state.cache_v, state.valid)))
 
 
 def model_costs(config):
@@ -116,6 +127,7 @@ def main():
     rng = np.random.default_rng(0)
     rows = []
     group_rows = []
+    layout_rows = []
     for name in args.presets.split(","):
         model = init_model(preset(name), seed=0)
         peer = hf_peer(model)
@@ -155,6 +167,20 @@ def main():
             separate = time.perf_counter() - start
         group_rows.append([name, args.prompt, f"{shared * 1e3:.0f}", f"{separate * 1e3:.0f}",
                            f"{separate / shared:.2f}x"])
+        # the same G = 8 samples decoding args.new tokens with the shared-prefix layout and with
+        # the copied layout (every sample its own copy of the prompt's keys and values)
+        measured = {}
+        for layout, shared_prefix in (("shared", True), ("copied", False)):
+            layout_sampler = Sampler(model, SamplerConfig(min_chunk_bucket=16, shared_prefix=shared_prefix))
+            call = functools.partial(layout_sampler.generate, [prompt], num_samples=8, max_new_tokens=args.new)
+            _, state = call()  # the warm-up compiles; its cache is the one measured
+            size = cache_bytes(state)
+            del state
+            measured[layout] = (size, min(steady_times(call, args.repeats)))
+        (shared_bytes, shared_s), (copied_bytes, copied_s) = measured["shared"], measured["copied"]
+        layout_rows.append([name, args.prompt, args.new, f"{shared_bytes / 2**20:.1f}", f"{copied_bytes / 2**20:.1f}",
+                            f"{copied_bytes / shared_bytes:.2f}x", f"{8 * args.new / shared_s:,.0f}",
+                            f"{8 * args.new / copied_s:,.0f}"])
         del peer
         jax.clear_caches()
     print_table(f"Sampler (fp32; prefill = prompt {args.prompt}, 1 new token; decode = prompt 16, "
@@ -163,6 +189,10 @@ def main():
                  "ours vs floor", "HF vs floor", "our compile s"], rows)
     print_table("G = 8 samples sharing one prompt (prefill + 1 token)",
                 ["preset", "prompt", "shared prefill ms", "8 prefills ms", "speed-up"], group_rows)
+    print_table("G = 8 samples of one prompt: KV cache bytes (live buffers after generate) and decode "
+                "tokens/s, shared prompt prefix vs one copy of the prompt per sample",
+                ["preset", "prompt", "new", "shared MiB", "copied MiB", "copied/shared", "shared tok/s",
+                 "copied tok/s"], layout_rows)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ def test_sampler_bench_smallest(tmp_path):
     out = run_bench(tmp_path, "sampler.py", "--presets", "tiny", "--batches", "1", "--prompt", "16",
                     "--new", "4", "--repeats", "1")
     assert "tiny" in out and "|" in out
+    assert "shared MiB" in out and "copied/shared" in out  # the cache layouts, measured side by side
 
 
 def test_forward_bench_smallest(tmp_path):

@@ -122,19 +122,61 @@ def test_preset_parameter_counts_from_eval_shape(name, billions, tokenizer):
 
 
 def test_kv_cache_matches_the_samplers_own_cache(sharded_tiny, tokenizer):
+    """The prompt cache (one per prompt) and the per-row cache after the prompt are the arrays
+    the sampler allocates; the episode's cache is reserved up front (no growth copy row)."""
     from paravt_jax.sampling.sampler import Sampler
 
     config = small_config()
     result = plan_of(config, MESH8, 16, "estimate", tokenizer)
-    work = result.workload
+    layout = P.sampler_layout(P.rl_settings(config)[0], result.workload)
     mesh, model = sharded_tiny
     sampler = Sampler(model, mesh=mesh)
-    cache_k, cache_v, _ = sampler._empty_cache(work.sampler_rows, work.cache_capacity)
-    arrays = cache_k + cache_v
-    shard = sum(a.addressable_shards[0].data.nbytes for a in arrays)
-    row = next(c for c in result.sampler.components if c.name.startswith("KV cache ("))
-    assert row.per_device_bytes == shard
-    assert row.global_bytes == sum(a.nbytes for a in arrays)
+    for name, rows, slots in (("prompt KV cache (", layout.prompt_rows, layout.prefix_slots),
+                              ("KV cache (", layout.rows, layout.suffix_slots)):
+        cache_k, cache_v, _ = sampler._empty_cache(rows, slots)
+        arrays = cache_k + cache_v
+        row = next(c for c in result.sampler.components if c.name.startswith(name))
+        assert row.per_device_bytes == sum(a.addressable_shards[0].data.nbytes for a in arrays)
+        assert row.global_bytes == sum(a.nbytes for a in arrays)
+    assert layout.prompt_rows == 2 and layout.rows == 2 * result.workload.samples_per_prompt
+    assert not any("growth" in c.name for c in result.sampler.components)
+
+
+def test_rollout_reserve_never_grows_the_cache():
+    """The suffix the planner counts is the one the rollout reserves: a tiny model's rollout
+    turns at their longest never outgrow it."""
+    from paravt_jax.sampling import Sampler, SamplerConfig
+    from paravt_jax.sampling.kv_cache import episode_capacity
+    from paravt_jax.text.inputs import encode_ids
+
+    turns = [(0, 5), (40, 5), (70, 3)]
+    slots = episode_capacity(turns, 16, 1024)
+    sampler = Sampler(init_model(preset("tiny"), seed=1), SamplerConfig(min_chunk_bucket=16))
+    out, state = sampler.generate([encode_ids(list(range(1, 9)), 0)], num_samples=2, max_new_tokens=5,
+                                  reserve=turns[1:], stop_ids=())
+    for chunk, budget in turns[1:]:
+        chunks = [encode_ids(list(range(1, chunk + 1)), int(s)) for s in state.chunk_start]
+        out, state = sampler.extend(state, chunks, max_new_tokens=budget)
+        assert state.valid.shape[1] == slots
+
+
+def test_sampler_working_sets_come_from_xla(tokenizer):
+    """xla mode: the sampler's working set is XLA's analysis of the real prefill/decode programs
+    (one per call, the largest counted); the per-call row groups follow the token budget."""
+    config = small_config()
+    config.rl.sampler.prefill_tokens = 64
+    result = plan_of(config, MESH8, 16, "xla", tokenizer)
+    row = next(c for c in result.sampler.components if c.name.startswith("prefill/decode working set (XLA"))
+    assert row.per_device_bytes > 0 and not row.estimate
+    note = next(n for n in result.notes if n.startswith("sampler working sets"))
+    for name in ("first prompt prefill", "tool-response prefill", "sub-agent prefill", "decode"):
+        assert name in note
+    rl = P.rl_settings(config)[0]
+    layout = P.sampler_layout(rl, result.workload)
+    programs = P.sampler_xla(preset("tiny"), rl, layout, result.workload, MESH8)
+    assert row.per_device_bytes == max(p.working_bytes for p in programs)
+    extend = next(p for p in programs if p.name == "tool-response prefill")
+    assert extend.group_rows < layout.rows  # the budget splits the extend into row groups
 
 
 def test_batch_spec_vision_layout_matches_vision_layout(tokenizer):
@@ -184,7 +226,7 @@ def test_xla_on_more_devices_than_the_process_has_compiles_in_a_child(tokenizer)
     assert leaf_bytes(child, "activations (XLA").per_device_bytes > 0
     bad = P.workload(P.rl_settings(config)[0], preset("tiny").vision, tokenizer)
     with pytest.raises(P.PlanError, match="failed with exit status 1:\n.*Traceback"):
-        P.activation_xla_child(preset("tiny"), None, bad, dict(data=1, fsdp=16, tensor=1))
+        P.on_fake_devices(P.activation_xla, (preset("tiny"), None, bad, dict(data=1, fsdp=16, tensor=1)), 16)
 
 
 def test_token_budget_micro_batches_and_rows_per_device(tokenizer):

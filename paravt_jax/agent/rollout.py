@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from paravt_jax.agent.dispatch import CropDispatcher, CropResult, CropTask
+from paravt_jax.agent.dispatch import CropDispatcher, CropResult, CropTask, DispatchConfig
 from paravt_jax.agent.tools import cap_errors, lenient_window, parse_tool_calls
 from paravt_jax.config import set_by
 from paravt_jax.models.qwen3_vl.rope import IMAGE, VIDEO
@@ -22,6 +22,7 @@ from paravt_jax.sampling.sampler import Sampler
 from paravt_jax.text import chat
 from paravt_jax.text.inputs import ModelInputs, encode, encode_ids
 from paravt_jax.text.tokenizer import Tokenizer
+from paravt_jax.video.frames import FACTOR
 from paravt_jax.video.reader import Clip, VideoError, read_frames, read_video_item
 
 MODES = ("subagent", "frames", "sequential")
@@ -345,6 +346,33 @@ def images_first_messages(results: list[CropResult]) -> list[chat.Message]:
     return out
 
 
+# Tokens of a tool response around its content (tags, the frames' text, chat markers), an
+# upper bound: a reserve that falls short only makes an extend grow the suffix.
+RESPONSE_TEXT_TOKENS, FRAME_TEXT_TOKENS = 64, 16
+
+
+def response_tokens_bound(config: RolloutConfig, dispatch: DispatchConfig, max_parallel: int) -> int:
+    """Most tokens one row's tool responses of one round can take: sub-agent summaries of
+    subagent_max_tokens, or crops of max_frames frames at max_pixels."""
+    if config.mode == "subagent":
+        body = config.subagent_max_tokens
+    else:
+        body = dispatch.max_frames * (dispatch.max_pixels // FACTOR**2 + FRAME_TEXT_TOKENS)
+    return max_parallel * (body + RESPONSE_TEXT_TOKENS) + RESPONSE_TEXT_TOKENS
+
+
+def episode_turns(config: RolloutConfig, dispatch: DispatchConfig, max_parallel: int) -> list[tuple[int, int]]:
+    """(chunk tokens, new tokens) of each extend of one episode at its longest (the
+    sampler's `reserve`)."""
+    if not config.tools:
+        return []
+    response = response_tokens_bound(config, dispatch, max_parallel)
+    turns = [(response, config.max_new_tokens)] * config.max_turns
+    if config.final_answer and turns:
+        turns[-1] = (response, config.final_answer_tokens)
+    return turns
+
+
 def run_rollouts(sampler: Sampler, tokenizer: Tokenizer, episodes: Sequence[Episode],
                  num_samples: int, config: RolloutConfig, dispatcher: CropDispatcher
                  ) -> tuple[list[Rollout], list[str]]:
@@ -366,10 +394,12 @@ def run_rollouts(sampler: Sampler, tokenizer: Tokenizer, episodes: Sequence[Epis
     row_duration = [durations[kept[e]] for e in range(len(eps)) for _ in range(num_samples)]
     # a row's random stream: its place in the step's batch (skipped episodes keep their slots)
     row_ids = [config.row_offset + kept[e] * num_samples + g for e in range(len(eps)) for g in range(num_samples)]
+    max_parallel = 1 if config.mode == "sequential" else dispatcher.config.max_parallel
     out, state = sampler.generate([prompts[i] for i in kept], num_samples=num_samples,
                                   max_new_tokens=config.max_new_tokens, seed=config.seed,
-                                  row_ids=row_ids, **knobs)
-    max_parallel = 1 if config.mode == "sequential" else dispatcher.config.max_parallel
+                                  row_ids=row_ids, **knobs,
+                                  # the suffix cache sized for the whole episode: no extend grows it
+                                  reserve=episode_turns(config, dispatcher.config, max_parallel))
     for turn in range(config.max_turns + 1):
         turn_rows = [b for b, row in enumerate(rows) if row.active]
         for b in turn_rows:

@@ -52,7 +52,14 @@ from paravt_jax.config import config_path
 from paravt_jax.models.qwen3_vl.attention import DENSE_MAX_SCORE_BYTES
 from paravt_jax.models.qwen3_vl.config import Qwen3VLConfig, load_config, preset
 from paravt_jax.models.qwen3_vl.hf_io import abstract_model
-from paravt_jax.sampling.kv_cache import CacheSpec, bucket, cache_sharding, first_capacity, grown_capacity
+from paravt_jax.sampling.kv_cache import (
+    CacheSpec,
+    bucket,
+    cache_sharding,
+    episode_capacity,
+    first_capacity,
+    grown_capacity,
+)
 from paravt_jax.text.inputs import ModelInputs
 from paravt_jax.video.frames import PATCH
 from paravt_jax.video.reader import Clip, VideoMetadata, blank_clip
@@ -624,40 +631,42 @@ def activation_estimate(config: Qwen3VLConfig, work: Workload, mesh_sizes: Mappi
     return text + head + vision
 
 
-def prefill_estimate(config: Qwen3VLConfig, work: Workload, mesh_sizes: Mapping[str, int]) -> tuple[int, str]:
-    """(bytes, which call) of the largest sampler prefill working set: one decoder layer over
-    the chunk attending to the whole cache (f32 logits), that layer's K/V read from the cache,
+def prefill_estimate(config: Qwen3VLConfig, rl, work: Workload, mesh_sizes: Mapping[str, int]) -> tuple[int, str]:
+    """(bytes, which call) of the largest sampler prefill working set, for ONE row group of
+    each call (sampler_calls; at most the token budget in all): one decoder layer
+    over the group's chunk attending to its prefix and cache (f32 logits), that layer's K/V,
     the chunk's hidden states, and the vision tower's one-block working set + outputs for the
-    frames of the call (vision inputs replicated). Forward only, one layer live at a time."""
+    group's frames (vision inputs replicated). Forward only, one layer live at a time."""
+    from paravt_jax.sampling.backend import backend_policy
+    from paravt_jax.sampling.sampler import prefill_group
+
     mesh = abstract_mesh(mesh_sizes)
     tensor = mesh_sizes["tensor"]
     t = config.text
     c = jnp.dtype(config.dtype).itemsize
+    budget = backend_policy("gpu", prefill_tokens=rl.sampler.prefill_tokens).prefill_tokens
+    merge_unit = config.vision.spatial_merge_size**2
     frame = (work.frame_size[0] // PATCH) * (work.frame_size[1] // PATCH)
     crop = (work.crop_frame_size[0] // PATCH) * (work.crop_frame_size[1] // PATCH)
-    calls = [("first prompt prefill", bucket(work.prompts_per_step), work.prefill_width, work.prefill_capacity,
-              work.prompts_per_step * work.overview_frames * frame, frame)]
-    if work.extend_width:
-        frames_mode = work.subagent_rows == 0
-        patches = work.rollout_rows * work.calls_per_turn * work.crop_frames * crop if frames_mode else 0
-        calls.append(("tool-response prefill", work.sampler_rows, work.extend_width, work.cache_capacity,
-                      patches, crop))
-    if work.subagent_rows:
-        calls.append(("sub-agent prefill", work.subagent_rows,
-                      bucket(work.subagent_prompt_tokens, work.chunk_bucket),
-                      work.subagent_capacity, work.rollout_rows * work.calls_per_turn * work.crop_frames * crop,
-                      crop))
+    calls, _ = sampler_calls(sampler_layout(rl, work), work, rl)
     best, label = 0, ""
-    for name, rows, width, capacity, patches, image in calls:
-        local = _rows_per_device(rows, mesh)
+    for call in calls:
+        shards = call.rows // _rows_per_device(call.rows, mesh)
+        prompts = call.prompts or call.rows
+        # every device computes a layer for all of the group's tokens (see sampler.prefill_group)
+        group = prefill_group(call.rows, call.rows // prompts, call.width,
+                              shards if prompts % shards == 0 else 1, budget)
+        keys = call.capacity + call.prefix_slots
         kv = _divided(t.num_key_value_heads, tensor)
-        layer = _text_layer_bytes(config, local, width, capacity, tensor)
-        layer += 2 * local * kv * capacity * t.head_dim * c + 2 * local * width * t.hidden_size * c
+        layer = _text_layer_bytes(config, group, call.width, keys, tensor)
+        layer += 2 * group * kv * keys * t.head_dim * c + 2 * group * call.width * t.hidden_size * c
+        patches = group * call.visual_tokens_per_row * merge_unit
+        image = frame if call.name.startswith("first") else crop
         vision_out = _vision_outputs_bytes(config, patches) if patches else 0
         vision = _vision_block_bytes(config, patches, image, tensor) + vision_out if patches else 0
         total = max(layer + vision_out, vision)
         if total > best:
-            best, label = total, name
+            best, label = total, call.name
     return best, label
 
 
@@ -711,7 +720,7 @@ def activation_xla(config: Qwen3VLConfig, rl, work: Workload, mesh_sizes: Mappin
         if devices[0].platform != "cpu":
             raise PlanError(f"--activations=xla compiles for {need} devices but this process has "
                             f"{len(devices)} ({devices[0].platform}); use --activations=estimate")
-        return activation_xla_child(config, rl, work, mesh_sizes)
+        return on_fake_devices(activation_xla, (config, rl, work, mesh_sizes), need)
     mesh = sh.make_mesh(dict(mesh_sizes), devices[:need])
     start = time.perf_counter()
     step = TrainStep(abstract_model(config), rl.optimizer, policy_loss(rl.step), policy_head(rl.step), mesh=mesh)
@@ -732,51 +741,173 @@ def activation_xla(config: Qwen3VLConfig, rl, work: Workload, mesh_sizes: Mappin
 
 
 CHILD_TIMEOUT_S = 3600
+CHILD_FUNCTIONS = ("activation_xla", "sampler_xla")  # what on_fake_devices may run
 
 
-def activation_xla_child(config: Qwen3VLConfig, rl, work: Workload, mesh_sizes: Mapping[str, int]
-                         ) -> tuple[int, float]:
-    """`activation_xla` in a child Python process that has as many fake CPU devices as the mesh
-    (XLA fixes the device count when a process starts). The inputs go over a pipe as a pickle
-    (the very config objects, overrides applied); the child answers with one JSON line."""
+def on_fake_devices(function, args: tuple, devices: int):
+    """`function(*args)` in a child Python process with `devices` fake CPU devices (XLA fixes
+    the device count when a process starts). `function` is one of this module's XLA
+    measurements (CHILD_FUNCTIONS); the arguments (the very config objects, overrides applied)
+    go over a pipe as a pickle and the result comes back through a temporary file."""
     import pickle
     import subprocess
     import sys
+    import tempfile
 
-    need = math.prod(mesh_sizes.values())
+    if function.__name__ not in CHILD_FUNCTIONS:
+        raise ValueError(f"on_fake_devices: {function.__name__} is not one of {CHILD_FUNCTIONS}")
     env = dict(os.environ)
     flags = [f for f in env.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")]
-    env["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={need}"])
+    env["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={devices}"])
     env["JAX_PLATFORMS"] = "cpu"
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
-    payload = pickle.dumps((config, rl, work, dict(mesh_sizes)))
-    try:
-        done = subprocess.run([sys.executable, "-m", "paravt_jax.experiments.plan", "--xla-child"], input=payload,
-                              capture_output=True, env=env, timeout=CHILD_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        raise PlanError(f"--activations=xla: the compile on {need} fake CPU devices ran past "
-                        f"{CHILD_TIMEOUT_S} s; use --activations=estimate") from None
-    lines = done.stdout.decode(errors="replace").strip().splitlines()
-    if done.returncode != 0 or not lines:
-        tail = done.stderr.decode(errors="replace").strip().splitlines()[-15:]
-        raise PlanError(f"--activations=xla: the compile on {need} fake CPU devices (a child process with "
-                        f"XLA_FLAGS=--xla_force_host_platform_device_count={need}) failed with exit status "
-                        f"{done.returncode}:\n" + "\n".join(tail))
-    answer = json.loads(lines[-1])
-    return int(answer["temp_bytes"]), float(answer["seconds"])
+    with tempfile.TemporaryDirectory() as tmp:
+        answer = os.path.join(tmp, "result.pickle")
+        try:
+            done = subprocess.run([sys.executable, "-m", "paravt_jax.experiments.plan", "--xla-child", answer],
+                                  input=pickle.dumps((function.__name__, args)), capture_output=True, env=env,
+                                  timeout=CHILD_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise PlanError(f"--activations=xla: the compile on {devices} fake CPU devices ran past "
+                            f"{CHILD_TIMEOUT_S} s; use --activations=estimate") from None
+        if done.returncode != 0 or not os.path.exists(answer):
+            tail = done.stderr.decode(errors="replace").strip().splitlines()[-15:]
+            raise PlanError(f"--activations=xla: the compile on {devices} fake CPU devices (a child process with "
+                            f"XLA_FLAGS=--xla_force_host_platform_device_count={devices}) failed with exit status "
+                            f"{done.returncode}:\n" + "\n".join(tail))
+        with open(answer, "rb") as f:
+            return pickle.load(f)
 
 
-def _xla_child() -> None:
-    """The child side of `activation_xla_child`: a pickle on stdin, one JSON line on stdout."""
+def _xla_child(answer: str) -> None:
+    """The child side of `on_fake_devices`: (function name, args) pickled on stdin, the result
+    pickled to `answer`."""
     import pickle
     import sys
 
-    config, rl, work, mesh_sizes = pickle.loads(sys.stdin.buffer.read())
-    if jax.device_count() < math.prod(mesh_sizes.values()):
-        raise SystemExit(f"child process: {jax.device_count()} devices for mesh {mesh_sizes}")
-    temp, seconds = activation_xla(config, rl, work, mesh_sizes)
-    print(json.dumps({"temp_bytes": temp, "seconds": seconds}), flush=True)
+    name, args = pickle.loads(sys.stdin.buffer.read())
+    if name not in CHILD_FUNCTIONS:
+        raise SystemExit(f"child process: {name!r} is not one of {CHILD_FUNCTIONS}")
+    result = globals()[name](*args)
+    with open(answer, "wb") as f:
+        pickle.dump(result, f)
+
+
+# ----------------------------------------------------------------------------- sampler phase
+@dataclasses.dataclass(frozen=True)
+class SamplerLayout:
+    """The rollout's caches as sampling/sampler.py lays them out: one prompt cache per prompt
+    (shared by its G samples), one suffix cache per row sized for the whole episode up front
+    (generate(reserve=...) from agent/rollout.episode_turns: never grown), and the sub-agent
+    call's caches (its prompts are its prefixes, one sample each)."""
+    prompt_rows: int  # prompts, bucketed (prefix rows)
+    rows: int  # prompt_rows x G (suffix rows)
+    prefix_slots: int
+    suffix_slots: int
+    extend_width: int
+    subagent_rows: int
+    subagent_prefix_slots: int
+    subagent_suffix_slots: int
+
+
+def sampler_layout(rl, work: Workload) -> SamplerLayout:
+    from paravt_jax.agent.rollout import episode_turns
+
+    r, sampler = rl.rollout, rl.sampler
+    calls = work.calls_per_turn
+    prompt_rows = bucket(rl.prompts_per_step, sampler.min_batch_bucket)
+    turns = [(0, r.max_new_tokens)] + episode_turns(r, rl.dispatch, max(calls, 1))
+    suffix = episode_capacity(turns, sampler.min_chunk_bucket, sampler.cache_multiple)
+    sub_prefix = sub_suffix = 0
+    if work.subagent_rows:
+        sub_prefix = bucket(work.subagent_prompt_tokens, sampler.min_chunk_bucket)
+        sub_suffix = episode_capacity([(0, r.subagent_max_tokens)], sampler.min_chunk_bucket, sampler.cache_multiple)
+    return SamplerLayout(prompt_rows, prompt_rows * rl.samples_per_prompt, work.prefill_width, suffix,
+                         work.extend_width, work.subagent_rows, sub_prefix, sub_suffix)
+
+
+def sampler_calls(layout: SamplerLayout, work: Workload, rl):
+    """(prefill calls, decode shapes) of one rollout: the prompt prefill, the tool-response
+    extend, the sub-agent prompt prefill; the main decode."""
+    from paravt_jax.sampling.memory import PrefillCall
+
+    calls = [PrefillCall("first prompt prefill", layout.prompt_rows, layout.prefix_slots, layout.prefix_slots,
+                         visual_tokens_per_row=work.overview_frames * work.frame_tokens)]
+    if layout.extend_width:
+        frames_mode = work.subagent_rows == 0
+        calls.append(PrefillCall("tool-response prefill", layout.rows, layout.suffix_slots, layout.extend_width,
+                                 prompts=layout.prompt_rows, prefix_slots=layout.prefix_slots,
+                                 visual_tokens_per_row=(work.calls_per_turn * work.crop_frames
+                                                        * work.crop_frame_tokens if frames_mode else 0)))
+    if layout.subagent_rows:
+        calls.append(PrefillCall("sub-agent prefill", layout.subagent_rows, layout.subagent_prefix_slots,
+                                 layout.subagent_prefix_slots,
+                                 visual_tokens_per_row=work.crop_frames * work.crop_frame_tokens))
+    decode = dict(rows=layout.rows, capacity=layout.suffix_slots, prompts=layout.prompt_rows,
+                  prefix_slots=layout.prefix_slots, max_new_tokens=rl.rollout.max_new_tokens)
+    return calls, decode
+
+
+def sampler_xla(config: Qwen3VLConfig, rl, layout: SamplerLayout, work: Workload,
+                mesh_sizes: Mapping[str, int]):
+    """ProgramMemory of each sampler program (sampling/memory.py) on a mesh of local devices."""
+    from paravt_jax.sampling.memory import SamplerPrograms
+
+    need = math.prod(mesh_sizes.values())
+    devices = jax.devices()
+    if len(devices) < need:
+        if devices[0].platform != "cpu":
+            raise PlanError(f"--activations=xla compiles for {need} devices but this process has "
+                            f"{len(devices)} ({devices[0].platform}); use --activations=estimate")
+        return on_fake_devices(sampler_xla, (config, rl, layout, work, mesh_sizes), need)
+    programs = SamplerPrograms(config, rl.sampler, sh.make_mesh(dict(mesh_sizes), devices[:need]))
+    calls, decode = sampler_calls(layout, work, rl)
+    return [programs.prefill(call) for call in calls] + [programs.decode(**decode)]
+
+
+def sampler_components(config: Qwen3VLConfig, rl, work: Workload, mesh_sizes: Mapping[str, int],
+                       mode: str) -> tuple[tuple[Component, ...], Component, list[str]]:
+    """(cache rows, the largest working set, notes) of the sampler phase."""
+    mesh = abstract_mesh(mesh_sizes)
+    t = config.text
+    cache_dtype = jnp.dtype(rl.sampler.cache_dtype or config.dtype).name
+    layout = sampler_layout(rl, work)
+
+    def cache_row(label, rows, capacity):
+        spec = CacheSpec(t.num_hidden_layers, rows, capacity, t.num_key_value_heads, t.head_dim, cache_dtype)
+        sharding = cache_sharding(mesh, spec)
+        keys, _ = _shard_bytes(spec.key_layer_shape, cache_dtype, sharding and sharding.keys)
+        values, _ = _shard_bytes(spec.layer_shape, cache_dtype, sharding and sharding.values)
+        text = "unsharded" if sharding is None else _spec_text(sharding.values)
+        return Component(label, spec.layers * (keys + values), spec.bytes, f"k+v, {spec.layers} layers, values {text}")
+
+    rows = [cache_row(f"prompt KV cache ({layout.prompt_rows} prompts x {layout.prefix_slots} slots, "
+                      f"shared by {rl.samples_per_prompt} samples)", layout.prompt_rows, layout.prefix_slots),
+            cache_row(f"KV cache ({layout.rows} rows x {layout.suffix_slots} slots after the prompt)",
+                      layout.rows, layout.suffix_slots)]
+    if layout.subagent_rows:
+        prompts = cache_row("sub-agent", layout.subagent_rows, layout.subagent_prefix_slots)
+        own = cache_row("sub-agent", layout.subagent_rows, layout.subagent_suffix_slots)
+        rows.append(dataclasses.replace(
+            prompts, name=f"sub-agent KV cache ({layout.subagent_rows} rows x "
+                          f"{layout.subagent_prefix_slots} + {layout.subagent_suffix_slots} slots)",
+            per_device_bytes=prompts.per_device_bytes + own.per_device_bytes,
+            global_bytes=prompts.global_bytes + own.global_bytes))
+    notes = ["no cache growth copy: the rollout sizes each row's cache for its whole episode up front"]
+    if mode == "xla":
+        programs = sampler_xla(config, rl, layout, work, mesh_sizes)
+        best = max(programs, key=lambda p: p.working_bytes)
+        notes.append("sampler working sets (XLA temp + the call's own inputs, per device): " + "; ".join(
+            f"{p.name} {p.working_bytes / GIB:.2f} GiB ({p.group_rows} rows per call, {p.seconds:.0f} s to compile)"
+            for p in programs))
+        working = Component(f"prefill/decode working set (XLA, {best.name})", best.working_bytes,
+                            best.working_bytes, "XLA buffer assignment")
+    else:
+        size, which = prefill_estimate(config, rl, work, mesh_sizes)
+        working = Component(f"prefill working set (ESTIMATE, {which})", size, size, "one layer + vision block",
+                            estimate=True)
+    return tuple(rows), working, notes
 
 
 # ----------------------------------------------------------------------------- the plan
@@ -857,36 +988,10 @@ def plan(config, mesh_sizes: Mapping[str, int], device_memory_gb: float,
     trainer = Phase("trainer", "one optimizer step", (param_row, grad_row, opt_row, reference_row, batch_row,
                                                       act_row), memory)
 
-    # Sampler: the KV caches with the sampler's CacheSpec and cache_sharding.
-    t = model.text
-    cache_dtype = jnp.dtype(rl.sampler.cache_dtype or model.dtype).name
-
-    def cache_row(label, rows, capacity, counted=True):
-        spec = CacheSpec(t.num_hidden_layers, rows, capacity, t.num_key_value_heads, t.head_dim, cache_dtype)
-        sharding = cache_sharding(mesh, spec)
-        keys, _ = _shard_bytes(spec.key_layer_shape, cache_dtype, sharding and sharding.keys)
-        values, _ = _shard_bytes(spec.layer_shape, cache_dtype, sharding and sharding.values)
-        text = "unsharded" if sharding is None else _spec_text(sharding.values)
-        return Component(label, spec.layers * (keys + values), spec.bytes,
-                         f"k+v, {spec.layers} layers, values {text}", counted=counted)
-
-    main_cache = cache_row(f"KV cache ({work.sampler_rows} rows x {work.cache_capacity} slots)",
-                           work.sampler_rows, work.cache_capacity)
-    extra = []
-    if work.cache_capacity_before_growth:
-        extra.append(cache_row(f"KV cache growth copy ({work.cache_capacity_before_growth} slots)",
-                               work.sampler_rows, work.cache_capacity_before_growth))
-    if work.subagent_rows:
-        extra.append(cache_row(f"sub-agent KV cache ({work.subagent_rows} rows x {work.subagent_capacity})",
-                               work.subagent_rows, work.subagent_capacity))
-    if len(extra) == 2:  # never alive together: growth happens in extend, sub-agents between turns
-        smaller = min(extra, key=lambda x: x.per_device_bytes)
-        extra = [dataclasses.replace(x, counted=x is not smaller) for x in extra]
-        notes.append(f"'{smaller.name}' is not added to the sampler total: it is never alive "
-                     "together with the other extra cache")
-    prefill, which = prefill_estimate(model, work, sizes)
-    prefill_row = Component(f"prefill working set (ESTIMATE, {which})", prefill, prefill,
-                            "one layer + vision block", estimate=True)
+    # Sampler: the KV caches with the sampler's CacheSpec and cache_sharding, laid out as
+    # sampling/sampler.py lays them out, and the working sets of its programs.
+    cache_rows, prefill_row, sampler_notes = sampler_components(model, rl, work, sizes, mode)
+    notes += sampler_notes
     # Sampler.weights: a per-layer copy of the decoder layers and of an untied lm head
     # (dropped before the update)
     layer_leaves = [(variable.get_value(), shardings[tuple(str(x) for x in path)])
@@ -895,7 +1000,7 @@ def plan(config, mesh_sizes: Mapping[str, int], device_memory_gb: float,
     lb = tree_bytes(layer_leaves)
     copies_row = Component("decoder layer + lm head copies (Sampler.weights)", lb.per_device, lb.total,
                            "per-layer buffers; sharded as the stacked parameters")
-    sampler_rows = (param_row, copies_row, main_cache, *extra, prefill_row)
+    sampler_rows = (param_row, copies_row, *cache_rows, prefill_row)
     sampler = Phase("sampler", "a rollout on its own (parameters + caches)", sampler_rows, memory)
     rollout = Phase("rollout", "the sampler inside rl/trainer.py: optimizer state and reference stay resident",
                     (param_row, opt_row, reference_row, *sampler_rows[1:]), memory)
@@ -1025,7 +1130,7 @@ def main(argv: list[str]) -> MemoryPlan:
 if __name__ == "__main__":
     import sys
 
-    if sys.argv[1:] == ["--xla-child"]:
-        _xla_child()
+    if sys.argv[1:2] == ["--xla-child"]:
+        _xla_child(sys.argv[2])
     else:
         main(sys.argv)

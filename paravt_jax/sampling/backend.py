@@ -35,10 +35,14 @@ class SamplerBackend:
     a weight that does not fit its caches 1.1-1.3x faster that way at decode's few rows
     (measured at 4-32 rows). prefill_score_bytes: the float32 score block budget of a blockwise
     prefill: cache-sized on XLA:CPU (8 MB measured fastest of 2, 8 and 16 MB), 256 MB on
-    accelerators, where every block is a few kernel launches."""
+    accelerators, where every block is a few kernel launches. prefill_tokens: the chunk tokens
+    (rows x width) of one prefill row group: a decoder layer's activations of a group are
+    ~prefill_tokens x (6 D + 3 (H + 2 KV) hd + 3 F) x itemsize (8B in bf16: ~1.6 GB at the
+    default 16,384), whatever the number of rows or the tool-response length."""
     weight_first_max_rows: int
     weight_first_min_bytes: int
     prefill_score_bytes: int
+    prefill_tokens: int = 16384
 
     def matmul_t(self, x: jax.Array, weight_t: jax.Array) -> jax.Array:
         """x [..., in] @ weight_t [out, in]^T -> [..., out]."""
@@ -95,11 +99,13 @@ def decode_weights(lang, fuse: bool) -> DecodeWeights:
     return DecodeWeights(tuple(layers), None if lang.tie_word_embeddings else lang.head())
 
 
-def backend_policy(platform: str | None = None, prefill_score_bytes: int = 0) -> SamplerBackend:
-    """The policy for `platform` (default: jax's default backend); prefill_score_bytes 0 = the
-    platform's default."""
+def backend_policy(platform: str | None = None, prefill_score_bytes: int = 0,
+                   prefill_tokens: int = 0) -> SamplerBackend:
+    """The policy for `platform` (default: jax's default backend); prefill_score_bytes and
+    prefill_tokens 0 = the platform's default."""
     platform = platform or jax.default_backend()
     cpu = platform == "cpu"
     return SamplerBackend(weight_first_max_rows=64 if cpu else 0,
                           weight_first_min_bytes=1 << 20,
-                          prefill_score_bytes=prefill_score_bytes or ((8 << 20) if cpu else (256 << 20)))
+                          prefill_score_bytes=prefill_score_bytes or ((8 << 20) if cpu else (256 << 20)),
+                          prefill_tokens=prefill_tokens or SamplerBackend.prefill_tokens)

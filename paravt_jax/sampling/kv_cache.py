@@ -42,6 +42,20 @@ def grown_capacity(capacity: int, write_index: int, tokens_left: int, multiple: 
     return bucket(min(write_index + tokens_left + 1, 2 * capacity), 16, multiple)
 
 
+def episode_capacity(turns, min_chunk: int, multiple: int) -> int:
+    """Suffix slots that an episode never outgrows: turns = [(chunk tokens, new tokens)], the
+    first (0, M) for generate's decode after the prompt, then (tool-response tokens, budget)
+    per extend. Mirrors Sampler.extend / Sampler._decode: an extend writes the pending token
+    plus its chunk, bucketed to min_chunk, at the shared write pointer; a decode of n tokens
+    writes n - 1 (the last stays pending); both check first_capacity."""
+    write, capacity = 0, 0
+    for chunk, budget in turns:
+        end = write + (bucket(1 + chunk, min_chunk) if chunk else 0)
+        capacity = max(capacity, first_capacity(end, budget, multiple), end + budget - 1)
+        write = end + budget - 1
+    return bucket(capacity, 16, multiple)
+
+
 @dataclasses.dataclass(frozen=True)
 class CacheSpec:
     layers: int
@@ -80,6 +94,48 @@ def cache_sharding(mesh, spec: CacheSpec) -> CacheShardings | None:
         return None
     return CacheShardings(sh.named_sharding(mesh, KEY_AXES, spec.key_layer_shape),
                           sh.named_sharding(mesh, CACHE_AXES[1:], spec.layer_shape))
+
+
+@dataclasses.dataclass(frozen=True)
+class RowGroup:
+    """Rows [start, start + local) of each of `shards` equal blocks of cache rows: a prefill row
+    group that takes the same rows of every device's block, so no device touches another's
+    rows. The cached forward (TextDecoder.forward_cached) writes the group's chunk into the
+    whole cache in place and reads only the group's rows, one layer at a time."""
+    start: jax.Array
+    local: int
+    shards: int
+
+    def _blocks(self, array):
+        return array.reshape(self.shards, array.shape[0] // self.shards, *array.shape[1:])
+
+    def read(self, array):
+        part = jax.lax.dynamic_slice_in_dim(self._blocks(array), self.start, self.local, 1)
+        return part.reshape(self.shards * self.local, *array.shape[1:])
+
+    def write(self, array, part, slot_axis: int | None = None, slot=0):
+        """`array` with `part` (the group's rows, as read) written at the group's rows and, along
+        slot_axis, from `slot`."""
+        part = part.reshape(self.shards, self.local, *part.shape[1:])
+        index = [0, self.start] + [0] * (array.ndim - 1)
+        if slot_axis is not None:
+            index[slot_axis + 1] = slot
+        return jax.lax.dynamic_update_slice(self._blocks(array), part, index).reshape(array.shape)
+
+    def order(self, rows: int) -> np.ndarray:
+        """[shards * local] the cache rows of the group, in the order read() returns them."""
+        return (np.arange(self.shards)[:, None] * (rows // self.shards) + int(self.start)
+                + np.arange(self.local)[None]).reshape(-1)
+
+
+def row_shards(shardings: CacheShardings | None, spec: CacheSpec, prompts: int) -> int:
+    """Blocks the cache rows are split into over the devices: 1 without a mesh, or when
+    `prompts` prefix rows do not split alike (then a prefill row group may read rows of other
+    devices)."""
+    if shardings is None:
+        return 1
+    shards = spec.batch // shardings.values.shard_shape(spec.layer_shape)[0]
+    return shards if prompts % shards == 0 else 1
 
 
 def constrain(cache_k, cache_v, shardings: CacheShardings | None):

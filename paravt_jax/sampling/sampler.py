@@ -26,9 +26,11 @@ from flax import nnx
 
 from paravt_jax.config import set_by
 from paravt_jax.models.qwen3_vl.model import Qwen3VL
+from paravt_jax.models.qwen3_vl.text import SharedPrefix
 from paravt_jax.models.qwen3_vl.vision import pad_frames_to_buckets, vision_layout
 from paravt_jax.sampling.backend import DecodeWeights, SamplerBackend, backend_policy, decode_weights
-from paravt_jax.sampling.kv_cache import CacheSpec, bucket, cache_sharding, constrain, first_capacity, grown_capacity
+from paravt_jax.sampling.kv_cache import (CacheShardings, CacheSpec, RowGroup, bucket, cache_sharding, constrain,
+                                          episode_capacity, first_capacity, grown_capacity, row_shards)
 from paravt_jax.text.inputs import ModelInputs, collate_vision, encode_ids
 
 MAX_STOP_IDS = 8
@@ -49,6 +51,12 @@ class SamplerConfig:
     # float32 score block budget of a blockwise prefill; 0 = the backend's default
     # (sampling/backend.py: 8 MB on CPU, 256 MB on accelerators)
     attention_block_bytes: int = 0
+    # Row groups: a prefill runs at most this many chunk tokens (rows x chunk width) per call,
+    # each group writing its own rows of the cache; 0 = the backend's default (backend.py)
+    prefill_tokens: int = 0
+    # True: the samples of a prompt share one copy of its keys and values; False: every sample
+    # holds its own copy (the copied layout, kept as the measured baseline of bench/sampler.py)
+    shared_prefix: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,11 +69,16 @@ class SampleOutput:
 
 @dataclasses.dataclass(frozen=True)
 class SamplerState:
-    """Where each row's episode stands. All rows share the cache write pointer
-    `write_index`; `valid` [B, S] marks the slots that hold each row's real tokens.
-    `pending` is the last sampled token, not yet in the cache (-1 when none); the next chunk
-    of row b must be encoded with start_position = chunk_start[b]. The caches hold one array
-    per layer: keys [B, KV heads, head_dim, S], values [B, KV heads, S, head_dim]."""
+    """Where each row's episode stands. Rows are prompt-major (row p * F + f, F = rows per
+    prompt: the samples with a shared prefix, 1 in the copied layout). `prefix` holds each
+    prompt's keys and values once (keys [P, KV heads, head_dim, Sp], values
+    [P, KV heads, Sp, head_dim], valid [P, Sp]); the per-row suffix caches hold everything
+    after the prompt: one array per layer, keys [B, KV heads, head_dim, S], values
+    [B, KV heads, S, head_dim]. All rows share the suffix write pointer `write_index`;
+    `valid` [B, S] marks the suffix slots that hold each row's real tokens. `pending` is the
+    last sampled token, not yet in the cache (-1 when none); the next chunk of row b must be
+    encoded with start_position = chunk_start[b]."""
+    prefix: SharedPrefix
     cache_k: tuple[jax.Array, ...]
     cache_v: tuple[jax.Array, ...]
     valid: jax.Array  # [B, S] bool
@@ -76,11 +89,18 @@ class SamplerState:
 
     @property
     def capacity(self) -> int:
-        return self.valid.shape[1]
+        """Slots a row attends: its prompt's prefix plus its suffix."""
+        return self.prefix.valid.shape[1] + self.valid.shape[1]
 
     @property
     def chunk_start(self) -> np.ndarray:
         return self.next_position + (self.pending >= 0)
+
+    def cached_tokens(self) -> np.ndarray:
+        """[B] tokens in each row's cache (its prompt's prefix + its own suffix)."""
+        per_prompt = np.asarray(self.prefix.valid).sum(1)
+        rows = self.valid.shape[0]
+        return per_prompt.repeat(rows // per_prompt.shape[0]) + np.asarray(self.valid).sum(1)
 
 
 # ----------------------------------------------------------------------------- sampling
@@ -177,38 +197,69 @@ def _new_cache(layers, shape, dtype, sharding):
     return (*constrain(keys, values, sharding), jnp.zeros((rows, capacity), bool))
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "sharding", "window", "backend", "block"),
+@functools.partial(jax.jit, static_argnames=("graphdef", "sharding", "window", "backend", "block", "shards"),
                    donate_argnames=("cache_k", "cache_v", "valid"))
-def _prefill(graphdef, params, weights, cache_k, cache_v, valid, write_index, ids, positions, counts,
-             visual_index, visual_embeds, deepstack, sharding, window, backend: SamplerBackend, block):
+def _prefill(graphdef, params, weights, cache_k, cache_v, valid, prefix, write_index, row_start, ids, positions,
+             counts, visual_index, visual_embeds, deepstack, sharding, window, backend: SamplerBackend, block,
+             shards=1):
+    """One row group: the chunk ids [g, W] of the cache rows RowGroup(row_start, g / shards,
+    shards).order(B) (rows [row_start, row_start + g / shards) of each device's block of rows)
+    written into their cache rows at `write_index`, in place (the caches are donated); with `prefix`
+    (SharedPrefix, None for a prompt prefill) the rows also attend to their prompts'
+    prefixes. Returns (logits [g, V] of each row's last chunk token, caches, valid)."""
     lang = _merge(graphdef, params).language
-    width = ids.shape[1]
+    group, width = ids.shape
+    rows = None if group == valid.shape[0] else RowGroup(row_start, group // shards, shards)
+    rows_valid = valid if rows is None else rows.read(valid)
+    if prefix is not None and rows is not None:
+        per_prompt = valid.shape[0] // prefix.valid.shape[0]
+        prompts = RowGroup(row_start // per_prompt, max(rows.local // per_prompt, 1), shards)
+        prefix = SharedPrefix(tuple(map(prompts.read, prefix.keys)), tuple(map(prompts.read, prefix.values)),
+                              prompts.read(prefix.valid))
     fresh = jnp.arange(width)[None, :] < counts[:, None]
-    valid = jax.lax.dynamic_update_slice(valid, fresh, (0, write_index))
-    hidden, cache_k, cache_v = lang.forward_cached(ids, positions, write_index, valid, cache_k,
-                                                   cache_v, visual_index, visual_embeds, deepstack,
+    rows_valid = jax.lax.dynamic_update_slice(rows_valid, fresh, (0, write_index))
+    hidden, cache_k, cache_v = lang.forward_cached(ids, positions, write_index, rows_valid, cache_k, cache_v,
+                                                   visual_index, visual_embeds, deepstack,
                                                    window=window, layers=weights.layers,
-                                                   project=backend.project, block=block)
+                                                   project=backend.project, block=block, prefix=prefix, rows=rows)
     last = jnp.maximum(counts - 1, 0)
-    last_hidden = hidden[jnp.arange(ids.shape[0]), last][:, None]
+    last_hidden = hidden[jnp.arange(group), last][:, None]
     logits = backend.logits(lang, last_hidden, weights)[:, 0].astype(jnp.float32)
+    valid = rows_valid if rows is None else rows.write(valid, rows_valid)
     return (logits, *constrain(cache_k, cache_v, sharding), valid)
 
 
-@functools.partial(jax.jit, static_argnames=("capacity_pad", "sharding"))
-def _gather_rows(cache_k, cache_v, valid, logits, index, capacity_pad, sharding):
-    """Copies cache rows (G samples sharing one prefilled prompt) and grows the capacity."""
-    def take(layer, slot_axis):
-        layer = layer[index]
-        if capacity_pad:
-            pad = [(0, 0)] * layer.ndim
-            pad[slot_axis] = (0, capacity_pad)
-            layer = jnp.pad(layer, pad)
-        return layer
-    valid = jnp.pad(valid[index], ((0, 0), (0, capacity_pad)))
-    keys = tuple(take(layer, 3) for layer in cache_k)
-    values = tuple(take(layer, 2) for layer in cache_v)
-    return (*constrain(keys, values, sharding), valid, logits[index])
+@functools.partial(jax.jit, static_argnames="sharding")
+def _copy_rows(cache_k, cache_v, valid, index, sharding):
+    """The copied layout: prompt cache rows gathered to one copy per sample."""
+    keys = tuple(layer[index] for layer in cache_k)
+    values = tuple(layer[index] for layer in cache_v)
+    return (*constrain(keys, values, sharding), valid[index])
+
+
+@functools.partial(jax.jit, static_argnames=("axis", "extra", "sharding"))
+def _grow_layer(layer, axis, extra, sharding):
+    """One cache array with `extra` more slots along `axis` (zeros; the slots are not valid)."""
+    pad = [(0, 0)] * layer.ndim
+    pad[axis] = (0, extra)
+    grown = jnp.pad(layer, pad)
+    return grown if sharding is None else jax.lax.with_sharding_constraint(grown, sharding)
+
+
+def grow_suffix(cache_k, cache_v, valid, extra: int, shardings: CacheShardings | None):
+    """The suffix caches with `extra` more slots, copied one layer at a time, each old layer
+    deleted once copied: the transient is one layer's old buffer, never a second copy of the
+    whole cache; the shared prefix is never copied. Consumes the arrays passed in."""
+    def grow(layers, axis, sharding):
+        out = []
+        for layer in layers:
+            out.append(_grow_layer(layer, axis, extra, sharding))
+            layer.delete()
+        return tuple(out)
+
+    keys = grow(cache_k, 3, shardings and shardings.keys)
+    values = grow(cache_v, 2, shardings and shardings.values)
+    return keys, values, _grow_layer(valid, 1, extra, None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,10 +289,11 @@ jax.tree_util.register_dataclass(_DecodeCarry, data_fields=[f.name for f in data
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "sharding", "backend"),
                    donate_argnames=("cache_k", "cache_v", "valid"))
-def _decode(graphdef, params, weights, cache_k, cache_v, valid, logits, budgets, stop_ids, row_keys,
+def _decode(graphdef, params, weights, cache_k, cache_v, valid, prefix, logits, budgets, stop_ids, row_keys,
             temperature, top_p, top_k, carry: _DecodeCarry, max_steps, sharding, backend: SamplerBackend):
-    """Samples until every row is done, `max_steps` tokens were emitted, or the cache is full
-    (the caller grows it and calls again with the returned carry). The first call (step 0)
+    """Samples until every row is done, `max_steps` tokens were emitted, or the suffix cache is
+    full (the caller grows it and calls again with the returned carry); every step attends to
+    the row's prompt in `prefix` and to its own suffix. The first call (step 0)
     samples from the prefill's `logits`; see the module docstring for the log-prob convention."""
     lang = _merge(graphdef, params).language
     capacity = valid.shape[1]
@@ -271,7 +323,7 @@ def _decode(graphdef, params, weights, cache_k, cache_v, valid, logits, budgets,
         positions = jnp.broadcast_to(c.next_position[None, :, None], (3, fed.shape[0], 1))
         valid = jax.lax.dynamic_update_slice(valid, active[:, None], (0, c.write_index))
         hidden, ck, cv = lang.forward_cached(fed, positions, c.write_index, valid, ck, cv,
-                                             layers=weights.layers, project=backend.project)
+                                             layers=weights.layers, project=backend.project, prefix=prefix)
         new_logits = backend.logits(lang, hidden, weights)[:, 0].astype(jnp.float32)
         c = dataclasses.replace(c, write_index=c.write_index + 1, next_position=c.next_position + active)
         return (emit(c, new_logits, active), *constrain(ck, cv, sharding), valid)
@@ -291,10 +343,14 @@ class _Batch:
     grids: np.ndarray | None
 
 
-def _collate(chunks: Sequence[ModelInputs | None], rows: int, min_bucket: int) -> _Batch:
-    """Right-padded chunk batch; vision items ordered row by row (images, then videos)."""
+def chunk_width(chunks: Sequence[ModelInputs | None], min_bucket: int) -> int:
+    """The bucketed width of a prefill over `chunks` (all rows write the same slots)."""
+    return bucket(max([c.length for c in chunks if c is not None] + [1]), min_bucket)
+
+
+def _collate(chunks: Sequence[ModelInputs | None], rows: int, width: int) -> _Batch:
+    """Right-padded chunk batch of `width`; vision items ordered row by row (images, then videos)."""
     counts = np.array([0 if c is None else c.length for c in chunks] + [0] * (rows - len(chunks)))
-    width = bucket(max(int(counts.max()), 1), min_bucket)
     ids = np.zeros((rows, width), np.int32)
     positions = np.zeros((3, rows, width), np.int32)
     for b, c in enumerate(chunks):
@@ -303,6 +359,27 @@ def _collate(chunks: Sequence[ModelInputs | None], rows: int, min_bucket: int) -
             positions[:, b, :c.length] = c.position_ids
     visual_index, pixels, grids = collate_vision(chunks, rows, width)
     return _Batch(ids, positions, counts, visual_index, pixels, grids)
+
+
+def group_rows(rows: int, per_prompt: int, width: int, token_budget: int) -> int:
+    """Rows per prefill call (of one device's block when the rows are split over devices): the largest
+    group of at most `token_budget` chunk tokens (one row when even one row exceeds it) that
+    holds whole prompts (a multiple of `per_prompt`, a power-of-two count of prompts) or a
+    divisor of `per_prompt`; it divides `rows`."""
+    prompts = max(rows // per_prompt, 1)
+    sizes = {per_prompt << j for j in range(prompts.bit_length()) if prompts % (1 << j) == 0}
+    sizes |= {d for d in range(1, per_prompt + 1) if per_prompt % d == 0}
+    fitting = [g for g in sizes if g * width <= token_budget and rows % g == 0]
+    return max(fitting) if fitting else 1
+
+
+def prefill_group(rows: int, per_prompt: int, width: int, shards: int, token_budget: int) -> int:
+    """Rows per prefill call of `rows` rows (`per_prompt` per prompt) of `width` tokens split
+    over `shards` devices: the same group_rows of each device's rows, at most `token_budget`
+    chunk tokens in all (at least one row per device). The budget counts the whole group: on an
+    fsdp mesh XLA computes a layer's matmuls for all of the group's tokens on every device
+    (partial sums over the split weight, then all-reduced)."""
+    return shards * group_rows(rows // shards, per_prompt, width, token_budget // shards)
 
 
 def _prepend(token: int, position: int, chunk: ModelInputs | None) -> ModelInputs:
@@ -314,9 +391,10 @@ class Sampler:
     """`Sampler(model, config)`; `generate(prompts, ...)` then `extend(state, chunks, ...)`."""
 
     def __init__(self, model: Qwen3VL, config: SamplerConfig = SamplerConfig(), mesh=None):
-        if config.attention_block_bytes < 0:
-            raise ValueError(f"SamplerConfig.attention_block_bytes={config.attention_block_bytes} "
-                             "must be >= 0 (0 = the backend's default)")
+        for field in ("attention_block_bytes", "prefill_tokens"):
+            if getattr(config, field) < 0:
+                raise ValueError(f"SamplerConfig.{field}={getattr(config, field)} "
+                                 "must be >= 0 (0 = the backend's default)")
         self.model = model
         self.config = config
         self.mesh = mesh
@@ -326,7 +404,8 @@ class Sampler:
         self.cache_dtype = jnp.dtype(config.cache_dtype or model.config.dtype)
         self._layout = (text.num_hidden_layers, text.num_key_value_heads, text.head_dim)
         self._weights = None
-        self.backend = backend_policy(prefill_score_bytes=config.attention_block_bytes)
+        self.backend = backend_policy(prefill_score_bytes=config.attention_block_bytes,
+                                      prefill_tokens=config.prefill_tokens)
 
     @property
     def weights(self) -> DecodeWeights:
@@ -344,38 +423,49 @@ class Sampler:
 
     # -- public -------------------------------------------------------------------------
     def generate(self, prompts: Sequence[ModelInputs], num_samples: int = 1, *, seed: int = 0,
-                 row_ids: Sequence[int] | None = None, **knobs) -> tuple[SampleOutput, SamplerState]:
-        """Prefills each prompt once (vision included), copies its cache rows to
-        `num_samples` samples (row p * num_samples + g) and decodes them together. Row b draws
-        from the random stream fold_in(PRNGKey(seed), row_ids[b]) (default: b), so a row's
-        samples do not depend on which other rows share the call (multi-host rollouts)."""
+                 row_ids: Sequence[int] | None = None, reserve: Sequence[tuple[int, int]] = (),
+                 **knobs) -> tuple[SampleOutput, SamplerState]:
+        """Prefills each prompt once (vision included) into the prompt cache, then decodes
+        `num_samples` samples of each (row p * num_samples + g) together: with
+        config.shared_prefix they all read the prompt's one copy of its keys and values, and
+        each writes only its own suffix cache. `reserve`: the later turns of the episode,
+        (chunk tokens, new tokens) per extend at their longest; the suffix cache is sized up
+        front so that none of them grows it (kv_cache.episode_capacity). Row b draws from the random stream
+        fold_in(PRNGKey(seed), row_ids[b]) (default: b), so a row's samples do not depend on
+        which other rows share the call (multi-host rollouts)."""
         if not prompts:
             raise ValueError("generate: no prompts")
+        if num_samples < 1:
+            raise ValueError(f"generate: num_samples={num_samples} must be >= 1")
         k = self._knobs(knobs)
-        unique_rows = bucket(len(prompts), self.config.min_batch_bucket)
-        batch = _collate(prompts, unique_rows, self.config.min_chunk_bucket)
+        prompt_rows = bucket(len(prompts), self.config.min_batch_bucket)
+        width = chunk_width(prompts, self.config.min_chunk_bucket)
+        prefix_k, prefix_v, prefix_valid = self._empty_cache(prompt_rows, width)
+        logits, prefix_k, prefix_v, prefix_valid = self._prefill(prefix_k, prefix_v, prefix_valid, None, 0,
+                                                                 list(prompts), prompt_rows, width)
+        rows = prompt_rows * num_samples
         total = len(prompts) * num_samples
-        rows = bucket(total, self.config.min_batch_bucket)
-        width = batch.ids.shape[1]
-        capacity = self._capacity(width, k["max_new_tokens"])
-        cache_k, cache_v, valid = self._empty_cache(unique_rows, capacity)
-        logits, cache_k, cache_v, valid = self._prefill(cache_k, cache_v, valid, 0, batch)
-        index = np.zeros(rows, np.int32)
-        index[:total] = np.repeat(np.arange(len(prompts)), num_samples)
-        if rows != unique_rows or num_samples > 1:
-            cache_k, cache_v, valid, logits = _gather_rows(cache_k, cache_v, valid, logits,
-                                                           jnp.asarray(index), 0,
-                                                           self._sharding(rows, capacity))
-        next_position = np.array([p.next_position for p in prompts])[index].astype(np.int32)
+        logits = jnp.repeat(logits, num_samples, axis=0)
+        if not self.config.shared_prefix and num_samples > 1:
+            index = jnp.repeat(jnp.arange(prompt_rows), num_samples)
+            prefix_k, prefix_v, prefix_valid = _copy_rows(prefix_k, prefix_v, prefix_valid, index,
+                                                          self._sharding(rows, width))
+        prefix = SharedPrefix(prefix_k, prefix_v, prefix_valid)
+        capacity = episode_capacity([(0, k["max_new_tokens"]), *reserve], self.config.min_chunk_bucket,
+                                    self.config.cache_multiple)
+        cache_k, cache_v, valid = self._empty_cache(rows, capacity)
+        next_position = np.zeros(rows, np.int32)
+        next_position[:total] = np.repeat([p.next_position for p in prompts], num_samples)
         budgets = np.zeros(rows, np.int32)
         budgets[:total] = k["max_new_tokens"]
-        return self._decode(cache_k, cache_v, valid, width, logits, next_position, budgets, total, seed, k,
+        return self._decode(prefix, cache_k, cache_v, valid, 0, logits, next_position, budgets, total, seed, k,
                             row_ids=row_ids)
 
     def extend(self, state: SamplerState, chunks: Sequence[ModelInputs | None], *, seed: int = 0,
                row_ids: Sequence[int] | None = None, **knobs) -> tuple[SampleOutput, SamplerState]:
         """Feeds each row's pending token plus its new chunk (None = the row sits this turn
-        out) into the cache, then decodes again. Chunk b must start at state.chunk_start[b]."""
+        out) into its suffix cache, in row groups of at most the prefill token budget, then
+        decodes again. Chunk b must start at state.chunk_start[b]. Consumes `state`."""
         if len(chunks) != state.num_rows:
             raise ValueError(f"extend: {len(chunks)} chunks for {state.num_rows} rows")
         k = self._knobs(knobs)
@@ -391,25 +481,25 @@ class Sampler:
                                  f"{int(chunk.position_ids.min())}, expected {start}")
             full.append(_prepend(int(state.pending[b]), int(state.next_position[b]), chunk)
                         if state.pending[b] >= 0 else chunk)
-        batch = _collate(full, rows, self.config.min_chunk_bucket)
-        width = batch.ids.shape[1]
+        width = chunk_width(full, self.config.min_chunk_bucket)
         cache_k, cache_v, valid = state.cache_k, state.cache_v, state.valid
         new_capacity = self._capacity(state.write_index + width, k["max_new_tokens"])
-        if new_capacity > state.capacity:
+        if new_capacity > valid.shape[1]:
             cache_k, cache_v, valid = self._grow(cache_k, cache_v, valid, new_capacity)
-        logits, cache_k, cache_v, valid = self._prefill(cache_k, cache_v, valid, state.write_index, batch)
+        logits, cache_k, cache_v, valid = self._prefill(cache_k, cache_v, valid, state.prefix, state.write_index,
+                                                        full, rows, width)
         takes_part = np.array([c is not None for c in full] + [False] * (rows - len(full)))
         next_position = np.array([(int(c.next_position) if c is not None else int(state.next_position[b]))
                                   for b, c in enumerate(full)] + [0] * (rows - len(full)), np.int32)
         budgets = np.where(takes_part, k["max_new_tokens"], 0).astype(np.int32)
-        return self._decode(cache_k, cache_v, valid, state.write_index + width, logits, next_position,
-                            budgets, state.num_rows, seed, k, keep_pending=state.pending,
+        return self._decode(state.prefix, cache_k, cache_v, valid, state.write_index + width, logits,
+                            next_position, budgets, state.num_rows, seed, k, keep_pending=state.pending,
                             takes_part=takes_part, row_ids=row_ids)
 
     def compile_counts(self) -> dict[str, int]:
         return {name: fn._cache_size() for name, fn in
                 (("vision", _vision), ("prefill", _prefill), ("decode", _decode),
-                 ("gather", _gather_rows), ("cache", _new_cache))}
+                 ("copy", _copy_rows), ("grow", _grow_layer), ("cache", _new_cache))}
 
     # -- internals ----------------------------------------------------------------------
     def _knobs(self, knobs: dict) -> dict:
@@ -433,39 +523,69 @@ class Sampler:
         return cache_sharding(self.mesh, CacheSpec(layers, rows, capacity, kv, hd, self.cache_dtype.name))
 
     def _capacity(self, chunk_end: int, max_new_tokens: int) -> int:
+        """Suffix slots for a chunk ending at suffix slot `chunk_end` and the start of its decode."""
         return first_capacity(chunk_end, max_new_tokens, self.config.cache_multiple)
 
     def _grow(self, cache_k, cache_v, valid, new_capacity: int):
         rows, capacity = valid.shape
-        cache_k, cache_v, valid, _ = _gather_rows(cache_k, cache_v, valid, jnp.zeros((rows, 1)),
-                                                  jnp.arange(rows), new_capacity - capacity,
-                                                  self._sharding(rows, new_capacity))
-        return cache_k, cache_v, valid
+        return grow_suffix(cache_k, cache_v, valid, new_capacity - capacity, self._sharding(rows, new_capacity))
 
     def _empty_cache(self, rows: int, capacity: int):
         layers, kv, hd = self._layout
         return _new_cache(layers, (rows, kv, capacity, hd), self.cache_dtype, self._sharding(rows, capacity))
 
-    def _prefill(self, cache_k, cache_v, valid, write_index: int, batch: _Batch):
-        embeds = deepstack = None
-        if batch.pixel_values is not None:
-            pixels, grids = pad_frames_to_buckets(batch.pixel_values, batch.grids)
-            layout = vision_layout(grids, self.model.config.vision)
-            embeds, deepstack = _vision(self.graphdef, self.params, pixels, layout.device_arrays())
-        rows = batch.ids.shape[0]
-        block = self.backend.prefill_block(rows, self.model.config.text.num_attention_heads,
-                                           self.model.config.attention_block)
-        return _prefill(self.graphdef, self.params, self.weights, cache_k, cache_v, valid, np.int32(write_index),
-                        batch.ids, batch.positions, batch.counts.astype(np.int32),
-                        batch.visual_index, embeds, deepstack,
-                        self._sharding(rows, valid.shape[1]),
-                        # attend only to the slots in use (bucketed, so few compiled variants)
-                        min(bucket(write_index + batch.ids.shape[1], 16, self.config.cache_multiple),
-                            valid.shape[1]),
-                        self.backend, block)
+    def row_shards(self, rows: int, prompts: int) -> int:
+        layers, kv, hd = self._layout
+        spec = CacheSpec(layers, rows, 16, kv, hd, self.cache_dtype.name)
+        return row_shards(cache_sharding(self.mesh, spec), spec, prompts)
 
-    def _decode(self, cache_k, cache_v, valid, write_index, logits, next_position, budgets, num_rows,
-                seed, k, keep_pending=None, takes_part=None, row_ids=None):
+    def prefill_group(self, rows: int, per_prompt: int, width: int, shards: int = 1) -> int:
+        return prefill_group(rows, per_prompt, width, shards, self.backend.prefill_tokens)
+
+    def prefill_block(self, rows: int) -> int:
+        return self.backend.prefill_block(rows, self.model.config.text.num_attention_heads,
+                                          self.model.config.attention_block)
+
+    def _prefill(self, cache_k, cache_v, valid, prefix: SharedPrefix | None, write_index: int,
+                 chunks: list[ModelInputs | None], rows: int, width: int):
+        """Writes `chunks` (one per row, None = nothing) at `write_index` in row groups of at
+        most the token budget, each group taking the same rows of every device's
+        block of rows. Returns (logits [rows, V], caches, valid)."""
+        prompts = rows if prefix is None else prefix.valid.shape[0]
+        per_prompt = rows // prompts
+        shards = self.row_shards(rows, prompts)
+        group = self.prefill_group(rows, per_prompt, width, shards)
+        capacity = valid.shape[1]
+        # attend only to the slots in use (bucketed, so few compiled variants)
+        window = min(bucket(write_index + width, 16, self.config.cache_multiple), capacity)
+        block = self.prefill_block(group)
+        chunks = list(chunks) + [None] * (rows - len(chunks))
+        logits, order = [], []
+        for start in range(0, rows // shards, group // shards):
+            index = RowGroup(start, group // shards, shards).order(rows)
+            part = [chunks[r] for r in index]
+            order.append(index)
+            if group < rows and not any(c is not None and c.length for c in part):
+                logits.append(jnp.zeros((group, self.model.config.text.vocab_size), jnp.float32))
+                continue  # padding rows / rows sitting the turn out: nothing to write
+            batch = _collate(part, group, width)
+            embeds = deepstack = None
+            if batch.pixel_values is not None:
+                pixels, grids = pad_frames_to_buckets(batch.pixel_values, batch.grids)
+                layout = vision_layout(grids, self.model.config.vision)
+                embeds, deepstack = _vision(self.graphdef, self.params, pixels, layout.device_arrays())
+            out, cache_k, cache_v, valid = _prefill(
+                self.graphdef, self.params, self.weights, cache_k, cache_v, valid, prefix, np.int32(write_index),
+                np.int32(start), batch.ids, batch.positions, batch.counts.astype(np.int32), batch.visual_index,
+                embeds, deepstack, self._sharding(rows, capacity), window, self.backend, block, shards)
+            logits.append(out)
+        if len(logits) == 1:
+            return logits[0], cache_k, cache_v, valid
+        inverse = np.argsort(np.concatenate(order))
+        return jnp.concatenate(logits)[inverse], cache_k, cache_v, valid
+
+    def _decode(self, prefix: SharedPrefix, cache_k, cache_v, valid, write_index, logits, next_position,
+                budgets, num_rows, seed, k, keep_pending=None, takes_part=None, row_ids=None):
         rows = next_position.shape[0]
         stop = np.full(MAX_STOP_IDS, -2, np.int32)
         stop[:len(k["stop_ids"])] = k["stop_ids"]
@@ -480,9 +600,9 @@ class Sampler:
         steps = bucket(k["max_new_tokens"], 16)
         carry = _DecodeCarry.start(budgets, steps, write_index, next_position)
         knobs = (np.float32(k["temperature"]), np.float32(k["top_p"]), np.int32(k["top_k"]))
-        while True:  # one segment per cache size: grow (double) when the slots run out
+        while True:  # one segment per suffix size: grow it (at most double) when the slots run out
             carry, cache_k, cache_v, valid = _decode(
-                self.graphdef, self.params, self.weights, cache_k, cache_v, valid, logits, budgets, stop,
+                self.graphdef, self.params, self.weights, cache_k, cache_v, valid, prefix, logits, budgets, stop,
                 row_keys, *knobs, carry, steps, self._sharding(rows, valid.shape[1]), self.backend)
             n_gen, done = np.asarray(carry.n_gen), np.asarray(carry.done)
             if done.all() or int(carry.step) >= steps:
@@ -500,7 +620,7 @@ class Sampler:
             tokens=[tokens[b, :n_gen[b]].tolist() for b in range(num_rows)],
             logprobs=[logps[b, :n_gen[b]] for b in range(num_rows)],
             finished=finished[:num_rows], lengths=n_gen[:num_rows])
-        state = SamplerState(cache_k, cache_v, valid, int(write_out), np.asarray(next_out),
+        state = SamplerState(prefix, cache_k, cache_v, valid, int(write_out), np.asarray(next_out),
                              pending.astype(np.int64), num_rows)
         return result, state
 

@@ -72,6 +72,15 @@ class AttentionMask:
                              packed=packed)
 
     @staticmethod
+    def prefix(valid: jax.Array, query_len: int) -> AttentionMask:
+        """Queries after a whole prefix: each of query_len queries of row b sees every valid
+        slot of valid [B, S] (the prefix ends before the first query)."""
+        batch, slots = valid.shape
+        zeros = jnp.zeros((batch, query_len), jnp.int32)
+        return AttentionMask(jnp.ones_like(zeros), valid.astype(jnp.int32), zeros,
+                             jnp.zeros((batch, slots), jnp.int32), causal=False, kind="cache")
+
+    @staticmethod
     def cache(valid: jax.Array, query_slots: jax.Array) -> AttentionMask:
         """Queries over a KV cache: valid [B, S] marks filled slots; query i sits at slot
         query_slots[i] ([Lq]) and sees the valid slots <= it."""
@@ -185,7 +194,8 @@ def _flash(q, k, v, q_seg, q_pos, k_seg, k_pos, causal, block_q, block_k):
 
 def _flash_forward(q, k, v, q_seg, q_pos, k_seg, k_pos, causal, block_q, block_k):
     """q [B, KV, G, Lq, hd], k/v [B, KV, Lk, hd] (lengths multiples of the blocks) ->
-    (out [B, KV, G, Lq, hd] in q.dtype, log-sum-exp [B, KV, G, Lq] f32)."""
+    (out [B, KV, G, Lq, hd] in q.dtype, log-sum-exp [B, KV, G, Lq] f32; MASK_VALUE and a zero
+    output where a query sees no key)."""
     batch, kv_heads, groups, q_len, head_dim = q.shape
     k_len = k.shape[2]
     scale = head_dim**-0.5
@@ -219,7 +229,8 @@ def _flash_forward(q, k, v, q_seg, q_pos, k_seg, k_pos, causal, block_q, block_k
         m, l, acc = _loop(k_len // block_k, key_block, init)
         seen = l > 0
         out = jnp.where(seen[..., None], acc / jnp.where(seen, l, 1.0)[..., None], 0.0)
-        lse = jnp.where(seen, m + jnp.log(jnp.where(seen, l, 1.0)), 0.0)
+        # a query that sees no key: MASK_VALUE, so that it weighs nothing in merge_partials
+        lse = jnp.where(seen, m + jnp.log(jnp.where(seen, l, 1.0)), MASK_VALUE)
         return (jax.lax.dynamic_update_slice_in_dim(outputs[0], out.astype(q.dtype), start, 3),
                 jax.lax.dynamic_update_slice_in_dim(outputs[1], lse, start, 3))
 
@@ -309,21 +320,99 @@ def blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: Attentio
     plus O(L) residuals (the output and a log-sum-exp per query) for the backward pass.
     """
     batch, q_len, heads, head_dim = q.shape
+    out = _flash(*_flash_inputs(q, k, v, mask, cache_layout, block), mask.causal,
+                 *block_sizes(q_len, k.shape[-1] if cache_layout else k.shape[1], block))
+    out = out[:, :, :, :q_len].transpose(0, 3, 1, 2, 4)
+    return out.reshape(batch, q_len, heads, head_dim)
+
+
+def _flash_inputs(q, k, v, mask: AttentionMask, cache_layout: bool, block: int):
+    """The blockwise kernels' operands: q [B, KV, G, Lq', hd], k/v [B, KV, Lk', hd] and the
+    mask's segments and positions, padded to multiples of the blocks (block_sizes)."""
+    batch, q_len, heads, head_dim = q.shape
     if cache_layout:
         k = k.transpose(0, 1, 3, 2)  # [B, KV, hd, Lk] -> [B, KV, Lk, hd]
     else:
         k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
     kv_heads, k_len = k.shape[1], k.shape[2]
-    groups = heads // kv_heads
     block_q, block_k = block_sizes(q_len, k_len, block)
-    qg = q.reshape(batch, q_len, kv_heads, groups, head_dim).transpose(0, 2, 3, 1, 4)
+    qg = q.reshape(batch, q_len, kv_heads, heads // kv_heads, head_dim).transpose(0, 2, 3, 1, 4)
     qg = _pad_to(qg, 3, block_q)
     k, v = _pad_to(k, 2, block_k), _pad_to(v, 2, block_k)
     q_seg, q_pos = (_pad_to(x, 1, block_q) for x in (mask.query_segments, mask.query_positions))
     k_seg, k_pos = (_pad_to(x, 1, block_k) for x in (mask.key_segments, mask.key_positions))
-    out = _flash(qg, k, v, q_seg, q_pos, k_seg, k_pos, mask.causal, block_q, block_k)
-    out = out[:, :, :, :q_len].transpose(0, 3, 1, 2, 4)
-    return out.reshape(batch, q_len, heads, head_dim)
+    return qg, k, v, q_seg, q_pos, k_seg, k_pos
+
+
+def _dense_partial(q, k, v, mask: AttentionMask, cache_layout: bool):
+    """dense_attention's folding, returning (out [B, KV, Lq * G, hd] f32, lse [B, KV, Lq * G])."""
+    batch, q_len, heads, head_dim = q.shape
+    kv_heads = k.shape[1] if cache_layout else k.shape[2]
+    groups = heads // kv_heads
+    folded = q.reshape(batch, q_len, kv_heads, groups, head_dim).transpose(0, 2, 1, 3, 4)
+    folded = folded.reshape(batch, kv_heads, q_len * groups, head_dim)
+    keys = k if cache_layout else k.transpose(0, 2, 3, 1)  # [B, KV, hd, Lk]
+    values = v if cache_layout else v.transpose(0, 2, 1, 3)
+    logits = jnp.einsum("bkqd,bkds->bkqs", folded, keys, preferred_element_type=jnp.float32)
+    logits = logits * (head_dim**-0.5)
+    allowed = jnp.broadcast_to(mask.dense()[:, None, :, None], (batch, 1, q_len, groups, keys.shape[-1]))
+    allowed = allowed.reshape(batch, 1, q_len * groups, -1)
+    logits = jnp.where(allowed, logits, MASK_VALUE)
+    top = jnp.max(logits, -1, keepdims=True)
+    p = jnp.where(allowed, jnp.exp(logits - top), 0.0)
+    total = jnp.sum(p, -1)
+    seen = total > 0
+    out = jnp.einsum("bkqs,bksd->bkqd", p.astype(v.dtype), values, preferred_element_type=jnp.float32)
+    out = out / jnp.where(seen, total, 1.0)[..., None]
+    lse = jnp.where(seen, top[..., 0] + jnp.log(jnp.where(seen, total, 1.0)), MASK_VALUE)
+    return out, lse
+
+
+def attend_partial(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMask, implementation: str = "auto",
+                   *, cache_layout: bool = False, block: int = DEFAULT_BLOCK) -> tuple[jax.Array, jax.Array]:
+    """Attention over one part of the keys, with what merge_partials needs to combine parts.
+
+    Shapes as `attend`. Returns (out [B, Lq, H, hd] float32, log-sum-exp [B, Lq, H] float32 of
+    each query's scores; a query that sees no key gets a zero output and lse MASK_VALUE).
+    Dense where `attend` would run dense, else the blockwise forward (the fused kernels do not
+    return a log-sum-exp). Forward only: no custom gradient (the sampler's use)."""
+    batch, q_len, heads, head_dim = q.shape
+    kv_heads = k.shape[1] if cache_layout else k.shape[2]
+    groups = heads // kv_heads
+    key_len = k.shape[-1] if cache_layout else k.shape[1]
+    small = batch * heads * q_len * key_len * 4 <= DENSE_MAX_SCORE_BYTES
+    if implementation == "dense" or (implementation == "auto" and small):
+        out, lse = _dense_partial(q, k, v, mask, cache_layout)
+        out = out.reshape(batch, kv_heads, q_len, groups, head_dim).transpose(0, 2, 1, 3, 4)
+        lse = lse.reshape(batch, kv_heads, q_len, groups).transpose(0, 2, 1, 3)
+        return out.reshape(batch, q_len, heads, head_dim), lse.reshape(batch, q_len, heads)
+    out, lse = _flash_forward(*_flash_inputs(q, k, v, mask, cache_layout, block), mask.causal,
+                              *block_sizes(q_len, key_len, block))
+    out = out[:, :, :, :q_len].transpose(0, 3, 1, 2, 4).reshape(batch, q_len, heads, head_dim).astype(jnp.float32)
+    lse = lse[:, :, :, :q_len].transpose(0, 3, 1, 2).reshape(batch, q_len, heads)
+    return out, lse
+
+
+def merge_partials(*parts: tuple[jax.Array, jax.Array]) -> jax.Array:
+    """Exact attention over the union of disjoint key sets from attend_partial's (out, lse)
+    of each: the outputs weighted by exp(lse - max lse). [B, Lq, H, hd] float32."""
+    top = functools.reduce(jnp.maximum, [lse for _, lse in parts])
+    weights = [jnp.exp(lse - top) for _, lse in parts]
+    total = functools.reduce(jnp.add, weights)
+    return functools.reduce(jnp.add, [out * w[..., None] for (out, _), w in zip(parts, weights)]) / total[..., None]
+
+
+def shared_prefix_partial(q: jax.Array, keys: jax.Array, values: jax.Array, valid: jax.Array,
+                          implementation: str = "auto", block: int = DEFAULT_BLOCK) -> tuple[jax.Array, jax.Array]:
+    """attend_partial of rows that share a prefix: q [P * F, Lq, H, hd] (row p * F + f reads
+    prefix p) against keys [P, KV, hd, S], values [P, KV, S, hd], valid [P, S]. The F rows of a
+    prefix fold into its query axis, so the prefix is read once per prefix, never copied."""
+    rows, q_len, heads, head_dim = q.shape
+    prefixes = valid.shape[0]
+    folded = q.reshape(prefixes, (rows // prefixes) * q_len, heads, head_dim)
+    out, lse = attend_partial(folded, keys, values, AttentionMask.prefix(valid, folded.shape[1]),
+                              implementation, cache_layout=True, block=block)
+    return out.reshape(rows, q_len, heads, head_dim), lse.reshape(rows, q_len, heads)
 
 
 # ----------------------------------------------------------------------------- fused kernels

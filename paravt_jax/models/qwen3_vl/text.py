@@ -5,12 +5,15 @@ parameters serve an unrolled loop or a `lax.scan` (config.scan_layers).
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from paravt_jax.models.qwen3_vl import layers as L
-from paravt_jax.models.qwen3_vl.attention import AttentionMask, attend
+from paravt_jax.models.qwen3_vl.attention import (AttentionMask, attend, attend_partial, merge_partials,
+                                                  shared_prefix_partial)
 from paravt_jax.models.qwen3_vl.config import Qwen3VLConfig
 from paravt_jax.models.qwen3_vl.rope import mrope_tables
 
@@ -21,6 +24,21 @@ def dense_projections(x: jax.Array, params: dict, names: tuple[str, ...],
     projections (paravt_jax/sampling/backend.py) for the weight layouts it builds."""
     del sizes
     return tuple(L.dense(x, params[name]) for name in names)
+
+
+class SharedPrefix(NamedTuple):
+    """Cached keys and values that groups of rows share: one array per layer, keys
+    [P, KV, hd, S] and values [P, KV, S, hd]; valid [P, S] marks the filled slots."""
+    keys: tuple[jax.Array, ...]
+    values: tuple[jax.Array, ...]
+    valid: jax.Array
+
+
+class PrefixLayer(NamedTuple):
+    """One layer of a SharedPrefix: keys [P, KV, hd, S], values [P, KV, S, hd], valid [P, S]."""
+    keys: jax.Array
+    values: jax.Array
+    valid: jax.Array
 
 
 class TextDecoder(nnx.Module):
@@ -72,9 +90,11 @@ class TextDecoder(nnx.Module):
         return x
 
     def attention(self, x, params, cos, sin, mask: AttentionMask, kv=None, cache_layout=False,
-                  project=dense_projections, block: int | None = None):
+                  project=dense_projections, block: int | None = None, prefix: PrefixLayer | None = None):
         """Returns (output [B, L, D], (k, v) of this chunk [B, L, KV, hd]). `kv` maps this
-        chunk's keys and values to the ones attended (the sampler's cache write)."""
+        chunk's keys and values to the ones attended (the sampler's cache write). With
+        `prefix`, the queries also attend to a prefix shared by groups of rows (before every
+        key of `mask`), merged with the rest through the two parts' log-sum-exps."""
         t = self.config
         b, n, _ = x.shape
         qd, kvd = t.num_attention_heads * t.head_dim, t.num_key_value_heads * t.head_dim
@@ -87,15 +107,21 @@ class TextDecoder(nnx.Module):
         q = L.apply_rotary(q, cos[:, :, None, :], sin[:, :, None, :])
         k = L.apply_rotary(k, cos[:, :, None, :], sin[:, :, None, :])
         keys, values = (k, v) if kv is None else kv(k, v)
-        out = attend(q, keys, values, mask, self.attention_impl, cache_layout=cache_layout,
-                     block=block or self.attention_block).reshape(b, n, -1)
+        block = block or self.attention_block
+        if prefix is None:
+            out = attend(q, keys, values, mask, self.attention_impl, cache_layout=cache_layout, block=block)
+        else:
+            own = attend_partial(q, keys, values, mask, self.attention_impl, cache_layout=cache_layout, block=block)
+            shared = shared_prefix_partial(q, prefix.keys, prefix.values, prefix.valid, self.attention_impl, block)
+            out = merge_partials(shared, own).astype(q.dtype)
+        out = out.reshape(b, n, -1)
         return project(out, params, ("o_proj",), (t.hidden_size,))[0], (k, v)
 
     def layer(self, x, params, cos, sin, mask: AttentionMask, kv=None, cache_layout=False,
-              project=dense_projections, block: int | None = None):
+              project=dense_projections, block: int | None = None, prefix: PrefixLayer | None = None):
         t = self.config
         h, new_kv = self.attention(L.rms_norm(x, params["input_norm"], t.rms_norm_eps),
-                                   params, cos, sin, mask, kv, cache_layout, project, block)
+                                   params, cos, sin, mask, kv, cache_layout, project, block, prefix)
         x = x + h
         y = L.rms_norm(x, params["post_norm"], t.rms_norm_eps)
         gate, up = project(y, params, ("gate_proj", "up_proj"), (t.intermediate_size,) * 2)
@@ -149,7 +175,7 @@ class TextDecoder(nnx.Module):
                        visual_index: jax.Array | None = None, visual_embeds: jax.Array | None = None,
                        deepstack: jax.Array | None = None, window: int | None = None,
                        layers: tuple[dict, ...] | None = None, project=dense_projections,
-                       block: int | None = None):
+                       block: int | None = None, prefix: SharedPrefix | None = None, rows=None):
         """Runs a chunk of P tokens per row on top of a KV cache.
 
         The cache is one array per layer (cache_k: [B, KV, hd, S] each, cache_v:
@@ -165,7 +191,12 @@ class TextDecoder(nnx.Module):
         per-layer parameter dicts and `project` the matmuls that read them (the sampler's
         weight layouts, paravt_jax/sampling/backend.py); by default the stacked parameters are
         sliced here. `block` (static): the attention block of a blockwise prefill (default
-        config.attention_block). The layers are unrolled.
+        config.attention_block). `prefix`: keys and values that groups of rows share and
+        attend before their own cache (row b reads prefix b // (B / P)); they are read, never
+        written. `rows`: which rows of the caches the B rows of this call are (an object with
+        read(array) -> those rows and write(array, chunk, slot_axis, slot) -> the array with
+        chunk written at those rows; sampling/kv_cache.RowGroup); None: all rows. valid is the
+        call's own rows. The layers are unrolled.
         Returns (hidden [B, P, D], cache_k, cache_v).
         """
         t = self.config
@@ -188,14 +219,25 @@ class TextDecoder(nnx.Module):
 
             def kv(k_new, v_new, ck=cache_k[i], cv=cache_v[i], written=written):
                 # chunk [B, P, KV, hd] -> keys [B, KV, hd, P], values [B, KV, P, hd]
-                written["k"] = jax.lax.dynamic_update_slice(
-                    ck, k_new.transpose(0, 2, 3, 1).astype(ck.dtype), (0, 0, 0, slot))
-                written["v"] = jax.lax.dynamic_update_slice(
-                    cv, v_new.transpose(0, 2, 1, 3).astype(cv.dtype), (0, 0, slot, 0))
-                keys, values = written["k"][..., :window], written["v"][:, :, :window]
+                k_chunk = k_new.transpose(0, 2, 3, 1).astype(ck.dtype)
+                v_chunk = v_new.transpose(0, 2, 1, 3).astype(cv.dtype)
+                if rows is None:
+                    new_k = jax.lax.dynamic_update_slice(ck, k_chunk, (0, 0, 0, slot))
+                    new_v = jax.lax.dynamic_update_slice(cv, v_chunk, (0, 0, slot, 0))
+                else:
+                    new_k, new_v = rows.write(ck, k_chunk, 3, slot), rows.write(cv, v_chunk, 2, slot)
+                # the barrier: write in place first, then read (else XLA may fuse the read with
+                # the write and copy the whole layer's cache to keep the original)
+                written["k"], written["v"] = jax.lax.optimization_barrier((new_k, new_v))
+                keys, values = written["k"], written["v"]
+                if rows is not None:
+                    keys, values = rows.read(keys), rows.read(values)
+                keys, values = keys[..., :window], values[:, :, :window]
                 return keys.astype(k_new.dtype), values.astype(v_new.dtype)
 
-            x, _ = self.layer(x, params, cos, sin, mask, kv, cache_layout=True, project=project, block=block)
+            shared = None if prefix is None else PrefixLayer(prefix.keys[i], prefix.values[i], prefix.valid)
+            x, _ = self.layer(x, params, cos, sin, mask, kv, cache_layout=True, project=project, block=block,
+                              prefix=shared)
             x = add_deepstack(x, i)
             out_k.append(written["k"])
             out_v.append(written["v"])
