@@ -29,8 +29,18 @@ from paravt_jax.models.qwen3_vl.model import Qwen3VL
 from paravt_jax.models.qwen3_vl.text import SharedPrefix
 from paravt_jax.models.qwen3_vl.vision import pad_frames_to_buckets, vision_layout
 from paravt_jax.sampling.backend import DecodeWeights, SamplerBackend, backend_policy, decode_weights
-from paravt_jax.sampling.kv_cache import (CacheShardings, CacheSpec, RowGroup, bucket, cache_sharding, constrain,
-                                          episode_capacity, first_capacity, grown_capacity, row_shards)
+from paravt_jax.sampling.kv_cache import (
+    CacheShardings,
+    CacheSpec,
+    RowGroup,
+    bucket,
+    cache_sharding,
+    constrain,
+    episode_capacity,
+    first_capacity,
+    grown_capacity,
+    row_shards,
+)
 from paravt_jax.text.inputs import ModelInputs, collate_vision, encode_ids
 
 MAX_STOP_IDS = 8
