@@ -15,6 +15,7 @@ import time
 import numpy as np
 
 from paravt_jax.config import build
+from paravt_jax.data.builtin import BUILTIN_MODELS
 
 
 def build_model(config, default_dir: str | None = None):
@@ -30,9 +31,9 @@ def build_model(config, default_dir: str | None = None):
         mesh = sh.make_hybrid_mesh(preset["ici"], preset["dcn"])
     else:
         mesh = sh.make_mesh(dict(config.mesh))
-    # The built-in checkpoint stands in for `tiny`; other presets without a checkpoint are
-    # randomly initialised (benchmarks, memory checks).
-    directory = m.checkpoint or (default_dir if m.preset == "tiny" else None)
+    # The built-in checkpoint stands in for `tiny` and `toy`; other presets without a checkpoint
+    # are randomly initialised (benchmarks, memory checks).
+    directory = m.checkpoint or (default_dir if m.preset in BUILTIN_MODELS else None)
     if directory:
         return load_pretrained(directory, dtype=m.param_dtype, compute_dtype=m.dtype, mesh=mesh,
                                remat=m.remat, scan_layers=m.scan_layers, attention=m.attention,
@@ -48,8 +49,10 @@ def builtin_assets(config):
     d = config.data
     # The built-in data and initial tiny model have their own seed, so runs that differ only
     # by `config.seed` (sweep seeds) share data and initialisation.
+    model = config.model.preset if config.model.preset in BUILTIN_MODELS else "tiny"
     return ensure_builtin(d.builtin_root, seed=d.get("seed", 0), num_train=d.num_train,
-                          num_eval=d.num_eval, durations=tuple(d.durations))
+                          num_eval=d.num_eval, durations=tuple(d.durations), task=d.get("task", "shapes"),
+                          model_preset=model)
 
 
 def first_prompt(config, tokenizer, data_dir: str):
