@@ -249,8 +249,9 @@ def make_questions(count: int, seed: int, duration: float = 48.0) -> list[EventQ
     for i, k in enumerate(kinds):
         kind = KINDS[int(k)]
         video_seed = seed * 100_003 + i
+        room = (int(duration) - 4) // EVENT_GAP + 1  # events that fit EVENT_GAP s apart
         num_events = int(np.random.default_rng(video_seed + 1).integers(WINDOWS[kind], 5))
-        video = make_events_video(video_seed, duration, max(num_events, 2))
+        video = make_events_video(video_seed, duration, min(max(num_events, 2), room))
         out.append(make_events_question(video, kind, video_seed))
     return out
 
