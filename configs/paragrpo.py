@@ -67,6 +67,9 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     if preset == "toy":  # the events toy task: answers only in short events the crops catch
         c.data.task = "events"
         c.data.num_train, c.data.num_eval, c.data.durations = 384, 48, (48.0,)
+        # SFT trajectories' tool responses: frames (the rollouts' and the evaluation's mode here)
+        # and/or subagent (summaries, plus one sub-agent example per crop)
+        c.data.sft_modes = ("frames",)
         c.sft.steps, c.sft.batch_size, c.sft.nframes = 300, 8, 4
         c.sft.optimizer.learning_rate = 2e-3
         c.sft.optimizer.warmup_steps = 20

@@ -52,7 +52,8 @@ def builtin_assets(config):
     model = config.model.preset if config.model.preset in BUILTIN_MODELS else "tiny"
     return ensure_builtin(d.builtin_root, seed=d.get("seed", 0), num_train=d.num_train,
                           num_eval=d.num_eval, durations=tuple(d.durations), task=d.get("task", "shapes"),
-                          model_preset=model)
+                          model_preset=model,
+                          sft_modes=tuple(d.get("sft_modes", ("frames",))))
 
 
 def first_prompt(config, tokenizer, data_dir: str):
@@ -208,11 +209,12 @@ def evaluate_all(config, model, tokenizer, eval_rows) -> list[dict]:
 
 
 def print_results(results: list[dict]) -> str:
-    header = "| tools | K | accuracy | format compliance | kappa | calls per tool turn | samples |"
-    lines = [header, "|---|---|---|---|---|---|---|"]
+    header = "| tools | K | accuracy | format compliance | kappa | calls per tool turn | valid calls | samples |"
+    lines = [header, "|---|---|---|---|---|---|---|---|"]
     for r in results:
         lines.append(f"| {'yes' if r['tools'] else 'no'} | {r['nframes']} | {r['accuracy']:.3f} | "
-                     f"{r['format_compliance']:.3f} | {r['kappa']:.3f} | {r['calls_per_turn']:.2f} | {r['samples']} |")
+                     f"{r['format_compliance']:.3f} | {r['kappa']:.3f} | {r['calls_per_turn']:.2f} | "
+                     f"{r.get('call_validity', 1.0):.3f} | {r['samples']} |")
     text = "\n".join(lines)
     print(text, flush=True)
     return text

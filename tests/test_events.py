@@ -152,3 +152,16 @@ def test_toy_config_runs_one_sft_step(tmp_path):
     _, result = jobs.sft_command(c, str(tmp_path / "sft"))
     lines = [json.loads(line) for line in open(tmp_path / "sft" / "metrics.jsonl")]
     assert len(lines) == 1 and np.isfinite(lines[0]["sft/loss"])
+
+
+def test_call_validity_counts_blocks_less_their_errors():
+    from types import SimpleNamespace as Rollout
+
+    from paravt_jax.rl.evaluate import call_validity
+
+    call = '<tool_call>\n{"name": "crop_video", "arguments": {}}\n</tool_call>'
+    good = Rollout(turn_texts=(f"<think>\nx\n</think>\n{call}\n{call}", "<answer>A</answer>"), errors=())
+    bad = Rollout(turn_texts=(f"{call}\n{call}\n{call}",),
+                  errors=("tool_call 2: not JSON", "call 3 was not executed: at most 2 crop_video calls run per turn"))
+    assert call_validity([good]) == 1.0 and call_validity([good, bad]) == 0.8
+    assert call_validity([Rollout(turn_texts=("<answer>A</answer>",), errors=())]) == 1.0

@@ -23,9 +23,11 @@ BUILTIN_MODELS = ("tiny", "toy")  # model presets the built-in tokenizer's vocab
 
 def ensure_builtin(root: str = "artifacts/builtin", seed: int = 0, num_train: int = 12,
                    num_eval: int = 4, durations: tuple[float, ...] = (30.0, 60.0, 120.0),
-                   task: str = "shapes", model_preset: str = "tiny") -> BuiltinAssets:
+                   task: str = "shapes", model_preset: str = "tiny",
+                   sft_modes: tuple[str, ...] = ("frames",)) -> BuiltinAssets:
     """The built-in assets under root/<hash of the arguments>, generated once. task "events"
-    uses the first of `durations` for every video."""
+    uses the first of `durations` for every video and writes SFT trajectories in `sft_modes`
+    (data/events.py)."""
     from paravt_jax.models.qwen3_vl import init_model, preset, save_pretrained
     from paravt_jax.text.inputs import check_against_model
     from paravt_jax.text.tokenizer import Tokenizer, train_tokenizer
@@ -38,6 +40,8 @@ def ensure_builtin(root: str = "artifacts/builtin", seed: int = 0, num_train: in
                 durations=list(durations))
     if task != "shapes" or model_preset != "tiny":  # the default set keeps its cache key
         spec.update(task=task, model_preset=model_preset)
+    if task == "events":
+        spec.update(sft_modes=list(sft_modes))
     key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
     root = os.path.abspath(os.path.join(root, key))
     assets = BuiltinAssets(root, os.path.join(root, "model"), os.path.join(root, "data"))
@@ -49,7 +53,8 @@ def ensure_builtin(root: str = "artifacts/builtin", seed: int = 0, num_train: in
     if task == "events":
         from paravt_jax.data.events import corpus, write_events_dataset
 
-        dataset = write_events_dataset(assets.data_dir, num_train, num_eval, seed, duration=durations[0])
+        dataset = write_events_dataset(assets.data_dir, num_train, num_eval, seed, duration=durations[0],
+                                       sft_modes=tuple(sft_modes))
     else:
         from paravt_jax.data.synthetic import corpus, write_dataset
 
