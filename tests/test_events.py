@@ -47,7 +47,8 @@ def test_windows_hold_exactly_their_event_and_crops_catch_it():
             inside = [e for e in q.video.events if e.start < window[1] and e.end > window[0]]
             assert len(inside) == 1 and inside[0].color == colour  # only the named event
             assert window[0] <= inside[0].start and inside[0].end <= window[1]
-            assert sum(seen_times(crop_times(window), e) for e in inside) == 1
+            times = crop_times(window)
+            assert ((times >= inside[0].start) & (times < inside[0].end)).sum() >= 2  # on two crop frames
             assert f"{window[0]:.0f}-{window[1]:.0f}" in q.question  # the window is named
 
 
