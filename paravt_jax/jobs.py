@@ -214,7 +214,7 @@ def print_results(results: list[dict]) -> str:
     for r in results:
         lines.append(f"| {'yes' if r['tools'] else 'no'} | {r['nframes']} | {r['accuracy']:.3f} | "
                      f"{r['format_compliance']:.3f} | {r['kappa']:.3f} | {r['calls_per_turn']:.2f} | "
-                     f"{r.get('call_validity', 1.0):.3f} | {r['samples']} |")
+                     f"{r['call_validity']:.3f} | {r['samples']} |")
     text = "\n".join(lines)
     print(text, flush=True)
     return text
