@@ -140,13 +140,25 @@ def test_json_split_makes_the_tool_call_cheap():
         train_tokenizer(corpus, split="x")
 
 
+def test_toy_config_builds():
+    from configs import paragrpo
+    from paravt_jax import jobs
+    from paravt_jax.data.builtin import BUILTIN_MODELS
+
+    c = paragrpo.get_config("toy")
+    assert c.data.task == "events" and c.data.num_eval >= 32 and c.model.preset in BUILTIN_MODELS
+    assert jobs.sft_config(c).nframes == 4 and jobs.rl_config(c).rollout.mode == "frames"
+    assert jobs.eval_config(c).limit == 0  # every held-out question
+    tiny = paragrpo.get_config("tiny")
+    assert tiny.data.task == "shapes" and "sft_modes" not in tiny.data
+
+
+@pytest.mark.slow  # compiles a train step: minutes on a loaded 2-core machine
 def test_toy_config_runs_one_sft_step(tmp_path):
     from configs import paragrpo
     from paravt_jax import jobs
 
     c = paragrpo.get_config("toy")
-    assert c.data.task == "events" and c.data.num_eval >= 32 and c.model.preset == "toy"
-    assert paragrpo.get_config("tiny").data.task == "shapes"
     c.data.builtin_root = str(tmp_path / "builtin")
     c.data.num_train, c.data.num_eval, c.data.durations = 2, 1, (24.0,)
     c.sft.steps, c.sft.batch_size = 1, 1
