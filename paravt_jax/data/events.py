@@ -156,7 +156,8 @@ def first_turn(q: EventQuestion) -> str:
 
 
 def final_turn(q: EventQuestion) -> str:
-    seen = "; ".join(f"at {start:.0f}-{end:.0f} seconds the shape is {f}" for (start, end), f in zip(q.windows, q.facts))
+    seen = "; ".join(f"at {start:.0f}-{end:.0f} seconds the shape is {colour}"
+                     for (start, end), colour in zip(q.windows, q.facts))
     return f"<think>\nThe crops show: {seen}.\n</think>\n<answer>{q.answer}</answer>"
 
 

@@ -25,7 +25,8 @@ def _content(item: dict, video_root: str, nframes: int, max_pixels: int) -> list
             if layout != "timestamped":
                 raise SchemaError(f"crop_response {layout!r}: expected 'timestamped' (a frames-mode tool response)")
             # the whole tool response as agent.rollout writes it in frames mode
-            header = f"{len(clip.frames)} frames from {float(item['video_start']):.1f} s to {float(item['video_end']):.1f} s.\n"
+            start, end = float(item["video_start"]), float(item["video_end"])
+            header = f"{len(clip.frames)} frames from {start:.1f} s to {end:.1f} s.\n"
             return [chat.Text("<tool_response>\n" + header), *chat.frames_as_images(clip.frames, clip.timestamps),
                     chat.Text("\n</tool_response>")]
         clip = read_frames(path, nframes=nframes, max_pixels=max_pixels)
