@@ -28,7 +28,7 @@ import os
 
 import numpy as np
 
-from paravt_jax.data.synthetic import SHAPES, Event, SyntheticVideo, write_video
+from paravt_jax.data.synthetic import SHAPES, Event, SyntheticVideo, write_parquets, write_video
 
 KINDS = ("colour", "pair", "count")
 KIND_WEIGHTS = (0.2, 0.4, 0.4)  # 2.2 windows per question on average
@@ -264,9 +264,6 @@ def write_events_dataset(root: str, num_train: int = 384, num_eval: int = 48, se
     Every training question gives one main trajectory per mode in `sft_modes` (and, in
     subagent mode, one sub-agent example per crop); `tool_free_share` of them also a tool-free
     one. Deterministic from `seed`."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     if num_eval < 1 or num_train < 1:
         raise ValueError(f"events dataset: num_train={num_train} and num_eval={num_eval} must be >= 1")
     if not 24.0 <= duration <= 600.0:
@@ -288,13 +285,8 @@ def write_events_dataset(root: str, num_train: int = 384, num_eval: int = 48, se
                 sft_rows += [{"messages": json.dumps(m), "kind": "subagent"} for m in subagent_rows(q, url)]
         if rng.random() < tool_free_share:
             sft_rows.append({"messages": json.dumps(tool_free_messages(q, url)), "kind": "tool_free"})
-    paths = {}
-    for name, rows in (("rl_train", [rl_row(q) for q in train]), ("rl_eval", [rl_row(q) for q in held_out]),
-                       ("sft", sft_rows)):
-        paths[name] = os.path.join(root, f"{name}.parquet")
-        tmp = paths[name] + ".tmp"
-        pq.write_table(pa.Table.from_pylist(rows), tmp)
-        os.replace(tmp, paths[name])
+    paths = write_parquets(root, {"rl_train": [rl_row(q) for q in train],
+                                  "rl_eval": [rl_row(q) for q in held_out], "sft": sft_rows})
     return EventsDataset(root=root, rl_train=paths["rl_train"], rl_eval=paths["rl_eval"], sft=paths["sft"],
                          questions=tuple(train), eval_questions=tuple(held_out))
 
