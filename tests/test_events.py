@@ -73,6 +73,15 @@ def test_answers_follow_from_the_events_only():
     assert len({q.answer for q in QUESTIONS}) == 4
 
 
+def test_no_answer_is_likely_before_looking():
+    """Within each kind the answer letters and (count questions) the counts are near uniform,
+    so a model that ignores the video scores near chance."""
+    for kind in ev.KINDS:
+        answers = [q.answer for q in QUESTIONS if q.kind == kind]
+        shares = [answers.count(letter) / len(answers) for letter in "ABCD"]
+        assert max(shares) < 0.4 and min(shares) > 0.1, (kind, shares)
+
+
 def test_sparse_overview_misses_the_events_and_dense_one_sees_them():
     named = [(e, q) for q in QUESTIONS for e in q.video.events if ev.centre(e) in q.centres]
     rate = lambda k: np.mean([seen_times(overview_times(k), e) for e, _ in named])

@@ -41,7 +41,9 @@ def ensure_builtin(root: str = "artifacts/builtin", seed: int = 0, num_train: in
     if task != "shapes" or model_preset != "tiny":  # the default set keeps its cache key
         spec.update(task=task, model_preset=model_preset)
     if task == "events":
-        spec.update(sft_modes=list(sft_modes))
+        from paravt_jax.data.events import VERSION as EVENTS_VERSION
+
+        spec.update(sft_modes=list(sft_modes), events_version=EVENTS_VERSION)
     key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
     root = os.path.abspath(os.path.join(root, key))
     assets = BuiltinAssets(root, os.path.join(root, "model"), os.path.join(root, "data"))

@@ -30,6 +30,7 @@ import numpy as np
 
 from paravt_jax.data.synthetic import SHAPES, Event, SyntheticVideo, write_parquets, write_video
 
+VERSION = 2  # of the generator: part of the built-in set's cache key (2: count answers balanced)
 KINDS = ("colour", "pair", "count")
 KIND_WEIGHTS = (0.2, 0.4, 0.4)  # 2.2 windows per question on average
 WINDOWS = {"colour": 1, "pair": 2, "count": 3}
@@ -61,8 +62,10 @@ def crop_window(centre: int, duration: float) -> tuple[float, float]:
     return float(max(0, centre - HALF_WINDOW)), float(min(duration, centre + HALF_WINDOW))
 
 
-def make_events_video(seed: int, duration: float, num_events: int) -> SyntheticVideo:
-    """`num_events` 3 s events at distinct whole-second centres >= EVENT_GAP s apart."""
+def make_events_video(seed: int, duration: float, num_events: int,
+                      colours: tuple[str, ...] | None = None) -> SyntheticVideo:
+    """`num_events` 3 s events at distinct whole-second centres >= EVENT_GAP s apart, with the
+    given colours in time order (default: random)."""
     rng = np.random.default_rng(seed)
     lowest, highest = 2, int(duration) - 2
     for _ in range(1000):
@@ -71,11 +74,13 @@ def make_events_video(seed: int, duration: float, num_events: int) -> SyntheticV
             break
     else:
         raise ValueError(f"make_events_video: cannot place {num_events} events {EVENT_GAP} s apart in {duration} s")
-    colours = rng.choice(len(TOY_COLORS), size=num_events)
+    drawn = [TOY_COLORS[k] for k in rng.choice(len(TOY_COLORS), size=num_events)]
+    if colours is not None and len(colours) != num_events:
+        raise ValueError(f"make_events_video: {len(colours)} colours for {num_events} events")
     shapes = rng.choice(len(SHAPES), size=num_events)
     half = EVENT_LENGTH / 2
-    events = tuple(Event(start=float(c) - half, end=float(c) + half, color=TOY_COLORS[k], shape=SHAPES[s])
-                   for c, k, s in zip(centres, colours, shapes))
+    events = tuple(Event(start=float(c) - half, end=float(c) + half, color=colour, shape=SHAPES[s])
+                   for c, colour, s in zip(centres, colours or drawn, shapes))
     return SyntheticVideo(name=f"events_{seed:06d}.mp4", duration=float(duration), events=events, seed=seed)
 
 
@@ -98,7 +103,9 @@ def _spans(windows) -> str:
     return f"{joined} seconds"
 
 
-def make_events_question(video: SyntheticVideo, kind: str, seed: int) -> EventQuestion:
+def make_events_question(video: SyntheticVideo, kind: str, seed: int, counted: str | None = None) -> EventQuestion:
+    """A `kind` question about randomly picked events of `video`; a count question asks how
+    many are `counted` (default: a random colour)."""
     rng = np.random.default_rng(seed + 104_729)
     if kind not in KINDS:
         raise ValueError(f"events question kind {kind!r}: expected one of {KINDS}")
@@ -123,7 +130,7 @@ def make_events_question(video: SyntheticVideo, kind: str, seed: int) -> EventQu
         options, answer = _options(correct, others, rng)
         text = f"Shapes are shown at {where}. What are their colours, in that order?"
     else:
-        colour = TOY_COLORS[int(rng.integers(len(TOY_COLORS)))] if rng.random() < 0.5 else facts[int(rng.integers(3))]
+        colour = counted or TOY_COLORS[int(rng.integers(len(TOY_COLORS)))]
         number = sum(f == colour for f in facts)
         options = ["0", "1", "2", "3"]
         answer = LETTERS[number]
@@ -243,7 +250,9 @@ class EventsDataset:
 
 
 def make_questions(count: int, seed: int, duration: float = 48.0) -> list[EventQuestion]:
-    """`count` questions on `count` videos, deterministic from `seed`; kinds by KIND_WEIGHTS."""
+    """`count` questions on `count` videos, deterministic from `seed`; kinds by KIND_WEIGHTS.
+    A count question's video has three events, of which a uniform 0-3 have the counted colour,
+    so no answer is more likely than another before looking."""
     rng = np.random.default_rng(seed)
     kinds = rng.choice(len(KINDS), size=count, p=KIND_WEIGHTS)
     out = []
@@ -251,7 +260,16 @@ def make_questions(count: int, seed: int, duration: float = 48.0) -> list[EventQ
         kind = KINDS[int(k)]
         video_seed = seed * 100_003 + i
         room = (int(duration) - 4) // EVENT_GAP + 1  # events that fit EVENT_GAP s apart
-        num_events = int(np.random.default_rng(video_seed + 1).integers(WINDOWS[kind], 5))
+        draw = np.random.default_rng(video_seed + 1)
+        if kind == "count":
+            counted = TOY_COLORS[int(draw.integers(len(TOY_COLORS)))]
+            others = [c for c in TOY_COLORS if c != counted]
+            number = int(draw.integers(4))
+            colours = [counted] * number + [others[int(j)] for j in draw.integers(len(others), size=3 - number)]
+            video = make_events_video(video_seed, duration, 3, tuple(draw.permutation(colours).tolist()))
+            out.append(make_events_question(video, kind, video_seed, counted))
+            continue
+        num_events = int(draw.integers(WINDOWS[kind], 5))
         video = make_events_video(video_seed, duration, min(max(num_events, 2), room))
         out.append(make_events_question(video, kind, video_seed))
     return out
