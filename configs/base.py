@@ -40,6 +40,8 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     # The built-in default data: synthetic videos + tokenizer + tiny model, generated locally.
     c.data = ml_collections.ConfigDict()
     c.data.builtin_root = "artifacts/builtin"
+    # shapes: data/synthetic.py; events: the learnable toy task of data/events.py
+    c.data.task = "shapes"
     c.data.seed = 0  # the built-in synthetic data and initial tiny model (independent of c.seed)
     c.data.num_train = 12
     c.data.num_eval = 4

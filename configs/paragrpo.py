@@ -3,8 +3,9 @@
     paravt-jax run   --config=configs/paragrpo.py:tiny --workdir=runs/tiny
     paravt-jax train --config=configs/paragrpo.py:qwen3vl_8b --config.model.checkpoint=/data/Qwen3-VL-8B
 
-Presets: tiny (the built-in default; minutes on a laptop CPU), qwen3vl_2b, qwen3vl_8b (the
-reference hyper-parameters of paragrpo_8b.yaml).
+Presets: tiny (the built-in default; minutes on a laptop CPU), toy (the learnable `events` toy
+task of paravt_jax/data/events.py with the `toy` model; docs/toy_task.md), qwen3vl_2b, qwen3vl_8b
+(the reference hyper-parameters of paragrpo_8b.yaml).
 """
 
 import ml_collections
@@ -15,7 +16,7 @@ from paravt_jax.jobs import EvalConfig
 from paravt_jax.rl.trainer import RLConfig
 from paravt_jax.sft.trainer import SFTConfig
 
-MODEL_PRESETS = {"tiny": "tiny", "qwen3vl_2b": "2b", "qwen3vl_8b": "8b"}  # preset -> model preset
+MODEL_PRESETS = {"tiny": "tiny", "toy": "toy", "qwen3vl_2b": "2b", "qwen3vl_8b": "8b"}  # preset -> model preset
 
 
 def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
@@ -63,7 +64,18 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
 
     c.eval = section(EvalConfig())  # the final held-out evaluation: K values, tokens, turns, rows
 
-    if preset == "qwen3vl_8b":  # reference recipe (paragrpo_8b.yaml)
+    if preset == "toy":  # the events toy task: answers only in short events the crops catch
+        c.data.task = "events"
+        c.data.num_train, c.data.num_eval, c.data.durations = 384, 48, (48.0,)
+        # SFT trajectories' tool responses: frames (the rollouts' and the evaluation's mode here)
+        # and/or subagent (summaries, plus one sub-agent example per crop)
+        c.data.sft_modes = ("frames",)
+        c.sft.steps, c.sft.batch_size, c.sft.nframes = 300, 8, 4
+        c.sft.optimizer.learning_rate = 2e-3
+        c.sft.optimizer.warmup_steps = 20
+        c.rl.rollout.mode = "frames"  # the evaluation's mode
+        c.eval.limit, c.eval.max_new_tokens = 0, 160  # every held-out question
+    elif preset == "qwen3vl_8b":  # reference recipe (paragrpo_8b.yaml)
         c.sft.steps, c.sft.optimizer.learning_rate = 500, 1e-5
         c.rl.steps, c.rl.prompts_per_step, c.rl.samples_per_prompt = 54, 7, 8
         c.rl.optimizer.learning_rate, c.rl.rollout.max_turns, c.rl.rollout.max_new_tokens = 2e-6, 3, 2048

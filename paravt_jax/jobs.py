@@ -15,6 +15,7 @@ import time
 import numpy as np
 
 from paravt_jax.config import build
+from paravt_jax.data.builtin import BUILTIN_MODELS
 
 
 def build_model(config, default_dir: str | None = None):
@@ -30,9 +31,9 @@ def build_model(config, default_dir: str | None = None):
         mesh = sh.make_hybrid_mesh(preset["ici"], preset["dcn"])
     else:
         mesh = sh.make_mesh(dict(config.mesh))
-    # The built-in checkpoint stands in for `tiny`; other presets without a checkpoint are
-    # randomly initialised (benchmarks, memory checks).
-    directory = m.checkpoint or (default_dir if m.preset == "tiny" else None)
+    # The built-in checkpoint stands in for `tiny` and `toy`; other presets without a checkpoint
+    # are randomly initialised (benchmarks, memory checks).
+    directory = m.checkpoint or (default_dir if m.preset in BUILTIN_MODELS else None)
     if directory:
         return load_pretrained(directory, dtype=m.param_dtype, compute_dtype=m.dtype, mesh=mesh,
                                remat=m.remat, scan_layers=m.scan_layers, attention=m.attention,
@@ -48,8 +49,11 @@ def builtin_assets(config):
     d = config.data
     # The built-in data and initial tiny model have their own seed, so runs that differ only
     # by `config.seed` (sweep seeds) share data and initialisation.
+    model = config.model.preset if config.model.preset in BUILTIN_MODELS else "tiny"
     return ensure_builtin(d.builtin_root, seed=d.get("seed", 0), num_train=d.num_train,
-                          num_eval=d.num_eval, durations=tuple(d.durations))
+                          num_eval=d.num_eval, durations=tuple(d.durations), task=d.get("task", "shapes"),
+                          model_preset=model,
+                          sft_modes=tuple(d.get("sft_modes", ("frames",))))
 
 
 def first_prompt(config, tokenizer, data_dir: str):
@@ -205,11 +209,12 @@ def evaluate_all(config, model, tokenizer, eval_rows) -> list[dict]:
 
 
 def print_results(results: list[dict]) -> str:
-    header = "| tools | K | accuracy | format compliance | kappa | calls per tool turn | samples |"
-    lines = [header, "|---|---|---|---|---|---|---|"]
+    header = "| tools | K | accuracy | format compliance | kappa | calls per tool turn | valid calls | samples |"
+    lines = [header, "|---|---|---|---|---|---|---|---|"]
     for r in results:
         lines.append(f"| {'yes' if r['tools'] else 'no'} | {r['nframes']} | {r['accuracy']:.3f} | "
-                     f"{r['format_compliance']:.3f} | {r['kappa']:.3f} | {r['calls_per_turn']:.2f} | {r['samples']} |")
+                     f"{r['format_compliance']:.3f} | {r['kappa']:.3f} | {r['calls_per_turn']:.2f} | "
+                     f"{r['call_validity']:.3f} | {r['samples']} |")
     text = "\n".join(lines)
     print(text, flush=True)
     return text

@@ -17,28 +17,56 @@ class BuiltinAssets:
     data_dir: str
 
 
+TASKS = ("shapes", "events")  # data/synthetic.py (the default) | data/events.py (the toy task)
+BUILTIN_MODELS = ("tiny", "toy")  # model presets the built-in tokenizer's vocabulary fits
+
+
 def ensure_builtin(root: str = "artifacts/builtin", seed: int = 0, num_train: int = 12,
-                   num_eval: int = 4, durations: tuple[float, ...] = (30.0, 60.0, 120.0)) -> BuiltinAssets:
-    from paravt_jax.data.synthetic import corpus, write_dataset
+                   num_eval: int = 4, durations: tuple[float, ...] = (30.0, 60.0, 120.0),
+                   task: str = "shapes", model_preset: str = "tiny",
+                   sft_modes: tuple[str, ...] = ("frames",)) -> BuiltinAssets:
+    """The built-in assets under root/<hash of the arguments>, generated once. task "events"
+    uses the first of `durations` for every video and writes SFT trajectories in `sft_modes`
+    (data/events.py)."""
     from paravt_jax.models.qwen3_vl import init_model, preset, save_pretrained
     from paravt_jax.text.inputs import check_against_model
     from paravt_jax.text.tokenizer import Tokenizer, train_tokenizer
 
+    if task not in TASKS:
+        raise ValueError(f"data.task {task!r}: expected one of {TASKS}")
+    if model_preset not in BUILTIN_MODELS:
+        raise ValueError(f"built-in model preset {model_preset!r}: expected one of {BUILTIN_MODELS}")
     spec = dict(version=VERSION, seed=seed, num_train=num_train, num_eval=num_eval,
                 durations=list(durations))
+    if task != "shapes" or model_preset != "tiny":  # the default set keeps its cache key
+        spec.update(task=task, model_preset=model_preset)
+    if task == "events":
+        from paravt_jax.data.events import VERSION as EVENTS_VERSION
+
+        spec.update(sft_modes=list(sft_modes), events_version=EVENTS_VERSION)
     key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
     root = os.path.abspath(os.path.join(root, key))
     assets = BuiltinAssets(root, os.path.join(root, "model"), os.path.join(root, "data"))
     stamp = os.path.join(root, "READY")
     if os.path.exists(stamp):
         return assets
-    print(f"[data] generating the built-in synthetic set once ({num_train} + {num_eval} videos, tokenizer, "
-          f"tiny model) in {root}", flush=True)
-    dataset = write_dataset(assets.data_dir, num_train, num_eval, durations, seed)
-    tokenizer = train_tokenizer(corpus(list(dataset.questions) + list(dataset.eval_questions)))
+    print(f"[data] generating the built-in {task} set once ({num_train} + {num_eval} videos, tokenizer, "
+          f"{model_preset} model) in {root}", flush=True)
+    if task == "events":
+        from paravt_jax.data.events import corpus, write_events_dataset
+
+        dataset = write_events_dataset(assets.data_dir, num_train, num_eval, seed, duration=durations[0],
+                                       sft_modes=tuple(sft_modes))
+    else:
+        from paravt_jax.data.synthetic import corpus, write_dataset
+
+        dataset = write_dataset(assets.data_dir, num_train, num_eval, durations, seed)
+    # the events task's tokenizer merges the tool-call JSON's punctuation (text/tokenizer.py)
+    tokenizer = train_tokenizer(corpus(list(dataset.questions) + list(dataset.eval_questions)),
+                                split="json" if task == "events" else "words")
     tokenizer.save(assets.model_dir)
     tokenizer = Tokenizer.from_directory(assets.model_dir)
-    model = init_model(preset("tiny"), seed=seed)
+    model = init_model(preset(model_preset), seed=seed)
     check_against_model(tokenizer, model.config)
     save_pretrained(model, assets.model_dir)
     with open(stamp, "w") as f:

@@ -16,10 +16,19 @@ def _content(item: dict, video_root: str, nframes: int, max_pixels: int) -> list
         return [chat.Text(str(item.get("text", "")))]
     if kind == "video_url":
         path = resolve_path(item["video_url"]["url"], video_root)
-        if "video_start" in item or "video_end" in item:  # a crop: 1 fps, bare frames, as the sub-agent sees it
+        if "video_start" in item or "video_end" in item:  # a crop at 1 fps, as the crop dispatcher reads it
             clip = read_frames(path, fps=1.0, start=item.get("video_start"), end=item.get("video_end"),
                                min_frames=1, max_frames=16, max_pixels=max_pixels)
-            return chat.frames_as_images(clip.frames, None)
+            layout = item.get("crop_response")
+            if layout is None:  # bare frames, as the sub-agent sees them
+                return chat.frames_as_images(clip.frames, None)
+            if layout != "timestamped":
+                raise SchemaError(f"crop_response {layout!r}: expected 'timestamped' (a frames-mode tool response)")
+            # the whole tool response as agent.rollout writes it in frames mode
+            start, end = float(item["video_start"]), float(item["video_end"])
+            header = f"{len(clip.frames)} frames from {start:.1f} s to {end:.1f} s.\n"
+            return [chat.Text("<tool_response>\n" + header), *chat.frames_as_images(clip.frames, clip.timestamps),
+                    chat.Text("\n</tool_response>")]
         clip = read_frames(path, nframes=nframes, max_pixels=max_pixels)
         return chat.frames_as_images(clip.frames, clip.timestamps)
     if kind == "image_url":

@@ -245,9 +245,6 @@ def write_dataset(root: str, num_train: int = 12, num_eval: int = 4,
     Deterministic from `seed`. Durations may range from 30 s to 20 min."""
     import os
 
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     for d in durations:
         if not 16.0 <= d <= 1200.0:
             raise ValueError(f"synthetic duration {d} s outside [16, 1200]")
@@ -267,15 +264,26 @@ def write_dataset(root: str, num_train: int = 12, num_eval: int = 4,
         sft_rows.append({"messages": _json(sft_messages(q, url, rng)), "kind": "main"})
         for s, e in _windows(q.video, q.target, rng):
             sft_rows.append({"messages": _json(subagent_messages(q, url, s, e)), "kind": "subagent"})
+    paths = write_parquets(root, {"rl_train": [rl_row(q) for q in train],
+                                  "rl_eval": [rl_row(q) for q in held_out], "sft": sft_rows})
+    return SyntheticDataset(root=root, rl_train=paths["rl_train"], rl_eval=paths["rl_eval"],
+                            sft=paths["sft"], questions=tuple(train), eval_questions=tuple(held_out))
+
+
+def write_parquets(root: str, tables: dict[str, list[dict]]) -> dict[str, str]:
+    """Each table's rows -> root/<name>.parquet, written atomically; name -> path."""
+    import os
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     paths = {}
-    for name, rows in (("rl_train", [rl_row(q) for q in train]), ("rl_eval", [rl_row(q) for q in held_out]),
-                       ("sft", sft_rows)):
+    for name, rows in tables.items():
         paths[name] = os.path.join(root, f"{name}.parquet")
         tmp = paths[name] + ".tmp"
         pq.write_table(pa.Table.from_pylist(rows), tmp)
         os.replace(tmp, paths[name])
-    return SyntheticDataset(root=root, rl_train=paths["rl_train"], rl_eval=paths["rl_eval"],
-                            sft=paths["sft"], questions=tuple(train), eval_questions=tuple(held_out))
+    return paths
 
 
 def _json(obj) -> str:

@@ -21,6 +21,7 @@ class EvalResult:
     kappa: float
     calls_per_turn: float
     samples: int
+    call_validity: float  # share of the policy's tool-call blocks that parsed and validated (`call_validity`)
 
     def row(self) -> dict:
         return dataclasses.asdict(self)
@@ -39,4 +40,13 @@ def evaluate(model, tokenizer, rows, *, nframes: int, tools: bool, max_new_token
            for r in rollouts]
     use = tool_use([r.generated_text for r in rollouts], [r.calls_per_turn for r in rollouts])
     return EvalResult(tools, nframes, float(np.mean(acc)) if acc else 0.0, use["format_compliance"],
-                      use["kappa"], use["calls_per_tool_turn"], len(rollouts))
+                      use["kappa"], use["calls_per_tool_turn"], len(rollouts), call_validity(rollouts))
+
+
+def call_validity(rollouts) -> float:
+    """Share of the `<tool_call>` blocks in the policy's turns that parsed and passed
+    validation: every block, less each parse, validation or crop error of its rollout (calls
+    beyond max_parallel are not errors of the call). 1.0 when no block was written."""
+    blocks = sum(text.count("<tool_call>") for r in rollouts for text in r.turn_texts)
+    failed = sum(1 for r in rollouts for e in r.errors if "was not executed" not in e)
+    return max(0.0, (blocks - failed) / blocks) if blocks else 1.0

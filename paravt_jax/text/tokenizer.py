@@ -106,13 +106,29 @@ class Tokenizer:
             json.dump(config, f, indent=2)
 
 
-def train_tokenizer(corpus: Iterable[str], bpe_vocab_size: int = 900) -> Tokenizer:
-    """A byte-level BPE with exactly `bpe_vocab_size` regular tokens, then the Qwen specials."""
-    from tokenizers import AddedToken, decoders, models, pre_tokenizers, trainers
+PRE_SPLITS = ("words", "json")
+
+
+def train_tokenizer(corpus: Iterable[str], bpe_vocab_size: int = 900, split: str = "words") -> Tokenizer:
+    """A byte-level BPE with exactly `bpe_vocab_size` regular tokens, then the Qwen specials.
+
+    split: what merges may not cross. "words": the GPT-2 pattern (words, numbers and
+    punctuation runs apart; Qwen's way). "json": words (letters and underscores, with one
+    leading space) and digit runs stand apart, while the punctuation and spacing between them
+    may merge, so the tool-call JSON's skeleton (`", "start_time": `) costs a few tokens and the
+    words and numbers a call copies from the prompt are the same tokens wherever they occur."""
+    from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, trainers
     from tokenizers import Tokenizer as Backend
 
+    if split not in PRE_SPLITS:
+        raise TokenizerError(f"tokenizer split {split!r}: expected one of {PRE_SPLITS}")
     backend = Backend(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if split == "words":
+        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    else:
+        backend.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(r"\d+| ?[A-Za-z_]+"), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     backend.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=bpe_vocab_size, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),

@@ -276,6 +276,14 @@ PRESETS: dict[str, Qwen3VLConfig] = {
                             out_hidden_size=64, num_position_embeddings=64,
                             deepstack_visual_indexes=(0, 1)),
         **TINY_SPECIAL),
+    # The `events` toy task's model (configs/paragrpo.py:toy): tiny's vocabulary and special
+    # ids, a 4-layer 128-wide text tower and a 64-wide vision tower.
+    "toy": Qwen3VLConfig(
+        text=_text(128, 256, 4, 4, 2, vocab=1000, section=(8, 4, 4), head_dim=32),
+        vision=VisionConfig(depth=2, hidden_size=64, intermediate_size=128, num_heads=4,
+                            out_hidden_size=128, num_position_embeddings=64,
+                            deepstack_visual_indexes=(0, 1)),
+        **TINY_SPECIAL),
     # Shared by every benchmark: a ~125M-parameter text tower with a 2-layer vision tower.
     "small125m": Qwen3VLConfig(
         text=_text(768, 2048, 12, 12, 4, vocab=32000, section=(16, 8, 8), head_dim=64),

@@ -1,0 +1,310 @@
+"""The `events` toy task: a task the built-in model can learn, and that needs the crop tool.
+
+Each video is a drifting dark background with two to four short (3 s) coloured-shape events
+at whole-second centres at least `EVENT_GAP` s apart. Every question is a 4-option MCQ about
+the colours of events the question locates by their windows ("between 21 and 25 seconds":
+the event's centre +- 2 s), so
+
+- sparse overview frames (K = 4 over 48 s) usually fall between the events and miss them;
+- a 1 fps crop of a named window always shows its event (on two frames or more);
+- `pair` and `count` questions name two or three distant windows, so one turn with two or
+  three parallel calls answers them and one call does not.
+
+The windows are in the question so that the calls' arguments are copied, not computed: what
+the toy model must learn is the call format, the parallel calls, and reading colours off the
+crops. Question kinds (`KINDS`): `colour` (one window: its colour), `pair` (two windows: their
+colours in order) and `count` (three windows: how many of those events have a given colour).
+
+SFT trajectories crop exactly the named windows; the tool responses are written in either
+rollout mode (`frames`: the crop's timestamped frames, as `agent.rollout` lays them out;
+`subagent`: the factual segment summary, plus one sub-agent example per crop), and a share of
+tool-free trajectories answer from the overview alone (the tool-free evaluation's prompt).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import numpy as np
+
+from paravt_jax.data.synthetic import SHAPES, Event, SyntheticVideo, write_parquets, write_video
+
+VERSION = 2  # of the generator: part of the built-in set's cache key (2: count answers balanced)
+KINDS = ("colour", "pair", "count")
+KIND_WEIGHTS = (0.2, 0.4, 0.4)  # 2.2 windows per question on average
+WINDOWS = {"colour": 1, "pair": 2, "count": 3}
+EVENT_LENGTH = 3.0  # seconds; an event spans [centre - 1.5, centre + 1.5]
+EVENT_GAP = 8  # minimal distance of two event centres, seconds
+HALF_WINDOW = 2  # a crop window is [centre - 2, centre + 2]
+TOY_COLORS = ("red", "green", "blue", "yellow")
+LETTERS = "ABCD"
+SFT_MODES = ("frames", "subagent")
+CROP_RESPONSE = "timestamped"  # the SFT content key that renders a crop as a frames-mode tool response
+
+
+@dataclasses.dataclass(frozen=True)
+class EventQuestion:
+    video: SyntheticVideo
+    kind: str  # colour | pair | count
+    question: str
+    answer: str  # the option letter
+    centres: tuple[int, ...]  # seconds: the event centres the question names, in its order
+    facts: tuple[str, ...]  # the colour of each named event, in the same order
+
+    @property
+    def windows(self) -> tuple[tuple[float, float], ...]:
+        """The crop windows that answer the question: [c - 2, c + 2] per named centre."""
+        return tuple(crop_window(c, self.video.duration) for c in self.centres)
+
+
+def crop_window(centre: int, duration: float) -> tuple[float, float]:
+    return float(max(0, centre - HALF_WINDOW)), float(min(duration, centre + HALF_WINDOW))
+
+
+def make_events_video(seed: int, duration: float, num_events: int,
+                      colours: tuple[str, ...] | None = None) -> SyntheticVideo:
+    """`num_events` 3 s events at distinct whole-second centres >= EVENT_GAP s apart, with the
+    given colours in time order (default: random)."""
+    rng = np.random.default_rng(seed)
+    lowest, highest = 2, int(duration) - 2
+    for _ in range(1000):
+        centres = np.sort(rng.choice(np.arange(lowest, highest + 1), size=num_events, replace=False))
+        if np.all(np.diff(centres) >= EVENT_GAP):
+            break
+    else:
+        raise ValueError(f"make_events_video: cannot place {num_events} events {EVENT_GAP} s apart in {duration} s")
+    drawn = [TOY_COLORS[k] for k in rng.choice(len(TOY_COLORS), size=num_events)]
+    if colours is not None and len(colours) != num_events:
+        raise ValueError(f"make_events_video: {len(colours)} colours for {num_events} events")
+    shapes = rng.choice(len(SHAPES), size=num_events)
+    half = EVENT_LENGTH / 2
+    events = tuple(Event(start=float(c) - half, end=float(c) + half, color=colour, shape=SHAPES[s])
+                   for c, colour, s in zip(centres, colours or drawn, shapes))
+    return SyntheticVideo(name=f"events_{seed:06d}.mp4", duration=float(duration), events=events, seed=seed)
+
+
+def centre(event: Event) -> int:
+    return int(round((event.start + event.end) / 2))
+
+
+def _options(correct: str, others: list[str], rng: np.random.Generator) -> tuple[list[str], str]:
+    """Four options (the correct one among three distinct others), shuffled; and its letter."""
+    options = [correct] + others[:3]
+    order = rng.permutation(4)
+    shuffled = [options[i] for i in order]
+    return shuffled, LETTERS[shuffled.index(correct)]
+
+
+def _spans(windows) -> str:
+    """'10-14 seconds', '10-14 and 38-42 seconds', '6-10, 22-26 and 38-42 seconds'."""
+    spans = [f"{start:.0f}-{end:.0f}" for start, end in windows]
+    joined = spans[0] if len(spans) == 1 else ", ".join(spans[:-1]) + " and " + spans[-1]
+    return f"{joined} seconds"
+
+
+def make_events_question(video: SyntheticVideo, kind: str, seed: int, counted: str | None = None) -> EventQuestion:
+    """A `kind` question about randomly picked events of `video`; a count question asks how
+    many are `counted` (default: a random colour)."""
+    rng = np.random.default_rng(seed + 104_729)
+    if kind not in KINDS:
+        raise ValueError(f"events question kind {kind!r}: expected one of {KINDS}")
+    count = WINDOWS[kind]
+    if len(video.events) < count:
+        raise ValueError(f"{video.name}: a {kind} question needs {count} events, the video has {len(video.events)}")
+    picked = sorted(rng.choice(len(video.events), size=count, replace=False))
+    named = [video.events[i] for i in picked]
+    centres = tuple(centre(e) for e in named)
+    where = _spans(crop_window(c, video.duration) for c in centres)
+    facts = tuple(e.color for e in named)
+    if kind == "colour":
+        others = [c for c in TOY_COLORS if c != facts[0]]
+        options, answer = _options(facts[0], list(rng.permutation(others)), rng)
+        text = f"What colour is the shape shown at {where}?"
+    elif kind == "pair":
+        correct = f"{facts[0]}, {facts[1]}"
+        pairs = [f"{a}, {b}" for a in TOY_COLORS for b in TOY_COLORS if f"{a}, {b}" != correct]
+        swapped = f"{facts[1]}, {facts[0]}"
+        others = [swapped] if swapped != correct else []
+        others += [pairs[i] for i in rng.permutation(len(pairs)) if pairs[i] not in others][: 3 - len(others)]
+        options, answer = _options(correct, others, rng)
+        text = f"Shapes are shown at {where}. What are their colours, in that order?"
+    else:
+        colour = counted or TOY_COLORS[int(rng.integers(len(TOY_COLORS)))]
+        number = sum(f == colour for f in facts)
+        options = ["0", "1", "2", "3"]
+        answer = LETTERS[number]
+        text = f"Shapes are shown at {where}. How many of them are {colour}?"
+    lines = "\n".join(f"{LETTERS[i]}. {o}" for i, o in enumerate(options))
+    question = f"{text}\n{lines}\nAnswer with the option's letter."
+    return EventQuestion(video=video, kind=kind, question=question, answer=answer, centres=centres, facts=facts)
+
+
+# ----------------------------------------------------------------------------- trajectories
+def tool_call_block(video_name: str, window: tuple[float, float]) -> str:
+    """One crop_video call as the model writes it (whole-second times)."""
+    arguments = {"video_path": video_name, "start_time": int(window[0]), "end_time": int(window[1])}
+    return "<tool_call>\n" + json.dumps({"name": "crop_video", "arguments": arguments}) + "\n</tool_call>"
+
+
+def window_summary(q: EventQuestion, window: tuple[float, float]) -> str:
+    """The factual sub-agent summary of one crop window."""
+    seen = [e for e in q.video.events if e.start < window[1] and e.end > window[0]]
+    if not seen:
+        return f"From {window[0]:.0f} to {window[1]:.0f} seconds only a plain dark background is visible."
+    return "; ".join(f"A {e.color} {e.shape} is visible from {e.start:.1f} to {e.end:.1f} seconds"
+                     for e in seen) + "."
+
+
+def first_turn(q: EventQuestion) -> str:
+    return (f"<think>\nThe answer is in short events at {_spans(q.windows)}; I crop "
+            f"{'that window' if len(q.centres) == 1 else 'those windows'}.\n</think>\n"
+            + "\n".join(tool_call_block(q.video.name, w) for w in q.windows))
+
+
+def final_turn(q: EventQuestion) -> str:
+    seen = "; ".join(f"at {start:.0f}-{end:.0f} seconds the shape is {colour}"
+                     for (start, end), colour in zip(q.windows, q.facts))
+    return f"<think>\nThe crops show: {seen}.\n</think>\n<answer>{q.answer}</answer>"
+
+
+def tool_free_turn(q: EventQuestion) -> str:
+    return "<think>\nI answer from the overview frames.\n</think>\n" + f"<answer>{q.answer}</answer>"
+
+
+def _text(s: str) -> dict:
+    return {"type": "text", "text": s}
+
+
+def main_messages(q: EventQuestion, video_url: str, mode: str) -> list[dict]:
+    """System (the tool schema as rollouts inject it), user (overview + question + video path),
+    the parallel calls, one tool response per call (`mode`), the answer."""
+    from paravt_jax.text.chat import crop_video_tool, tools_system_prompt, with_video_path
+
+    if mode not in SFT_MODES:
+        raise ValueError(f"events SFT mode {mode!r}: expected one of {SFT_MODES}")
+    messages = [
+        {"role": "system", "content": [_text(tools_system_prompt([crop_video_tool(layout="flat")]))]},
+        {"role": "user", "content": [{"type": "video_url", "video_url": {"url": video_url}},
+                                     _text(with_video_path(q.question, q.video.name))]},
+        {"role": "assistant", "content": [_text(first_turn(q))]},
+    ]
+    for window in q.windows:
+        if mode == "frames":
+            body = [{"type": "video_url", "video_url": {"url": video_url}, "video_start": window[0],
+                     "video_end": window[1], "crop_response": CROP_RESPONSE}]
+        else:
+            body = [_text(f"<tool_response>\n{window_summary(q, window)}\n</tool_response>")]
+        messages.append({"role": "user", "content": body})
+    messages.append({"role": "assistant", "content": [_text(final_turn(q))]})
+    return messages
+
+
+def tool_free_messages(q: EventQuestion, video_url: str) -> list[dict]:
+    """The tool-free evaluation's prompt (no system message, no video path) and a direct answer."""
+    return [{"role": "user", "content": [{"type": "video_url", "video_url": {"url": video_url}}, _text(q.question)]},
+            {"role": "assistant", "content": [_text(tool_free_turn(q))]}]
+
+
+def subagent_rows(q: EventQuestion, video_url: str) -> list[list[dict]]:
+    """One sub-agent example per crop: the crop's bare frames and its task, then the summary."""
+    from paravt_jax.text.chat import segment_instruction
+
+    return [[{"role": "user", "content": [{"type": "video_url", "video_url": {"url": video_url},
+                                            "video_start": start, "video_end": end},
+                                           _text(segment_instruction(start, end))]},
+             {"role": "assistant", "content": [_text(window_summary(q, (start, end)))]}]
+            for start, end in q.windows]
+
+
+def rl_row(q: EventQuestion) -> dict:
+    return {"prompt": [{"role": "user", "content": f"<video>\n{q.question}"}],
+            "videos": [{"video": f"videos/{q.video.name}"}],
+            "extra_info": json.dumps({"answer": q.answer, "question_type": "mcq",
+                                      "video_duration": q.video.duration}),
+            "data_source": "paravt_events"}
+
+
+def corpus(questions) -> list[str]:
+    """Text for the tokenizer: every trajectory's words, calls and answers, so the BPE merges
+    cover the tool-call JSON."""
+    from paravt_jax.text.chat import crop_video_tool, tools_system_prompt
+
+    texts = [tools_system_prompt([crop_video_tool(layout="flat")])]
+    for q in questions:
+        texts += [q.question, first_turn(q), final_turn(q), tool_free_turn(q)]
+        texts += [window_summary(q, w) for w in q.windows]
+    texts += [f"<{t / 2:.1f} seconds>" for t in range(0, 400)]
+    return texts
+
+
+# ----------------------------------------------------------------------------- the dataset
+@dataclasses.dataclass(frozen=True)
+class EventsDataset:
+    root: str
+    rl_train: str
+    rl_eval: str
+    sft: str
+    questions: tuple[EventQuestion, ...]
+    eval_questions: tuple[EventQuestion, ...]
+
+
+def make_questions(count: int, seed: int, duration: float = 48.0) -> list[EventQuestion]:
+    """`count` questions on `count` videos, deterministic from `seed`; kinds by KIND_WEIGHTS.
+    A count question's video has three events, of which a uniform 0-3 have the counted colour,
+    so no answer is more likely than another before looking."""
+    rng = np.random.default_rng(seed)
+    kinds = rng.choice(len(KINDS), size=count, p=KIND_WEIGHTS)
+    out = []
+    for i, k in enumerate(kinds):
+        kind = KINDS[int(k)]
+        video_seed = seed * 100_003 + i
+        room = (int(duration) - 4) // EVENT_GAP + 1  # events that fit EVENT_GAP s apart
+        draw = np.random.default_rng(video_seed + 1)
+        if kind == "count":
+            counted = TOY_COLORS[int(draw.integers(len(TOY_COLORS)))]
+            others = [c for c in TOY_COLORS if c != counted]
+            number = int(draw.integers(4))
+            colours = [counted] * number + [others[int(j)] for j in draw.integers(len(others), size=3 - number)]
+            video = make_events_video(video_seed, duration, 3, tuple(draw.permutation(colours).tolist()))
+            out.append(make_events_question(video, kind, video_seed, counted))
+            continue
+        num_events = int(draw.integers(WINDOWS[kind], 5))
+        video = make_events_video(video_seed, duration, min(max(num_events, 2), room))
+        out.append(make_events_question(video, kind, video_seed))
+    return out
+
+
+def write_events_dataset(root: str, num_train: int = 384, num_eval: int = 48, seed: int = 0,
+                         duration: float = 48.0, fps: float = 2.0, height: int = 96, width: int = 160,
+                         sft_modes: tuple[str, ...] = SFT_MODES, tool_free_share: float = 0.2) -> EventsDataset:
+    """Videos under root/videos plus RL (train/eval) and SFT parquets in the reference schemas.
+    Every training question gives one main trajectory per mode in `sft_modes` (and, in
+    subagent mode, one sub-agent example per crop); `tool_free_share` of them also a tool-free
+    one. Deterministic from `seed`."""
+    if num_eval < 1 or num_train < 1:
+        raise ValueError(f"events dataset: num_train={num_train} and num_eval={num_eval} must be >= 1")
+    if not 24.0 <= duration <= 600.0:
+        raise ValueError(f"events dataset: duration {duration} s outside [24, 600]")
+    os.makedirs(os.path.join(root, "videos"), exist_ok=True)
+    questions = make_questions(num_train + num_eval, seed, duration)
+    for q in questions:
+        path = os.path.join(root, "videos", q.video.name)
+        if not os.path.exists(path):
+            write_video(path, q.video.duration, list(q.video.events), fps, height, width, q.video.seed)
+    train, held_out = questions[:num_train], questions[num_train:]
+    rng = np.random.default_rng(seed + 1)
+    sft_rows = []
+    for q in train:
+        url = f"videos/{q.video.name}"
+        for mode in sft_modes:
+            sft_rows.append({"messages": json.dumps(main_messages(q, url, mode)), "kind": f"main_{mode}"})
+            if mode == "subagent":
+                sft_rows += [{"messages": json.dumps(m), "kind": "subagent"} for m in subagent_rows(q, url)]
+        if rng.random() < tool_free_share:
+            sft_rows.append({"messages": json.dumps(tool_free_messages(q, url)), "kind": "tool_free"})
+    paths = write_parquets(root, {"rl_train": [rl_row(q) for q in train],
+                                  "rl_eval": [rl_row(q) for q in held_out], "sft": sft_rows})
+    return EventsDataset(root=root, rl_train=paths["rl_train"], rl_eval=paths["rl_eval"], sft=paths["sft"],
+                         questions=tuple(train), eval_questions=tuple(held_out))
+
