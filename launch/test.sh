@@ -8,4 +8,4 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 PY="$(bash launch/env.sh)"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-exec "$PY" -m pytest -n "${PARAVT_TEST_WORKERS:-auto}" "$@"
+exec "$PY" -m pytest -n "${PARAVT_TEST_WORKERS:-auto}" --dist worksteal "$@"

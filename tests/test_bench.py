@@ -16,11 +16,11 @@ def run_bench(tmp_path, script: str, *args: str, timeout: int = 900) -> str:
 
 
 def test_train_step_bench_smallest(tmp_path):
-    """Memory table (blockwise and dense) and the side-by-side throughput table."""
+    """The memory table and the throughput table (one implementation: each compile is costly)."""
     out = run_bench(tmp_path, "train_step.py", "--presets", "tiny", "--lengths", "128",
-                    "--speed-lengths", "128", "--repeats", "0", "--remat")
+                    "--speed-lengths", "128", "--repeats", "0", "--remat", "--attention", "blockwise")
     assert "Gradient step peak" in out and "| tiny   | blockwise | 128" in out
-    assert "blockwise tokens/s" in out and "dense tokens/s" in out
+    assert "blockwise tokens/s" in out
 
 
 def test_sampler_bench_smallest(tmp_path):
@@ -37,13 +37,13 @@ def test_forward_bench_smallest(tmp_path):
 
 
 def test_dispatch_bench_smallest(tmp_path):
-    out = run_bench(tmp_path, "dispatch.py", "--minutes", "2", "--max-k", "2", "--turn-tokens", "4")
+    out = run_bench(tmp_path, "dispatch.py", "--minutes", "2", "--max-k", "1", "--turn-tokens", "4")
     assert "|" in out
 
 
 def test_eval_bench_smallest(tmp_path):
-    out = run_bench(tmp_path, "eval.py", "--samples", "2", "--batch", "2", "--nframes", "4",
-                    "--max-new-tokens", "8")
+    out = run_bench(tmp_path, "eval.py", "--samples", "2", "--batch", "2", "--nframes", "2",
+                    "--max-new-tokens", "4")
     assert "batched / one at a time" in out
 
 

@@ -141,6 +141,7 @@ def claims_completion(workdir) -> bool:
     return os.path.exists(os.path.join(workdir, "summary.json")) or os.path.exists(os.path.join(workdir, "final"))
 
 
+@pytest.mark.slow  # the loop-level signal and resume tests (test_training) run by default
 def test_sigterm_during_sft_checkpoints_and_stops_the_run(tmp_path, builtin_root):
     workdir = str(tmp_path / "run")
     status, out, err = run_until(workdir, builtin_root, "[sft/ 0/3]", signal.SIGTERM)

@@ -173,6 +173,7 @@ def test_unreadable_video_is_an_error_record(benchmark, tokenizer, tmp_path):
     assert summary["errors"] == 1 and summary["total"] == 2
 
 
+@pytest.mark.slow  # the driver's protocol, batching and resume tests run by default
 def test_cli_compare_on_the_synthetic_benchmark(assets, tmp_path):
     """End to end with the real tiny model: parallel vs sequential dispatch, per-dataset JSON,
     summary_all.json and the comparison table."""

@@ -84,7 +84,7 @@ def logged_steps(workdir, tag="toy/loss"):
     return [l["step"] for l in lines if tag in l], steps
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, pytest.param(signal.SIGINT, marks=pytest.mark.slow)])
 def test_resume_is_bit_exact_and_a_signal_checkpoints_then_stops(tmp_path, signum):
     from paravt_jax.preemption import Preempted
 
@@ -139,8 +139,11 @@ def test_short_sft_lowers_its_loss(dataset, tmp_path):
     assert losses[-1] < losses[0] - 0.3, losses
 
 
-@pytest.mark.parametrize("anchor_mode,gating,max_tokens", [("token", True, 0), ("sequence", True, 0),
-                                                            ("token", False, 0), ("token", True, 1)])
+# sequence anchors and gating off are covered at unit level (test_advantages, test_gating); their
+# end-to-end RL steps run with the slow tests
+@pytest.mark.parametrize("anchor_mode,gating,max_tokens", [
+    ("token", True, 0), pytest.param("sequence", True, 0, marks=pytest.mark.slow),
+    pytest.param("token", False, 0, marks=pytest.mark.slow), ("token", True, 1)])
 def test_two_rl_steps(dataset, tmp_path, anchor_mode, gating, max_tokens):
     """Two RL steps; max_tokens=1: token-budget micro-batches (each row its own micro-batch,
     episodes packed into rows), with the padding fraction logged."""
