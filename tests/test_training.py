@@ -139,10 +139,11 @@ def test_short_sft_lowers_its_loss(dataset, tmp_path):
     assert losses[-1] < losses[0] - 0.3, losses
 
 
-# sequence anchors and gating off are covered at unit level (test_advantages, test_gating); their
-# end-to-end RL steps run with the slow tests
+# by default only the token-budget variant runs end to end (the other RL-step tests here and the
+# multi-host tests cover the rest); sequence anchors and gating off are unit-tested
+# (test_advantages, test_gating)
 @pytest.mark.parametrize("anchor_mode,gating,max_tokens", [
-    ("token", True, 0), pytest.param("sequence", True, 0, marks=pytest.mark.slow),
+    pytest.param("token", True, 0, marks=pytest.mark.slow), pytest.param("sequence", True, 0, marks=pytest.mark.slow),
     pytest.param("token", False, 0, marks=pytest.mark.slow), ("token", True, 1)])
 def test_two_rl_steps(dataset, tmp_path, anchor_mode, gating, max_tokens):
     """Two RL steps; max_tokens=1: token-budget micro-batches (each row its own micro-batch,
