@@ -708,20 +708,35 @@ def train_batch_spec(config: Qwen3VLConfig, work: Workload, mesh) -> dict:
                 vision_meta=meta, **({"segment_ids": tokens((rows, length), jnp.int32)} if work.packed else {}))
 
 
+def _device_count(mesh_sizes: Mapping[str, int]) -> int:
+    """Devices of a mesh of these axis sizes."""
+    return math.prod(mesh_sizes.values())
+
+
+def _mesh_devices(mesh_sizes: Mapping[str, int]) -> list | None:
+    """The local devices an XLA measurement on this mesh compiles for; None when there are too
+    few CPU devices (the caller measures in a child process, `on_fake_devices`); too few
+    accelerators are refused."""
+    need = _device_count(mesh_sizes)
+    devices = jax.devices()
+    if len(devices) >= need:
+        return devices[:need]
+    if devices[0].platform != "cpu":
+        raise PlanError(f"--activations=xla compiles for {need} devices but this process has "
+                        f"{len(devices)} ({devices[0].platform}); use --activations=estimate")
+    return None
+
+
 def activation_xla(config: Qwen3VLConfig, rl, work: Workload, mesh_sizes: Mapping[str, int]) -> tuple[int, float]:
     """(temp bytes per device, compile seconds) of the real TrainStep gradient function for one
     micro-batch, lowered on abstract sharded inputs and compiled for the local devices."""
     from paravt_jax.rl.objective import policy_head, policy_loss
     from paravt_jax.train.step import TrainStep
 
-    need = math.prod(mesh_sizes.values())
-    devices = jax.devices()
-    if len(devices) < need:
-        if devices[0].platform != "cpu":
-            raise PlanError(f"--activations=xla compiles for {need} devices but this process has "
-                            f"{len(devices)} ({devices[0].platform}); use --activations=estimate")
-        return on_fake_devices(activation_xla, (config, rl, work, mesh_sizes), need)
-    mesh = sh.make_mesh(dict(mesh_sizes), devices[:need])
+    devices = _mesh_devices(mesh_sizes)
+    if devices is None:
+        return on_fake_devices(activation_xla, (config, rl, work, mesh_sizes), _device_count(mesh_sizes))
+    mesh = sh.make_mesh(dict(mesh_sizes), devices)
     start = time.perf_counter()
     step = TrainStep(abstract_model(config), rl.optimizer, policy_loss(rl.step), policy_head(rl.step), mesh=mesh)
     params = jax.tree.map(
@@ -854,14 +869,10 @@ def sampler_xla(config: Qwen3VLConfig, rl, layout: SamplerLayout, work: Workload
     """ProgramMemory of each sampler program (sampling/memory.py) on a mesh of local devices."""
     from paravt_jax.sampling.memory import SamplerPrograms
 
-    need = math.prod(mesh_sizes.values())
-    devices = jax.devices()
-    if len(devices) < need:
-        if devices[0].platform != "cpu":
-            raise PlanError(f"--activations=xla compiles for {need} devices but this process has "
-                            f"{len(devices)} ({devices[0].platform}); use --activations=estimate")
-        return on_fake_devices(sampler_xla, (config, rl, layout, work, mesh_sizes), need)
-    programs = SamplerPrograms(config, rl.sampler, sh.make_mesh(dict(mesh_sizes), devices[:need]))
+    devices = _mesh_devices(mesh_sizes)
+    if devices is None:
+        return on_fake_devices(sampler_xla, (config, rl, layout, work, mesh_sizes), _device_count(mesh_sizes))
+    programs = SamplerPrograms(config, rl.sampler, sh.make_mesh(dict(mesh_sizes), devices))
     calls, decode = sampler_calls(layout, work, rl)
     return [programs.prefill(call) for call in calls] + [programs.decode(**decode)]
 
