@@ -50,6 +50,12 @@ def test_windows_hold_exactly_their_event_and_crops_catch_it():
             times = crop_times(window)
             assert ((times >= inside[0].start) & (times < inside[0].end)).sum() >= 2  # on two crop frames
             assert f"{window[0]:.0f}-{window[1]:.0f}" in q.question  # the window is named
+        assert set(q.centres) <= set(ev.slots(DURATION).tolist())  # on the slot grid
+        assert all(ev.centre(e) in ev.slots(DURATION) for e in q.video.events)
+        assert q.video.name.endswith("/" + ev.VIDEO_FILE)  # one file name: the call's path is a constant
+    assert ev.slots(DURATION).tolist() == [4, 12, 20, 28, 36, 44]
+    with pytest.raises(ValueError, match="has 3 slots"):
+        ev.make_events_video(0, 24.0, 4)
 
 
 def test_answers_follow_from_the_events_only():
@@ -87,7 +93,8 @@ def test_sparse_overview_misses_the_events_and_dense_one_sees_them():
     rate = lambda k: np.mean([seen_times(overview_times(k), e) for e, _ in named])
     all_seen = lambda k: np.mean([all(seen_times(overview_times(k), e) for e in q.video.events
                                       if ev.centre(e) in q.centres) for q in QUESTIONS])
-    assert rate(4) < 0.3 and all_seen(4) < 0.2
+    assert rate(4) == 0 and all_seen(4) == 0  # K = 4 falls between the slots
+    assert rate(8) < 0.5 and all_seen(8) < 0.3
     assert rate(64) > 0.95
 
 
@@ -129,6 +136,33 @@ def test_written_dataset_and_frames_mode_rows_render_as_rollouts_do(tmp_path):
     assert f"<tool_response>\n4 frames from {start:.1f} s to {end:.1f} s.\n<{start:.1f} seconds>" in text
     assert text.count("<tool_response>") == len(q.windows)
     assert os.path.isfile(os.path.join(str(tmp_path), "videos", q.video.name))
+
+
+def test_digits_split_makes_the_prompt_and_the_call_cheap():
+    """Only digit runs stand apart: the repeated system prompt and call skeleton shrink to a
+    few tokens, and a copied number is one token, the same in the question and in the call."""
+    from paravt_jax.text.chat import crop_video_tool, tools_system_prompt
+    from paravt_jax.text.tokenizer import train_tokenizer
+
+    corpus = ev.corpus(QUESTIONS[:80])
+    words, digits = train_tokenizer(corpus, split="words"), train_tokenizer(corpus, split="digits")
+    system = tools_system_prompt([crop_video_tool(layout="flat")])
+    assert len(digits.encode(system)) <= 0.15 * len(words.encode(system))
+    q = QUESTIONS[0]
+    block = ev.tool_call_block(ev.VIDEO_FILE, q.windows[0])
+    assert len(digits.encode(block)) <= 0.3 * len(words.encode(block))
+    for text in (system, block, q.question, ev.final_turn(q), ev.first_turn(q)):
+        assert digits.decode(digits.encode(text)) == text
+    for number in (str(int(w)) for w in q.windows[0]):
+        token = digits.encode(number)
+        assert len(token) == 1 and token[0] in digits.encode(q.question) and token[0] in digits.encode(block)
+    # a turn that starts after the rollouts' forced "<think>\n" tokenizes as the SFT text does
+    turn = ev.first_turn(q)
+    assert turn.startswith("<think>\n")
+    assert digits.encode(turn) == digits.encode("<think>\n") + digits.encode(turn[len("<think>\n"):])
+    # special tokens cut the corpus: no regular token spans one
+    assert all("<tool_call>" not in digits.decode([i]) or digits.decode([i]) == "<tool_call>"
+               for i in range(900))
 
 
 def test_json_split_makes_the_tool_call_cheap():

@@ -61,9 +61,10 @@ def ensure_builtin(root: str = "artifacts/builtin", seed: int = 0, num_train: in
         from paravt_jax.data.synthetic import corpus, write_dataset
 
         dataset = write_dataset(assets.data_dir, num_train, num_eval, durations, seed)
-    # the events task's tokenizer merges the tool-call JSON's punctuation (text/tokenizer.py)
+    # the events task's tokenizer merges everything but digit runs (text/tokenizer.py): the
+    # system prompt and the tool-call JSON cost a few tokens, the copied numbers one each
     tokenizer = train_tokenizer(corpus(list(dataset.questions) + list(dataset.eval_questions)),
-                                split="json" if task == "events" else "words")
+                                split="digits" if task == "events" else "words")
     tokenizer.save(assets.model_dir)
     tokenizer = Tokenizer.from_directory(assets.model_dir)
     model = init_model(preset(model_preset), seed=seed)

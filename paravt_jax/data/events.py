@@ -1,19 +1,22 @@
 """The `events` toy task: a task the built-in model can learn, and that needs the crop tool.
 
-Each video is a drifting dark background with two to four short (3 s) coloured-shape events
-at whole-second centres at least `EVENT_GAP` s apart. Every question is a 4-option MCQ about
-the colours of events the question locates by their windows ("between 21 and 25 seconds":
-the event's centre +- 2 s), so
+Each video is a drifting dark background with two to four short (3 s) coloured-shape events,
+each centred on a slot of a fixed grid (4, 12, 20, ... s: `SLOT_FIRST` + `SLOT_GAP` k). Every
+question is a 4-option MCQ about the colours of events the question locates by their windows
+("at 10-14 seconds": the slot's centre +- 2 s), so
 
-- sparse overview frames (K = 4 over 48 s) usually fall between the events and miss them;
+- sparse overview frames (K = 4 over 48 s) fall between the slots and miss every event;
 - a 1 fps crop of a named window always shows its event (on two frames or more);
 - `pair` and `count` questions name two or three distant windows, so one turn with two or
   three parallel calls answers them and one call does not.
 
-The windows are in the question so that the calls' arguments are copied, not computed: what
-the toy model must learn is the call format, the parallel calls, and reading colours off the
-crops. Question kinds (`KINDS`): `colour` (one window: its colour), `pair` (two windows: their
-colours in order) and `count` (three windows: how many of those events have a given colour).
+The windows are in the question so that the calls' arguments are copied, not computed, and
+they come from a small grid (six per 48 s) so that a small model learns the copy in minutes:
+what the toy model must learn is the call format, the parallel calls, which windows to crop,
+and reading colours off the crops. Every video file is `video.mp4` in its own folder, so the
+`video_path` a call repeats is the same text in every episode (the tool never opens it).
+Question kinds (`KINDS`): `colour` (one window: its colour), `pair` (two windows: their colours
+in order) and `count` (three windows: how many of those events have a given colour).
 
 SFT trajectories crop exactly the named windows; the tool responses are written in either
 rollout mode (`frames`: the crop's timestamped frames, as `agent.rollout` lays them out;
@@ -30,16 +33,19 @@ import numpy as np
 
 from paravt_jax.data.synthetic import SHAPES, Event, SyntheticVideo, write_parquets, write_video
 
-VERSION = 2  # of the generator: part of the built-in set's cache key (2: count answers balanced)
+# of the generator: part of the built-in set's cache key (2: count answers balanced; 3: slot
+# grid, one file name, 64 x 96 frames)
+VERSION = 3
 KINDS = ("colour", "pair", "count")
 KIND_WEIGHTS = (0.2, 0.4, 0.4)  # 2.2 windows per question on average
 WINDOWS = {"colour": 1, "pair": 2, "count": 3}
 EVENT_LENGTH = 3.0  # seconds; an event spans [centre - 1.5, centre + 1.5]
-EVENT_GAP = 8  # minimal distance of two event centres, seconds
+SLOT_FIRST, SLOT_GAP = 4, 8  # event centres sit on SLOT_FIRST + SLOT_GAP * k seconds
 HALF_WINDOW = 2  # a crop window is [centre - 2, centre + 2]
 TOY_COLORS = ("red", "green", "blue", "yellow")
 LETTERS = "ABCD"
 SFT_MODES = ("frames", "subagent")
+VIDEO_FILE = "video.mp4"  # every video's file name (in a folder of its own)
 CROP_RESPONSE = "timestamped"  # the SFT content key that renders a crop as a frames-mode tool response
 
 
@@ -62,18 +68,20 @@ def crop_window(centre: int, duration: float) -> tuple[float, float]:
     return float(max(0, centre - HALF_WINDOW)), float(min(duration, centre + HALF_WINDOW))
 
 
+def slots(duration: float) -> np.ndarray:
+    """The event centres a video of `duration` s can hold: SLOT_FIRST + SLOT_GAP k, windows inside."""
+    return np.arange(SLOT_FIRST, int(duration) - HALF_WINDOW + 1, SLOT_GAP)
+
+
 def make_events_video(seed: int, duration: float, num_events: int,
                       colours: tuple[str, ...] | None = None) -> SyntheticVideo:
-    """`num_events` 3 s events at distinct whole-second centres >= EVENT_GAP s apart, with the
-    given colours in time order (default: random)."""
+    """`num_events` 3 s events on distinct slots (`slots`), with the given colours in time
+    order (default: random)."""
     rng = np.random.default_rng(seed)
-    lowest, highest = 2, int(duration) - 2
-    for _ in range(1000):
-        centres = np.sort(rng.choice(np.arange(lowest, highest + 1), size=num_events, replace=False))
-        if np.all(np.diff(centres) >= EVENT_GAP):
-            break
-    else:
-        raise ValueError(f"make_events_video: cannot place {num_events} events {EVENT_GAP} s apart in {duration} s")
+    grid = slots(duration)
+    if num_events > len(grid):
+        raise ValueError(f"make_events_video: {num_events} events, a {duration:g} s video has {len(grid)} slots")
+    centres = np.sort(rng.choice(grid, size=num_events, replace=False))
     drawn = [TOY_COLORS[k] for k in rng.choice(len(TOY_COLORS), size=num_events)]
     if colours is not None and len(colours) != num_events:
         raise ValueError(f"make_events_video: {len(colours)} colours for {num_events} events")
@@ -81,7 +89,7 @@ def make_events_video(seed: int, duration: float, num_events: int,
     half = EVENT_LENGTH / 2
     events = tuple(Event(start=float(c) - half, end=float(c) + half, color=colour, shape=SHAPES[s])
                    for c, colour, s in zip(centres, colours or drawn, shapes))
-    return SyntheticVideo(name=f"events_{seed:06d}.mp4", duration=float(duration), events=events, seed=seed)
+    return SyntheticVideo(name=f"events_{seed:06d}/{VIDEO_FILE}", duration=float(duration), events=events, seed=seed)
 
 
 def centre(event: Event) -> int:
@@ -159,7 +167,7 @@ def window_summary(q: EventQuestion, window: tuple[float, float]) -> str:
 def first_turn(q: EventQuestion) -> str:
     return (f"<think>\nThe answer is in short events at {_spans(q.windows)}; I crop "
             f"{'that window' if len(q.centres) == 1 else 'those windows'}.\n</think>\n"
-            + "\n".join(tool_call_block(q.video.name, w) for w in q.windows))
+            + "\n".join(tool_call_block(os.path.basename(q.video.name), w) for w in q.windows))
 
 
 def final_turn(q: EventQuestion) -> str:
@@ -186,7 +194,7 @@ def main_messages(q: EventQuestion, video_url: str, mode: str) -> list[dict]:
     messages = [
         {"role": "system", "content": [_text(tools_system_prompt([crop_video_tool(layout="flat")]))]},
         {"role": "user", "content": [{"type": "video_url", "video_url": {"url": video_url}},
-                                     _text(with_video_path(q.question, q.video.name))]},
+                                     _text(with_video_path(q.question, os.path.basename(q.video.name)))]},
         {"role": "assistant", "content": [_text(first_turn(q))]},
     ]
     for window in q.windows:
@@ -230,7 +238,8 @@ def corpus(questions) -> list[str]:
     cover the tool-call JSON."""
     from paravt_jax.text.chat import crop_video_tool, tools_system_prompt
 
-    texts = [tools_system_prompt([crop_video_tool(layout="flat")])]
+    # the system prompt once per trajectory, as often as the trajectories repeat it
+    texts = [tools_system_prompt([crop_video_tool(layout="flat")])] * max(1, len(questions))
     for q in questions:
         texts += [q.question, first_turn(q), final_turn(q), tool_free_turn(q)]
         texts += [window_summary(q, w) for w in q.windows]
@@ -259,7 +268,7 @@ def make_questions(count: int, seed: int, duration: float = 48.0) -> list[EventQ
     for i, k in enumerate(kinds):
         kind = KINDS[int(k)]
         video_seed = seed * 100_003 + i
-        room = (int(duration) - 4) // EVENT_GAP + 1  # events that fit EVENT_GAP s apart
+        room = len(slots(duration))
         draw = np.random.default_rng(video_seed + 1)
         if kind == "count":
             counted = TOY_COLORS[int(draw.integers(len(TOY_COLORS)))]
@@ -276,7 +285,7 @@ def make_questions(count: int, seed: int, duration: float = 48.0) -> list[EventQ
 
 
 def write_events_dataset(root: str, num_train: int = 384, num_eval: int = 48, seed: int = 0,
-                         duration: float = 48.0, fps: float = 2.0, height: int = 96, width: int = 160,
+                         duration: float = 48.0, fps: float = 2.0, height: int = 64, width: int = 96,
                          sft_modes: tuple[str, ...] = SFT_MODES, tool_free_share: float = 0.2) -> EventsDataset:
     """Videos under root/videos plus RL (train/eval) and SFT parquets in the reference schemas.
     Every training question gives one main trajectory per mode in `sft_modes` (and, in
@@ -290,6 +299,7 @@ def write_events_dataset(root: str, num_train: int = 384, num_eval: int = 48, se
     questions = make_questions(num_train + num_eval, seed, duration)
     for q in questions:
         path = os.path.join(root, "videos", q.video.name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
         if not os.path.exists(path):
             write_video(path, q.video.duration, list(q.video.events), fps, height, width, q.video.seed)
     train, held_out = questions[:num_train], questions[num_train:]

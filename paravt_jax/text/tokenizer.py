@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from collections.abc import Iterable
 
 # Qwen3 / Qwen3-VL added tokens, in id order starting at 151643.
@@ -106,7 +107,7 @@ class Tokenizer:
             json.dump(config, f, indent=2)
 
 
-PRE_SPLITS = ("words", "json")
+PRE_SPLITS = ("words", "json", "digits")
 
 
 def train_tokenizer(corpus: Iterable[str], bpe_vocab_size: int = 900, split: str = "words") -> Tokenizer:
@@ -116,7 +117,12 @@ def train_tokenizer(corpus: Iterable[str], bpe_vocab_size: int = 900, split: str
     punctuation runs apart; Qwen's way). "json": words (letters and underscores, with one
     leading space) and digit runs stand apart, while the punctuation and spacing between them
     may merge, so the tool-call JSON's skeleton (`", "start_time": `) costs a few tokens and the
-    words and numbers a call copies from the prompt are the same tokens wherever they occur."""
+    words and numbers a call copies from the prompt are the same tokens wherever they occur.
+    "digits": only digit runs and newlines stand apart; everything else may merge across words,
+    so text the corpus repeats (a task's system prompt, its templates) shrinks to a few tokens
+    while a number stays the same token wherever it occurs, and a prompt that ends in a newline
+    (the rollouts' "<think>\n" prefix) splits where the training text does. With "json" and "digits", the corpus is cut
+    at the special tokens first (the encoder never merges across them)."""
     from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, trainers
     from tokenizers import Tokenizer as Backend
 
@@ -126,9 +132,12 @@ def train_tokenizer(corpus: Iterable[str], bpe_vocab_size: int = 900, split: str
     if split == "words":
         backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     else:
+        pattern = r"\d+| ?[A-Za-z_]+" if split == "json" else r"\d+|\n"
         backend.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(r"\d+| ?[A-Za-z_]+"), behavior="isolated"),
+            pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        specials = re.compile("|".join(re.escape(t) for t in QWEN_SPECIAL_TOKENS))
+        corpus = [piece for text in corpus for piece in specials.split(text) if piece]
     backend.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=bpe_vocab_size, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
