@@ -75,6 +75,9 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
         c.sft.optimizer.learning_rate = 2e-3
         c.sft.optimizer.warmup_steps = 20
         c.sft.optimizer.schedule, c.sft.optimizer.total_steps = "cosine", 400
+        # the random vision tower's features keep the colours; trained along, it collapses to
+        # one vector for every image token before the text tower learns to read them
+        c.sft.optimizer.frozen = c.rl.optimizer.frozen = ("visual",)
         c.rl.rollout.mode = "frames"  # the evaluation's mode
         c.eval.limit, c.eval.max_new_tokens = 0, 160  # every held-out question
     elif preset == "qwen3vl_8b":  # reference recipe (paragrpo_8b.yaml)

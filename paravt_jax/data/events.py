@@ -1,6 +1,7 @@
 """The `events` toy task: a task the built-in model can learn, and that needs the crop tool.
 
-Each video is a drifting dark background with two to four short (3 s) coloured-shape events,
+Each video is the same drifting dark background (so that a model cannot recognise a training
+video by it and recall its answers) with two to four short (3 s) coloured-shape events,
 each centred on a slot of a fixed grid (4, 12, 20, ... s: `SLOT_FIRST` + `SLOT_GAP` k). Every
 question is a 4-option MCQ about the colours of events the question locates by their windows
 ("at 10-14 seconds": the slot's centre +- 2 s), so
@@ -34,8 +35,8 @@ import numpy as np
 from paravt_jax.data.synthetic import SHAPES, Event, SyntheticVideo, write_parquets, write_video
 
 # of the generator: part of the built-in set's cache key (2: count answers balanced; 3: slot
-# grid, one file name, 64 x 96 frames)
-VERSION = 3
+# grid, one file name, 64 x 96 frames; 4: one background for every video)
+VERSION = 4
 KINDS = ("colour", "pair", "count")
 KIND_WEIGHTS = (0.2, 0.4, 0.4)  # 2.2 windows per question on average
 WINDOWS = {"colour": 1, "pair": 2, "count": 3}
@@ -45,6 +46,7 @@ HALF_WINDOW = 2  # a crop window is [centre - 2, centre + 2]
 TOY_COLORS = ("red", "green", "blue", "yellow")
 LETTERS = "ABCD"
 SFT_MODES = ("frames", "subagent")
+BACKGROUND_SEED = 0  # one background for every video: a crop tells videos apart only by its event
 VIDEO_FILE = "video.mp4"  # every video's file name (in a folder of its own)
 CROP_RESPONSE = "timestamped"  # the SFT content key that renders a crop as a frames-mode tool response
 
@@ -301,7 +303,7 @@ def write_events_dataset(root: str, num_train: int = 384, num_eval: int = 48, se
         path = os.path.join(root, "videos", q.video.name)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         if not os.path.exists(path):
-            write_video(path, q.video.duration, list(q.video.events), fps, height, width, q.video.seed)
+            write_video(path, q.video.duration, list(q.video.events), fps, height, width, BACKGROUND_SEED)
     train, held_out = questions[:num_train], questions[num_train:]
     rng = np.random.default_rng(seed + 1)
     sft_rows = []

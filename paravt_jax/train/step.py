@@ -43,6 +43,9 @@ class OptimizerConfig:
     warmup_steps: int = 0
     schedule: str = "constant"  # constant | cosine
     total_steps: int = 1000
+    # parameters that never change: dotted path prefixes of the model's parameters, e.g.
+    # ("visual",) for the whole vision tower, ("language.embed_tokens",) for one array
+    frozen: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +84,32 @@ def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
         opt = optax.adam(schedule, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps)
     else:
         raise ValueError(f"optimizer {cfg.name!r}: expected adamw or adam")
-    return optax.chain(optax.clip_by_global_norm(cfg.grad_clip), opt)
+    tx = optax.chain(optax.clip_by_global_norm(cfg.grad_clip), opt)
+    if not cfg.frozen:
+        return tx
+    frozen = tuple(cfg.frozen)
+
+    def labels(params):
+        paths = [parameter_path(path) for path, _ in jax.tree_util.tree_leaves_with_path(params)]
+        unmatched = [f for f in frozen if not any(p == f or p.startswith(f + ".") for p in paths)]
+        if unmatched:
+            raise ValueError(f"optimizer.frozen {unmatched}: no parameter path starts so "
+                             f"(paths look like {paths[0]!r})")
+        return jax.tree_util.tree_map_with_path(
+            lambda path, _: "frozen" if any(parameter_path(path) == f or parameter_path(path).startswith(f + ".")
+                                            for f in frozen) else "trained", params)
+    # the trained parameters' gradients are clipped by their own global norm
+    return optax.multi_transform({"trained": tx, "frozen": optax.set_to_zero()}, labels)
+
+
+def parameter_path(path) -> str:
+    """A pytree key path of the parameters -> 'visual.blocks.attn.qkv' (nnx value leaves dropped)."""
+    parts = []
+    for key in path:
+        name = getattr(key, "key", getattr(key, "name", getattr(key, "idx", None)))
+        if name is not None and name != "value":
+            parts.append(str(name))
+    return ".".join(parts)
 
 
 @jax.tree_util.register_dataclass
