@@ -78,7 +78,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
         # the random vision tower's features keep the colours; trained along, it collapses to
         # one vector for every image token before the text tower learns to read them
         c.sft.optimizer.frozen = c.rl.optimizer.frozen = ("visual",)
-        c.rl.rollout.mode = "frames"  # the evaluation's mode
+        c.rl.rollout.mode = c.eval.mode = "frames"
         c.eval.limit, c.eval.max_new_tokens = 0, 160  # every held-out question
     elif preset == "qwen3vl_8b":  # reference recipe (paragrpo_8b.yaml)
         c.sft.steps, c.sft.optimizer.learning_rate = 500, 1e-5

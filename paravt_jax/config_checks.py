@@ -82,7 +82,7 @@ RULES: dict[str, Rule] = {
     "rl.reward.mode": one_of(REWARD_MODES),
     # held-out evaluation of `run`, and `generate`
     "eval.nframes": integers(1, empty=True), "eval.max_new_tokens": integer(1), "eval.max_turns": integer(0),
-    "eval.limit": integer(0), "generate.nframes": integer(1),
+    "eval.limit": integer(0), "eval.mode": one_of(ROLLOUT_MODES), "generate.nframes": integer(1),
     # the benchmark driver's flat config (configs/eval.py)
     "limit": integer(0), "nframes": integer(1), "max_turns": integer(0), "max_parallel": integer(1),
     "max_new_tokens": integer(1), "batch_size": integer(1), "mcq_answer_tokens": integer(1),

@@ -172,6 +172,7 @@ class EvalConfig:
     max_new_tokens: int = 256
     max_turns: int = 2
     limit: int = 4  # held-out rows (0 = all)
+    mode: str = "frames"  # what a crop returns: frames | subagent | sequential (agent/rollout.py)
 
 
 def sft_config(config):
@@ -202,7 +203,7 @@ def evaluate_all(config, model, tokenizer, eval_rows) -> list[dict]:
     for number, (tools, k) in enumerate(settings, 1):
         t0 = time.perf_counter()
         results.append(evaluate(model, tokenizer, rows, nframes=k, tools=tools,
-                                max_new_tokens=e.max_new_tokens, max_turns=e.max_turns).row())
+                                max_new_tokens=e.max_new_tokens, max_turns=e.max_turns, mode=e.mode).row())
         print(f"[run] evaluation {number}/{len(settings)} (tools {'yes' if tools else 'no'}, K = {k}, "
               f"{len(rows)} videos) in {time.perf_counter() - t0:.0f} s", flush=True)
     return results

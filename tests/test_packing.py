@@ -76,7 +76,8 @@ def test_token_budget_keeps_the_packed_width():
         plan_token_budget([300], 1000, width=256)
 
 
-@pytest.mark.parametrize("attention", ["blockwise", "dense"])
+# dense with the slow tests: the op is shared, blockwise adds the masked-block skipping
+@pytest.mark.parametrize("attention", ["blockwise", pytest.param("dense", marks=pytest.mark.slow)])
 def test_packed_step_equals_unpacked(attention):
     """The step's loss (sum / token count) and gradients (summed over micro-batches / count)
     over token-budget micro-batches (several sequences per row, two with an image) equal those
