@@ -97,10 +97,11 @@ def test_several_bad_values_are_listed_together():
     from paravt_jax.config_checks import ConfigValueError, check_config
 
     config = paragrpo.get_config("tiny")
-    config.rl.step.temperature, config.eval.nframes = 0.0, (4, 0)
+    config.rl.step.temperature, config.eval.nframes, config.eval.mode = 0.0, (4, 0), "crops"
     with pytest.raises(ConfigValueError) as err:
         check_config(config)
     assert "rl.step.temperature=0.0: must be a finite number > 0" in str(err.value)
+    assert "eval.mode='crops'" in str(err.value)
     assert "eval.nframes=(4, 0): must be a list of integers >= 1" in str(err.value)
 
 
