@@ -88,16 +88,16 @@ def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
     if not cfg.frozen:
         return tx
     frozen = tuple(cfg.frozen)
+    under = lambda path, prefix: path == prefix or path.startswith(prefix + ".")
 
     def labels(params):
         paths = [parameter_path(path) for path, _ in jax.tree_util.tree_leaves_with_path(params)]
-        unmatched = [f for f in frozen if not any(p == f or p.startswith(f + ".") for p in paths)]
+        unmatched = [f for f in frozen if not any(under(p, f) for p in paths)]
         if unmatched:
             raise ValueError(f"optimizer.frozen {unmatched}: no parameter path starts so "
                              f"(paths look like {paths[0]!r})")
         return jax.tree_util.tree_map_with_path(
-            lambda path, _: "frozen" if any(parameter_path(path) == f or parameter_path(path).startswith(f + ".")
-                                            for f in frozen) else "trained", params)
+            lambda path, _: "frozen" if any(under(parameter_path(path), f) for f in frozen) else "trained", params)
     # the trained parameters' gradients are clipped by their own global norm
     return optax.multi_transform({"trained": tx, "frozen": optax.set_to_zero()}, labels)
 
