@@ -191,15 +191,20 @@ def test_sft_objective_reduces_nll(sequences):
 
 
 def test_frozen_parameters_stay_and_the_rest_train(sequences):
-    """optimizer.frozen: the vision tower keeps its initial values (weight decay included)
-    while the text tower moves; a prefix that names no parameter is refused."""
+    """optimizer.frozen: the vision tower takes no gradient and keeps its initial values (weight
+    decay included) while the text tower moves; a prefix that names no parameter is refused."""
     from paravt_jax.train.step import make_optimizer, parameter_path
 
     model = init_model(preset("tiny"), seed=6)
     step = TrainStep(model, OptimizerConfig(learning_rate=1e-2, weight_decay=0.1, frozen=("visual",)), sft_loss, HEAD)
     state = step.init_state()
     before = {parameter_path(p): np.asarray(x) for p, x in jax.tree_util.tree_leaves_with_path(state.params)}
-    state, _ = step.step(state, micro_batches(pack(sequences), 1, model.config.vision))
+    batches = micro_batches(pack(sequences), 1, model.config.vision)
+    grads = step._grads(state.params, step._place(batches[0]))[0]
+    grads = {parameter_path(p): np.asarray(x) for p, x in jax.tree_util.tree_leaves_with_path(grads)}
+    assert not any(grads[k].any() for k in grads if k.startswith("visual."))
+    assert grads["language.embed_tokens"].any()
+    state, _ = step.step(state, batches)
     after = {parameter_path(p): np.asarray(x) for p, x in jax.tree_util.tree_leaves_with_path(state.params)}
     vision = [k for k in before if k.startswith("visual.")]
     assert vision and all(np.array_equal(before[k], after[k]) for k in vision)

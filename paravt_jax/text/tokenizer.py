@@ -121,8 +121,9 @@ def train_tokenizer(corpus: Iterable[str], bpe_vocab_size: int = 900, split: str
     "digits": only digit runs and newlines stand apart; everything else may merge across words,
     so text the corpus repeats (a task's system prompt, its templates) shrinks to a few tokens
     while a number stays the same token wherever it occurs, and a prompt that ends in a newline
-    (the rollouts' "<think>\n" prefix) splits where the training text does. With "json" and "digits", the corpus is cut
-    at the special tokens first (the encoder never merges across them)."""
+    (the rollouts' "<think>\n" prefix) splits where the training text does. With "json" and
+    "digits", the corpus is cut at the special tokens first (the encoder never merges across
+    them)."""
     from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, trainers
     from tokenizers import Tokenizer as Backend
 

@@ -87,19 +87,21 @@ def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
     tx = optax.chain(optax.clip_by_global_norm(cfg.grad_clip), opt)
     if not cfg.frozen:
         return tx
-    frozen = tuple(cfg.frozen)
-    under = lambda path, prefix: path == prefix or path.startswith(prefix + ".")
-
-    def labels(params):
-        paths = [parameter_path(path) for path, _ in jax.tree_util.tree_leaves_with_path(params)]
-        unmatched = [f for f in frozen if not any(under(p, f) for p in paths)]
-        if unmatched:
-            raise ValueError(f"optimizer.frozen {unmatched}: no parameter path starts so "
-                             f"(paths look like {paths[0]!r})")
-        return jax.tree_util.tree_map_with_path(
-            lambda path, _: "frozen" if any(under(parameter_path(path), f) for f in frozen) else "trained", params)
+    labels = lambda params: jax.tree.map(lambda f: "frozen" if f else "trained", frozen_mask(params, cfg.frozen))
     # the trained parameters' gradients are clipped by their own global norm
     return optax.multi_transform({"trained": tx, "frozen": optax.set_to_zero()}, labels)
+
+
+def frozen_mask(params, frozen: Sequence[str]):
+    """A tree of bools like `params`: True where the parameter's dotted path is one of the
+    `frozen` prefixes or lies under one. A prefix that names no parameter is refused."""
+    paths = [parameter_path(path) for path, _ in jax.tree_util.tree_leaves_with_path(params)]
+    under = lambda path, prefix: path == prefix or path.startswith(prefix + ".")
+    unmatched = [f for f in frozen if not any(under(p, f) for p in paths)]
+    if unmatched:
+        raise ValueError(f"optimizer.frozen {unmatched}: no parameter path starts so (paths look like {paths[0]!r})")
+    return jax.tree_util.tree_map_with_path(lambda path, _: any(under(parameter_path(path), f) for f in frozen),
+                                            params)
 
 
 def parameter_path(path) -> str:
@@ -187,7 +189,12 @@ class TrainStep:
             return token_scores(nnx.merge(graphdef, params, rest), batch,
                                 dataclasses.replace(head, temperature=temperature, entropy=False), mesh).logp
 
+        # frozen parameters take no gradient, so XLA drops their part of the backward pass
+        frozen = frozen_mask(self.params, optimizer.frozen) if optimizer.frozen else None
+
         def loss(params, batch):
+            if frozen is not None:
+                params = jax.tree.map(lambda x, f: jax.lax.stop_gradient(x) if f else x, params, frozen)
             total, count, metrics = loss_fn(scores(params, batch), batch)
             return total, (count, metrics)
 
