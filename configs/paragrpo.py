@@ -67,18 +67,18 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     if preset == "toy":  # the events toy task: answers only in short events the crops catch
         c.data.task = "events"
         c.data.num_train, c.data.num_eval, c.data.durations = 384, 48, (48.0,)
-        # SFT trajectories' tool responses: frames (the rollouts' and the evaluation's mode here)
-        # and/or subagent (summaries, plus one sub-agent example per crop)
-        c.data.sft_modes = ("frames",)
-        c.sft.steps, c.sft.batch_size, c.sft.nframes = 400, 8, 4
+        # SFT trajectories' tool responses: subagent (summaries, plus one sub-agent example per
+        # crop: the rollouts' and the evaluation's mode here) and/or frames
+        c.data.sft_modes = ("subagent",)
+        c.sft.steps, c.sft.batch_size, c.sft.nframes = 600, 16, 4
         c.sft.max_tokens_per_micro_batch = 1024  # packed rows: a quarter less padding
-        c.sft.optimizer.learning_rate = 2e-3
+        c.sft.optimizer.learning_rate = 2e-3  # constant after 20 warm-up steps
         c.sft.optimizer.warmup_steps = 20
-        c.sft.optimizer.schedule, c.sft.optimizer.total_steps = "cosine", 400
         # the random vision tower's features keep the colours; trained along, it collapses to
         # one vector for every image token before the text tower learns to read them
         c.sft.optimizer.frozen = c.rl.optimizer.frozen = ("visual",)
-        c.rl.rollout.mode = c.eval.mode = "frames"
+        c.rl.rollout.mode = c.eval.mode = "subagent"
+        c.rl.rollout.subagent_max_tokens = 32  # a toy summary is about 9 tokens
         c.eval.limit, c.eval.max_new_tokens = 0, 160  # every held-out question
     elif preset == "qwen3vl_8b":  # reference recipe (paragrpo_8b.yaml)
         c.sft.steps, c.sft.optimizer.learning_rate = 500, 1e-5

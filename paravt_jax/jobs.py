@@ -250,6 +250,18 @@ def phase_histories(workdir: str) -> dict:
     }
 
 
+def reward_trend(rewards) -> dict | None:
+    """The mean RL reward over the first and the last third of the steps (None under 3 steps):
+    whether PARA-GRPO moved the reward, and by how much, with the step counts behind it."""
+    n = len(rewards)
+    if n < 3:
+        return None
+    third = n // 3
+    first, last = float(np.mean(rewards[:third])), float(np.mean(rewards[-third:]))
+    return {"steps": n, "per_third": third, "first": round(first, 4), "last": round(last, 4),
+            "change": round(last - first, 4)}
+
+
 def finished_summary(config, workdir: str) -> dict | None:
     """A finished run's summary.json, if it is complete (it has the evaluation) and every
     phase's checkpoint is at its configured step count; else None."""
@@ -316,6 +328,12 @@ def run_command(config, workdir: str = "") -> dict:
           f"settings)", flush=True)
     summary["eval"] = evaluate_all(config, model, tokenizer, eval_rows)
     summary["table"] = print_results(summary["eval"])
+    trend = reward_trend([line["reward"] for line in summary["rl"]])
+    if trend:
+        summary["reward_trend"] = trend
+        print(f"[run] PARA-GRPO reward: {trend['first']:.3f} over the first {trend['per_third']} of "
+              f"{trend['steps']} steps, {trend['last']:.3f} over the last {trend['per_third']} "
+              f"({trend['change']:+.3f})", flush=True)
     summary["minutes"] = round((time.perf_counter() - t0) / 60, 2)
     from paravt_jax.experiments.plots import plot_run
 

@@ -113,3 +113,13 @@ def test_mesh_preset_builds_the_named_mesh(builtin_root):
     config.mesh_preset = "v9-8"
     with pytest.raises(KeyError, match="v9-8"):
         build_model(config)
+
+
+def test_reward_trend_compares_the_first_and_last_third():
+    from paravt_jax.jobs import reward_trend
+
+    assert reward_trend([0.1, 0.2]) is None  # under three steps: no thirds
+    trend = reward_trend([0.1, 0.2, 0.0, 0.5, 0.4, 0.6, 0.9])  # thirds of 2 steps
+    assert trend["per_third"] == 2 and trend["steps"] == 7
+    assert trend["first"] == 0.15 and trend["last"] == 0.75 and trend["change"] == 0.6
+    assert reward_trend([1.0, 0.0, 0.0])["change"] == -1.0  # a falling reward reads negative

@@ -59,20 +59,23 @@ def test_windows_hold_exactly_their_event_and_crops_catch_it():
 
 
 def test_answers_follow_from_the_events_only():
-    """The correct option is determined by the named events' colours, which the question does
-    not state; every kind occurs and the multi-window kinds average two calls or more."""
+    """The options are the colours in one fixed order, so the letter is a fixed function of
+    the answer's colour: that of the one window (colour) or of the named windows' only shape
+    of the asked kind (find2, find3). The question states no colour of its events; every kind
+    occurs and the questions average two windows or more."""
     for q in QUESTIONS:
         options = dict(re.findall(r"^([ABCD])\. (.+)$", q.question, re.M))
-        assert sorted(options) == list("ABCD") and len(set(options.values())) == 4
+        assert [options[letter] for letter in "ABCD"] == list(ev.TOY_COLORS)
+        assert len(q.shapes) == len(q.facts) == ev.WINDOWS[q.kind]
         if q.kind == "colour":
             assert options[q.answer] == q.facts[0]
-        elif q.kind == "pair":
-            assert options[q.answer] == ", ".join(q.facts)
         else:
-            colour = re.search(r"How many of them are (\w+)\?", q.question).group(1)
-            assert options[q.answer] == str(sum(f == colour for f in q.facts))
+            assert len(set(q.shapes)) == len(q.shapes) and q.shapes.count(q.target) == 1
+            assert options[q.answer] == q.facts[q.shapes.index(q.target)]
+            assert f"What colour is the {q.target}?" in q.question
         stem = q.question.split("\n")[0]
-        assert not any(c in stem for c in q.facts if q.kind != "count")
+        assert not any(c in stem for c in ev.TOY_COLORS)
+        assert ev.final_turn(q).endswith(f": {options[q.answer].capitalize()}.\n</think>\n<answer>{q.answer}</answer>")
     kinds = [q.kind for q in QUESTIONS]
     assert set(kinds) == set(ev.KINDS)
     assert np.mean([ev.WINDOWS[k] for k in kinds]) >= 2.0
@@ -80,12 +83,16 @@ def test_answers_follow_from_the_events_only():
 
 
 def test_no_answer_is_likely_before_looking():
-    """Within each kind the answer letters and (count questions) the counts are near uniform,
-    so a model that ignores the video scores near chance."""
+    """Within each kind the answer letters are near uniform, and one crop of a find question
+    usually does not answer it (the asked shape is in another window), so a model that ignores
+    the video scores near chance and one call is not enough."""
     for kind in ev.KINDS:
         answers = [q.answer for q in QUESTIONS if q.kind == kind]
         shares = [answers.count(letter) / len(answers) for letter in "ABCD"]
         assert max(shares) < 0.4 and min(shares) > 0.1, (kind, shares)
+    for kind, share in (("find2", 1 / 2), ("find3", 1 / 3)):
+        first = [q.shapes[0] == q.target for q in QUESTIONS if q.kind == kind]
+        assert abs(np.mean(first) - share) < 0.15, (kind, np.mean(first))
 
 
 def test_sparse_overview_misses_the_events_and_dense_one_sees_them():
@@ -99,7 +106,7 @@ def test_sparse_overview_misses_the_events_and_dense_one_sees_them():
 
 
 def test_trajectories_crop_the_named_windows():
-    q = next(q for q in QUESTIONS if q.kind == "count")
+    q = next(q for q in QUESTIONS if q.kind == "find3")
     messages = ev.main_messages(q, "videos/x.mp4", "frames")
     calls = re.findall(r"<tool_call>\n(.*?)\n</tool_call>", messages[2]["content"][0]["text"])
     windows = [(json.loads(c)["arguments"]["start_time"], json.loads(c)["arguments"]["end_time"]) for c in calls]
@@ -109,8 +116,8 @@ def test_trajectories_crop_the_named_windows():
     assert all(c["crop_response"] == "timestamped" for c in crops)
     assert messages[-1]["content"][0]["text"].endswith(f"<answer>{q.answer}</answer>")
     sub = ev.main_messages(q, "videos/x.mp4", "subagent")
-    for message, colour in zip(sub[3:6], q.facts):
-        assert colour in message["content"][0]["text"]
+    for message, colour, shape in zip(sub[3:6], q.facts, q.shapes):
+        assert f"A {colour} {shape} is visible" in message["content"][0]["text"]
     assert len(ev.subagent_rows(q, "videos/x.mp4")) == 3
     with pytest.raises(ValueError, match="events SFT mode 'x'"):
         ev.main_messages(q, "videos/x.mp4", "x")
@@ -127,6 +134,11 @@ def test_written_dataset_and_frames_mode_rows_render_as_rollouts_do(tmp_path):
     rows = pq.read_table(ds.sft).to_pylist()
     kinds = [r["kind"] for r in rows]
     assert kinds.count("main_frames") == 3 and kinds.count("main_subagent") == 3
+    assert kinds.count("subagent") == 3  # one sub-agent example per question (subagent_examples=1)
+    every = ev.write_events_dataset(str(tmp_path / "all"), num_train=3, num_eval=2, seed=3, duration=24.0,
+                                    sft_modes=("subagent",), subagent_examples=0)
+    counted = [r["kind"] for r in pq.read_table(every.sft).to_pylist()].count("subagent")
+    assert counted == sum(len(q.windows) for q in every.questions)
     q = ds.questions[0]
     row = json.loads(next(r["messages"] for r in rows if r["kind"] == "main_frames"))
     tokenizer = train_tokenizer(ev.corpus(list(ds.questions)), split="json")
@@ -165,6 +177,32 @@ def test_digits_split_makes_the_prompt_and_the_call_cheap():
                for i in range(900))
 
 
+def test_the_answer_is_one_look_up_of_the_subject():
+    """The final think's subject (the asked shape) is one token and its capitalised colour the
+    next, a token of its own; each summary names colour and shape in one token. Without the
+    apart words the whole sentence would merge into one token."""
+    from paravt_jax.text.tokenizer import TokenizerError, train_tokenizer
+
+    corpus = ev.corpus(QUESTIONS[:80])
+    tok = train_tokenizer(corpus, split="digits", apart=ev.APART_WORDS)
+    ids = {w: tok.encode(w) for w in ev.ANSWER_WORDS}
+    assert all(len(i) == 1 for i in ids.values()) and len({i[0] for i in ids.values()}) == 4
+    for q in (q for q in QUESTIONS[:40] if q.kind != "colour"):
+        final = ev.final_turn(q)
+        pieces = [tok.decode([i]) for i in tok.encode(final)]
+        colour = ev.ANSWER_WORDS["ABCD".index(q.answer)]
+        k = pieces.index(colour)
+        assert pieces[k - 1] == f"The {q.target}: " and tok.decode(tok.encode(final)) == final
+        summary = ev.window_summary(q, q.windows[0])
+        first = tok.decode(tok.encode(summary)[:1])
+        assert q.facts[0] in first and q.shapes[0] in first, first  # colour and shape: one token
+    plain = train_tokenizer(corpus, split="digits")
+    assert len(plain.encode(ev.final_turn(QUESTIONS[0]))) < len(tok.encode(ev.final_turn(QUESTIONS[0])))
+    for bad, split in ((("red!",), "digits"), (("red",), "words")):
+        with pytest.raises(TokenizerError, match="apart words"):
+            train_tokenizer(corpus, split=split, apart=bad)
+
+
 def test_json_split_makes_the_tool_call_cheap():
     from paravt_jax.text.tokenizer import TokenizerError, train_tokenizer
 
@@ -190,7 +228,8 @@ def test_toy_config_builds():
 
     c = paragrpo.get_config("toy")
     assert c.data.task == "events" and c.data.num_eval >= 32 and c.model.preset in BUILTIN_MODELS
-    assert jobs.sft_config(c).nframes == 4 and jobs.rl_config(c).rollout.mode == "frames"
+    assert jobs.sft_config(c).nframes == 4 and jobs.rl_config(c).rollout.mode == "subagent"
+    assert jobs.eval_config(c).mode == "subagent" and tuple(c.data.sft_modes) == ("subagent",)
     assert jobs.eval_config(c).limit == 0  # every held-out question
     tiny = paragrpo.get_config("tiny")
     assert tiny.data.task == "shapes" and "sft_modes" not in tiny.data

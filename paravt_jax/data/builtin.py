@@ -61,10 +61,16 @@ def ensure_builtin(root: str = "artifacts/builtin", seed: int = 0, num_train: in
         from paravt_jax.data.synthetic import corpus, write_dataset
 
         dataset = write_dataset(assets.data_dir, num_train, num_eval, durations, seed)
-    # the events task's tokenizer merges everything but digit runs (text/tokenizer.py): the
-    # system prompt and the tool-call JSON cost a few tokens, the copied numbers one each
-    tokenizer = train_tokenizer(corpus(list(dataset.questions) + list(dataset.eval_questions)),
-                                split="digits" if task == "events" else "words")
+    # the events task's tokenizer merges everything but digit runs and the colour and shape
+    # words (text/tokenizer.py): the system prompt and the tool-call JSON cost a few tokens, a
+    # copied number or colour one, the same token in the question, a summary and an answer
+    if task == "events":
+        from paravt_jax.data.events import APART_WORDS
+
+        split = dict(split="digits", apart=APART_WORDS)
+    else:
+        split = dict(split="words")
+    tokenizer = train_tokenizer(corpus(list(dataset.questions) + list(dataset.eval_questions)), **split)
     tokenizer.save(assets.model_dir)
     tokenizer = Tokenizer.from_directory(assets.model_dir)
     model = init_model(preset(model_preset), seed=seed)

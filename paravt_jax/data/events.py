@@ -21,7 +21,7 @@ in order) and `count` (three windows: how many of those events have a given colo
 
 SFT trajectories crop exactly the named windows; the tool responses are written in either
 rollout mode (`frames`: the crop's timestamped frames, as `agent.rollout` lays them out;
-`subagent`: the factual segment summary, plus one sub-agent example per crop), and a share of
+`subagent`: the factual segment summary, plus sub-agent examples of its crops), and a share of
 tool-free trajectories answer from the overview alone (the tool-free evaluation's prompt).
 """
 from __future__ import annotations
@@ -35,18 +35,25 @@ import numpy as np
 from paravt_jax.data.synthetic import SHAPES, Event, SyntheticVideo, write_parquets, write_video
 
 # of the generator: part of the built-in set's cache key (2: count answers balanced; 3: slot
-# grid, one file name, 64 x 96 frames; 4: one background for every video)
-VERSION = 4
-KINDS = ("colour", "pair", "count")
+# grid, one file name, 64 x 96 frames; 4: one background for every video; 5: kinds colour /
+# find2 / find3, colour options in one fixed order, a think that states the answer, shapes
+# 0.4 of the frame's height, colour and shape words single tokens)
+VERSION = 5
+KINDS = ("colour", "find2", "find3")
 KIND_WEIGHTS = (0.2, 0.4, 0.4)  # 2.2 windows per question on average
-WINDOWS = {"colour": 1, "pair": 2, "count": 3}
+WINDOWS = {"colour": 1, "find2": 2, "find3": 3}
 EVENT_LENGTH = 3.0  # seconds; an event spans [centre - 1.5, centre + 1.5]
 SLOT_FIRST, SLOT_GAP = 4, 8  # event centres sit on SLOT_FIRST + SLOT_GAP * k seconds
 HALF_WINDOW = 2  # a crop window is [centre - 2, centre + 2]
-TOY_COLORS = ("red", "green", "blue", "yellow")
+TOY_COLORS = ("red", "green", "blue", "yellow")  # also the options, in this order
 LETTERS = "ABCD"
+# single tokens of the task's tokenizer (data/builtin.py): the answer's colour, as the final think
+# writes it; the summaries' lowercase "a red square" stays one merged token that names both
+ANSWER_WORDS = tuple(c.capitalize() for c in TOY_COLORS)
+APART_WORDS = ANSWER_WORDS
 SFT_MODES = ("frames", "subagent")
 BACKGROUND_SEED = 0  # one background for every video: a crop tells videos apart only by its event
+SHAPE_SIZE = 0.4  # a shape's radius / the frame's height: 51 of 64 pixels across, so the kinds differ on every token
 VIDEO_FILE = "video.mp4"  # every video's file name (in a folder of its own)
 CROP_RESPONSE = "timestamped"  # the SFT content key that renders a crop as a frames-mode tool response
 
@@ -59,6 +66,8 @@ class EventQuestion:
     answer: str  # the option letter
     centres: tuple[int, ...]  # seconds: the event centres the question names, in its order
     facts: tuple[str, ...]  # the colour of each named event, in the same order
+    shapes: tuple[str, ...] = ()  # the shape of each named event, in the same order
+    target: str = ""  # the shape whose colour is asked
 
     @property
     def windows(self) -> tuple[tuple[float, float], ...]:
@@ -98,14 +107,6 @@ def centre(event: Event) -> int:
     return int(round((event.start + event.end) / 2))
 
 
-def _options(correct: str, others: list[str], rng: np.random.Generator) -> tuple[list[str], str]:
-    """Four options (the correct one among three distinct others), shuffled; and its letter."""
-    options = [correct] + others[:3]
-    order = rng.permutation(4)
-    shuffled = [options[i] for i in order]
-    return shuffled, LETTERS[shuffled.index(correct)]
-
-
 def _spans(windows) -> str:
     """'10-14 seconds', '10-14 and 38-42 seconds', '6-10, 22-26 and 38-42 seconds'."""
     spans = [f"{start:.0f}-{end:.0f}" for start, end in windows]
@@ -113,41 +114,35 @@ def _spans(windows) -> str:
     return f"{joined} seconds"
 
 
-def make_events_question(video: SyntheticVideo, kind: str, seed: int, counted: str | None = None) -> EventQuestion:
-    """A `kind` question about randomly picked events of `video`; a count question asks how
-    many are `counted` (default: a random colour)."""
+def make_events_question(video: SyntheticVideo, kind: str, seed: int) -> EventQuestion:
+    """A `kind` question about randomly picked events of `video`: colour (one window: its
+    shape's colour) or find2 / find3 (two / three windows whose shapes are of different kinds:
+    the colour of the one of a named kind). The options are TOY_COLORS in a fixed order."""
     rng = np.random.default_rng(seed + 104_729)
     if kind not in KINDS:
         raise ValueError(f"events question kind {kind!r}: expected one of {KINDS}")
     count = WINDOWS[kind]
     if len(video.events) < count:
         raise ValueError(f"{video.name}: a {kind} question needs {count} events, the video has {len(video.events)}")
-    picked = sorted(rng.choice(len(video.events), size=count, replace=False))
-    named = [video.events[i] for i in picked]
-    centres = tuple(centre(e) for e in named)
+    first = {}  # one event of each shape kind, in a random order of the video's events
+    for i in rng.permutation(len(video.events)).tolist():
+        first.setdefault(video.events[i].shape, i)
+    if len(first) < count:
+        raise ValueError(f"{video.name}: a {kind} question needs events of {count} shape kinds")
+    picked = sorted(list(first.values())[:count])
+    events = [video.events[i] for i in picked]
+    centres = tuple(centre(e) for e in events)
     where = _spans(crop_window(c, video.duration) for c in centres)
-    facts = tuple(e.color for e in named)
+    target = events[int(rng.integers(count))]
     if kind == "colour":
-        others = [c for c in TOY_COLORS if c != facts[0]]
-        options, answer = _options(facts[0], list(rng.permutation(others)), rng)
         text = f"What colour is the shape shown at {where}?"
-    elif kind == "pair":
-        correct = f"{facts[0]}, {facts[1]}"
-        pairs = [f"{a}, {b}" for a in TOY_COLORS for b in TOY_COLORS if f"{a}, {b}" != correct]
-        swapped = f"{facts[1]}, {facts[0]}"
-        others = [swapped] if swapped != correct else []
-        others += [pairs[i] for i in rng.permutation(len(pairs)) if pairs[i] not in others][: 3 - len(others)]
-        options, answer = _options(correct, others, rng)
-        text = f"Shapes are shown at {where}. What are their colours, in that order?"
     else:
-        colour = counted or TOY_COLORS[int(rng.integers(len(TOY_COLORS)))]
-        number = sum(f == colour for f in facts)
-        options = ["0", "1", "2", "3"]
-        answer = LETTERS[number]
-        text = f"Shapes are shown at {where}. How many of them are {colour}?"
-    lines = "\n".join(f"{LETTERS[i]}. {o}" for i, o in enumerate(options))
+        text = f"Shapes of different kinds are shown at {where}. What colour is the {target.shape}?"
+    lines = "\n".join(f"{LETTERS[i]}. {o}" for i, o in enumerate(TOY_COLORS))
     question = f"{text}\n{lines}\nAnswer with the option's letter."
-    return EventQuestion(video=video, kind=kind, question=question, answer=answer, centres=centres, facts=facts)
+    return EventQuestion(video=video, kind=kind, question=question, answer=LETTERS[TOY_COLORS.index(target.color)],
+                         centres=centres, facts=tuple(e.color for e in events),
+                         shapes=tuple(e.shape for e in events), target=target.shape)
 
 
 # ----------------------------------------------------------------------------- trajectories
@@ -173,9 +168,13 @@ def first_turn(q: EventQuestion) -> str:
 
 
 def final_turn(q: EventQuestion) -> str:
-    seen = "; ".join(f"at {start:.0f}-{end:.0f} seconds the shape is {colour}"
-                     for (start, end), colour in zip(q.windows, q.facts))
-    return f"<think>\nThe crops show: {seen}.\n</think>\n<answer>{q.answer}</answer>"
+    """A fixed first line (what sets the turn apart from a first turn and a tool-free answer),
+    the asked shape and its colour as the tool responses state it, then the letter. The colour
+    is capitalised (ANSWER_WORDS): a token of its own right after the subject's, so the answer
+    is one look-up of the subject in the summaries' colour-and-shape tokens."""
+    answer = ANSWER_WORDS[LETTERS.index(q.answer)]
+    subject = "shape" if q.kind == "colour" else q.target
+    return f"<think>\nFrom the crops:\nThe {subject}: {answer}.\n</think>\n<answer>{q.answer}</answer>"
 
 
 def tool_free_turn(q: EventQuestion) -> str:
@@ -262,36 +261,35 @@ class EventsDataset:
 
 def make_questions(count: int, seed: int, duration: float = 48.0) -> list[EventQuestion]:
     """`count` questions on `count` videos, deterministic from `seed`; kinds by KIND_WEIGHTS.
-    A count question's video has three events, of which a uniform 0-3 have the counted colour,
-    so no answer is more likely than another before looking."""
+    Every video has two to four events (at least a question's windows) with uniform colours,
+    and shapes of at least as many kinds as the question has windows, so the answer's colour
+    is uniform before looking."""
     rng = np.random.default_rng(seed)
     kinds = rng.choice(len(KINDS), size=count, p=KIND_WEIGHTS)
     out = []
+    room = len(slots(duration))
     for i, k in enumerate(kinds):
         kind = KINDS[int(k)]
         video_seed = seed * 100_003 + i
-        room = len(slots(duration))
         draw = np.random.default_rng(video_seed + 1)
-        if kind == "count":
-            counted = TOY_COLORS[int(draw.integers(len(TOY_COLORS)))]
-            others = [c for c in TOY_COLORS if c != counted]
-            number = int(draw.integers(4))
-            colours = [counted] * number + [others[int(j)] for j in draw.integers(len(others), size=3 - number)]
-            video = make_events_video(video_seed, duration, 3, tuple(draw.permutation(colours).tolist()))
-            out.append(make_events_question(video, kind, video_seed, counted))
-            continue
-        num_events = int(draw.integers(WINDOWS[kind], 5))
-        video = make_events_video(video_seed, duration, min(max(num_events, 2), room))
+        num_events = min(max(int(draw.integers(WINDOWS[kind], 5)), 2), room)
+        while True:  # redraw until the video has shapes of enough kinds
+            video = make_events_video(video_seed, duration, num_events)
+            if len({e.shape for e in video.events}) >= WINDOWS[kind]:
+                break
+            video_seed += 7_919 * count
         out.append(make_events_question(video, kind, video_seed))
     return out
 
 
 def write_events_dataset(root: str, num_train: int = 384, num_eval: int = 48, seed: int = 0,
                          duration: float = 48.0, fps: float = 2.0, height: int = 64, width: int = 96,
-                         sft_modes: tuple[str, ...] = SFT_MODES, tool_free_share: float = 0.2) -> EventsDataset:
+                         sft_modes: tuple[str, ...] = SFT_MODES, tool_free_share: float = 0.2,
+                         subagent_examples: int = 1) -> EventsDataset:
     """Videos under root/videos plus RL (train/eval) and SFT parquets in the reference schemas.
     Every training question gives one main trajectory per mode in `sft_modes` (and, in
-    subagent mode, one sub-agent example per crop); `tool_free_share` of them also a tool-free
+    subagent mode, sub-agent examples of `subagent_examples` of its crops, drawn at random; 0:
+    every crop); `tool_free_share` of them also a tool-free
     one. Deterministic from `seed`."""
     if num_eval < 1 or num_train < 1:
         raise ValueError(f"events dataset: num_train={num_train} and num_eval={num_eval} must be >= 1")
@@ -303,7 +301,8 @@ def write_events_dataset(root: str, num_train: int = 384, num_eval: int = 48, se
         path = os.path.join(root, "videos", q.video.name)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         if not os.path.exists(path):
-            write_video(path, q.video.duration, list(q.video.events), fps, height, width, BACKGROUND_SEED)
+            write_video(path, q.video.duration, list(q.video.events), fps, height, width, BACKGROUND_SEED,
+                        SHAPE_SIZE)
     train, held_out = questions[:num_train], questions[num_train:]
     rng = np.random.default_rng(seed + 1)
     sft_rows = []
@@ -311,8 +310,10 @@ def write_events_dataset(root: str, num_train: int = 384, num_eval: int = 48, se
         url = f"videos/{q.video.name}"
         for mode in sft_modes:
             sft_rows.append({"messages": json.dumps(main_messages(q, url, mode)), "kind": f"main_{mode}"})
-            if mode == "subagent":
-                sft_rows += [{"messages": json.dumps(m), "kind": "subagent"} for m in subagent_rows(q, url)]
+            if mode == "subagent":  # `subagent_examples` of its crops, at random (0: every crop)
+                crops = subagent_rows(q, url)
+                chosen = sorted(rng.permutation(len(crops))[:subagent_examples or len(crops)].tolist())
+                sft_rows += [{"messages": json.dumps(crops[i]), "kind": "subagent"} for i in chosen]
         if rng.random() < tool_free_share:
             sft_rows.append({"messages": json.dumps(tool_free_messages(q, url)), "kind": "tool_free"})
     paths = write_parquets(root, {"rl_train": [rl_row(q) for q in train],

@@ -39,8 +39,9 @@ def shape_mask(shape: str, height: int, width: int, cy: float, cx: float, radius
 
 # ----------------------------------------------------------------------------- video files
 def write_video(path: str, duration: float, events: list[Event], fps: float = 4.0,
-                height: int = 360, width: int = 640, seed: int = 0) -> str:
-    """Encodes an H.264 mp4 with PyAV: drifting background, events drawn while active."""
+                height: int = 360, width: int = 640, seed: int = 0, size: float = 0.25) -> str:
+    """Encodes an H.264 mp4 with PyAV: drifting background, events drawn while active, each
+    shape centred with a radius of `size` times the frame's shorter side."""
     import os
 
     import av
@@ -50,7 +51,7 @@ def write_video(path: str, duration: float, events: list[Event], fps: float = 4.
     n = int(round(duration * fps))
     times = np.arange(n) / fps
     backgrounds = background(times, seed)
-    masks = {(e.shape): shape_mask(e.shape, height, width, height / 2, width / 2, min(height, width) / 4)
+    masks = {(e.shape): shape_mask(e.shape, height, width, height / 2, width / 2, min(height, width) * size)
              for e in events}
     tmp = path + ".tmp.mp4"
     from fractions import Fraction

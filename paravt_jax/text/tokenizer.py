@@ -12,7 +12,7 @@ import dataclasses
 import json
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 # Qwen3 / Qwen3-VL added tokens, in id order starting at 151643.
 QWEN_SPECIAL_TOKENS = (
@@ -110,7 +110,8 @@ class Tokenizer:
 PRE_SPLITS = ("words", "json", "digits")
 
 
-def train_tokenizer(corpus: Iterable[str], bpe_vocab_size: int = 900, split: str = "words") -> Tokenizer:
+def train_tokenizer(corpus: Iterable[str], bpe_vocab_size: int = 900, split: str = "words",
+                    apart: Sequence[str] = ()) -> Tokenizer:
     """A byte-level BPE with exactly `bpe_vocab_size` regular tokens, then the Qwen specials.
 
     split: what merges may not cross. "words": the GPT-2 pattern (words, numbers and
@@ -123,17 +124,28 @@ def train_tokenizer(corpus: Iterable[str], bpe_vocab_size: int = 900, split: str
     while a number stays the same token wherever it occurs, and a prompt that ends in a newline
     (the rollouts' "<think>\n" prefix) splits where the training text does. With "json" and
     "digits", the corpus is cut at the special tokens first (the encoder never merges across
-    them)."""
+    them).
+
+    apart ("json" and "digits"): words that always stand apart, as single tokens (no leading
+    space): the same token wherever the word occurs, so text that names them (a question's
+    subject, a summary, an answer) can be copied and matched token for token."""
     from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, trainers
     from tokenizers import Tokenizer as Backend
 
     if split not in PRE_SPLITS:
         raise TokenizerError(f"tokenizer split {split!r}: expected one of {PRE_SPLITS}")
+    bad = [w for w in apart if not re.fullmatch(r"[A-Za-z]+", w)]
+    if bad or (apart and split == "words"):
+        raise TokenizerError(f"tokenizer apart words {list(apart)!r}: letters only, with split json or digits"
+                             + (f" (not {bad})" if bad else ""))
     backend = Backend(models.BPE())
     if split == "words":
         backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     else:
         pattern = r"\d+| ?[A-Za-z_]+" if split == "json" else r"\d+|\n"
+        if apart:  # longest first, whole words only
+            words = "|".join(sorted(map(re.escape, apart), key=len, reverse=True))
+            pattern = rf"(?<![A-Za-z])(?:{words})(?![A-Za-z])|" + pattern
         backend.pre_tokenizer = pre_tokenizers.Sequence([
             pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
