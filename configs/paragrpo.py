@@ -74,6 +74,9 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
         c.sft.max_tokens_per_micro_batch = 1024  # packed rows: a quarter less padding
         c.sft.optimizer.learning_rate = 2e-3  # constant after 20 warm-up steps
         c.sft.optimizer.warmup_steps = 20
+        # main trajectories alone first: beside the sub-agent and tool-free rows from the start,
+        # the final turn's look-up of the asked shape in the summaries is not learned
+        c.sft.first_steps, c.sft.first_kinds = 150, ("main_subagent",)
         # the random vision tower's features keep the colours; trained along, it collapses to
         # one vector for every image token before the text tower learns to read them
         c.sft.optimizer.frozen = c.rl.optimizer.frozen = ("visual",)

@@ -133,6 +133,12 @@ def _workdir(config, flag_workdir: str) -> str:
     return workdir
 
 
+@dataclasses.dataclass(frozen=True)
+class SFTData:
+    rows: list  # chat message lists
+    kinds: tuple[str, ...]  # each row's `kind` column ("" without one): the SFT curriculum's key
+
+
 def _setup(config):
     from paravt_jax import distributed
     from paravt_jax.data.paravt_parquet import load_rl_rows, load_sft_rows
@@ -150,7 +156,8 @@ def _setup(config):
     root = data.get("video_root", "") or assets.data_dir
     paths = {name: data.get(name, "") or os.path.join(assets.data_dir, f"{name}.parquet")
              for name in ("sft", "rl_train", "rl_eval")}
-    sft_rows, _ = load_sft_rows(paths["sft"], root)
+    sft_rows, sft_report = load_sft_rows(paths["sft"], root)
+    sft_rows = SFTData(sft_rows, sft_report.kinds)
     if data.get("tfds_dir", ""):  # RL rows through the TFDS ArrayRecord builder + grain
         from paravt_jax.data import tfds_builder as tb
 
@@ -304,13 +311,14 @@ def run_command(config, workdir: str = "") -> dict:
               f"kept (delete it to evaluate again)", flush=True)
         return finished
     t0 = time.perf_counter()
-    model, tokenizer, sft_rows, rl_rows, eval_rows, root = _setup(config)
-    print(f"[run] workdir {os.path.abspath(workdir)}; {len(sft_rows)} SFT rows, {len(rl_rows)} RL rows, "
+    model, tokenizer, sft, rl_rows, eval_rows, root = _setup(config)
+    print(f"[run] workdir {os.path.abspath(workdir)}; {len(sft.rows)} SFT rows, {len(rl_rows)} RL rows, "
           f"{len(eval_rows)} held-out rows", flush=True)
     if distributed.is_primary() and os.path.exists(summary_path):
         os.remove(summary_path)  # stale from an earlier, shorter run: it must not claim completion
     if config.sft.steps:
-        model, _ = train_sft(model, tokenizer, sft_rows, root, os.path.join(workdir, "sft"), sft_config(config))
+        model, _ = train_sft(model, tokenizer, sft.rows, root, os.path.join(workdir, "sft"), sft_config(config),
+                             kinds=sft.kinds)
     if config.rl.steps:
         model, _ = train_rl(model, tokenizer, rl_rows, os.path.join(workdir, "rl"), rl_config(config),
                             eval_rows=eval_rows)
@@ -350,8 +358,8 @@ def sft_command(config, workdir: str = ""):
     from paravt_jax.sft.trainer import train_sft
 
     workdir = _workdir(config, workdir)
-    model, tokenizer, sft_rows, _, _, root = _setup(config)
-    return train_sft(model, tokenizer, sft_rows, root, workdir, sft_config(config))
+    model, tokenizer, sft, _, _, root = _setup(config)
+    return train_sft(model, tokenizer, sft.rows, root, workdir, sft_config(config), kinds=sft.kinds)
 
 
 def train_command(config, workdir: str = ""):

@@ -48,8 +48,29 @@ def test_loaders_skip_missing_videos_and_name_missing_columns(dataset, tmp_path,
         load_rl_rows(str(tmp_path / "bad.parquet"), root)
     sft, report = load_sft_rows(ds.sft, root)
     assert len(sft) == report.rows and sft[0][0]["role"] == "system"
+    assert report.kinds == tuple(r["kind"] for r in pq.read_table(ds.sft).to_pylist())  # the kind column
+    pq.write_table(pq.read_table(ds.sft).drop(["kind"]), tmp_path / "plain.parquet")
+    assert load_sft_rows(str(tmp_path / "plain.parquet"), root)[1].kinds == ("",) * len(sft)  # none: ""
     with pytest.raises(SchemaError, match="missing column"):
         load_sft_rows(ds.rl_train, root)
+
+
+def test_sft_curriculum_draws_the_first_steps_from_the_named_kinds(tmp_path):
+    from paravt_jax.data import events as ev
+    from paravt_jax.sft.trainer import SFTConfig, curriculum_rows
+
+    ds = ev.write_events_dataset(str(tmp_path), num_train=4, num_eval=1, seed=5, duration=24.0,
+                                 sft_modes=("subagent",), tool_free_share=0.0)
+    rows, report = load_sft_rows(ds.sft, str(tmp_path))
+    assert len(report.kinds) == len(rows) and set(report.kinds) == {"main_subagent", "subagent"}
+    assert curriculum_rows(report.kinds, SFTConfig()) is None  # first_steps = 0: no curriculum
+    first = curriculum_rows(report.kinds, SFTConfig(first_steps=3, first_kinds=("main_subagent",)))
+    assert len(first) == 4 and all(report.kinds[i] == "main_subagent" for i in first)
+    assert all(rows[i][0]["role"] == "system" for i in first)  # main trajectories open with the tool schema
+    with pytest.raises(ValueError, match=r"first_kinds \['tool_free'\] name no SFT row; .*main_subagent"):
+        curriculum_rows(report.kinds, SFTConfig(first_steps=3, first_kinds=("tool_free",)))
+    with pytest.raises(ValueError, match="needs sft.first_kinds"):
+        curriculum_rows(report.kinds, SFTConfig(first_steps=3))
 
 
 def test_data_order_is_deterministic():

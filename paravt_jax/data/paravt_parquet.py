@@ -43,6 +43,9 @@ class LoadReport:
     kept: int
     missing_videos: int
     examples: tuple[str, ...]
+    # SFT: each kept row's `kind` column ("" where the table has none), e.g. main_subagent,
+    # subagent, tool_free in the events set; what `sft.first_kinds` selects
+    kinds: tuple[str, ...] = ()
 
 
 def resolve_path(path: str, video_root: str) -> str:
@@ -60,8 +63,8 @@ def _read(path: str, columns: tuple[str, ...]) -> list[dict]:
     return table.to_pylist()
 
 
-def _report(path, rows, kept, missing):
-    report = LoadReport(path, rows, kept, len(missing), tuple(missing[:3]))
+def _report(path, rows, kept, missing, kinds=()):
+    report = LoadReport(path, rows, kept, len(missing), tuple(missing[:3]), tuple(kinds))
     if missing:
         log.warning("%s: skipped %d of %d rows whose video is missing (first: %s)", path,
                     len(missing), rows, ", ".join(missing[:3]))
@@ -135,7 +138,7 @@ def _videos_in(messages: list) -> list[str]:
 
 def load_sft_rows(path: str, video_root: str) -> tuple[list[list[dict]], LoadReport]:
     rows = _read(path, SFT_COLUMNS)
-    out, missing = [], []
+    out, missing, kinds = [], [], []
     for i, row in enumerate(rows):
         messages = _json_field(row, "messages", path, i)
         if not isinstance(messages, list):
@@ -145,4 +148,5 @@ def load_sft_rows(path: str, video_root: str) -> tuple[list[list[dict]], LoadRep
             missing.append(absent[0])
             continue
         out.append(messages)
-    return out, _report(path, len(rows), len(out), missing)
+        kinds.append(str(row.get("kind") or ""))
+    return out, _report(path, len(rows), len(out), missing, kinds)

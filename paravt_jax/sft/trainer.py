@@ -44,6 +44,24 @@ class SFTConfig:
     max_pixels: int = 50176
     optimizer: OptimizerConfig = OptimizerConfig(learning_rate=1e-3, weight_decay=0.0)
     checkpoint_every: int = 0
+    # a curriculum: the first `first_steps` steps draw their rows from those whose SFT-table
+    # `kind` is one of `first_kinds` only, the rest from every row
+    first_steps: int = 0
+    first_kinds: tuple[str, ...] = ()
+
+
+def curriculum_rows(kinds, config: SFTConfig) -> list[int] | None:
+    """The rows the first `config.first_steps` steps draw from (None: no curriculum). A kind
+    that names no row is refused, naming it and the kinds there are."""
+    if not config.first_steps:
+        return None
+    if not config.first_kinds:
+        raise ValueError("sft.first_steps > 0 needs sft.first_kinds (the row kinds to start from)")
+    present = sorted(set(kinds))
+    unknown = [k for k in config.first_kinds if k not in present]
+    if unknown:
+        raise ValueError(f"sft.first_kinds {unknown} name no SFT row; the rows' kinds: {present}")
+    return [i for i, k in enumerate(kinds) if k in config.first_kinds]
 
 
 def fill_batch(readable: list, size: int) -> list:
@@ -52,11 +70,14 @@ def fill_batch(readable: list, size: int) -> list:
     return [readable[i % len(readable)] for i in range(size)]
 
 
-def train_sft(model, tokenizer, rows: list, video_root: str, workdir: str, config: SFTConfig):
+def train_sft(model, tokenizer, rows: list, video_root: str, workdir: str, config: SFTConfig,
+              kinds=()):
     """Returns (model with trained weights, LoopResult). Each process reads the videos of its
     contiguous share of every batch (once per row, on first use); the shares are gathered into
-    the global batch, in process order (see paravt_jax.distributed)."""
+    the global batch, in process order (see paravt_jax.distributed). `kinds`: each row's kind,
+    for the curriculum (`first_steps`, `first_kinds`)."""
     share = dist.process_slice(config.batch_size, "batch_size")
+    first = curriculum_rows(kinds if len(kinds) else [""] * len(rows), config)
 
     @functools.cache
     def example(i: int) -> tuple[object | None, str | None]:
@@ -71,7 +92,11 @@ def train_sft(model, tokenizer, rows: list, video_root: str, workdir: str, confi
     unreadable = {"examples": 0}  # examples in a row that could not be read
 
     def step_fn(state, index):
-        chosen = data_indices(index * config.batch_size, config.batch_size, len(rows), config.seed)
+        if first is not None and index < config.first_steps:
+            chosen = [first[i] for i in data_indices(index * config.batch_size, config.batch_size, len(first),
+                                                     config.seed)]
+        else:
+            chosen = data_indices(index * config.batch_size, config.batch_size, len(rows), config.seed)
         mine = [example(i) for i in chosen[share]]
         gathered = dist.concatenate_lists(dist.allgather_objects(mine))
         readable = [inputs for inputs, _ in gathered if inputs is not None]
