@@ -3,8 +3,10 @@
     paravt-jax run   --config=configs/paragrpo.py:tiny --workdir=runs/tiny
     paravt-jax train --config=configs/paragrpo.py:qwen3vl_8b --config.model.checkpoint=/data/Qwen3-VL-8B
 
-Presets: tiny (the built-in default; minutes on a laptop CPU), toy (the learnable `events` toy
-task of paravt_jax/data/events.py with the `toy` model; docs/toy_task.md), qwen3vl_2b, qwen3vl_8b
+Presets: toy (the main job's built-in default, `bash launch/local.sh`: the learnable `events`
+task of paravt_jax/data/events.py with the `toy` model, docs/toy_task.md; about 13 minutes on a
+2-core CPU), tiny (the `shapes` set and the 2-layer `tiny` model; every stage in a few minutes,
+nothing learned), qwen3vl_2b, qwen3vl_8b
 (the reference hyper-parameters of paragrpo_8b.yaml).
 """
 
@@ -82,6 +84,8 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
         c.sft.optimizer.frozen = c.rl.optimizer.frozen = ("visual",)
         c.rl.rollout.mode = c.eval.mode = "subagent"
         c.rl.rollout.subagent_max_tokens = 32  # a toy summary is about 9 tokens
+        c.rl.steps, c.rl.prompts_per_step = 12, 4  # 4 prompts x 4 samples a step
+        c.rl.eval_every, c.rl.eval_limit, c.rl.eval_nframes = 6, 8, 4
         c.eval.limit, c.eval.max_new_tokens = 0, 160  # every held-out question
     elif preset == "qwen3vl_8b":  # reference recipe (paragrpo_8b.yaml)
         c.sft.steps, c.sft.optimizer.learning_rate = 500, 1e-5

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job on this machine. Builds .venv if needed, then runs
 #   paravt-jax <command> --config=<config> [overrides...]
-# Default: the built-in tiny model on a synthetic video. Examples:
+# Default: the main job on the built-in toy task (configs/paragrpo.py:toy). Examples:
 #   bash launch/local.sh
 #   bash launch/local.sh forward --config=configs/base.py:small125m --config.model.dtype=bfloat16
 #   DRY_RUN=1 bash launch/local.sh      # print the command instead of running it
@@ -14,7 +14,7 @@ if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then sed -n '2,/^set -euo/p' 
 COMMAND="${1:-run}"; shift || true
 ARGS=("$@")
 if [[ ! " ${ARGS[*]-} " =~ " --config=" ]]; then
-  if [[ "$COMMAND" == "forward" ]]; then ARGS=("--config=configs/base.py:tiny" "${ARGS[@]}"); else ARGS=("--config=configs/paragrpo.py:tiny" "${ARGS[@]}"); fi
+  if [[ "$COMMAND" == "forward" ]]; then ARGS=("--config=configs/base.py:tiny" "${ARGS[@]}"); else ARGS=("--config=configs/paragrpo.py:toy" "${ARGS[@]}"); fi
 fi
 if [[ "${DRY_RUN:-0}" == "1" ]]; then
   echo "python -m paravt_jax.cli $COMMAND ${ARGS[*]}"

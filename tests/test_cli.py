@@ -36,7 +36,7 @@ def test_forward_main_job_with_overrides(builtin_root):
 def test_launch_scripts_dry_run():
     env = dict(os.environ, DRY_RUN="1")
     out = subprocess.run(["bash", f"{ROOT}/launch/local.sh"], capture_output=True, text=True, env=env, check=True)
-    assert out.stdout.strip() == "python -m paravt_jax.cli run --config=configs/paragrpo.py:tiny"
+    assert out.stdout.strip() == "python -m paravt_jax.cli run --config=configs/paragrpo.py:toy"
     out = subprocess.run(["bash", f"{ROOT}/launch/local.sh", "forward"], capture_output=True, text=True,
                          env=env, check=True)
     assert out.stdout.strip() == "python -m paravt_jax.cli forward --config=configs/base.py:tiny"
