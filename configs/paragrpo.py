@@ -4,7 +4,7 @@
     paravt-jax train --config=configs/paragrpo.py:qwen3vl_8b --config.model.checkpoint=/data/Qwen3-VL-8B
 
 Presets: toy (the main job's built-in default, `bash launch/local.sh`: the learnable `events`
-task of paravt_jax/data/events.py with the `toy` model, docs/toy_task.md; about 13 minutes on a
+task of paravt_jax/data/events.py with the `toy` model, docs/toy_task.md; about 14 minutes on a
 2-core CPU), tiny (the `shapes` set and the 2-layer `tiny` model; every stage in a few minutes,
 nothing learned), qwen3vl_2b, qwen3vl_8b
 (the reference hyper-parameters of paragrpo_8b.yaml).
@@ -69,8 +69,8 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     if preset == "toy":  # the events toy task: answers only in short events the crops catch
         c.data.task = "events"
         c.data.num_train, c.data.num_eval, c.data.durations = 384, 48, (48.0,)
-        # SFT trajectories' tool responses: subagent (summaries, plus one sub-agent example per
-        # crop: the rollouts' and the evaluation's mode here) and/or frames
+        # SFT trajectories' tool responses: subagent (summaries, plus a sub-agent example of one
+        # crop per question: the rollouts' and the evaluation's mode here) and/or frames
         c.data.sft_modes = ("subagent",)
         c.sft.steps, c.sft.batch_size, c.sft.nframes = 600, 16, 4
         c.sft.max_tokens_per_micro_batch = 1024  # packed rows: a quarter less padding

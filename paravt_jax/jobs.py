@@ -156,8 +156,8 @@ def _setup(config):
     root = data.get("video_root", "") or assets.data_dir
     paths = {name: data.get(name, "") or os.path.join(assets.data_dir, f"{name}.parquet")
              for name in ("sft", "rl_train", "rl_eval")}
-    sft_rows, sft_report = load_sft_rows(paths["sft"], root)
-    sft_rows = SFTData(sft_rows, sft_report.kinds)
+    sft_messages, sft_report = load_sft_rows(paths["sft"], root)
+    sft = SFTData(sft_messages, sft_report.kinds)
     if data.get("tfds_dir", ""):  # RL rows through the TFDS ArrayRecord builder + grain
         from paravt_jax.data import tfds_builder as tb
 
@@ -169,7 +169,7 @@ def _setup(config):
     else:
         rl_rows, _ = load_rl_rows(paths["rl_train"], root)
         eval_rows, _ = load_rl_rows(paths["rl_eval"], root)
-    return model, tokenizer, sft_rows, rl_rows, eval_rows, root
+    return model, tokenizer, sft, rl_rows, eval_rows, root
 
 
 @dataclasses.dataclass(frozen=True)

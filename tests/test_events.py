@@ -184,7 +184,7 @@ def test_the_answer_is_one_look_up_of_the_subject():
     from paravt_jax.text.tokenizer import TokenizerError, train_tokenizer
 
     corpus = ev.corpus(QUESTIONS[:80])
-    tok = train_tokenizer(corpus, split="digits", apart=ev.APART_WORDS)
+    tok = train_tokenizer(corpus, split="digits", apart=ev.ANSWER_WORDS)
     ids = {w: tok.encode(w) for w in ev.ANSWER_WORDS}
     assert all(len(i) == 1 for i in ids.values()) and len({i[0] for i in ids.values()}) == 4
     for q in (q for q in QUESTIONS[:40] if q.kind != "colour"):

@@ -57,7 +57,7 @@ def test_loaders_skip_missing_videos_and_name_missing_columns(dataset, tmp_path,
 
 def test_sft_curriculum_draws_the_first_steps_from_the_named_kinds(tmp_path):
     from paravt_jax.data import events as ev
-    from paravt_jax.sft.trainer import SFTConfig, curriculum_rows
+    from paravt_jax.sft.trainer import SFTConfig, curriculum_rows, step_rows
 
     ds = ev.write_events_dataset(str(tmp_path), num_train=4, num_eval=1, seed=5, duration=24.0,
                                  sft_modes=("subagent",), tool_free_share=0.0)
@@ -67,6 +67,11 @@ def test_sft_curriculum_draws_the_first_steps_from_the_named_kinds(tmp_path):
     first = curriculum_rows(report.kinds, SFTConfig(first_steps=3, first_kinds=("main_subagent",)))
     assert len(first) == 4 and all(report.kinds[i] == "main_subagent" for i in first)
     assert all(rows[i][0]["role"] == "system" for i in first)  # main trajectories open with the tool schema
+    config = SFTConfig(first_steps=3, first_kinds=("main_subagent",), batch_size=3)
+    drawn = [step_rows(i, config, len(rows), first) for i in range(6)]
+    assert all(set(d) <= set(first) for d in drawn[:3])  # the curriculum's steps: main rows only
+    assert {report.kinds[i] for d in drawn[3:] for i in d} == {"main_subagent", "subagent"}  # then all
+    assert drawn[4] == step_rows(4, SFTConfig(batch_size=3), len(rows), None)  # the plain order after it
     with pytest.raises(ValueError, match=r"first_kinds \['tool_free'\] name no SFT row; .*main_subagent"):
         curriculum_rows(report.kinds, SFTConfig(first_steps=3, first_kinds=("tool_free",)))
     with pytest.raises(ValueError, match="needs sft.first_kinds"):

@@ -61,15 +61,14 @@ def ensure_builtin(root: str = "artifacts/builtin", seed: int = 0, num_train: in
         from paravt_jax.data.synthetic import corpus, write_dataset
 
         dataset = write_dataset(assets.data_dir, num_train, num_eval, durations, seed)
-    # the events task's tokenizer merges everything but digit runs and the colour and shape
-    # words (text/tokenizer.py): the system prompt and the tool-call JSON cost a few tokens, a
-    # copied number or colour one, the same token in the question, a summary and an answer
+    # the events task's tokenizer merges everything but digit runs, newlines and the answer's
+    # capitalised colours (text/tokenizer.py): the system prompt and the tool-call JSON cost a
+    # few tokens, a copied number one, and the answer's colour is a token of its own
+    split = dict(split="words")
     if task == "events":
-        from paravt_jax.data.events import APART_WORDS
+        from paravt_jax.data.events import ANSWER_WORDS
 
-        split = dict(split="digits", apart=APART_WORDS)
-    else:
-        split = dict(split="words")
+        split = dict(split="digits", apart=ANSWER_WORDS)
     tokenizer = train_tokenizer(corpus(list(dataset.questions) + list(dataset.eval_questions)), **split)
     tokenizer.save(assets.model_dir)
     tokenizer = Tokenizer.from_directory(assets.model_dir)

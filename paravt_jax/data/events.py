@@ -3,21 +3,22 @@
 Each video is the same drifting dark background (so that a model cannot recognise a training
 video by it and recall its answers) with two to four short (3 s) coloured-shape events,
 each centred on a slot of a fixed grid (4, 12, 20, ... s: `SLOT_FIRST` + `SLOT_GAP` k). Every
-question is a 4-option MCQ about the colours of events the question locates by their windows
-("at 10-14 seconds": the slot's centre +- 2 s), so
+question is a 4-option MCQ (options `TOY_COLORS`, always in that order) about events the
+question locates by their windows ("at 10-14 seconds": the slot's centre +- 2 s), so
 
 - sparse overview frames (K = 4 over 48 s) fall between the slots and miss every event;
 - a 1 fps crop of a named window always shows its event (on two frames or more);
-- `pair` and `count` questions name two or three distant windows, so one turn with two or
-  three parallel calls answers them and one call does not.
+- `find2` and `find3` questions name two or three distant windows whose shapes differ and ask
+  the colour of one shape kind, so one crop answers them only by luck and one turn with two or
+  three parallel calls answers them.
 
 The windows are in the question so that the calls' arguments are copied, not computed, and
 they come from a small grid (six per 48 s) so that a small model learns the copy in minutes:
 what the toy model must learn is the call format, the parallel calls, which windows to crop,
-and reading colours off the crops. Every video file is `video.mp4` in its own folder, so the
-`video_path` a call repeats is the same text in every episode (the tool never opens it).
-Question kinds (`KINDS`): `colour` (one window: its colour), `pair` (two windows: their colours
-in order) and `count` (three windows: how many of those events have a given colour).
+reading colour and shape off the crops, and looking the asked shape up in the tool responses.
+Every video file is `video.mp4` in its own folder, so the `video_path` a call repeats is the
+same text in every episode (the tool never opens it). Question kinds (`KINDS`): `colour` (one
+window: its colour), `find2` and `find3` (two or three windows: the colour of the named shape).
 
 SFT trajectories crop exactly the named windows; the tool responses are written in either
 rollout mode (`frames`: the crop's timestamped frames, as `agent.rollout` lays them out;
@@ -36,8 +37,8 @@ from paravt_jax.data.synthetic import SHAPES, Event, SyntheticVideo, write_parqu
 
 # of the generator: part of the built-in set's cache key (2: count answers balanced; 3: slot
 # grid, one file name, 64 x 96 frames; 4: one background for every video; 5: kinds colour /
-# find2 / find3, colour options in one fixed order, a think that states the answer, shapes
-# 0.4 of the frame's height, colour and shape words single tokens)
+# find2 / find3, colour options in one fixed order, a final think that states the answer with
+# a capitalised colour, shapes 0.4 of the frame's height)
 VERSION = 5
 KINDS = ("colour", "find2", "find3")
 KIND_WEIGHTS = (0.2, 0.4, 0.4)  # 2.2 windows per question on average
@@ -47,10 +48,9 @@ SLOT_FIRST, SLOT_GAP = 4, 8  # event centres sit on SLOT_FIRST + SLOT_GAP * k se
 HALF_WINDOW = 2  # a crop window is [centre - 2, centre + 2]
 TOY_COLORS = ("red", "green", "blue", "yellow")  # also the options, in this order
 LETTERS = "ABCD"
-# single tokens of the task's tokenizer (data/builtin.py): the answer's colour, as the final think
-# writes it; the summaries' lowercase "a red square" stays one merged token that names both
+# the answer's colour as the final think writes it: single tokens of the task's tokenizer
+# (`apart`, data/builtin.py); a summary's lowercase "A red square" stays one merged token
 ANSWER_WORDS = tuple(c.capitalize() for c in TOY_COLORS)
-APART_WORDS = ANSWER_WORDS
 SFT_MODES = ("frames", "subagent")
 BACKGROUND_SEED = 0  # one background for every video: a crop tells videos apart only by its event
 SHAPE_SIZE = 0.4  # a shape's radius / the frame's height: 51 of 64 pixels across, so the kinds differ on every token

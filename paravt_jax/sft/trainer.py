@@ -64,6 +64,13 @@ def curriculum_rows(kinds, config: SFTConfig) -> list[int] | None:
     return [i for i, k in enumerate(kinds) if k in config.first_kinds]
 
 
+def step_rows(index: int, config: SFTConfig, size: int, first: list[int] | None) -> list[int]:
+    """The rows of step `index`: from `first` (curriculum_rows) during the first
+    `config.first_steps` steps, else from all `size` rows; seeded epochs either way."""
+    pool = first if first is not None and index < config.first_steps else range(size)
+    return [pool[i] for i in data_indices(index * config.batch_size, config.batch_size, len(pool), config.seed)]
+
+
 def fill_batch(readable: list, size: int) -> list:
     """`size` examples: the readable ones, repeated in order where unreadable ones were dropped,
     so the batch keeps its shape (and its micro-batches their size)."""
@@ -77,7 +84,9 @@ def train_sft(model, tokenizer, rows: list, video_root: str, workdir: str, confi
     the global batch, in process order (see paravt_jax.distributed). `kinds`: each row's kind,
     for the curriculum (`first_steps`, `first_kinds`)."""
     share = dist.process_slice(config.batch_size, "batch_size")
-    first = curriculum_rows(kinds if len(kinds) else [""] * len(rows), config)
+    if len(kinds) not in (0, len(rows)):
+        raise ValueError(f"train_sft: {len(kinds)} kinds for {len(rows)} rows")
+    first = curriculum_rows(tuple(kinds) or ("",) * len(rows), config)
 
     @functools.cache
     def example(i: int) -> tuple[object | None, str | None]:
@@ -92,11 +101,7 @@ def train_sft(model, tokenizer, rows: list, video_root: str, workdir: str, confi
     unreadable = {"examples": 0}  # examples in a row that could not be read
 
     def step_fn(state, index):
-        if first is not None and index < config.first_steps:
-            chosen = [first[i] for i in data_indices(index * config.batch_size, config.batch_size, len(first),
-                                                     config.seed)]
-        else:
-            chosen = data_indices(index * config.batch_size, config.batch_size, len(rows), config.seed)
+        chosen = step_rows(index, config, len(rows), first)
         mine = [example(i) for i in chosen[share]]
         gathered = dist.concatenate_lists(dist.allgather_objects(mine))
         readable = [inputs for inputs, _ in gathered if inputs is not None]
