@@ -20,7 +20,16 @@ arms are a 2 x 2 factorial of the two PARA-GRPO parts.
 
 Presets: tiny (the CPU grid: one seed, fewer steps; meant for --shared_sft), tiny_full (the
 paragrpo tiny main job, three seeds), qwen3vl_2b and qwen3vl_8b (the paragrpo recipes, three
-seeds). A seed changes the data order, gating draws, rollout sampling and (without a
+seeds), toy_paradox (the Tool Prior Paradox study on the learnable toy task, below).
+
+toy_paradox (docs/toy_paradox.md; about 2 hours on a 2-core CPU with --shared_sft):
+    paravt-jax sweep --config=configs/ablations.py:toy_paradox --workdir=runs/paradox --shared_sft
+the toy main job's cold start (`prior=strong`: 600 SFT steps) and a short one (`prior=weak`: 200
+steps), each shared by its arms; the four arms of the 2 x 2 factorial (vanilla, anchor_only,
+gating_only, paragrpo) from the strong cold start and vanilla vs paragrpo from the weak one,
+3 seeds each, 12 RL steps of 4 prompts x 4 samples, a held-out check of 16 questions with and
+without tools every 4 steps, and the final evaluation of the 48 held-out questions at K = 4
+and 64. A seed changes the data order, gating draws, rollout sampling and (without a
 checkpoint) the model initialisation; the built-in synthetic data has its own `data.seed`.
 """
 
@@ -28,11 +37,14 @@ from configs import paragrpo, vanilla_grpo
 
 SEEDS = (0, 1, 2)
 GATING_FIELDS = ("rl.nframes_gating",)
+# toy_paradox: the strength of the tool prior, as the length of the shared cold start
+PRIORS = ({"name": "strong"}, {"name": "weak", "sft.steps": 200})
+WEAK_PRIOR_ARMS = ("vanilla", "paragrpo")
 
 
 def _base_preset(arg):
     preset = arg or "tiny"
-    return {"tiny": "tiny", "tiny_full": "tiny"}.get(preset, preset)
+    return {"tiny": "tiny", "tiny_full": "tiny", "toy_paradox": "toy"}.get(preset, preset)
 
 
 def get_config(arg: str = "tiny"):
@@ -46,6 +58,9 @@ def get_config(arg: str = "tiny"):
         c.rl.eval_every = 0
         c.eval.limit = 2
         c.eval.nframes = (4, 16)
+    elif c.preset == "toy_paradox":
+        c.rl.eval_every, c.rl.eval_limit = 4, 16  # accuracy with and without tools over training
+        c.eval.nframes = (4, 64)
     return c
 
 
@@ -82,5 +97,10 @@ def arms(arg="tiny"):
 def sweep(arg="tiny"):
     from paravt_jax.experiments.sweep import product
 
+    if arg == "toy_paradox":
+        grid = [a for a in arms(arg) if a["name"] != "paragrpo_seqanchor"]
+        weak = [a for a in grid if a["name"] in WEAK_PRIOR_ARMS]
+        return (product(prior=[PRIORS[0]], arm=grid, seed=list(SEEDS))
+                + product(prior=[PRIORS[1]], arm=weak, seed=list(SEEDS)))
     seeds = SEEDS[:1] if (arg or "tiny") == "tiny" else SEEDS
     return product(arm=arms(arg), seed=list(seeds))

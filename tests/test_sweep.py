@@ -243,7 +243,22 @@ def test_missing_field_is_refused_before_any_arm_starts(tmp_path):
     with pytest.raises(SystemExit, match=r"arm 'typo,seed=1'.*'rl\.anchor_wieght' names no config field"):
         sweep_main(f"--config={config}:tiny", f"--workdir={root}")
     assert not root.exists()
-    with pytest.raises(SystemExit, match=r"arm 'seed=0,steps=3' overrides 'sft.steps'.*shared SFT"):
-        bad = _write_config(tmp_path / "bad_sft.py", "def sweep():\n    return [{'seed': 0, 'sft.steps': 3}]\n")
-        sweep_main(f"--config={bad}", f"--workdir={root}", "--shared_sft")
-    assert not root.exists()
+
+
+def test_shared_sft_runs_one_sft_per_distinct_cold_start(tmp_path):
+    """Arms that change SFT fields (a shorter cold start) share one SFT run per distinct
+    setting; every arm starts from its own setting's export with its SFT off."""
+    config = _write_config(tmp_path / "prior.py", "def sweep():\n    return product(prior=["
+                           "{'name': 'strong'}, {'name': 'weak', 'sft.steps': 3}], seed=[0, 1])\n")
+    root = str(tmp_path / "prior_root")
+    lines, out = sweep_main(f"--config={config}:tiny", f"--workdir={root}", "--dry_run", "--shared_sft",
+                            "--config.rl.steps=7")
+    runs = [(shlex.split(line)[5].split("/")[-1], shlex.split(line)) for line in lines]
+    assert [name for name, _ in runs] == ["_sft", "_sft,steps=3", "strong,seed=0", "strong,seed=1",
+                                          "weak,seed=0", "weak,seed=1"]
+    flags = dict(runs)
+    assert "--config.rl.steps=0" in flags["_sft"] and "--config.rl.steps=7" not in flags["_sft"]
+    assert "--config.sft.steps=3" in flags["_sft,steps=3"] and "--config.rl.steps=0" in flags["_sft,steps=3"]
+    for name, sft in (("strong,seed=1", "_sft"), ("weak,seed=0", "_sft,steps=3")):
+        assert f"--config.model.checkpoint={root}/{sft}/final" in flags[name]
+        assert flags[name][-1] == "--config.sft.steps=0" and "--config.rl.steps=7" in flags[name]

@@ -192,6 +192,30 @@ def test_two_rl_steps(dataset, tmp_path, anchor_mode, gating, max_tokens):
         assert ("anchor/positions" in h) == (anchor_mode == "token")
 
 
+def test_periodic_evaluation_uses_the_rollout_mode(dataset, tmp_path, monkeypatch):
+    """The held-out check during RL runs episodes as the rollouts do (here: subagent), on the
+    first eval_limit held-out rows, with and without tools, and logs both."""
+    import dataclasses
+
+    from paravt_jax.rl import evaluate as evaluate_module
+
+    root, ds, tok = dataset
+    rows, _ = load_rl_rows(ds.rl_train, root)
+    calls = []
+    real = evaluate_module.evaluate
+
+    def recording(model, tokenizer, eval_rows, **kwargs):
+        calls.append((len(eval_rows), kwargs["tools"], kwargs["mode"], kwargs["nframes"]))
+        return real(model, tokenizer, eval_rows, **kwargs)
+
+    monkeypatch.setattr(evaluate_module, "evaluate", recording)
+    config = dataclasses.replace(_rl_config(1), eval_every=1, eval_limit=1, eval_nframes=2)
+    config = dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, mode="subagent"))
+    _, result = train_rl(init_model(preset("tiny"), seed=2), tok, rows, str(tmp_path), config, eval_rows=rows[-2:])
+    assert calls == [(1, False, "subagent", 2), (1, True, "subagent", 2)]
+    assert result.history[0]["eval_tools/samples"] == 1 and "eval_notools/accuracy" in result.history[0]
+
+
 def test_consecutive_non_finite_steps_stop_the_run(tmp_path):
     from paravt_jax.train.loop import NonFiniteError
 

@@ -13,7 +13,10 @@ Markdown shows mean ± sample std, the CSV mean, std, min and max). Written:
               and run facts (arms, RL/SFT steps, wall time);
   PREFIX.csv  the same, one row per group, one column per number and statistic;
   PREFIX_<metric>.png  the RL metric over steps, one line per group (mean over seeds, the
-              band spans min to max).
+              band spans min to max): reward, accuracy reward, format compliance, kappa,
+              calls per tool turn, and the periodic held-out accuracy with and without tools.
+The training table also gives each RL metric's mean over the first and the last third of the
+steps (early, late): the trend, less noisy than one step.
 Default PREFIX: DIR/report for one DIR, else ./report.
 """
 from __future__ import annotations
@@ -34,7 +37,8 @@ TRAIN_METRICS = ("reward", "acc_reward", "format_reward", "tool_reward", "anchor
 # The trainer's periodic held-out evaluation (rl.eval_every), when it ran.
 PERIODIC_METRICS = ("eval_notools/accuracy", "eval_tools/accuracy", "eval_tools/format_compliance",
                     "eval_tools/kappa", "eval_tools/calls_per_turn")
-PLOT_METRICS = ("format_compliance", "kappa", "reward")
+PLOT_METRICS = ("reward", "acc_reward", "format_compliance", "kappa", "calls_per_tool_turn",
+                "eval_tools/accuracy", "eval_notools/accuracy")
 _SEED_PART = re.compile(r"(^|,)seed=[^,]*")
 _EVAL_KEY = re.compile(r"^eval_(tools|notools)_K(\d+)_(\w+)$")
 
@@ -70,12 +74,13 @@ def find_arm_dirs(directories: Sequence[str]) -> list[str]:
             out.append(directory)
             continue
         children = sorted(c for c in os.listdir(directory) if is_arm_dir(os.path.join(directory, c)))
-        order = {"_sft": -1}
+        order = {}
         plan = os.path.join(directory, "sweep.json")
         if os.path.isfile(plan):
             with open(plan) as f:
                 order.update({a["name"]: i for i, a in enumerate(json.load(f).get("arms", []))})
-        children.sort(key=lambda c: (order.get(c, len(order)), c))
+        # the shared SFT runs (`_sft`, `_sft,steps=200`) first, then the arms in sweep order
+        children.sort(key=lambda c: (not c.startswith("_sft"), order.get(c, len(order)), c))
         if not children:
             raise ReportError(f"report: {directory!r} holds no arm (no summary.json, sweep_arm.json or "
                               "rl/metrics.jsonl in it or its subdirectories)")
@@ -151,6 +156,10 @@ def load_arm(directory: str) -> ArmRun:
             column = "rl_" + metric.replace("/", "_")
             numbers[f"{column}_final"] = points[-1][1]
             numbers[f"{column}_best"] = max(v for _, v in points)
+            if metric in TRAIN_METRICS and len(points) >= 3:  # the trend: first vs last third of the steps
+                third = len(points) // 3
+                numbers[f"{column}_early"] = sum(v for _, v in points[:third]) / third
+                numbers[f"{column}_late"] = sum(v for _, v in points[-third:]) / third
     return ArmRun(name, group, directory, "eval" in summary, numbers, curves)
 
 
@@ -236,6 +245,8 @@ def markdown(groups: Sequence[GroupStats]) -> str:
                     for tools, k, m in ordered]
     train_columns = [(f"rl_{m}_{which}", f"{m} {which}") for m in TRAIN_METRICS for which in ("final", "best")
                      if f"rl_{m}_{which}" in present]
+    trend_columns = [(f"rl_{m}_{which}", f"{m} {which}") for m in TRAIN_METRICS for which in ("early", "late")
+                     if f"rl_{m}_{which}" in present]
     periodic = [(f"rl_{m.replace('/', '_')}_{which}", f"{m} {which}") for m in PERIODIC_METRICS
                 for which in ("final", "best") if f"rl_{m.replace('/', '_')}_{which}" in present]
     run_columns = [c for c in (("rl_steps", "RL steps", 0), ("sft_steps", "SFT steps", 0),
@@ -254,6 +265,9 @@ def markdown(groups: Sequence[GroupStats]) -> str:
         lines += _table(groups, eval_columns)
     if train_columns:
         lines += ["", "## RL training: last step (final) and best step", ""] + _table(groups, train_columns)
+    if trend_columns:
+        lines += ["", "## RL training: mean over the first third of the steps (early) and the last third (late)",
+                  ""] + _table(groups, trend_columns)
     if periodic:
         lines += ["", "## Periodic held-out evaluation during RL: last and best", ""] + _table(groups, periodic)
     return "\n".join(lines) + "\n"
@@ -291,12 +305,12 @@ def plot_groups(arms: Sequence[ArmRun], prefix: str, metrics: Sequence[str] = PL
                                 [max(per_step[s]) for s in steps], color=line.get_color(), alpha=0.2)
             drawn = True
         if drawn:
-            ax.set_title(f"rl/{metric}")
+            ax.set_title(f"rl/{metric}")  # eval_tools/accuracy: the periodic held-out evaluation
             ax.set_xlabel("RL step")
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.legend(fontsize=7)
             fig.tight_layout()
-            path = f"{prefix}_{metric}.png"
+            path = f"{prefix}_{metric.replace('/', '_')}.png"
             fig.savefig(path, dpi=80)
             paths.append(path)
         plt.close(fig)

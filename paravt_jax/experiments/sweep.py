@@ -17,7 +17,9 @@ Each arm runs the main job (`paravt_jax.jobs.run_command`: SFT -> RL -> eval) in
 `python -m paravt_jax.cli run ...` command per arm, for launch scripts to fan out. Arms whose
 workdir holds a finished run are skipped, so a sweep is resumed by running it again.
 `--shared_sft` runs the cold-start SFT once (into `<workdir>/_sft`, with RL off) and starts
-every arm's RL from its exported model. Every override is checked against the config before
+every arm's RL from its exported model; arms that override SFT-shaping fields (under
+SHARED_SFT_PREFIXES: `sft.steps` for a shorter cold start) share one SFT run per distinct set
+of such overrides (`<workdir>/_sft,steps=200`). Every override is checked against the config before
 any arm starts. At the end the comparison report (`paravt_jax.experiments.report`) is written to
 `<workdir>/report.*`.
 """
@@ -49,7 +51,8 @@ SEED_KEY = "seed"
 NAME_KEY = "name"
 MAX_NAME_LENGTH = 96
 _UNSAFE = re.compile(r"[^A-Za-z0-9._=,+-]")
-# Fields that shape the shared SFT run: an arm may not change them under --shared_sft.
+# Fields that shape the shared SFT run: under --shared_sft, arms that set the same values of
+# them share one SFT run.
 SHARED_SFT_PREFIXES = ("sft.", "model.", "data.", "mesh.")
 
 
@@ -278,18 +281,34 @@ def build_arms(config, entries: Sequence, where: str) -> list[Arm]:
     return arms
 
 
-def shared_sft_arms(arms: Sequence[Arm], sft_final: str, where: str) -> list[Arm]:
-    """Every arm starting from the shared SFT export with its own SFT off. An arm that
-    changes what the SFT run depends on is refused."""
+def sft_key(arm: Arm) -> tuple[tuple[str, Any], ...]:
+    """The arm's overrides that shape its cold-start SFT (fields under SHARED_SFT_PREFIXES)."""
+    return tuple((k, v) for k, v in arm.overrides if k.startswith(SHARED_SFT_PREFIXES))
+
+
+def sft_dir_name(key: Sequence[tuple[str, Any]]) -> str:
+    """`_sft` for the config's own SFT; `_sft,<overrides>` (`_sft,steps=200`) for another."""
+    if not key:
+        return SHARED_SFT_DIR
+    return SHARED_SFT_DIR + "," + safe_name(render_name((), dict(key)))
+
+
+def shared_sft_runs(arms: Sequence[Arm], root: str) -> tuple[list[Arm], list[Arm]]:
+    """(the SFT runs, the arms starting from their exports). Arms with the same SFT-shaping
+    overrides share one SFT run (RL off) in `root/<sft_dir_name>`; every arm keeps its
+    overrides (but model.checkpoint and sft.steps) and adds its SFT run's export as
+    model.checkpoint with its own SFT off."""
+    runs: dict[tuple, Arm] = {}
     out = []
     for arm in arms:
-        for key, _ in arm.overrides:
-            if key.startswith(SHARED_SFT_PREFIXES):
-                raise SweepError(f"{where}: --shared_sft: arm {arm.name!r} overrides {key!r}, which the one "
-                                 f"shared SFT run cannot honour (fields under {', '.join(SHARED_SFT_PREFIXES)})")
-        extra = (("model.checkpoint", sft_final), ("sft.steps", 0))
-        out.append(dataclasses.replace(arm, overrides=arm.overrides + extra))
-    return out
+        key = sft_key(arm)
+        if key not in runs:
+            name = sft_dir_name(key)
+            runs[key] = Arm(name, name, key + (("rl.steps", 0),), ("sft only",))
+        extra = (("model.checkpoint", os.path.join(root, runs[key].name, "final")), ("sft.steps", 0))
+        kept = tuple((k, v) for k, v in arm.overrides if k not in dict(extra))
+        out.append(dataclasses.replace(arm, overrides=kept + extra))
+    return list(runs.values()), out
 
 
 # ----------------------------------------------------------------------------- config files
@@ -381,12 +400,21 @@ def run_arm(config, arm: Arm, workdir: str, record: dict) -> dict:
 
 @dataclasses.dataclass(frozen=True)
 class SweepPlan:
-    """What a sweep will do: the arms (in order) and, with --shared_sft, the SFT run first."""
+    """What a sweep will do: the arms (in order) and, with --shared_sft, the SFT runs first."""
     config_argument: str
     root: str
     common: tuple[tuple[str, Any], ...]
     arms: tuple[Arm, ...]
-    shared_sft: Arm | None = None
+    shared_sfts: tuple[Arm, ...] = ()  # --shared_sft: the SFT runs, before any arm
+
+    def shared_dir(self, arm: Arm) -> str | None:
+        """The SFT run an arm starts from (None without --shared_sft, and for the SFT runs)."""
+        if arm in self.shared_sfts or not self.shared_sfts:
+            return None
+        return os.path.dirname(arm.override_dict()["model.checkpoint"])
+
+    def runs(self) -> list[Arm]:
+        return list(self.shared_sfts) + list(self.arms)
 
 
 def make_plan(config, config_argument: str, root: str, common: Mapping[str, Any], shared_sft: bool = False,
@@ -403,20 +431,23 @@ def make_plan(config, config_argument: str, root: str, common: Mapping[str, Any]
         if clash:
             raise SweepError(f"--config.{clash[0]} is given on the command line, and arm {arm.name!r} of "
                              f"{path} sets it too; drop one of them")
-    sft_arm = None
+    sft_runs = []
     if shared_sft:
-        sft_arm = Arm(SHARED_SFT_DIR, SHARED_SFT_DIR, (("rl.steps", 0),), ("sft only",))
-        arms = shared_sft_arms(arms, os.path.join(root, SHARED_SFT_DIR, "final"), f"{path}: sweep()")
-    return SweepPlan(config_argument, root, tuple(common.items()), tuple(arms), sft_arm)
+        sft_runs, arms = shared_sft_runs(arms, root)
+        for arm in sft_runs:
+            clash = sorted(set(common) & set(arm.override_dict()))
+            if clash and clash != ["rl.steps"]:
+                raise SweepError(f"--config.{clash[0]} is given on the command line, and the SFT run "
+                                 f"{arm.name!r} of {path} sets it too; drop one of them")
+    return SweepPlan(config_argument, root, tuple(common.items()), tuple(arms), tuple(sft_runs))
 
 
 def commands(plan: SweepPlan) -> list[str]:
-    """One shell command per run; the shared SFT run (if any) comes first and must finish
+    """One shell command per run; the shared SFT runs (if any) come first and must finish
     before the others start."""
-    runs = ([plan.shared_sft] if plan.shared_sft else []) + list(plan.arms)
     return [shlex.join(["python", "-m", "paravt_jax.cli",
                         *run_args(plan.config_argument, os.path.join(plan.root, arm.name), dict(plan.common), arm)])
-            for arm in runs]
+            for arm in plan.runs()]
 
 
 def run_plan(config, plan: SweepPlan, write_report: bool = True) -> list[dict]:
@@ -426,14 +457,13 @@ def run_plan(config, plan: SweepPlan, write_report: bool = True) -> list[dict]:
     common = dict(plan.common)
     write_json_atomic(os.path.join(plan.root, PLAN_FILE), {
         "config": plan.config_argument, "common_overrides": {k: flag_value(v) for k, v in common.items()},
-        "shared_sft": plan.shared_sft.name if plan.shared_sft else None,
+        "shared_sft": [a.name for a in plan.shared_sfts] or None,
         "arms": [{"name": a.name, "group": a.group} for a in plan.arms]})
     statuses = []
-    shared = os.path.join(plan.root, SHARED_SFT_DIR) if plan.shared_sft else None
-    runs = ([plan.shared_sft] if plan.shared_sft else []) + list(plan.arms)
+    runs = plan.runs()
     for number, arm in enumerate(runs, 1):
         workdir = os.path.join(plan.root, arm.name)
-        record = _record(arm, plan.config_argument, common, shared if arm is not plan.shared_sft else None)
+        record = _record(arm, plan.config_argument, common, plan.shared_dir(arm))
         if is_finished(workdir):
             print(f"[sweep] {number}/{len(runs)} {arm.name}: finished before, skipped", flush=True)
             if _changed(workdir, record):
@@ -446,7 +476,7 @@ def run_plan(config, plan: SweepPlan, write_report: bool = True) -> list[dict]:
         try:
             statuses.append(run_arm(config, arm, workdir, record))
         except Exception as e:  # noqa: BLE001 - one arm's failure must not lose the others
-            if arm is plan.shared_sft:
+            if arm in plan.shared_sfts:
                 raise
             with open(os.path.join(workdir, "sweep_error.txt"), "w") as f:
                 f.write(traceback.format_exc())
@@ -498,9 +528,9 @@ def main(argv: Sequence[str]) -> list[dict] | list[str]:
         raise SystemExit(f"sweep: {e}") from None
     if values.dry_run:
         lines = commands(plan)
-        if plan.shared_sft:
-            print(f"# the first command (shared SFT) must finish before the other {len(plan.arms)} start",
-                  file=sys.stderr)
+        if plan.shared_sfts:
+            print(f"# the first {len(plan.shared_sfts)} command(s) (shared SFT) must finish before the other "
+                  f"{len(plan.arms)} start", file=sys.stderr)
         for line in lines:
             print(line, flush=True)
         return lines
