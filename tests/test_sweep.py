@@ -262,3 +262,28 @@ def test_shared_sft_runs_one_sft_per_distinct_cold_start(tmp_path):
     for name, sft in (("strong,seed=1", "_sft"), ("weak,seed=0", "_sft,steps=3")):
         assert f"--config.model.checkpoint={root}/{sft}/final" in flags[name]
         assert flags[name][-1] == "--config.sft.steps=0" and "--config.rl.steps=7" in flags[name]
+
+
+def test_report_gives_the_trend_over_thirds_and_plots_periodic_accuracy(tmp_path):
+    """Six logged RL steps: early / late are the means of the first and last two; the
+    periodic held-out accuracy (logged every third step) gets its own curve."""
+    from paravt_jax.experiments import report
+
+    arm = tmp_path / "root" / "paragrpo,seed=0"
+    (arm / "rl").mkdir(parents=True)
+    rewards = [0.5, 0.7, 0.2, 0.4, 1.0, 1.2]
+    with open(arm / "rl" / "metrics.jsonl", "w") as f:
+        for step, reward in enumerate(rewards):
+            record = {"step": step, "rl/reward": reward, "rl/kappa": step / 10}
+            if step % 3 == 2:
+                record["rl/eval_tools/accuracy"] = 0.25 * step
+            f.write(json.dumps(record) + "\n")
+    loaded = report.load_arm(str(arm))
+    assert loaded.numbers["rl_reward_early"] == pytest.approx(0.6)
+    assert loaded.numbers["rl_reward_late"] == pytest.approx(1.1)
+    assert loaded.numbers["rl_kappa_late"] == pytest.approx(0.45)
+    assert "rl_eval_tools_accuracy_early" not in loaded.numbers  # periodic: last and best only
+    assert loaded.curves["eval_tools/accuracy"] == [(2, 0.5), (5, 1.25)]
+    result = report.write_report([str(tmp_path / "root")], str(tmp_path / "out"))
+    assert "reward early" in result["text"] and "| 0.600 | 1.100 |" in result["text"].replace(" ± 0.000", "")
+    assert str(tmp_path / "out_eval_tools_accuracy.png") in result["plots"]
