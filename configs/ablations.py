@@ -22,7 +22,7 @@ Presets: tiny (the CPU grid: one seed, fewer steps; meant for --shared_sft), tin
 paragrpo tiny main job, three seeds), qwen3vl_2b and qwen3vl_8b (the paragrpo recipes, three
 seeds), toy_paradox (the Tool Prior Paradox study on the learnable toy task, below).
 
-toy_paradox (docs/toy_paradox.md; about 2 hours on a 2-core CPU with --shared_sft):
+toy_paradox (docs/toy_paradox.md; about 75 minutes on a 2-core CPU with --shared_sft):
     paravt-jax sweep --config=configs/ablations.py:toy_paradox --workdir=runs/paradox --shared_sft
 the toy main job's cold start (`prior=strong`: 600 SFT steps) and a short one (`prior=weak`: 200
 steps), each shared by its arms; the four arms of the 2 x 2 factorial (vanilla, anchor_only,
