@@ -260,13 +260,14 @@ def phase_histories(workdir: str) -> dict:
 def reward_trend(rewards) -> dict | None:
     """The mean RL reward over the first and the last third of the steps (None under 3 steps):
     whether PARA-GRPO moved the reward, and by how much, with the step counts behind it."""
-    n = len(rewards)
-    if n < 3:
+    from paravt_jax.experiments.plots import thirds
+
+    means = thirds([float(r) for r in rewards])
+    if means is None:
         return None
-    third = n // 3
-    first, last = float(np.mean(rewards[:third])), float(np.mean(rewards[-third:]))
-    return {"steps": n, "per_third": third, "first": round(first, 4), "last": round(last, 4),
-            "change": round(last - first, 4)}
+    first, last = means
+    return {"steps": len(rewards), "per_third": len(rewards) // 3, "first": round(first, 4),
+            "last": round(last, 4), "change": round(last - first, 4)}
 
 
 def finished_summary(config, workdir: str) -> dict | None:

@@ -8,6 +8,15 @@ CURVES = ("loss", "reward", "acc_reward", "format_compliance", "kappa", "calls_p
           "grad_norm", "response_length")
 
 
+def thirds(values) -> tuple[float, float] | None:
+    """The mean over the first and over the last third of a curve's values (None under 3
+    values): its trend, steadier than any one point."""
+    third = len(values) // 3
+    if not third:
+        return None
+    return sum(values[:third]) / third, sum(values[-third:]) / third
+
+
 def read_jsonl(path: str) -> list[dict]:
     if not os.path.isfile(path):
         return []

@@ -29,7 +29,8 @@ import os
 import re
 from collections.abc import Sequence
 
-from paravt_jax.experiments.plots import read_jsonl
+from paravt_jax.experiments.plots import read_jsonl, thirds
+from paravt_jax.experiments.sweep import SHARED_SFT_DIR
 
 # Per-step RL metrics (rl/metrics.jsonl keys without the "rl/" prefix): final and best.
 TRAIN_METRICS = ("reward", "acc_reward", "format_reward", "tool_reward", "anchor_reward",
@@ -80,7 +81,7 @@ def find_arm_dirs(directories: Sequence[str]) -> list[str]:
             with open(plan) as f:
                 order.update({a["name"]: i for i, a in enumerate(json.load(f).get("arms", []))})
         # the shared SFT runs (`_sft`, `_sft,steps=200`) first, then the arms in sweep order
-        children.sort(key=lambda c: (not c.startswith("_sft"), order.get(c, len(order)), c))
+        children.sort(key=lambda c: (not c.startswith(SHARED_SFT_DIR), order.get(c, len(order)), c))
         if not children:
             raise ReportError(f"report: {directory!r} holds no arm (no summary.json, sweep_arm.json or "
                               "rl/metrics.jsonl in it or its subdirectories)")
@@ -156,10 +157,9 @@ def load_arm(directory: str) -> ArmRun:
             column = "rl_" + metric.replace("/", "_")
             numbers[f"{column}_final"] = points[-1][1]
             numbers[f"{column}_best"] = max(v for _, v in points)
-            if metric in TRAIN_METRICS and len(points) >= 3:  # the trend: first vs last third of the steps
-                third = len(points) // 3
-                numbers[f"{column}_early"] = sum(v for _, v in points[:third]) / third
-                numbers[f"{column}_late"] = sum(v for _, v in points[-third:]) / third
+            trend = thirds([v for _, v in points]) if metric in TRAIN_METRICS else None
+            if trend is not None:
+                numbers[f"{column}_early"], numbers[f"{column}_late"] = trend
     return ArmRun(name, group, directory, "eval" in summary, numbers, curves)
 
 
@@ -305,7 +305,7 @@ def plot_groups(arms: Sequence[ArmRun], prefix: str, metrics: Sequence[str] = PL
                                 [max(per_step[s]) for s in steps], color=line.get_color(), alpha=0.2)
             drawn = True
         if drawn:
-            ax.set_title(f"rl/{metric}")  # eval_tools/accuracy: the periodic held-out evaluation
+            ax.set_title(f"rl/{metric}")
             ax.set_xlabel("RL step")
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.legend(fontsize=7)

@@ -305,9 +305,9 @@ def shared_sft_runs(arms: Sequence[Arm], root: str) -> tuple[list[Arm], list[Arm
         if key not in runs:
             name = sft_dir_name(key)
             runs[key] = Arm(name, name, key + (("rl.steps", 0),), ("sft only",))
-        extra = (("model.checkpoint", os.path.join(root, runs[key].name, "final")), ("sft.steps", 0))
-        kept = tuple((k, v) for k, v in arm.overrides if k not in dict(extra))
-        out.append(dataclasses.replace(arm, overrides=kept + extra))
+        kept = tuple((k, v) for k, v in arm.overrides if k not in ("model.checkpoint", "sft.steps"))
+        out.append(dataclasses.replace(arm, overrides=kept + (
+            ("model.checkpoint", os.path.join(root, runs[key].name, "final")), ("sft.steps", 0))))
     return list(runs.values()), out
 
 
@@ -431,14 +431,9 @@ def make_plan(config, config_argument: str, root: str, common: Mapping[str, Any]
         if clash:
             raise SweepError(f"--config.{clash[0]} is given on the command line, and arm {arm.name!r} of "
                              f"{path} sets it too; drop one of them")
-    sft_runs = []
-    if shared_sft:
-        sft_runs, arms = shared_sft_runs(arms, root)
-        for arm in sft_runs:
-            clash = sorted(set(common) & set(arm.override_dict()))
-            if clash and clash != ["rl.steps"]:
-                raise SweepError(f"--config.{clash[0]} is given on the command line, and the SFT run "
-                                 f"{arm.name!r} of {path} sets it too; drop one of them")
+    # an SFT run's overrides are its arms' SFT fields (checked against `common` above) and
+    # rl.steps=0, which wins over a command-line rl.steps (run_args)
+    sft_runs, arms = shared_sft_runs(arms, root) if shared_sft else ([], arms)
     return SweepPlan(config_argument, root, tuple(common.items()), tuple(arms), tuple(sft_runs))
 
 
