@@ -21,3 +21,25 @@ def test_tool_use_counts():
 def test_empty_sets_are_zero():
     assert tool_use([], []) == {"format_compliance": 0.0, "kappa": 0.0, "calls_per_tool_turn": 0.0}
     assert calls_per_tool_turn([(0, 0), ()]) == 0.0
+
+
+def test_summarize_splits_the_tool_call_rate_and_accuracy_by_overview_budget():
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from paravt_jax.rl.episode_stats import summarize
+
+    def rollout(text, k):
+        return SimpleNamespace(generated_text=text, nframes=k, calls_per_turn=(), turns=1, errors=(),
+                               inputs=SimpleNamespace(loss_mask=np.ones(3)))
+
+    rollouts = [rollout(COMPLIANT_WITH_CALL, 4), rollout(COMPLIANT_NO_CALL, 4), rollout(COMPLIANT_NO_CALL, 64),
+                rollout(COMPLIANT_WITH_CALL, 0)]
+    rewards = [{"total": t, "acc_reward": a, "format_reward": 0.0, "tool_reward": 0.0}
+               for t, a in ((2.0, 1.0), (1.0, 0.0), (0.5, 0.0), (1.5, 1.0))]
+    got = summarize(rollouts, rewards, prefix="rl/")
+    assert got["rl/nframes_4"] == 0.5 and got["rl/nframes_64"] == 0.25 and got["rl/nframes_fps"] == 0.25
+    assert got["rl/kappa_at_4"] == 0.5 and got["rl/kappa_at_64"] == 0.0 and got["rl/kappa_at_fps"] == 1.0
+    assert got["rl/acc_reward_at_4"] == 0.5 and got["rl/acc_reward_at_64"] == 0.0
+    assert "rl/acc_reward_at_4" not in summarize(rollouts, [], prefix="rl/")  # no rewards: no accuracy

@@ -78,6 +78,25 @@ def test_sft_curriculum_draws_the_first_steps_from_the_named_kinds(tmp_path):
         curriculum_rows(report.kinds, SFTConfig(first_steps=3))
 
 
+def test_sft_overview_budget_per_row_follows_the_choices(tmp_path):
+    from paravt_jax.data import events as ev
+    from paravt_jax.data.sft_examples import sft_inputs
+    from paravt_jax.sft.trainer import example_nframes
+
+    assert {example_nframes(i, SFTConfig(nframes=6)) for i in range(20)} == {6}  # no choices: nframes
+    config = SFTConfig(nframes=6, nframes_choices=(2, 4, 8), seed=1)
+    drawn = [example_nframes(i, config) for i in range(60)]
+    assert set(drawn) == {2, 4, 8} and drawn == [example_nframes(i, config) for i in range(60)]
+    assert drawn != [example_nframes(i, SFTConfig(nframes_choices=(2, 4, 8), seed=2)) for i in range(60)]
+    ds = ev.write_events_dataset(str(tmp_path), num_train=2, num_eval=1, seed=5, duration=24.0,
+                                 sft_modes=("subagent",), tool_free_share=0.0)
+    rows, report = load_sft_rows(ds.sft, str(tmp_path))
+    main = rows[report.kinds.index("main_subagent")]
+    tok = train_tokenizer(["<think> a b c </think>"])
+    images = {k: len(sft_inputs(main, tok, str(tmp_path), k).image_grid_thw) for k in (2, 8)}
+    assert images[8] - images[2] == 6  # the overview's frames are images; the crops' counts are fixed
+
+
 def test_data_order_is_deterministic():
     a = data_indices(0, 10, 4, seed=3)
     assert a == data_indices(0, 10, 4, seed=3) and sorted(a[:4]) == [0, 1, 2, 3]

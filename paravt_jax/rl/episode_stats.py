@@ -56,7 +56,13 @@ def summarize(rollouts, rewards: list[dict], prefix: str = "") -> dict:
         "tool_errors": float(sum(len(r.errors) for r in rollouts)),
     }
     for k in sorted({r.nframes for r in rollouts}):  # K = 0: the overview sampled by fps
-        out[f"nframes_{k or 'fps'}"] = sum(r.nframes == k for r in rollouts) / n
+        at = [i for i, r in enumerate(rollouts) if r.nframes == k]
+        name = k or "fps"
+        out[f"nframes_{name}"] = len(at) / n
+        # per overview budget: the tool-call rate and the accuracy reward (gating's effect by K)
+        out[f"kappa_at_{name}"] = sum(R.has_parseable_tool_call(rollouts[i].generated_text) for i in at) / len(at)
+        if rewards:
+            out[f"acc_reward_at_{name}"] = float(np.mean([rewards[i]["acc_reward"] for i in at]))
     return {prefix + k: v for k, v in out.items()}
 
 

@@ -14,6 +14,7 @@ from paravt_jax import distributed as dist
 from paravt_jax import sharding as sh
 from paravt_jax.config import set_by
 from paravt_jax.data.sft_examples import sft_inputs
+from paravt_jax.rl import gating
 from paravt_jax.rl.loss import WeightedMean
 from paravt_jax.train.batch import micro_batch_plan, pack, planned_micro_batches
 from paravt_jax.train.loop import LoopConfig, UnreadableDataError, data_indices, run_loop
@@ -41,6 +42,10 @@ class SFTConfig:
     max_tokens_per_micro_batch: int = 0
     seed: int = set_by(0, "seed (the top of the config)")
     nframes: int = 8
+    # non-empty: each example's overview has K frames, K drawn per row from these choices (the
+    # stable hash of nFrames gating, keyed on the row index), so the cold start sees tool use
+    # at every overview budget the RL gating draws; empty: `nframes` for every row
+    nframes_choices: tuple[int, ...] = ()
     max_pixels: int = 50176
     optimizer: OptimizerConfig = OptimizerConfig(learning_rate=1e-3, weight_decay=0.0)
     checkpoint_every: int = 0
@@ -71,6 +76,13 @@ def step_rows(index: int, config: SFTConfig, size: int, first: list[int] | None)
     return [pool[i] for i in data_indices(index * config.batch_size, config.batch_size, len(pool), config.seed)]
 
 
+def example_nframes(index: int, config: SFTConfig) -> int:
+    """The overview K of SFT row `index`: `config.nframes`, or a draw from `nframes_choices`
+    that depends on (seed, row index) alone."""
+    return gating.nframes_for_prompt(f"sft-row{index}", config.seed, bool(config.nframes_choices),
+                                     config.nframes, config.nframes_choices)
+
+
 def fill_batch(readable: list, size: int) -> list:
     """`size` examples: the readable ones, repeated in order where unreadable ones were dropped,
     so the batch keeps its shape (and its micro-batches their size)."""
@@ -92,7 +104,7 @@ def train_sft(model, tokenizer, rows: list, video_root: str, workdir: str, confi
     def example(i: int) -> tuple[object | None, str | None]:
         """(inputs, None), or (None, the reason) for an example whose video cannot be read."""
         try:
-            return sft_inputs(rows[i], tokenizer, video_root, config.nframes, config.max_pixels), None
+            return sft_inputs(rows[i], tokenizer, video_root, example_nframes(i, config), config.max_pixels), None
         except (VideoError, ValueError, OSError) as e:
             print(f"[sft] warning: example {i} skipped: {e}", flush=True)
             return None, f"example {i}: {e}"
