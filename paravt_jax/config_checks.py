@@ -62,7 +62,8 @@ RULES: dict[str, Rule] = {
     "sft.max_tokens_per_micro_batch": integer(0),
     "sft.optimizer.learning_rate": positive(), "sft.optimizer.weight_decay": non_negative(),
     "sft.optimizer.grad_clip": non_negative(), "sft.optimizer.warmup_steps": integer(0),
-    "sft.nframes": integer(1), "sft.nframes_choices": integers(1, empty=True), "sft.max_pixels": integer(784), "sft.checkpoint_every": integer(0),
+    "sft.nframes": integer(1), "sft.nframes_choices": integers(1, empty=True),
+    "sft.max_pixels": integer(784), "sft.checkpoint_every": integer(0),
     # PARA-GRPO
     "rl.steps": integer(0), "rl.prompts_per_step": integer(1), "rl.samples_per_prompt": integer(1),
     "rl.micro_batches": integer(1), "rl.max_tokens_per_micro_batch": integer(0),
