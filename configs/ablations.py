@@ -37,9 +37,12 @@ from configs import paragrpo, vanilla_grpo
 
 SEEDS = (0, 1, 2)
 GATING_FIELDS = ("rl.nframes_gating",)
-# toy_paradox: the strength of the tool prior, as the length of the shared cold start
-PRIORS = ({"name": "strong"}, {"name": "weak", "sft.steps": 200})
-WEAK_PRIOR_ARMS = ("vanilla", "paragrpo")
+# toy_paradox: the tool prior, as the shared cold start: its length (strong, weak) and the
+# overview budgets it shows (varied: K drawn per row from 4, 8, 16, so the tool is in use at
+# every K the RL overview has, 48 and 64 included)
+PRIORS = ({"name": "strong"}, {"name": "weak", "sft.steps": 200},
+          {"name": "varied", "sft.nframes_choices": (4, 8, 16)})
+WEAK_PRIOR_ARMS = ("vanilla", "paragrpo")  # the arms run from the weak and the varied cold starts
 
 
 def _base_preset(arg):
@@ -101,6 +104,6 @@ def sweep(arg="tiny"):
         grid = [a for a in arms(arg) if a["name"] != "paragrpo_seqanchor"]
         weak = [a for a in grid if a["name"] in WEAK_PRIOR_ARMS]
         return (product(prior=[PRIORS[0]], arm=grid, seed=list(SEEDS))
-                + product(prior=[PRIORS[1]], arm=weak, seed=list(SEEDS)))
+                + product(prior=list(PRIORS[1:]), arm=weak, seed=list(SEEDS)))
     seeds = SEEDS[:1] if (arg or "tiny") == "tiny" else SEEDS
     return product(arm=arms(arg), seed=list(seeds))

@@ -287,3 +287,19 @@ def test_report_gives_the_trend_over_thirds_and_plots_periodic_accuracy(tmp_path
     result = report.write_report([str(tmp_path / "root")], str(tmp_path / "out"))
     assert "reward early" in result["text"] and "| 0.600 | 1.100 |" in result["text"].replace(" ± 0.000", "")
     assert str(tmp_path / "out_eval_tools_accuracy.png") in result["plots"]
+
+
+def test_toy_paradox_grid_shares_three_cold_starts(tmp_path):
+    """The study's grid: the 2 x 2 factorial from the main job's cold start, vanilla and
+    PARA-GRPO from a short one and from one whose overviews vary K, 3 seeds each."""
+    lines, _ = sweep_main("--config=configs/ablations.py:toy_paradox", f"--workdir={tmp_path}/p", "--dry_run",
+                          "--shared_sft")
+    names = [shlex.split(line)[5].split("/")[-1] for line in lines]
+    assert names[:3] == ["_sft", "_sft,steps=200", "_sft,nframes_choices=4+8+16"]
+    groups = {n.rsplit(",seed=", 1)[0] for n in names[3:]}
+    assert groups == {"strong,vanilla", "strong,anchor_only", "strong,gating_only", "strong,paragrpo",
+                      "weak,vanilla", "weak,paragrpo", "varied,vanilla", "varied,paragrpo"}
+    assert len(names) == 3 + 8 * 3
+    varied = [shlex.split(line) for line in lines if "varied,vanilla,seed=1" in line][0]
+    assert f"--config.model.checkpoint={tmp_path}/p/_sft,nframes_choices=4+8+16/final" in varied
+    assert "--config.rl.nframes_gating=False" in varied
