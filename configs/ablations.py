@@ -20,7 +20,8 @@ arms are a 2 x 2 factorial of the two PARA-GRPO parts.
 
 Presets: tiny (the CPU grid: one seed, fewer steps; meant for --shared_sft), tiny_full (the
 paragrpo tiny main job, three seeds), qwen3vl_2b and qwen3vl_8b (the paragrpo recipes, three
-seeds), toy_paradox (the Tool Prior Paradox study on the learnable toy task, below).
+seeds), toy_paradox and toy_paradox_varied (the Tool Prior Paradox study on the learnable toy
+task, below).
 
 toy_paradox (docs/toy_paradox.md; about 75 minutes on a 2-core CPU with --shared_sft):
     paravt-jax sweep --config=configs/ablations.py:toy_paradox --workdir=runs/paradox --shared_sft
@@ -31,6 +32,12 @@ gating_only, paragrpo) from the strong cold start and vanilla vs paragrpo from t
 without tools every 4 steps, and the final evaluation of the 48 held-out questions at K = 4
 and 64. A seed changes the data order, gating draws, rollout sampling and (without a
 checkpoint) the model initialisation; the built-in synthetic data has its own `data.seed`.
+
+toy_paradox_varied (about 50 minutes): the same study's third cold start, whose SFT rows'
+overviews have 4, 8 or 16 frames (`prior=varied`, a tool prior at dense overviews too), and
+vanilla vs paragrpo from it; report both together:
+    paravt-jax sweep --config=configs/ablations.py:toy_paradox_varied --workdir=runs/paradox_varied --shared_sft
+    paravt-jax report runs/paradox runs/paradox_varied
 """
 
 from configs import paragrpo, vanilla_grpo
@@ -43,11 +50,12 @@ GATING_FIELDS = ("rl.nframes_gating",)
 PRIORS = ({"name": "strong"}, {"name": "weak", "sft.steps": 200},
           {"name": "varied", "sft.nframes_choices": (4, 8, 16)})
 WEAK_PRIOR_ARMS = ("vanilla", "paragrpo")  # the arms run from the weak and the varied cold starts
+STUDIES = ("toy_paradox", "toy_paradox_varied")
 
 
 def _base_preset(arg):
     preset = arg or "tiny"
-    return {"tiny": "tiny", "tiny_full": "tiny", "toy_paradox": "toy"}.get(preset, preset)
+    return {"tiny": "tiny", "tiny_full": "tiny", **{study: "toy" for study in STUDIES}}.get(preset, preset)
 
 
 def get_config(arg: str = "tiny"):
@@ -61,7 +69,7 @@ def get_config(arg: str = "tiny"):
         c.rl.eval_every = 0
         c.eval.limit = 2
         c.eval.nframes = (4, 16)
-    elif c.preset == "toy_paradox":
+    elif c.preset in STUDIES:
         c.rl.eval_every, c.rl.eval_limit = 4, 16  # accuracy with and without tools over training
         c.eval.nframes = (4, 64)
     return c
@@ -104,6 +112,9 @@ def sweep(arg="tiny"):
         grid = [a for a in arms(arg) if a["name"] != "paragrpo_seqanchor"]
         weak = [a for a in grid if a["name"] in WEAK_PRIOR_ARMS]
         return (product(prior=[PRIORS[0]], arm=grid, seed=list(SEEDS))
-                + product(prior=list(PRIORS[1:]), arm=weak, seed=list(SEEDS)))
+                + product(prior=[PRIORS[1]], arm=weak, seed=list(SEEDS)))
+    if arg == "toy_paradox_varied":  # the third cold start, a sweep of its own (about 50 min)
+        weak = [a for a in arms(arg) if a["name"] in WEAK_PRIOR_ARMS]
+        return product(prior=[PRIORS[2]], arm=weak, seed=list(SEEDS))
     seeds = SEEDS[:1] if (arg or "tiny") == "tiny" else SEEDS
     return product(arm=arms(arg), seed=list(seeds))

@@ -289,17 +289,24 @@ def test_report_gives_the_trend_over_thirds_and_plots_periodic_accuracy(tmp_path
     assert str(tmp_path / "out_eval_tools_accuracy.png") in result["plots"]
 
 
-def test_toy_paradox_grid_shares_three_cold_starts(tmp_path):
-    """The study's grid: the 2 x 2 factorial from the main job's cold start, vanilla and
-    PARA-GRPO from a short one and from one whose overviews vary K, 3 seeds each."""
-    lines, _ = sweep_main("--config=configs/ablations.py:toy_paradox", f"--workdir={tmp_path}/p", "--dry_run",
-                          "--shared_sft")
-    names = [shlex.split(line)[5].split("/")[-1] for line in lines]
-    assert names[:3] == ["_sft", "_sft,steps=200", "_sft,nframes_choices=4+8+16"]
-    groups = {n.rsplit(",seed=", 1)[0] for n in names[3:]}
-    assert groups == {"strong,vanilla", "strong,anchor_only", "strong,gating_only", "strong,paragrpo",
-                      "weak,vanilla", "weak,paragrpo", "varied,vanilla", "varied,paragrpo"}
-    assert len(names) == 3 + 8 * 3
-    varied = [shlex.split(line) for line in lines if "varied,vanilla,seed=1" in line][0]
-    assert f"--config.model.checkpoint={tmp_path}/p/_sft,nframes_choices=4+8+16/final" in varied
-    assert "--config.rl.nframes_gating=False" in varied
+def test_toy_paradox_grids_share_their_cold_starts(tmp_path):
+    """The study: the 2 x 2 factorial from the main job's cold start and vanilla vs PARA-GRPO
+    from a short one (toy_paradox), vanilla vs PARA-GRPO from one whose overviews vary K
+    (toy_paradox_varied); 3 seeds each, one shared SFT per cold start."""
+    def plan(preset, root):
+        lines, _ = sweep_main(f"--config=configs/ablations.py:{preset}", f"--workdir={root}", "--dry_run",
+                              "--shared_sft")
+        return [shlex.split(line)[5].split("/")[-1] for line in lines], [shlex.split(line) for line in lines]
+
+    names, _ = plan("toy_paradox", tmp_path / "p")
+    assert names[:2] == ["_sft", "_sft,steps=200"] and len(names) == 2 + 6 * 3
+    assert {n.rsplit(",seed=", 1)[0] for n in names[2:]} == {
+        "strong,vanilla", "strong,anchor_only", "strong,gating_only", "strong,paragrpo", "weak,vanilla",
+        "weak,paragrpo"}
+    names, lines = plan("toy_paradox_varied", tmp_path / "v")
+    assert names == ["_sft,nframes_choices=4+8+16"] + [f"varied,{arm},seed={seed}" for arm in ("vanilla", "paragrpo")
+                                                         for seed in (0, 1, 2)]
+    assert "--config.sft.nframes_choices=(4, 8, 16)" in lines[0]
+    vanilla = lines[names.index("varied,vanilla,seed=1")]
+    assert f"--config.model.checkpoint={tmp_path}/v/_sft,nframes_choices=4+8+16/final" in vanilla
+    assert "--config.rl.nframes_gating=False" in vanilla
