@@ -1,4 +1,5 @@
 """nFrames gating: uniform per-prompt K, constant for a prompt, stable across processes."""
+import dataclasses
 import collections
 import subprocess
 import sys
@@ -82,5 +83,11 @@ def test_rl_episodes_draw_one_k_per_video():
     counts = collections.Counter(k.pop() for k in per_video)
     assert set(counts) == set(NFRAMES_CHOICES) and all(340 <= c <= 460 for c in counts.values()), counts
     assert ks[0] == nframes_for_prompt("/data/videos/v0.mp4", 3, True)
+    # the table's path is the key when the loader kept it: the draw ignores where the data lives
+    moved = [dataclasses.replace(r, video_path="/elsewhere" + r.video_path, video_key=f"videos/v{i // 3}.mp4")
+             for i, r in enumerate(rows[:300])]
+    ks_moved = [episode(r, config).nframes for r in moved]
+    assert ks_moved == [nframes_for_prompt(f"videos/v{i // 3}.mp4", 3, True) for i in range(300)]
+    assert ks_moved == [episode(dataclasses.replace(r, video_path="/x.mp4"), config).nframes for r in moved]
     off = RLConfig(seed=3, nframes_gating=False)
     assert {episode(r, off).nframes for r in rows[:30]} == {0}

@@ -35,6 +35,8 @@ def test_loaders_skip_missing_videos_and_name_missing_columns(dataset, tmp_path,
     rows, report = load_rl_rows(ds.rl_train, root)
     assert len(rows) == 4 and report.missing_videos == 0
     assert rows[0].question_type in ("mcq", "tvg", "oe") and os.path.isfile(rows[0].video_path)
+    first = pq.read_table(ds.rl_train).to_pylist()[0]["videos"][0]["video"]
+    assert rows[0].video_key == first and not os.path.isabs(first)  # the gating key: the table's path
     table = pq.read_table(ds.rl_train).to_pylist()
     table[1]["videos"] = [{"video": "videos/nope.mp4"}]
     table[2]["videos"] = [{"video": "file://" + os.path.join(root, table[2]["videos"][0]["video"])}]

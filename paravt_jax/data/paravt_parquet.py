@@ -34,6 +34,9 @@ class RLRow:
     question_type: str
     extra: dict
     system_prompt: str = ""  # the row's own system turn, kept as the reference keeps it
+    # the video as the table names it (before resolving against the video root): the key of
+    # the nFrames gating draw, so K does not depend on where the data lives ("" = video_path)
+    video_key: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,7 +126,8 @@ def load_rl_rows(path: str, video_root: str) -> tuple[list[RLRow], LoadReport]:
             missing.append(video)
             continue
         out.append(RLRow(i, question_text(row["prompt"], path, i), video, str(info["answer"]),
-                         str(info["question_type"]), dict(info), system_text(row["prompt"], path, i)))
+                         str(info["question_type"]), dict(info), system_text(row["prompt"], path, i),
+                         video_key=str(videos[0]["video"])))
     return out, _report(path, len(rows), len(out), missing)
 
 

@@ -134,8 +134,9 @@ def score(rollouts, config: RewardConfig, anchor_weight: float, token_anchor: bo
 
 def episode(row, config: RLConfig) -> Episode:
     """One RL row's episode. K is drawn per video, as the reference keys it on the row's video
-    paths (every question on a video sees the same overview), with a stable hash."""
-    k = gating.nframes_for_prompt(row.video_path, config.seed,
+    paths (every question on a video sees the same overview), with a stable hash of the path
+    as the table names it (the same draws wherever the data is checked out)."""
+    k = gating.nframes_for_prompt(row.video_key or row.video_path, config.seed,
                                   config.nframes_gating, config.default_nframes, config.nframes_choices)
     return Episode(f"row{row.index}", row.question, row.answer, row.question_type, row.video_path, k,
                    system_prompt=row.system_prompt)
