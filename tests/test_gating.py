@@ -1,6 +1,6 @@
 """nFrames gating: uniform per-prompt K, constant for a prompt, stable across processes."""
-import dataclasses
 import collections
+import dataclasses
 import subprocess
 import sys
 
