@@ -7,7 +7,8 @@ tuple of the prompt's video paths; Python's string `hash()` is salted per proces
 assignment is not reproducible across runs or workers. We keep its contract (uniform over
 the choices, constant per prompt, gating off -> the default K) with a stable hash. The
 reference also draws an unseeded K when a prompt has no key; here a key is required (the RL
-trainer passes the row's video path, the reference's key for a one-video prompt).
+trainer passes the row's video path as its table names it, the reference's key for a one-video
+prompt, so the draw does not depend on where the data is checked out).
 
 (As released, the reference's fps-based overview sampling discards the gated K; this
 project follows the paper: with gating on the overview is exactly K frames.)
