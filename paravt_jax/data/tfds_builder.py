@@ -23,7 +23,7 @@ def _features(kind: str):
     if kind == "rl":
         return tfds.features.FeaturesDict({
             "index": tfds.features.Scalar(dtype=np.int64), "question": text, "answer": text,
-            "question_type": text, "video": text, "extra": text})
+            "question_type": text, "video": text, "video_key": text, "extra": text})
     return tfds.features.FeaturesDict({"index": tfds.features.Scalar(dtype=np.int64), "messages": text})
 
 
@@ -44,7 +44,7 @@ def _builder_class(kind: str, sources: dict[str, str], video_root: str):
             for r in rows:
                 yield r.index, {"index": r.index, "question": r.question, "answer": r.answer,
                                 "question_type": r.question_type, "video": r.video_path,
-                                "extra": json.dumps(r.extra)}
+                                "video_key": r.video_key, "extra": json.dumps(r.extra)}
         else:
             rows, _ = load_sft_rows(path, video_root)
             for i, messages in enumerate(rows):
@@ -83,4 +83,5 @@ def grain_loader(source, *, seed: int, shuffle: bool = True, num_epochs: int | N
 def rl_row(example: dict) -> RLRow:
     text = lambda v: v.decode() if isinstance(v, bytes) else str(v)
     return RLRow(int(example["index"]), text(example["question"]), text(example["video"]),
-                 text(example["answer"]), text(example["question_type"]), json.loads(text(example["extra"])))
+                 text(example["answer"]), text(example["question_type"]), json.loads(text(example["extra"])),
+                 video_key=text(example.get("video_key", b"")))  # a table built without it: the path
