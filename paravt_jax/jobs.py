@@ -16,6 +16,7 @@ import numpy as np
 
 from paravt_jax.config import build
 from paravt_jax.data.builtin import BUILTIN_MODELS
+from paravt_jax.experiments.plots import thirds
 
 
 def build_model(config, default_dir: str | None = None):
@@ -260,8 +261,6 @@ def phase_histories(workdir: str) -> dict:
 def reward_trend(rewards) -> dict | None:
     """The mean RL reward over the first and the last third of the steps (None under 3 steps):
     whether PARA-GRPO moved the reward, and by how much, with the step counts behind it."""
-    from paravt_jax.experiments.plots import thirds
-
     means = thirds([float(r) for r in rewards])
     if means is None:
         return None

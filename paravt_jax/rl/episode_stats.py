@@ -60,7 +60,8 @@ def summarize(rollouts, rewards: list[dict], prefix: str = "") -> dict:
         name = k or "fps"
         out[f"nframes_{name}"] = len(at) / n
         # per overview budget: the tool-call rate and the accuracy reward (gating's effect by K)
-        out[f"kappa_at_{name}"] = sum(R.has_parseable_tool_call(rollouts[i].generated_text) for i in at) / len(at)
+        out[f"kappa_at_{name}"] = tool_use([rollouts[i].generated_text for i in at],
+                                           [rollouts[i].calls_per_turn for i in at])["kappa"]
         if rewards:
             out[f"acc_reward_at_{name}"] = float(np.mean([rewards[i]["acc_reward"] for i in at]))
     return {prefix + k: v for k, v in out.items()}
