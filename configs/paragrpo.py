@@ -64,7 +64,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     c.generate.video = ""  # a local video path; empty: the first held-out video
     c.generate.nframes = 16
 
-    c.eval = section(EvalConfig())  # the final held-out evaluation: K values, tokens, turns, rows
+    c.eval = section(EvalConfig())  # held-out evaluation: K values (after RL, after SFT), tokens, turns, rows
 
     if preset == "toy":  # the events toy task: answers only in short events the crops catch
         c.data.task = "events"
@@ -87,6 +87,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
         c.rl.steps, c.rl.prompts_per_step = 12, 4  # 4 prompts x 4 samples a step
         c.rl.eval_every, c.rl.eval_limit, c.rl.eval_nframes = 6, 8, 4
         c.eval.limit, c.eval.max_new_tokens = 0, 160  # every held-out question
+        c.eval.after_sft = (4,)  # the cold start's table too: what RL starts from
     elif preset == "qwen3vl_8b":  # reference recipe (paragrpo_8b.yaml)
         c.sft.steps, c.sft.optimizer.learning_rate = 500, 1e-5
         c.rl.steps, c.rl.prompts_per_step, c.rl.samples_per_prompt = 54, 7, 8

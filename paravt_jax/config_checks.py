@@ -82,7 +82,8 @@ RULES: dict[str, Rule] = {
     "rl.advantage.kl_ctl": non_negative(), "rl.reward.format_weight": non_negative(),
     "rl.reward.mode": one_of(REWARD_MODES),
     # held-out evaluation of `run`, and `generate`
-    "eval.nframes": integers(1, empty=True), "eval.max_new_tokens": integer(1), "eval.max_turns": integer(0),
+    "eval.nframes": integers(1, empty=True), "eval.after_sft": integers(1, empty=True),
+    "eval.max_new_tokens": integer(1), "eval.max_turns": integer(0),
     "eval.limit": integer(0), "eval.mode": one_of(ROLLOUT_MODES), "generate.nframes": integer(1),
     # the benchmark driver's flat config (configs/eval.py)
     "limit": integer(0), "nframes": integer(1), "max_turns": integer(0), "max_parallel": integer(1),

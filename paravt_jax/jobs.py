@@ -175,8 +175,10 @@ def _setup(config):
 
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
-    """The main job's held-out evaluation: greedy, with and without tools, at every K."""
+    """The main job's held-out evaluation: greedy, with and without tools, at every K of
+    `nframes` after the last phase, and at every K of `after_sft` between SFT and RL."""
     nframes: tuple[int, ...] = (4, 64)  # overview frames K
+    after_sft: tuple[int, ...] = ()  # K evaluated on the cold start too (empty: none)
     max_new_tokens: int = 256
     max_turns: int = 2
     limit: int = 4  # held-out rows (0 = all)
@@ -201,12 +203,13 @@ def eval_config(config) -> EvalConfig:
     return build(EvalConfig, config.eval, "eval")
 
 
-def evaluate_all(config, model, tokenizer, eval_rows) -> list[dict]:
+def evaluate_all(config, model, tokenizer, eval_rows, nframes=None) -> list[dict]:
+    """One result row per (tools no/yes) x K, K over `nframes` (default: `eval.nframes`)."""
     from paravt_jax.rl.evaluate import evaluate
 
     e = eval_config(config)
     rows = eval_rows[: e.limit] if e.limit else eval_rows
-    settings = [(tools, int(k)) for tools in (False, True) for k in e.nframes]
+    settings = [(tools, int(k)) for tools in (False, True) for k in (e.nframes if nframes is None else nframes)]
     results = []
     for number, (tools, k) in enumerate(settings, 1):
         t0 = time.perf_counter()
@@ -217,7 +220,7 @@ def evaluate_all(config, model, tokenizer, eval_rows) -> list[dict]:
     return results
 
 
-def print_results(results: list[dict]) -> str:
+def print_results(results: list[dict], title: str = "") -> str:
     header = "| tools | K | accuracy | format compliance | kappa | calls per tool turn | valid calls | samples |"
     lines = [header, "|---|---|---|---|---|---|---|---|"]
     for r in results:
@@ -225,8 +228,46 @@ def print_results(results: list[dict]) -> str:
                      f"{r['format_compliance']:.3f} | {r['kappa']:.3f} | {r['calls_per_turn']:.2f} | "
                      f"{r['call_validity']:.3f} | {r['samples']} |")
     text = "\n".join(lines)
-    print(text, flush=True)
+    print((f"{title}\n" if title else "") + text, flush=True)
     return text
+
+
+def evaluate_after_sft(config, model, tokenizer, eval_rows, workdir: str) -> list[dict] | None:
+    """The cold start's held-out table (`eval.after_sft` K values, with and without tools),
+    evaluated once between SFT and RL and kept in sft/eval.json, so a resumed run reads it
+    back instead of evaluating again (it is evaluated again when the evaluation settings
+    differ from the stored ones). Process 0 evaluates and returns it; the others get None.
+    Collective in a multi-process run: every process must call it."""
+    import json
+
+    from paravt_jax import distributed, preemption
+    from paravt_jax.files import write_json_atomic
+
+    e = eval_config(config)
+    settings = {**dataclasses.asdict(e), "nframes": list(e.after_sft)}
+    del settings["after_sft"]
+    path = os.path.join(workdir, "sft", "eval.json")
+    try:
+        with open(path) as f:
+            stored = json.load(f)
+        if stored.get("settings") == settings:
+            if distributed.is_primary():
+                print(f"[run] the cold start's evaluation, from {path}", flush=True)
+                return stored["results"]
+            return None
+    except (OSError, ValueError):
+        pass
+    local = distributed.local_model(model)
+    results = None
+    if distributed.is_primary():
+        print(f"[run] evaluation of the cold start (SFT) on held-out synthetic videos (greedy, "
+              f"{len(e.after_sft) * 2} settings)", flush=True)
+        results = evaluate_all(config, local, tokenizer, eval_rows, nframes=e.after_sft)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with preemption.deferred():
+            write_json_atomic(path, {"settings": settings, "results": results})
+    distributed.barrier("after-sft-eval")
+    return results
 
 
 def phase_histories(workdir: str) -> dict:
@@ -316,9 +357,14 @@ def run_command(config, workdir: str = "") -> dict:
           f"{len(eval_rows)} held-out rows", flush=True)
     if distributed.is_primary() and os.path.exists(summary_path):
         os.remove(summary_path)  # stale from an earlier, shorter run: it must not claim completion
+    after_sft = None
     if config.sft.steps:
         model, _ = train_sft(model, tokenizer, sft.rows, root, os.path.join(workdir, "sft"), sft_config(config),
                              kinds=sft.kinds)
+        if config.rl.steps and eval_config(config).after_sft:  # without RL the final table is this one
+            after_sft = evaluate_after_sft(config, model, tokenizer, eval_rows, workdir)
+            if after_sft is not None:
+                print_results(after_sft, "[run] after SFT:")
     if config.rl.steps:
         model, _ = train_rl(model, tokenizer, rl_rows, os.path.join(workdir, "rl"), rl_config(config),
                             eval_rows=eval_rows)
@@ -335,7 +381,10 @@ def run_command(config, workdir: str = "") -> dict:
     print(f"[run] evaluation on held-out synthetic videos (greedy, {len(eval_config(config).nframes) * 2} "
           f"settings)", flush=True)
     summary["eval"] = evaluate_all(config, model, tokenizer, eval_rows)
-    summary["table"] = print_results(summary["eval"])
+    if after_sft is not None:
+        summary["eval_after_sft"] = after_sft
+        summary["table_after_sft"] = print_results(after_sft, "[run] after SFT:")
+    summary["table"] = print_results(summary["eval"], "[run] after RL:" if config.rl.steps else "")
     trend = reward_trend([line["reward"] for line in summary["rl"]])
     if trend:
         summary["reward_trend"] = trend

@@ -85,9 +85,13 @@ def test_main_job_end_to_end_then_export(builtin_root, tmp_path):
                    "--config.rl.prompts_per_step=1", "--config.rl.rollout.max_new_tokens=8",
                    "--config.rl.rollout.max_turns=1",
                    "--config.rl.rollout.subagent_max_tokens=8", "--config.rl.eval_every=1",
-                   "--config.eval.limit=1", "--config.eval.max_new_tokens=8", "--config.eval.max_turns=1")
+                   "--config.eval.limit=1", "--config.eval.max_new_tokens=8", "--config.eval.max_turns=1",
+                   "--config.eval.after_sft=(4,)")
     assert "| tools | K | accuracy |" in text and "| yes | 64 |" in text
+    assert "[run] after SFT:" in text and "[run] after RL:" in text
     summary = json.load(open(f"{workdir}/summary.json"))
+    assert [(r["tools"], r["nframes"]) for r in summary["eval_after_sft"]] == [(False, 4), (True, 4)]
+    assert summary["eval_after_sft"] == json.load(open(f"{workdir}/sft/eval.json"))["results"]
     assert os.path.isfile(summary["curves"]) and summary["curves"].endswith(".png")
     assert len(summary["sft_loss"]) == 2 and len(summary["eval"]) == 4
     rl_lines = [json.loads(l) for l in open(f"{workdir}/rl/metrics.jsonl")]
@@ -113,6 +117,32 @@ def test_mesh_preset_builds_the_named_mesh(builtin_root):
     config.mesh_preset = "v9-8"
     with pytest.raises(KeyError, match="v9-8"):
         build_model(config)
+
+
+def test_after_sft_evaluation_is_stored_and_read_back_on_resume(tmp_path, monkeypatch):
+    """The cold start's table is evaluated once (sft/eval.json) and read back by a resumed run,
+    unless the evaluation settings changed since."""
+    from configs import paragrpo
+    from paravt_jax import jobs
+
+    calls = []
+
+    def fake_evaluate_all(config, model, tokenizer, eval_rows, nframes=None):
+        calls.append(tuple(nframes))
+        return [{"tools": tools, "nframes": k, "accuracy": 0.5 + len(calls), "format_compliance": 1.0,
+                 "kappa": 1.0, "calls_per_turn": 2.0, "call_validity": 1.0, "samples": len(eval_rows)}
+                for tools in (False, True) for k in nframes]
+
+    monkeypatch.setattr(jobs, "evaluate_all", fake_evaluate_all)
+    config = paragrpo.get_config("tiny")
+    config.eval.after_sft = (4, 16)
+    workdir = str(tmp_path)
+    first = jobs.evaluate_after_sft(config, None, None, ["row"], workdir)
+    assert calls == [(4, 16)] and len(first) == 4 and os.path.isfile(f"{workdir}/sft/eval.json")
+    assert jobs.evaluate_after_sft(config, None, None, ["row"], workdir) == first and len(calls) == 1
+    config.eval.limit = 3  # other settings: the stored table is not theirs
+    again = jobs.evaluate_after_sft(config, None, None, ["row"], workdir)
+    assert len(calls) == 2 and again[0]["accuracy"] != first[0]["accuracy"]
 
 
 def test_reward_trend_compares_the_first_and_last_third():

@@ -110,7 +110,8 @@ RUN = ["--config.sft.steps=3", "--config.sft.batch_size=2", "--config.sft.nframe
        "--config.rl.prompts_per_step=1", "--config.rl.samples_per_prompt=2", "--config.rl.rollout.max_new_tokens=4",
        "--config.rl.rollout.max_turns=1", "--config.rl.rollout.subagent_max_tokens=4", "--config.rl.eval_every=0",
        "--config.rl.nframes_gating=False", "--config.rl.default_nframes=4", "--config.eval.limit=1",
-       "--config.eval.nframes=(4,)", "--config.eval.max_new_tokens=4", "--config.eval.max_turns=1"]
+       "--config.eval.nframes=(4,)", "--config.eval.after_sft=(4,)", "--config.eval.max_new_tokens=4",
+       "--config.eval.max_turns=1"]
 
 
 def run_until(workdir, builtin_root, marker, signum, extra=()):
@@ -175,10 +176,12 @@ def test_run_resumes_the_interrupted_phase_and_everything_after_it(tmp_path, bui
     assert status == 0, err[-3000:]
     assert len(err) < 2000 and "'sft_loss'" not in err  # quiet: no return value dumped
     assert "[rl] resumed" in out and "[run] evaluation 2/2 (tools yes, K = 4, 1 videos)" in out
+    assert "[run] the cold start's evaluation, from" in out  # evaluated once, before the SIGINT
     assert metric_steps(workdir, "sft") == [0, 1, 2] and metric_steps(workdir, "rl") == [0, 1]
     with open(os.path.join(workdir, "summary.json")) as f:
         summary = json.load(f)
     assert len(summary["sft_loss"]) == 3 and len(summary["rl"]) == 2 and len(summary["eval"]) == 2
+    assert len(summary["eval_after_sft"]) == 2
     assert summary["training_minutes"] > 0
     before = open(os.path.join(workdir, "summary.json")).read()
     status, out, _ = run_until(workdir, builtin_root, "", None)
