@@ -19,6 +19,7 @@ RUNTIME = [
     "numpy>=1.26,<3",
     "safetensors>=0.5",
     "pillow>=10",
+    "av>=12",  # writes the built-in synthetic videos
     "absl-py>=2",
 ]
 
@@ -29,7 +30,6 @@ EXTRAS = {
         "hypothesis>=6",
         "torch==2.13.0",  # CPU wheel; pinned exactly so pip never pulls a CUDA build
         "transformers>=5.24.0,<6",
-        "av>=12",
         # tests/test_notebooks.py executes notebooks/*.ipynb on a python3 kernel
         "nbclient>=0.10",
         "nbformat>=5.10",

@@ -1,20 +1,37 @@
 #!/usr/bin/env bash
-# Creates (or refreshes) the project's virtual environment in .venv when it is missing or
-# setup.py changed since it was built. Source it or run it; it prints the python to use.
+# Creates (or completes) the project's virtual environment in .venv when it is missing, when
+# setup.py changed since it was built, or when it lacks a requested extra. Source it or run
+# it; it prints the python to use.
 #   PARAVT_VENV   where the environment lives (default: <repo>/.venv)
-#   PARAVT_EXTRAS pip extras to install (default: test)
+#   PARAVT_EXTRAS comma-separated pip extras to install (default: test; empty: the runtime
+#                 alone, what launch/local.sh asks for)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${PARAVT_VENV:-$ROOT/.venv}"
-EXTRAS="${PARAVT_EXTRAS:-test}"
-STAMP="$VENV/.paravt-setup-$(sha256sum "$ROOT/setup.py" | cut -c1-16)-$EXTRAS"
-if [[ ! -x "$VENV/bin/python" || ! -f "$STAMP" ]]; then
-  echo "[env] building $VENV (extras: $EXTRAS)" >&2
-  "${PYTHON:-python3}" -m venv "$VENV"
+EXTRAS="${PARAVT_EXTRAS-test}"
+HASH="$(sha256sum "$ROOT/setup.py" | cut -c1-16)"
+# One stamp per completed install of this setup.py: .paravt-setup-<hash>-<extras or none>.
+# A request is met when one stamp's extras include every requested extra.
+satisfied() {
+  local stamp have want
+  [[ -x "$VENV/bin/python" ]] || return 1
+  for stamp in "$VENV"/.paravt-setup-"$HASH"-*; do
+    [[ -f "$stamp" ]] || continue
+    have=",${stamp##*/.paravt-setup-"$HASH"-},"
+    for want in ${EXTRAS//,/ }; do
+      [[ "$have" == *",$want,"* ]] || continue 2
+    done
+    return 0
+  done
+  return 1
+}
+if ! satisfied; then
+  echo "[env] building $VENV (extras: ${EXTRAS:-none})" >&2
+  [[ -x "$VENV/bin/python" ]] || "${PYTHON:-python3}" -m venv "$VENV"
   "$VENV/bin/pip" install -q --upgrade pip >&2
   # torch is pinned to the CPU wheel in the test extra; never let pip pick a CUDA build.
-  "$VENV/bin/pip" install -q -e "$ROOT[$EXTRAS]" >&2
-  rm -f "$VENV"/.paravt-setup-*
-  touch "$STAMP"
+  "$VENV/bin/pip" install -q -e "$ROOT${EXTRAS:+[$EXTRAS]}" >&2
+  find "$VENV" -maxdepth 1 -name '.paravt-setup-*' ! -name ".paravt-setup-$HASH-*" -delete
+  touch "$VENV/.paravt-setup-$HASH-${EXTRAS:-none}"
 fi
 echo "$VENV/bin/python"

@@ -20,6 +20,6 @@ if [[ "${DRY_RUN:-0}" == "1" ]]; then
   echo "python -m paravt_jax.cli $COMMAND ${ARGS[*]}"
   exit 0
 fi
-PY="$(bash launch/env.sh)"
+PY="$(PARAVT_EXTRAS="${PARAVT_EXTRAS-}" bash launch/env.sh)"  # the runtime alone unless asked
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 exec "$PY" -m paravt_jax.cli "$COMMAND" "${ARGS[@]}"

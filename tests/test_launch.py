@@ -523,3 +523,44 @@ cd {hosts}/"$host" && exec env -i PATH=/usr/bin:/bin FAIL_ID="$FAKE_FAIL_ID" bas
 
     failed = launch(sandbox, "gpu.sh", "eval", check=False, **dict(settings, FAKE_FAIL_ID="1"))
     assert failed.returncode == 1 and "host 1 (h1) failed" in failed.stderr
+
+
+# ----------------------------------------------------------------------------- env.sh
+def test_env_builds_only_what_a_request_lacks(tmp_path):
+    """env.sh keeps a venv whose stamps cover the requested extras (the main job asks for none,
+    the tests for `test`), installs into it when they do not, and drops stamps of an older
+    setup.py. pip is a fake that records its arguments."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    write_tool(venv / "bin", "python", "exit 0\n")
+    log = tmp_path / "pip.log"
+    write_tool(venv / "bin", "pip", f'echo "$*" >> {log}\n')
+
+    def env(extras=None):
+        environ = {**os.environ, "PARAVT_VENV": str(venv)}
+        environ.pop("PARAVT_EXTRAS", None)
+        if extras is not None:
+            environ["PARAVT_EXTRAS"] = extras
+        out = subprocess.run(["bash", os.path.join(LAUNCH, "env.sh")], env=environ, capture_output=True,
+                             text=True, check=True)
+        return out.stdout.strip(), out.stderr
+
+    def installs():
+        return [line for line in log.read_text().splitlines() if "-e" in line] if log.exists() else []
+
+    def stamps():
+        return sorted(p.name.rsplit("-", 1)[1] for p in venv.glob(".paravt-setup-*"))
+
+    (venv / ".paravt-setup-0123456789abcdef-test").touch()  # a build of another setup.py
+    python, err = env("")  # the main job: the runtime alone
+    assert python == f"{venv}/bin/python" and "extras: none" in err
+    assert installs() == [f"install -q -e {ROOT}"] and stamps() == ["none"]
+    assert env("") == (python, "")  # met: nothing built
+    _, err = env()  # the tests: the test extra, installed into the same venv
+    assert "extras: test" in err and installs()[-1] == f"install -q -e {ROOT}[test]"
+    assert stamps() == ["none", "test"]
+    count = len(installs())
+    assert env("")[1] == "" and env("test")[1] == "" and len(installs()) == count
+    env("test,gpu")
+    assert installs()[-1] == f"install -q -e {ROOT}[test,gpu]" and "test,gpu" in stamps()
+    assert env("gpu")[1] == "" and len(installs()) == count + 1  # covered by test,gpu
