@@ -186,6 +186,27 @@ def test_short_sft_lowers_its_loss(dataset, tmp_path):
     assert losses[-1] < losses[0] - 0.3, losses
 
 
+def test_sft_reads_each_row_at_its_drawn_overview_budget(dataset, tmp_path, monkeypatch):
+    """train_sft builds every row's inputs at the K that example_nframes draws for it."""
+    from paravt_jax.sft import trainer
+
+    root, ds, tok = dataset
+    rows, _ = load_sft_rows(ds.sft, root)
+    seen = {}
+
+    def recording(row, tokenizer, video_root, nframes, max_pixels):
+        seen[next(i for i, r in enumerate(rows) if r is row)] = nframes
+        return real(row, tokenizer, video_root, nframes, max_pixels)
+
+    real = trainer.sft_inputs
+    monkeypatch.setattr(trainer, "sft_inputs", recording)
+    config = SFTConfig(steps=1, batch_size=4, nframes=2, nframes_choices=(1, 2, 3), max_pixels=64 * 96, seed=3,
+                       optimizer=OptimizerConfig(learning_rate=1e-3, weight_decay=0.0))
+    train_sft(init_model(preset("tiny"), seed=1), tok, rows, root, str(tmp_path), config)
+    assert len(seen) == 4 and seen == {i: trainer.example_nframes(i, config) for i in seen}
+    assert len(set(seen.values())) > 1  # seed 3 draws more than one K for these rows
+
+
 # by default only the token-budget variant runs end to end (the other RL-step tests here and the
 # multi-host tests cover the rest); sequence anchors and gating off are unit-tested
 # (test_advantages, test_gating)
