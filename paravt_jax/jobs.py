@@ -234,31 +234,32 @@ def print_results(results: list[dict], title: str = "") -> str:
 
 def evaluate_after_sft(config, model, tokenizer, eval_rows, workdir: str) -> list[dict] | None:
     """The cold start's held-out table (`eval.after_sft` K values, with and without tools),
-    evaluated once between SFT and RL and kept in sft/eval.json, so a resumed run reads it
-    back instead of evaluating again (it is evaluated again when the evaluation settings
-    differ from the stored ones). Process 0 evaluates and returns it; the others get None.
-    Collective in a multi-process run: every process must call it."""
+    evaluated once between SFT and RL and kept in sft/eval.json with the settings it was made
+    under (the SFT step count and the evaluation's), so a resumed run reads it back and a run
+    with other settings evaluates again. Process 0 reads, evaluates and returns it, and the
+    others follow its decision and get None. Collective: every process must call it."""
     import json
 
     from paravt_jax import distributed, preemption
     from paravt_jax.files import write_json_atomic
 
     e = eval_config(config)
-    settings = {**dataclasses.asdict(e), "nframes": list(e.after_sft)}
-    del settings["after_sft"]
+    settings = {"sft_steps": int(config.sft.steps),
+                **dataclasses.asdict(dataclasses.replace(e, nframes=list(e.after_sft), after_sft=[]))}
     path = os.path.join(workdir, "sft", "eval.json")
-    try:
-        with open(path) as f:
-            stored = json.load(f)
-        if stored.get("settings") == settings:
-            if distributed.is_primary():
-                print(f"[run] the cold start's evaluation, from {path}", flush=True)
-                return stored["results"]
-            return None
-    except (OSError, ValueError):
-        pass
-    local = distributed.local_model(model)
     results = None
+    if distributed.is_primary():
+        try:
+            with open(path) as f:
+                stored = json.load(f)
+            if stored.get("settings") == settings:
+                print(f"[run] the cold start's evaluation, from {path}", flush=True)
+                results = stored["results"]
+        except (OSError, ValueError):
+            pass
+    if distributed.allgather_objects(results is not None)[0]:  # process 0's stored table
+        return results
+    local = distributed.local_model(model)
     if distributed.is_primary():
         print(f"[run] evaluation of the cold start (SFT) on held-out synthetic videos (greedy, "
               f"{len(e.after_sft) * 2} settings)", flush=True)

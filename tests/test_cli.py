@@ -121,7 +121,7 @@ def test_mesh_preset_builds_the_named_mesh(builtin_root):
 
 def test_after_sft_evaluation_is_stored_and_read_back_on_resume(tmp_path, monkeypatch):
     """The cold start's table is evaluated once (sft/eval.json) and read back by a resumed run,
-    unless the evaluation settings changed since."""
+    unless the evaluation settings or the SFT step count changed since."""
     from configs import paragrpo
     from paravt_jax import jobs
 
@@ -143,6 +143,9 @@ def test_after_sft_evaluation_is_stored_and_read_back_on_resume(tmp_path, monkey
     config.eval.limit = 3  # other settings: the stored table is not theirs
     again = jobs.evaluate_after_sft(config, None, None, ["row"], workdir)
     assert len(calls) == 2 and again[0]["accuracy"] != first[0]["accuracy"]
+    config.sft.steps += 100  # a longer SFT in the same workdir: another cold start
+    jobs.evaluate_after_sft(config, None, None, ["row"], workdir)
+    assert len(calls) == 3
 
 
 def test_reward_trend_compares_the_first_and_last_third():
