@@ -44,6 +44,7 @@ from paravt_jax.sampling.kv_cache import (
 from paravt_jax.text.inputs import ModelInputs, collate_vision, encode_ids
 
 MAX_STOP_IDS = 8
+PREFILL_WINDOWS = ("used", "capacity")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +68,25 @@ class SamplerConfig:
     # True: the samples of a prompt share one copy of its keys and values; False: every sample
     # holds its own copy (the copied layout, kept as the measured baseline of bench/sampler.py)
     shared_prefix: bool = True
+    # What a prefill attends: "used" = the cache slots in use, bucketed (one compiled program
+    # per bucket the write pointer reaches); "capacity" = every slot of the cache (one program
+    # per chunk width: the steady shapes of an RL run, at the cost of attending empty slots)
+    prefill_window: str = "used"
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptShape:
+    """Fixed sizes of a generate() call's prompt prefill, so that calls over other prompts run
+    the programs compiled for earlier ones: at least `rows` prompt rows (padding rows when
+    fewer), at least `width` tokens, and a vision pass padded to `frames_per_row` frames per
+    prompt row (per frame size). Zeros: each call's own power-of-two buckets."""
+    rows: int = 0
+    width: int = 0
+    frames_per_row: int = 0
+
+    def __post_init__(self):
+        if min(self.rows, self.width, self.frames_per_row) < 0:
+            raise ValueError(f"PromptShape sizes must be >= 0, got {self}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -405,6 +425,9 @@ class Sampler:
             if getattr(config, field) < 0:
                 raise ValueError(f"SamplerConfig.{field}={getattr(config, field)} "
                                  "must be >= 0 (0 = the backend's default)")
+        if config.prefill_window not in PREFILL_WINDOWS:
+            raise ValueError(f"SamplerConfig.prefill_window={config.prefill_window!r}: expected one of "
+                             f"{PREFILL_WINDOWS}")
         self.model = model
         self.config = config
         self.mesh = mesh
@@ -434,7 +457,7 @@ class Sampler:
     # -- public -------------------------------------------------------------------------
     def generate(self, prompts: Sequence[ModelInputs], num_samples: int = 1, *, seed: int = 0,
                  row_ids: Sequence[int] | None = None, reserve: Sequence[tuple[int, int]] = (),
-                 **knobs) -> tuple[SampleOutput, SamplerState]:
+                 shape: PromptShape = PromptShape(), **knobs) -> tuple[SampleOutput, SamplerState]:
         """Prefills each prompt once (vision included) into the prompt cache, then decodes
         `num_samples` samples of each (row p * num_samples + g) together: with
         config.shared_prefix they all read the prompt's one copy of its keys and values, and
@@ -442,17 +465,19 @@ class Sampler:
         (chunk tokens, new tokens) per extend at their longest; the suffix cache is sized up
         front so that none of them grows it (kv_cache.episode_capacity). Row b draws from the random stream
         fold_in(PRNGKey(seed), row_ids[b]) (default: b), so a row's samples do not depend on
-        which other rows share the call (multi-host rollouts)."""
+        which other rows share the call (multi-host rollouts). `shape`: fixed prompt-prefill
+        sizes (see PromptShape); a call whose prompts exceed them uses its own buckets."""
         if not prompts:
             raise ValueError("generate: no prompts")
         if num_samples < 1:
             raise ValueError(f"generate: num_samples={num_samples} must be >= 1")
         k = self._knobs(knobs)
-        prompt_rows = bucket(len(prompts), self.config.min_batch_bucket)
-        width = chunk_width(prompts, self.config.min_chunk_bucket)
+        prompt_rows = max(bucket(len(prompts), self.config.min_batch_bucket), shape.rows)
+        width = max(chunk_width(prompts, self.config.min_chunk_bucket), shape.width)
         prefix_k, prefix_v, prefix_valid = self._empty_cache(prompt_rows, width)
         logits, prefix_k, prefix_v, prefix_valid = self._prefill(prefix_k, prefix_v, prefix_valid, None, 0,
-                                                                 list(prompts), prompt_rows, width)
+                                                                 list(prompts), prompt_rows, width,
+                                                                 shape.frames_per_row)
         rows = prompt_rows * num_samples
         total = len(prompts) * num_samples
         logits = jnp.repeat(logits, num_samples, axis=0)
@@ -557,7 +582,7 @@ class Sampler:
                                           self.model.config.attention_block)
 
     def _prefill(self, cache_k, cache_v, valid, prefix: SharedPrefix | None, write_index: int,
-                 chunks: list[ModelInputs | None], rows: int, width: int):
+                 chunks: list[ModelInputs | None], rows: int, width: int, frames_per_row: int = 0):
         """Writes `chunks` (one per row, None = nothing) at `write_index` in row groups of at
         most the token budget, each group taking the same rows of every device's
         block of rows. Returns (logits [rows, V], caches, valid)."""
@@ -567,7 +592,9 @@ class Sampler:
         group = self.prefill_group(rows, per_prompt, width, shards)
         capacity = valid.shape[1]
         # attend only to the slots in use (bucketed, so few compiled variants)
-        window = min(bucket(write_index + width, 16, self.config.cache_multiple), capacity)
+        window = capacity
+        if self.config.prefill_window == "used":
+            window = min(bucket(write_index + width, 16, self.config.cache_multiple), capacity)
         block = self.prefill_block(group)
         chunks = list(chunks) + [None] * (rows - len(chunks))
         logits, order = [], []
@@ -581,7 +608,7 @@ class Sampler:
             batch = _collate(part, group, width)
             embeds = deepstack = None
             if batch.pixel_values is not None:
-                pixels, grids = pad_frames_to_buckets(batch.pixel_values, batch.grids)
+                pixels, grids = pad_frames_to_buckets(batch.pixel_values, batch.grids, group * frames_per_row)
                 layout = vision_layout(grids, self.model.config.vision)
                 embeds, deepstack = _vision(self.graphdef, self.params, pixels, layout.device_arrays())
             out, cache_k, cache_v, valid = _prefill(

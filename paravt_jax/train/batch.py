@@ -39,15 +39,17 @@ def _check_extra_names(names) -> None:
 
 
 def pack(sequences: Sequence[ModelInputs], extras: Mapping[str, Sequence[np.ndarray]] | None = None,
-         min_length: int = 16, multiple: int = 256) -> Packed:
-    """Right-pads to a bucketed length so the train step compiles once per bucket.
+         min_length: int = 16, multiple: int = 256, width: int = 0) -> Packed:
+    """Right-pads to a bucketed length so the train step compiles once per bucket; to `width`
+    when it is set and the longest sequence fits (one shape for every batch).
 
     extras: name -> one [L_b] array per sequence (its own length), padded with zeros into an
     [N, T] array of the arrays' common dtype."""
     extras = dict(extras or {})
     _check_extra_names(extras)
     n = len(sequences)
-    width = bucket(max(s.length for s in sequences), min_length, multiple)
+    longest = max(s.length for s in sequences)
+    width = width if longest <= width else bucket(longest, min_length, multiple)
     ids = np.zeros((n, width), np.int32)
     mask = np.zeros((n, width), np.int32)
     positions = np.zeros((3, n, width), np.int32)
@@ -214,12 +216,13 @@ def plan_micro_batches(lengths: Sequence[int], width: int, num_micro: int, max_t
 
 
 def planned_micro_batches(packed: Packed, plan: MicroBatchPlan, vision_config,
-                          extras: Mapping[str, np.ndarray] | None = None) -> list[TrainBatch]:
+                          extras: Mapping[str, np.ndarray] | None = None, min_frames: int = 0) -> list[TrainBatch]:
     """The micro-batches of `plan`: token arrays, extras ([N, T] in the Packed layout) and
     vision inputs moved to each sequence's (row, offset); with plan.packed, segment ids number
     the sequences of each row and every sequence keeps its own positions (its 3-D MRoPE
     positions start again at its first token) and its own loss mask (its first token, which
-    has no prediction within the sequence, excluded)."""
+    has no prediction within the sequence, excluded). Each micro-batch's vision pass is padded
+    to a power of two of frames, and to at least `min_frames` (`pad_frames_to_buckets`)."""
     extras = dict(extras or {})
     _check_extra_names(extras)
     for name, array in extras.items():
@@ -245,7 +248,7 @@ def planned_micro_batches(packed: Packed, plan: MicroBatchPlan, vision_config,
             [(row, start, packed.sequences[index]) for row, start, index in placements], plan.rows[m], plan.width)
         meta = None
         if pixels is not None:
-            pixels, grids = pad_frames_to_buckets(pixels, grids)
+            pixels, grids = pad_frames_to_buckets(pixels, grids, min_frames)
             meta = vision_layout(grids, vision_config).device_arrays()
         out.append(TrainBatch(
             input_ids=split["input_ids"][m], attention_mask=split["attention_mask"][m],
