@@ -74,6 +74,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
         c.data.sft_modes = ("subagent",)
         c.sft.steps, c.sft.batch_size, c.sft.nframes = 600, 16, 4
         c.sft.max_tokens_per_micro_batch = 1024  # packed rows: a quarter less padding
+        c.sft.train_width, c.sft.train_frames = 1024, 32  # one row per micro-batch: one compiled step
         c.sft.optimizer.learning_rate = 2e-3  # constant after 20 warm-up steps
         c.sft.optimizer.warmup_steps = 20
         # main trajectories alone first: beside the sub-agent and tool-free rows from the start,
@@ -88,6 +89,10 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
         c.rl.eval_every, c.rl.eval_limit, c.rl.eval_nframes = 6, 8, 4
         c.eval.limit, c.eval.max_new_tokens = 0, 160  # every held-out question
         c.eval.after_sft = (4,)  # the cold start's table too: what RL starts from
+        # the toy's 64x96 frames are 6 tokens: a K = 64 prompt is 930 tokens, an episode at
+        # most ~1.7k, a 16-frame crop's sub-agent prompt 273 (rl/shapes.py's bounds assume
+        # full-size frames)
+        c.rl.shapes.prompt_width, c.rl.shapes.subagent_width, c.rl.shapes.train_width = 1024, 512, 2048
     elif preset == "qwen3vl_8b":  # reference recipe (paragrpo_8b.yaml)
         c.sft.steps, c.sft.optimizer.learning_rate = 500, 1e-5
         c.rl.steps, c.rl.prompts_per_step, c.rl.samples_per_prompt = 54, 7, 8

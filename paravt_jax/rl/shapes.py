@@ -10,9 +10,11 @@ call bucketing its own sizes a run keeps compiling new programs long after its f
                    vision pass padded to `prompt_frames` frames per prompt
   decode           the same prompt cache width every step; the suffix cache sized for the
                    whole episode up front (as before)
-  tool responses   chunks bucketed to powers of two (few values); the prefill attends every
-                   cache slot (`SamplerConfig.prefill_window="capacity"`), so the write
-                   pointer's position does not enter the program
+  tool responses   text chunks written in pieces of `extend_width` tokens (one program
+                   however long the responses; chunks with images, frames mode, keep their
+                   power-of-two buckets); the prefill attends every cache slot
+                   (`SamplerConfig.prefill_window="capacity"`), so the write pointer's
+                   position does not enter the program
   sub-agents       calls of exactly `subagent_rows` rows of `subagent_width` tokens, their vision
                    pass padded to `DispatchConfig.max_frames` frames per row
   training         micro-batch rows as before; packed width `train_width`; the vision pass
@@ -44,6 +46,7 @@ class ShapeConfig:
     policy: str = "fixed"  # fixed | per_call
     prompt_width: int = 0  # tokens of the prompt prefill and of the prompt cache (0: derived)
     prompt_frames: int = 0  # overview frames per prompt of its vision pass (0: the largest K)
+    extend_width: int = 0  # tokens per prefill piece of a turn's tool responses (0: the smallest chunk bucket)
     subagent_rows: int = 0  # rows of every sub-agent call (0: the step's episode rows)
     subagent_width: int = 0  # tokens of a sub-agent prompt prefill (0: derived)
     train_width: int = 0  # packed width of the training micro-batches (0: derived)
@@ -66,9 +69,10 @@ class StepShapes:
     train_width: int
     train_frames: int
     prefill_window: str  # SamplerConfig.prefill_window
+    extend_width: int  # SamplerConfig.extend_width
 
 
-PER_CALL = StepShapes(PromptShape(), PromptShape(), 0, 0, "used")
+PER_CALL = StepShapes(PromptShape(), PromptShape(), 0, 0, "used", 0)
 
 
 def frame_tokens(max_pixels: int) -> int:
@@ -101,4 +105,4 @@ def resolve(shapes: ShapeConfig, rollout: RolloutConfig, dispatch: DispatchConfi
     return StepShapes(PromptShape(prompts, prompt_width, k),
                       PromptShape(shapes.subagent_rows or bucket(rows), subagent_width,
                                   crop_frames if rollout.mode == "subagent" else 0),
-                      train_width, train_frames, "capacity")
+                      train_width, train_frames, "capacity", shapes.extend_width or chunk_bucket)

@@ -23,6 +23,7 @@ from paravt_jax.rl.episode_stats import summarize
 from paravt_jax.rl.objective import StepConfig, policy_head, policy_loss
 from paravt_jax.rl.shapes import ShapeConfig, StepShapes, resolve
 from paravt_jax.sampling import Sampler, SamplerConfig
+from paravt_jax.train import compiles
 from paravt_jax.train.batch import micro_batch_plan, pack, planned_micro_batches
 from paravt_jax.train.loop import LoopConfig, UnreadableDataError, data_indices, run_loop
 from paravt_jax.train.step import OptimizerConfig, TrainStep
@@ -206,7 +207,8 @@ def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge
     shapes = step_shapes(config, share.stop - share.start)
     rollout_config = dataclasses.replace(config.rollout, temperature=config.step.temperature,
                                          prompt_shape=shapes.prompt, subagent_shape=shapes.subagent)
-    sampler_config = dataclasses.replace(config.sampler, prefill_window=shapes.prefill_window)
+    sampler_config = dataclasses.replace(config.sampler, prefill_window=shapes.prefill_window,
+                                         extend_width=shapes.extend_width)
     G = config.samples_per_prompt
     # one compiled program per batch shape (run eagerly, each jnp operation compiled on its own)
     advantages_fn = jax.jit(compute_advantages, static_argnames=("cfg", "group_size"))
@@ -273,6 +275,7 @@ def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge
         if config.eval_every and eval_rows and (index + 1) % config.eval_every == 0:
             from paravt_jax.rl.evaluate import evaluate
 
+            evaluation = compiles.snapshot()  # the evaluation's own shapes: reported apart
             current = dist.local_model(step.model(state))
             for tools in (False, True) if dist.is_primary() else ():  # only process 0 logs
                 result = evaluate(current, tokenizer, eval_rows[:config.eval_limit], nframes=config.eval_nframes,
@@ -280,6 +283,7 @@ def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge
                                   max_turns=config.rollout.max_turns, mode=config.rollout.mode)
                 tag = "eval_tools" if tools else "eval_notools"
                 metrics.update({f"{tag}/{k}": v for k, v in result.row().items() if k not in ("tools", "nframes")})
+            metrics["eval_compiles"] = evaluation.since().count
         return state, metrics
 
     try:

@@ -72,6 +72,10 @@ class SamplerConfig:
     # per bucket the write pointer reaches); "capacity" = every slot of the cache (one program
     # per chunk width: the steady shapes of an RL run, at the cost of attending empty slots)
     prefill_window: str = "used"
+    # > 0: an extend whose chunks hold no image writes them in pieces of this many tokens,
+    # one prefill call each (one compiled program, however long the turn's tool responses);
+    # 0: one call at the chunks' power-of-two bucket
+    extend_width: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -412,6 +416,25 @@ def prefill_group(rows: int, per_prompt: int, width: int, shards: int, token_bud
     return shards * group_rows(rows // shards, per_prompt, width, token_budget // shards)
 
 
+def _has_vision(chunk: ModelInputs) -> bool:
+    return bool(len(chunk.pixel_values) or len(chunk.pixel_values_videos))
+
+
+def _text_slice(chunk: ModelInputs, start: int, stop: int) -> ModelInputs:
+    """Tokens [start, stop) of a text-only chunk, with their own positions."""
+    positions = chunk.position_ids[:, start:stop]
+    return dataclasses.replace(chunk, input_ids=chunk.input_ids[start:stop],
+                               mm_token_type_ids=chunk.mm_token_type_ids[start:stop],
+                               loss_mask=chunk.loss_mask[start:stop], position_ids=positions,
+                               next_position=int(positions.max()) + 1)
+
+
+@jax.jit
+def _pick_rows(take, new, old):
+    """Rows of `new` where `take` [B] is set, else of `old` ([B, V] logits)."""
+    return jnp.where(take[:, None], new, old)
+
+
 def _prepend(token: int, position: int, chunk: ModelInputs | None) -> ModelInputs:
     head = encode_ids([token], position, trainable=True)
     return head if chunk is None else head.extend(chunk)
@@ -517,12 +540,27 @@ class Sampler:
             full.append(_prepend(int(state.pending[b]), int(state.next_position[b]), chunk)
                         if state.pending[b] >= 0 else chunk)
         width = chunk_width(full, self.config.min_chunk_bucket)
+        piece = self.config.extend_width
+        text_only = all(c is None or not _has_vision(c) for c in full)
+        if piece and text_only:  # the turn's chunks in pieces of one width
+            width = piece * -(-max([c.length for c in full if c is not None] + [1]) // piece)
         cache_k, cache_v, valid = state.cache_k, state.cache_v, state.valid
         new_capacity = self._capacity(state.write_index + width, k["max_new_tokens"])
         if new_capacity > valid.shape[1]:
             cache_k, cache_v, valid = self._grow(cache_k, cache_v, valid, new_capacity)
-        logits, cache_k, cache_v, valid = self._prefill(cache_k, cache_v, valid, state.prefix, state.write_index,
-                                                        full, rows, width)
+        if piece and text_only:
+            logits = None
+            for start in range(0, width, piece):
+                part = [None if c is None or c.length <= start else _text_slice(c, start, start + piece)
+                        for c in full]
+                out, cache_k, cache_v, valid = self._prefill(cache_k, cache_v, valid, state.prefix,
+                                                             state.write_index + start, part, rows, piece)
+                ends_here = np.array([c is not None and start < c.length <= start + piece for c in full]
+                                     + [False] * (rows - len(full)))
+                logits = out if logits is None else _pick_rows(ends_here, out, logits)
+        else:
+            logits, cache_k, cache_v, valid = self._prefill(cache_k, cache_v, valid, state.prefix,
+                                                            state.write_index, full, rows, width)
         takes_part = np.array([c is not None for c in full] + [False] * (rows - len(full)))
         next_position = np.array([(int(c.next_position) if c is not None else int(state.next_position[b]))
                                   for b, c in enumerate(full)] + [0] * (rows - len(full)), np.int32)

@@ -64,9 +64,11 @@ def stop_requested_everywhere() -> int | None:
     return signum
 
 
-def compile_metrics(step: compiles.Compiles, run: compiles.Compiles) -> dict:
-    """A step's XLA compilations (count and seconds) and the process's running total."""
-    return {"compiles": step.count, "compile_s": round(step.seconds, 3), "compiles_total": run.count}
+def compile_metrics(step: compiles.Compiles, run: compiles.Compiles, evaluation: int = 0) -> dict:
+    """A step's XLA compilations (count and seconds; those of a periodic evaluation inside the
+    step, which the step reports as `eval_compiles`, left out of the count) and the process's
+    running total."""
+    return {"compiles": step.count - evaluation, "compile_s": round(step.seconds, 3), "compiles_total": run.count}
 
 
 def run_loop(name: str, workdir: str, state, step_fn: Callable, config: LoopConfig,
@@ -96,8 +98,8 @@ def run_loop(name: str, workdir: str, state, step_fn: Callable, config: LoopConf
             state, metrics = step_fn(state, index)
             metrics["step_s"] = time.perf_counter() - t0
             compiled = before.since()
-            metrics.update(compile_metrics(compiled, compiles.total()))
-            if compiled.count and index >= start + config.warmup_steps:
+            metrics.update(compile_metrics(compiled, compiles.total(), int(metrics.get("eval_compiles", 0))))
+            if metrics["compiles"] and index >= start + config.warmup_steps:
                 print(f"[{name}] warning: step {index} compiled {compiled.summary()} "
                       f"(shapes outside the run's buckets)", flush=True)
             history.append(metrics)
