@@ -93,6 +93,9 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
         # most ~1.7k, a 16-frame crop's sub-agent prompt 273 (rl/shapes.py's bounds assume
         # full-size frames)
         c.rl.shapes.prompt_width, c.rl.shapes.subagent_width, c.rl.shapes.train_width = 1024, 512, 2048
+        # episodes packed into rows of 2,048 tokens, 4 rows a micro-batch (the 16 episodes of a
+        # step fill 4-8 rows, not 16); a micro-batch's frames padded to 512
+        c.rl.max_tokens_per_micro_batch, c.rl.shapes.train_frames = 4 * 2048, 512
     elif preset == "qwen3vl_8b":  # reference recipe (paragrpo_8b.yaml)
         c.sft.steps, c.sft.optimizer.learning_rate = 500, 1e-5
         c.rl.steps, c.rl.prompts_per_step, c.rl.samples_per_prompt = 54, 7, 8

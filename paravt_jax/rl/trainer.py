@@ -244,7 +244,7 @@ def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge
         # the update; the advantages and proximal log-probs are filled in between.
         # token-budget micro-batches get a multiple of the batch's devices as rows (else replicated)
         plan = micro_batch_plan(packed, config.micro_batches, config.max_tokens_per_micro_batch,
-                                sh.batch_devices(step.mesh))
+                                sh.batch_devices(step.mesh), full_rows=shapes.train_width > 0)
         batches = planned_micro_batches(packed, plan, model.config.vision, {"behaviour_logp": behaviour},
                                         min_frames=shapes.train_frames)
         t_batch = time.perf_counter()
