@@ -66,6 +66,8 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
 
     c.eval = section(EvalConfig())  # held-out evaluation: K values (after RL, after SFT), tokens, turns, rows
 
+    if preset == "tiny":  # the shapes task's 64x160 frames are 10 tokens: a K = 64 prompt is 1,626
+        c.rl.shapes.prompt_width, c.rl.shapes.subagent_width, c.rl.shapes.train_width = 2048, 512, 2048
     if preset == "toy":  # the events toy task: answers only in short events the crops catch
         c.data.task = "events"
         c.data.num_train, c.data.num_eval, c.data.durations = 384, 48, (48.0,)
@@ -106,6 +108,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
         # 8 full-budget episodes (8 x 20,480 tokens) per micro-batch: one row per device on the
         # 8-device meshes (gpu8, v5p-16); docs/scale-out.md says why 8 (batch sharding)
         c.rl.max_tokens_per_micro_batch = 8 * 20480
+        c.rl.shapes.train_width = 20480  # the episode budget the planner packs (docs/scale-out.md)
         c.model.param_dtype = c.model.dtype = "bfloat16"
         c.model.remat = True
         c.eval.max_new_tokens, c.eval.max_turns, c.eval.limit = 2048, 3, 0
