@@ -1,14 +1,15 @@
-"""The RL step side by side: the previous shape policy (each call's own buckets) against the
-bucketed one, from the same model and seed, each in its own process (no compiled program is
-shared between the two).
+"""The RL step side by side: the previous behaviour (each call's own buckets, one episode per
+row) against fixed shapes (rl.shapes, and the preset's packed rows), from the same model and
+seed, each arm in its own process (no compiled program is shared between the two).
 
 Prints per arm the median step seconds, the XLA compilations of every step, and the median
 time split (rollout, rewards, batch building, reference and proximal log-probs, gradients,
 optimizer update), then whether the two arms logged the same metrics step by step (rewards
-exactly, losses to a relative tolerance: padding changes the float reduction order).
+exactly, losses to a tolerance: padding and packing change the float reduction order).
 
     python bench/rl_step.py [--config configs/paragrpo.py:toy] [--checkpoint runs/toy/final]
-        [--steps 6] [--before=--config.rl.shapes.policy=per_call] [--after=] [--workdir DIR]
+        [--steps 6] [--before="--config.rl.shapes.policy=per_call --config.rl.max_tokens_per_micro_batch=0"]
+        [--after=] [--workdir DIR]
         [--extra=--config.rl.eval_every=0]
 """
 from __future__ import annotations
@@ -32,6 +33,7 @@ SPLIT = ("rollout_s", "reward_s", "batch_s", "ref_logprobs_s", "prox_logprobs_s"
 # logged the same in both arms when the shapes change nothing but padding
 EXACT = ("reward", "acc_reward", "format_compliance", "kappa", "rollouts", "loss_tokens")
 CLOSE = ("loss", "grad_norm")
+BEFORE = "--config.rl.shapes.policy=per_call --config.rl.max_tokens_per_micro_batch=0"
 
 
 def run_arm(name: str, args, overrides: list[str], workdir: str) -> list[dict]:
@@ -67,16 +69,16 @@ def arm_row(name: str, lines: list[dict], warmup: int) -> list:
             *(f"{median(metric(steady, key)):.2f}" for key in SPLIT)]
 
 
-def compare(before: list[dict], after: list[dict], rtol: float) -> list[list]:
+def compare(before: list[dict], after: list[dict], rtol: float, atol: float = 1e-5) -> list[list]:
     """One row per metric: the steps on which the arms differ (exact metrics) or differ by more
-    than `rtol` (losses)."""
+    than `rtol` relative and `atol` absolute (losses: an on-policy PPO loss is ~1e-8, noise)."""
     rows = []
     for key in (*EXACT, *CLOSE):
         a, b = metric(before, key), metric(after, key)
         if key in EXACT:
             bad = [i for i, (x, y) in enumerate(zip(a, b)) if x != y]
         else:
-            bad = [i for i, (x, y) in enumerate(zip(a, b)) if abs(x - y) > rtol * max(abs(x), abs(y), 1e-6)]
+            bad = [i for i, (x, y) in enumerate(zip(a, b)) if abs(x - y) > max(rtol * max(abs(x), abs(y)), atol)]
         rows.append([key, "same" if not bad and len(a) == len(b) else f"differs at steps {bad}"])
     return rows
 
@@ -86,8 +88,7 @@ def main(argv=None) -> int:
     parser.add_argument("--config", default="configs/paragrpo.py:toy")
     parser.add_argument("--checkpoint", default="", help="HF checkpoint to start from (default: the preset's)")
     parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--before", default="--config.rl.shapes.policy=per_call",
-                        help="overrides that select the previous behaviour")
+    parser.add_argument("--before", default=BEFORE, help="overrides that select the previous behaviour")
     parser.add_argument("--after", default="", help="overrides of the new arm")
     parser.add_argument("--extra", default="--config.rl.eval_every=0", help="overrides of both arms")
     parser.add_argument("--warmup", type=int, default=2, help="steps left out of the medians")
