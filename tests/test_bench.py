@@ -62,7 +62,7 @@ def test_rl_step_bench_smallest(tmp_path):
     out = run_bench(tmp_path, "rl_step.py", "--config", os.path.join(ROOT, "configs/paragrpo.py:tiny"),
                     "--steps", "2", "--warmup", "1", f"--extra={small}", "--workdir", str(tmp_path / "arms"),
                     timeout=1500)
-    assert "RL step: previous shapes vs bucketed shapes" in out and "speed-up of the median step" in out
+    assert "RL step: previous shapes vs fixed shapes" in out and "speed-up of the median step" in out
     for metric in ("reward", "kappa", "loss_tokens", "loss"):
         assert f"| {metric}" in out
     assert "differs" not in out, out

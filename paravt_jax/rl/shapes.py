@@ -39,6 +39,9 @@ POLICIES = ("fixed", "per_call")
 # Bounds of the text around the frames: the system message with the tool schema and the
 # question (prompt), the segment instruction (sub-agent prompt).
 PROMPT_TEXT_TOKENS, SUBAGENT_TEXT_TOKENS = 768, 64
+# A turn's text tool responses go in pieces of this many tokens: one or two pieces for the
+# toy's summaries, and a few hundred tokens per call of a large model's weights read
+EXTEND_WIDTH = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +49,7 @@ class ShapeConfig:
     policy: str = "fixed"  # fixed | per_call
     prompt_width: int = 0  # tokens of the prompt prefill and of the prompt cache (0: derived)
     prompt_frames: int = 0  # overview frames per prompt of its vision pass (0: the largest K)
-    extend_width: int = 0  # tokens per prefill piece of a turn's tool responses (0: the smallest chunk bucket)
+    extend_width: int = 0  # tokens per prefill piece of a turn's tool responses (0: EXTEND_WIDTH)
     subagent_rows: int = 0  # rows of every sub-agent call (0: the step's episode rows)
     subagent_width: int = 0  # tokens of a sub-agent prompt prefill (0: derived)
     train_width: int = 0  # packed width of the training micro-batches (0: derived)
@@ -105,4 +108,4 @@ def resolve(shapes: ShapeConfig, rollout: RolloutConfig, dispatch: DispatchConfi
     return StepShapes(PromptShape(prompts, prompt_width, k),
                       PromptShape(shapes.subagent_rows or bucket(rows), subagent_width,
                                   crop_frames if rollout.mode == "subagent" else 0),
-                      train_width, train_frames, "capacity", shapes.extend_width or chunk_bucket)
+                      train_width, train_frames, "capacity", shapes.extend_width or EXTEND_WIDTH)
