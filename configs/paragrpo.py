@@ -76,7 +76,6 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
         c.data.sft_modes = ("subagent",)
         c.sft.steps, c.sft.batch_size, c.sft.nframes = 600, 16, 4
         c.sft.max_tokens_per_micro_batch = 1024  # packed rows: a quarter less padding
-        c.sft.train_width, c.sft.train_frames = 1024, 32  # one row per micro-batch: one compiled step
         c.sft.optimizer.learning_rate = 2e-3  # constant after 20 warm-up steps
         c.sft.optimizer.warmup_steps = 20
         # main trajectories alone first: beside the sub-agent and tool-free rows from the start,
