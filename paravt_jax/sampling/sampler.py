@@ -71,11 +71,11 @@ class SamplerConfig:
     # What a prefill attends: "used" = the cache slots in use, bucketed (one compiled program
     # per bucket the write pointer reaches); "capacity" = every slot of the cache (one program
     # per chunk width: the steady shapes of an RL run, at the cost of attending empty slots)
-    prefill_window: str = "used"
+    prefill_window: str = set_by("used", "rl.shapes for RL rollouts; the caller")
     # > 0: an extend whose chunks hold no image writes them in pieces of this many tokens,
     # one prefill call each (one compiled program, however long the turn's tool responses);
     # 0: one call at the chunks' power-of-two bucket
-    extend_width: int = 0
+    extend_width: int = set_by(0, "rl.shapes for RL rollouts; the caller")
 
 
 @dataclasses.dataclass(frozen=True)
