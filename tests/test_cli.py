@@ -127,7 +127,7 @@ def test_after_sft_evaluation_is_stored_and_read_back_on_resume(tmp_path, monkey
 
     calls = []
 
-    def fake_evaluate_all(config, model, tokenizer, eval_rows, nframes=None):
+    def fake_evaluate_all(config, model, tokenizer, eval_rows, nframes=None, **episode_log):
         calls.append(tuple(nframes))
         return [{"tools": tools, "nframes": k, "accuracy": 0.5 + len(calls), "format_compliance": 1.0,
                  "kappa": 1.0, "calls_per_turn": 2.0, "call_validity": 1.0, "samples": len(eval_rows)}

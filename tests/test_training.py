@@ -223,9 +223,19 @@ def test_two_rl_steps(dataset, tmp_path, anchor_mode, gating, max_tokens):
                       rollout=RolloutConfig(max_turns=1, max_new_tokens=12, subagent_max_tokens=8,
                                             overview_max_pixels=64 * 96),
                       reward=RewardConfig(), advantage=AdvantageConfig(anchor_mode=anchor_mode),
-                      optimizer=OptimizerConfig(learning_rate=1e-4), max_tokens_per_micro_batch=max_tokens)
+                      optimizer=OptimizerConfig(learning_rate=1e-4), max_tokens_per_micro_batch=max_tokens,
+                      log_episodes=3)
     _, result = train_rl(init_model(preset("tiny"), seed=2), tok, rows, str(tmp_path), config)
     assert result.steps_done == 2 and len(result.history) == 2
+    # the episode log: 3 of each step's 4 rollouts, both prompts first, with their rewards
+    for step in (0, 1):
+        with open(tmp_path / "episodes" / f"step_{step:06d}.jsonl") as f:
+            records = [json.loads(line) for line in f]
+        assert [(r["group"], r["sample"]) for r in records] == [(0, 0), (0, 1), (1, 0)]
+        assert all(r["step"] == step and r["turns"] and r["overview_times"] for r in records)
+        assert all(len(r["overview_times"]) == r["nframes"] for r in records)
+        assert all(set(r["rewards"]) >= {"total", "acc_reward", "format_reward", "tool_reward"} for r in records)
+        assert all(r["advantage"]["min"] <= r["advantage"]["mean"] <= r["advantage"]["max"] for r in records)
     for h in result.history:
         assert h["rollouts"] == 4 and np.isfinite(h["loss"]) and not h["skipped"]
         assert 0 <= h["padding_fraction"] < 1

@@ -18,6 +18,7 @@ from paravt_jax.rl import gating
 from paravt_jax.rl import judge as J
 from paravt_jax.rl import rewards as R
 from paravt_jax.rl.advantages import AdvantageConfig, compute_advantages
+from paravt_jax.rl.episode_log import EpisodeLog
 from paravt_jax.rl.episode_stats import summarize
 from paravt_jax.rl.objective import StepConfig, policy_head, policy_loss
 from paravt_jax.sampling import Sampler, SamplerConfig
@@ -111,6 +112,9 @@ class RLConfig:
     eval_every: int = 0  # greedy held-out evaluation every N steps (0 = off)
     eval_nframes: int = 16
     eval_limit: int = 2
+    # sampled episodes logged per step to <workdir>/episodes/step_XXXXXX.jsonl (0 = none;
+    # paravt_jax/rl/episode_log.py, `paravt-jax view`)
+    log_episodes: int = 0
 
 
 def score(rollouts, config: RewardConfig, anchor_weight: float, token_anchor: bool,
@@ -186,6 +190,7 @@ def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge
     rollout_config = dataclasses.replace(config.rollout, temperature=config.step.temperature)
     G = config.samples_per_prompt
     unreadable = {"prompts": 0}  # prompts in a row whose videos could not be read
+    episode_log = EpisodeLog(os.path.join(workdir, "episodes"), config.log_episodes, G, rows)
 
     def step_fn(state, index):
         t0 = time.perf_counter()
@@ -225,6 +230,7 @@ def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge
             seq_rewards, packed.loss_mask, behaviour, ref, config.advantage,
             group_size=G, anchor_rewards=anchor_rewards if token_anchor else None,
             structural_mask=packed.extras["structural_mask"] if token_anchor else None)
+        episode_log.write(index, rollouts, rewards, np.asarray(advantages))
         advantages = plan.split(np.asarray(advantages, np.float32))
         batches = [b.with_extras(advantages=advantages[i],
                                  prox_logp=step.logprobs(state.params, b))  # PPO's "old" policy
