@@ -236,6 +236,11 @@ def test_two_rl_steps(dataset, tmp_path, anchor_mode, gating, max_tokens):
         assert all(len(r["overview_times"]) == r["nframes"] for r in records)
         assert all(set(r["rewards"]) >= {"total", "acc_reward", "format_reward", "tool_reward"} for r in records)
         assert all(r["advantage"]["min"] <= r["advantage"]["mean"] <= r["advantage"]["max"] for r in records)
+    from paravt_jax.experiments.view import render
+
+    pages = render(str(tmp_path))  # an RL-only workdir: episodes/ beside metrics.jsonl
+    assert pages["episodes"] == 6 and len(pages["pages"]) == 2
+    assert pages["thumbnails"] > 0 and not pages["missing_videos"]
     for h in result.history:
         assert h["rollouts"] == 4 and np.isfinite(h["loss"]) and not h["skipped"]
         assert 0 <= h["padding_fraction"] < 1
