@@ -150,7 +150,7 @@ def episode_html(record: dict, thumbs: Thumbnails) -> str:
            f'<h2>{esc(record.get("episode_id"))} · sample {esc(record.get("sample"))} · '
            f'K = {esc(record.get("nframes"))}{setting}</h2>',
            f'<div class="meta">video {esc(os.path.basename(video))} ({duration:.1f} s) · '
-           f'{len(turns)} turns · {esc(record.get("length"))} generated tokens'
+           f'{len(turns)} turn{"" if len(turns) == 1 else "s"} · {esc(record.get("length"))} generated tokens'
            + (" · <b>truncated</b>" if record.get("truncated") else "") + "</div>"]
     if video in thumbs.missing:
         out.append(f'<div class="bad">no thumbnails: {esc(thumbs.missing[video])}</div>')
