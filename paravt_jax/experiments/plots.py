@@ -65,6 +65,7 @@ def plot_run(metrics_files: dict[str, str], out_png: str, curves=CURVES) -> str 
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     series = phase_series(metrics_files, curves)
     layout = panel_rows(series, list(metrics_files), curves)
@@ -87,6 +88,7 @@ def plot_run(metrics_files: dict[str, str], out_png: str, curves=CURVES) -> str 
                 ax.plot(xs, ys, marker=".")
             ax.set_title(f"{phase}: {name}")
             ax.set_xlabel(f"{phase} step")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps, not fractions of one
         for ax in row[len(names):]:
             ax.axis("off")
     fig.tight_layout()
