@@ -225,7 +225,10 @@ def test_two_rl_steps(dataset, tmp_path, anchor_mode, gating, max_tokens):
                       reward=RewardConfig(), advantage=AdvantageConfig(anchor_mode=anchor_mode),
                       optimizer=OptimizerConfig(learning_rate=1e-4), max_tokens_per_micro_batch=max_tokens,
                       log_episodes=3)
+    os.makedirs(tmp_path / "episodes")
+    (tmp_path / "episodes" / "step_000005.jsonl").write_text("{}\n")  # left by an earlier, longer run
     _, result = train_rl(init_model(preset("tiny"), seed=2), tok, rows, str(tmp_path), config)
+    assert sorted(os.listdir(tmp_path / "episodes")) == ["step_000000.jsonl", "step_000001.jsonl"]
     assert result.steps_done == 2 and len(result.history) == 2
     # the episode log: 3 of each step's 4 rollouts, both prompts first, with their rewards
     for step in (0, 1):
