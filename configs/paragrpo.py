@@ -46,6 +46,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     c.rl.samples_per_prompt = 4  # G
     c.rl.nframes_gating = True  # K ~ U{nframes_choices} per prompt; default_nframes when off
     c.rl.eval_every = 2  # held-out greedy evaluation (with and without tools) every N RL steps
+    c.rl.log_episodes = 4  # sampled episodes kept per step: rl/episodes/step_XXXXXX.jsonl (`paravt-jax view`)
     c.rl.optimizer.learning_rate = 1e-4
     c.rl.step.temperature = 0.7  # the log-prob temperature; rollouts sample at it too
     c.rl.rollout.mode = "subagent"  # subagent | frames | sequential

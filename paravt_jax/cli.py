@@ -4,7 +4,7 @@ Commands: run (default: the main job: cold-start SFT, PARA-GRPO, evaluation), sf
 (RL only), export (latest checkpoint -> HF safetensors), generate (one greedy episode),
 forward (one timed forward pass on a synthetic video prompt); with their own flags: eval
 (benchmark driver, paravt_jax/eval/driver.py), plan (memory planner), sweep and report
-(ablations). This module parses the command line and dispatches: the jobs themselves are
+(ablations), view (the episode viewer). This module parses the command line and dispatches: the jobs themselves are
 library functions in paravt_jax/jobs.py.
 """
 from __future__ import annotations
@@ -24,7 +24,8 @@ TAKES_WORKDIR = {"run", "sft", "train", "export"}
 # Commands with their own flags live in their modules: `module.main(argv)` gets argv with the
 # command word removed (argv[0] is the program name).
 MODULE_COMMANDS = {"plan": "paravt_jax.experiments.plan", "sweep": "paravt_jax.experiments.sweep",
-                   "report": "paravt_jax.experiments.report", "eval": "paravt_jax.eval.driver"}
+                   "report": "paravt_jax.experiments.report", "eval": "paravt_jax.eval.driver",
+                   "view": "paravt_jax.experiments.view"}
 
 
 SUMMARIES = {  # one line per command, for `paravt-jax --help`
@@ -38,6 +39,7 @@ SUMMARIES = {  # one line per command, for `paravt-jax --help`
     "plan": "memory planner: parameters, optimizer state, activations, KV cache per device",
     "sweep": "runs (or prints) the arms of an ablation sweep, one workdir each",
     "report": "tables and plots from swept workdirs",
+    "view": "static HTML pages of a run's logged episodes (WORKDIR/view/index.html)",
 }
 EXIT_STATUSES = """exit status:
   0        done

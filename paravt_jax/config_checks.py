@@ -12,6 +12,7 @@ from typing import Any
 
 from paravt_jax.agent.rollout import MODES as ROLLOUT_MODES
 from paravt_jax.rl.advantages import ANCHOR_MODES
+from paravt_jax.rl.episode_log import MAX_LOGGED
 from paravt_jax.rl.rewards import REWARD_MODES
 from paravt_jax.rl.shapes import POLICIES as SHAPE_POLICIES
 
@@ -40,6 +41,11 @@ def positive() -> Rule:
 
 def non_negative() -> Rule:
     return Rule("a finite number >= 0", lambda v: _number(v) and v >= 0)
+
+
+def integer_between(low: int, high: int) -> Rule:
+    return Rule(f"an integer in [{low}, {high}]",
+                lambda v: isinstance(v, int) and not isinstance(v, bool) and low <= v <= high)
 
 
 def one_of(choices) -> Rule:
@@ -73,6 +79,7 @@ RULES: dict[str, Rule] = {
     "rl.shapes.prompt_frames": integer(0), "rl.shapes.subagent_rows": integer(0), "rl.shapes.extend_width": integer(0),
     "rl.shapes.subagent_width": integer(0), "rl.shapes.train_width": integer(0),
     "rl.shapes.train_frames": integer(0),
+    "rl.log_episodes": integer_between(0, MAX_LOGGED),
     "rl.max_bad_steps": integer(1), "rl.nframes_choices": integers(1), "rl.default_nframes": integer(0),
     "rl.optimizer.learning_rate": positive(), "rl.optimizer.weight_decay": non_negative(),
     "rl.optimizer.grad_clip": non_negative(), "rl.optimizer.warmup_steps": integer(0),

@@ -203,9 +203,13 @@ def eval_config(config) -> EvalConfig:
     return build(EvalConfig, config.eval, "eval")
 
 
-def evaluate_all(config, model, tokenizer, eval_rows, nframes=None) -> list[dict]:
-    """One result row per (tools no/yes) x K, K over `nframes` (default: `eval.nframes`)."""
-    from paravt_jax.rl.evaluate import evaluate
+def evaluate_all(config, model, tokenizer, eval_rows, nframes=None, episodes: str = "",
+                 stage: str = "") -> list[dict]:
+    """One result row per (tools no/yes) x K, K over `nframes` (default: `eval.nframes`).
+    episodes: the evaluation's episode log (`<workdir>/eval/episodes.jsonl`; "" = none), where
+    every episode is kept under `stage` and its setting (rl/episode_log.py)."""
+    from paravt_jax.rl.episode_log import write_eval_episodes
+    from paravt_jax.rl.evaluate import evaluate_episodes
 
     e = eval_config(config)
     rows = eval_rows[: e.limit] if e.limit else eval_rows
@@ -213,11 +217,19 @@ def evaluate_all(config, model, tokenizer, eval_rows, nframes=None) -> list[dict
     results = []
     for number, (tools, k) in enumerate(settings, 1):
         t0 = time.perf_counter()
-        results.append(evaluate(model, tokenizer, rows, nframes=k, tools=tools,
-                                max_new_tokens=e.max_new_tokens, max_turns=e.max_turns, mode=e.mode).row())
+        result, rollouts = evaluate_episodes(model, tokenizer, rows, nframes=k, tools=tools,
+                                             max_new_tokens=e.max_new_tokens, max_turns=e.max_turns, mode=e.mode)
+        results.append(result.row())
+        if episodes:
+            write_eval_episodes(episodes, stage, rollouts, {"tools": tools, "nframes": k}, rows)
         print(f"[run] evaluation {number}/{len(settings)} (tools {'yes' if tools else 'no'}, K = {k}, "
               f"{len(rows)} videos) in {time.perf_counter() - t0:.0f} s", flush=True)
     return results
+
+
+def eval_episodes_path(workdir: str) -> str:
+    """The main job's held-out evaluation episodes (`paravt-jax view` reads them)."""
+    return os.path.join(workdir, "eval", "episodes.jsonl")
 
 
 def print_results(results: list[dict], title: str = "") -> str:
@@ -263,7 +275,8 @@ def evaluate_after_sft(config, model, tokenizer, eval_rows, workdir: str) -> lis
     if distributed.is_primary():
         print(f"[run] evaluation of the cold start (SFT) on held-out synthetic videos (greedy, "
               f"{len(e.after_sft) * 2} settings)", flush=True)
-        results = evaluate_all(config, local, tokenizer, eval_rows, nframes=e.after_sft)
+        results = evaluate_all(config, local, tokenizer, eval_rows, nframes=e.after_sft,
+                               episodes=eval_episodes_path(workdir), stage="after_sft")
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with preemption.deferred():
             write_json_atomic(path, {"settings": settings, "results": results})
@@ -381,7 +394,8 @@ def run_command(config, workdir: str = "") -> dict:
                                   "rerun to evaluate")
     print(f"[run] evaluation on held-out synthetic videos (greedy, {len(eval_config(config).nframes) * 2} "
           f"settings)", flush=True)
-    summary["eval"] = evaluate_all(config, model, tokenizer, eval_rows)
+    summary["eval"] = evaluate_all(config, model, tokenizer, eval_rows, episodes=eval_episodes_path(workdir),
+                                   stage="final")
     if after_sft is not None:
         summary["eval_after_sft"] = after_sft
         summary["table_after_sft"] = print_results(after_sft, "[run] after SFT:")

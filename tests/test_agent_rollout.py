@@ -259,7 +259,7 @@ def test_gating_off_overview_samples_one_fps_up_to_64(video, tokenizer, tmp_path
     episodes = [Episode("a", "q?", "A", "mcq", video, nframes=0), Episode("b", "q?", "A", "mcq", long_video, nframes=0),
                 Episode("c", "q?", "A", "mcq", video, nframes=8)]
     with CropDispatcher() as pool:
-        prompts, errors, durations = overview_prompts(episodes, tokenizer, RolloutConfig(), pool)
+        prompts, errors, durations, _ = overview_prompts(episodes, tokenizer, RolloutConfig(), pool)
     assert errors == [None] * 3 and durations == pytest.approx([40.0, 100.0, 40.0], abs=0.5)
     assert [p.image_grid_thw.shape[0] for p in prompts] == [40, 64, 8]
 
@@ -273,7 +273,7 @@ def test_rl_prompt_layout_system_and_subagent(video, tokenizer):
     def prompt_text(episode, config=None):
         config = config or RolloutConfig()
         with CropDispatcher() as pool:
-            (prompt,), _, _ = overview_prompts([episode], tokenizer, config, pool)
+            (prompt,), _, _, _ = overview_prompts([episode], tokenizer, config, pool)
         return tokenizer.decode(prompt.input_ids)
 
     plain = prompt_text(Episode("a", "What colour?", "blue", "oe", video, nframes=2))

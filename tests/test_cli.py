@@ -97,6 +97,15 @@ def test_main_job_end_to_end_then_export(builtin_root, tmp_path):
     rl_lines = [json.loads(l) for l in open(f"{workdir}/rl/metrics.jsonl")]
     assert "rl/eval_tools/accuracy" in rl_lines[0] and "rl/kappa" in rl_lines[0]
     assert load_pretrained(f"{workdir}/final").config.text.hidden_size == 64
+    # the episode logs: the RL step's 2 rollouts; each held-out setting's episode (2 after SFT, 4 final)
+    steps = [json.loads(line) for line in open(f"{workdir}/rl/episodes/step_000000.jsonl")]
+    assert [(r["step"], r["sample"]) for r in steps] == [(0, 0), (0, 1)]
+    evaluated = [json.loads(line) for line in open(f"{workdir}/eval/episodes.jsonl")]
+    assert [(r["stage"], r["tools"], r["nframes"]) for r in evaluated] == [
+        ("after_sft", False, 4), ("after_sft", True, 4), ("final", False, 4), ("final", False, 64),
+        ("final", True, 4), ("final", True, 64)]
+    assert "[view] 8 episodes" in run_cli("view", workdir)
+    assert os.path.isfile(f"{workdir}/view/step_000000.html") and os.path.isfile(f"{workdir}/view/eval.html")
     out = run_cli("export", *common)
     assert "export" in out and os.path.isfile(f"{workdir}/export/model.safetensors")
 
@@ -127,7 +136,7 @@ def test_after_sft_evaluation_is_stored_and_read_back_on_resume(tmp_path, monkey
 
     calls = []
 
-    def fake_evaluate_all(config, model, tokenizer, eval_rows, nframes=None):
+    def fake_evaluate_all(config, model, tokenizer, eval_rows, nframes=None, **episode_log):
         calls.append(tuple(nframes))
         return [{"tools": tools, "nframes": k, "accuracy": 0.5 + len(calls), "format_compliance": 1.0,
                  "kappa": 1.0, "calls_per_turn": 2.0, "call_validity": 1.0, "samples": len(eval_rows)}

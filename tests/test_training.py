@@ -223,9 +223,27 @@ def test_two_rl_steps(dataset, tmp_path, anchor_mode, gating, max_tokens):
                       rollout=RolloutConfig(max_turns=1, max_new_tokens=12, subagent_max_tokens=8,
                                             overview_max_pixels=64 * 96),
                       reward=RewardConfig(), advantage=AdvantageConfig(anchor_mode=anchor_mode),
-                      optimizer=OptimizerConfig(learning_rate=1e-4), max_tokens_per_micro_batch=max_tokens)
+                      optimizer=OptimizerConfig(learning_rate=1e-4), max_tokens_per_micro_batch=max_tokens,
+                      log_episodes=3)
+    os.makedirs(tmp_path / "episodes")
+    (tmp_path / "episodes" / "step_000005.jsonl").write_text("{}\n")  # left by an earlier, longer run
     _, result = train_rl(init_model(preset("tiny"), seed=2), tok, rows, str(tmp_path), config)
+    assert sorted(os.listdir(tmp_path / "episodes")) == ["step_000000.jsonl", "step_000001.jsonl"]
     assert result.steps_done == 2 and len(result.history) == 2
+    # the episode log: 3 of each step's 4 rollouts, both prompts first, with their rewards
+    for step in (0, 1):
+        with open(tmp_path / "episodes" / f"step_{step:06d}.jsonl") as f:
+            records = [json.loads(line) for line in f]
+        assert [(r["group"], r["sample"]) for r in records] == [(0, 0), (0, 1), (1, 0)]
+        assert all(r["step"] == step and r["turns"] and r["overview_times"] for r in records)
+        assert all(len(r["overview_times"]) == r["nframes"] for r in records)
+        assert all(set(r["rewards"]) >= {"total", "acc_reward", "format_reward", "tool_reward"} for r in records)
+        assert all(r["advantage"]["min"] <= r["advantage"]["mean"] <= r["advantage"]["max"] for r in records)
+    from paravt_jax.experiments.view import render
+
+    pages = render(str(tmp_path))  # an RL-only workdir: episodes/ beside metrics.jsonl
+    assert pages["episodes"] == 6 and len(pages["pages"]) == 2
+    assert pages["thumbnails"] > 0 and not pages["missing_videos"]
     for h in result.history:
         assert h["rollouts"] == 4 and np.isfinite(h["loss"]) and not h["skipped"]
         assert 0 <= h["padding_fraction"] < 1

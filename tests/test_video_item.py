@@ -140,7 +140,7 @@ def charades_prompt(tokenizer, video, visual):
     rollout = driver.rollout_config(config, "tvg")
     episode = Episode("0", "When does the blue circle appear?", "[3.0, 6.0]", "tvg", video, config.nframes)
     with CropDispatcher() as pool:
-        (inputs,), errors, _ = overview_prompts([episode], tokenizer, rollout, pool)
+        (inputs,), errors, _, _ = overview_prompts([episode], tokenizer, rollout, pool)
     assert errors == [None]
     return rollout, inputs
 

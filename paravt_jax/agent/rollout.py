@@ -126,6 +126,20 @@ class SubTrajectory:
 
 
 @dataclasses.dataclass(frozen=True)
+class CallRecord:
+    """One executed crop call as the episode log keeps it: the assistant turn that made it, the
+    window as the call reads (`tools.lenient_window`; the model's numbers, any size), the window
+    the dispatcher cut (validated and clamped; None when the call was refused), the source
+    timestamps of the crop's frames (references into the episode's video, not pixels) and the
+    tool response's text (the sub-agent summary, the frames' caption, or the error)."""
+    turn: int
+    asked: tuple[float, float]
+    window: tuple[float, float] | None
+    frame_times: tuple[float, ...]
+    response: str
+
+
+@dataclasses.dataclass(frozen=True)
 class Rollout:
     episode: Episode
     sample: int  # 0..G-1
@@ -145,6 +159,8 @@ class Rollout:
     errors: tuple[str, ...]  # parse, validation, decode and overflow errors, in order
     subagents: tuple[SubTrajectory, ...]
     truncated: bool  # the last turn hit its token budget without a stop token
+    overview_times: tuple[float, ...] = ()  # source timestamps of the K overview frames
+    calls: tuple[CallRecord, ...] = ()  # every executed call, in order (the episode log's)
 
     @property
     def nframes(self) -> int:
@@ -195,6 +211,8 @@ class _Row:
     errors: list[str] = dataclasses.field(default_factory=list)
     subagents: list[SubTrajectory] = dataclasses.field(default_factory=list)
     turn_texts: list[str] = dataclasses.field(default_factory=list)
+    call_records: list[CallRecord] = dataclasses.field(default_factory=list)
+    overview_times: tuple[float, ...] = ()
     prefix: str = ""  # the forced start of the turn being generated
     turns: int = 0
     active: bool = True
@@ -264,8 +282,10 @@ def response_chunk(bodies: Sequence, errors: Sequence[str], truncated: bool, pre
 
 
 def overview_prompts(episodes: Sequence[Episode], tokenizer: Tokenizer, config: RolloutConfig,
-                     pool) -> tuple[list[ModelInputs | None], list[str | None], list[float]]:
-    """Reads every episode's K overview frames concurrently and builds its ParaVT prompt."""
+                     pool) -> tuple[list[ModelInputs | None], list[str | None], list[float], list[tuple]]:
+    """Reads every episode's K overview frames concurrently and builds its ParaVT prompt.
+    Returns the prompts, the read errors, the videos' durations and the overview frames'
+    source timestamps (None / an error / 0 / () for an unreadable video)."""
     def build(ep: Episode):
         pixels = dict(min_pixels=config.overview_min_pixels, max_pixels=config.overview_max_pixels)
         if config.overview_visual == "video":
@@ -276,20 +296,23 @@ def overview_prompts(episodes: Sequence[Episode], tokenizer: Tokenizer, config: 
         else:
             clip = read_frames(ep.video_path, fps=config.overview_fps, max_frames=config.overview_max_frames,
                                **pixels)
-        return prompt_inputs(ep, clip, tokenizer, config), clip.metadata.duration
+        times = tuple(round(float(t), 3) for t in clip.timestamps)
+        return prompt_inputs(ep, clip, tokenizer, config), clip.metadata.duration, times
 
-    prompts, errors, durations = [], [], []
+    prompts, errors, durations, timestamps = [], [], [], []
     for ep, future in [(ep, pool.submit(build, ep)) for ep in episodes]:
         try:
-            prompt, duration = future.result()
+            prompt, duration, times = future.result()
             prompts.append(prompt)
             errors.append(None)
             durations.append(duration)
+            timestamps.append(times)
         except (VideoError, ValueError) as e:
             prompts.append(None)
             errors.append(f"{ep.episode_id}: {e}")
             durations.append(0.0)
-    return prompts, errors, durations
+            timestamps.append(())
+    return prompts, errors, durations, timestamps
 
 
 def _responses_subagent(results: list[CropResult], sampler: Sampler, tokenizer: Tokenizer,
@@ -390,7 +413,7 @@ def run_rollouts(sampler: Sampler, tokenizer: Tokenizer, episodes: Sequence[Epis
     im_end = tokenizer.special.im_end
     knobs = dict(temperature=config.temperature, top_p=config.top_p, top_k=config.top_k,
                  stop_ids=(im_end,))
-    prompts, prompt_errors, durations = overview_prompts(episodes, tokenizer, config, dispatcher)
+    prompts, prompt_errors, durations, overview_times = overview_prompts(episodes, tokenizer, config, dispatcher)
     kept = [i for i, p in enumerate(prompts) if p is not None]
     skipped = [e for e in prompt_errors if e is not None]
     if not kept:
@@ -398,7 +421,7 @@ def run_rollouts(sampler: Sampler, tokenizer: Tokenizer, episodes: Sequence[Epis
     eps = [episodes[i] for i in kept]
     think = THINK_PREFIX if config.think_prefix else ""
     rows = [_Row(eps[e], g, prompts[kept[e]], [np.zeros(prompts[kept[e]].length, np.float32)],
-                 prompts[kept[e]].length, prefix=think)
+                 prompts[kept[e]].length, overview_times=overview_times[kept[e]], prefix=think)
             for e in range(len(eps)) for g in range(num_samples)]
     row_duration = [durations[kept[e]] for e in range(len(eps)) for _ in range(num_samples)]
     # a row's random stream: its place in the step's batch (skipped episodes keep their slots)
@@ -456,10 +479,15 @@ def run_rollouts(sampler: Sampler, tokenizer: Tokenizer, episodes: Sequence[Epis
             for t in trajectories:
                 if t is not None:
                     rows[t.row].subagents.append(t)
+            captions = texts
         elif config.frames_response == "images_first":
             texts = images_first_messages(results)
         else:
             texts = frames_responses(results)
+        if config.mode != "subagent":
+            captions = [f"{len(r.clip.frames)} frames" if r.ok else f"Error: {r.error}" for r in results]
+        for r, caption in zip(results, captions):
+            rows[r.task.row].call_records.append(call_record(r, rows[r.task.row].turns - 1, caption))
         chunks: list[ModelInputs | None] = [None] * len(rows)
         for b, (first, count) in per_row.items():
             row = rows[b]
@@ -484,6 +512,16 @@ def run_rollouts(sampler: Sampler, tokenizer: Tokenizer, episodes: Sequence[Epis
     return [_finish(row, tokenizer) for row in rows], skipped
 
 
+def call_record(result: CropResult, turn: int, response: str) -> CallRecord:
+    """The episode log's record of one executed call (`CallRecord`)."""
+    request = result.request
+    return CallRecord(turn=turn, asked=lenient_window(result.task.call),
+                      window=None if request is None else (float(request.start), float(request.end)),
+                      frame_times=() if result.clip is None else tuple(round(float(t), 3)
+                                                                      for t in result.clip.timestamps),
+                      response=response)
+
+
 def _finish(row: _Row, tokenizer: Tokenizer) -> Rollout:
     inputs = row.inputs
     logprobs = np.concatenate(row.logprobs)
@@ -496,4 +534,5 @@ def _finish(row: _Row, tokenizer: Tokenizer) -> Rollout:
         generated_text=tokenizer.decode(inputs.input_ids[inputs.loss_mask == 1]),
         turn_texts=tuple(row.turn_texts),
         calls_per_turn=tuple(row.calls), turns=row.turns, errors=tuple(row.errors),
-        subagents=tuple(row.subagents), truncated=row.truncated)
+        subagents=tuple(row.subagents), truncated=row.truncated, overview_times=row.overview_times,
+        calls=tuple(row.call_records))

@@ -38,8 +38,9 @@ from paravt_jax.data.synthetic import SHAPES, Event, SyntheticVideo, write_parqu
 # of the generator: part of the built-in set's cache key (2: count answers balanced; 3: slot
 # grid, one file name, 64 x 96 frames; 4: one background for every video; 5: kinds colour /
 # find2 / find3, colour options in one fixed order, a final think that states the answer with
-# a capitalised colour, shapes 0.4 of the frame's height)
-VERSION = 5
+# a capitalised colour, shapes 0.4 of the frame's height; 6: the RL rows' extra_info names the
+# question's windows, for the episode viewer)
+VERSION = 6
 KINDS = ("colour", "find2", "find3")
 KIND_WEIGHTS = (0.2, 0.4, 0.4)  # 2.2 windows per question on average
 WINDOWS = {"colour": 1, "find2": 2, "find3": 3}
@@ -230,7 +231,8 @@ def rl_row(q: EventQuestion) -> dict:
     return {"prompt": [{"role": "user", "content": f"<video>\n{q.question}"}],
             "videos": [{"video": f"videos/{q.video.name}"}],
             "extra_info": json.dumps({"answer": q.answer, "question_type": "mcq",
-                                      "video_duration": q.video.duration}),
+                                      "video_duration": q.video.duration,
+                                      "windows": [list(w) for w in q.windows]}),
             "data_source": "paravt_events"}
 
 

@@ -29,6 +29,13 @@ class EvalResult:
 
 def evaluate(model, tokenizer, rows, *, nframes: int, tools: bool, max_new_tokens: int = 96,
              max_turns: int = 3, max_parallel: int = 5, mode: str = "frames") -> EvalResult:
+    return evaluate_episodes(model, tokenizer, rows, nframes=nframes, tools=tools, max_new_tokens=max_new_tokens,
+                             max_turns=max_turns, max_parallel=max_parallel, mode=mode)[0]
+
+
+def evaluate_episodes(model, tokenizer, rows, *, nframes: int, tools: bool, max_new_tokens: int = 96,
+                      max_turns: int = 3, max_parallel: int = 5, mode: str = "frames") -> tuple[EvalResult, list]:
+    """`evaluate`'s result and the rollouts it scored (for the evaluation's episode log)."""
     episodes = [Episode(f"eval{r.index}", r.question, r.answer, r.question_type, r.video_path, nframes)
                 for r in rows]
     config = RolloutConfig(mode=mode, max_turns=max_turns if tools else 0, max_new_tokens=max_new_tokens,
@@ -40,7 +47,7 @@ def evaluate(model, tokenizer, rows, *, nframes: int, tools: bool, max_new_token
            for r in rollouts]
     use = tool_use([r.generated_text for r in rollouts], [r.calls_per_turn for r in rollouts])
     return EvalResult(tools, nframes, float(np.mean(acc)) if acc else 0.0, use["format_compliance"],
-                      use["kappa"], use["calls_per_tool_turn"], len(rollouts), call_validity(rollouts))
+                      use["kappa"], use["calls_per_tool_turn"], len(rollouts), call_validity(rollouts)), rollouts
 
 
 def call_validity(rollouts) -> float:

@@ -19,6 +19,7 @@ from paravt_jax.rl import gating
 from paravt_jax.rl import judge as J
 from paravt_jax.rl import rewards as R
 from paravt_jax.rl.advantages import AdvantageConfig, compute_advantages
+from paravt_jax.rl.episode_log import EpisodeLog
 from paravt_jax.rl.episode_stats import summarize
 from paravt_jax.rl.objective import StepConfig, policy_head, policy_loss
 from paravt_jax.rl.shapes import ShapeConfig, StepShapes, resolve
@@ -115,6 +116,9 @@ class RLConfig:
     eval_every: int = 0  # greedy held-out evaluation every N steps (0 = off)
     eval_nframes: int = 16
     eval_limit: int = 2
+    # sampled episodes logged per step to <workdir>/episodes/step_XXXXXX.jsonl (0 = none;
+    # paravt_jax/rl/episode_log.py, `paravt-jax view`)
+    log_episodes: int = 0
 
 
 def score(rollouts, config: RewardConfig, anchor_weight: float, token_anchor: bool,
@@ -213,6 +217,7 @@ def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge
     # one compiled program per batch shape (run eagerly, each jnp operation compiled on its own)
     advantages_fn = jax.jit(compute_advantages, static_argnames=("cfg", "group_size"))
     unreadable = {"prompts": 0}  # prompts in a row whose videos could not be read
+    episode_log = EpisodeLog(os.path.join(workdir, "episodes"), config.log_episodes, G, rows)
 
     def step_fn(state, index):
         t0 = time.perf_counter()
@@ -256,6 +261,7 @@ def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge
             seq_rewards, packed.loss_mask, behaviour, ref, cfg=config.advantage,
             group_size=G, anchor_rewards=anchor_rewards if token_anchor else None,
             structural_mask=packed.extras["structural_mask"] if token_anchor else None)
+        episode_log.write(index, rollouts, rewards, np.asarray(advantages))
         advantages = plan.split(np.asarray(advantages, np.float32))
         prox = jax.block_until_ready([step.logprobs(state.params, b) for b in batches])  # PPO's "old" policy
         t_prox = time.perf_counter()
