@@ -61,11 +61,10 @@ def execute(argv: list[str]):
     """Runs the command of argv (argv[0] is the program name) and returns its result; raises
     HelpShown after printing help, UsageError / ConfigValueError for bad input."""
     from absl import flags
-    from ml_collections import config_flags
 
     from paravt_jax import compile_cache, distributed
     from paravt_jax.config_checks import check_config
-    from paravt_jax.flags import HELP_FLAGS, HelpShown, UsageError, parse_flags
+    from paravt_jax.flags import HELP_FLAGS, HelpShown, UsageError, define_config, parse_flags
 
     argv = list(argv)
     if len(argv) > 1 and argv[1] in HELP_FLAGS:  # `paravt-jax --help` (`paravt-jax` alone runs `run`)
@@ -86,8 +85,7 @@ def execute(argv: list[str]):
     flag_values = flags.FlagValues()
     # sys_argv lets ml_collections register the --config.* override flags of this argv.
     default = DEFAULT_CONFIG if command == "forward" else DEFAULT_CONFIG.replace("base.py", "paragrpo.py")
-    config_flags.DEFINE_config_file("config", default + ":tiny", "config file[:arg]",
-                                    flag_values=flag_values, sys_argv=argv)
+    define_config(flag_values, default + ":tiny", argv)
     if command in TAKES_WORKDIR:
         flags.DEFINE_string("workdir", "", "run directory (checkpoints, metrics, final model); default: "
                             "config.workdir, else runs/PRESET", flag_values=flag_values)

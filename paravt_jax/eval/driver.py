@@ -346,18 +346,29 @@ def benchmark_protocol(c, name: str) -> dict:
     return dict(prompt_mode=c.prompt_mode, overview_visual="images")
 
 
+def dataset_names(c) -> list[str]:
+    """The benchmarks of `config.datasets` (comma-separated); an empty list or a name without an
+    entry in `config.benchmarks` is a ConfigValueError (refused before any work)."""
+    from paravt_jax.config_checks import ConfigValueError
+
+    names = [d.strip() for d in str(c.datasets).split(",") if d.strip()]
+    unknown = [n for n in names if n not in c.benchmarks]
+    if unknown or not names:
+        raise ConfigValueError(f"datasets={c.datasets!r}: " + (f"unknown dataset {unknown[0]!r}" if unknown else "empty")
+                               + f"; choose from {', '.join(sorted(c.benchmarks))} (comma-separated)")
+    return names
+
+
 def load_benchmarks(c, prompt_mode_for: Callable[[str], str], limit: int, default_data_dir: str):
     from paravt_jax.eval import datasets
 
     out = []
-    for name in [d.strip() for d in str(c.datasets).split(",") if d.strip()]:
+    for name in dataset_names(c):
         paths = dict(c.benchmarks.get(name, {}))
         if name == "synthetic":
             paths.setdefault("annotations", "")
             paths["annotations"] = paths["annotations"] or os.path.join(default_data_dir, "rl_eval.parquet")
             paths["video_dir"] = paths.get("video_dir", "") or default_data_dir
-        elif name not in c.benchmarks:
-            raise ValueError(f"dataset {name!r}: no entry in config.benchmarks (known: {sorted(c.benchmarks)})")
         else:
             for key in ("annotations", "video_dir", "subtitle_dir"):
                 if paths.get(key) and not os.path.isabs(paths[key]):
@@ -415,16 +426,14 @@ def evaluate_command(config, output_dir: str, *, shard_id: int = 0, num_shards: 
 
 def main(argv: list[str]) -> dict:
     from absl import flags
-    from ml_collections import config_flags
 
     from paravt_jax.config import config_path
     from paravt_jax.config_checks import check_config
-    from paravt_jax.flags import parse_flags
+    from paravt_jax.flags import define_config, parse_flags
 
     default = config_path("eval")
     flag_values = flags.FlagValues()
-    config_flags.DEFINE_config_file("config", default + ":synthetic", "config file[:arg]",
-                                    flag_values=flag_values, sys_argv=argv)
+    define_config(flag_values, default + ":synthetic", argv)
     flags.DEFINE_string("output_dir", "", "where per-dataset JSON and summary_all.json go",
                         flag_values=flag_values)
     flags.DEFINE_integer("shard_id", 0, "this host's shard", flag_values=flag_values)
@@ -436,6 +445,7 @@ def main(argv: list[str]) -> dict:
                 "driver: per-dataset JSON (resumable) and summary_all.json in --output_dir.", show_config=True)
     config = flag_values.config
     check_config(config)
+    dataset_names(config)
     output_dir = flag_values.output_dir or config.output_dir or os.path.join("runs", "eval")
     return evaluate_command(config, output_dir, shard_id=flag_values.shard_id, num_shards=flag_values.num_shards,
                             limit=flag_values.limit, compare=flag_values.compare)
