@@ -45,6 +45,10 @@ def one_of(choices) -> Rule:
     return Rule(f"one of {tuple(choices)}", lambda v: v in tuple(choices))
 
 
+def share() -> Rule:
+    return Rule("a number in [0, 1]", lambda v: _number(v) and 0 <= v <= 1)
+
+
 def integers(low: int, empty: bool = False) -> Rule:
     """A list of integers >= low; `empty` allows an empty list (e.g. no evaluation setting)."""
     kind = "a list" if empty else "a non-empty list"
@@ -86,7 +90,8 @@ RULES: dict[str, Rule] = {
     "eval.max_new_tokens": integer(1), "eval.max_turns": integer(0),
     "eval.limit": integer(0), "eval.mode": one_of(ROLLOUT_MODES), "generate.nframes": integer(1),
     # the benchmark driver's flat config (configs/eval.py)
-    "limit": integer(0), "nframes": integer(1), "max_turns": integer(0), "max_parallel": integer(1),
+    "limit": integer(0), "max_missing_videos": share(), "nframes": integer(1), "max_turns": integer(0),
+    "max_parallel": integer(1),
     "max_new_tokens": integer(1), "batch_size": integer(1), "mcq_answer_tokens": integer(1),
     "grounding_answer_tokens": integer(1), "dispatch": one_of(("parallel", "sequential")),
     "grounding_visual": one_of(("video", "images")), "video_frames": integer(1),
