@@ -93,7 +93,8 @@ def test_bad_values_are_refused_at_start(args, message, tmp_path, capsys):
 
 
 ONE_LINE = [
-    (("sft", "--config.sft.stepz=3"), "--config.sft.stepz: 'sft' has no field 'stepz'; did you mean --config.sft.steps?"),
+    (("sft", "--config.sft.stepz=3"),
+     "--config.sft.stepz: 'sft' has no field 'stepz'; did you mean --config.sft.steps?"),
     (("train", f"--config={ROOT}/configs/paragrpo.py:tiny", "--config.rl.stepz=3"),
      "'rl' has no field 'stepz'; did you mean --config.rl.steps?"),
     (("run", "--config.rll.steps=3"), "the config' has no field 'rll'; did you mean --config.rl?"),

@@ -183,7 +183,8 @@ def test_records_are_keyed_by_checkpoint_and_settings(benchmark, tokenizer, tmp_
     evaluates everything again; the same producer resumes; unkeyed records are refused."""
     out = str(tmp_path / "o")
     quiet = dict(log=lambda _: None)
-    first = driver.run_dataset(FakeSampler(tokenizer), tokenizer, benchmark, config(), out, identity=IDENTITY_A, **quiet)
+    first = driver.run_dataset(FakeSampler(tokenizer), tokenizer, benchmark, config(), out, identity=IDENTITY_A,
+                               **quiet)
     assert first["complete"] and first["producer"]["checkpoint"]["path"] == "/ckpt/a"
     with pytest.raises(driver.ForeignRecords, match=r"6 synthetic record\(s\) of another evaluation "
                        r"\(checkpoint.files: '0123' -> '4567'; checkpoint.path: '/ckpt/a' -> '/ckpt/b'\).*--overwrite"):
@@ -198,7 +199,8 @@ def test_records_are_keyed_by_checkpoint_and_settings(benchmark, tokenizer, tmp_
     driver.run_dataset(same, tokenizer, benchmark, config(batch_size=2), out, identity=IDENTITY_A, **quiet)
     assert same.rows == 0
     again = FakeSampler(tokenizer)
-    second = driver.run_dataset(again, tokenizer, benchmark, config(), out, identity=IDENTITY_B, overwrite=True, **quiet)
+    second = driver.run_dataset(again, tokenizer, benchmark, config(), out, identity=IDENTITY_B, overwrite=True,
+                                **quiet)
     assert again.rows == len(benchmark.samples) and second["complete"]
     assert second["producer"]["checkpoint"]["path"] == "/ckpt/b" and second["producer_id"] != first["producer_id"]
     records = driver.read_records(glob.glob(os.path.join(out, "*.jsonl")))
