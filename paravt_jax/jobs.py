@@ -17,6 +17,7 @@ import numpy as np
 from paravt_jax.config import build
 from paravt_jax.data.builtin import BUILTIN_MODELS
 from paravt_jax.experiments.plots import thirds
+from paravt_jax.workdirs import claims_workdir
 
 
 def build_model(config, default_dir: str | None = None):
@@ -332,10 +333,13 @@ def finished_summary(config, workdir: str) -> dict | None:
     return summary
 
 
+@claims_workdir("run")
 def run_command(config, workdir: str = "") -> dict:
     """The main job: SFT, then PARA-GRPO, then evaluation with and without tools.
 
-    Resumable: each phase continues from its latest checkpoint. On SIGTERM/SIGINT a phase
+    One run per workdir, under one config (workdirs.claims_workdir: a second run is refused, and
+    so is a rerun with a config that differs in more than its length, unless
+    `config_changed="ok"`). Resumable: each phase continues from its latest checkpoint. On SIGTERM/SIGINT a phase
     checkpoints and `preemption.Preempted` propagates: nothing after it runs and no
     summary.json is written (a previous one is removed before any training), so only a
     completed run has one. A completed run is left alone when run again."""
@@ -404,6 +408,7 @@ def run_command(config, workdir: str = "") -> dict:
     return summary
 
 
+@claims_workdir("sft")
 def sft_command(config, workdir: str = ""):
     from paravt_jax.sft.trainer import train_sft
 
@@ -412,6 +417,7 @@ def sft_command(config, workdir: str = ""):
     return train_sft(model, tokenizer, sft.rows, root, workdir, sft_config(config), kinds=sft.kinds)
 
 
+@claims_workdir("train")
 def train_command(config, workdir: str = ""):
     from paravt_jax.rl.trainer import train_rl
 
