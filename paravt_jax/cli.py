@@ -66,7 +66,7 @@ def execute(argv: list[str]):
     from absl import flags
 
     from paravt_jax import compile_cache, distributed
-    from paravt_jax.config_checks import check_config
+    from paravt_jax.config_checks import check_config, check_data_sources
     from paravt_jax.flags import HELP_FLAGS, HelpShown, UsageError, define_config, parse_flags
 
     argv = list(argv)
@@ -98,6 +98,8 @@ def execute(argv: list[str]):
                           flag_values=flag_values)
     parse_flags(flag_values, argv, command_usage(command), show_config=True)
     check_config(flag_values.config)
+    if command in CLAIMS_WORKDIR:  # the training commands: real data outside the toy presets
+        check_data_sources(flag_values.config)
     compile_cache.enable(flag_values.config.get("compilation_cache_dir", ""))
     distributed.initialize(flag_values.config)  # before anything touches JAX devices
     if command in CLAIMS_WORKDIR:

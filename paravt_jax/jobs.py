@@ -33,9 +33,16 @@ def build_model(config, default_dir: str | None = None):
         mesh = sh.make_hybrid_mesh(preset["ici"], preset["dcn"])
     else:
         mesh = sh.make_mesh(dict(config.mesh))
-    # The built-in checkpoint stands in for `tiny` and `toy`; other presets without a checkpoint
-    # are randomly initialised (benchmarks, memory checks).
+    # The built-in checkpoint stands in for `tiny` and `toy`; other presets load model.checkpoint,
+    # or are randomly initialised when model.init=random says so (config_checks refuses the rest).
     directory = m.checkpoint or (default_dir if m.preset in BUILTIN_MODELS else None)
+    if m.get("init", "checkpoint") == "random":
+        directory = None
+    elif not directory:
+        from paravt_jax.config_checks import ConfigValueError
+
+        raise ConfigValueError(f"model.checkpoint is empty and the {m.preset!r} model has no built-in checkpoint; "
+                               "give --config.model.checkpoint=DIR, or --config.model.init=random")
     if directory:
         return load_pretrained(directory, dtype=m.param_dtype, compute_dtype=m.dtype, mesh=mesh,
                                remat=m.remat, scan_layers=m.scan_layers, attention=m.attention,
@@ -141,8 +148,12 @@ class SFTData:
     kinds: tuple[str, ...]  # each row's `kind` column ("" without one): the SFT curriculum's key
 
 
-def _setup(config):
+def _setup(config, training: bool = False):
     from paravt_jax import distributed
+    from paravt_jax.config_checks import check_data_sources
+
+    if training:
+        check_data_sources(config)
     from paravt_jax.data.paravt_parquet import load_rl_rows, load_sft_rows
     from paravt_jax.text.inputs import check_against_model
     from paravt_jax.text.tokenizer import Tokenizer
@@ -357,7 +368,7 @@ def run_command(config, workdir: str = "") -> dict:
               f"kept (delete it to evaluate again)", flush=True)
         return finished
     t0 = time.perf_counter()
-    model, tokenizer, sft, rl_rows, eval_rows, root = _setup(config)
+    model, tokenizer, sft, rl_rows, eval_rows, root = _setup(config, training=True)
     print(f"[run] workdir {os.path.abspath(workdir)}; {len(sft.rows)} SFT rows, {len(rl_rows)} RL rows, "
           f"{len(eval_rows)} held-out rows", flush=True)
     if distributed.is_primary() and os.path.exists(summary_path):
@@ -413,7 +424,7 @@ def sft_command(config, workdir: str = ""):
     from paravt_jax.sft.trainer import train_sft
 
     workdir = _workdir(config, workdir)
-    model, tokenizer, sft, _, _, root = _setup(config)
+    model, tokenizer, sft, _, _, root = _setup(config, training=True)
     return train_sft(model, tokenizer, sft.rows, root, workdir, sft_config(config), kinds=sft.kinds)
 
 
@@ -422,7 +433,7 @@ def train_command(config, workdir: str = ""):
     from paravt_jax.rl.trainer import train_rl
 
     workdir = _workdir(config, workdir)
-    model, tokenizer, _, rl_rows, eval_rows, _ = _setup(config)
+    model, tokenizer, _, rl_rows, eval_rows, _ = _setup(config, training=True)
     return train_rl(model, tokenizer, rl_rows, workdir, rl_config(config), eval_rows=eval_rows)
 
 

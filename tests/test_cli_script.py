@@ -122,6 +122,45 @@ def test_bad_command_lines_are_one_line_with_status_2(args, message, tmp_path, c
     assert not os.path.exists(tmp_path / "run")
 
 
+RANDOM_OR_TOY = [
+    (("run", f"--config={ROOT}/configs/paragrpo.py:qwen3vl_8b"),
+     "model.checkpoint is empty: the '8b' model has no built-in checkpoint (only tiny, toy have); give "
+     "--config.model.checkpoint=DIR (a local HF Qwen3-VL checkpoint), or --config.model.init=random"),
+    (("train", f"--config={ROOT}/configs/paragrpo.py:qwen3vl_2b", "--config.model.checkpoint=/ckpt"),
+     "data.sft, data.rl_train, data.rl_eval empty: the built-in toy data serves the toy presets (tiny, toy)"),
+    (("sft", f"--config={ROOT}/configs/sft.py:qwen3vl_8b", "--config.model.init=random",
+      "--config.model.checkpoint=/c"),
+     "model.init='random' and model.checkpoint='/c': choose one"),
+    (("forward", f"--config={ROOT}/configs/base.py:small125m"), "the 'small125m' model has no built-in checkpoint"),
+    (("eval", f"--config={ROOT}/configs/eval.py:paravt_8b"), "the '8b' model has no built-in checkpoint"),
+]
+
+
+@pytest.mark.parametrize("args,message", RANDOM_OR_TOY, ids=[" ".join(a[:2]) for a, _ in RANDOM_OR_TOY])
+def test_random_init_and_toy_data_are_asked_for_by_name(args, message, tmp_path, capsys):
+    """A large preset without a checkpoint no longer trains a random model on the toy data."""
+    from paravt_jax.cli import main
+
+    command, *flags = args
+    where = {"eval": [f"--output_dir={tmp_path / 'run'}"], "forward": []}.get(command,
+                                                                              [f"--workdir={tmp_path / 'run'}"])
+    assert main(["paravt-jax", command, *flags, *where]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
+    assert not os.path.exists(tmp_path / "run")
+
+
+def test_model_init_random_asks_for_both():
+    from configs import paragrpo
+    from paravt_jax.config_checks import check_config, check_data_sources
+
+    config = paragrpo.get_config("qwen3vl_8b")
+    config.model.init = "random"
+    check_config(config)
+    check_data_sources(config)  # a smoke test of the recipe on the toy data: allowed by name
+    check_data_sources(paragrpo.get_config("toy"))
+
+
 def test_several_bad_values_are_listed_together():
     from configs import paragrpo
     from paravt_jax.config_checks import ConfigValueError, check_config
