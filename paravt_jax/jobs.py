@@ -220,13 +220,15 @@ def evaluate_all(config, model, tokenizer, eval_rows, nframes=None) -> list[dict
     from paravt_jax.rl.evaluate import evaluate
 
     e = eval_config(config)
+    rl = rl_config(config)  # the episode: the training rollout's, with the evaluation's budget
     rows = eval_rows[: e.limit] if e.limit else eval_rows
     settings = [(tools, int(k)) for tools in (False, True) for k in (e.nframes if nframes is None else nframes)]
     results = []
     for number, (tools, k) in enumerate(settings, 1):
         t0 = time.perf_counter()
-        results.append(evaluate(model, tokenizer, rows, nframes=k, tools=tools,
-                                max_new_tokens=e.max_new_tokens, max_turns=e.max_turns, mode=e.mode).row())
+        results.append(evaluate(model, tokenizer, rows, nframes=k, tools=tools, rollout=rl.rollout,
+                                dispatch=rl.dispatch, max_new_tokens=e.max_new_tokens, max_turns=e.max_turns,
+                                mode=e.mode).row())
         print(f"[run] evaluation {number}/{len(settings)} (tools {'yes' if tools else 'no'}, K = {k}, "
               f"{len(rows)} videos) in {time.perf_counter() - t0:.0f} s", flush=True)
     return results
@@ -256,8 +258,11 @@ def evaluate_after_sft(config, model, tokenizer, eval_rows, workdir: str) -> lis
     from paravt_jax.files import write_json_atomic
 
     e = eval_config(config)
+    rl = rl_config(config)
     settings = {"sft_steps": int(config.sft.steps),
-                **dataclasses.asdict(dataclasses.replace(e, nframes=list(e.after_sft), after_sft=[]))}
+                **dataclasses.asdict(dataclasses.replace(e, nframes=list(e.after_sft), after_sft=[])),
+                **json.loads(json.dumps({"rollout": dataclasses.asdict(rl.rollout),
+                                         "dispatch": dataclasses.asdict(rl.dispatch)}))}
     path = os.path.join(workdir, "sft", "eval.json")
     results = None
     if distributed.is_primary():
@@ -460,23 +465,42 @@ def export_command(config, workdir: str = ""):
     raise SystemExit(f"export: no checkpoint under {workdir}/{{rl,sft}}/checkpoints")
 
 
+def generate_episode(config):
+    """(RolloutConfig, DispatchConfig) of `generate`: the run's RL episode (rl.rollout, rl.dispatch),
+    decoded greedily."""
+    rl = rl_config(config)
+    return dataclasses.replace(rl.rollout, temperature=0.0), rl.dispatch
+
+
 def generate_command(config, workdir: str = ""):
-    """Greedy answer of the policy to config.generate.question on config.generate.video."""
+    """Greedy episode of the policy on config.generate.question and .video (default: the first
+    held-out row), as the run's RL episode runs; prints the question, the video, the completion
+    and the parsed answer (beside the expected one for a held-out row)."""
     from paravt_jax.agent.dispatch import CropDispatcher
-    from paravt_jax.agent.rollout import Episode, RolloutConfig, run_rollouts
+    from paravt_jax.agent.rollout import Episode, run_rollouts
+    from paravt_jax.rl.rewards import extract_answer
     from paravt_jax.sampling import Sampler
 
     model, tokenizer, _, _, eval_rows, _ = _setup(config)
     g = config.get("generate", None)
-    question = g.question if g and g.question else eval_rows[0].question
-    video = g.video if g and g.video else eval_rows[0].video_path
-    episode = Episode("generate", question, "", "oe", video, int(g.nframes) if g else 16)
-    r = rl_config(config).rollout
-    rollout = RolloutConfig(mode=r.mode, max_turns=r.max_turns, max_new_tokens=r.max_new_tokens,
-                            temperature=0.0, overview_max_pixels=r.overview_max_pixels)
-    with CropDispatcher() as dispatcher:
+    row = eval_rows[0] if eval_rows else None
+    question = g.question if g and g.question else row.question
+    video = g.video if g and g.video else row.video_path
+    expected = row.answer if row is not None and not (g and (g.question or g.video)) else ""
+    episode = Episode("generate", question, expected, row.question_type if expected else "oe", video,
+                      int(g.nframes) if g else 16)
+    rollout, dispatch = generate_episode(config)
+    with CropDispatcher(dispatch) as dispatcher:
         rollouts, skipped = run_rollouts(Sampler(model), tokenizer, [episode], 1, rollout, dispatcher)
     if skipped:
         raise SystemExit(skipped[0])
-    print(rollouts[0].completion)
-    return dataclasses.asdict(rollouts[0].episode)
+    result = rollouts[0]
+    answer = extract_answer(result.generated_text)
+    print(f"[generate] question: {question}\n[generate] video: {video} (K = {episode.nframes} overview frames; "
+          f"{rollout.mode} mode, up to {rollout.max_turns} tool rounds of {dispatch.max_parallel} calls, crops of at "
+          f"most {dispatch.max_frames} frames of {dispatch.max_pixels} pixels, summaries of at most "
+          f"{rollout.subagent_max_tokens} tokens)\n[generate] completion:\n{result.completion}\n"
+          f"[generate] answer: {answer!r}" + (f" (expected {expected!r})" if expected else "")
+          + f"; {result.num_tool_calls} tool calls over {result.turns} turns", flush=True)
+    return {**dataclasses.asdict(result.episode), "completion": result.completion, "parsed_answer": answer,
+            "tool_calls": result.num_tool_calls, "turns": result.turns}
