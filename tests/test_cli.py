@@ -190,7 +190,8 @@ def dataclasses_equal_but_temperature(a, b) -> bool:
 
 
 def test_generate_prints_the_question_video_and_parsed_answer(builtin_root):
-    text = run_cli("generate", f"--config={ROOT}/configs/paragrpo.py:tiny", f"--config.data.builtin_root={builtin_root}",
+    text = run_cli("generate", f"--config={ROOT}/configs/paragrpo.py:tiny",
+                   f"--config.data.builtin_root={builtin_root}",
                    "--config.rl.rollout.max_new_tokens=8", "--config.rl.rollout.max_turns=1",
                    "--config.rl.rollout.subagent_max_tokens=7", "--config.generate.nframes=2")
     lines = text.splitlines()
