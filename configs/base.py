@@ -1,7 +1,8 @@
 """Base config: model, mesh and the built-in default (tiny model, synthetic video).
 
 Use: `paravt-jax forward --config=configs/base.py:tiny --config.model.dtype=bfloat16`.
-The argument after ':' picks a model preset (tiny, small125m, 2b, 4b, 8b, 32b).
+The argument after ':' picks a model preset (tiny, toy, small125m, 2b, 4b, 8b, 32b); all but
+tiny and toy load `model.checkpoint`, or are randomly initialised with `model.init=random`.
 """
 import ml_collections
 
