@@ -149,14 +149,16 @@ class SFTData:
 
 
 def _setup(config, training: bool = False):
+    """(model, tokenizer, SFT data, RL rows, held-out rows, video root) of a config; `training`:
+    outside the toy presets every data file must be given (config_checks.check_data_sources)."""
     from paravt_jax import distributed
     from paravt_jax.config_checks import check_data_sources
-
-    if training:
-        check_data_sources(config)
     from paravt_jax.data.paravt_parquet import load_rl_rows, load_sft_rows
     from paravt_jax.text.inputs import check_against_model
     from paravt_jax.text.tokenizer import Tokenizer
+
+    if training:
+        check_data_sources(config)
 
     # Process 0 creates the built-in assets (if missing) before the others read them.
     assets = builtin_assets(config) if distributed.is_primary() else None
