@@ -1,7 +1,8 @@
 """Base config: model, mesh and the built-in default (tiny model, synthetic video).
 
 Use: `paravt-jax forward --config=configs/base.py:tiny --config.model.dtype=bfloat16`.
-The argument after ':' picks a model preset (tiny, small125m, 2b, 4b, 8b, 32b).
+The argument after ':' picks a model preset (tiny, toy, small125m, 2b, 4b, 8b, 32b); all but
+tiny and toy load `model.checkpoint`, or are randomly initialised with `model.init=random`.
 """
 import ml_collections
 
@@ -14,7 +15,11 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     c.compilation_cache_dir = ""
     c.model = ml_collections.ConfigDict()
     c.model.preset = arg or "tiny"
-    c.model.checkpoint = ""  # a local HF checkpoint directory; empty = the built-in tiny model
+    c.model.checkpoint = ""  # a local HF checkpoint directory; empty = the built-in one (tiny, toy only)
+    # checkpoint: load model.checkpoint (the built-in checkpoint for tiny and toy) | random: a
+    # random initialisation (seed), asked for by name; the larger presets also need it to run on
+    # the built-in toy data
+    c.model.init = "checkpoint"
     c.model.param_dtype = "float32"
     c.model.dtype = "float32"
     c.model.remat = False

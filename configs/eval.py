@@ -47,6 +47,9 @@ def get_config(arg: str = "synthetic") -> ml_collections.ConfigDict:
     c.root = ""
     c.datasets = "synthetic" if preset == "synthetic" else ALL  # comma-separated
     c.limit = 0  # samples per dataset (0 = all); --limit overrides
+    # A benchmark whose missing videos exceed this share of its samples is refused (a mistyped
+    # video_dir); below it the missing samples are skipped and counted in the summary.
+    c.max_missing_videos = 0.02
     c.prompt_mode = "agentic_general"  # direct | reasoning | agentic_general | agentic_minimal
     c.grounding_prompt_mode = "agentic_minimal"  # Charades-STA, as the reference
     c.dispatch = "parallel"  # parallel | sequential

@@ -6,9 +6,16 @@
 # PARAVT_COORDINATOR / PARAVT_NUM_PROCESSES / PARAVT_PROCESS_ID (read by the
 # jax.distributed.initialize call of paravt_jax), waits for all, and copies host 0's results.
 #
-#   DRY_RUN=1 bash launch/gpu.sh run --config=configs/paragrpo.py:qwen3vl_8b
-#   HOSTS="gpu-a gpu-b" MESH_PRESET=gpu16 bash launch/gpu.sh train --config=configs/paragrpo.py:qwen3vl_8b
+#   DATA="--config.model.checkpoint=/data/Qwen3-VL-8B-Instruct --config.data.sft=/data/paravt/sft.parquet
+#     --config.data.rl_train=/data/paravt/rl.parquet --config.data.rl_eval=/data/paravt/rl_eval.parquet
+#     --config.data.video_root=/data/paravt/videos"
+#   DRY_RUN=1 bash launch/gpu.sh run --config=configs/paragrpo.py:qwen3vl_8b $DATA
+#   HOSTS="gpu-a gpu-b" MESH_PRESET=gpu16 bash launch/gpu.sh train --config=configs/paragrpo.py:qwen3vl_8b $DATA
 #   bash launch/gpu.sh --help        # every setting and its current value
+#
+# The workdir is runs/RUN_NAME, and RUN_NAME defaults to the command and config (train-paragrpo-
+# qwen3vl_8b): the same call again, a requeued job, resumes from that workdir's checkpoints. Give
+# each experiment its own RUN_NAME (a workdir refuses a second run, and a rerun with other settings).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
@@ -32,8 +39,7 @@ read -r -a SSH_OPT_LIST <<< "$SSH_OPTS"
 COPY_CODE="${COPY_CODE:-1}"
 SETUP="${SETUP:-1}"
 FETCH="${FETCH:-1}"
-first_word="${1:-run}"; [[ "$first_word" != -* ]] || first_word=run
-RUN_NAME="${RUN_NAME:-$first_word-$(date +%Y%m%d-%H%M%S)}"
+RUN_NAME="${RUN_NAME:-$(bash "$ROOT/launch/job_name.sh" "${CONFIG:-}" "$@")}"
 RUN_NAME="${RUN_NAME//\//-}"
 WORKDIR="${WORKDIR:-runs/$RUN_NAME}"
 LOG_DIR="${LOG_DIR:-$ROOT/logs/$RUN_NAME}"
@@ -73,10 +79,10 @@ Settings (environment variable = current value):
   REMOTE_DIR=$REMOTE_DIR  code directory on the hosts (relative to the home directory)
   SETUP=$SETUP  build VENV=$VENV with PARAVT_EXTRAS=gpu bash launch/env.sh (host 0 only with SHARED_FS=1)
   SSH=$SSH  SSH_OPTS=$SSH_OPTS
-  RUN_NAME=$RUN_NAME
+  RUN_NAME=$RUN_NAME  (default: the command and config; the same call resumes the same workdir)
   WORKDIR=$WORKDIR  passed as --workdir to: $WORKDIR_COMMANDS (relative to REMOTE_DIR, absolute or gs://)
       (several hosts write one checkpoint together: use SHARED_FS=1 or a gs:// WORKDIR)
-  LOG_DIR=$LOG_DIR  local logs, host-<i>.log per host
+  LOG_DIR=$LOG_DIR  local logs, host-<i>.log per host (appended: a resumed run adds to them)
   RESULTS_DIR=$RESULTS_DIR  local copy of host 0's WORKDIR (FETCH=$FETCH)
   CONFIG=${CONFIG:-<default of the command>}  --config when the arguments have none
   MESH_PRESET=${MESH_PRESET:-<unset>}  append --config.mesh.* of configs/meshes.py (python configs/meshes.py --list)
@@ -160,10 +166,10 @@ if [[ "$NUM_HOSTS" -eq 0 ]]; then
   cd "$ROOT"
   if [[ "$SETUP" == 1 ]]; then run env PARAVT_EXTRAS=gpu PARAVT_VENV="$VENV" bash launch/env.sh; fi
   # Secrets are already in this environment; `env` only adds the variables above.
-  printf '+ %s 2>&1 | tee %s\n' "$(quote env "${ENV_VARS[@]}" "$VENV/bin/python" "${PY_ARGS[@]}")" \
+  printf '+ %s 2>&1 | tee -a %s\n' "$(quote env "${ENV_VARS[@]}" "$VENV/bin/python" "${PY_ARGS[@]}")" \
     "$(quote "$LOG_DIR/host-0.log")"
   if [[ "$DRY_RUN" == 1 ]]; then exit 0; fi
-  env "${ENV_VARS[@]}" "$VENV/bin/python" "${PY_ARGS[@]}" 2>&1 | tee "$LOG_DIR/host-0.log"
+  env "${ENV_VARS[@]}" "$VENV/bin/python" "${PY_ARGS[@]}" 2>&1 | tee -a "$LOG_DIR/host-0.log"
   exit "${PIPESTATUS[0]}"
 fi
 
@@ -204,7 +210,7 @@ for i in "${!HOST_LIST[@]}"; do
     ssh_words+=(-n)
     feed_display=""
   fi
-  printf '+ %s%s 2>&1 | tee %s | sed -u %s &\n' "$feed_display" "$(quote "${ssh_words[@]}" "$host" "$line")" \
+  printf '+ %s%s 2>&1 | tee -a %s | sed -u %s &\n' "$feed_display" "$(quote "${ssh_words[@]}" "$host" "$line")" \
     "$(quote "$log")" "$(quote "s/^/[host $i] /")"
   if [[ "$DRY_RUN" == 1 ]]; then continue; fi
   (
@@ -212,7 +218,7 @@ for i in "${!HOST_LIST[@]}"; do
       for name in "${SECRETS[@]}"; do printf 'export %s=%q\n' "$name" "${!name}"; done | "${ssh_words[@]}" "$host" "$line"
     else
       "${ssh_words[@]}" "$host" "$line"
-    fi 2>&1 | tee "$log" | sed -u "s/^/[host $i] /"
+    fi 2>&1 | tee -a "$log" | sed -u "s/^/[host $i] /"
     exit "${PIPESTATUS[0]}"
   ) &
   PIDS+=($!)

@@ -3,7 +3,7 @@
 #   paravt-jax <command> --config=<config> [overrides...]
 # Default: the main job on the built-in toy task (configs/paragrpo.py:toy). Examples:
 #   bash launch/local.sh
-#   bash launch/local.sh forward --config=configs/base.py:small125m --config.model.dtype=bfloat16
+#   bash launch/local.sh forward --config=configs/base.py:small125m --config.model.init=random --config.model.dtype=bfloat16
 #   DRY_RUN=1 bash launch/local.sh      # print the command instead of running it
 #   bash launch/local.sh --help         # this text
 # Several hosts or GPUs: launch/gpu.sh; a Cloud TPU slice: launch/tpu_pod.sh.

@@ -4,10 +4,18 @@
 # run on all workers (JAX finds its peers on a TPU slice by itself) -> copy results back ->
 # (delete the slice). Arguments after the script name go to the python command unchanged.
 #
-#   DRY_RUN=1 bash launch/tpu_pod.sh run --config=configs/paragrpo.py:qwen3vl_8b --config.rl.steps=10
-#   CREATE=1 DELETE=1 ACCELERATOR_TYPE=v5p-32 TPU_NAME=paravt-a bash launch/tpu_pod.sh train ...
-#   LOGS=1 RUN_NAME=train-20261129-120000 TPU_NAME=paravt-a bash launch/tpu_pod.sh
+#   DATA="--config.model.checkpoint=/data/Qwen3-VL-8B-Instruct --config.data.sft=/data/paravt/sft.parquet
+#     --config.data.rl_train=/data/paravt/rl.parquet --config.data.rl_eval=/data/paravt/rl_eval.parquet
+#     --config.data.video_root=/data/paravt/videos"    # on every worker (or a mounted bucket)
+#   DRY_RUN=1 bash launch/tpu_pod.sh run --config=configs/paragrpo.py:qwen3vl_8b $DATA --config.rl.steps=10
+#   CREATE=1 DELETE=1 ACCELERATOR_TYPE=v5p-32 TPU_NAME=paravt-a bash launch/tpu_pod.sh train \
+#     --config=configs/paragrpo.py:qwen3vl_8b $DATA
+#   LOGS=1 RUN_NAME=train-paragrpo-qwen3vl_8b TPU_NAME=paravt-a bash launch/tpu_pod.sh
 #   bash launch/tpu_pod.sh --help       # every setting and its current value
+#
+# The workdir is runs/RUN_NAME, and RUN_NAME defaults to the command and config (train-paragrpo-
+# qwen3vl_8b): the same call again, a requeued job, resumes from that workdir's checkpoints. Give
+# each experiment its own RUN_NAME (a workdir refuses a second run, and a rerun with other settings).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
@@ -35,8 +43,7 @@ SETUP="${SETUP:-1}"
 REMOTE_DIR="${REMOTE_DIR:-paravt_jax}"
 VENV="${VENV:-.venv}"
 RUN_NAME_GIVEN="${RUN_NAME:-}"
-first_word="${1:-run}"; [[ "$first_word" != -* ]] || first_word=run
-RUN_NAME="${RUN_NAME:-$first_word-$(date +%Y%m%d-%H%M%S)}"
+RUN_NAME="${RUN_NAME:-$(bash "$ROOT/launch/job_name.sh" "${CONFIG:-}" "$@")}"
 RUN_NAME="${RUN_NAME//\//-}"
 WORKDIR="${WORKDIR:-runs/$RUN_NAME}"
 LOG_DIR="${LOG_DIR:-logs/$RUN_NAME}"
@@ -71,7 +78,7 @@ Settings (environment variable = current value):
   SETUP=$SETUP  build the environment on every worker (PARAVT_EXTRAS=tpu bash launch/env.sh)
   REMOTE_DIR=$REMOTE_DIR  code directory on the workers (relative to the home directory)
   VENV=$VENV  virtual environment, relative to REMOTE_DIR
-  RUN_NAME=$RUN_NAME
+  RUN_NAME=$RUN_NAME  (default: the command and config; the same call resumes the same workdir)
   WORKDIR=$WORKDIR  passed as --workdir to: $WORKDIR_COMMANDS
       (relative to REMOTE_DIR, absolute, or gs://bucket/path; multi-host checkpoints need gs://)
   LOG_DIR=$LOG_DIR  per-worker logs on the workers (<LOG_DIR>/<hostname>.log)
@@ -194,10 +201,10 @@ if [[ ${#SECRETS[@]} -gt 0 ]]; then
 fi
 RUN_LINE+="cd $(quote "$REMOTE_DIR") && mkdir -p $(quote "$LOG_DIR") && export $(quote "${EXPORTS[@]}") && "
 if [[ "$DETACH" == 1 ]]; then
-  inner="$PY_LINE > $WORKER_LOG 2>&1"
+  inner="$PY_LINE >> $WORKER_LOG 2>&1"
   RUN_LINE+="nohup bash -c $(printf '%q' "$inner") > /dev/null 2>&1 < /dev/null &"
 else
-  RUN_LINE+="$PY_LINE 2>&1 | tee $WORKER_LOG"
+  RUN_LINE+="$PY_LINE 2>&1 | tee -a $WORKER_LOG"
 fi
 
 echo "# tpu_pod: $TPU_NAME ($ACCELERATOR_TYPE, $ZONE), run $RUN_NAME: $COMMAND ${ARGS[*]-}"

@@ -21,6 +21,7 @@ DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(configs.__file__))
 COMMANDS = {"forward": jobs.forward_command, "run": jobs.run_command, "sft": jobs.sft_command,
             "train": jobs.train_command, "export": jobs.export_command, "generate": jobs.generate_command}
 TAKES_WORKDIR = {"run", "sft", "train", "export"}
+CLAIMS_WORKDIR = {"run", "sft", "train"}  # one run per workdir, under one config (paravt_jax/workdirs.py)
 # Commands with their own flags live in their modules: `module.main(argv)` gets argv with the
 # command word removed (argv[0] is the program name).
 MODULE_COMMANDS = {"plan": "paravt_jax.experiments.plan", "sweep": "paravt_jax.experiments.sweep",
@@ -44,7 +45,8 @@ SUMMARIES = {  # one line per command, for `paravt-jax --help`
 EXIT_STATUSES = """exit status:
   0        done
   1        the command failed (the message or traceback says why)
-  2        bad command line or config value, refused before any work starts
+  2        bad command line or config value, or a workdir in use by another run or holding a
+           run of another config: refused before any work starts
   130/143  stopped by SIGINT/SIGTERM (128 + signal number); a training phase first finishes its
            step and writes a checkpoint: rerun the same command to resume"""
 PROGRAM_USAGE = ("usage: paravt-jax [COMMAND] [--config=FILE[:ARG]] [--config.FIELD=VALUE ...] [flags]\n\n"
@@ -55,6 +57,7 @@ PROGRAM_USAGE = ("usage: paravt-jax [COMMAND] [--config=FILE[:ARG]] [--config.FI
 
 def command_usage(command: str) -> str:
     workdir = " [--workdir=DIR]" if command in TAKES_WORKDIR else ""
+    workdir += " [--config_changed=ok]" if command in CLAIMS_WORKDIR else ""
     return (f"usage: paravt-jax {command} [--config=FILE[:ARG]] [--config.FIELD=VALUE ...]{workdir}\n\n"
             f"{SUMMARIES[command]}\n\n{EXIT_STATUSES}")
 
@@ -63,11 +66,10 @@ def execute(argv: list[str]):
     """Runs the command of argv (argv[0] is the program name) and returns its result; raises
     HelpShown after printing help, UsageError / ConfigValueError for bad input."""
     from absl import flags
-    from ml_collections import config_flags
 
     from paravt_jax import compile_cache, distributed
-    from paravt_jax.config_checks import check_config
-    from paravt_jax.flags import HELP_FLAGS, HelpShown, UsageError, parse_flags
+    from paravt_jax.config_checks import check_config, check_data_sources
+    from paravt_jax.flags import HELP_FLAGS, HelpShown, UsageError, define_config, parse_flags
 
     argv = list(argv)
     if len(argv) > 1 and argv[1] in HELP_FLAGS:  # `paravt-jax --help` (`paravt-jax` alone runs `run`)
@@ -88,15 +90,22 @@ def execute(argv: list[str]):
     flag_values = flags.FlagValues()
     # sys_argv lets ml_collections register the --config.* override flags of this argv.
     default = DEFAULT_CONFIG if command == "forward" else DEFAULT_CONFIG.replace("base.py", "paragrpo.py")
-    config_flags.DEFINE_config_file("config", default + ":tiny", "config file[:arg]",
-                                    flag_values=flag_values, sys_argv=argv)
+    define_config(flag_values, default + ":tiny", argv)
     if command in TAKES_WORKDIR:
         flags.DEFINE_string("workdir", "", "run directory (checkpoints, metrics, final model); default: "
                             "config.workdir, else runs/PRESET", flag_values=flag_values)
+    if command in CLAIMS_WORKDIR:
+        flags.DEFINE_enum("config_changed", "refuse", ["refuse", "ok"], "a rerun in a workdir whose stored config "
+                          "differs in more than run length: refuse (default) | ok (continue under the new config)",
+                          flag_values=flag_values)
     parse_flags(flag_values, argv, command_usage(command), show_config=True)
     check_config(flag_values.config)
+    if command in CLAIMS_WORKDIR:  # the training commands: real data outside the toy presets
+        check_data_sources(flag_values.config)
     compile_cache.enable(flag_values.config.get("compilation_cache_dir", ""))
     distributed.initialize(flag_values.config)  # before anything touches JAX devices
+    if command in CLAIMS_WORKDIR:
+        return COMMANDS[command](flag_values.config, flag_values.workdir, config_changed=flag_values.config_changed)
     if command in TAKES_WORKDIR:
         return COMMANDS[command](flag_values.config, flag_values.workdir)
     return COMMANDS[command](flag_values.config)

@@ -52,6 +52,10 @@ def one_of(choices) -> Rule:
     return Rule(f"one of {tuple(choices)}", lambda v: v in tuple(choices))
 
 
+def share() -> Rule:
+    return Rule("a number in [0, 1]", lambda v: _number(v) and 0 <= v <= 1)
+
+
 def integers(low: int, empty: bool = False) -> Rule:
     """A list of integers >= low; `empty` allows an empty list (e.g. no evaluation setting)."""
     kind = "a list" if empty else "a non-empty list"
@@ -98,7 +102,8 @@ RULES: dict[str, Rule] = {
     "eval.max_new_tokens": integer(1), "eval.max_turns": integer(0),
     "eval.limit": integer(0), "eval.mode": one_of(ROLLOUT_MODES), "generate.nframes": integer(1),
     # the benchmark driver's flat config (configs/eval.py)
-    "limit": integer(0), "nframes": integer(1), "max_turns": integer(0), "max_parallel": integer(1),
+    "limit": integer(0), "max_missing_videos": share(), "nframes": integer(1), "max_turns": integer(0),
+    "max_parallel": integer(1),
     "max_new_tokens": integer(1), "batch_size": integer(1), "mcq_answer_tokens": integer(1),
     "grounding_answer_tokens": integer(1), "dispatch": one_of(("parallel", "sequential")),
     "grounding_visual": one_of(("video", "images")), "video_frames": integer(1),
@@ -130,15 +135,56 @@ def _divides(config, errors: list[str], total_fields: tuple[str, ...], parts_fie
         errors.append(f"{parts_field}={parts}: must divide the {total} rows of a step ({rows})")
 
 
+MODEL_INITS = ("checkpoint", "random")
+DATA_FILES = ("sft", "rl_train", "rl_eval")
+
+
+def _model_source(config, errors: list[str]) -> None:
+    """A model preset without a built-in checkpoint is loaded from model.checkpoint; a random
+    initialisation is asked for by name (model.init=random), never the silent fallback."""
+    from paravt_jax.data.builtin import BUILTIN_MODELS
+
+    model = config.get("model") if hasattr(config, "get") else None
+    if model is None or "preset" not in model:
+        return
+    init, checkpoint = model.get("init", "checkpoint"), model.get("checkpoint", "")
+    if init not in MODEL_INITS:
+        errors.append(f"model.init={init!r}: must be one of {MODEL_INITS}")
+    elif init == "random" and checkpoint:
+        errors.append(f"model.init='random' and model.checkpoint={checkpoint!r}: choose one")
+    elif init == "checkpoint" and not checkpoint and model.preset not in BUILTIN_MODELS:
+        errors.append(f"model.checkpoint is empty: the {model.preset!r} model has no built-in checkpoint (only "
+                      f"{', '.join(BUILTIN_MODELS)} have); give --config.model.checkpoint=DIR (a local HF Qwen3-VL "
+                      "checkpoint), or --config.model.init=random to train a randomly initialised one")
+
+
+def check_data_sources(config) -> None:
+    """For the training commands: outside the toy model presets every data file is given, or
+    built-in toy data is asked for with model.init=random (a smoke test of the recipe)."""
+    from paravt_jax.data.builtin import BUILTIN_MODELS
+
+    model, data = config.get("model"), config.get("data")
+    if model is None or data is None or model.preset in BUILTIN_MODELS or model.get("init", "") == "random":
+        return
+    empty = [name for name in DATA_FILES if name in data and not data[name]]
+    if empty:
+        raise ConfigValueError(
+            f"data.{', data.'.join(empty)} empty: the built-in toy data serves the toy presets "
+            f"({', '.join(BUILTIN_MODELS)}); give --config.data.{empty[0]}=FILE.parquet (and data.video_root), or "
+            "--config.model.init=random to run the recipe on it as a smoke test")
+
+
 def check_config(config) -> None:
     """Raises ConfigValueError listing every out-of-range field of `config`."""
     errors = []
+    _model_source(config, errors)
     for path, rule in RULES.items():
         value = _get(config, path)
         if value is not _MISSING and not rule.check(value):
             errors.append(f"{path}={value!r}: must be {rule.allowed}")
     _divides(config, errors, ("sft.batch_size",), "sft.micro_batches")
     _divides(config, errors, ("rl.prompts_per_step", "rl.samples_per_prompt"), "rl.micro_batches")
+    if len(errors) == 1:
+        raise ConfigValueError(f"invalid config value: {errors[0]}")
     if errors:
-        raise ConfigValueError("invalid config value" + ("s" if len(errors) > 1 else "") + ":\n  "
-                               + "\n  ".join(errors))
+        raise ConfigValueError("invalid config values:\n  " + "\n  ".join(errors))

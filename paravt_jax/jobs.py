@@ -17,6 +17,7 @@ import numpy as np
 from paravt_jax.config import build
 from paravt_jax.data.builtin import BUILTIN_MODELS
 from paravt_jax.experiments.plots import thirds
+from paravt_jax.workdirs import claims_workdir
 
 
 def build_model(config, default_dir: str | None = None):
@@ -32,9 +33,16 @@ def build_model(config, default_dir: str | None = None):
         mesh = sh.make_hybrid_mesh(preset["ici"], preset["dcn"])
     else:
         mesh = sh.make_mesh(dict(config.mesh))
-    # The built-in checkpoint stands in for `tiny` and `toy`; other presets without a checkpoint
-    # are randomly initialised (benchmarks, memory checks).
+    # The built-in checkpoint stands in for `tiny` and `toy`; other presets load model.checkpoint,
+    # or are randomly initialised when model.init=random says so (config_checks refuses the rest).
     directory = m.checkpoint or (default_dir if m.preset in BUILTIN_MODELS else None)
+    if m.get("init", "checkpoint") == "random":
+        directory = None
+    elif not directory:
+        from paravt_jax.config_checks import ConfigValueError
+
+        raise ConfigValueError(f"model.checkpoint is empty and the {m.preset!r} model has no built-in checkpoint; "
+                               "give --config.model.checkpoint=DIR, or --config.model.init=random")
     if directory:
         return load_pretrained(directory, dtype=m.param_dtype, compute_dtype=m.dtype, mesh=mesh,
                                remat=m.remat, scan_layers=m.scan_layers, attention=m.attention,
@@ -140,11 +148,17 @@ class SFTData:
     kinds: tuple[str, ...]  # each row's `kind` column ("" without one): the SFT curriculum's key
 
 
-def _setup(config):
+def _setup(config, training: bool = False):
+    """(model, tokenizer, SFT data, RL rows, held-out rows, video root) of a config; `training`:
+    outside the toy presets every data file must be given (config_checks.check_data_sources)."""
     from paravt_jax import distributed
+    from paravt_jax.config_checks import check_data_sources
     from paravt_jax.data.paravt_parquet import load_rl_rows, load_sft_rows
     from paravt_jax.text.inputs import check_against_model
     from paravt_jax.text.tokenizer import Tokenizer
+
+    if training:
+        check_data_sources(config)
 
     # Process 0 creates the built-in assets (if missing) before the others read them.
     assets = builtin_assets(config) if distributed.is_primary() else None
@@ -212,13 +226,15 @@ def evaluate_all(config, model, tokenizer, eval_rows, nframes=None, episodes: st
     from paravt_jax.rl.evaluate import evaluate_episodes
 
     e = eval_config(config)
+    rl = rl_config(config)  # the episode: the training rollout's, with the evaluation's budget
     rows = eval_rows[: e.limit] if e.limit else eval_rows
     settings = [(tools, int(k)) for tools in (False, True) for k in (e.nframes if nframes is None else nframes)]
     results = []
     for number, (tools, k) in enumerate(settings, 1):
         t0 = time.perf_counter()
-        result, rollouts = evaluate_episodes(model, tokenizer, rows, nframes=k, tools=tools,
-                                             max_new_tokens=e.max_new_tokens, max_turns=e.max_turns, mode=e.mode)
+        result, rollouts = evaluate_episodes(model, tokenizer, rows, nframes=k, tools=tools, rollout=rl.rollout,
+                                             dispatch=rl.dispatch, max_new_tokens=e.max_new_tokens,
+                                             max_turns=e.max_turns, mode=e.mode)
         results.append(result.row())
         if episodes:
             write_eval_episodes(episodes, stage, rollouts, {"tools": tools, "nframes": k}, rows)
@@ -256,8 +272,11 @@ def evaluate_after_sft(config, model, tokenizer, eval_rows, workdir: str) -> lis
     from paravt_jax.files import write_json_atomic
 
     e = eval_config(config)
+    rl = rl_config(config)
     settings = {"sft_steps": int(config.sft.steps),
-                **dataclasses.asdict(dataclasses.replace(e, nframes=list(e.after_sft), after_sft=[]))}
+                **dataclasses.asdict(dataclasses.replace(e, nframes=list(e.after_sft), after_sft=[])),
+                **json.loads(json.dumps({"rollout": dataclasses.asdict(rl.rollout),
+                                         "dispatch": dataclasses.asdict(rl.dispatch)}))}
     path = os.path.join(workdir, "sft", "eval.json")
     results = None
     if distributed.is_primary():
@@ -345,10 +364,13 @@ def finished_summary(config, workdir: str) -> dict | None:
     return summary
 
 
+@claims_workdir("run")
 def run_command(config, workdir: str = "") -> dict:
     """The main job: SFT, then PARA-GRPO, then evaluation with and without tools.
 
-    Resumable: each phase continues from its latest checkpoint. On SIGTERM/SIGINT a phase
+    One run per workdir, under one config (workdirs.claims_workdir: a second run is refused, and
+    so is a rerun with a config that differs in more than its length, unless
+    `config_changed="ok"`). Resumable: each phase continues from its latest checkpoint. On SIGTERM/SIGINT a phase
     checkpoints and `preemption.Preempted` propagates: nothing after it runs and no
     summary.json is written (a previous one is removed before any training), so only a
     completed run has one. A completed run is left alone when run again."""
@@ -366,7 +388,7 @@ def run_command(config, workdir: str = "") -> dict:
               f"kept (delete it to evaluate again)", flush=True)
         return finished
     t0 = time.perf_counter()
-    model, tokenizer, sft, rl_rows, eval_rows, root = _setup(config)
+    model, tokenizer, sft, rl_rows, eval_rows, root = _setup(config, training=True)
     print(f"[run] workdir {os.path.abspath(workdir)}; {len(sft.rows)} SFT rows, {len(rl_rows)} RL rows, "
           f"{len(eval_rows)} held-out rows", flush=True)
     if distributed.is_primary() and os.path.exists(summary_path):
@@ -418,19 +440,21 @@ def run_command(config, workdir: str = "") -> dict:
     return summary
 
 
+@claims_workdir("sft")
 def sft_command(config, workdir: str = ""):
     from paravt_jax.sft.trainer import train_sft
 
     workdir = _workdir(config, workdir)
-    model, tokenizer, sft, _, _, root = _setup(config)
+    model, tokenizer, sft, _, _, root = _setup(config, training=True)
     return train_sft(model, tokenizer, sft.rows, root, workdir, sft_config(config), kinds=sft.kinds)
 
 
+@claims_workdir("train")
 def train_command(config, workdir: str = ""):
     from paravt_jax.rl.trainer import train_rl
 
     workdir = _workdir(config, workdir)
-    model, tokenizer, _, rl_rows, eval_rows, _ = _setup(config)
+    model, tokenizer, _, rl_rows, eval_rows, _ = _setup(config, training=True)
     return train_rl(model, tokenizer, rl_rows, workdir, rl_config(config), eval_rows=eval_rows)
 
 
@@ -459,23 +483,42 @@ def export_command(config, workdir: str = ""):
     raise SystemExit(f"export: no checkpoint under {workdir}/{{rl,sft}}/checkpoints")
 
 
+def generate_episode(config):
+    """(RolloutConfig, DispatchConfig) of `generate`: the run's RL episode (rl.rollout, rl.dispatch),
+    decoded greedily."""
+    rl = rl_config(config)
+    return dataclasses.replace(rl.rollout, temperature=0.0), rl.dispatch
+
+
 def generate_command(config, workdir: str = ""):
-    """Greedy answer of the policy to config.generate.question on config.generate.video."""
+    """Greedy episode of the policy on config.generate.question and .video (default: the first
+    held-out row), as the run's RL episode runs; prints the question, the video, the completion
+    and the parsed answer (beside the expected one for a held-out row)."""
     from paravt_jax.agent.dispatch import CropDispatcher
-    from paravt_jax.agent.rollout import Episode, RolloutConfig, run_rollouts
+    from paravt_jax.agent.rollout import Episode, run_rollouts
+    from paravt_jax.rl.rewards import extract_answer
     from paravt_jax.sampling import Sampler
 
     model, tokenizer, _, _, eval_rows, _ = _setup(config)
     g = config.get("generate", None)
-    question = g.question if g and g.question else eval_rows[0].question
-    video = g.video if g and g.video else eval_rows[0].video_path
-    episode = Episode("generate", question, "", "oe", video, int(g.nframes) if g else 16)
-    r = rl_config(config).rollout
-    rollout = RolloutConfig(mode=r.mode, max_turns=r.max_turns, max_new_tokens=r.max_new_tokens,
-                            temperature=0.0, overview_max_pixels=r.overview_max_pixels)
-    with CropDispatcher() as dispatcher:
+    row = eval_rows[0] if eval_rows else None
+    question = g.question if g and g.question else row.question
+    video = g.video if g and g.video else row.video_path
+    expected = row.answer if row is not None and not (g and (g.question or g.video)) else ""
+    episode = Episode("generate", question, expected, row.question_type if expected else "oe", video,
+                      int(g.nframes) if g else 16)
+    rollout, dispatch = generate_episode(config)
+    with CropDispatcher(dispatch) as dispatcher:
         rollouts, skipped = run_rollouts(Sampler(model), tokenizer, [episode], 1, rollout, dispatcher)
     if skipped:
         raise SystemExit(skipped[0])
-    print(rollouts[0].completion)
-    return dataclasses.asdict(rollouts[0].episode)
+    result = rollouts[0]
+    answer = extract_answer(result.generated_text)
+    print(f"[generate] question: {question}\n[generate] video: {video} (K = {episode.nframes} overview frames; "
+          f"{rollout.mode} mode, up to {rollout.max_turns} tool rounds of {dispatch.max_parallel} calls, crops of at "
+          f"most {dispatch.max_frames} frames of {dispatch.max_pixels} pixels, summaries of at most "
+          f"{rollout.subagent_max_tokens} tokens)\n[generate] completion:\n{result.completion}\n"
+          f"[generate] answer: {answer!r}" + (f" (expected {expected!r})" if expected else "")
+          + f"; {result.num_tool_calls} tool calls over {result.turns} turns", flush=True)
+    return {**dataclasses.asdict(result.episode), "completion": result.completion, "parsed_answer": answer,
+            "tool_calls": result.num_tool_calls, "turns": result.turns}

@@ -165,3 +165,49 @@ def test_reward_trend_compares_the_first_and_last_third():
     assert trend["per_third"] == 2 and trend["steps"] == 7
     assert trend["first"] == 0.15 and trend["last"] == 0.75 and trend["change"] == 0.6
     assert reward_trend([1.0, 0.0, 0.0])["change"] == -1.0  # a falling reward reads negative
+
+
+def test_held_out_and_generate_episodes_are_the_configs():
+    """The held-out evaluation and `generate` run the RL episode of the config (sub-agent summary
+    budget, overview and crop frame sizes, think prefix, calls per turn), decoded greedily; the
+    evaluation's own budget (eval.max_new_tokens, max_turns, mode) is the only change."""
+    from configs import paragrpo, vanilla_grpo
+    from paravt_jax.jobs import eval_config, generate_episode, rl_config
+    from paravt_jax.rl.evaluate import FINAL_ANSWER_TOKENS, episode_config
+
+    config = paragrpo.get_config("toy")
+    config.rl.dispatch.max_parallel, config.rl.dispatch.max_frames = 3, 6
+    e, rl = eval_config(config), rl_config(config)
+    tools = episode_config(rl.rollout, tools=True, max_new_tokens=e.max_new_tokens, max_turns=e.max_turns,
+                           mode=e.mode)
+    assert (tools.subagent_max_tokens, tools.overview_max_pixels, tools.temperature) == (32, 96 * 160, 0.0)
+    assert (tools.max_new_tokens, tools.max_turns, tools.mode) == (160, 2, "subagent")
+    assert tools.final_answer and tools.final_answer_tokens == FINAL_ANSWER_TOKENS and tools.think_prefix
+    plain = episode_config(rl.rollout, tools=False)
+    assert plain.max_turns == 0 and not plain.tools and not plain.final_answer
+    rollout, dispatch = generate_episode(config)
+    assert dataclasses_equal_but_temperature(rollout, rl.rollout) and rollout.temperature == 0.0
+    assert (dispatch.max_pixels, dispatch.max_parallel, dispatch.max_frames) == (96 * 160, 3, 6)
+    baseline = rl_config(vanilla_grpo.get_config("tiny")).rollout  # no think prefix in the baseline's episodes
+    assert not episode_config(baseline, tools=True).think_prefix
+
+
+def dataclasses_equal_but_temperature(a, b) -> bool:
+    import dataclasses
+
+    return dataclasses.replace(a, temperature=0.0) == dataclasses.replace(b, temperature=0.0)
+
+
+def test_generate_prints_the_question_video_and_parsed_answer(builtin_root):
+    text = run_cli("generate", f"--config={ROOT}/configs/paragrpo.py:tiny",
+                   f"--config.data.builtin_root={builtin_root}",
+                   "--config.rl.rollout.max_new_tokens=8", "--config.rl.rollout.max_turns=1",
+                   "--config.rl.rollout.subagent_max_tokens=7", "--config.generate.nframes=2")
+    lines = text.splitlines()
+    question = next(l for l in lines if l.startswith("[generate] question: "))
+    video = next(l for l in lines if l.startswith("[generate] video: "))
+    answer = next(l for l in lines if l.startswith("[generate] answer: "))
+    assert len(question) > len("[generate] question: ") + 10
+    assert ".mp4 (K = 2 overview frames; subagent mode, up to 1 tool rounds of 5 calls" in video
+    assert "crops of at most 16 frames of 15360 pixels, summaries of at most 7 tokens" in video
+    assert "(expected '" in answer and "[generate] completion:" in text

@@ -92,6 +92,75 @@ def test_bad_values_are_refused_at_start(args, message, tmp_path, capsys):
     assert not os.path.exists(tmp_path / "run")  # refused before any work
 
 
+ONE_LINE = [
+    (("sft", "--config.sft.stepz=3"),
+     "--config.sft.stepz: 'sft' has no field 'stepz'; did you mean --config.sft.steps?"),
+    (("train", f"--config={ROOT}/configs/paragrpo.py:tiny", "--config.rl.stepz=3"),
+     "'rl' has no field 'stepz'; did you mean --config.rl.steps?"),
+    (("run", "--config.rll.steps=3"), "the config' has no field 'rll'; did you mean --config.rl?"),
+    (("eval", "--config.nframez=3"), "has no field 'nframez'; did you mean --config.nframes?"),
+    (("run", f"--config={ROOT}/configs/no_such_file.py:tiny"), "no_such_file.py' does not exist"),
+    (("plan", f"--config={ROOT}/configs/no_such_file.py"), "no_such_file.py' does not exist"),
+    (("eval", "--config.datasets=bogus"), "datasets='bogus': unknown dataset 'bogus'; choose from charades,"),
+    (("plan", "--mesh=bogus"), "--mesh='bogus': unknown mesh preset 'bogus'"),
+    (("sweep", "--workdir=unused"), "sweep: --config=FILE[:ARG] is required"),
+]
+
+
+@pytest.mark.parametrize("args,message", ONE_LINE, ids=[" ".join(a[:1] + a[-1:]) for a, _ in ONE_LINE])
+def test_bad_command_lines_are_one_line_with_status_2(args, message, tmp_path, capsys):
+    """A misspelt field (with the right hint), a missing config file, an unknown dataset or mesh:
+    one line on stderr, no traceback, status 2, nothing written."""
+    from paravt_jax.cli import main
+
+    command, *flags = args
+    where = {"eval": [f"--output_dir={tmp_path / 'run'}"], "plan": []}.get(command, [f"--workdir={tmp_path / 'run'}"])
+    assert main(["paravt-jax", command, *flags, *where]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and "\\n" not in err, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert not os.path.exists(tmp_path / "run")
+
+
+RANDOM_OR_TOY = [
+    (("run", f"--config={ROOT}/configs/paragrpo.py:qwen3vl_8b"),
+     "model.checkpoint is empty: the '8b' model has no built-in checkpoint (only tiny, toy have); give "
+     "--config.model.checkpoint=DIR (a local HF Qwen3-VL checkpoint), or --config.model.init=random"),
+    (("train", f"--config={ROOT}/configs/paragrpo.py:qwen3vl_2b", "--config.model.checkpoint=/ckpt"),
+     "data.sft, data.rl_train, data.rl_eval empty: the built-in toy data serves the toy presets (tiny, toy)"),
+    (("sft", f"--config={ROOT}/configs/sft.py:qwen3vl_8b", "--config.model.init=random",
+      "--config.model.checkpoint=/c"),
+     "model.init='random' and model.checkpoint='/c': choose one"),
+    (("forward", f"--config={ROOT}/configs/base.py:small125m"), "the 'small125m' model has no built-in checkpoint"),
+    (("eval", f"--config={ROOT}/configs/eval.py:paravt_8b"), "the '8b' model has no built-in checkpoint"),
+]
+
+
+@pytest.mark.parametrize("args,message", RANDOM_OR_TOY, ids=[" ".join(a[:2]) for a, _ in RANDOM_OR_TOY])
+def test_random_init_and_toy_data_are_asked_for_by_name(args, message, tmp_path, capsys):
+    """A large preset without a checkpoint no longer trains a random model on the toy data."""
+    from paravt_jax.cli import main
+
+    command, *flags = args
+    where = {"eval": [f"--output_dir={tmp_path / 'run'}"], "forward": []}.get(command,
+                                                                              [f"--workdir={tmp_path / 'run'}"])
+    assert main(["paravt-jax", command, *flags, *where]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
+    assert not os.path.exists(tmp_path / "run")
+
+
+def test_model_init_random_asks_for_both():
+    from configs import paragrpo
+    from paravt_jax.config_checks import check_config, check_data_sources
+
+    config = paragrpo.get_config("qwen3vl_8b")
+    config.model.init = "random"
+    check_config(config)
+    check_data_sources(config)  # a smoke test of the recipe on the toy data: allowed by name
+    check_data_sources(paragrpo.get_config("toy"))
+
+
 def test_several_bad_values_are_listed_together():
     from configs import paragrpo
     from paravt_jax.config_checks import ConfigValueError, check_config

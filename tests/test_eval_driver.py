@@ -173,6 +173,71 @@ def test_unreadable_video_is_an_error_record(benchmark, tokenizer, tmp_path):
     assert summary["errors"] == 1 and summary["total"] == 2
 
 
+IDENTITY_A = {"checkpoint": {"path": "/ckpt/a", "files": "0123"}, "model": {"preset": "tiny"}}
+IDENTITY_B = {"checkpoint": {"path": "/ckpt/b", "files": "4567"}, "model": {"preset": "tiny"}}
+
+
+def test_records_are_keyed_by_checkpoint_and_settings(benchmark, tokenizer, tmp_path):
+    """A directory with another checkpoint's or other settings' records is refused with the
+    fields that differ (no silent reuse, no relabelled summary); --overwrite drops them and
+    evaluates everything again; the same producer resumes; unkeyed records are refused."""
+    out = str(tmp_path / "o")
+    quiet = dict(log=lambda _: None)
+    first = driver.run_dataset(FakeSampler(tokenizer), tokenizer, benchmark, config(), out, identity=IDENTITY_A,
+                               **quiet)
+    assert first["complete"] and first["producer"]["checkpoint"]["path"] == "/ckpt/a"
+    with pytest.raises(driver.ForeignRecords, match=r"6 synthetic record\(s\) of another evaluation "
+                       r"\(checkpoint.files: '0123' -> '4567'; checkpoint.path: '/ckpt/a' -> '/ckpt/b'\).*--overwrite"):
+        driver.run_dataset(FakeSampler(tokenizer), tokenizer, benchmark, config(), out, identity=IDENTITY_B, **quiet)
+    with pytest.raises(driver.ForeignRecords, match=r"settings.nframes: 4 -> 8"):
+        driver.run_dataset(FakeSampler(tokenizer), tokenizer, benchmark, config(nframes=8), out, identity=IDENTITY_A,
+                           **quiet)
+    with pytest.raises(driver.ForeignRecords, match=r"settings.prompt_mode: 'agentic_general' -> 'direct'"):
+        driver.run_dataset(FakeSampler(tokenizer), tokenizer, benchmark, config(prompt_mode="direct"), out,
+                           identity=IDENTITY_A, **quiet)
+    same = FakeSampler(tokenizer)  # the same producer (another batch size) resumes: nothing to run
+    driver.run_dataset(same, tokenizer, benchmark, config(batch_size=2), out, identity=IDENTITY_A, **quiet)
+    assert same.rows == 0
+    again = FakeSampler(tokenizer)
+    second = driver.run_dataset(again, tokenizer, benchmark, config(), out, identity=IDENTITY_B, overwrite=True,
+                                **quiet)
+    assert again.rows == len(benchmark.samples) and second["complete"]
+    assert second["producer"]["checkpoint"]["path"] == "/ckpt/b" and second["producer_id"] != first["producer_id"]
+    records = driver.read_records(glob.glob(os.path.join(out, "*.jsonl")))
+    assert {r["producer"] for r in records.values()} == {second["producer_id"]}
+    saved = json.load(open(os.path.join(out, "synthetic.json")))
+    assert saved["summary"]["producer"]["checkpoint"]["path"] == "/ckpt/b"
+    # records written before they named their producer are not reused either
+    path = driver.shard_path(out, "synthetic", 0, 1)
+    lines = [json.loads(line) for line in open(path)]
+    with open(path, "w") as f:
+        f.writelines(json.dumps({k: v for k, v in r.items() if k != "producer"}) + "\n" for r in lines)
+    with pytest.raises(driver.ForeignRecords, match="written before records named their producer"):
+        driver.run_dataset(FakeSampler(tokenizer), tokenizer, benchmark, config(), out, identity=IDENTITY_B, **quiet)
+
+
+def test_missing_videos_beyond_the_share_are_refused(benchmark, assets, tmp_path, capsys):
+    total = len(benchmark.samples)
+    short = dataclasses.replace(benchmark, samples=benchmark.samples[1:],
+                                missing_videos=(benchmark.samples[0].video_path,))
+    driver.check_missing_videos(short, 0.2)  # 1 of 6 is within 20 %
+    with pytest.raises(driver.MissingVideos, match=rf"synthetic: 1 of {total} videos are missing \(16.7% > "
+                       r"max_missing_videos=0.1\); first: .*video_dir"):
+        driver.check_missing_videos(short, 0.1)
+    # a video_dir without the videos: refused before any work, status 2, not a 0.000 score
+    from paravt_jax.cli import main
+
+    empty = tmp_path / "videos"
+    empty.mkdir()
+    status = main(["paravt-jax", "eval", f"--config={ROOT}/configs/eval.py:synthetic",
+                   f"--config.data.builtin_root={os.path.dirname(os.path.dirname(assets.model_dir))}",
+                   "--config.data.num_train=2", "--config.data.num_eval=6",  # the fixture's set, not another
+                   f"--config.benchmarks.synthetic.video_dir={empty}", f"--output_dir={tmp_path / 'out'}"])
+    err = capsys.readouterr().err
+    assert status == 2 and "synthetic: 6 of 6 videos are missing (100.0% > max_missing_videos=0.02)" in err
+    assert not os.path.exists(tmp_path / "out" / "summary_all.json")
+
+
 @pytest.mark.slow  # the driver's protocol, batching and resume tests run by default
 def test_cli_compare_on_the_synthetic_benchmark(assets, tmp_path):
     """End to end with the real tiny model: parallel vs sequential dispatch, per-dataset JSON,
@@ -192,3 +257,31 @@ def test_cli_compare_on_the_synthetic_benchmark(assets, tmp_path):
         assert summary["complete"] and summary["total"] == 2 and summary["dispatch"] == dispatch
         assert len(json.load(open(tmp_path / dispatch / "synthetic.json"))["results"]) == 2
     assert set(json.load(open(tmp_path / "compare.json"))["synthetic"]) == set(driver.DISPATCH)
+
+
+@pytest.mark.slow  # the keyed-records logic runs by default (test_records_are_keyed_by_checkpoint_and_settings)
+def test_cli_eval_twice_with_two_checkpoints(assets, tmp_path, capsys):
+    """`paravt-jax eval` of two checkpoints into one directory: the second is refused naming the
+    checkpoint (status 2), and with --overwrite gives its own, correctly labelled summary."""
+    import shutil
+
+    from paravt_jax.cli import main
+
+    copy = tmp_path / "copy"
+    shutil.copytree(assets.model_dir, copy)
+    out = tmp_path / "out"
+    common = ["eval", f"--config={ROOT}/configs/eval.py:synthetic", f"--output_dir={out}", "--limit=1",
+              f"--config.data.builtin_root={os.path.dirname(os.path.dirname(assets.model_dir))}",
+              "--config.data.num_train=2", "--config.data.num_eval=6", "--config.nframes=2",
+              "--config.max_new_tokens=4", "--config.max_turns=1"]
+    assert main(["paravt-jax", *common]) == 0
+    first = json.load(open(out / "summary_all.json"))["synthetic"]
+    assert first["producer"]["checkpoint"]["path"] == assets.model_dir
+    capsys.readouterr()
+    assert main(["paravt-jax", *common, f"--config.model.checkpoint={copy}"]) == 2
+    err = capsys.readouterr().err
+    assert f"checkpoint.path: '{assets.model_dir}' -> '{copy}'" in err and "--overwrite" in err
+    assert main(["paravt-jax", *common, f"--config.model.checkpoint={copy}", "--overwrite"]) == 0
+    second = json.load(open(out / "summary_all.json"))["synthetic"]
+    assert second["producer"]["checkpoint"]["path"] == str(copy) and second["producer_id"] != first["producer_id"]
+    assert second["total"] == 1 and second["complete"]

@@ -124,6 +124,33 @@ def test_local_dry_run_passes_arguments_through(sandbox):
     assert not sandbox.calls.exists()
 
 
+@pytest.mark.parametrize("script", ["gpu.sh", "tpu_pod.sh"])
+def test_the_default_workdir_is_the_jobs_own_so_a_requeued_job_resumes(sandbox, script):
+    """No timestamp: the same call (a requeue) gets the same workdir; another config another one."""
+    def workdir(*args, **settings):
+        result = launch(sandbox, script, *args, DRY_RUN="1", GPUS_PER_HOST="1", **settings)
+        (line,) = [l for l in result.stdout.splitlines() if "paravt_jax.cli" in l]
+        return [w for w in words(line[2:]) + words(remote_command(line[2:]) if "--command=" in line else "")
+                if w.startswith("--workdir=")][-1]
+
+    first = workdir("train", "--config=configs/paragrpo.py:qwen3vl_8b", "--config.rl.steps=10")
+    assert first == "--workdir=runs/train-paragrpo-qwen3vl_8b"
+    assert workdir("train", "--config=configs/paragrpo.py:qwen3vl_8b", "--config.rl.steps=10") == first
+    assert workdir("run", CONFIG="configs/sft.py:toy") == "--workdir=runs/run-sft-toy"
+    assert workdir("train", RUN_NAME="lr-sweep/a") == "--workdir=runs/lr-sweep-a"
+
+
+def test_launch_headers_name_a_checkpoint_and_data():
+    """The example commands of the scripts' headers never train a random model on toy data."""
+    for script in ("gpu.sh", "tpu_pod.sh"):
+        header = open(os.path.join(LAUNCH, script)).read().split("set -euo pipefail")[0]
+        for name in ("model.checkpoint=", "data.rl_train=", "data.sft=", "data.video_root="):
+            assert name in header, (script, name)
+        for line in header.splitlines():
+            if "qwen3vl_8b" in line and "bash launch/" in line and "LOGS=1" not in line:
+                assert "$DATA" in line, (script, line)
+
+
 # ----------------------------------------------------------------------------- tpu_pod.sh
 TRAIN_ARGS = ("train", "--config=configs/paragrpo.py:qwen3vl_8b", "--config.rl.steps=10",
               "--config.generate.question=what's in it?")
@@ -153,7 +180,7 @@ def test_tpu_dry_run_runs_on_all_workers_in_order(sandbox):
     run = remote_command(gcloud[3])
     assert exports(run)["JAX_PLATFORMS"] == "tpu" and exports(run)["PARAVT_RUN_NAME"] == "r1"
     assert python_argv(run) == ["-m", "paravt_jax.cli", *TRAIN_ARGS, "--workdir=runs/r1"]
-    assert run.rstrip().endswith("| tee logs/r1/$(hostname).log")
+    assert run.rstrip().endswith("| tee -a logs/r1/$(hostname).log")  # a resumed run adds to its log
     assert "paravt_jax/runs/r1" in gcloud[4] and "paravt_jax/logs/r1" in gcloud[5]
 
 
@@ -295,7 +322,7 @@ def test_gpu_two_hosts_get_distinct_process_ids(sandbox):
                                        "--config.mesh.tensor=1"]
         assert feed == ""  # no secrets set: ssh -n
     assert [l.endswith("&") for l in lines if "paravt_jax.cli" in l] == [True, True]
-    assert any(l.endswith(f"tee {sandbox.path}/logs/host-1.log | sed -u 's/^/[host 1] /' &") for l in lines)
+    assert any(l.endswith(f"tee -a {sandbox.path}/logs/host-1.log | sed -u 's/^/[host 1] /' &") for l in lines)
     assert "wait" in lines
     (fetch,) = [words(l) for l in lines if l.startswith("rsync ") and "/.venv" not in l]
     assert fetch[-2:] == ["alice@gpu-a:paravt_jax/runs/r1/", f"{sandbox.path}/results/"]

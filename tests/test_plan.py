@@ -16,6 +16,7 @@ from flax import nnx
 from configs import paragrpo
 from paravt_jax import sharding as sh
 from paravt_jax.experiments import plan as P
+from paravt_jax.flags import UsageError
 from paravt_jax.models.qwen3_vl import init_model, preset
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -247,6 +248,12 @@ def test_token_budget_micro_batches_and_rows_per_device(tokenizer):
     assert replicated.rows_per_device == 4 and any("replicated batch" in n for n in replicated.notes)
 
 
+def plan_main(argv):
+    from paravt_jax.experiments.plan import main
+
+    return main(argv)
+
+
 def run_plan(*args):
     from paravt_jax.cli import main
 
@@ -283,11 +290,11 @@ def test_cli_mesh_preset_and_bad_mesh(builtin_root):
                           ("data=1,model=8", "unknown axis 'model'"),
                           ("fsdp=-1,data=-1", "at most one axis may be -1"),
                           ("v9z-1", "unknown mesh preset 'v9z-1'")):
-        with pytest.raises(SystemExit, match=message):
-            run_plan(f"--config={ROOT}/configs/paragrpo.py:tiny", f"--mesh={mesh}", "--device_memory_gb=16")
-    with pytest.raises(SystemExit, match="has 8 devices, 4 available"):
-        run_plan(f"--config={ROOT}/configs/paragrpo.py:tiny", "--mesh=fsdp=8", "--devices=4",
-                 "--device_memory_gb=16")
+        with pytest.raises(UsageError, match=message):
+            plan_main(["plan", f"--config={ROOT}/configs/paragrpo.py:tiny", f"--mesh={mesh}", "--device_memory_gb=16"])
+    with pytest.raises(UsageError, match="has 8 devices, 4 available"):
+        plan_main(["plan", f"--config={ROOT}/configs/paragrpo.py:tiny", "--mesh=fsdp=8", "--devices=4",
+                   "--device_memory_gb=16"])
 
 
 def test_plan_exits_0_and_prints_only_notes_after_the_table(builtin_root, tmp_path):

@@ -231,7 +231,7 @@ def test_arm_names_are_stable_safe_and_bounded():
 
 
 def test_config_without_sweep_is_refused(tmp_path):
-    with pytest.raises(SystemExit, match=r"configs/paragrpo\.py.*defines no sweep\(\)"):
+    with pytest.raises(UsageError, match=r"configs/paragrpo\.py.*defines no sweep\(\)"):
         sweep_main(f"--config={ROOT}/configs/paragrpo.py:tiny", f"--workdir={tmp_path}/x")
     assert not os.path.exists(f"{tmp_path}/x")
 
@@ -240,7 +240,7 @@ def test_missing_field_is_refused_before_any_arm_starts(tmp_path):
     config = _write_config(tmp_path / "bad.py", "def sweep(arg):\n    return [{'seed': 0}, "
                            "{'arm': {'name': 'typo', 'rl.anchor_wieght': 0.0}, 'seed': 1}]\n")
     root = tmp_path / "bad_root"
-    with pytest.raises(SystemExit, match=r"arm 'typo,seed=1'.*'rl\.anchor_wieght' names no config field"):
+    with pytest.raises(UsageError, match=r"arm 'typo,seed=1'.*'rl\.anchor_wieght' names no config field"):
         sweep_main(f"--config={config}:tiny", f"--workdir={root}")
     assert not root.exists()
 
@@ -310,3 +310,4 @@ def test_toy_paradox_grids_share_their_cold_starts(tmp_path):
     vanilla = lines[names.index("varied,vanilla,seed=1")]
     assert f"--config.model.checkpoint={tmp_path}/v/_sft,nframes_choices=4+8+16/final" in vanilla
     assert "--config.rl.nframes_gating=False" in vanilla
+from paravt_jax.flags import UsageError

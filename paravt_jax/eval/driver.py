@@ -12,7 +12,11 @@ through one sampler call (`batch_size`).
 
 Outputs under output_dir: `<dataset>.shard-<i>-of-<n>.jsonl` (one line per finished sample,
 appended after every batch: a re-run skips finished samples), `<dataset>.json` once every
-shard is done (summary + every sample), and `summary_all.json`. `--compare` runs the same
+shard is done (summary + every sample), and `summary_all.json`. Every record names its
+producer (the checkpoint's identity and the evaluation settings, eval/provenance.py, kept in
+`<dataset>.producers.json`): a re-run resumes only its own producer's records and refuses a
+directory with another's (`--overwrite` drops them). A benchmark with more missing videos than
+`max_missing_videos` (a share) is refused; the summary always counts them. `--compare` runs the same
 samples with parallel dispatch and with the sequential baseline (one call per turn) and
 writes `compare.json` / `compare.md`.
 """
@@ -29,8 +33,9 @@ import numpy as np
 
 from paravt_jax.agent.dispatch import CropDispatcher, DispatchConfig
 from paravt_jax.agent.rollout import Episode, Rollout, RolloutConfig, run_rollouts
-from paravt_jax.eval import prompts, scoring
-from paravt_jax.files import write_json_atomic
+from paravt_jax.config_checks import ConfigValueError
+from paravt_jax.eval import prompts, provenance, scoring
+from paravt_jax.files import write_bytes_atomic, write_json_atomic
 from paravt_jax.rl import rewards as R
 from paravt_jax.rl.episode_stats import calls_per_tool_turn
 from paravt_jax.text.chat import VISUALS
@@ -253,13 +258,88 @@ def summarize(dataset: str, records: Sequence[dict], nframes: int) -> dict:
     return summary
 
 
+class ForeignRecords(ConfigValueError):
+    """The output directory holds records another checkpoint or other settings produced."""
+
+
+class MissingVideos(ConfigValueError):
+    """More of a benchmark's videos are missing than `max_missing_videos` allows."""
+
+
+def check_missing_videos(benchmark, max_share: float) -> None:
+    """Refuses a benchmark whose missing videos exceed `max_share` of its annotated samples
+    (a mistyped video_dir must not score 0.000 and pass as complete)."""
+    missing, total = len(benchmark.missing_videos), len(benchmark.samples) + len(benchmark.missing_videos)
+    if total and missing / total > max_share:
+        raise MissingVideos(f"{benchmark.name}: {missing} of {total} videos are missing ({missing / total:.1%} > "
+                            f"max_missing_videos={max_share:g}); first: {benchmark.missing_videos[0]}; check "
+                            f"config.benchmarks.{benchmark.name}.video_dir and config.root")
+    if not total:
+        raise MissingVideos(f"{benchmark.name}: its annotations hold no samples")
+
+
+def _shard_files(output_dir: str, name: str) -> list[str]:
+    return sorted(glob.glob(os.path.join(output_dir, f"{name}.shard-*-of-*.jsonl")))
+
+
+def claim_output(output_dir: str, name: str, key: dict, overwrite: bool, log: Callable[[str], None]) -> str:
+    """Registers `key` as a producer of `name` records in output_dir and returns its id. Records
+    (and a finished `<name>.json`) of any other producer are refused with the fields that
+    differ, or with `overwrite` dropped (this producer's own records are kept either way, so
+    shards of one evaluation never drop each other's work)."""
+    me = provenance.producer_id(key)
+    manifest_path = os.path.join(output_dir, f"{name}.producers.json")
+    try:
+        with open(manifest_path) as f:
+            known = json.load(f)
+    except (OSError, ValueError):
+        known = {}
+    foreign: dict[str | None, int] = {}
+    for path in _shard_files(output_dir, name):
+        for record in read_records([path]).values():
+            if record.get("producer") != me:
+                foreign[record.get("producer")] = foreign.get(record.get("producer"), 0) + 1
+    finished = os.path.join(output_dir, f"{name}.json")
+    if os.path.exists(finished):
+        try:
+            with open(finished) as f:
+                other = json.load(f).get("summary", {}).get("producer_id")
+        except (OSError, ValueError):
+            other = None
+        if other != me:
+            foreign.setdefault(other, 0)
+    if foreign and not overwrite:
+        count = sum(foreign.values())
+        stored = next(iter(foreign))
+        changes = provenance.differences(known.get(stored) if stored else None, key)
+        raise ForeignRecords(f"{output_dir} holds {count} {name} record(s) of another evaluation ("
+                             + "; ".join(changes[:8]) + ("; ..." if len(changes) > 8 else "")
+                             + "): evaluate into another --output_dir, or pass --overwrite to drop them")
+    if foreign:
+        for path in _shard_files(output_dir, name):
+            kept = read_records([path])
+            kept = {i: r for i, r in kept.items() if r.get("producer") == me}
+            write_bytes_atomic(path, "".join(json.dumps(kept[i], default=str) + "\n" for i in sorted(kept)).encode())
+        if os.path.exists(finished):
+            os.remove(finished)
+        log(f"[eval] {name}: --overwrite dropped {sum(foreign.values())} record(s) of another evaluation")
+    if known.get(me) != json.loads(json.dumps(key, default=str)):
+        write_json_atomic(manifest_path, {**known, me: key})
+    return me
+
+
 def run_dataset(sampler, tokenizer, benchmark, config: DriverConfig, output_dir: str, *, shard_id: int = 0,
-                num_shards: int = 1, log: Callable[[str], None] = print) -> dict:
+                num_shards: int = 1, log: Callable[[str], None] = print, identity: dict | None = None,
+                overwrite: bool = False) -> dict:
     """Evaluates this shard's unfinished samples of one loaded benchmark; returns the
-    dataset's summary (complete=False while other shards are missing)."""
+    dataset's summary (complete=False while other shards are missing). `identity` names the
+    model (provenance.model_identity); with the settings it keys every record, and records of
+    another key in output_dir are refused (ForeignRecords), or dropped with `overwrite`."""
     os.makedirs(output_dir, exist_ok=True)
     name = benchmark.name
     samples = list(benchmark.samples)
+    key = provenance.producer(identity or {}, config)
+    producer_id = claim_output(output_dir, name, key, overwrite, log)
     mine = shard_path(output_dir, name, shard_id, num_shards)
     done = read_records([mine])
     if os.path.exists(mine) and not _ends_with_newline(mine):
@@ -276,7 +356,7 @@ def run_dataset(sampler, tokenizer, benchmark, config: DriverConfig, output_dir:
             records = evaluate_batch(sampler, tokenizer, batch, config, dispatcher)
             with open(mine, "a") as f:
                 for record in records:
-                    f.write(json.dumps(record, default=str) + "\n")
+                    f.write(json.dumps({**record, "producer": producer_id}, default=str) + "\n")
                 f.flush()
                 os.fsync(f.fileno())
             finished += len(batch)
@@ -286,7 +366,7 @@ def run_dataset(sampler, tokenizer, benchmark, config: DriverConfig, output_dir:
     summary = summarize(name, records, config.nframes)
     summary.update(complete=len(records) == len(samples), samples=len(samples),
                    missing_videos=len(benchmark.missing_videos), prompt_mode=config.prompt_mode,
-                   dispatch=config.dispatch)
+                   dispatch=config.dispatch, producer_id=producer_id, producer=key)
     if summary["complete"]:
         is_mcq = all(r["question_type"] == "mcq" for r in records)
         output = scoring.dataset_output(name, records, is_mcq=is_mcq, nframes=config.nframes,
@@ -308,7 +388,7 @@ def write_summary_all(output_dir: str, summaries: dict[str, dict]) -> str:
 # ----------------------------------------------------------------------------- comparison
 COMPARE_COLUMNS = (("accuracy", "score"), ("avg_tool_calls", "tool calls"), ("avg_turns", "turns"),
                    ("avg_context_tokens", "context tokens"), ("elapsed", "wall s"),
-                   ("samples_per_minute", "samples/min"))
+                   ("samples_per_minute", "samples/min"), ("missing_videos", "missing videos"))
 
 
 def headline(summary: dict) -> float:
@@ -346,43 +426,69 @@ def benchmark_protocol(c, name: str) -> dict:
     return dict(prompt_mode=c.prompt_mode, overview_visual="images")
 
 
+def dataset_names(c) -> list[str]:
+    """The benchmarks of `config.datasets` (comma-separated); an empty list or a name without an
+    entry in `config.benchmarks` is a ConfigValueError (refused before any work)."""
+    names = [d.strip() for d in str(c.datasets).split(",") if d.strip()]
+    unknown = [n for n in names if n not in c.benchmarks]
+    if unknown or not names:
+        problem = f"unknown dataset {unknown[0]!r}" if unknown else "empty"
+        raise ConfigValueError(f"datasets={c.datasets!r}: {problem}; choose from {', '.join(sorted(c.benchmarks))} "
+                               "(comma-separated)")
+    return names
+
+
 def load_benchmarks(c, prompt_mode_for: Callable[[str], str], limit: int, default_data_dir: str):
     from paravt_jax.eval import datasets
 
     out = []
-    for name in [d.strip() for d in str(c.datasets).split(",") if d.strip()]:
+    for name in dataset_names(c):
         paths = dict(c.benchmarks.get(name, {}))
         if name == "synthetic":
             paths.setdefault("annotations", "")
             paths["annotations"] = paths["annotations"] or os.path.join(default_data_dir, "rl_eval.parquet")
             paths["video_dir"] = paths.get("video_dir", "") or default_data_dir
-        elif name not in c.benchmarks:
-            raise ValueError(f"dataset {name!r}: no entry in config.benchmarks (known: {sorted(c.benchmarks)})")
         else:
             for key in ("annotations", "video_dir", "subtitle_dir"):
                 if paths.get(key) and not os.path.isabs(paths[key]):
                     paths[key] = os.path.join(c.root, paths[key])
-        out.append(datasets.load_benchmark(name, paths["annotations"], paths["video_dir"],
-                                           prompt_mode=prompt_mode_for(name),
-                                           subtitle_dir=paths.get("subtitle_dir", ""), limit=limit))
+        try:
+            out.append(datasets.load_benchmark(name, paths["annotations"], paths["video_dir"],
+                                               prompt_mode=prompt_mode_for(name),
+                                               subtitle_dir=paths.get("subtitle_dir", ""), limit=limit))
+        except FileNotFoundError as e:  # a mistyped path in config.benchmarks / config.root
+            raise ConfigValueError(f"{e} (config.benchmarks.{name}, config.root={c.root!r})") from None
     return out
 
 
 def evaluate_command(config, output_dir: str, *, shard_id: int = 0, num_shards: int = 1, limit: int = 0,
-                     compare: bool = False) -> dict:
+                     compare: bool = False, overwrite: bool = False) -> dict:
+    """Evaluates config.datasets into output_dir (see the module docstring). Refused before the
+    model is built: a benchmark with too many missing videos (MissingVideos), and an output
+    directory holding another model's or other settings' records (ForeignRecords; `overwrite`
+    drops them instead)."""
     from paravt_jax.jobs import build_model, builtin_assets
     from paravt_jax.sampling import Sampler, SamplerConfig
     from paravt_jax.text.inputs import check_against_model
     from paravt_jax.text.tokenizer import Tokenizer
 
     assets = builtin_assets(config)
+    benchmarks = load_benchmarks(config, lambda name: benchmark_protocol(config, name)["prompt_mode"],
+                                 limit or config.limit, assets.data_dir)
+    for benchmark in benchmarks:
+        check_missing_videos(benchmark, config.max_missing_videos)
+    identity = provenance.model_identity(config, assets.model_dir)
+    for benchmark in benchmarks:  # every directory checked before the model is loaded
+        for dispatch in DISPATCH if compare else (config.dispatch,):
+            driver = driver_config(config, **benchmark_protocol(config, benchmark.name), dispatch=dispatch)
+            directory = os.path.join(output_dir, dispatch) if compare else output_dir
+            os.makedirs(directory, exist_ok=True)
+            claim_output(directory, benchmark.name, provenance.producer(identity, driver), overwrite, print)
     model = build_model(config, default_dir=assets.model_dir)
     tokenizer = Tokenizer.from_directory(config.model.checkpoint or assets.model_dir)
     check_against_model(tokenizer, model.config)
     sampler = Sampler(model, SamplerConfig(min_chunk_bucket=64))
 
-    benchmarks = load_benchmarks(config, lambda name: benchmark_protocol(config, name)["prompt_mode"],
-                                 limit or config.limit, assets.data_dir)
     summaries: dict[str, dict] = {}
     comparison: dict[str, dict[str, dict]] = {}
     for benchmark in benchmarks:
@@ -400,7 +506,7 @@ def evaluate_command(config, output_dir: str, *, shard_id: int = 0, num_shards: 
             directory = os.path.join(output_dir, dispatch) if compare else output_dir
             driver = driver_config(config, **benchmark_protocol(config, benchmark.name), dispatch=dispatch)
             summary = run_dataset(sampler, tokenizer, benchmark, driver, directory, shard_id=shard_id,
-                                  num_shards=num_shards)
+                                  num_shards=num_shards, identity=identity)
             write_summary_all(directory, {benchmark.name: summary})
             comparison.setdefault(benchmark.name, {})[dispatch] = summary
             summaries[benchmark.name if not compare else f"{benchmark.name}/{dispatch}"] = summary
@@ -415,27 +521,29 @@ def evaluate_command(config, output_dir: str, *, shard_id: int = 0, num_shards: 
 
 def main(argv: list[str]) -> dict:
     from absl import flags
-    from ml_collections import config_flags
 
     from paravt_jax.config import config_path
     from paravt_jax.config_checks import check_config
-    from paravt_jax.flags import parse_flags
+    from paravt_jax.flags import define_config, parse_flags
 
     default = config_path("eval")
     flag_values = flags.FlagValues()
-    config_flags.DEFINE_config_file("config", default + ":synthetic", "config file[:arg]",
-                                    flag_values=flag_values, sys_argv=argv)
+    define_config(flag_values, default + ":synthetic", argv)
     flags.DEFINE_string("output_dir", "", "where per-dataset JSON and summary_all.json go",
                         flag_values=flag_values)
     flags.DEFINE_integer("shard_id", 0, "this host's shard", flag_values=flag_values)
     flags.DEFINE_integer("num_shards", 1, "shards across hosts", flag_values=flag_values)
     flags.DEFINE_integer("limit", 0, "samples per dataset (0 = all)", lower_bound=0, flag_values=flag_values)
     flags.DEFINE_bool("compare", False, "parallel vs sequential dispatch side by side", flag_values=flag_values)
+    flags.DEFINE_bool("overwrite", False, "drop records another checkpoint or other settings left in --output_dir "
+                      "(without it such a directory is refused)", flag_values=flag_values)
     parse_flags(flag_values, argv, "usage: paravt-jax eval [--config=FILE[:ARG]] [--config.FIELD=VALUE ...] "
-                "[--output_dir=DIR] [--limit=N] [--compare] [--shard_id=I --num_shards=N]\n\nThe benchmark "
-                "driver: per-dataset JSON (resumable) and summary_all.json in --output_dir.", show_config=True)
+                "[--output_dir=DIR] [--limit=N] [--compare] [--overwrite] [--shard_id=I --num_shards=N]\n\n"
+                "The benchmark driver: per-dataset JSON (resumable) and summary_all.json in --output_dir.",
+                show_config=True)
     config = flag_values.config
     check_config(config)
+    dataset_names(config)
     output_dir = flag_values.output_dir or config.output_dir or os.path.join("runs", "eval")
     return evaluate_command(config, output_dir, shard_id=flag_values.shard_id, num_shards=flag_values.num_shards,
-                            limit=flag_values.limit, compare=flag_values.compare)
+                            limit=flag_values.limit, compare=flag_values.compare, overwrite=flag_values.overwrite)

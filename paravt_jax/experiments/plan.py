@@ -1085,14 +1085,12 @@ def main(argv: list[str]) -> MemoryPlan:
     [--device_memory_gb=G] [--activations=auto|xla|estimate] [--json=PATH] [--question_tokens=N]
     [--video_seconds=S]`."""
     from absl import flags
-    from ml_collections import config_flags
 
-    from paravt_jax.flags import parse_flags
+    from paravt_jax.flags import UsageError, define_config, parse_flags
 
     argv = list(argv)
     values = flags.FlagValues()
-    config_flags.DEFINE_config_file("config", DEFAULT_CONFIG, "config file[:arg]", flag_values=values,
-                                    sys_argv=argv)
+    define_config(values, DEFAULT_CONFIG, argv)
     flags.DEFINE_string("mesh", "", "AXIS=SIZE list (data=1,fsdp=8,tensor=1) or a configs/meshes.py "
                         "preset name; default: config.mesh", flag_values=values)
     flags.DEFINE_integer("devices", None, "device count (fills a -1 mesh axis)", flag_values=values)
@@ -1128,7 +1126,7 @@ def main(argv: list[str]) -> MemoryPlan:
         assumptions = Assumptions(question_tokens=values.question_tokens, video_seconds=values.video_seconds)
         result = plan(values.config, sizes, memory, values.activations, assumptions)
     except PlanError as e:
-        raise SystemExit(f"plan: {e}") from None
+        raise UsageError(f"plan: {e}") from None
     print(format_plan(result), flush=True)
     if values.json:
         os.makedirs(os.path.dirname(os.path.abspath(values.json)), exist_ok=True)

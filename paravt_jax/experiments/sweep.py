@@ -497,12 +497,11 @@ def main(argv: Sequence[str]) -> list[dict] | list[str]:
     from absl import flags
     from ml_collections import config_flags
 
-    from paravt_jax.flags import parse_flags
+    from paravt_jax.flags import UsageError, define_config, parse_flags
 
     argv = list(argv)
     values = flags.FlagValues()
-    config_flags.DEFINE_config_file("config", None, "config file[:arg] that defines sweep()",
-                                    flag_values=values, sys_argv=argv)
+    define_config(values, None, argv, "config file[:arg] that defines sweep()")
     flags.DEFINE_string("workdir", "", "sweep root: one subdirectory per arm", flag_values=values)
     flags.DEFINE_bool("dry_run", False, "print one `python -m paravt_jax.cli run` command per arm",
                       flag_values=values)
@@ -512,15 +511,15 @@ def main(argv: Sequence[str]) -> list[dict] | list[str]:
                         flag_values=values)
     parse_flags(values, argv, "usage: " + main.__doc__.strip().strip("`"))
     if values["config"].value is None:
-        raise SystemExit("sweep: --config=FILE[:ARG] is required")
+        raise UsageError("sweep: --config=FILE[:ARG] is required")
     if not values.workdir:
-        raise SystemExit("sweep: --workdir=DIR is required")
+        raise UsageError("sweep: --workdir=DIR is required")
     config_argument = config_flags.get_config_filename(values["config"])
     common = config_flags.get_override_values(values["config"])
     try:
         plan = make_plan(values.config, config_argument, values.workdir, common, values.shared_sft, values.only)
     except SweepError as e:
-        raise SystemExit(f"sweep: {e}") from None
+        raise UsageError(f"sweep: {e}") from None
     if values.dry_run:
         lines = commands(plan)
         if plan.shared_sfts:

@@ -27,21 +27,42 @@ class EvalResult:
         return dataclasses.asdict(self)
 
 
-def evaluate(model, tokenizer, rows, *, nframes: int, tools: bool, max_new_tokens: int = 96,
-             max_turns: int = 3, max_parallel: int = 5, mode: str = "frames") -> EvalResult:
-    return evaluate_episodes(model, tokenizer, rows, nframes=nframes, tools=tools, max_new_tokens=max_new_tokens,
-                             max_turns=max_turns, max_parallel=max_parallel, mode=mode)[0]
+FINAL_ANSWER_TOKENS = 32  # the forced short answer after the last tool round
 
 
-def evaluate_episodes(model, tokenizer, rows, *, nframes: int, tools: bool, max_new_tokens: int = 96,
-                      max_turns: int = 3, max_parallel: int = 5, mode: str = "frames") -> tuple[EvalResult, list]:
+def episode_config(rollout: RolloutConfig, *, tools: bool, max_new_tokens: int | None = None,
+                   max_turns: int | None = None, mode: str | None = None) -> RolloutConfig:
+    """The held-out episode: the training rollout's (`rl.rollout`: sub-agent summary budget,
+    overview frame sizes, think prefix, tool schema, ...) decoded greedily, with or without the
+    tool, ending in a forced short answer; max_new_tokens / max_turns / mode (None: the
+    rollout's) are the evaluation's own budget."""
+    max_turns = rollout.max_turns if max_turns is None else max_turns
+    return dataclasses.replace(
+        rollout, temperature=0.0, tools=tools, max_turns=max_turns if tools else 0,
+        max_new_tokens=rollout.max_new_tokens if max_new_tokens is None else max_new_tokens,
+        mode=rollout.mode if mode is None else mode, final_answer=tools, final_answer_tokens=FINAL_ANSWER_TOKENS)
+
+
+def evaluate(model, tokenizer, rows, *, nframes: int, tools: bool, rollout: RolloutConfig | None = None,
+             dispatch: DispatchConfig | None = None, max_new_tokens: int | None = None,
+             max_turns: int | None = None, mode: str | None = None) -> EvalResult:
+    """Greedy episodes of `rows` at K = nframes: the episode `rollout` and `dispatch` describe
+    (the run's rl.rollout / rl.dispatch: crop frame sizes, calls per turn, ...; None: their
+    defaults), see episode_config."""
+    return evaluate_episodes(model, tokenizer, rows, nframes=nframes, tools=tools, rollout=rollout,
+                             dispatch=dispatch, max_new_tokens=max_new_tokens, max_turns=max_turns, mode=mode)[0]
+
+
+def evaluate_episodes(model, tokenizer, rows, *, nframes: int, tools: bool, rollout: RolloutConfig | None = None,
+                      dispatch: DispatchConfig | None = None, max_new_tokens: int | None = None,
+                      max_turns: int | None = None, mode: str | None = None) -> tuple[EvalResult, list]:
     """`evaluate`'s result and the rollouts it scored (for the evaluation's episode log)."""
+    rollout, dispatch = rollout or RolloutConfig(), dispatch or DispatchConfig()
     episodes = [Episode(f"eval{r.index}", r.question, r.answer, r.question_type, r.video_path, nframes)
                 for r in rows]
-    config = RolloutConfig(mode=mode, max_turns=max_turns if tools else 0, max_new_tokens=max_new_tokens,
-                           temperature=0.0, tools=tools, final_answer=tools, final_answer_tokens=32)
+    config = episode_config(rollout, tools=tools, max_new_tokens=max_new_tokens, max_turns=max_turns, mode=mode)
     sampler = Sampler(model, SamplerConfig(min_chunk_bucket=64))
-    with CropDispatcher(DispatchConfig(max_parallel=max_parallel)) as dispatcher:
+    with CropDispatcher(dispatch) as dispatcher:
         rollouts, _ = run_rollouts(sampler, tokenizer, episodes, 1, config, dispatcher)
     acc = [R.accuracy_reward(R.extract_answer(r.generated_text), r.episode.answer, r.episode.question_type)
            for r in rollouts]

@@ -285,8 +285,7 @@ def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge
             current = dist.local_model(step.model(state))
             for tools in (False, True) if dist.is_primary() else ():  # only process 0 logs
                 result = evaluate(current, tokenizer, eval_rows[:config.eval_limit], nframes=config.eval_nframes,
-                                  tools=tools, max_new_tokens=config.rollout.max_new_tokens,
-                                  max_turns=config.rollout.max_turns, mode=config.rollout.mode)
+                                  tools=tools, rollout=config.rollout, dispatch=config.dispatch)
                 tag = "eval_tools" if tools else "eval_notools"
                 metrics.update({f"{tag}/{k}": v for k, v in result.row().items() if k not in ("tools", "nframes")})
             metrics["eval_compiles"] = evaluation.since().count

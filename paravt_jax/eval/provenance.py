@@ -1,0 +1,77 @@
+"""What produced an evaluation record: the checkpoint's identity and the evaluation settings.
+
+Every record the driver writes carries `producer`, a short id of that pair; the pair itself is
+kept beside the records in `<dataset>.producers.json` (id -> pair). A rerun into the same
+output directory resumes only the records its own pair produced, and refuses records of
+another pair with the fields that differ (driver.ForeignRecords), so one directory never
+mixes two checkpoints, prompt modes, frame counts or protocols.
+"""
+from __future__ import annotations
+
+import dataclasses
+import glob
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+# Files of an HF checkpoint directory whose bytes decide the model's outputs.
+WEIGHT_PATTERNS = ("*.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json")
+# DriverConfig fields that change how the samples are batched, not what each one produces.
+NOT_PRODUCING = ("batch_size",)
+UNKEYED = "unknown (written before records named their producer)"
+
+
+def checkpoint_identity(directory: str | None, preset: str, seed: int) -> dict[str, Any]:
+    """The identity of a local HF checkpoint: its absolute path and a fingerprint of its weight,
+    config and tokenizer files (names, sizes, modification times; hashing gigabytes of weights
+    would cost minutes). A directory copied or rewritten is another checkpoint. Without a
+    directory: the randomly initialised preset and its seed."""
+    if not directory:
+        return {"random_init": preset, "seed": int(seed)}
+    directory = os.path.abspath(directory)
+    files = sorted({p for pattern in WEIGHT_PATTERNS for p in glob.glob(os.path.join(directory, pattern))})
+    listing = [(os.path.relpath(p, directory), os.stat(p).st_size, os.stat(p).st_mtime_ns) for p in files]
+    digest = hashlib.sha256(json.dumps(listing).encode()).hexdigest()[:16]
+    return {"path": directory, "files": digest}
+
+
+def model_identity(config, default_dir: str | None) -> dict[str, Any]:
+    """The checkpoint identity and numerics of the model a config builds (jobs.build_model):
+    `model.checkpoint`, else the built-in checkpoint of a toy preset, else a random init."""
+    from paravt_jax.data.builtin import BUILTIN_MODELS
+
+    m = config.model
+    random_init = m.get("init", "") == "random"
+    directory = None if random_init else m.checkpoint or (default_dir if m.preset in BUILTIN_MODELS else None)
+    return {"checkpoint": checkpoint_identity(directory, m.preset, config.seed),
+            "model": {"preset": m.preset, "param_dtype": m.param_dtype, "dtype": m.dtype}}
+
+
+def producer(identity: Mapping[str, Any], driver_config) -> dict[str, Any]:
+    """What keys a record: the model's identity (model_identity) and the evaluation settings."""
+    settings = {k: v for k, v in dataclasses.asdict(driver_config).items() if k not in NOT_PRODUCING}
+    return {**{k: dict(v) for k, v in identity.items()}, "settings": settings}
+
+
+def producer_id(key: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, Mapping):
+        out = {}
+        for k, v in value.items():
+            out.update(flatten(v, f"{prefix}{k}."))
+        return out
+    return {prefix.rstrip("."): value}
+
+
+def differences(stored: Mapping[str, Any] | None, mine: Mapping[str, Any]) -> list[str]:
+    """`field: stored -> mine` for each differing field (one entry when `stored` is unknown)."""
+    if stored is None:
+        return [UNKEYED]
+    a, b = flatten(stored), flatten(mine)
+    return [f"{k}: {a.get(k, '<absent>')!r} -> {b.get(k, '<absent>')!r}" for k in sorted(set(a) | set(b))
+            if a.get(k, "<absent>") != b.get(k, "<absent>")]

@@ -1,0 +1,131 @@
+"""A run's claim on its workdir: the lock (one run at a time, paravt_jax/locking.py) and the
+config it runs under (`run_config.json`). A rerun whose config differs from the stored one in
+anything but run length and placement (RESUMABLE) is refused with the differing fields
+(`ConfigChanged`), unless `config_changed="ok"`, which records the change and continues.
+
+Multi-process: process 0 alone takes the lock and reads and writes the stored config; every
+process gets its verdict, so all of them stop or none does.
+"""
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import functools
+import json
+import os
+import time
+
+from paravt_jax.flags import UsageError
+
+CONFIG_NAME = "run_config.json"
+CHANGES_NAME = "config_changes.jsonl"
+# Fields a resumed run may change: its length, and where and how it is placed and compiled
+# (another mesh on requeued hardware); none of them changes what a step computes.
+RESUMABLE = ("sft.steps", "rl.steps", "workdir", "mesh.*", "mesh_preset", "compilation_cache_dir")
+CONFIG_CHANGED = ("refuse", "ok")
+
+
+class ConfigChanged(UsageError):
+    """The workdir holds a run of another config; the message lists the differing fields."""
+
+
+def flat(value, prefix: str = "") -> dict:
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            out.update(flat(item, f"{prefix}{key}."))
+        return out
+    return {prefix.rstrip("."): value}
+
+
+def config_record(config, command: str) -> dict:
+    """The stored form of a run's config: JSON types only (tuples become lists)."""
+    return {"command": command, "config": json.loads(config.to_json())}
+
+
+def changed_fields(stored: dict, current: dict) -> list[str]:
+    """`field: stored -> current` for every field that differs, RESUMABLE ones aside."""
+    a, b = flat(stored), flat(current)
+    out = []
+    for key in sorted(set(a) | set(b)):
+        name = key.removeprefix("config.")
+        if any(fnmatch.fnmatchcase(name, pattern) for pattern in RESUMABLE):
+            continue
+        if a.get(key, "<absent>") != b.get(key, "<absent>"):
+            out.append(f"{name}: {a.get(key, '<absent>')!r} -> {b.get(key, '<absent>')!r}")
+    return out
+
+
+def check_config(workdir: str, record: dict, config_changed: str = "refuse") -> list[str]:
+    """Stores `record` in a new workdir; in one with a stored config, refuses (ConfigChanged) a
+    record that differs in more than RESUMABLE fields, unless config_changed == "ok": then the
+    change is appended to config_changes.jsonl and the new record stored. Returns the changes."""
+    from paravt_jax.files import write_json_atomic
+
+    if config_changed not in CONFIG_CHANGED:
+        raise UsageError(f"--config_changed={config_changed!r}: expected one of {CONFIG_CHANGED}")
+    path = os.path.join(workdir, CONFIG_NAME)
+    try:
+        with open(path) as f:
+            stored = json.load(f)
+    except FileNotFoundError:
+        stored = None
+    except ValueError as e:
+        raise UsageError(f"{path} is not readable JSON ({e}); restore or delete it") from None
+    changes = changed_fields(stored, record) if stored is not None else []
+    if changes and config_changed != "ok":
+        shown = "; ".join(changes[:10]) + (f"; and {len(changes) - 10} more" if len(changes) > 10 else "")
+        raise ConfigChanged(f"workdir {workdir} holds a run of another config ({shown}); only the run length "
+                            f"(sft.steps, rl.steps) and placement may change on a rerun: use another --workdir, or "
+                            f"--config_changed=ok to continue this run under the new config")
+    if changes:
+        with open(os.path.join(workdir, CHANGES_NAME), "a") as f:
+            f.write(json.dumps({"time": time.strftime("%Y-%m-%d %H:%M:%S"), "changes": changes}) + "\n")
+        print(f"[workdir] continuing {workdir} under a changed config (--config_changed=ok): "
+              + "; ".join(changes), flush=True)
+    if stored != record:
+        write_json_atomic(path, record)
+    return changes
+
+
+@contextlib.contextmanager
+def claim(config, workdir: str, command: str, config_changed: str = "refuse"):
+    """Holds workdir for the body: its lock (process 0) and its config check. Collective."""
+    from paravt_jax import distributed
+    from paravt_jax.locking import WorkdirLock
+
+    lock, error = None, None
+    if distributed.is_primary():
+        try:
+            lock = WorkdirLock(workdir, command=command).acquire()
+            if lock.took_over is not None:
+                print(f"[workdir] took over the lock of pid {lock.took_over.pid} on {lock.took_over.host}, "
+                      f"which is gone", flush=True)
+            check_config(workdir, config_record(config, command), config_changed)
+        except UsageError as e:
+            error = e
+    verdicts = distributed.allgather_objects(None if error is None else str(error))
+    try:
+        if error is not None:
+            raise error
+        if verdicts[0] is not None:
+            raise UsageError(verdicts[0])
+        yield workdir
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def claims_workdir(command: str):
+    """Decorates a job `f(config, workdir="", ...)`: resolves the workdir (jobs._workdir),
+    claims it for the call (`config_changed=` is the decorator's keyword) and passes it on."""
+    def decorate(function):
+        @functools.wraps(function)
+        def wrapper(config, workdir: str = "", *args, config_changed: str = "refuse", **kwargs):
+            from paravt_jax.jobs import _workdir
+
+            resolved = _workdir(config, workdir)
+            with claim(config, resolved, command, config_changed):
+                return function(config, resolved, *args, **kwargs)
+        return wrapper
+    return decorate
