@@ -19,7 +19,7 @@ writes `compare.json` / `compare.md`.
 from __future__ import annotations
 
 import dataclasses
-import glob
+import fnmatch
 import json
 import os
 import time
@@ -27,10 +27,10 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from paravt_jax import storage
 from paravt_jax.agent.dispatch import CropDispatcher, DispatchConfig
 from paravt_jax.agent.rollout import Episode, Rollout, RolloutConfig, run_rollouts
 from paravt_jax.eval import prompts, scoring
-from paravt_jax.files import write_json_atomic
 from paravt_jax.rl import rewards as R
 from paravt_jax.rl.episode_stats import calls_per_tool_turn
 from paravt_jax.text.chat import VISUALS
@@ -173,11 +173,8 @@ def evaluate_batch(sampler, tokenizer, batch: Sequence[tuple[int, object]], conf
 
 
 def _ends_with_newline(path: str) -> bool:
-    with open(path, "rb") as f:
-        if f.seek(0, os.SEEK_END) == 0:
-            return True  # empty: nothing torn
-        f.seek(-1, os.SEEK_END)
-        return f.read(1) == b"\n"
+    data = storage.read_bytes(path)
+    return not data or data.endswith(b"\n")  # empty: nothing torn
 
 
 def crop_dispatcher(config: DriverConfig) -> CropDispatcher:
@@ -196,22 +193,21 @@ def batches(pending: Sequence[tuple[int, object]], batch_size: int) -> list[list
 
 # ----------------------------------------------------------------------------- files
 def shard_path(output_dir: str, dataset: str, shard_id: int, num_shards: int) -> str:
-    return os.path.join(output_dir, f"{dataset}.shard-{shard_id:05d}-of-{num_shards:05d}.jsonl")
+    return storage.join(output_dir, f"{dataset}.shard-{shard_id:05d}-of-{num_shards:05d}.jsonl")
 
 
 def read_records(paths: Sequence[str]) -> dict[int, dict]:
     """Finished samples by index; a torn last line (an interrupted write) is ignored."""
     out: dict[int, dict] = {}
     for path in paths:
-        if not os.path.exists(path):
+        if not storage.isfile(path):
             continue
-        with open(path) as f:
-            for line in f:
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                out[int(record["index"])] = record
+        for line in storage.read_bytes(path).splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            out[int(record["index"])] = record
     return out
 
 
@@ -257,31 +253,30 @@ def run_dataset(sampler, tokenizer, benchmark, config: DriverConfig, output_dir:
                 num_shards: int = 1, log: Callable[[str], None] = print) -> dict:
     """Evaluates this shard's unfinished samples of one loaded benchmark; returns the
     dataset's summary (complete=False while other shards are missing)."""
-    os.makedirs(output_dir, exist_ok=True)
+    storage.makedirs(output_dir)
     name = benchmark.name
     samples = list(benchmark.samples)
     mine = shard_path(output_dir, name, shard_id, num_shards)
     done = read_records([mine])
-    if os.path.exists(mine) and not _ends_with_newline(mine):
+    if storage.isfile(mine) and not _ends_with_newline(mine):
         # an interrupted write left a torn last line: drop it so appended records start clean
-        with open(mine + ".tmp", "w") as f:
-            f.writelines(json.dumps(done[i], default=str) + "\n" for i in sorted(done))
-        os.replace(mine + ".tmp", mine)
+        storage.write_atomic(mine, "".join(json.dumps(done[i], default=str) + "\n" for i in sorted(done)))
     pending = [(i, samples[i]) for i in shard_indices(len(samples), shard_id, num_shards) if i not in done]
     log(f"[eval] {name}: {len(samples)} samples, shard {shard_id}/{num_shards}: {len(pending)} to run, "
         f"{len(done)} already done; {len(benchmark.missing_videos)} missing videos skipped")
     started, finished = time.perf_counter(), 0
+    shard = storage.Appender(mine)
     with crop_dispatcher(config) as dispatcher:
         for batch in batches(pending, config.batch_size):
             records = evaluate_batch(sampler, tokenizer, batch, config, dispatcher)
-            with open(mine, "a") as f:
-                for record in records:
-                    f.write(json.dumps(record, default=str) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
+            shard.write("".join(json.dumps(record, default=str) + "\n" for record in records))
+            shard.sync()
             finished += len(batch)
             log(f"[eval] {name}: {finished}/{len(pending)} samples ({time.perf_counter() - started:.0f} s)")
-    all_records = read_records(glob.glob(os.path.join(output_dir, f"{name}.shard-*-of-{num_shards:05d}.jsonl")))
+    shard.close()
+    pattern = f"{name}.shard-*-of-{num_shards:05d}.jsonl"
+    all_records = read_records([storage.join(output_dir, n) for n in storage.listdir(output_dir)
+                                if fnmatch.fnmatch(n, pattern)])
     records = [all_records[i] for i in sorted(all_records) if i < len(samples)]
     summary = summarize(name, records, config.nframes)
     summary.update(complete=len(records) == len(samples), samples=len(samples),
@@ -293,15 +288,15 @@ def run_dataset(sampler, tokenizer, benchmark, config: DriverConfig, output_dir:
                                         elapsed=summary["elapsed"])
         output["summary"] = summary
         output["missing_videos"] = list(benchmark.missing_videos)
-        write_json_atomic(os.path.join(output_dir, f"{name}.json"), output)
+        storage.write_json_atomic(storage.join(output_dir, f"{name}.json"), output)
     return summary
 
 
 def write_summary_all(output_dir: str, summaries: dict[str, dict]) -> str:
-    path = os.path.join(output_dir, "summary_all.json")
-    previous = json.load(open(path)) if os.path.exists(path) else {}
+    path = storage.join(output_dir, "summary_all.json")
+    previous = json.loads(storage.read_bytes(path)) if storage.isfile(path) else {}
     previous.update(summaries)
-    write_json_atomic(path, previous)
+    storage.write_json_atomic(path, previous)
     return path
 
 
@@ -397,7 +392,7 @@ def evaluate_command(config, output_dir: str, *, shard_id: int = 0, num_shards: 
                     for batch in warm.values():
                         evaluate_batch(sampler, tokenizer, batch, driver, dispatcher)
         for dispatch in arms:
-            directory = os.path.join(output_dir, dispatch) if compare else output_dir
+            directory = storage.join(output_dir, dispatch) if compare else output_dir
             driver = driver_config(config, **benchmark_protocol(config, benchmark.name), dispatch=dispatch)
             summary = run_dataset(sampler, tokenizer, benchmark, driver, directory, shard_id=shard_id,
                                   num_shards=num_shards)
@@ -407,9 +402,8 @@ def evaluate_command(config, output_dir: str, *, shard_id: int = 0, num_shards: 
     table = comparison_table(comparison)
     print(table, flush=True)
     if compare:
-        write_json_atomic(os.path.join(output_dir, "compare.json"), comparison)
-        with open(os.path.join(output_dir, "compare.md"), "w") as f:
-            f.write(table + "\n")
+        storage.write_json_atomic(storage.join(output_dir, "compare.json"), comparison)
+        storage.write_atomic(storage.join(output_dir, "compare.md"), table + "\n")
     return summaries
 
 
