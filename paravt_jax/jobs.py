@@ -424,10 +424,12 @@ def save_export(model, tokenizer, directory: str) -> None:
     gs:// (written locally, then uploaded file by file with config.json last)."""
     from paravt_jax import storage
     from paravt_jax.models.qwen3_vl import save_pretrained
+    from paravt_jax.text.hf_processor import save_processor
 
     with storage.staged_directory(directory, last=("config.json",)) as local:
         save_pretrained(model, local)
         tokenizer.save(local)
+        save_processor(local)
 
 
 def export_command(config, workdir: str = ""):
