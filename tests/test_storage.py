@@ -129,9 +129,12 @@ def test_a_stopped_loop_resumes_from_gs_bit_exact(gcs_emulator, tmp_path):
     assert sorted(steps) == [0, 1, 2, 3]
 
 
+@pytest.mark.slow  # three `sft` processes (minutes); the loop-level test above runs by default
 def test_a_killed_sft_run_on_gs_resumes_bit_exact(gcs_emulator, tmp_path):
     """`paravt-jax sft --workdir=gs://...` killed (SIGKILL) after step 1's metrics line, rerun
     to the end: its checkpoint holds the same parameters as an uninterrupted local run's."""
+    import orbax.checkpoint as ocp
+
     from paravt_jax.checkpointing import Checkpointer
     from test_cli_script import ROOT, environment
 
@@ -171,7 +174,8 @@ def test_a_killed_sft_run_on_gs_resumes_bit_exact(gcs_emulator, tmp_path):
     def params(directory):
         checkpointer = Checkpointer(directory)
         assert checkpointer.latest_step() == 3
-        return checkpointer.manager.restore(3)["state"]["params"]
+        return checkpointer.manager.restore(3, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))["state"]["params"]
 
     local, resumed = params(str(tmp_path / "straight" / "checkpoints")), params(f"{remote}/checkpoints")
     leaves = jax.tree.leaves(local)
