@@ -180,3 +180,39 @@ def test_a_killed_sft_run_on_gs_resumes_bit_exact(gcs_emulator, tmp_path):
     local, resumed = params(str(tmp_path / "straight" / "checkpoints")), params(f"{remote}/checkpoints")
     leaves = jax.tree.leaves(local)
     assert leaves and all(np.array_equal(a, b) for a, b in zip(leaves, jax.tree.leaves(resumed), strict=True))
+
+
+def test_the_main_job_and_export_write_their_files_to_gs(gcs_emulator, tmp_path):
+    """`run` and `export` with --workdir=gs://...: the metrics, the cold start's table, the
+    summary, the curves, the final model (with its chat template and processor configs) and
+    the export are in the bucket, and nothing is written to a local directory of that name."""
+    from paravt_jax.models.qwen3_vl import load_pretrained
+    from test_cli import ROOT, run_cli
+
+    workdir = f"{gcs_emulator}/main-job"
+    common = [f"--config={ROOT}/configs/paragrpo.py:tiny", f"--workdir={workdir}",
+              f"--config.data.builtin_root={tmp_path / 'builtin'}"]
+    text = run_cli("run", *common, "--config.sft.steps=2", "--config.sft.batch_size=2", "--config.sft.nframes=2",
+                   "--config.rl.steps=1", "--config.rl.samples_per_prompt=2", "--config.rl.prompts_per_step=1",
+                   "--config.rl.rollout.max_new_tokens=4", "--config.rl.rollout.max_turns=1",
+                   "--config.rl.rollout.subagent_max_tokens=4", "--config.rl.eval_every=0",
+                   "--config.eval.limit=1", "--config.eval.nframes=(4,)", "--config.eval.max_new_tokens=4",
+                   "--config.eval.max_turns=1", "--config.eval.after_sft=(4,)")
+    assert f"[run] workdir {workdir};" in text
+    summary = json.loads(storage.read_bytes(f"{workdir}/summary.json"))
+    assert summary["workdir"] == workdir and len(summary["sft_loss"]) == 2 and len(summary["rl"]) == 1
+    assert summary["curves"] == f"{workdir}/curves.png" and storage.read_bytes(summary["curves"])[:4] == b"\x89PNG"
+    assert json.loads(storage.read_bytes(f"{workdir}/sft/eval.json"))["results"] == summary["eval_after_sft"]
+    for phase in ("sft", "rl"):
+        assert storage.listdir(f"{workdir}/{phase}/tensorboard")
+        assert storage.isdir(f"{workdir}/{phase}/checkpoints")
+    final = storage.listdir(f"{workdir}/final")
+    assert {"config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja", "preprocessor_config.json",
+            "video_preprocessor_config.json"} <= set(final)
+    assert not os.path.exists("gs:") and not os.path.exists(os.path.join(ROOT, "gs:"))
+
+    run_cli("export", *common)
+    local = tmp_path / "export"
+    storage.filesystem().get(f"{workdir}/export/".removeprefix("gs://"), str(local), recursive=True)
+    assert load_pretrained(str(local)).config.text.hidden_size == 64
+    assert (local / "chat_template.jinja").is_file()
