@@ -158,9 +158,13 @@ def test_read_frames_resizes_through_both_stages(tmp_path):
     assert read_frames(path, nframes=2, max_pixels=50176).frames.shape[1:3] == (160, 288)  # single
 
 
-def test_the_8b_recipe_sizes_frames_as_the_reference():
+def test_the_8b_recipe_sizes_frames_and_runs_sft_as_the_reference():
     from configs import paragrpo
-    from paravt_jax.jobs import rl_config
+    from paravt_jax.jobs import rl_config, sft_config
+
+    sft = sft_config(paragrpo.get_config("qwen3vl_8b"))  # the released cold-start SFT script
+    assert (sft.steps, sft.optimizer.learning_rate, sft.optimizer.schedule) == (1500, 2e-5, "cosine")
+    assert (sft.optimizer.warmup_steps, sft.optimizer.total_steps) == (75, 1500)
 
     rl = rl_config(paragrpo.get_config("qwen3vl_8b"))
     assert (rl.rollout.overview_sizing, rl.dispatch.sizing) == ("two_stage", "two_stage")
