@@ -21,7 +21,8 @@ CHOICES = {"AdvantageConfig.anchor_mode": "sequence", "OptimizerConfig.name": "a
            "RewardConfig.text": "completion", "DispatchConfig.arguments": "lenient",
            "RolloutConfig.video_path_line": "none", "RolloutConfig.tool_layout": "object",
            "RolloutConfig.frames_response": "images_first", "RolloutConfig.malformed": "ignore",
-           "RolloutConfig.extra_calls": "ignore", "RolloutConfig.overview_visual": "video"}
+           "RolloutConfig.extra_calls": "ignore", "RolloutConfig.overview_visual": "video",
+           "RolloutConfig.overview_sizing": "two_stage", "DispatchConfig.sizing": "two_stage"}
 
 
 def parse(*overrides):
