@@ -69,6 +69,8 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
 
     c.eval = section(EvalConfig())  # held-out evaluation: K values (after RL, after SFT), tokens, turns, rows
 
+    if preset == "tiny":  # the shapes task's 64x160 frames are 10 tokens: a K = 64 prompt is 1,626
+        c.rl.shapes.prompt_width, c.rl.shapes.subagent_width, c.rl.shapes.train_width = 2048, 512, 2048
     if preset == "toy":  # the events toy task: answers only in short events the crops catch
         c.data.task = "events"
         c.data.num_train, c.data.num_eval, c.data.durations = 384, 48, (48.0,)
@@ -91,6 +93,13 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
         c.rl.eval_every, c.rl.eval_limit, c.rl.eval_nframes = 6, 8, 4
         c.eval.limit, c.eval.max_new_tokens = 0, 160  # every held-out question
         c.eval.after_sft = (4,)  # the cold start's table too: what RL starts from
+        # the toy's 64x96 frames are 6 tokens: a K = 64 prompt is 930 tokens, an episode at
+        # most ~1.7k, a 16-frame crop's sub-agent prompt 273 (rl/shapes.py's bounds assume
+        # full-size frames)
+        c.rl.shapes.prompt_width, c.rl.shapes.subagent_width, c.rl.shapes.train_width = 1024, 512, 2048
+        # episodes packed into rows of 2,048 tokens, 4 rows a micro-batch (the 16 episodes of a
+        # step fill 4-8 rows, not 16); a micro-batch's frames padded to 512
+        c.rl.max_tokens_per_micro_batch, c.rl.shapes.train_frames = 4 * 2048, 512
     elif preset == "qwen3vl_8b":  # reference recipe (paragrpo_8b.yaml)
         # the released cold-start SFT script: 1,500 steps, lr 2e-5, cosine decay, 5% warm-up
         c.sft.steps, c.sft.optimizer.learning_rate = 1500, 2e-5
@@ -106,6 +115,10 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
         # micro-batch: one row per device on the 8-device meshes (gpu8, v5p-16); docs/scale-out.md
         # says why 8 (batch sharding)
         c.rl.max_tokens_per_micro_batch = 8 * 22528
+        c.rl.shapes.train_width = 22528  # the episode budget the planner packs (docs/scale-out.md)
+        # a sub-agent prompt of 16 two-stage crop frames is 1,422 tokens (the planner's count);
+        # rl/shapes.py's derived bound counts one resize's 49 tokens a frame
+        c.rl.shapes.subagent_width = 2048
         c.model.param_dtype = c.model.dtype = "bfloat16"
         c.model.remat = True
         c.eval.max_new_tokens, c.eval.max_turns, c.eval.limit = 2048, 3, 0
@@ -116,6 +129,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
         c.rl.rollout.subagent_max_tokens, c.rl.rollout.overview_max_pixels = 512, 50176
         c.rl.dispatch.max_pixels = 50176
         c.rl.rollout.overview_sizing = c.rl.dispatch.sizing = "two_stage"
+        c.rl.shapes.subagent_width = 2048  # as qwen3vl_8b: 16 two-stage crop frames
         c.model.param_dtype = c.model.dtype = "bfloat16"
         c.model.remat = True
         c.eval.max_new_tokens, c.eval.max_turns, c.eval.limit = 2048, 3, 0

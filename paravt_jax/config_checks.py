@@ -13,6 +13,7 @@ from typing import Any
 from paravt_jax.agent.rollout import MODES as ROLLOUT_MODES
 from paravt_jax.rl.advantages import ANCHOR_MODES
 from paravt_jax.rl.rewards import REWARD_MODES
+from paravt_jax.rl.shapes import POLICIES as SHAPE_POLICIES
 from paravt_jax.video.frames import SIZINGS
 
 
@@ -60,7 +61,7 @@ RULES: dict[str, Rule] = {
     "demo.frames": integer(1), "demo.repeats": integer(1),
     # cold-start SFT
     "sft.steps": integer(0), "sft.batch_size": integer(1), "sft.micro_batches": integer(1),
-    "sft.max_tokens_per_micro_batch": integer(0),
+    "sft.max_tokens_per_micro_batch": integer(0), "sft.train_width": integer(0), "sft.train_frames": integer(0),
     "sft.optimizer.learning_rate": positive(), "sft.optimizer.weight_decay": non_negative(),
     "sft.optimizer.grad_clip": non_negative(), "sft.optimizer.warmup_steps": integer(0),
     "sft.nframes": integer(1), "sft.nframes_choices": integers(1, empty=True),
@@ -69,6 +70,10 @@ RULES: dict[str, Rule] = {
     "rl.steps": integer(0), "rl.prompts_per_step": integer(1), "rl.samples_per_prompt": integer(1),
     "rl.micro_batches": integer(1), "rl.max_tokens_per_micro_batch": integer(0),
     "rl.checkpoint_every": integer(0), "rl.eval_every": integer(0),
+    "rl.shapes.policy": one_of(SHAPE_POLICIES), "rl.shapes.prompt_width": integer(0),
+    "rl.shapes.prompt_frames": integer(0), "rl.shapes.subagent_rows": integer(0), "rl.shapes.extend_width": integer(0),
+    "rl.shapes.subagent_width": integer(0), "rl.shapes.train_width": integer(0),
+    "rl.shapes.train_frames": integer(0),
     "rl.max_bad_steps": integer(1), "rl.nframes_choices": integers(1), "rl.default_nframes": integer(0),
     "rl.optimizer.learning_rate": positive(), "rl.optimizer.weight_decay": non_negative(),
     "rl.optimizer.grad_clip": non_negative(), "rl.optimizer.warmup_steps": integer(0),

@@ -442,10 +442,12 @@ def export_command(config, workdir: str = ""):
     from paravt_jax.train.step import OptimizerConfig, TrainStep
 
     model, tokenizer, *_ = _setup(config)
-    step = TrainStep(model, OptimizerConfig(), sft_loss, HEAD)  # only its state layout is used
+    # the phase's optimizer (frozen parameters change its state's layout); only the layout is used
+    optimizers = {"rl": rl_config(config).optimizer, "sft": sft_config(config).optimizer, "": OptimizerConfig()}
     for phase in ("rl", "sft", ""):
         directory = storage.join(workdir, phase, "checkpoints")
         if storage.isdir(directory) and Checkpointer(directory).latest_step() is not None:
+            step = TrainStep(model, optimizers[phase], sft_loss, HEAD)
             state, meta = Checkpointer(directory).restore_latest(step.init_state())
             out = storage.join(workdir, "export")
             save_export(step.model(state), tokenizer, out)

@@ -50,3 +50,19 @@ def test_eval_bench_smallest(tmp_path):
 def test_video_bench_smallest(tmp_path):
     out = run_bench(tmp_path, "video.py", "--minutes", "4.5", "--fps", "1", "--repeats", "1")
     assert "K crops in one turn" in out
+
+
+def test_rl_step_bench_smallest(tmp_path):
+    """Both shape policies on the tiny preset, each in its own process, from the same seed: the
+    table, per-step compile counts, and the same metrics step by step (the shape policy changes
+    padding only)."""
+    small = ("--config.rl.eval_every=0 --config.rl.prompts_per_step=1 --config.rl.samples_per_prompt=2 "
+             "--config.rl.rollout.max_new_tokens=24 --config.rl.rollout.max_turns=1 "
+             "--config.data.num_train=8 --config.data.num_eval=2")
+    out = run_bench(tmp_path, "rl_step.py", "--config", os.path.join(ROOT, "configs/paragrpo.py:tiny"),
+                    "--steps", "2", "--warmup", "1", f"--extra={small}", "--workdir", str(tmp_path / "arms"),
+                    timeout=1500)
+    assert "RL step: previous shapes vs fixed shapes" in out and "speed-up of the median step" in out
+    for metric in ("reward", "kappa", "loss_tokens", "loss"):
+        assert f"| {metric}" in out
+    assert "differs" not in out, out

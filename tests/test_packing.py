@@ -114,3 +114,13 @@ def test_packed_step_equals_unpacked(attention):
         assert abs(float(total) / count - float(total_ref) / count) <= 1e-6
         for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g_ref)):
             np.testing.assert_allclose(np.asarray(a) / count, np.asarray(b) / count, atol=1e-6, rtol=0)
+
+
+def test_token_budget_full_rows():
+    """full_rows: every micro-batch, the last too, has the same row count (one shape); the
+    placements do not change."""
+    lengths = [60, 10, 30, 25, 20, 5, 64, 50, 40]
+    loose = plan_token_budget(lengths, max_tokens=3 * 64, width=64)
+    full = plan_token_budget(lengths, max_tokens=3 * 64, width=64, full_rows=True)
+    assert loose.placements == full.placements
+    assert loose.rows[-1] < 3 and set(full.rows) == {3}

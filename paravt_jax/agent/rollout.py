@@ -18,7 +18,7 @@ from paravt_jax.agent.dispatch import CropDispatcher, CropResult, CropTask, Disp
 from paravt_jax.agent.tools import cap_errors, lenient_window, parse_tool_calls
 from paravt_jax.config import set_by
 from paravt_jax.models.qwen3_vl.rope import IMAGE, VIDEO
-from paravt_jax.sampling.sampler import Sampler
+from paravt_jax.sampling.sampler import PromptShape, Sampler
 from paravt_jax.text import chat
 from paravt_jax.text.inputs import ModelInputs, encode, encode_ids
 from paravt_jax.text.tokenizer import Tokenizer
@@ -102,6 +102,10 @@ class RolloutConfig:
     # processes before this one). Random streams follow a row's place in the step's batch, not
     # in this call, so splitting the episodes over processes samples the same rollouts.
     row_offset: int = set_by(0, "this process's share of the step's prompts")
+    # Fixed prompt-prefill sizes of the episodes' prompts and of the sub-agent calls (which
+    # then run in batches of subagent_shape.rows); zeros: each call's own buckets.
+    prompt_shape: PromptShape = set_by(PromptShape(), "rl.shapes")
+    subagent_shape: PromptShape = set_by(PromptShape(), "rl.shapes")
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -298,19 +302,24 @@ def overview_prompts(episodes: Sequence[Episode], tokenizer: Tokenizer, config: 
 def _responses_subagent(results: list[CropResult], sampler: Sampler, tokenizer: Tokenizer,
                         config: RolloutConfig, seed: int, stream_ids: Sequence[int] | None = None
                         ) -> tuple[list, list[SubTrajectory | None]]:
-    """All sub-agent prompts of the turn in ONE batched sampler call (same weights);
-    stream_ids[i]: the random stream of results[i]'s summary (default: its place in the call)."""
+    """All sub-agent prompts of the turn in one batched sampler call (same weights), or in
+    calls of config.subagent_shape.rows rows when set; stream_ids[i]: the random stream of
+    results[i]'s summary (default: its place in the turn's crops), so the summaries do not
+    depend on how the calls split them."""
     texts: list = [None] * len(results)
     trajectories: list[SubTrajectory | None] = [None] * len(results)
     ok = [i for i, r in enumerate(results) if r.ok]
-    if ok:
+    streams = list(range(len(results))) if stream_ids is None else list(stream_ids)
+    size = config.subagent_shape.rows or max(len(ok), 1)
+    for start in range(0, len(ok), size):
+        part = ok[start:start + size]
         prompts = [subagent_prompt(results[i].clip, results[i].request.start, results[i].request.end, tokenizer)
-                   for i in ok]
+                   for i in part]
         out, _ = sampler.generate(prompts, max_new_tokens=config.subagent_max_tokens,
                                   temperature=config.temperature, top_p=config.top_p, top_k=config.top_k,
                                   stop_ids=(tokenizer.special.im_end,), seed=seed,
-                                  row_ids=None if stream_ids is None else [stream_ids[i] for i in ok])
-        for j, i in enumerate(ok):
+                                  row_ids=[streams[i] for i in part], shape=config.subagent_shape)
+        for j, i in enumerate(part):
             tokens = out.tokens[j]
             texts[i] = summary_text(tokens, bool(out.finished[j]), tokenizer)
             seq = prompts[j].extend(encode_ids(tokens, prompts[j].next_position, trainable=True))
@@ -406,7 +415,8 @@ def run_rollouts(sampler: Sampler, tokenizer: Tokenizer, episodes: Sequence[Epis
                                   max_new_tokens=config.max_new_tokens, seed=config.seed,
                                   row_ids=row_ids, **knobs,
                                   # the suffix cache sized for the whole episode: no extend grows it
-                                  reserve=episode_turns(config, dispatcher.config, max_parallel))
+                                  reserve=episode_turns(config, dispatcher.config, max_parallel),
+                                  shape=config.prompt_shape)
     for turn in range(config.max_turns + 1):
         turn_rows = [b for b, row in enumerate(rows) if row.active]
         for b in turn_rows:

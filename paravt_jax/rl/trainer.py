@@ -7,6 +7,7 @@ import dataclasses
 import os
 import time
 
+import jax
 import numpy as np
 
 from paravt_jax import distributed as dist
@@ -20,7 +21,9 @@ from paravt_jax.rl import rewards as R
 from paravt_jax.rl.advantages import AdvantageConfig, compute_advantages
 from paravt_jax.rl.episode_stats import summarize
 from paravt_jax.rl.objective import StepConfig, policy_head, policy_loss
+from paravt_jax.rl.shapes import ShapeConfig, StepShapes, resolve
 from paravt_jax.sampling import Sampler, SamplerConfig
+from paravt_jax.train import compiles
 from paravt_jax.train.batch import micro_batch_plan, pack, planned_micro_batches
 from paravt_jax.train.loop import LoopConfig, UnreadableDataError, data_indices, run_loop
 from paravt_jax.train.step import OptimizerConfig, TrainStep
@@ -108,6 +111,7 @@ class RLConfig:
     sampler: SamplerConfig = SamplerConfig(min_chunk_bucket=64)
     checkpoint_every: int = 0
     max_bad_steps: int = 3
+    shapes: ShapeConfig = ShapeConfig()  # the compiled programs' shapes (rl/shapes.py)
     eval_every: int = 0  # greedy held-out evaluation every N steps (0 = off)
     eval_nframes: int = 16
     eval_limit: int = 2
@@ -169,6 +173,23 @@ def unreadable_step(index: int, skipped: list[str], streak: dict, prompts_per_st
     return {"unreadable_step": 1.0, "skipped_episodes": len(skipped), "rollouts": 0}
 
 
+def largest_nframes(config: RLConfig) -> int:
+    """The most overview frames one of the run's prompts gets."""
+    if config.nframes_gating:
+        return max(config.nframes_choices)
+    return config.default_nframes or config.rollout.overview_max_frames
+
+
+def step_shapes(config: RLConfig, prompts: int) -> StepShapes:
+    """The sizes of the run's programs (rl/shapes.py) for `prompts` prompts on this process.
+    Token-budget micro-batches hold a varying number of episodes: their frames are padded to
+    rl.shapes.train_frames when set, else to powers of two."""
+    rows = config.prompts_per_step * config.samples_per_prompt
+    micro_rows = 0 if config.max_tokens_per_micro_batch else -(-rows // config.micro_batches)
+    return resolve(config.shapes, config.rollout, config.dispatch, largest_nframes(config), prompts,
+                   prompts * config.samples_per_prompt, micro_rows, config.sampler.min_chunk_bucket)
+
+
 def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge=None, eval_rows=None):
     """rows: RLRow list (eval_rows: held-out rows for periodic evaluation). Returns (model with
     trained weights, LoopResult).
@@ -183,8 +204,14 @@ def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge
     step = TrainStep(model, config.optimizer, policy_loss(config.step), policy_head(config.step),
                      mesh=dist.model_mesh(model), keep_reference=keep_reference)
     dispatcher = CropDispatcher(config.dispatch)
-    rollout_config = dataclasses.replace(config.rollout, temperature=config.step.temperature)
+    shapes = step_shapes(config, share.stop - share.start)
+    rollout_config = dataclasses.replace(config.rollout, temperature=config.step.temperature,
+                                         prompt_shape=shapes.prompt, subagent_shape=shapes.subagent)
+    sampler_config = dataclasses.replace(config.sampler, prefill_window=shapes.prefill_window,
+                                         extend_width=shapes.extend_width)
     G = config.samples_per_prompt
+    # one compiled program per batch shape (run eagerly, each jnp operation compiled on its own)
+    advantages_fn = jax.jit(compute_advantages, static_argnames=("cfg", "group_size"))
     unreadable = {"prompts": 0}  # prompts in a row whose videos could not be read
 
     def step_fn(state, index):
@@ -192,7 +219,7 @@ def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge
         chosen = [rows[i] for i in data_indices(index * config.prompts_per_step, config.prompts_per_step,
                                                  len(rows), config.seed)]
         episodes = [episode(r, config) for r in chosen[share]]
-        sampler = Sampler(dist.local_model(step.model(state)), config.sampler)
+        sampler = Sampler(dist.local_model(step.model(state)), sampler_config)
         # rows are prompt-major: this share's rows start at share.start * G in the step's batch
         run_config = dataclasses.replace(rollout_config, seed=config.seed * 100_003 + index,
                                          row_offset=share.start * G)
@@ -210,31 +237,37 @@ def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge
             return state, unreadable_step(index, skipped, unreadable, config.prompts_per_step, len(rows))
         unreadable["prompts"] = 0
         packed = pack([r.inputs for r in rollouts], {"behaviour_logp": [r.logprobs for r in rollouts],
-                                                     "structural_mask": [r.structural_mask for r in rollouts]})
+                                                     "structural_mask": [r.structural_mask for r in rollouts]},
+                      width=shapes.train_width)
         behaviour = packed.extras["behaviour_logp"]
         # Micro-batches (with their vision inputs) are built once, for the reference pass and
         # the update; the advantages and proximal log-probs are filled in between.
         # token-budget micro-batches get a multiple of the batch's devices as rows (else replicated)
         plan = micro_batch_plan(packed, config.micro_batches, config.max_tokens_per_micro_batch,
-                                sh.batch_devices(step.mesh))
-        batches = planned_micro_batches(packed, plan, model.config.vision, {"behaviour_logp": behaviour})
+                                sh.batch_devices(step.mesh), full_rows=shapes.train_width > 0)
+        batches = planned_micro_batches(packed, plan, model.config.vision, {"behaviour_logp": behaviour},
+                                        min_frames=shapes.train_frames)
+        t_batch = time.perf_counter()
         zero = np.zeros(packed.input_ids.shape, np.float32)
         ref = (plan.merge([step.reference_logprobs(b, config.step.reference_temperature) for b in batches],
                           packed.input_ids.shape[1]) if keep_reference else zero)
-        advantages, adv_metrics = compute_advantages(
-            seq_rewards, packed.loss_mask, behaviour, ref, config.advantage,
+        t_ref = time.perf_counter()
+        advantages, adv_metrics = advantages_fn(
+            seq_rewards, packed.loss_mask, behaviour, ref, cfg=config.advantage,
             group_size=G, anchor_rewards=anchor_rewards if token_anchor else None,
             structural_mask=packed.extras["structural_mask"] if token_anchor else None)
         advantages = plan.split(np.asarray(advantages, np.float32))
-        batches = [b.with_extras(advantages=advantages[i],
-                                 prox_logp=step.logprobs(state.params, b))  # PPO's "old" policy
-                   for i, b in enumerate(batches)]
+        prox = jax.block_until_ready([step.logprobs(state.params, b) for b in batches])  # PPO's "old" policy
+        t_prox = time.perf_counter()
+        batches = [b.with_extras(advantages=advantages[i], prox_logp=prox[i]) for i, b in enumerate(batches)]
         state, metrics = step.step(state, batches)
         t3 = time.perf_counter()
         metrics.update(summarize(rollouts, rewards))
         metrics.update({k: float(v) for k, v in adv_metrics.items()})
         tokens = int(packed.loss_mask.sum())
-        metrics.update(rollout_s=t1 - t0, reward_s=t2 - t1, train_s=t3 - t2, skipped_episodes=len(skipped),
+        metrics.update(rollout_s=t1 - t0, reward_s=t2 - t1, train_s=t3 - t2, batch_s=t_batch - t2,
+                       ref_logprobs_s=t_ref - t_batch,
+                       prox_logprobs_s=t_prox - t_ref, skipped_episodes=len(skipped),
                        tokens_per_s=tokens / max(t3 - t0, 1e-9), rollouts=len(rollouts),
                        padding_fraction=plan.padding_fraction())
         if usage is not None:  # judge failures this step: those answers were scored by token F1
@@ -242,6 +275,7 @@ def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge
         if config.eval_every and eval_rows and (index + 1) % config.eval_every == 0:
             from paravt_jax.rl.evaluate import evaluate
 
+            evaluation = compiles.snapshot()  # the evaluation's own shapes: reported apart
             current = dist.local_model(step.model(state))
             for tools in (False, True) if dist.is_primary() else ():  # only process 0 logs
                 result = evaluate(current, tokenizer, eval_rows[:config.eval_limit], nframes=config.eval_nframes,
@@ -249,6 +283,7 @@ def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge
                                   max_turns=config.rollout.max_turns, mode=config.rollout.mode)
                 tag = "eval_tools" if tools else "eval_notools"
                 metrics.update({f"{tag}/{k}": v for k, v in result.row().items() if k not in ("tools", "nframes")})
+            metrics["eval_compiles"] = evaluation.since().count
         return state, metrics
 
     try:

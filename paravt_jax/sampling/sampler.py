@@ -44,6 +44,7 @@ from paravt_jax.sampling.kv_cache import (
 from paravt_jax.text.inputs import ModelInputs, collate_vision, encode_ids
 
 MAX_STOP_IDS = 8
+PREFILL_WINDOWS = ("used", "capacity")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +68,29 @@ class SamplerConfig:
     # True: the samples of a prompt share one copy of its keys and values; False: every sample
     # holds its own copy (the copied layout, kept as the measured baseline of bench/sampler.py)
     shared_prefix: bool = True
+    # What a prefill attends: "used" = the cache slots in use, bucketed (one compiled program
+    # per bucket the write pointer reaches); "capacity" = every slot of the cache (one program
+    # per chunk width: the steady shapes of an RL run, at the cost of attending empty slots)
+    prefill_window: str = set_by("used", "rl.shapes for RL rollouts; the caller")
+    # > 0: an extend whose chunks hold no image writes them in pieces of this many tokens,
+    # one prefill call each (one compiled program, however long the turn's tool responses);
+    # 0: one call at the chunks' power-of-two bucket
+    extend_width: int = set_by(0, "rl.shapes for RL rollouts; the caller")
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptShape:
+    """Fixed sizes of a generate() call's prompt prefill, so that calls over other prompts run
+    the programs compiled for earlier ones: at least `rows` prompt rows (padding rows when
+    fewer), at least `width` tokens, and a vision pass padded to `frames_per_row` frames per
+    prompt row (per frame size). Zeros: each call's own power-of-two buckets."""
+    rows: int = 0
+    width: int = 0
+    frames_per_row: int = 0
+
+    def __post_init__(self):
+        if min(self.rows, self.width, self.frames_per_row) < 0:
+            raise ValueError(f"PromptShape sizes must be >= 0, got {self}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -392,6 +416,25 @@ def prefill_group(rows: int, per_prompt: int, width: int, shards: int, token_bud
     return shards * group_rows(rows // shards, per_prompt, width, token_budget // shards)
 
 
+def _has_vision(chunk: ModelInputs) -> bool:
+    return bool(len(chunk.pixel_values) or len(chunk.pixel_values_videos))
+
+
+def _text_slice(chunk: ModelInputs, start: int, stop: int) -> ModelInputs:
+    """Tokens [start, stop) of a text-only chunk, with their own positions."""
+    positions = chunk.position_ids[:, start:stop]
+    return dataclasses.replace(chunk, input_ids=chunk.input_ids[start:stop],
+                               mm_token_type_ids=chunk.mm_token_type_ids[start:stop],
+                               loss_mask=chunk.loss_mask[start:stop], position_ids=positions,
+                               next_position=int(positions.max()) + 1)
+
+
+@jax.jit
+def _pick_rows(take, new, old):
+    """Rows of `new` where `take` [B] is set, else of `old` ([B, V] logits)."""
+    return jnp.where(take[:, None], new, old)
+
+
 def _prepend(token: int, position: int, chunk: ModelInputs | None) -> ModelInputs:
     head = encode_ids([token], position, trainable=True)
     return head if chunk is None else head.extend(chunk)
@@ -405,6 +448,9 @@ class Sampler:
             if getattr(config, field) < 0:
                 raise ValueError(f"SamplerConfig.{field}={getattr(config, field)} "
                                  "must be >= 0 (0 = the backend's default)")
+        if config.prefill_window not in PREFILL_WINDOWS:
+            raise ValueError(f"SamplerConfig.prefill_window={config.prefill_window!r}: expected one of "
+                             f"{PREFILL_WINDOWS}")
         self.model = model
         self.config = config
         self.mesh = mesh
@@ -434,7 +480,7 @@ class Sampler:
     # -- public -------------------------------------------------------------------------
     def generate(self, prompts: Sequence[ModelInputs], num_samples: int = 1, *, seed: int = 0,
                  row_ids: Sequence[int] | None = None, reserve: Sequence[tuple[int, int]] = (),
-                 **knobs) -> tuple[SampleOutput, SamplerState]:
+                 shape: PromptShape = PromptShape(), **knobs) -> tuple[SampleOutput, SamplerState]:
         """Prefills each prompt once (vision included) into the prompt cache, then decodes
         `num_samples` samples of each (row p * num_samples + g) together: with
         config.shared_prefix they all read the prompt's one copy of its keys and values, and
@@ -442,17 +488,19 @@ class Sampler:
         (chunk tokens, new tokens) per extend at their longest; the suffix cache is sized up
         front so that none of them grows it (kv_cache.episode_capacity). Row b draws from the random stream
         fold_in(PRNGKey(seed), row_ids[b]) (default: b), so a row's samples do not depend on
-        which other rows share the call (multi-host rollouts)."""
+        which other rows share the call (multi-host rollouts). `shape`: fixed prompt-prefill
+        sizes (see PromptShape); a call whose prompts exceed them uses its own buckets."""
         if not prompts:
             raise ValueError("generate: no prompts")
         if num_samples < 1:
             raise ValueError(f"generate: num_samples={num_samples} must be >= 1")
         k = self._knobs(knobs)
-        prompt_rows = bucket(len(prompts), self.config.min_batch_bucket)
-        width = chunk_width(prompts, self.config.min_chunk_bucket)
+        prompt_rows = max(bucket(len(prompts), self.config.min_batch_bucket), shape.rows)
+        width = max(chunk_width(prompts, self.config.min_chunk_bucket), shape.width)
         prefix_k, prefix_v, prefix_valid = self._empty_cache(prompt_rows, width)
         logits, prefix_k, prefix_v, prefix_valid = self._prefill(prefix_k, prefix_v, prefix_valid, None, 0,
-                                                                 list(prompts), prompt_rows, width)
+                                                                 list(prompts), prompt_rows, width,
+                                                                 shape.frames_per_row)
         rows = prompt_rows * num_samples
         total = len(prompts) * num_samples
         logits = jnp.repeat(logits, num_samples, axis=0)
@@ -492,12 +540,27 @@ class Sampler:
             full.append(_prepend(int(state.pending[b]), int(state.next_position[b]), chunk)
                         if state.pending[b] >= 0 else chunk)
         width = chunk_width(full, self.config.min_chunk_bucket)
+        piece = self.config.extend_width
+        text_only = all(c is None or not _has_vision(c) for c in full)
+        if piece and text_only:  # the turn's chunks in pieces of one width
+            width = piece * -(-max([c.length for c in full if c is not None] + [1]) // piece)
         cache_k, cache_v, valid = state.cache_k, state.cache_v, state.valid
         new_capacity = self._capacity(state.write_index + width, k["max_new_tokens"])
         if new_capacity > valid.shape[1]:
             cache_k, cache_v, valid = self._grow(cache_k, cache_v, valid, new_capacity)
-        logits, cache_k, cache_v, valid = self._prefill(cache_k, cache_v, valid, state.prefix, state.write_index,
-                                                        full, rows, width)
+        if piece and text_only:
+            logits = None
+            for start in range(0, width, piece):
+                part = [None if c is None or c.length <= start else _text_slice(c, start, start + piece)
+                        for c in full]
+                out, cache_k, cache_v, valid = self._prefill(cache_k, cache_v, valid, state.prefix,
+                                                             state.write_index + start, part, rows, piece)
+                ends_here = np.array([c is not None and start < c.length <= start + piece for c in full]
+                                     + [False] * (rows - len(full)))
+                logits = out if logits is None else _pick_rows(ends_here, out, logits)
+        else:
+            logits, cache_k, cache_v, valid = self._prefill(cache_k, cache_v, valid, state.prefix,
+                                                            state.write_index, full, rows, width)
         takes_part = np.array([c is not None for c in full] + [False] * (rows - len(full)))
         next_position = np.array([(int(c.next_position) if c is not None else int(state.next_position[b]))
                                   for b, c in enumerate(full)] + [0] * (rows - len(full)), np.int32)
@@ -557,7 +620,7 @@ class Sampler:
                                           self.model.config.attention_block)
 
     def _prefill(self, cache_k, cache_v, valid, prefix: SharedPrefix | None, write_index: int,
-                 chunks: list[ModelInputs | None], rows: int, width: int):
+                 chunks: list[ModelInputs | None], rows: int, width: int, frames_per_row: int = 0):
         """Writes `chunks` (one per row, None = nothing) at `write_index` in row groups of at
         most the token budget, each group taking the same rows of every device's
         block of rows. Returns (logits [rows, V], caches, valid)."""
@@ -567,7 +630,9 @@ class Sampler:
         group = self.prefill_group(rows, per_prompt, width, shards)
         capacity = valid.shape[1]
         # attend only to the slots in use (bucketed, so few compiled variants)
-        window = min(bucket(write_index + width, 16, self.config.cache_multiple), capacity)
+        window = capacity
+        if self.config.prefill_window == "used":
+            window = min(bucket(write_index + width, 16, self.config.cache_multiple), capacity)
         block = self.prefill_block(group)
         chunks = list(chunks) + [None] * (rows - len(chunks))
         logits, order = [], []
@@ -581,7 +646,7 @@ class Sampler:
             batch = _collate(part, group, width)
             embeds = deepstack = None
             if batch.pixel_values is not None:
-                pixels, grids = pad_frames_to_buckets(batch.pixel_values, batch.grids)
+                pixels, grids = pad_frames_to_buckets(batch.pixel_values, batch.grids, group * frames_per_row)
                 layout = vision_layout(grids, self.model.config.vision)
                 embeds, deepstack = _vision(self.graphdef, self.params, pixels, layout.device_arrays())
             out, cache_k, cache_v, valid = _prefill(

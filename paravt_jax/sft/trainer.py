@@ -40,6 +40,11 @@ class SFTConfig:
     # > 0: micro-batches of at most this many tokens, short examples packed into shared rows
     # (segment ids); micro_batches is then unused
     max_tokens_per_micro_batch: int = 0
+    # fixed shapes (one compiled step for the whole run): the packed width of every batch (0 =
+    # each batch's own bucket; with token budgets, the budget itself packs one row per
+    # micro-batch) and the frames every micro-batch's vision pass is padded to (0 = powers of two)
+    train_width: int = 0
+    train_frames: int = 0
     seed: int = set_by(0, "seed (the top of the config)")
     nframes: int = 8
     # non-empty: each example's overview has K frames, K drawn per row from these choices (the
@@ -127,11 +132,12 @@ def train_sft(model, tokenizer, rows: list, video_root: str, workdir: str, confi
             print(f"[sft] warning: step {index} skipped, none of its examples could be read", flush=True)
             return state, {"unreadable_step": 1.0, "skipped_examples": skipped}
         unreadable["examples"] = 0
-        packed = pack(fill_batch(readable, config.batch_size))
+        packed = pack(fill_batch(readable, config.batch_size), width=config.train_width)
         # token-budget micro-batches get a multiple of the batch's devices as rows (else replicated)
         plan = micro_batch_plan(packed, config.micro_batches, config.max_tokens_per_micro_batch,
                                 sh.batch_devices(step.mesh))
-        state, metrics = step.step(state, planned_micro_batches(packed, plan, model.config.vision))
+        state, metrics = step.step(state, planned_micro_batches(packed, plan, model.config.vision,
+                                                                min_frames=config.train_frames))
         return state, {**metrics, "skipped_examples": skipped, "padding_fraction": plan.padding_fraction()}
 
     result = run_loop("sft", workdir, step.init_state(), step_fn,

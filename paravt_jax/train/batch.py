@@ -39,15 +39,17 @@ def _check_extra_names(names) -> None:
 
 
 def pack(sequences: Sequence[ModelInputs], extras: Mapping[str, Sequence[np.ndarray]] | None = None,
-         min_length: int = 16, multiple: int = 256) -> Packed:
-    """Right-pads to a bucketed length so the train step compiles once per bucket.
+         min_length: int = 16, multiple: int = 256, width: int = 0) -> Packed:
+    """Right-pads to a bucketed length so the train step compiles once per bucket; to `width`
+    when it is set and the longest sequence fits (one shape for every batch).
 
     extras: name -> one [L_b] array per sequence (its own length), padded with zeros into an
     [N, T] array of the arrays' common dtype."""
     extras = dict(extras or {})
     _check_extra_names(extras)
     n = len(sequences)
-    width = bucket(max(s.length for s in sequences), min_length, multiple)
+    longest = max(s.length for s in sequences)
+    width = width if longest <= width else bucket(longest, min_length, multiple)
     ids = np.zeros((n, width), np.int32)
     mask = np.zeros((n, width), np.int32)
     positions = np.zeros((3, n, width), np.int32)
@@ -157,7 +159,8 @@ def plan_rows(lengths: Sequence[int], width: int, num_micro: int) -> MicroBatchP
 
 
 def plan_token_budget(lengths: Sequence[int], max_tokens: int, min_length: int = 16,
-                      multiple: int = 256, width: int | None = None, row_multiple: int = 1) -> MicroBatchPlan:
+                      multiple: int = 256, width: int | None = None, row_multiple: int = 1,
+                      full_rows: bool = False) -> MicroBatchPlan:
     """Sequences packed into rows (first fit, longest first) of one bucketed width (or the
     given `width`, at least the longest sequence), the rows grouped into micro-batches of at
     most `max_tokens` tokens (rows x width; a row longer than the budget is a micro-batch of
@@ -167,7 +170,9 @@ def plan_token_budget(lengths: Sequence[int], max_tokens: int, min_length: int =
     axis is split over, data x fsdp: a row count they do not divide is replicated on all of
     them): the rows per micro-batch are rounded down to a multiple of it (at least one
     multiple, whatever the budget: one row per device costs no more memory than a replicated
-    single row) and the last micro-batch is filled up with empty rows (all padding, no loss)."""
+    single row) and the last micro-batch is filled up with empty rows (all padding, no loss):
+    to the multiple, or with `full_rows` to as many rows as the others (one shape for every
+    micro-batch)."""
     if max_tokens < 1:
         raise ValueError(f"max_tokens_per_micro_batch={max_tokens} must be >= 1")
     if width is None:
@@ -192,34 +197,36 @@ def plan_token_budget(lengths: Sequence[int], max_tokens: int, min_length: int =
     for start in range(0, len(rows), per_micro):
         group = rows[start:start + per_micro]
         placements.append(tuple((r, offset, index) for r, row in enumerate(group) for offset, index in row))
-        counts.append(-(-len(group) // row_multiple) * row_multiple)
+        counts.append(per_micro if full_rows else -(-len(group) // row_multiple) * row_multiple)
     return MicroBatchPlan(tuple(placements), tuple(counts), width, tuple(lengths), packed=True)
 
 
-def micro_batch_plan(packed: Packed, num_micro: int, max_tokens: int = 0, row_multiple: int = 1) -> MicroBatchPlan:
+def micro_batch_plan(packed: Packed, num_micro: int, max_tokens: int = 0, row_multiple: int = 1,
+                     full_rows: bool = False) -> MicroBatchPlan:
     """`max_tokens` > 0: token-budget micro-batches of packed rows (`plan_token_budget`, at the
     width `pack` chose); 0: `num_micro` equal groups of one sequence per row."""
     return plan_micro_batches([s.length for s in packed.sequences], packed.input_ids.shape[1], num_micro,
-                              max_tokens, row_multiple)
+                              max_tokens, row_multiple, full_rows)
 
 
 def plan_micro_batches(lengths: Sequence[int], width: int, num_micro: int, max_tokens: int = 0,
-                       row_multiple: int = 1) -> MicroBatchPlan:
+                       row_multiple: int = 1, full_rows: bool = False) -> MicroBatchPlan:
     """`micro_batch_plan` for sequences of these lengths padded to `width` (what `pack` gives):
     the memory planner calls it with the workload's episode lengths. row_multiple: see
-    `plan_token_budget` (token budgets only)."""
+    `plan_token_budget` (token budgets only), and full_rows."""
     if max_tokens:  # pack's width as is: bucket(width, width, width) rounds 20,480 up to 32,768
-        return plan_token_budget(lengths, max_tokens, width=width, row_multiple=row_multiple)
+        return plan_token_budget(lengths, max_tokens, width=width, row_multiple=row_multiple, full_rows=full_rows)
     return plan_rows(lengths, width, num_micro)
 
 
 def planned_micro_batches(packed: Packed, plan: MicroBatchPlan, vision_config,
-                          extras: Mapping[str, np.ndarray] | None = None) -> list[TrainBatch]:
+                          extras: Mapping[str, np.ndarray] | None = None, min_frames: int = 0) -> list[TrainBatch]:
     """The micro-batches of `plan`: token arrays, extras ([N, T] in the Packed layout) and
     vision inputs moved to each sequence's (row, offset); with plan.packed, segment ids number
     the sequences of each row and every sequence keeps its own positions (its 3-D MRoPE
     positions start again at its first token) and its own loss mask (its first token, which
-    has no prediction within the sequence, excluded)."""
+    has no prediction within the sequence, excluded). Each micro-batch's vision pass is padded
+    to a power of two of frames, and to at least `min_frames` (`pad_frames_to_buckets`)."""
     extras = dict(extras or {})
     _check_extra_names(extras)
     for name, array in extras.items():
@@ -245,7 +252,7 @@ def planned_micro_batches(packed: Packed, plan: MicroBatchPlan, vision_config,
             [(row, start, packed.sequences[index]) for row, start, index in placements], plan.rows[m], plan.width)
         meta = None
         if pixels is not None:
-            pixels, grids = pad_frames_to_buckets(pixels, grids)
+            pixels, grids = pad_frames_to_buckets(pixels, grids, min_frames)
             meta = vision_layout(grids, vision_config).device_arrays()
         out.append(TrainBatch(
             input_ids=split["input_ids"][m], attention_mask=split["attention_mask"][m],

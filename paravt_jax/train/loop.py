@@ -14,6 +14,7 @@ from paravt_jax import distributed as dist
 from paravt_jax import preemption
 from paravt_jax.checkpointing import Checkpointer
 from paravt_jax.metrics_writer import MetricsWriter
+from paravt_jax.train import compiles
 
 
 class NonFiniteError(RuntimeError):
@@ -42,6 +43,9 @@ class LoopConfig:
     keep_checkpoints: int = 3
     max_bad_steps: int = 3  # consecutive non-finite steps that stop the run
     async_checkpoints: bool = True
+    # steps of each invocation that may compile (its programs' first shapes); a later step
+    # that compiles prints a warning naming the programs
+    warmup_steps: int = 2
 
 
 @dataclasses.dataclass
@@ -58,6 +62,13 @@ def stop_requested_everywhere() -> int | None:
     if dist.process_count() > 1:
         signum = max((s or 0) for s in dist.allgather_objects(signum)) or None
     return signum
+
+
+def compile_metrics(step: compiles.Compiles, run: compiles.Compiles, evaluation: int = 0) -> dict:
+    """A step's XLA compilations (count and seconds; those of a periodic evaluation inside the
+    step, which the step reports as `eval_compiles`, left out of the count) and the process's
+    running total."""
+    return {"compiles": step.count - evaluation, "compile_s": round(step.seconds, 3), "compiles_total": run.count}
 
 
 def run_loop(name: str, workdir: str, state, step_fn: Callable, config: LoopConfig,
@@ -83,8 +94,14 @@ def run_loop(name: str, workdir: str, state, step_fn: Callable, config: LoopConf
                   f"(minutes for large models)", flush=True)
         for index in range(start, config.steps):
             t0 = time.perf_counter()
+            before = compiles.snapshot()
             state, metrics = step_fn(state, index)
             metrics["step_s"] = time.perf_counter() - t0
+            compiled = before.since()
+            metrics.update(compile_metrics(compiled, compiles.total(), int(metrics.get("eval_compiles", 0))))
+            if metrics["compiles"] and index >= start + config.warmup_steps:
+                print(f"[{name}] warning: step {index} compiled {compiled.summary()} "
+                      f"(shapes outside the run's buckets)", flush=True)
             history.append(metrics)
             writer.write(index, metrics, prefix=f"{name}/")
             bad = bad + 1 if metrics.get("skipped") else 0

@@ -17,6 +17,7 @@ or the gradients are not finite.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -272,16 +273,19 @@ class TrainStep:
     def step(self, state: TrainState, batches: Sequence[TrainBatch]) -> tuple[TrainState, dict]:
         """One optimizer step over the micro-batches (their gradients summed exactly). Sums stay
         on device across micro-batches; the host reads the results once, at the end."""
+        start = time.perf_counter()
         acc, stats = None, {}
         for b in batches:
             g, total, n, metrics = self._grads(state.params, self._place(b))
             acc = (g, total, n) if acc is None else self._add(acc, (g, total, n))
             stats = metrics if not stats else L.merge_stats(stats, metrics)
-        total_g, loss_sum, count = acc
-        state, grad_norm, finite = self._apply(state, total_g, count.astype(jnp.float32))
+        total_g, loss_sum, count = jax.block_until_ready(acc)  # the timings' boundary, nothing more
+        grads_done = time.perf_counter()
+        state, grad_norm, finite = jax.block_until_ready(self._apply(state, total_g, count.astype(jnp.float32)))
         out = {k: float(v) for k, v in L.finalize_stats(stats).items()}
         count = int(count)
         loss = float(loss_sum) / max(count, 1)
         out.update(loss=loss, grad_norm=float(grad_norm), loss_tokens=count,
-                   skipped=not bool(finite) or not np.isfinite(loss))
+                   skipped=not bool(finite) or not np.isfinite(loss), grads_s=grads_done - start,
+                   update_s=time.perf_counter() - grads_done)
         return state, out

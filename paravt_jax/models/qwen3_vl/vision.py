@@ -104,17 +104,19 @@ def vision_layout(grid_thw, config: VisionConfig, pad_to: int | None = None) -> 
     )
 
 
-def pad_frames_to_buckets(pixel_values: np.ndarray, grid_thw) -> tuple[np.ndarray, np.ndarray]:
+def pad_frames_to_buckets(pixel_values: np.ndarray, grid_thw, min_frames: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Appends blank single-frame items so that, for every frame size (h, w), the number of
-    frames is a power of two. The vision tower's shapes (and the number of visual embeddings)
-    then take few distinct values across calls with varied frame counts, so jitted callers
-    stop recompiling; the blank items' embeddings come last and no token points at them.
+    frames is a power of two, and at least `min_frames`. The vision tower's shapes (and the
+    number of visual embeddings) then take few distinct values across calls with varied frame
+    counts (one, when every call's frames fit under `min_frames`), so jitted callers stop
+    recompiling; the blank items' embeddings come last and no token points at them.
     pixel_values [N, C*T*p*p], grid_thw [n, 3] -> the padded pair."""
     grid = np.asarray(grid_thw, np.int64).reshape(-1, 3)
     frames: dict[tuple[int, int], int] = {}
     for t, h, w in grid:
         frames[(int(h), int(w))] = frames.get((int(h), int(w)), 0) + int(t)
-    extra = [(h, w, (1 << (n - 1).bit_length()) - n) for (h, w), n in frames.items()]
+    target = lambda n: max(1 << (n - 1).bit_length(), int(min_frames))
+    extra = [(h, w, target(n) - n) for (h, w), n in frames.items()]
     extra = [(h, w, k) for h, w, k in extra if k]
     if not extra:
         return pixel_values, grid
