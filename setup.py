@@ -21,6 +21,7 @@ RUNTIME = [
     "pillow>=10",
     "av>=12",  # writes the built-in synthetic videos
     "absl-py>=2",
+    "gcsfs>=2026.10.1",  # gs:// workdirs (paravt_jax/storage.py; orbax reaches gs:// through it too)
 ]
 
 EXTRAS = {
@@ -35,6 +36,7 @@ EXTRAS = {
         "nbformat>=5.10",
         "ipykernel>=6.29",
         "ruff>=0.17.5,<0.18",  # `ruff check .` in CI (.ci/run) and the pre-commit hook
+        "gcp-storage-emulator>=2026.7.19",  # a Cloud Storage API on 127.0.0.1 for the gs:// workdir tests
     ],
     "gpu": ["jax[cuda12]>=0.10.2,<0.11"],
     "tpu": ["jax[tpu]>=0.10.2,<0.11"],

@@ -55,6 +55,9 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     c.rl.rollout.subagent_max_tokens = 64
     c.rl.rollout.overview_max_pixels = 96 * 160  # per overview frame
     c.rl.dispatch.max_pixels = 96 * 160  # per crop frame
+    # one resize per frame (single) for the toy presets' small frames: the reference's two-stage
+    # sizing (qwen-vl-utils, then the processor's >= 65,536 pixels) would make each frame 256x256
+    c.rl.rollout.overview_sizing = c.rl.dispatch.sizing = "single"
     c.rl.dispatch.max_parallel = 5  # crop calls executed per turn
     c.rl.advantage.anchor_mode = "token"  # token (masked anchor) | sequence (as released)
     c.rl.advantage.anchor_weight = 0.5
@@ -99,16 +102,24 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
         # step fill 4-8 rows, not 16); a micro-batch's frames padded to 512
         c.rl.max_tokens_per_micro_batch, c.rl.shapes.train_frames = 4 * 2048, 512
     elif preset == "qwen3vl_8b":  # reference recipe (paragrpo_8b.yaml)
-        c.sft.steps, c.sft.optimizer.learning_rate = 500, 1e-5
+        # the released cold-start SFT script: 1,500 steps, lr 2e-5, cosine decay, 5% warm-up
+        c.sft.steps, c.sft.optimizer.learning_rate = 1500, 2e-5
+        c.sft.optimizer.schedule, c.sft.optimizer.total_steps, c.sft.optimizer.warmup_steps = "cosine", 1500, 75
         c.rl.steps, c.rl.prompts_per_step, c.rl.samples_per_prompt = 54, 7, 8
         c.rl.optimizer.learning_rate, c.rl.rollout.max_turns, c.rl.rollout.max_new_tokens = 2e-6, 3, 2048
         c.rl.rollout.subagent_max_tokens, c.rl.rollout.overview_max_pixels = 512, 50176
         c.rl.dispatch.max_pixels = 50176
+        # the reference's frames: qwen-vl-utils to [784, 50,176] pixels, then the processor's resize
+        c.rl.rollout.overview_sizing = c.rl.dispatch.sizing = "two_stage"
         c.rl.step.reference_temperature = 1.0  # the reference recipe's (AReaL default), see docs/deviations.md
-        # 8 full-budget episodes (8 x 20,480 tokens) per micro-batch: one row per device on the
-        # 8-device meshes (gpu8, v5p-16); docs/scale-out.md says why 8 (batch sharding)
-        c.rl.max_tokens_per_micro_batch = 8 * 20480
-        c.rl.shapes.train_width = 20480  # the episode budget the planner packs (docs/scale-out.md)
+        # 8 full-budget episodes (8 x 22,528 tokens with the reference's frame sizes) per
+        # micro-batch: one row per device on the 8-device meshes (gpu8, v5p-16); docs/scale-out.md
+        # says why 8 (batch sharding)
+        c.rl.max_tokens_per_micro_batch = 8 * 22528
+        c.rl.shapes.train_width = 22528  # the episode budget the planner packs (docs/scale-out.md)
+        # a sub-agent prompt of 16 two-stage crop frames is 1,422 tokens (the planner's count);
+        # rl/shapes.py's derived bound counts one resize's 49 tokens a frame
+        c.rl.shapes.subagent_width = 2048
         c.model.param_dtype = c.model.dtype = "bfloat16"
         c.model.remat = True
         c.eval.max_new_tokens, c.eval.max_turns, c.eval.limit = 2048, 3, 0
@@ -118,6 +129,8 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
         c.rl.optimizer.learning_rate, c.rl.rollout.max_turns, c.rl.rollout.max_new_tokens = 4e-6, 3, 2048
         c.rl.rollout.subagent_max_tokens, c.rl.rollout.overview_max_pixels = 512, 50176
         c.rl.dispatch.max_pixels = 50176
+        c.rl.rollout.overview_sizing = c.rl.dispatch.sizing = "two_stage"
+        c.rl.shapes.subagent_width = 2048  # as qwen3vl_8b: 16 two-stage crop frames
         c.model.param_dtype = c.model.dtype = "bfloat16"
         c.model.remat = True
         c.eval.max_new_tokens, c.eval.max_turns, c.eval.limit = 2048, 3, 0

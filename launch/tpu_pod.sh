@@ -45,7 +45,12 @@ VENV="${VENV:-.venv}"
 RUN_NAME_GIVEN="${RUN_NAME:-}"
 RUN_NAME="${RUN_NAME:-$(bash "$ROOT/launch/job_name.sh" "${CONFIG:-}" "$@")}"
 RUN_NAME="${RUN_NAME//\//-}"
+BUCKET="${BUCKET:-}"
+BUCKET="${BUCKET%/}"
+WORKDIR="${WORKDIR:-${BUCKET:+$BUCKET/$RUN_NAME}}"
 WORKDIR="${WORKDIR:-runs/$RUN_NAME}"
+HOSTS="${HOSTS:-}"
+SHARED_FS="${SHARED_FS:-0}"
 LOG_DIR="${LOG_DIR:-logs/$RUN_NAME}"
 RESULTS_DIR="${RESULTS_DIR:-$ROOT/results/$RUN_NAME}"
 CONFIG="${CONFIG:-}"
@@ -79,8 +84,11 @@ Settings (environment variable = current value):
   REMOTE_DIR=$REMOTE_DIR  code directory on the workers (relative to the home directory)
   VENV=$VENV  virtual environment, relative to REMOTE_DIR
   RUN_NAME=$RUN_NAME  (default: the command and config; the same call resumes the same workdir)
+  BUCKET=${BUCKET:-<unset>}  gs://bucket[/prefix]: the default WORKDIR is BUCKET/RUN_NAME
   WORKDIR=$WORKDIR  passed as --workdir to: $WORKDIR_COMMANDS
-      (relative to REMOTE_DIR, absolute, or gs://bucket/path; multi-host checkpoints need gs://)
+      (gs://bucket/path, or relative to REMOTE_DIR, or absolute); a slice of more than one host
+      needs one workdir every host sees: gs:// (or SHARED_FS=1: a path every worker mounts)
+  HOSTS=${HOSTS:-<from ACCELERATOR_TYPE>}  hosts in the slice;  SHARED_FS=$SHARED_FS
   LOG_DIR=$LOG_DIR  per-worker logs on the workers (<LOG_DIR>/<hostname>.log)
   RESULTS_DIR=$RESULTS_DIR  local copy of worker 0's WORKDIR and logs
   FETCH=$FETCH  copy results back after the run;  FETCH_ONLY=1: only do that (needs RUN_NAME)
@@ -122,6 +130,15 @@ run_logged() {
   mkdir -p "$(dirname "$log")"
   "$@" 2>&1 | tee -a "$log"
   return "${PIPESTATUS[0]}"
+}
+slice_hosts() {  # hosts of a slice type; 0: unknown
+  local n="${1##*-}"
+  [[ "$n" =~ ^[0-9]+$ ]] || { echo 0; return; }
+  case "$1" in
+    v2-*|v3-*|v4-*|v5p-*) echo $(( n <= 8 ? 1 : n / 8 )) ;;  # TensorCores: 8 per host
+    v5litepod-*|v6e-*) echo $(( n <= 8 ? 1 : n / 4 )) ;;  # chips: up to 8 on one host, else 4 per host
+    *) echo 0 ;;
+  esac
 }
 remote_path() {  # paths on the workers: relative ones live under REMOTE_DIR
   if [[ "$1" == /* || "$1" == gs://* ]]; then printf '%s' "$1"; else printf '%s' "$REMOTE_DIR/$1"; fi
@@ -174,6 +191,15 @@ fi
 # What to copy back: the --workdir the command got (none: nothing to copy).
 FETCH_DIR=""
 for arg in "${ARGS[@]+"${ARGS[@]}"}"; do [[ "$arg" != --workdir=* ]] || FETCH_DIR="${arg#--workdir=}"; done
+# Every host of a multi-host slice writes checkpoints into the workdir and resumes from it: a
+# directory on each worker's own disk would hold pieces of every checkpoint.
+HOST_COUNT="${HOSTS:-$(slice_hosts "$ACCELERATOR_TYPE")}"
+if [[ -n "$FETCH_DIR" && "$FETCH_DIR" != gs://* && "$SHARED_FS" != 1 && "$HOST_COUNT" != 1 ]]; then
+  echo "tpu_pod.sh: --workdir=$FETCH_DIR is on each worker's own disk, but $ACCELERATOR_TYPE has" \
+    "${HOST_COUNT/#0/an unknown number of} hosts: set BUCKET=gs://bucket[/prefix] (workdir BUCKET/RUN_NAME)" \
+    "or WORKDIR=gs://..., or SHARED_FS=1 for a path every worker mounts (HOSTS=1 for a one-host slice)" >&2
+  exit 2
+fi
 if [[ -n "$MESH_PRESET" ]]; then
   # Last on the line, so the preset wins over --config.mesh.* given above.
   mapfile -t mesh_args < <("$PYTHON" "$ROOT/configs/meshes.py" --overrides "$MESH_PRESET")

@@ -1,19 +1,21 @@
 """Orbax checkpoints: train state (params, optimizer state, counters) plus JSON metadata
 (data cursor, RNG seed, config) saved together, atomically (orbax writes to a temporary
 directory and renames), asynchronously, keeping the last N; every process takes part (multi-
-host safe). `restore_latest` returns None when the directory holds no checkpoint."""
+host safe). `restore_latest` returns None when the directory holds no checkpoint. The directory
+may be gs:// (orbax writes there itself; a step is complete once its commit marker is)."""
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
 
+from paravt_jax import storage
+
 
 class Checkpointer:
     def __init__(self, directory: str, keep: int = 3, async_save: bool = True):
-        self.directory = os.path.abspath(directory)
+        self.directory = storage.prepare(directory)
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
                                                enable_async_checkpointing=async_save)
         self.manager = ocp.CheckpointManager(self.directory, options=options,

@@ -15,6 +15,7 @@ from paravt_jax.rl.advantages import ANCHOR_MODES
 from paravt_jax.rl.episode_log import MAX_LOGGED
 from paravt_jax.rl.rewards import REWARD_MODES
 from paravt_jax.rl.shapes import POLICIES as SHAPE_POLICIES
+from paravt_jax.video.frames import SIZINGS
 
 
 class ConfigValueError(ValueError):
@@ -92,6 +93,7 @@ RULES: dict[str, Rule] = {
     "rl.rollout.max_turns": integer(0), "rl.rollout.max_new_tokens": integer(1),
     "rl.rollout.mode": one_of(ROLLOUT_MODES), "rl.rollout.subagent_max_tokens": integer(1),
     "rl.rollout.overview_max_pixels": integer(784), "rl.rollout.overview_max_frames": integer(1),
+    "rl.rollout.overview_sizing": one_of(SIZINGS), "rl.dispatch.sizing": one_of(SIZINGS),
     "rl.dispatch.max_parallel": integer(1), "rl.dispatch.max_frames": integer(1),
     "rl.dispatch.max_error_responses": integer(1), "rl.dispatch.max_workers": integer(1),
     "rl.advantage.anchor_mode": one_of(ANCHOR_MODES), "rl.advantage.anchor_weight": non_negative(),

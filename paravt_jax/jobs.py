@@ -14,6 +14,7 @@ import time
 
 import numpy as np
 
+from paravt_jax import storage
 from paravt_jax.config import build
 from paravt_jax.data.builtin import BUILTIN_MODELS
 from paravt_jax.experiments.plots import thirds
@@ -137,8 +138,10 @@ def forward_command(config) -> dict:
 
 # ----------------------------------------------------------------------------- training
 def _workdir(config, flag_workdir: str) -> str:
+    from paravt_jax import storage
+
     workdir = flag_workdir or config.get("workdir", "") or os.path.join("runs", f"{config.get('preset', 'tiny')}")
-    os.makedirs(workdir, exist_ok=True)
+    storage.makedirs(workdir)
     return workdir
 
 
@@ -245,7 +248,7 @@ def evaluate_all(config, model, tokenizer, eval_rows, nframes=None, episodes: st
 
 def eval_episodes_path(workdir: str) -> str:
     """The main job's held-out evaluation episodes (`paravt-jax view` reads them)."""
-    return os.path.join(workdir, "eval", "episodes.jsonl")
+    return storage.join(workdir, "eval", "episodes.jsonl")
 
 
 def print_results(results: list[dict], title: str = "") -> str:
@@ -268,8 +271,7 @@ def evaluate_after_sft(config, model, tokenizer, eval_rows, workdir: str) -> lis
     others follow its decision and get None. Collective: every process must call it."""
     import json
 
-    from paravt_jax import distributed, preemption
-    from paravt_jax.files import write_json_atomic
+    from paravt_jax import distributed, preemption, storage
 
     e = eval_config(config)
     rl = rl_config(config)
@@ -277,12 +279,11 @@ def evaluate_after_sft(config, model, tokenizer, eval_rows, workdir: str) -> lis
                 **dataclasses.asdict(dataclasses.replace(e, nframes=list(e.after_sft), after_sft=[])),
                 **json.loads(json.dumps({"rollout": dataclasses.asdict(rl.rollout),
                                          "dispatch": dataclasses.asdict(rl.dispatch)}))}
-    path = os.path.join(workdir, "sft", "eval.json")
+    path = storage.join(workdir, "sft", "eval.json")
     results = None
     if distributed.is_primary():
         try:
-            with open(path) as f:
-                stored = json.load(f)
+            stored = json.loads(storage.read_bytes(path))
             if stored.get("settings") == settings:
                 print(f"[run] the cold start's evaluation, from {path}", flush=True)
                 results = stored["results"]
@@ -296,9 +297,9 @@ def evaluate_after_sft(config, model, tokenizer, eval_rows, workdir: str) -> lis
               f"{len(e.after_sft) * 2} settings)", flush=True)
         results = evaluate_all(config, local, tokenizer, eval_rows, nframes=e.after_sft,
                                episodes=eval_episodes_path(workdir), stage="after_sft")
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        storage.makedirs(storage.join(workdir, "sft"))
         with preemption.deferred():
-            write_json_atomic(path, {"settings": settings, "results": results})
+            storage.write_json_atomic(path, {"settings": settings, "results": results})
     distributed.barrier("after-sft-eval")
     return results
 
@@ -308,17 +309,18 @@ def phase_histories(workdir: str) -> dict:
     resumed run; the loop drops repeated steps on resume)."""
     import json
 
+    from paravt_jax import storage
+
     def lines(phase):
-        path = os.path.join(workdir, phase, "metrics.jsonl")
-        if not os.path.isfile(path):
+        path = storage.join(workdir, phase, "metrics.jsonl")
+        if not storage.isfile(path):
             return []
         out = []
-        with open(path) as f:
-            for line in f:
-                try:
-                    out.append(json.loads(line))
-                except ValueError:
-                    continue  # torn by a kill; the next resume drops it
+        for line in storage.read_bytes(path).splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue  # torn by a kill; the next resume drops it
         return out
 
     sft, rl = lines("sft"), lines("rl")
@@ -348,18 +350,18 @@ def finished_summary(config, workdir: str) -> dict | None:
     phase's checkpoint is at its configured step count; else None."""
     import json
 
+    from paravt_jax import storage
     from paravt_jax.checkpointing import Checkpointer
 
     try:
-        with open(os.path.join(workdir, "summary.json")) as f:
-            summary = json.load(f)
+        summary = json.loads(storage.read_bytes(storage.join(workdir, "summary.json")))
     except (OSError, ValueError):
         return None
     if "eval" not in summary:
         return None
     for phase, steps in (("sft", config.sft.steps), ("rl", config.rl.steps)):
-        directory = os.path.join(workdir, phase, "checkpoints")
-        if steps and (not os.path.isdir(directory) or (Checkpointer(directory).latest_step() or 0) < steps):
+        directory = storage.join(workdir, phase, "checkpoints")
+        if steps and (not storage.isdir(directory) or (Checkpointer(directory).latest_step() or 0) < steps):
             return None
     return summary
 
@@ -374,44 +376,41 @@ def run_command(config, workdir: str = "") -> dict:
     checkpoints and `preemption.Preempted` propagates: nothing after it runs and no
     summary.json is written (a previous one is removed before any training), so only a
     completed run has one. A completed run is left alone when run again."""
-    from paravt_jax import distributed, preemption
-    from paravt_jax.files import write_json_atomic
-    from paravt_jax.models.qwen3_vl import save_pretrained
+    from paravt_jax import distributed, preemption, storage
     from paravt_jax.rl.trainer import train_rl
     from paravt_jax.sft.trainer import train_sft
 
     workdir = _workdir(config, workdir)
-    summary_path = os.path.join(workdir, "summary.json")
+    summary_path = storage.join(workdir, "summary.json")
     finished = finished_summary(config, workdir)
     if finished is not None:
-        print(f"[run] {os.path.abspath(workdir)} has finished every phase; its summary {summary_path} is "
+        print(f"[run] {storage.absolute(workdir)} has finished every phase; its summary {summary_path} is "
               f"kept (delete it to evaluate again)", flush=True)
         return finished
     t0 = time.perf_counter()
     model, tokenizer, sft, rl_rows, eval_rows, root = _setup(config, training=True)
-    print(f"[run] workdir {os.path.abspath(workdir)}; {len(sft.rows)} SFT rows, {len(rl_rows)} RL rows, "
+    print(f"[run] workdir {storage.absolute(workdir)}; {len(sft.rows)} SFT rows, {len(rl_rows)} RL rows, "
           f"{len(eval_rows)} held-out rows", flush=True)
-    if distributed.is_primary() and os.path.exists(summary_path):
-        os.remove(summary_path)  # stale from an earlier, shorter run: it must not claim completion
+    if distributed.is_primary() and storage.exists(summary_path):
+        storage.remove(summary_path)  # stale from an earlier, shorter run: it must not claim completion
     after_sft = None
     if config.sft.steps:
-        model, _ = train_sft(model, tokenizer, sft.rows, root, os.path.join(workdir, "sft"), sft_config(config),
+        model, _ = train_sft(model, tokenizer, sft.rows, root, storage.join(workdir, "sft"), sft_config(config),
                              kinds=sft.kinds)
         if config.rl.steps and eval_config(config).after_sft:  # without RL the final table is this one
             after_sft = evaluate_after_sft(config, model, tokenizer, eval_rows, workdir)
             if after_sft is not None:
                 print_results(after_sft, "[run] after SFT:")
     if config.rl.steps:
-        model, _ = train_rl(model, tokenizer, rl_rows, os.path.join(workdir, "rl"), rl_config(config),
+        model, _ = train_rl(model, tokenizer, rl_rows, storage.join(workdir, "rl"), rl_config(config),
                             eval_rows=eval_rows)
     model = distributed.local_model(model)  # multi-process: a whole copy on this process's devices
-    summary = {"workdir": os.path.abspath(workdir), **phase_histories(workdir)}
+    summary = {"workdir": storage.absolute(workdir), **phase_histories(workdir)}
     if not distributed.is_primary():  # process 0 alone saves, evaluates and writes the summary
         return summary
-    final = os.path.join(workdir, "final")
+    final = storage.join(workdir, "final")
     with preemption.deferred():  # the final model is written whole
-        save_pretrained(model, final)
-        tokenizer.save(final)
+        save_export(model, tokenizer, final)
     preemption.raise_if_requested("[run] stopped after saving the final model, before evaluation; "
                                   "rerun to evaluate")
     print(f"[run] evaluation on held-out synthetic videos (greedy, {len(eval_config(config).nframes) * 2} "
@@ -431,12 +430,12 @@ def run_command(config, workdir: str = "") -> dict:
     summary["minutes"] = round((time.perf_counter() - t0) / 60, 2)
     from paravt_jax.experiments.plots import plot_run
 
-    summary["curves"] = plot_run({p: os.path.join(workdir, p, "metrics.jsonl") for p in ("sft", "rl")},
-                                 os.path.join(workdir, "curves.png"))
+    summary["curves"] = plot_run({p: storage.join(workdir, p, "metrics.jsonl") for p in ("sft", "rl")},
+                                 storage.join(workdir, "curves.png"))
     with preemption.deferred():
-        write_json_atomic(summary_path, summary)
+        storage.write_json_atomic(summary_path, summary)
     print(f"[run] done in {summary['minutes']} min; final model {final}; curves {summary['curves']}; "
-          f"metrics {os.path.join(workdir, 'rl', 'metrics.jsonl')}", flush=True)
+          f"metrics {storage.join(workdir, 'rl', 'metrics.jsonl')}", flush=True)
     return summary
 
 
@@ -458,12 +457,26 @@ def train_command(config, workdir: str = ""):
     return train_rl(model, tokenizer, rl_rows, workdir, rl_config(config), eval_rows=eval_rows)
 
 
+def save_export(model, tokenizer, directory: str) -> None:
+    """An HF checkpoint that transformers and serving engines load: config.json, safetensors,
+    the tokenizer, the chat template and the processor configurations. `directory` may be
+    gs:// (written locally, then uploaded file by file with config.json last)."""
+    from paravt_jax import storage
+    from paravt_jax.models.qwen3_vl import save_pretrained
+    from paravt_jax.text.hf_processor import save_processor
+
+    with storage.staged_directory(directory, last=("config.json",)) as local:
+        save_pretrained(model, local)
+        tokenizer.save(local)
+        save_processor(local)
+
+
 def export_command(config, workdir: str = ""):
     """The latest checkpoint under workdir (rl/ preferred, else sft/) -> an HF checkpoint in
     workdir/export that transformers loads."""
 
+    from paravt_jax import storage
     from paravt_jax.checkpointing import Checkpointer
-    from paravt_jax.models.qwen3_vl import save_pretrained
     from paravt_jax.sft.trainer import HEAD, sft_loss
     from paravt_jax.train.step import OptimizerConfig, TrainStep
 
@@ -471,13 +484,12 @@ def export_command(config, workdir: str = ""):
     # the phase's optimizer (frozen parameters change its state's layout); only the layout is used
     optimizers = {"rl": rl_config(config).optimizer, "sft": sft_config(config).optimizer, "": OptimizerConfig()}
     for phase in ("rl", "sft", ""):
-        directory = os.path.join(workdir, phase, "checkpoints")
-        if os.path.isdir(directory) and Checkpointer(directory).latest_step() is not None:
+        directory = storage.join(workdir, phase, "checkpoints")
+        if storage.isdir(directory) and Checkpointer(directory).latest_step() is not None:
             step = TrainStep(model, optimizers[phase], sft_loss, HEAD)
             state, meta = Checkpointer(directory).restore_latest(step.init_state())
-            out = os.path.join(workdir, "export")
-            save_pretrained(step.model(state), out)
-            tokenizer.save(out)
+            out = storage.join(workdir, "export")
+            save_export(step.model(state), tokenizer, out)
             print(f"[export] {directory} step {meta['next_step']} -> {out}", flush=True)
             return out
     raise SystemExit(f"export: no checkpoint under {workdir}/{{rl,sft}}/checkpoints")

@@ -104,6 +104,53 @@ class LocalStore:
             return True
 
 
+class BucketStore:
+    """LockStore on Cloud Storage (gs:// workdirs) through paravt_jax.storage: each write is one
+    whole-object upload. Best effort: the check and the write are two requests (the GCS API's
+    generation preconditions would close that window, and the emulator the tests run against
+    does not enforce them), so two runs started within the same second could both win; a
+    requeued job meeting a live or a stale run, the case this lock is for, is decided right."""
+
+    def create(self, path: str, data: bytes) -> bool:
+        from paravt_jax import storage
+
+        if storage.exists(path):
+            return False
+        storage.write_atomic(path, data)
+        return True
+
+    def read(self, path: str) -> bytes | None:
+        from paravt_jax import storage
+
+        try:
+            return storage.read_bytes(path)
+        except FileNotFoundError:
+            return None
+
+    def replace(self, path: str, data: bytes, expected: bytes) -> bool:
+        from paravt_jax import storage
+
+        if self.read(path) != expected:
+            return False
+        storage.write_atomic(path, data)
+        return True
+
+    def delete(self, path: str, expected: bytes) -> bool:
+        from paravt_jax import storage
+
+        if self.read(path) != expected:
+            return False
+        storage.remove(path)
+        return True
+
+
+def store_for(workdir: str) -> LockStore:
+    """The lock store of a workdir: BucketStore for gs://, LocalStore otherwise."""
+    from paravt_jax import storage
+
+    return BucketStore() if storage.is_remote(workdir) else LocalStore()
+
+
 @dataclasses.dataclass(frozen=True)
 class Holder:
     host: str
@@ -153,9 +200,9 @@ class WorkdirLock:
     def __init__(self, workdir: str, command: str = "", store: LockStore | None = None,
                  heartbeat_s: float = HEARTBEAT_S):
         self.workdir = workdir
-        self.path = os.path.join(workdir, LOCK_NAME)
+        self.path = workdir.rstrip("/") + "/" + LOCK_NAME
         self.command = command
-        self.store = store or LocalStore()
+        self.store = store or store_for(workdir)
         self.heartbeat_s = heartbeat_s
         self.held: bytes | None = None  # what the lock file holds while we hold it
         self.took_over: Holder | None = None  # the stale holder we replaced, if any

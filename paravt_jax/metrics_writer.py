@@ -1,11 +1,11 @@
 """Run metrics: a JSONL file, TensorBoard event files (written directly in the TFRecord /
 Event protobuf format, so no TensorFlow is needed) and a one-line console progress report.
-Only process 0 writes."""
+Only process 0 writes. The workdir may be local or gs:// (paravt_jax.storage)."""
 from __future__ import annotations
 
 import json
 import math
-import os
+import posixpath
 import socket
 import struct
 import sys
@@ -13,7 +13,7 @@ import time
 
 import jax
 
-from paravt_jax.files import write_bytes_atomic
+from paravt_jax import storage
 
 
 def _crc32c_table():
@@ -83,39 +83,37 @@ class MetricsWriter:
         self.enabled = jax.process_index() == 0
         self.console = console and self.enabled
         self.total_steps = total_steps
-        self.jsonl_path = os.path.join(workdir, "metrics.jsonl")
-        self.events_dir = os.path.join(workdir, "tensorboard")
-        self._events = None
+        self.jsonl_path = storage.join(workdir, "metrics.jsonl")
+        self.events_dir = storage.join(workdir, "tensorboard")
+        self._jsonl = self._events = None
         self._start = time.time()
         if self.enabled:
-            os.makedirs(self.events_dir, exist_ok=True)
+            storage.makedirs(self.events_dir)
             name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}"
-            self._events = open(os.path.join(self.events_dir, name), "ab")
+            self._events = storage.Appender(storage.join(self.events_dir, name))
             self._events.write(record(event_bytes(time.time(), 0, file_version="brain.Event:2")))
-            self._events.flush()
+            self._jsonl = storage.Appender(self.jsonl_path)
 
     def resume(self, start_step: int):
         """Drops what an interrupted run logged for steps >= start_step (the steps the resumed
         run repeats), from metrics.jsonl and from the earlier TensorBoard event files."""
         if not self.enabled:
             return
-        if os.path.isfile(self.jsonl_path):
+        if storage.isfile(self.jsonl_path):
             truncate_jsonl(self.jsonl_path, start_step)
-        own = os.path.basename(self._events.name)
-        for name in sorted(os.listdir(self.events_dir)):
+        own = posixpath.basename(self._events.path)
+        for name in storage.listdir(self.events_dir):
             if name.startswith("events.out.tfevents") and name != own:
-                truncate_events(os.path.join(self.events_dir, name), start_step)
+                truncate_events(storage.join(self.events_dir, name), start_step)
 
     def write(self, step: int, metrics: dict, prefix: str = ""):
         if not self.enabled:
             return
         scalars = {prefix + k: float(v) for k, v in metrics.items()
                    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))}
-        with open(self.jsonl_path, "a") as f:
-            f.write(json.dumps({"step": step, "time": round(time.time() - self._start, 3),
-                                **{prefix + k: v for k, v in metrics.items()}}, default=str) + "\n")
+        self._jsonl.write(json.dumps({"step": step, "time": round(time.time() - self._start, 3),
+                                      **{prefix + k: v for k, v in metrics.items()}}, default=str) + "\n")
         self._events.write(record(event_bytes(time.time(), step, scalars)))
-        self._events.flush()
         if self.console:
             keys = [k for k in ("loss", "reward", "acc_reward", "format_compliance", "kappa", "grad_norm")
                     if prefix + k in scalars]
@@ -124,23 +122,23 @@ class MetricsWriter:
             print(f"[{prefix or 'step'} {step}{total}] {shown}", file=sys.stdout, flush=True)
 
     def close(self):
-        if self._events:
-            self._events.close()
-            self._events = None
+        for appender in (self._jsonl, self._events):
+            if appender:
+                appender.close()
+        self._jsonl = self._events = None
 
 
 def truncate_jsonl(path: str, start_step: int) -> None:
     """Keeps the lines of steps < start_step (and drops a torn last line), atomically."""
     kept = []
-    with open(path, "rb") as f:
-        for line in f:
-            try:
-                step = json.loads(line)["step"]
-            except (ValueError, KeyError, TypeError):
-                continue  # a line torn by a kill mid-write
-            if step < start_step:
-                kept.append(line if line.endswith(b"\n") else line + b"\n")
-    write_bytes_atomic(path, b"".join(kept))
+    for line in storage.read_bytes(path).splitlines(keepends=True):
+        try:
+            step = json.loads(line)["step"]
+        except (ValueError, KeyError, TypeError):
+            continue  # a line torn by a kill mid-write
+        if step < start_step:
+            kept.append(line if line.endswith(b"\n") else line + b"\n")
+    storage.write_atomic(path, b"".join(kept))
 
 
 def event_records(data: bytes):
@@ -161,13 +159,13 @@ def event_records(data: bytes):
 
 def truncate_events(path: str, start_step: int) -> None:
     """Keeps the file-version record and the scalar records of steps < start_step."""
-    data = open(path, "rb").read()
+    data = storage.read_bytes(path)
     kept = []
     for start, end, body in event_records(data):
         step, scalars = parse_event(body)
         if step < start_step or not scalars:
             kept.append(data[start:end])
-    write_bytes_atomic(path, b"".join(kept))
+    storage.write_atomic(path, b"".join(kept))
 
 
 def _read_varint(buf, pos):

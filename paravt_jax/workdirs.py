@@ -12,7 +12,6 @@ import contextlib
 import fnmatch
 import functools
 import json
-import os
 import time
 
 from paravt_jax.flags import UsageError
@@ -60,14 +59,13 @@ def check_config(workdir: str, record: dict, config_changed: str = "refuse") -> 
     """Stores `record` in a new workdir; in one with a stored config, refuses (ConfigChanged) a
     record that differs in more than RESUMABLE fields, unless config_changed == "ok": then the
     change is appended to config_changes.jsonl and the new record stored. Returns the changes."""
-    from paravt_jax.files import write_json_atomic
+    from paravt_jax import storage
 
     if config_changed not in CONFIG_CHANGED:
         raise UsageError(f"--config_changed={config_changed!r}: expected one of {CONFIG_CHANGED}")
-    path = os.path.join(workdir, CONFIG_NAME)
+    path = storage.join(workdir, CONFIG_NAME)
     try:
-        with open(path) as f:
-            stored = json.load(f)
+        stored = json.loads(storage.read_bytes(path))
     except FileNotFoundError:
         stored = None
     except ValueError as e:
@@ -79,12 +77,13 @@ def check_config(workdir: str, record: dict, config_changed: str = "refuse") -> 
                             f"(sft.steps, rl.steps) and placement may change on a rerun: use another --workdir, or "
                             f"--config_changed=ok to continue this run under the new config")
     if changes:
-        with open(os.path.join(workdir, CHANGES_NAME), "a") as f:
-            f.write(json.dumps({"time": time.strftime("%Y-%m-%d %H:%M:%S"), "changes": changes}) + "\n")
+        log = storage.Appender(storage.join(workdir, CHANGES_NAME))
+        log.write(json.dumps({"time": time.strftime("%Y-%m-%d %H:%M:%S"), "changes": changes}) + "\n")
+        log.close()
         print(f"[workdir] continuing {workdir} under a changed config (--config_changed=ok): "
               + "; ".join(changes), flush=True)
     if stored != record:
-        write_json_atomic(path, record)
+        storage.write_json_atomic(path, record)
     return changes
 
 

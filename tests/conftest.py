@@ -48,3 +48,45 @@ def require_torch():
 @pytest.fixture(scope="session")
 def torch_module():
     return require_torch()
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator(tmp_path_factory):
+    """A Cloud Storage API emulator (the gcp-storage-emulator package, through
+    tests/gcs_emulator.py) on 127.0.0.1 with a bucket `paravt-test`, in memory;
+    STORAGE_EMULATOR_HOST points every client at it (gcsfs, and orbax's through
+    paravt_jax.storage). Yields the bucket's URL, gs://paravt-test."""
+    import subprocess
+    import sys
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = open(tmp_path_factory.mktemp("gcs") / "emulator.log", "w")
+    launcher = os.path.join(os.path.dirname(__file__), "gcs_emulator.py")
+    process = subprocess.Popen([sys.executable, launcher, "127.0.0.1", str(port), "paravt-test"], stdout=log,
+                               stderr=subprocess.STDOUT)
+    deadline = time.time() + 60
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+        except OSError:
+            if process.poll() is not None or time.time() > deadline:
+                process.kill()
+                pytest.fail(f"gcp-storage-emulator did not start (is it installed? log: {log.name})")
+            time.sleep(0.2)
+    saved = {k: os.environ.get(k) for k in ("STORAGE_EMULATOR_HOST",)}
+    os.environ["STORAGE_EMULATOR_HOST"] = f"http://127.0.0.1:{port}"
+    try:
+        yield "gs://paravt-test"
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        process.terminate()
+        process.wait(timeout=30)
+        log.close()

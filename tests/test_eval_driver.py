@@ -146,6 +146,30 @@ def test_resume_after_interruption_gives_the_same_summary(benchmark, tokenizer, 
     assert again.rows == 0
 
 
+def test_records_and_summaries_on_gs_resume(benchmark, tokenizer, tmp_path, gcs_emulator):
+    """An output directory on gs:// (a Cloud Storage emulator): the records, the dataset JSON
+    and summary_all.json go to the bucket, and an interrupted shard (a torn last line) resumes
+    to the same summary as a local run."""
+    from paravt_jax import storage
+
+    local = driver.run_dataset(FakeSampler(tokenizer), tokenizer, benchmark, config(batch_size=2),
+                               str(tmp_path / "local"), log=lambda _: None)
+    out = f"{gcs_emulator}/eval-records"
+    path = driver.shard_path(out, "synthetic", 0, 1)
+    driver.run_dataset(FakeSampler(tokenizer), tokenizer, benchmark, config(batch_size=2), out, log=lambda _: None)
+    lines = storage.read_text(path).splitlines()
+    storage.write_atomic(path, "\n".join(lines[:2]) + "\n" + lines[2][: len(lines[2]) // 2])
+    storage.remove(f"{out}/synthetic.json")
+    sampler = FakeSampler(tokenizer)
+    resumed = driver.run_dataset(sampler, tokenizer, benchmark, config(batch_size=2), out, log=lambda _: None)
+    assert sampler.rows == len(benchmark.samples) - 2
+    assert strip_timing(resumed) == strip_timing(local)
+    assert len(storage.read_text(path).splitlines()) == len(benchmark.samples)
+    assert json.loads(storage.read_bytes(f"{out}/synthetic.json"))["summary"]["total"] == len(benchmark.samples)
+    driver.write_summary_all(out, {"synthetic": resumed})
+    assert json.loads(storage.read_bytes(f"{out}/summary_all.json"))["synthetic"]["complete"]
+
+
 def test_shards_cover_every_sample_once(benchmark, tokenizer, tmp_path):
     n = len(benchmark.samples)
     assert sorted(i for s in range(3) for i in driver.shard_indices(n, s, 3)) == list(range(n))

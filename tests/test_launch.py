@@ -45,6 +45,8 @@ def sandbox(tmp_path):
 
 
 def launch(sandbox, script: str, *args: str, check: bool = True, **settings: str):
+    if script == "tpu_pod.sh":  # multi-host slices need a shared workdir
+        settings.setdefault("BUCKET", "gs://test-bucket/runs")
     env = dict(sandbox.env, **settings)
     result = subprocess.run(["bash", os.path.join(LAUNCH, script), *args], env=env,
                             capture_output=True, text=True, timeout=60, cwd=str(sandbox.path))
@@ -104,7 +106,8 @@ def test_every_launch_script_parses_and_new_ones_are_strict():
 
 @pytest.mark.parametrize("script,names", [
     ("tpu_pod.sh", ["TPU_NAME=paravt-tester", "ZONE=", "ACCELERATOR_TYPE=v5p-32", "CREATE=0",
-                    "DELETE=0", "GIT_URL", "LOGS=0", "DRY_RUN=0", "WORKDIR=runs/"]),
+                    "DELETE=0", "GIT_URL", "LOGS=0", "DRY_RUN=0", "BUCKET=gs://test-bucket/runs",
+                    "WORKDIR=gs://test-bucket/runs/", "HOSTS=<from ACCELERATOR_TYPE>", "SHARED_FS=0"]),
     ("gpu.sh", ["HOSTS=", "GPUS_PER_HOST=", "COORDINATOR=", "SHARED_FS=0", "DRY_RUN=0",
                 "--xla_gpu_enable_latency_hiding_scheduler=true"]),
     ("local.sh", ["DRY_RUN=1", "launch/gpu.sh"]),
@@ -157,7 +160,8 @@ TRAIN_ARGS = ("train", "--config=configs/paragrpo.py:qwen3vl_8b", "--config.rl.s
 
 
 def test_tpu_dry_run_runs_on_all_workers_in_order(sandbox):
-    lines = dry(sandbox, "tpu_pod.sh", *TRAIN_ARGS, TPU_NAME="pod-a", ZONE="us-central2-b")
+    lines = dry(sandbox, "tpu_pod.sh", *TRAIN_ARGS, TPU_NAME="pod-a", ZONE="us-central2-b",
+                ACCELERATOR_TYPE="v5p-8", BUCKET="")  # one host: a worker-local workdir
     assert not any(" create " in l or " delete " in l for l in lines)
     gcloud = [l for l in lines if l.startswith("gcloud ")]
     for line in gcloud:
@@ -200,6 +204,28 @@ def test_tpu_create_and_delete_only_when_asked(sandbox):
 
     refused = launch(sandbox, "tpu_pod.sh", "run", check=False, DRY_RUN="1", SPOT="1", RESERVED="1")
     assert refused.returncode == 2 and "SPOT=1 and RESERVED=1" in refused.stderr
+
+
+def test_tpu_multi_host_slices_default_to_a_shared_workdir_and_refuse_a_local_one(sandbox):
+    lines = dry(sandbox, "tpu_pod.sh", "train", BUCKET="gs://b/paravt/")
+    run = remote_command([l for l in lines if "paravt_jax.cli" in l][0])
+    assert python_argv(run)[-1] == "--workdir=gs://b/paravt/r1"
+    for accelerator, hosts in (("v5p-32", 4), ("v5e-16", 4), ("v6e-64", 16), ("v4-16", 2)):
+        for workdir in ("--workdir=runs/x", "--workdir=/mnt/x"):
+            refused = launch(sandbox, "tpu_pod.sh", "train", workdir, check=False, DRY_RUN="1",
+                             ACCELERATOR_TYPE=accelerator)
+            assert refused.returncode == 2 and refused.stdout == "", refused.stdout
+            assert f"{workdir} is on each worker's own disk" in refused.stderr
+            assert f"has {hosts} hosts: set BUCKET=gs://" in refused.stderr
+        refused = launch(sandbox, "tpu_pod.sh", "sft", check=False, DRY_RUN="1", ACCELERATOR_TYPE=accelerator,
+                         BUCKET="")
+        assert refused.returncode == 2 and "--workdir=runs/sft-" in refused.stderr  # the default WORKDIR
+    refused = launch(sandbox, "tpu_pod.sh", "sft", check=False, DRY_RUN="1", ACCELERATOR_TYPE="v9-8", BUCKET="")
+    assert refused.returncode == 2 and "an unknown number of hosts" in refused.stderr
+    for settings in ({"ACCELERATOR_TYPE": "v5e-8"}, {"ACCELERATOR_TYPE": "v9-8", "HOSTS": "1"},
+                     {"SHARED_FS": "1"}):  # one host, or a path every worker mounts
+        lines = dry(sandbox, "tpu_pod.sh", "sft", BUCKET="", **settings)
+        assert python_argv(remote_command([l for l in lines if "paravt_jax.cli" in l][0]))[-1] == "--workdir=runs/r1"
 
 
 def test_tpu_git_mode_and_gcs_workdir(sandbox):

@@ -125,3 +125,49 @@ def test_concurrent_reads_match_sequential(video):
 def test_a_crop_starting_in_the_last_frame_interval_reads_the_final_frame(video, start):
     clip = read_frames(video, fps=1, start=start, end=30.0, min_frames=1, max_frames=4)
     assert clip.indices.tolist() == [119] and clip.frames.shape[0] == 1
+
+
+@pytest.mark.parametrize("source,first,final,tokens", [((480, 854), (140, 280), (192, 384), 72),
+                                                       ((720, 1280), (168, 280), (224, 352), 77)])
+def test_two_stage_sizing_is_the_reference_rl_frames(source, first, final, tokens):
+    """The reference's RL frames: qwen-vl-utils (factor 28, [784, 50,176] pixels), then the
+    Qwen3-VL processor (factor 32, >= 65,536 pixels): 72 and 77 merged tokens where one resize
+    to <= 50,176 pixels gives 45."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize as processor_resize
+
+    from paravt_jax.video.frames import frame_sizes, llm_tokens
+
+    sizes = frame_sizes(*source, 784, 50176, "two_stage")
+    assert sizes == [first, final]
+    assert sizes[1] == processor_resize(*first, factor=32, min_pixels=65536, max_pixels=16777216)
+    assert llm_tokens((1, final[0] // 16, final[1] // 16)) == tokens
+    (single,) = frame_sizes(*source, 784, 50176, "single")
+    assert llm_tokens((1, single[0] // 16, single[1] // 16)) == 45
+    with pytest.raises(ValueError, match="frame sizing 'twice'"):
+        frame_sizes(*source, 784, 50176, "twice")
+
+
+def test_read_frames_resizes_through_both_stages(tmp_path):
+    from paravt_jax.video.reader import blank_clip
+
+    path = write_video(str(tmp_path / "wide.mp4"), 2.0, [], fps=2.0, height=480, width=854, seed=0)
+    clip = read_frames(path, nframes=2, max_pixels=50176, sizing="two_stage")
+    assert clip.frames.shape[1:3] == (192, 384)
+    assert blank_clip(video_metadata(path), nframes=2, max_pixels=50176, sizing="two_stage").frames.shape[1:3] == (
+        192, 384)
+    assert read_frames(path, nframes=2, max_pixels=50176).frames.shape[1:3] == (160, 288)  # single
+
+
+def test_the_8b_recipe_sizes_frames_and_runs_sft_as_the_reference():
+    from configs import paragrpo
+    from paravt_jax.jobs import rl_config, sft_config
+
+    sft = sft_config(paragrpo.get_config("qwen3vl_8b"))  # the released cold-start SFT script
+    assert (sft.steps, sft.optimizer.learning_rate, sft.optimizer.schedule) == (1500, 2e-5, "cosine")
+    assert (sft.optimizer.warmup_steps, sft.optimizer.total_steps) == (75, 1500)
+
+    rl = rl_config(paragrpo.get_config("qwen3vl_8b"))
+    assert (rl.rollout.overview_sizing, rl.dispatch.sizing) == ("two_stage", "two_stage")
+    assert (rl.rollout.overview_max_pixels, rl.dispatch.max_pixels) == (50176, 50176)
+    tiny = rl_config(paragrpo.get_config("tiny"))
+    assert (tiny.rollout.overview_sizing, tiny.dispatch.sizing) == ("single", "single")

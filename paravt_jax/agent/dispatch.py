@@ -14,6 +14,7 @@ import time
 from collections.abc import Sequence
 
 from paravt_jax.agent.tools import TOOL_NAME, CropRequest, ToolCall, lenient_window, validate_crop
+from paravt_jax.video.frames import SIZINGS
 from paravt_jax.video.reader import Clip, VideoError, read_frames
 
 
@@ -25,6 +26,7 @@ class DispatchConfig:
     max_frames: int = 16
     min_pixels: int = 784
     max_pixels: int = 50176
+    sizing: str = "single"  # single | two_stage: as RolloutConfig.overview_sizing, for crop frames
     timeout_s: float = 60.0
     max_parallel: int = 5  # calls executed per turn (the rest: see RolloutConfig.extra_calls)
     max_error_responses: int = 10  # error responses per turn (parse + not executed); the rest are counted in one
@@ -36,6 +38,8 @@ class DispatchConfig:
     def __post_init__(self):
         if self.arguments not in ("strict", "lenient"):
             raise ValueError(f"dispatch arguments {self.arguments!r}: expected strict or lenient")
+        if self.sizing not in SIZINGS:
+            raise ValueError(f"dispatch sizing {self.sizing!r}: expected one of {SIZINGS}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,7 +81,7 @@ def _crop(task: CropTask, config: DispatchConfig) -> CropResult:
     try:
         clip = read_frames(task.video_path, fps=config.fps, start=request.start, end=request.end,
                            min_frames=config.min_frames, max_frames=config.max_frames,
-                           min_pixels=config.min_pixels, max_pixels=config.max_pixels)
+                           min_pixels=config.min_pixels, max_pixels=config.max_pixels, sizing=config.sizing)
     except (VideoError, ValueError) as e:
         return CropResult(task, request, None, f"could not read the video segment: {e}", started,
                           time.perf_counter())

@@ -22,7 +22,7 @@ from paravt_jax.sampling.sampler import PromptShape, Sampler
 from paravt_jax.text import chat
 from paravt_jax.text.inputs import ModelInputs, encode, encode_ids
 from paravt_jax.text.tokenizer import Tokenizer
-from paravt_jax.video.frames import FACTOR
+from paravt_jax.video.frames import FACTOR, SIZINGS
 from paravt_jax.video.reader import Clip, VideoError, read_frames, read_video_item
 
 MODES = ("subagent", "frames", "sequential")
@@ -55,6 +55,11 @@ class RolloutConfig:
     tools: bool = True  # False: no tool schema in the prompt, one turn
     overview_min_pixels: int = 784
     overview_max_pixels: int = 50176
+    # single: one resize of each overview frame to [overview_min_pixels, overview_max_pixels] at
+    # factor 32 (the evaluation driver's: the processor's budget); two_stage: the reference RL
+    # workflow's qwen-vl-utils resize (factor 28) then the Qwen3-VL processor's (factor 32, at
+    # least 65,536 pixels; video/frames.py `frame_sizes`)
+    overview_sizing: str = "single"
     # Episodes with nframes 0 sample the overview at this rate, at most overview_max_frames
     # frames (the reference's overview when gating is off).
     overview_fps: float = 1.0
@@ -112,7 +117,8 @@ class RolloutConfig:
                                      ("extra_calls", self.extra_calls, CALL_HANDLING),
                                      ("video_path_line", self.video_path_line, chat.VIDEO_PATH_LINES),
                                      ("overview_visual", self.overview_visual, chat.VISUALS),
-                                     ("tool_layout", self.tool_layout, chat.TOOL_LAYOUTS)):
+                                     ("tool_layout", self.tool_layout, chat.TOOL_LAYOUTS),
+                                     ("overview_sizing", self.overview_sizing, SIZINGS)):
             if value not in allowed:
                 raise ValueError(f"rollout {name} {value!r}: expected one of {allowed}")
 
@@ -287,7 +293,8 @@ def overview_prompts(episodes: Sequence[Episode], tokenizer: Tokenizer, config: 
     Returns the prompts, the read errors, the videos' durations and the overview frames'
     source timestamps (None / an error / 0 / () for an unreadable video)."""
     def build(ep: Episode):
-        pixels = dict(min_pixels=config.overview_min_pixels, max_pixels=config.overview_max_pixels)
+        pixels = dict(min_pixels=config.overview_min_pixels, max_pixels=config.overview_max_pixels,
+                      sizing=config.overview_sizing)
         if config.overview_visual == "video":
             clip = read_video_item(ep.video_path, config.overview_video_frames,
                                    config.overview_video_min_pixels, config.overview_video_max_pixels)

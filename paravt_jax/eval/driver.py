@@ -23,7 +23,7 @@ writes `compare.json` / `compare.md`.
 from __future__ import annotations
 
 import dataclasses
-import glob
+import fnmatch
 import json
 import os
 import time
@@ -31,11 +31,11 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from paravt_jax import storage
 from paravt_jax.agent.dispatch import CropDispatcher, DispatchConfig
 from paravt_jax.agent.rollout import Episode, Rollout, RolloutConfig, run_rollouts
 from paravt_jax.config_checks import ConfigValueError
 from paravt_jax.eval import prompts, provenance, scoring
-from paravt_jax.files import write_bytes_atomic, write_json_atomic
 from paravt_jax.rl import rewards as R
 from paravt_jax.rl.episode_stats import calls_per_tool_turn
 from paravt_jax.text.chat import VISUALS
@@ -178,11 +178,8 @@ def evaluate_batch(sampler, tokenizer, batch: Sequence[tuple[int, object]], conf
 
 
 def _ends_with_newline(path: str) -> bool:
-    with open(path, "rb") as f:
-        if f.seek(0, os.SEEK_END) == 0:
-            return True  # empty: nothing torn
-        f.seek(-1, os.SEEK_END)
-        return f.read(1) == b"\n"
+    data = storage.read_bytes(path)
+    return not data or data.endswith(b"\n")  # empty: nothing torn
 
 
 def crop_dispatcher(config: DriverConfig) -> CropDispatcher:
@@ -201,22 +198,21 @@ def batches(pending: Sequence[tuple[int, object]], batch_size: int) -> list[list
 
 # ----------------------------------------------------------------------------- files
 def shard_path(output_dir: str, dataset: str, shard_id: int, num_shards: int) -> str:
-    return os.path.join(output_dir, f"{dataset}.shard-{shard_id:05d}-of-{num_shards:05d}.jsonl")
+    return storage.join(output_dir, f"{dataset}.shard-{shard_id:05d}-of-{num_shards:05d}.jsonl")
 
 
 def read_records(paths: Sequence[str]) -> dict[int, dict]:
     """Finished samples by index; a torn last line (an interrupted write) is ignored."""
     out: dict[int, dict] = {}
     for path in paths:
-        if not os.path.exists(path):
+        if not storage.isfile(path):
             continue
-        with open(path) as f:
-            for line in f:
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                out[int(record["index"])] = record
+        for line in storage.read_bytes(path).splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            out[int(record["index"])] = record
     return out
 
 
@@ -279,7 +275,8 @@ def check_missing_videos(benchmark, max_share: float) -> None:
 
 
 def _shard_files(output_dir: str, name: str) -> list[str]:
-    return sorted(glob.glob(os.path.join(output_dir, f"{name}.shard-*-of-*.jsonl")))
+    return [storage.join(output_dir, n) for n in storage.listdir(output_dir)
+            if fnmatch.fnmatch(n, f"{name}.shard-*-of-*.jsonl")]
 
 
 def claim_output(output_dir: str, name: str, key: dict, overwrite: bool, log: Callable[[str], None]) -> str:
@@ -288,10 +285,9 @@ def claim_output(output_dir: str, name: str, key: dict, overwrite: bool, log: Ca
     differ, or with `overwrite` dropped (this producer's own records are kept either way, so
     shards of one evaluation never drop each other's work)."""
     me = provenance.producer_id(key)
-    manifest_path = os.path.join(output_dir, f"{name}.producers.json")
+    manifest_path = storage.join(output_dir, f"{name}.producers.json")
     try:
-        with open(manifest_path) as f:
-            known = json.load(f)
+        known = json.loads(storage.read_bytes(manifest_path))
     except (OSError, ValueError):
         known = {}
     foreign: dict[str | None, int] = {}
@@ -299,11 +295,10 @@ def claim_output(output_dir: str, name: str, key: dict, overwrite: bool, log: Ca
         for record in read_records([path]).values():
             if record.get("producer") != me:
                 foreign[record.get("producer")] = foreign.get(record.get("producer"), 0) + 1
-    finished = os.path.join(output_dir, f"{name}.json")
-    if os.path.exists(finished):
+    finished = storage.join(output_dir, f"{name}.json")
+    if storage.exists(finished):
         try:
-            with open(finished) as f:
-                other = json.load(f).get("summary", {}).get("producer_id")
+            other = json.loads(storage.read_bytes(finished)).get("summary", {}).get("producer_id")
         except (OSError, ValueError):
             other = None
         if other != me:
@@ -319,12 +314,12 @@ def claim_output(output_dir: str, name: str, key: dict, overwrite: bool, log: Ca
         for path in _shard_files(output_dir, name):
             kept = read_records([path])
             kept = {i: r for i, r in kept.items() if r.get("producer") == me}
-            write_bytes_atomic(path, "".join(json.dumps(kept[i], default=str) + "\n" for i in sorted(kept)).encode())
-        if os.path.exists(finished):
-            os.remove(finished)
+            storage.write_atomic(path, "".join(json.dumps(kept[i], default=str) + "\n" for i in sorted(kept)))
+        if storage.exists(finished):
+            storage.remove(finished)
         log(f"[eval] {name}: --overwrite dropped {sum(foreign.values())} record(s) of another evaluation")
     if known.get(me) != json.loads(json.dumps(key, default=str)):
-        write_json_atomic(manifest_path, {**known, me: key})
+        storage.write_json_atomic(manifest_path, {**known, me: key})
     return me
 
 
@@ -335,33 +330,33 @@ def run_dataset(sampler, tokenizer, benchmark, config: DriverConfig, output_dir:
     dataset's summary (complete=False while other shards are missing). `identity` names the
     model (provenance.model_identity); with the settings it keys every record, and records of
     another key in output_dir are refused (ForeignRecords), or dropped with `overwrite`."""
-    os.makedirs(output_dir, exist_ok=True)
+    storage.makedirs(output_dir)
     name = benchmark.name
     samples = list(benchmark.samples)
     key = provenance.producer(identity or {}, config)
     producer_id = claim_output(output_dir, name, key, overwrite, log)
     mine = shard_path(output_dir, name, shard_id, num_shards)
     done = read_records([mine])
-    if os.path.exists(mine) and not _ends_with_newline(mine):
+    if storage.isfile(mine) and not _ends_with_newline(mine):
         # an interrupted write left a torn last line: drop it so appended records start clean
-        with open(mine + ".tmp", "w") as f:
-            f.writelines(json.dumps(done[i], default=str) + "\n" for i in sorted(done))
-        os.replace(mine + ".tmp", mine)
+        storage.write_atomic(mine, "".join(json.dumps(done[i], default=str) + "\n" for i in sorted(done)))
     pending = [(i, samples[i]) for i in shard_indices(len(samples), shard_id, num_shards) if i not in done]
     log(f"[eval] {name}: {len(samples)} samples, shard {shard_id}/{num_shards}: {len(pending)} to run, "
         f"{len(done)} already done; {len(benchmark.missing_videos)} missing videos skipped")
     started, finished = time.perf_counter(), 0
+    shard = storage.Appender(mine)
     with crop_dispatcher(config) as dispatcher:
         for batch in batches(pending, config.batch_size):
             records = evaluate_batch(sampler, tokenizer, batch, config, dispatcher)
-            with open(mine, "a") as f:
-                for record in records:
-                    f.write(json.dumps({**record, "producer": producer_id}, default=str) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
+            shard.write("".join(json.dumps({**record, "producer": producer_id}, default=str) + "\n"
+                                for record in records))
+            shard.sync()
             finished += len(batch)
             log(f"[eval] {name}: {finished}/{len(pending)} samples ({time.perf_counter() - started:.0f} s)")
-    all_records = read_records(glob.glob(os.path.join(output_dir, f"{name}.shard-*-of-{num_shards:05d}.jsonl")))
+    shard.close()
+    pattern = f"{name}.shard-*-of-{num_shards:05d}.jsonl"
+    all_records = read_records([storage.join(output_dir, n) for n in storage.listdir(output_dir)
+                                if fnmatch.fnmatch(n, pattern)])
     records = [all_records[i] for i in sorted(all_records) if i < len(samples)]
     summary = summarize(name, records, config.nframes)
     summary.update(complete=len(records) == len(samples), samples=len(samples),
@@ -373,15 +368,15 @@ def run_dataset(sampler, tokenizer, benchmark, config: DriverConfig, output_dir:
                                         elapsed=summary["elapsed"])
         output["summary"] = summary
         output["missing_videos"] = list(benchmark.missing_videos)
-        write_json_atomic(os.path.join(output_dir, f"{name}.json"), output)
+        storage.write_json_atomic(storage.join(output_dir, f"{name}.json"), output)
     return summary
 
 
 def write_summary_all(output_dir: str, summaries: dict[str, dict]) -> str:
-    path = os.path.join(output_dir, "summary_all.json")
-    previous = json.load(open(path)) if os.path.exists(path) else {}
+    path = storage.join(output_dir, "summary_all.json")
+    previous = json.loads(storage.read_bytes(path)) if storage.isfile(path) else {}
     previous.update(summaries)
-    write_json_atomic(path, previous)
+    storage.write_json_atomic(path, previous)
     return path
 
 
@@ -481,8 +476,8 @@ def evaluate_command(config, output_dir: str, *, shard_id: int = 0, num_shards: 
     for benchmark in benchmarks:  # every directory checked before the model is loaded
         for dispatch in DISPATCH if compare else (config.dispatch,):
             driver = driver_config(config, **benchmark_protocol(config, benchmark.name), dispatch=dispatch)
-            directory = os.path.join(output_dir, dispatch) if compare else output_dir
-            os.makedirs(directory, exist_ok=True)
+            directory = storage.join(output_dir, dispatch) if compare else output_dir
+            storage.makedirs(directory)
             claim_output(directory, benchmark.name, provenance.producer(identity, driver), overwrite, print)
     model = build_model(config, default_dir=assets.model_dir)
     tokenizer = Tokenizer.from_directory(config.model.checkpoint or assets.model_dir)
@@ -503,7 +498,7 @@ def evaluate_command(config, output_dir: str, *, shard_id: int = 0, num_shards: 
                     for batch in warm.values():
                         evaluate_batch(sampler, tokenizer, batch, driver, dispatcher)
         for dispatch in arms:
-            directory = os.path.join(output_dir, dispatch) if compare else output_dir
+            directory = storage.join(output_dir, dispatch) if compare else output_dir
             driver = driver_config(config, **benchmark_protocol(config, benchmark.name), dispatch=dispatch)
             summary = run_dataset(sampler, tokenizer, benchmark, driver, directory, shard_id=shard_id,
                                   num_shards=num_shards, identity=identity)
@@ -513,9 +508,8 @@ def evaluate_command(config, output_dir: str, *, shard_id: int = 0, num_shards: 
     table = comparison_table(comparison)
     print(table, flush=True)
     if compare:
-        write_json_atomic(os.path.join(output_dir, "compare.json"), comparison)
-        with open(os.path.join(output_dir, "compare.md"), "w") as f:
-            f.write(table + "\n")
+        storage.write_json_atomic(storage.join(output_dir, "compare.json"), comparison)
+        storage.write_atomic(storage.join(output_dir, "compare.md"), table + "\n")
     return summaries
 
 

@@ -334,7 +334,7 @@ def episode_tokens(rl, tokenizer, assumptions: Assumptions = Assumptions()) -> E
         raise PlanError(f"rl.rollout.overview_visual={r.overview_visual!r}: the planner sizes image overviews only")
     a = assumptions
     meta = VideoMetadata(a.video_name, a.source_fps, max(1, round(a.video_seconds * a.source_fps)), *a.source_frame)
-    pixels = dict(min_pixels=r.overview_min_pixels, max_pixels=r.overview_max_pixels)
+    pixels = dict(min_pixels=r.overview_min_pixels, max_pixels=r.overview_max_pixels, sizing=r.overview_sizing)
     frames = max(rl.nframes_choices) if rl.nframes_gating else rl.default_nframes
     if frames > 0:
         overview = blank_clip(meta, nframes=frames, **pixels)
@@ -347,7 +347,7 @@ def episode_tokens(rl, tokenizer, assumptions: Assumptions = Assumptions()) -> E
     span = (d.max_frames + 1) / d.fps
     start, end = max(0.0, meta.duration - span - 1.0), meta.duration - 1.0
     crop = blank_clip(meta, fps=d.fps, start=start, end=end, min_frames=d.min_frames, max_frames=d.max_frames,
-                      min_pixels=d.min_pixels, max_pixels=d.max_pixels)
+                      min_pixels=d.min_pixels, max_pixels=d.max_pixels, sizing=d.sizing)
     calls = (1 if r.mode == "sequential" else d.max_parallel) if r.tools else 0
     call = ToolCall(TOOL_NAME, {"video_path": a.video_name, "start_time": start, "end_time": end})
     results = [CropResult(CropTask(0, k, a.video_name, meta.duration, call), CropRequest(start, end), crop,

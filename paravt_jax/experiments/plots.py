@@ -1,8 +1,10 @@
 """PNG curves of a run from its metrics.jsonl files (matplotlib, Agg backend)."""
 from __future__ import annotations
 
+import io
 import json
-import os
+
+from paravt_jax import storage
 
 CURVES = ("loss", "reward", "acc_reward", "format_compliance", "kappa", "calls_per_tool_turn",
           "grad_norm", "response_length")
@@ -18,10 +20,9 @@ def thirds(values) -> tuple[float, float] | None:
 
 
 def read_jsonl(path: str) -> list[dict]:
-    if not os.path.isfile(path):
+    if not storage.isfile(path):
         return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return [json.loads(line) for line in storage.read_text(path).splitlines() if line.strip()]
 
 
 # the held-out accuracy a run with rl.eval_every > 0 logs over RL steps: (metric, label)
@@ -92,6 +93,8 @@ def plot_run(metrics_files: dict[str, str], out_png: str, curves=CURVES) -> str 
         for ax in row[len(names):]:
             ax.axis("off")
     fig.tight_layout()
-    fig.savefig(out_png, dpi=80)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=80)
     plt.close(fig)
+    storage.write_atomic(out_png, png.getvalue())
     return out_png

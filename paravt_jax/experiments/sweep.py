@@ -41,7 +41,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from paravt_jax.config import config_file
-from paravt_jax.files import write_json_atomic
+from paravt_jax.storage import write_json_atomic
 
 ARM_RECORD = "sweep_arm.json"  # written when an arm starts: its name, group and overrides
 DONE_MARKER = "sweep_done.json"  # written atomically when an arm's main job has returned

@@ -306,9 +306,9 @@ def render(workdir: str, out: str = "", step: int | None = None) -> dict:
 
 
 def write_text(path: str, text: str) -> None:
-    from paravt_jax.files import write_bytes_atomic
+    from paravt_jax.storage import write_atomic
 
-    write_bytes_atomic(path, text.encode())
+    write_atomic(path, text.encode())
 
 
 def main(argv: Sequence[str]) -> dict:

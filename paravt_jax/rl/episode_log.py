@@ -23,14 +23,15 @@ from __future__ import annotations
 import json
 import math
 import os
+import posixpath
 import re
 from collections.abc import Sequence
 
 import numpy as np
 
 from paravt_jax import distributed as dist
+from paravt_jax import storage
 from paravt_jax.agent.tools import parse_tool_calls
-from paravt_jax.files import write_bytes_atomic
 from paravt_jax.rl import rewards as R
 from paravt_jax.rl.episode_stats import format_compliant
 
@@ -125,31 +126,28 @@ def dumps(records: Sequence[dict]) -> bytes:
 
 
 def step_path(directory: str, step: int) -> str:
-    return os.path.join(directory, f"step_{step:06d}.jsonl")
+    return storage.join(directory, f"step_{step:06d}.jsonl")
 
 
 def step_files(directory: str) -> dict[int, str]:
     """{step: path} of the step logs in `directory` (empty when it does not exist)."""
-    if not os.path.isdir(directory):
-        return {}
     out = {}
-    for name in os.listdir(directory):
+    for name in storage.listdir(directory):  # empty when the directory does not exist
         match = STEP_FILE.match(name)
         if match:
-            out[int(match.group(1))] = os.path.join(directory, name)
+            out[int(match.group(1))] = storage.join(directory, name)
     return dict(sorted(out.items()))
 
 
 def read_jsonl(path: str) -> list[dict]:
     """The records of one log file; a clear error naming the file and line when one is bad."""
     out = []
-    with open(path) as f:
-        for number, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    out.append(json.loads(line))
-                except ValueError as e:
-                    raise ValueError(f"{path}: line {number} is not JSON ({e})") from None
+    for number, line in enumerate(storage.read_text(path).splitlines(), 1):
+        if line.strip():
+            try:
+                out.append(json.loads(line))
+            except ValueError as e:
+                raise ValueError(f"{path}: line {number} is not JSON ({e})") from None
     return out
 
 
@@ -171,11 +169,11 @@ class EpisodeLog:
         which an interrupted run wrote past its last checkpoint."""
         if not self.count or not dist.is_primary():
             return None
-        os.makedirs(self.directory, exist_ok=True)
+        storage.makedirs(self.directory)
         if self._first:
             for later, path in step_files(self.directory).items():
                 if later >= step:
-                    os.remove(path)
+                    storage.remove(path)
             self._first = False
         chosen = choose(self.count, len(rollouts), self.group_size)
         records = [episode_record(rollouts[i], rewards[i], advantages[i],
@@ -183,7 +181,7 @@ class EpisodeLog:
                                   step=step, stage="rl", group=i // self.group_size)
                    for i in chosen]
         path = step_path(self.directory, step)
-        write_bytes_atomic(path, dumps(records))
+        storage.write_atomic(path, dumps(records))
         return path
 
 
@@ -194,12 +192,12 @@ def write_eval_episodes(path: str, stage: str, rollouts: Sequence, settings: dic
     truth = {f"eval{r.index}": truth_windows(getattr(r, "extra", None)) for r in rows}
     kept = [r for r in read_jsonl(path)
             if not (r.get("stage") == stage and all(r.get(k) == v for k, v in settings.items()))] \
-        if os.path.isfile(path) else []
+        if storage.isfile(path) else []
     new = []
     for rollout in rollouts:
         acc = R.accuracy_reward(R.extract_answer(rollout.generated_text), rollout.episode.answer,
                                 rollout.episode.question_type)
         new.append(episode_record(rollout, {"acc_reward": acc}, None,
                                   truth.get(rollout.episode.episode_id, ()), step=None, stage=stage, **settings))
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    write_bytes_atomic(path, dumps(kept + new))
+    storage.makedirs(posixpath.dirname(path) or ".")
+    storage.write_atomic(path, dumps(kept + new))

@@ -101,7 +101,10 @@ class Tokenizer:
     def save(self, directory: str) -> None:
         os.makedirs(directory, exist_ok=True)
         self.backend.save(os.path.join(directory, "tokenizer.json"))
-        config = {"tokenizer_class": "Qwen2Tokenizer", "model_max_length": 262144,
+        # PreTrainedTokenizerFast: transformers tokenizes as tokenizer.json says (Qwen2Tokenizer
+        # would replace its pre-tokenizer with Qwen's own, which splits digits apart, and the
+        # built-in BPEs split otherwise)
+        config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 262144,
                   "pad_token": "<|endoftext|>", "eos_token": "<|im_end|>", "add_bos_token": False}
         with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
             json.dump(config, f, indent=2)

@@ -15,6 +15,15 @@ MERGE = 2
 TEMPORAL = 2
 FACTOR = PATCH * MERGE  # 32: every resized side is a multiple of this
 MAX_ASPECT = 200
+# The reference's RL frames go through two resizes: qwen-vl-utils' (factor 28, the configured
+# [min, max] pixels), then the Qwen3-VL image processor's own (factor 32, its stock
+# preprocessor_config.json budget below), which scales small frames up to >= 65,536 pixels.
+UTILS_FACTOR = 28
+PROCESSOR_MIN_PIXELS = 65536
+PROCESSOR_MAX_PIXELS = 16777216
+# How a frame is sized: "two_stage" (the reference's RL path, above) or "single" (one resize to
+# [min, max] pixels at factor 32: what a caller that owns the processor budget asks for).
+SIZINGS = ("two_stage", "single")
 
 
 def smart_resize(height: int, width: int, factor: int = FACTOR, min_pixels: int = 56 * 56,
@@ -38,6 +47,18 @@ def smart_resize(height: int, width: int, factor: int = FACTOR, min_pixels: int 
         h = math.ceil(height * beta / factor) * factor
         w = math.ceil(width * beta / factor) * factor
     return h, w
+
+
+def frame_sizes(height: int, width: int, min_pixels: int, max_pixels: int,
+                sizing: str = "single") -> list[tuple[int, int]]:
+    """The (h, w) a frame of height x width is resized to, in turn (the last is what the model
+    sees): one size under "single", qwen-vl-utils' then the processor's under "two_stage"."""
+    if sizing == "single":
+        return [smart_resize(height, width, FACTOR, min_pixels, max_pixels)]
+    if sizing == "two_stage":
+        first = smart_resize(height, width, UTILS_FACTOR, min_pixels, max_pixels)
+        return [first, smart_resize(*first, FACTOR, PROCESSOR_MIN_PIXELS, PROCESSOR_MAX_PIXELS)]
+    raise ValueError(f"frame sizing {sizing!r}: expected one of {SIZINGS}")
 
 
 def video_smart_resize(num_frames: int, height: int, width: int, factor: int = FACTOR,

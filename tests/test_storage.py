@@ -1,0 +1,218 @@
+"""paravt_jax.storage on local paths and on gs:// (a real GCS API emulator on 127.0.0.1), and
+the workdir writers on gs://: checkpoints, metrics, TensorBoard events, a killed run resumed."""
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from paravt_jax import storage
+from paravt_jax.storage import write_json_atomic
+
+
+def test_write_json_atomic_replaces_and_cleans_up(tmp_path):
+    path = str(tmp_path / "summary.json")
+    write_json_atomic(path, {"eval": [1, 2]})
+    write_json_atomic(path, {"eval": [3], "where": tmp_path})  # a Path goes through str()
+    with open(path) as f:
+        assert json.load(f) == {"eval": [3], "where": str(tmp_path)}
+    assert os.listdir(tmp_path) == ["summary.json"]
+
+
+def test_only_local_paths_and_gs_urls():
+    assert storage.is_remote("gs://b/run") and not storage.is_remote("runs/x")
+    assert storage.join("gs://b/run", "rl", "metrics.jsonl") == "gs://b/run/rl/metrics.jsonl"
+    assert storage.absolute("gs://b/run") == "gs://b/run"
+    with pytest.raises(ValueError, match="s3://b/run: only local paths and gs:// URLs"):
+        storage.exists("s3://b/run")
+
+
+@pytest.fixture(params=["local", "gs"])
+def root(request, tmp_path):
+    if request.param == "local":
+        return str(tmp_path / "root")
+    bucket = request.getfixturevalue("gcs_emulator")
+    return f"{bucket}/{request.node.name.replace('[', '-').rstrip(']')}"
+
+
+def test_the_same_operations_on_local_paths_and_gs(root):
+    j = storage.join
+    assert not storage.exists(root) and storage.listdir(root) == []
+    storage.makedirs(j(root, "a"))
+    storage.write_atomic(j(root, "a", "x.json"), b'{"v": 1}')
+    storage.write_json_atomic(j(root, "a", "x.json"), {"v": 2})  # replaced whole
+    storage.write_atomic(j(root, "b.txt"), "text")
+    assert json.loads(storage.read_bytes(j(root, "a", "x.json"))) == {"v": 2}
+    assert storage.read_text(j(root, "b.txt")) == "text"
+    assert storage.listdir(root) == ["a", "b.txt"] and storage.listdir(j(root, "a")) == ["x.json"]
+    assert storage.isdir(j(root, "a")) and not storage.isfile(j(root, "a"))
+    assert storage.isfile(j(root, "b.txt")) and not storage.isdir(j(root, "b.txt"))
+    assert not storage.exists(j(root, "missing"))
+    with pytest.raises(FileNotFoundError):
+        storage.read_bytes(j(root, "missing"))
+
+    appender = storage.Appender(j(root, "a", "log.jsonl"))
+    for i in range(3):
+        appender.write(f"{i}\n")
+        assert storage.read_text(j(root, "a", "log.jsonl")) == "".join(f"{k}\n" for k in range(i + 1))
+    appender.sync()
+    appender.close()
+    again = storage.Appender(j(root, "a", "log.jsonl"))  # a later writer continues the file
+    again.write(b"3\n")
+    again.close()
+    assert storage.read_text(j(root, "a", "log.jsonl")) == "0\n1\n2\n3\n"
+
+    storage.makedirs(j(root, "model"))
+    for name in ("old-shard.bin", "keep.txt"):
+        storage.write_atomic(j(root, "model", name), b"old")
+    with storage.staged_directory(j(root, "model"), last=("config.json",)) as local:
+        assert os.path.isdir(local)
+        for name, data in (("config.json", b"{}"), ("keep.txt", b"new"), ("weights.bin", b"w")):
+            with open(os.path.join(local, name), "wb") as f:
+                f.write(data)
+    # a local directory is written in place (its writer removes what is stale); a gs:// one is
+    # uploaded, and files the block did not write are removed
+    assert storage.listdir(j(root, "model")) == (["config.json", "keep.txt", "old-shard.bin", "weights.bin"]
+                                                 if not storage.is_remote(root) else
+                                                 ["config.json", "keep.txt", "weights.bin"])
+    assert storage.read_bytes(j(root, "model", "keep.txt")) == b"new"
+
+    storage.remove(j(root, "b.txt"))
+    storage.remove(j(root, "b.txt"))  # a missing file is fine
+    assert storage.listdir(root) == ["a", "model"]
+    storage.rmtree(root)
+    assert not storage.exists(root) and storage.listdir(root) == []
+    storage.rmtree(root)
+
+
+def test_a_gs_upload_that_fails_leaves_the_old_object(gcs_emulator):
+    """A staged directory whose block raises uploads nothing: the old files stay whole."""
+    path = f"{gcs_emulator}/failed-export"
+    storage.write_atomic(f"{path}/config.json", b"old")
+    with pytest.raises(RuntimeError):
+        with storage.staged_directory(path) as local:
+            with open(os.path.join(local, "config.json"), "wb") as f:
+                f.write(b"new")
+            raise RuntimeError("killed while writing")
+    assert storage.read_bytes(f"{path}/config.json") == b"old"
+
+
+def test_a_stopped_loop_resumes_from_gs_bit_exact(gcs_emulator, tmp_path):
+    """The training loop with its workdir on gs://: orbax checkpoints, metrics.jsonl and the
+    TensorBoard events go to the bucket; stopped after step 1 and resumed, it ends with the
+    same parameters as an uninterrupted local run, every step logged once."""
+    from paravt_jax.metrics_writer import event_records, parse_event
+    from paravt_jax.preemption import Preempted
+    from test_training import _toy_loop
+
+    straight = _toy_loop(str(tmp_path / "local"), 4)
+    workdir = f"{gcs_emulator}/loop"
+    with pytest.raises(Preempted, match="checkpoint at step 2 of 4"):
+        _toy_loop(workdir, 4, stop_after=1)
+    assert storage.listdir(f"{workdir}/checkpoints") == ["2"]
+    assert not os.path.exists(workdir) and not os.path.exists("gs:")  # nothing written locally
+    resumed = _toy_loop(workdir, 4)
+    assert resumed.steps_done == 4 and len(resumed.history) == 2
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(straight.state.params),
+                                                    jax.tree.leaves(resumed.state.params), strict=True))
+    assert [h["loss"] for h in straight.history[2:]] == [h["loss"] for h in resumed.history]
+    lines = [json.loads(line) for line in storage.read_text(f"{workdir}/metrics.jsonl").splitlines()]
+    assert [line["step"] for line in lines] == [0, 1, 2, 3]
+    steps = []
+    for name in storage.listdir(f"{workdir}/tensorboard"):
+        data = storage.read_bytes(f"{workdir}/tensorboard/{name}")
+        steps += [parse_event(body)[0] for _, _, body in event_records(data) if parse_event(body)[1]]
+    assert sorted(steps) == [0, 1, 2, 3]
+
+
+@pytest.mark.slow  # three `sft` processes (minutes); the loop-level test above runs by default
+def test_a_killed_sft_run_on_gs_resumes_bit_exact(gcs_emulator, tmp_path):
+    """`paravt-jax sft --workdir=gs://...` killed (SIGKILL) after step 1's metrics line, rerun
+    to the end: its checkpoint holds the same parameters as an uninterrupted local run's."""
+    import orbax.checkpoint as ocp
+
+    from paravt_jax.checkpointing import Checkpointer
+    from test_cli_script import ROOT, environment
+
+    builtin = str(tmp_path / "builtin")
+    args = [sys.executable, "-m", "paravt_jax.cli", "sft", f"--config={ROOT}/configs/paragrpo.py:tiny",
+            f"--config.data.builtin_root={builtin}", "--config.sft.steps=3", "--config.sft.batch_size=2",
+            "--config.sft.nframes=2", "--config.sft.checkpoint_every=1"]
+
+    def sft(workdir, kill_at=None):
+        process = subprocess.Popen([*args, f"--workdir={workdir}"], stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True, env=environment())
+        out = []
+        try:
+            for line in process.stdout:
+                out.append(line)
+                if kill_at and kill_at in line:
+                    process.send_signal(signal.SIGKILL)
+                    kill_at = None
+            status = process.wait(timeout=600)
+        finally:
+            if process.poll() is None:
+                process.kill()
+        return status, "".join(out), process.stderr.read()
+
+    status, _, err = sft(str(tmp_path / "straight"))
+    assert status == 0, err[-3000:]
+    remote = f"{gcs_emulator}/sft-killed"
+    status, _, err = sft(remote, kill_at="[sft/ 1/3]")
+    assert status == -signal.SIGKILL, err[-3000:]
+    assert storage.exists(f"{remote}/checkpoints/1")
+    status, out, err = sft(remote)
+    assert status == 0, err[-3000:]
+    assert f"[sft] resumed from {remote}/checkpoints at step" in out
+    lines = [json.loads(line) for line in storage.read_text(f"{remote}/metrics.jsonl").splitlines()]
+    assert [line["step"] for line in lines] == [0, 1, 2]
+
+    def params(directory):
+        checkpointer = Checkpointer(directory)
+        assert checkpointer.latest_step() == 3
+        return checkpointer.manager.restore(3, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))["state"]["params"]
+
+    local, resumed = params(str(tmp_path / "straight" / "checkpoints")), params(f"{remote}/checkpoints")
+    leaves = jax.tree.leaves(local)
+    assert leaves and all(np.array_equal(a, b) for a, b in zip(leaves, jax.tree.leaves(resumed), strict=True))
+
+
+def test_the_main_job_and_export_write_their_files_to_gs(gcs_emulator, tmp_path):
+    """`run` and `export` with --workdir=gs://...: the metrics, the cold start's table, the
+    summary, the curves, the final model (with its chat template and processor configs) and
+    the export are in the bucket, and nothing is written to a local directory of that name."""
+    from paravt_jax.models.qwen3_vl import load_pretrained
+    from test_cli import ROOT, run_cli
+
+    workdir = f"{gcs_emulator}/main-job"
+    common = [f"--config={ROOT}/configs/paragrpo.py:tiny", f"--workdir={workdir}",
+              f"--config.data.builtin_root={tmp_path / 'builtin'}"]
+    text = run_cli("run", *common, "--config.sft.steps=2", "--config.sft.batch_size=2", "--config.sft.nframes=2",
+                   "--config.rl.steps=1", "--config.rl.samples_per_prompt=2", "--config.rl.prompts_per_step=1",
+                   "--config.rl.rollout.max_new_tokens=4", "--config.rl.rollout.max_turns=1",
+                   "--config.rl.rollout.subagent_max_tokens=4", "--config.rl.eval_every=0",
+                   "--config.eval.limit=1", "--config.eval.nframes=(4,)", "--config.eval.max_new_tokens=4",
+                   "--config.eval.max_turns=1", "--config.eval.after_sft=(4,)")
+    assert f"[run] workdir {workdir};" in text
+    summary = json.loads(storage.read_bytes(f"{workdir}/summary.json"))
+    assert summary["workdir"] == workdir and len(summary["sft_loss"]) == 2 and len(summary["rl"]) == 1
+    assert summary["curves"] == f"{workdir}/curves.png" and storage.read_bytes(summary["curves"])[:4] == b"\x89PNG"
+    assert json.loads(storage.read_bytes(f"{workdir}/sft/eval.json"))["results"] == summary["eval_after_sft"]
+    for phase in ("sft", "rl"):
+        assert storage.listdir(f"{workdir}/{phase}/tensorboard")
+        assert storage.isdir(f"{workdir}/{phase}/checkpoints")
+    final = storage.listdir(f"{workdir}/final")
+    assert {"config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja", "preprocessor_config.json",
+            "video_preprocessor_config.json"} <= set(final)
+    assert not os.path.exists("gs:") and not os.path.exists(os.path.join(ROOT, "gs:"))
+
+    run_cli("export", *common)
+    local = tmp_path / "export"
+    storage.filesystem().get(f"{workdir}/export/".removeprefix("gs://"), str(local), recursive=True)
+    assert load_pretrained(str(local)).config.text.hidden_size == 64
+    assert (local / "chat_template.jinja").is_file()
