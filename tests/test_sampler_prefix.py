@@ -9,8 +9,9 @@ from hf_tiny import image_tokens, patches, text_ids
 from paravt_jax.models.qwen3_vl import init_model, preset
 from paravt_jax.models.qwen3_vl.rope import get_rope_index
 from paravt_jax.sampling import Sampler, SamplerConfig
-from paravt_jax.sampling.sampler import _grow_layer, group_rows
+from paravt_jax.sampling.sampler import PromptShape, _grow_layer, group_rows
 from paravt_jax.text.inputs import ModelInputs, encode_ids
+from paravt_jax.train import compiles
 
 G = 3
 
@@ -38,12 +39,14 @@ def prompts(seed=0):
             encode_ids(rng.integers(0, 900, 30).tolist(), 0)]
 
 
-def episode(sampler: Sampler, temperature: float, reserve=()):
-    """generate + 2 extends (row 4 sits the first extend out; the second extend's chunks carry an
-    image). Returns the three SampleOutputs and the states."""
+def episode(sampler: Sampler, temperature: float, reserve=(), prompt_list=None, shape=None):
+    """generate (over `prompt_list`, default prompts()) + 2 extends (row 4 sits the first extend
+    out; the second extend's chunks carry an image). Returns the three SampleOutputs and the
+    states."""
     rng = np.random.default_rng(9)
     knobs = dict(max_new_tokens=6, temperature=temperature)
-    out, state = sampler.generate(prompts(), num_samples=G, seed=2, reserve=reserve, **knobs)
+    out, state = sampler.generate(prompts() if prompt_list is None else prompt_list, num_samples=G, seed=2,
+                                  reserve=reserve, shape=shape or PromptShape(), **knobs)
     outs, states = [out], [state]
     for turn in range(2):
         chunks = []
@@ -153,38 +156,15 @@ def test_fixed_prompt_shape_and_window_keep_outputs_and_compile_nothing_new(mode
     whole cache and text extends written in fixed-width pieces give the same tokens and
     log-probs as each call's own buckets, and a second episode over other prompts (another
     length, another image count) compiles no program."""
-    from paravt_jax.sampling.sampler import PromptShape
-    from paravt_jax.train import compiles
-
     shape = PromptShape(rows=4, width=64, frames_per_row=2)
     reserve = [(40, 6)] * 2
     plain, _ = episode(Sampler(model), 1.0, reserve=reserve)
     # turn 0's text chunks (up to 13 tokens) go in pieces of 8; turn 1's carry images: one call
     fixed_sampler = Sampler(model, SamplerConfig(prefill_window="capacity", extend_width=8))
 
-    def fixed_episode(prompt_list):
-        rng = np.random.default_rng(9)
-        knobs = dict(max_new_tokens=6, temperature=1.0)
-        out, state = fixed_sampler.generate(prompt_list, num_samples=G, seed=2, reserve=reserve, shape=shape,
-                                            **knobs)
-        outs = [out]
-        for turn in range(2):
-            chunks = []
-            for b in range(state.num_rows):
-                start = int(state.chunk_start[b])
-                if turn == 0 and b == 4:
-                    chunks.append(None)
-                elif turn == 1:
-                    chunks.append(image_prompt(rng, 2, int(rng.integers(1, 6)), start))
-                else:
-                    chunks.append(encode_ids(rng.integers(0, 900, int(rng.integers(1, 12))).tolist(), start))
-            out, state = fixed_sampler.extend(state, chunks, seed=3 + turn, **knobs)
-            outs.append(out)
-        return outs
-
-    assert_same(plain, fixed_episode(prompts()), atol=1e-4)
+    assert_same(plain, episode(fixed_sampler, 1.0, reserve, shape=shape)[0], atol=1e-4)
     rng = np.random.default_rng(5)
     other = [image_prompt(rng, 20, 14), image_prompt(rng, 2, 3), encode_ids(rng.integers(0, 900, 11).tolist(), 0)]
     before = compiles.snapshot()
-    fixed_episode(other)
+    episode(fixed_sampler, 1.0, reserve, prompt_list=other, shape=shape)
     assert before.since().count == 0, before.since().summary()
