@@ -265,7 +265,7 @@ def test_periodic_evaluation_uses_the_rollout_mode(dataset, tmp_path, monkeypatc
     real = evaluate_module.evaluate
 
     def recording(model, tokenizer, eval_rows, **kwargs):
-        calls.append((len(eval_rows), kwargs["tools"], kwargs["mode"], kwargs["nframes"]))
+        calls.append((len(eval_rows), kwargs["tools"], kwargs["rollout"].mode, kwargs["nframes"]))
         return real(model, tokenizer, eval_rows, **kwargs)
 
     monkeypatch.setattr(evaluate_module, "evaluate", recording)
