@@ -20,6 +20,8 @@ query_positions[i]. Segment 0 marks padding queries (their output is zero) and e
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import functools
 
@@ -34,6 +36,29 @@ MASK_VALUE = -1e30
 # (a decode step, a short chunk): one pair of matmuls beats a loop over blocks there.
 DENSE_MAX_SCORE_BYTES = 16 << 20
 DEFAULT_BLOCK = 512
+# The platform the traced program is compiled for. A run compiles for its own devices
+# (jax.default_backend()); an ahead-of-time compile for other devices (the planner lowering for
+# a TPU topology from a CPU process) names theirs with `compile_platform`, so `auto` picks the
+# kernels of that platform. Every resolution made while tracing is recorded in `_RESOLVED`.
+_PLATFORM: contextvars.ContextVar[str | None] = contextvars.ContextVar("attention_platform", default=None)
+_RESOLVED: contextvars.ContextVar[list | None] = contextvars.ContextVar("attention_resolved", default=None)
+
+
+def target_platform() -> str:
+    """The platform kernels are chosen for: the one `compile_platform` set, else the default backend's."""
+    return _PLATFORM.get() or jax.default_backend()
+
+
+@contextlib.contextmanager
+def compile_platform(platform: str, resolved: list | None = None):
+    """Traces inside choose kernels for `platform` ("tpu", "gpu", "cpu"); `resolved`, when given,
+    collects (requested, chosen) of every attention call traced inside."""
+    token, record = _PLATFORM.set(platform), _RESOLVED.set(resolved)
+    try:
+        yield
+    finally:
+        _PLATFORM.reset(token)
+        _RESOLVED.reset(record)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -418,8 +443,8 @@ def shared_prefix_partial(q: jax.Array, keys: jax.Array, values: jax.Array, vali
 # ----------------------------------------------------------------------------- fused kernels
 def cudnn_accepts(q: jax.Array, k: jax.Array, mask: AttentionMask, cache_layout: bool) -> str | None:
     """None when the cuDNN flash kernel takes this call, else why not."""
-    if jax.default_backend() != "gpu":
-        return f"backend {jax.default_backend()} is not gpu"
+    if target_platform() != "gpu":
+        return f"backend {target_platform()} is not gpu"
     if q.dtype not in (jnp.bfloat16, jnp.float16):
         return f"dtype {q.dtype} (cuDNN flash attention takes bf16/fp16)"
     if cache_layout or mask.kind == "cache":
@@ -452,8 +477,8 @@ SPLASH_BLOCK = 128
 def splash_accepts(q: jax.Array, k: jax.Array, mask: AttentionMask, cache_layout: bool,
                    interpret: bool = False) -> str | None:
     """None when the splash kernel takes this call, else why not."""
-    if not interpret and jax.default_backend() != "tpu":
-        return f"backend {jax.default_backend()} is not tpu"
+    if not interpret and target_platform() != "tpu":
+        return f"backend {target_platform()} is not tpu"
     if cache_layout or mask.kind == "cache":
         return "a KV-cache mask"
     if q.shape[1] != k.shape[1]:
@@ -494,14 +519,30 @@ def splash_attention(q, k, v, mask: AttentionMask, interpret: bool = False) -> j
 
 
 # ----------------------------------------------------------------------------- dispatch
+KERNEL_PLATFORMS = {"cudnn": "gpu", "splash": "tpu"}
+
+
 def resolve(implementation: str, q: jax.Array, k: jax.Array, mask: AttentionMask,
             cache_layout: bool = False) -> str:
-    """The implementation that runs: `auto` resolved per backend, an explicit fused kernel that
-    cannot take the call replaced by blockwise."""
+    """The implementation that runs: `auto` resolved for the target platform. An explicit fused
+    kernel on a platform that has no such kernel is an error; on its own platform, a call the
+    kernel does not take (a KV-cache mask in decode, a length it cannot tile) runs blockwise."""
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"model.attention={implementation!r}: expected one of {IMPLEMENTATIONS}")
+    chosen = _choose(implementation, q, k, mask, cache_layout)
+    record = _RESOLVED.get()
+    if record is not None:
+        record.append((implementation, chosen))
+    return chosen
+
+
+def _choose(implementation, q, k, mask, cache_layout) -> str:
     if implementation in ("dense", "blockwise"):
         return implementation
+    platform = target_platform()
+    if implementation in KERNEL_PLATFORMS and KERNEL_PLATFORMS[implementation] != platform:
+        raise ValueError(f"model.attention={implementation!r} runs on {KERNEL_PLATFORMS[implementation]} only; "
+                         f"this program is compiled for {platform}: use 'auto' or 'blockwise'")
     if implementation in ("auto", "cudnn") and cudnn_accepts(q, k, mask, cache_layout) is None:
         return "cudnn"
     if implementation in ("auto", "splash") and splash_accepts(q, k, mask, cache_layout) is None:
