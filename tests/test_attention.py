@@ -188,7 +188,10 @@ def test_resolve_per_backend_and_fallback():
         assert A.resolve("splash", *large, cache) == "blockwise"
         with pytest.raises(ValueError, match="runs on gpu only; this program is compiled for tpu"):
             A.resolve("cudnn", *large, mask(2048))
-    assert resolved == [("auto", "splash"), ("splash", "splash"), ("splash", "blockwise")]
+    assert [(c.requested, c.chosen, c.kind) for c in resolved] == [
+        ("auto", "splash", "causal"), ("splash", "splash", "causal"), ("splash", "blockwise", "cache")]
+    # causal self-attention: half of the 2048 x 2048 scores, 2 matmuls x 2 FLOPs, 4 heads x 8 dims
+    assert resolved[0].flops == 4 * 4 * 8 * 2048 * 2048 / 2 and resolved[2].flops == 2 * resolved[0].flops
     assert A.target_platform() == jax.default_backend()
     assert "not gpu" in A.cudnn_accepts(*large, mask(2048), False)
     assert "not tpu" in A.splash_accepts(*large, mask(2048), False)

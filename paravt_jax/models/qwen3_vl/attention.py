@@ -24,6 +24,7 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -42,6 +43,19 @@ DEFAULT_BLOCK = 512
 # kernels of that platform. Every resolution made while tracing is recorded in `_RESOLVED`.
 _PLATFORM: contextvars.ContextVar[str | None] = contextvars.ContextVar("attention_platform", default=None)
 _RESOLVED: contextvars.ContextVar[list | None] = contextvars.ContextVar("attention_resolved", default=None)
+# The mesh a sharded program runs on: a Pallas kernel cannot be partitioned automatically, so
+# splash runs under shard_map over it (rows over data x fsdp, heads over tensor).
+_MESH: contextvars.ContextVar = contextvars.ContextVar("attention_mesh", default=None)
+
+
+@contextlib.contextmanager
+def kernel_mesh(mesh):
+    """Traces inside run fused kernels per shard of `mesh` (None: unsharded)."""
+    token = _MESH.set(mesh)
+    try:
+        yield
+    finally:
+        _MESH.reset(token)
 
 
 def target_platform() -> str:
@@ -513,7 +527,21 @@ def splash_attention(q, k, v, mask: AttentionMask, interpret: bool = False) -> j
         ids = splash.SegmentIds(q=seg, kv=seg)
         return jax.vmap(lambda a, b, c: kernel(a, b, c, segment_ids=ids))(qr, kr, vr)
 
-    out = jax.vmap(one_row)(qg, kt, vt, mask.query_segments)
+    def local(qg, kt, vt, segments):
+        return jax.vmap(one_row)(qg, kt, vt, segments)
+
+    mesh = _MESH.get()
+    if mesh is not None and mesh.size > 1:
+        from jax.sharding import PartitionSpec as P
+
+        rows = tuple(a for a in ("data", "fsdp") if a in mesh.shape and mesh.shape[a] > 1)
+        row_axes = rows if rows and batch % math.prod(mesh.shape[a] for a in rows) == 0 else None
+        tensor = mesh.shape.get("tensor", 1)
+        head_axis = "tensor" if tensor > 1 and kv_heads % tensor == 0 else None
+        spec = P(row_axes, head_axis)
+        local = jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec, P(row_axes)), out_specs=spec,
+                              check_vma=False)
+    out = local(qg, kt, vt, mask.query_segments)
     out = out.transpose(0, 3, 1, 2, 4).reshape(batch, length, heads, head_dim)
     return jnp.where((mask.query_segments > 0)[..., None, None], out, 0).astype(q.dtype)
 
@@ -532,8 +560,32 @@ def resolve(implementation: str, q: jax.Array, k: jax.Array, mask: AttentionMask
     chosen = _choose(implementation, q, k, mask, cache_layout)
     record = _RESOLVED.get()
     if record is not None:
-        record.append((implementation, chosen))
+        record.append(AttentionCall(implementation, chosen, mask.kind, *attention_cost(q, k, mask, cache_layout)))
     return chosen
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionCall:
+    """One attention call seen while tracing: what was asked, what runs, the mask kind, and the
+    call's forward FLOPs and HBM bytes (whole call, not per device) for the time plan: XLA's
+    cost analysis sees nothing inside a fused kernel and one block of a blockwise loop."""
+    requested: str
+    chosen: str
+    kind: str
+    flops: float
+    bytes: float
+
+
+def attention_cost(q, k, mask: AttentionMask, cache_layout: bool) -> tuple[float, float]:
+    """(FLOPs, bytes) of one attention forward: two matmuls of 2 FLOPs per multiply-add over the
+    visible score entries (half of them for causal self-attention), q/k/v read and out written once."""
+    batch, q_len, heads, head_dim = q.shape
+    key_len = k.shape[-1] if cache_layout else k.shape[1]
+    kv_heads = k.shape[1] if cache_layout else k.shape[2]
+    visible = 0.5 if mask.kind == "causal" else 1.0
+    flops = 4.0 * batch * heads * head_dim * q_len * key_len * visible
+    size = jnp.dtype(q.dtype).itemsize
+    return flops, float(size * head_dim * batch * (2 * heads * q_len + 2 * kv_heads * key_len))
 
 
 def _choose(implementation, q, k, mask, cache_layout) -> str:
