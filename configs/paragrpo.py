@@ -7,7 +7,8 @@ Presets: toy (the main job's built-in default, `bash launch/local.sh`: the learn
 task of paravt_jax/data/events.py with the `toy` model, docs/toy_task.md; about 14 minutes on a
 2-core CPU), tiny (the `shapes` set and the 2-layer `tiny` model; every stage in a few minutes,
 nothing learned), qwen3vl_2b, qwen3vl_8b
-(the reference hyper-parameters of paragrpo_8b.yaml).
+(the reference hyper-parameters of paragrpo_8b.yaml), qwen3vl_32b (the same recipe on the
+Qwen3-VL-32B shapes: planned for v5p-64 and gpu16_tp2, docs/scale-out.md).
 """
 
 import ml_collections
@@ -18,7 +19,8 @@ from paravt_jax.jobs import EvalConfig
 from paravt_jax.rl.trainer import RLConfig
 from paravt_jax.sft.trainer import SFTConfig
 
-MODEL_PRESETS = {"tiny": "tiny", "toy": "toy", "qwen3vl_2b": "2b", "qwen3vl_8b": "8b"}  # preset -> model preset
+MODEL_PRESETS = {"tiny": "tiny", "toy": "toy", "qwen3vl_2b": "2b", "qwen3vl_8b": "8b",
+                 "qwen3vl_32b": "32b"}  # preset -> model preset
 
 
 def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
@@ -88,7 +90,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
         c.rl.eval_every, c.rl.eval_limit, c.rl.eval_nframes = 6, 8, 4
         c.eval.limit, c.eval.max_new_tokens = 0, 160  # every held-out question
         c.eval.after_sft = (4,)  # the cold start's table too: what RL starts from
-    elif preset == "qwen3vl_8b":  # reference recipe (paragrpo_8b.yaml)
+    elif preset in ("qwen3vl_8b", "qwen3vl_32b"):  # reference recipe (paragrpo_8b.yaml); 32B: the same recipe
         c.sft.steps, c.sft.optimizer.learning_rate = 500, 1e-5
         c.rl.steps, c.rl.prompts_per_step, c.rl.samples_per_prompt = 54, 7, 8
         c.rl.optimizer.learning_rate, c.rl.rollout.max_turns, c.rl.rollout.max_new_tokens = 2e-6, 3, 2048
@@ -96,7 +98,8 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
         c.rl.dispatch.max_pixels = 50176
         c.rl.step.reference_temperature = 1.0  # the reference recipe's (AReaL default), see docs/deviations.md
         # 8 full-budget episodes (8 x 20,480 tokens) per micro-batch: one row per device on the
-        # 8-device meshes (gpu8, v5p-16); docs/scale-out.md says why 8 (batch sharding)
+        # 8-device meshes (gpu8, v5p-16); docs/scale-out.md says why 8 (batch sharding). A mesh
+        # with more batch devices rounds it up to one row each (32 on v5p-64 for the 32B).
         c.rl.max_tokens_per_micro_batch = 8 * 20480
         c.model.param_dtype = c.model.dtype = "bfloat16"
         c.model.remat = True

@@ -161,22 +161,23 @@ def test_rollout_reserve_never_grows_the_cache():
 
 
 def test_sampler_working_sets_come_from_xla(tokenizer):
-    """xla mode: the sampler's working set is XLA's analysis of the real prefill/decode programs
-    (one per call, the largest counted); the per-call row groups follow the token budget."""
+    """xla mode: the sampler's working set is XLA's analysis of the real prefill/decode/vision
+    programs (one per call, the largest counted); the per-call row groups follow the token budget."""
     config = small_config()
     config.rl.sampler.prefill_tokens = 64
     result = plan_of(config, MESH8, 16, "xla", tokenizer)
-    row = next(c for c in result.sampler.components if c.name.startswith("prefill/decode working set (XLA"))
+    row = next(c for c in result.sampler.components if c.name.startswith("prefill/decode working set (xla:cpu"))
     assert row.per_device_bytes > 0 and not row.estimate
     note = next(n for n in result.notes if n.startswith("sampler working sets"))
-    for name in ("first prompt prefill", "tool-response prefill", "sub-agent prefill", "decode"):
+    for name in ("first prompt prefill", "tool-response prefill", "sub-agent prefill", "decode", "sub-agent decode",
+                 "vision tower (sub-agent prefill)", "weight refresh"):
         assert name in note
+    assert row.per_device_bytes == max(p.working_bytes for p in result.programs.sampler)
     rl = P.rl_settings(config)[0]
     layout = P.sampler_layout(rl, result.workload)
-    programs = P.sampler_xla(preset("tiny"), rl, layout, result.workload, MESH8)
-    assert row.per_device_bytes == max(p.working_bytes for p in programs)
-    extend = next(p for p in programs if p.name == "tool-response prefill")
+    extend = result.programs.get("tool-response prefill")
     assert extend.group_rows < layout.rows  # the budget splits the extend into row groups
+    assert result.trainer.compiler == result.sampler.compiler == "xla:cpu" and result.target == "cpu-fake"
 
 
 def test_batch_spec_vision_layout_matches_vision_layout(tokenizer):
@@ -210,7 +211,7 @@ def test_xla_activations_agree_with_the_estimate(tokenizer):
     sizes = dict(data=1, fsdp=2, tensor=1)
     xla = plan_of(config, sizes, 16, "xla", tokenizer)
     estimate = plan_of(config, sizes, 16, "estimate", tokenizer)
-    measured = leaf_bytes(xla, "activations (XLA").per_device_bytes
+    measured = leaf_bytes(xla, "activations (xla:cpu").per_device_bytes
     guessed = leaf_bytes(estimate, "activations (ESTIMATE").per_device_bytes
     assert xla.activations == "xla" and measured > 0
     assert 0.5 < guessed / measured < 2.0
@@ -218,15 +219,17 @@ def test_xla_activations_agree_with_the_estimate(tokenizer):
 
 def test_xla_on_more_devices_than_the_process_has_compiles_in_a_child(tokenizer):
     """16 devices from a process with 8: a child process with 16 fake CPU devices compiles the
-    same program; its number equals an in-process compile of the same per-device shapes."""
+    same programs; a failing child's traceback comes back in the error."""
     config = small_config()
     config.rl.samples_per_prompt = 8  # 16 rows: one per device on 16, two on 8
     child = plan_of(config, dict(data=1, fsdp=16, tensor=1), 16, "xla", tokenizer)
     assert any("16 fake CPU devices (child process)" in n for n in child.notes)
-    assert leaf_bytes(child, "activations (XLA").per_device_bytes > 0
-    bad = P.workload(P.rl_settings(config)[0], preset("tiny").vision, tokenizer)
+    assert leaf_bytes(child, "activations (xla:cpu").per_device_bytes > 0
+    rl = P.rl_settings(config)[0]
+    bad = P.workload(rl, preset("tiny").vision, tokenizer)
     with pytest.raises(P.PlanError, match="failed with exit status 1:\n.*Traceback"):
-        P.on_fake_devices(P.activation_xla, (preset("tiny"), None, bad, dict(data=1, fsdp=16, tensor=1)), 16)
+        P.on_fake_devices(P.compile_programs, (preset("tiny"), None, bad, None, dict(data=1, fsdp=16, tensor=1),
+                                               P.Target("cpu-fake", "gpu"), "full"), 16)
 
 
 def test_token_budget_micro_batches_and_rows_per_device(tokenizer):

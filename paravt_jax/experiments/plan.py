@@ -958,7 +958,14 @@ def plan(config, mesh_sizes: Mapping[str, int], device_memory_gb: float,
             programs = compile_programs(model, rl, work, sampler_layout(rl, work), sizes, target, depth)
         except TargetError as e:
             raise PlanError(str(e)) from None
-        notes.append(f"programs: compiled by {programs.compiler} ({target.name}"
+        except ValueError as e:  # a kernel the target platform has not (attention.resolve)
+            if str(e).startswith("model.attention="):
+                raise PlanError(str(e)) from None
+            raise
+        need = math.prod(sizes.values())
+        where = (f" on {need} fake CPU devices (child process)" if target.name == "cpu-fake" and (
+            need > jax.device_count() or jax.devices()[0].platform != "cpu") else "")
+        notes.append(f"programs: compiled by {programs.compiler}{where} ({target.name}"
                      + (f", topology {target.topology}" + (f" x {target.slices} slices" if target.slices > 1 else "")
                         if target.topology else "")
                      + f"), {programs.depth}; {programs.compile_seconds:.1f} s to compile")
