@@ -312,3 +312,21 @@ def test_plan_exits_0_and_prints_only_notes_after_the_table(builtin_root, tmp_pa
     assert tail and all(line.startswith("note: ") for line in tail), tail
     assert any("2 fake CPU devices (child process)" in line for line in tail)
     assert any("assumed question 40 tokens" in line for line in tail)
+
+
+def test_gpu_preset_prints_the_time_plan_from_xla(tmp_path, builtin_root):
+    """`--mesh=gpu8`: the programs compile with XLA (fake CPU devices planning GPU kernels) and
+    the time plan uses the H100's peaks; --json names the compiler of each phase and holds it."""
+    path = tmp_path / "plan.json"
+    text = run_plan(f"--config={ROOT}/configs/paragrpo.py:tiny", f"--config.data.builtin_root={builtin_root}",
+                    "--config.rl.nframes_gating=False", "--config.rl.default_nframes=4",
+                    "--config.rl.rollout.max_new_tokens=32", "--config.rl.rollout.max_turns=1",
+                    "--config.rl.dispatch.max_parallel=1", "--config.rl.dispatch.max_frames=2",
+                    "--mesh=gpu8", "--target=cpu-fake", f"--json={path}")
+    assert "TRAINER: one optimizer step [xla:cpu" in text and "TIME PLAN: one RL step, lower bound on h100" in text
+    saved = json.loads(path.read_text())
+    assert saved["target"] == "cpu-fake" and saved["trainer"]["compiler"] == "xla:cpu"
+    timing = saved["time_plan"]
+    assert timing["chip"] == "h100" and timing["step_seconds"] > 0
+    assert timing["bounding_phase"] in {p["name"] for p in timing["phases"]}
+    assert timing["reference_step_seconds"] == 250.0
