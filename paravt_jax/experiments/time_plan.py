@@ -148,8 +148,11 @@ def _kernel_share(program, work, mesh: dict, rows_per_device: int, config) -> tu
     tensor = mesh.get("tensor", 1)
     heads = config.text.num_attention_heads
     head_split = tensor if heads % tensor == 0 else 1
+    batch = mesh.get("data", 1) * mesh.get("fsdp", 1)
     if program.name in ("gradients", "log-probs"):
         row_split = max(work.micro_batch_rows // max(rows_per_device, 1), 1)
+    elif "decode" in program.name:  # the cache rows are split over the batch axes (kv_cache.cache_sharding)
+        row_split = batch if program.group_rows % batch == 0 else 1
     else:  # a prefill group is computed on every device for all its rows (sampler.prefill_group)
         row_split = 1
     factor = 1.0
