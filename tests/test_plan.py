@@ -308,7 +308,12 @@ def test_plan_exits_0_and_prints_only_notes_after_the_table(builtin_root, tmp_pa
     lines = done.stdout.rstrip().splitlines()
     last_verdict = max(i for i, line in enumerate(lines) if line.startswith("  => "))
     assert lines[last_verdict - 1].startswith("  total")
-    tail = [line for line in lines[last_verdict + 1:] if line]
+    after = [line for line in lines[last_verdict + 1:] if line]
+    # then the compiled programs' table (and a time plan for a named chip), then notes only
+    first_note = next(i for i, line in enumerate(after) if line.startswith("note: "))
+    assert after[0].startswith("PROGRAMS: compiled by xla:cpu")
+    assert all(line.startswith(("  ", "TIME PLAN")) for line in after[1:first_note]), after[:first_note]
+    tail = after[first_note:]
     assert tail and all(line.startswith("note: ") for line in tail), tail
     assert any("2 fake CPU devices (child process)" in line for line in tail)
     assert any("assumed question 40 tokens" in line for line in tail)
