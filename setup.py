@@ -24,8 +24,14 @@ RUNTIME = [
     "gcsfs>=2026.10.1",  # gs:// workdirs (paravt_jax/storage.py; orbax reaches gs:// through it too)
 ]
 
+# The TPU compiler (libtpu): `paravt-jax plan --target=tpu` compiles for a TPU topology from a
+# CPU machine; the test extra includes it so CI compiles the tiny recipe for v5p:2x2x2. Nothing
+# else imports it: the runtime runs on CPU and GPU without it.
+TPU = ["jax[tpu]>=0.10.2,<0.11"]
+
 EXTRAS = {
     "test": [
+        *TPU,
         "pytest>=8",
         "pytest-xdist>=3.6,<4",  # launch/test.sh runs the suite on every core (-n)
         "hypothesis>=6",
@@ -39,7 +45,7 @@ EXTRAS = {
         "gcp-storage-emulator>=2026.7.19",  # a Cloud Storage API on 127.0.0.1 for the gs:// workdir tests
     ],
     "gpu": ["jax[cuda12]>=0.10.2,<0.11"],
-    "tpu": ["jax[tpu]>=0.10.2,<0.11"],
+    "tpu": TPU,
 }
 
 setup(

@@ -7,7 +7,8 @@ Presets: toy (the main job's built-in default, `bash launch/local.sh`: the learn
 task of paravt_jax/data/events.py with the `toy` model, docs/toy_task.md; about 14 minutes on a
 2-core CPU), tiny (the `shapes` set and the 2-layer `tiny` model; every stage in a few minutes,
 nothing learned), qwen3vl_2b, qwen3vl_8b
-(the reference hyper-parameters of paragrpo_8b.yaml).
+(the reference hyper-parameters of paragrpo_8b.yaml), qwen3vl_32b (the same recipe on the
+Qwen3-VL-32B shapes: planned for v5p-64 and gpu16_tp2, docs/scale-out.md).
 """
 
 import ml_collections
@@ -18,7 +19,8 @@ from paravt_jax.jobs import EvalConfig
 from paravt_jax.rl.trainer import RLConfig
 from paravt_jax.sft.trainer import SFTConfig
 
-MODEL_PRESETS = {"tiny": "tiny", "toy": "toy", "qwen3vl_2b": "2b", "qwen3vl_8b": "8b"}  # preset -> model preset
+MODEL_PRESETS = {"tiny": "tiny", "toy": "toy", "qwen3vl_2b": "2b", "qwen3vl_8b": "8b",
+                 "qwen3vl_32b": "32b"}  # preset -> model preset
 
 
 def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
@@ -101,7 +103,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
         # episodes packed into rows of 2,048 tokens, 4 rows a micro-batch (the 16 episodes of a
         # step fill 4-8 rows, not 16); a micro-batch's frames padded to 512
         c.rl.max_tokens_per_micro_batch, c.rl.shapes.train_frames = 4 * 2048, 512
-    elif preset == "qwen3vl_8b":  # reference recipe (paragrpo_8b.yaml)
+    elif preset in ("qwen3vl_8b", "qwen3vl_32b"):  # reference recipe (paragrpo_8b.yaml); 32B: the same recipe
         # the released cold-start SFT script: 1,500 steps, lr 2e-5, cosine decay, 5% warm-up
         c.sft.steps, c.sft.optimizer.learning_rate = 1500, 2e-5
         c.sft.optimizer.schedule, c.sft.optimizer.total_steps, c.sft.optimizer.warmup_steps = "cosine", 1500, 75
@@ -114,7 +116,8 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
         c.rl.step.reference_temperature = 1.0  # the reference recipe's (AReaL default), see docs/deviations.md
         # 8 full-budget episodes (8 x 22,528 tokens with the reference's frame sizes) per
         # micro-batch: one row per device on the 8-device meshes (gpu8, v5p-16); docs/scale-out.md
-        # says why 8 (batch sharding)
+        # says why 8 (batch sharding). A mesh with more batch devices rounds it up to one row
+        # each (32 on v5p-64 for the 32B).
         c.rl.max_tokens_per_micro_batch = 8 * 22528
         c.rl.shapes.train_width = 22528  # the episode budget the planner packs (docs/scale-out.md)
         # a sub-agent prompt of 16 two-stage crop frames is 1,422 tokens (the planner's count);

@@ -169,14 +169,30 @@ def test_splash_interpret_equals_dense():
 
 def test_resolve_per_backend_and_fallback():
     """On CPU: auto runs dense for a small score array and blockwise for a large one; cudnn and
-    splash fall back to blockwise (with the reason available); unknown names are refused."""
+    splash are refused (they exist on gpu / tpu only); unknown names are refused. Compiled for a
+    TPU (`compile_platform`, as the planner's AOT path traces), auto and splash pick splash where
+    the kernel takes the call and blockwise for a KV-cache mask, and every choice is recorded."""
     small = jnp.zeros((1, 16, 4, 8)), jnp.zeros((1, 16, 2, 8))
     large = jnp.zeros((1, 2048, 4, 8)), jnp.zeros((1, 2048, 2, 8))
     mask = lambda n: A.AttentionMask.causal_segments(jnp.ones((1, n), jnp.int32))
     assert A.resolve("auto", *small, mask(16)) == "dense"
     assert A.resolve("auto", *large, mask(2048)) == "blockwise"
-    for name in ("cudnn", "splash"):
-        assert A.resolve(name, *large, mask(2048)) == "blockwise"
+    for name, platform in (("cudnn", "gpu"), ("splash", "tpu")):
+        with pytest.raises(ValueError, match=f"model.attention='{name}' runs on {platform} only"):
+            A.resolve(name, *large, mask(2048))
+    cache = A.AttentionMask.cache(jnp.ones((1, 2048), bool), jnp.arange(2048))
+    resolved = []
+    with A.compile_platform("tpu", resolved):
+        assert A.resolve("auto", *large, mask(2048)) == "splash"
+        assert A.resolve("splash", *large, mask(2048)) == "splash"
+        assert A.resolve("splash", *large, cache) == "blockwise"
+        with pytest.raises(ValueError, match="runs on gpu only; this program is compiled for tpu"):
+            A.resolve("cudnn", *large, mask(2048))
+    assert [(c.requested, c.chosen, c.kind) for c in resolved] == [
+        ("auto", "splash", "causal"), ("splash", "splash", "causal"), ("splash", "blockwise", "cache")]
+    # causal self-attention: half of the 2048 x 2048 scores, 2 matmuls x 2 FLOPs, 4 heads x 8 dims
+    assert resolved[0].flops == 4 * 4 * 8 * 2048 * 2048 / 2 and resolved[2].flops == 2 * resolved[0].flops
+    assert A.target_platform() == jax.default_backend()
     assert "not gpu" in A.cudnn_accepts(*large, mask(2048), False)
     assert "not tpu" in A.splash_accepts(*large, mask(2048), False)
     packed = A.AttentionMask.causal_segments(jnp.ones((1, 2048), jnp.int32), packed=True)
@@ -193,10 +209,10 @@ def test_resolve_per_backend_and_fallback():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("attention", ["blockwise", "splash"])
+@pytest.mark.parametrize("attention", ["blockwise"])
 def test_model_forward_and_gradient_independent_of_attention(attention):
     """The text decoder (a padded row) and the vision tower give the same logits and parameter
-    gradients with `attention` as with dense (splash falls back to blockwise on CPU)."""
+    gradients with `attention` as with dense."""
     from flax import nnx
 
     from paravt_jax.models.qwen3_vl.model import device_args, prepare_inputs

@@ -66,3 +66,19 @@ def test_rl_step_bench_smallest(tmp_path):
     for metric in ("reward", "kappa", "loss_tokens", "loss"):
         assert f"| {metric}" in out
     assert "differs" not in out, out
+
+
+def test_accelerator_bench_smallest(tmp_path):
+    """bench/accelerator.py on CPU with its smallest arguments: the parity, sampler and train
+    tables, cudnn listed as GPU-only (not substituted), and the JSON under --out."""
+    import json
+
+    out = run_bench(tmp_path, "accelerator.py", "--smallest", "--out", str(tmp_path / "out"),
+                    "--attention", "dense,blockwise,cudnn")
+    assert "Greedy tokens of tiny: this device vs CPU" in out and "n/a: gpu only" in out
+    saved = json.loads((tmp_path / "out" / "accelerator.json").read_text())
+    assert saved["greedy_parity"]["equal"] is True
+    assert saved["sampler"]["decode_tokens_per_s"] > 0 and saved["sampler"]["prefill_tokens_per_s"] > 0
+    ran = [r for r in saved["train"] if "tokens_per_s" in r]
+    assert {r["attention"] for r in ran} == {"dense", "blockwise"} and all(r["planned_gradient_bytes"] > 0 for r in ran)
+    assert any(r.get("skipped") == "cudnn runs on gpu only" for r in saved["train"])

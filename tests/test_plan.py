@@ -162,22 +162,23 @@ def test_rollout_reserve_never_grows_the_cache():
 
 
 def test_sampler_working_sets_come_from_xla(tokenizer):
-    """xla mode: the sampler's working set is XLA's analysis of the real prefill/decode programs
-    (one per call, the largest counted); the per-call row groups follow the token budget."""
+    """xla mode: the sampler's working set is XLA's analysis of the real prefill/decode/vision
+    programs (one per call, the largest counted); the per-call row groups follow the token budget."""
     config = small_config()
     config.rl.sampler.prefill_tokens = 64
     result = plan_of(config, MESH8, 16, "xla", tokenizer)
-    row = next(c for c in result.sampler.components if c.name.startswith("prefill/decode working set (XLA"))
+    row = next(c for c in result.sampler.components if c.name.startswith("prefill/decode working set (xla:cpu"))
     assert row.per_device_bytes > 0 and not row.estimate
     note = next(n for n in result.notes if n.startswith("sampler working sets"))
-    for name in ("first prompt prefill", "tool-response prefill", "sub-agent prefill", "decode"):
+    for name in ("first prompt prefill", "tool-response prefill", "sub-agent prefill", "decode", "sub-agent decode",
+                 "vision tower (sub-agent prefill)", "weight refresh"):
         assert name in note
+    assert row.per_device_bytes == max(p.working_bytes for p in result.programs.sampler)
     rl = P.rl_settings(config)[0]
     layout = P.sampler_layout(rl, result.workload)
-    programs = P.sampler_xla(preset("tiny"), rl, layout, result.workload, MESH8)
-    assert row.per_device_bytes == max(p.working_bytes for p in programs)
-    extend = next(p for p in programs if p.name == "tool-response prefill")
+    extend = result.programs.get("tool-response prefill")
     assert extend.group_rows < layout.rows  # the budget splits the extend into row groups
+    assert result.trainer.compiler == result.sampler.compiler == "xla:cpu" and result.target == "cpu-fake"
 
 
 def test_batch_spec_vision_layout_matches_vision_layout(tokenizer):
@@ -211,7 +212,7 @@ def test_xla_activations_agree_with_the_estimate(tokenizer):
     sizes = dict(data=1, fsdp=2, tensor=1)
     xla = plan_of(config, sizes, 16, "xla", tokenizer)
     estimate = plan_of(config, sizes, 16, "estimate", tokenizer)
-    measured = leaf_bytes(xla, "activations (XLA").per_device_bytes
+    measured = leaf_bytes(xla, "activations (xla:cpu").per_device_bytes
     guessed = leaf_bytes(estimate, "activations (ESTIMATE").per_device_bytes
     assert xla.activations == "xla" and measured > 0
     assert 0.5 < guessed / measured < 2.0
@@ -219,15 +220,17 @@ def test_xla_activations_agree_with_the_estimate(tokenizer):
 
 def test_xla_on_more_devices_than_the_process_has_compiles_in_a_child(tokenizer):
     """16 devices from a process with 8: a child process with 16 fake CPU devices compiles the
-    same program; its number equals an in-process compile of the same per-device shapes."""
+    same programs; a failing child's traceback comes back in the error."""
     config = small_config()
     config.rl.samples_per_prompt = 8  # 16 rows: one per device on 16, two on 8
     child = plan_of(config, dict(data=1, fsdp=16, tensor=1), 16, "xla", tokenizer)
     assert any("16 fake CPU devices (child process)" in n for n in child.notes)
-    assert leaf_bytes(child, "activations (XLA").per_device_bytes > 0
-    bad = P.workload(P.rl_settings(config)[0], preset("tiny").vision, tokenizer)
-    with pytest.raises(P.PlanError, match="failed with exit status 1:\n.*Traceback"):
-        P.on_fake_devices(P.activation_xla, (preset("tiny"), None, bad, dict(data=1, fsdp=16, tensor=1)), 16)
+    assert leaf_bytes(child, "activations (xla:cpu").per_device_bytes > 0
+    rl = P.rl_settings(config)[0]
+    bad = P.workload(rl, preset("tiny").vision, tokenizer)
+    with pytest.raises(P.PlanError, match=r"failed with exit status 1:\n(?s:.*)AttributeError: 'NoneType' object"):
+        P.on_fake_devices(P.compile_programs, (preset("tiny"), None, bad, None, dict(data=1, fsdp=16, tensor=1),
+                                               P.Target("cpu-fake", "gpu"), "full"), 16)
 
 
 def test_token_budget_micro_batches_and_rows_per_device(tokenizer):
@@ -312,7 +315,30 @@ def test_plan_exits_0_and_prints_only_notes_after_the_table(builtin_root, tmp_pa
     lines = done.stdout.rstrip().splitlines()
     last_verdict = max(i for i, line in enumerate(lines) if line.startswith("  => "))
     assert lines[last_verdict - 1].startswith("  total")
-    tail = [line for line in lines[last_verdict + 1:] if line]
+    after = [line for line in lines[last_verdict + 1:] if line]
+    # then the compiled programs' table (and a time plan for a named chip), then notes only
+    first_note = next(i for i, line in enumerate(after) if line.startswith("note: "))
+    assert after[0].startswith("PROGRAMS: compiled by xla:cpu")
+    assert all(line.startswith(("  ", "TIME PLAN")) for line in after[1:first_note]), after[:first_note]
+    tail = after[first_note:]
     assert tail and all(line.startswith("note: ") for line in tail), tail
     assert any("2 fake CPU devices (child process)" in line for line in tail)
     assert any("assumed question 40 tokens" in line for line in tail)
+
+
+def test_gpu_preset_prints_the_time_plan_from_xla(tmp_path, builtin_root):
+    """`--mesh=gpu8`: the programs compile with XLA (fake CPU devices planning GPU kernels) and
+    the time plan uses the H100's peaks; --json names the compiler of each phase and holds it."""
+    path = tmp_path / "plan.json"
+    text = run_plan(f"--config={ROOT}/configs/paragrpo.py:tiny", f"--config.data.builtin_root={builtin_root}",
+                    "--config.rl.nframes_gating=False", "--config.rl.default_nframes=4",
+                    "--config.rl.rollout.max_new_tokens=32", "--config.rl.rollout.max_turns=1",
+                    "--config.rl.dispatch.max_parallel=1", "--config.rl.dispatch.max_frames=2",
+                    "--mesh=gpu8", "--target=cpu-fake", f"--json={path}")
+    assert "TRAINER: one optimizer step [xla:cpu" in text and "TIME PLAN: one RL step, lower bound on h100" in text
+    saved = json.loads(path.read_text())
+    assert saved["target"] == "cpu-fake" and saved["trainer"]["compiler"] == "xla:cpu"
+    timing = saved["time_plan"]
+    assert timing["chip"] == "h100" and timing["step_seconds"] > 0
+    assert timing["bounding_phase"] in {p["name"] for p in timing["phases"]}
+    assert timing["reference_step_seconds"] == 250.0

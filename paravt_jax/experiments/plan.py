@@ -39,7 +39,6 @@ import dataclasses
 import json
 import math
 import os
-import time
 from collections.abc import Mapping, Sequence
 
 import jax
@@ -49,6 +48,16 @@ from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
 
 from paravt_jax import sharding as sh
 from paravt_jax.config import config_path
+from paravt_jax.experiments.programs import (
+    DEPTHS,
+    TARGETS,
+    ProgramSet,
+    Target,
+    TargetError,
+    compile_programs,
+    resolve_target,
+)
+from paravt_jax.experiments.time_plan import TimePlan, format_time_plan, time_plan
 from paravt_jax.models.qwen3_vl.attention import DENSE_MAX_SCORE_BYTES
 from paravt_jax.models.qwen3_vl.config import Qwen3VLConfig, load_config, preset
 from paravt_jax.models.qwen3_vl.hf_io import abstract_model
@@ -96,6 +105,8 @@ class Phase:
     components: tuple[Component, ...]
     device_memory_bytes: int
     note: str = ""
+    compiler: str = "shapes"  # what produced the working set: "tpu", "xla:cpu", ... or "estimate"
+    compile_seconds: float = 0.0
 
     @property
     def total_bytes(self) -> int:
@@ -162,12 +173,15 @@ class MemoryPlan:
     devices: int
     device_memory_gb: float
     activations: str  # "xla" | "estimate"
+    target: str  # where the programs were compiled: "tpu" | "cpu-fake" | "local" | "" (estimate)
     workload: Workload
     rows_per_device: int  # rows of the largest micro-batch each device holds (all of them when replicated)
     trainer: Phase
     sampler: Phase
     rollout: Phase
     notes: tuple[str, ...] = ()
+    programs: ProgramSet | None = None
+    time_plan: TimePlan | None = None
 
     @property
     def phases(self) -> tuple[Phase, ...]:
@@ -178,6 +192,12 @@ class MemoryPlan:
         for key, phase in zip(("trainer", "sampler", "rollout"), self.phases):
             out[key].update(total_bytes=phase.total_bytes, fits=phase.fits,
                             headroom_percent=round(phase.headroom_percent, 2))
+        if self.programs is not None:
+            for key, programs in (("trainer", self.programs.trainer), ("sampler", self.programs.sampler)):
+                for entry, program in zip(out["programs"][key], programs):
+                    entry.update(total_bytes=program.total_bytes, working_bytes=program.working_bytes)
+        if self.time_plan is not None:
+            out["time_plan"] = self.time_plan.to_json()
         return out
 
 
@@ -708,55 +728,8 @@ def train_batch_spec(config: Qwen3VLConfig, work: Workload, mesh) -> dict:
                 vision_meta=meta, **({"segment_ids": tokens((rows, length), jnp.int32)} if work.packed else {}))
 
 
-def _device_count(mesh_sizes: Mapping[str, int]) -> int:
-    """Devices of a mesh of these axis sizes."""
-    return math.prod(mesh_sizes.values())
-
-
-def _mesh_devices(mesh_sizes: Mapping[str, int]) -> list | None:
-    """The local devices an XLA measurement on this mesh compiles for; None when there are too
-    few CPU devices (the caller measures in a child process, `on_fake_devices`); too few
-    accelerators are refused."""
-    need = _device_count(mesh_sizes)
-    devices = jax.devices()
-    if len(devices) >= need:
-        return devices[:need]
-    if devices[0].platform != "cpu":
-        raise PlanError(f"--activations=xla compiles for {need} devices but this process has "
-                        f"{len(devices)} ({devices[0].platform}); use --activations=estimate")
-    return None
-
-
-def activation_xla(config: Qwen3VLConfig, rl, work: Workload, mesh_sizes: Mapping[str, int]) -> tuple[int, float]:
-    """(temp bytes per device, compile seconds) of the real TrainStep gradient function for one
-    micro-batch, lowered on abstract sharded inputs and compiled for the local devices."""
-    from paravt_jax.rl.objective import policy_head, policy_loss
-    from paravt_jax.train.step import TrainStep
-
-    devices = _mesh_devices(mesh_sizes)
-    if devices is None:
-        return on_fake_devices(activation_xla, (config, rl, work, mesh_sizes), _device_count(mesh_sizes))
-    mesh = sh.make_mesh(dict(mesh_sizes), devices)
-    start = time.perf_counter()
-    step = TrainStep(abstract_model(config), rl.optimizer, policy_loss(rl.step), policy_head(rl.step), mesh=mesh)
-    params = jax.tree.map(
-        lambda v: v.replace(jax.ShapeDtypeStruct(v.get_value().shape, v.get_value().dtype,
-                                                 sharding=sh.named_sharding(mesh, sh.param_axes(v),
-                                                                            v.get_value().shape))),
-        step.params, is_leaf=lambda x: isinstance(x, nnx.Variable))
-    # TrainStep keeps its jitted gradient function private; lowering that very function is the
-    # point (same loss, chunked log-probs, remat and scan as a run).
-    lowered = step._grads.lower(params, train_batch_spec(config, work, mesh))
-    # Buffer assignment (what memory_analysis reads) comes before code generation; on CPU
-    # skipping LLVM's optimisations halves the compile time and leaves the numbers unchanged.
-    options = {"xla_backend_optimization_level": 0} if devices[0].platform == "cpu" else {}
-    compiled = lowered.compile(compiler_options=options)
-    analysis = compiled.memory_analysis()
-    return int(analysis.temp_size_in_bytes), time.perf_counter() - start
-
-
 CHILD_TIMEOUT_S = 3600
-CHILD_FUNCTIONS = ("activation_xla", "sampler_xla")  # what on_fake_devices may run
+CHILD_FUNCTIONS = ("compile_programs",)  # what on_fake_devices may run
 
 
 def on_fake_devices(function, args: tuple, devices: int):
@@ -864,21 +837,8 @@ def sampler_calls(layout: SamplerLayout, work: Workload, rl):
     return calls, decode
 
 
-def sampler_xla(config: Qwen3VLConfig, rl, layout: SamplerLayout, work: Workload,
-                mesh_sizes: Mapping[str, int]):
-    """ProgramMemory of each sampler program (sampling/memory.py) on a mesh of local devices."""
-    from paravt_jax.sampling.memory import SamplerPrograms
-
-    devices = _mesh_devices(mesh_sizes)
-    if devices is None:
-        return on_fake_devices(sampler_xla, (config, rl, layout, work, mesh_sizes), _device_count(mesh_sizes))
-    programs = SamplerPrograms(config, rl.sampler, sh.make_mesh(dict(mesh_sizes), devices))
-    calls, decode = sampler_calls(layout, work, rl)
-    return [programs.prefill(call) for call in calls] + [programs.decode(**decode)]
-
-
 def sampler_components(config: Qwen3VLConfig, rl, work: Workload, mesh_sizes: Mapping[str, int],
-                       mode: str) -> tuple[tuple[Component, ...], Component, list[str]]:
+                       programs: ProgramSet | None) -> tuple[tuple[Component, ...], Component, list[str]]:
     """(cache rows, the largest working set, notes) of the sampler phase."""
     mesh = abstract_mesh(mesh_sizes)
     t = config.text
@@ -906,14 +866,15 @@ def sampler_components(config: Qwen3VLConfig, rl, work: Workload, mesh_sizes: Ma
             per_device_bytes=prompts.per_device_bytes + own.per_device_bytes,
             global_bytes=prompts.global_bytes + own.global_bytes))
     notes = ["no cache growth copy: the rollout sizes each row's cache for its whole episode up front"]
-    if mode == "xla":
-        programs = sampler_xla(config, rl, layout, work, mesh_sizes)
-        best = max(programs, key=lambda p: p.working_bytes)
-        notes.append("sampler working sets (XLA temp + the call's own inputs, per device): " + "; ".join(
-            f"{p.name} {p.working_bytes / GIB:.2f} GiB ({p.group_rows} rows per call, {p.seconds:.0f} s to compile)"
-            for p in programs))
-        working = Component(f"prefill/decode working set (XLA, {best.name})", best.working_bytes,
-                            best.working_bytes, "XLA buffer assignment")
+    if programs is not None:
+        best = max(programs.sampler, key=lambda p: p.working_bytes)
+        notes.append("sampler working sets (temp + the call's own inputs, per device): " + "; ".join(
+            f"{p.name} {p.working_bytes / GIB:.2f} GiB ({p.group_rows} rows per call)" for p in programs.sampler))
+        working = Component(f"prefill/decode working set ({programs.compiler}, {best.name})", best.working_bytes,
+                            best.working_bytes, f"{programs.compiler} buffer assignment")
+        code = sum(p.code_bytes for p in programs.sampler)
+        rows.append(Component(f"generated code ({programs.compiler}, {len(programs.sampler)} programs)", code, code,
+                              "per device"))
     else:
         size, which = prefill_estimate(config, rl, work, mesh_sizes)
         working = Component(f"prefill working set (ESTIMATE, {which})", size, size, "one layer + vision block",
@@ -923,7 +884,8 @@ def sampler_components(config: Qwen3VLConfig, rl, work: Workload, mesh_sizes: Ma
 
 # ----------------------------------------------------------------------------- the plan
 def plan(config, mesh_sizes: Mapping[str, int], device_memory_gb: float,
-         activations: str = "estimate", assumptions: Assumptions = Assumptions(), tokenizer=None) -> MemoryPlan:
+         activations: str = "estimate", assumptions: Assumptions = Assumptions(), tokenizer=None,
+         target: Target | None = None, depth: str = "auto", chip: str = "") -> MemoryPlan:
     """Per-device memory of the trainer, the sampler and the co-located rollout phase.
 
     config: an ml_collections config as `paravt-jax train` takes (model, rl sections);
@@ -931,7 +893,10 @@ def plan(config, mesh_sizes: Mapping[str, int], device_memory_gb: float,
     activations: "estimate" | "xla" | "auto" (xla when the local devices can host the mesh, or
     they are CPUs (a child process fakes the devices), and the model has at most
     AUTO_XLA_MAX_PARAMETERS parameters); assumptions: what the config does not fix;
-    tokenizer: counts the prompt text (default: the run's, `plan_tokenizer`).
+    tokenizer: counts the prompt text (default: the run's, `plan_tokenizer`); target: where the
+    programs compile (programs.py; default XLA:CPU on fake CPU devices planning gpu kernels);
+    depth: full or extrapolated programs (programs.py); chip: the accelerator whose peaks the
+    time plan uses (time_plan.CHIPS; "" = no time plan).
     """
     if activations not in ACTIVATION_MODES:
         raise PlanError(f"--activations={activations!r}: expected one of {', '.join(ACTIVATION_MODES)}")
@@ -982,26 +947,49 @@ def plan(config, mesh_sizes: Mapping[str, int], device_memory_gb: float,
                           b.per_device, b.total, "tokens over batch axes; pixels replicated")
     mode = activations
     if mode == "auto":
-        fits_locally = math.prod(sizes.values()) <= jax.device_count() or jax.devices()[0].platform == "cpu"
-        mode = "xla" if fits_locally and count <= AUTO_XLA_MAX_PARAMETERS else "estimate"
+        local = jax.devices()
+        fits_locally = math.prod(sizes.values()) <= len(local) or local[0].platform == "cpu"
+        mode = "xla" if (target is not None and target.name == "tpu") or (
+            fits_locally and count <= AUTO_XLA_MAX_PARAMETERS) else "estimate"
+    programs = None
     if mode == "xla":
-        temp, seconds = activation_xla(model, rl, work, sizes)
+        target = target or Target("cpu-fake", "gpu")
+        try:
+            programs = compile_programs(model, rl, work, sampler_layout(rl, work), sizes, target, depth)
+        except TargetError as e:
+            raise PlanError(str(e)) from None
+        except ValueError as e:  # a kernel the target platform has not (attention.resolve)
+            if str(e).startswith("model.attention="):
+                raise PlanError(str(e)) from None
+            raise
         need = math.prod(sizes.values())
-        where = ("fake CPU devices (child process)" if need > jax.device_count()
-                 else f"{jax.devices()[0].platform} devices")
-        notes.append(f"activations: XLA memory_analysis of TrainStep.grads for the largest micro-batch on "
-                     f"{need} {where} ({seconds:.1f} s to compile)")
-        act_row = Component("activations (XLA temp, largest micro-batch)", temp, temp, "XLA buffer assignment")
+        where = (f" on {need} fake CPU devices (child process)" if target.name == "cpu-fake" and (
+            need > jax.device_count() or jax.devices()[0].platform != "cpu") else "")
+        notes.append(f"programs: compiled by {programs.compiler}{where} ({target.name}"
+                     + (f", topology {target.topology}" + (f" x {target.slices} slices" if target.slices > 1 else "")
+                        if target.topology else "")
+                     + f"), {programs.depth}; {programs.compile_seconds:.1f} s to compile")
+        busiest = max(programs.trainer, key=lambda p: p.temp_bytes)
+        temp = busiest.temp_bytes
+        act_row = Component(f"activations ({programs.compiler} temp of {busiest.name}, largest micro-batch)", temp,
+                            temp, f"{programs.compiler} buffer assignment")
+        code = sum(p.code_bytes for p in programs.trainer)
+        code_row = Component(f"generated code ({programs.compiler}, {len(programs.trainer)} programs)", code, code,
+                             "per device")
     else:
         temp = activation_estimate(model, work, sizes, rl.step.logprob_chunk)
         act_row = Component("activations (ESTIMATE, largest micro-batch)", temp, temp,
                             f"remat {'on' if model.remat else 'off'}; per-layer formula", estimate=True)
-    trainer = Phase("trainer", "one optimizer step", (param_row, grad_row, opt_row, reference_row, batch_row,
-                                                      act_row), memory)
+        code_row = None
+    compiler = programs.compiler if programs else "estimate"
+    trainer = Phase("trainer", "one optimizer step", tuple(r for r in (param_row, grad_row, opt_row, reference_row,
+                                                                       batch_row, act_row, code_row) if r),
+                    memory, compiler=compiler,
+                    compile_seconds=sum(p.seconds for p in programs.trainer) if programs else 0.0)
 
     # Sampler: the KV caches with the sampler's CacheSpec and cache_sharding, laid out as
     # sampling/sampler.py lays them out, and the working sets of its programs.
-    cache_rows, prefill_row, sampler_notes = sampler_components(model, rl, work, sizes, mode)
+    cache_rows, prefill_row, sampler_notes = sampler_components(model, rl, work, sizes, programs)
     notes += sampler_notes
     # Sampler.weights: a per-layer copy of the decoder layers and of an untied lm head
     # (dropped before the update)
@@ -1012,14 +1000,20 @@ def plan(config, mesh_sizes: Mapping[str, int], device_memory_gb: float,
     copies_row = Component("decoder layer + lm head copies (Sampler.weights)", lb.per_device, lb.total,
                            "per-layer buffers; sharded as the stacked parameters")
     sampler_rows = (param_row, copies_row, *cache_rows, prefill_row)
-    sampler = Phase("sampler", "a rollout on its own (parameters + caches)", sampler_rows, memory)
+    sampler_seconds = sum(p.seconds for p in programs.sampler) if programs else 0.0
+    sampler = Phase("sampler", "a rollout on its own (parameters + caches)", sampler_rows, memory,
+                    compiler=compiler, compile_seconds=sampler_seconds)
     rollout = Phase("rollout", "the sampler inside rl/trainer.py: optimizer state and reference stay resident",
-                    (param_row, opt_row, reference_row, *sampler_rows[1:]), memory)
+                    (param_row, opt_row, reference_row, *sampler_rows[1:]), memory, compiler=compiler,
+                    compile_seconds=sampler_seconds)
+    timing = None
+    if programs is not None and chip:
+        timing = time_plan(programs, rl, work, sampler_layout(rl, work), model, chip, sizes, per_device_rows)
     return MemoryPlan(
         preset=name, parameters=count, param_dtype=model.param_dtype, compute_dtype=model.dtype,
         remat=model.remat, mesh=sizes, devices=math.prod(sizes.values()), device_memory_gb=float(device_memory_gb),
-        activations=mode, workload=work, rows_per_device=per_device_rows, trainer=trainer, sampler=sampler,
-        rollout=rollout, notes=tuple(notes))
+        activations=mode, target=target.name if programs else "", workload=work, rows_per_device=per_device_rows,
+        trainer=trainer, sampler=sampler, rollout=rollout, notes=tuple(notes), programs=programs, time_plan=timing)
 
 
 # ----------------------------------------------------------------------------- output
@@ -1060,7 +1054,9 @@ def format_plan(result: MemoryPlan) -> str:
     ]
     width = max(len(c.name) for phase in result.phases for c in phase.components) + 2
     for phase in result.phases:
-        lines += ["", f"{phase.name.upper()}: {phase.description}",
+        compiled = (f" [{phase.compiler}, {phase.compile_seconds:.1f} s to compile]" if phase.compile_seconds
+                    else f" [{phase.compiler}]")
+        lines += ["", f"{phase.name.upper()}: {phase.description}{compiled}",
                   f"  {'component':<{width}}{'per device':>12}  {'global':>12}  sharding"]
         for c in phase.components:
             mark = "" if c.counted else "  (not in total)"
@@ -1068,9 +1064,29 @@ def format_plan(result: MemoryPlan) -> str:
                          f"{c.sharding}{mark}")
         lines.append(f"  {'total':<{width}}{_size(phase.total_bytes):>12}")
         lines.append(f"  => {phase.verdict()}" + (f" on {result.device_memory_gb:g} GiB" if phase.fits else ""))
+    if result.programs is not None:
+        lines += format_programs(result.programs, result.device_memory_gb)
+    if result.time_plan is not None:
+        lines += format_time_plan(result.time_plan)
     if result.notes:
         lines += [""] + [f"note: {n}" for n in result.notes]
     return "\n".join(lines)
+
+
+def format_programs(programs: ProgramSet, device_memory_gb: float) -> list[str]:
+    """Each compiled program's per-device memory (arguments + outputs - aliased + temps + code)
+    against the device memory, its compile seconds and attention kernels."""
+    lines = ["", f"PROGRAMS: compiled by {programs.compiler}, {programs.depth}; per device",
+             f"  {'program':<38}{'arguments':>11}{'outputs':>11}{'temps':>11}{'code':>11}{'total':>11}"
+             f"{'of HBM':>8}{'compile s':>11}  attention"]
+    for phase, group in (("trainer", programs.trainer), ("sampler", programs.sampler)):
+        for p in group:
+            share = 100 * p.total_bytes / (device_memory_gb * GIB)
+            lines.append(f"  {p.name:<38}{_size(p.argument_bytes):>11}{_size(p.output_bytes - p.alias_bytes):>11}"
+                         f"{_size(p.temp_bytes):>11}{_size(p.code_bytes):>11}{_size(p.total_bytes):>11}"
+                         f"{share:>7.1f}%{p.seconds:>11.1f}  {','.join(p.attention) or '-'}")
+        lines.append(f"  {phase} programs: {sum(p.seconds for p in group):.1f} s to compile")
+    return lines
 
 
 def _device_memory_default() -> float | None:
@@ -1082,8 +1098,8 @@ def _device_memory_default() -> float | None:
 
 def main(argv: list[str]) -> MemoryPlan:
     """`paravt-jax plan --config=FILE[:ARG] [--config.x=y] [--mesh=...] [--devices=N]
-    [--device_memory_gb=G] [--activations=auto|xla|estimate] [--json=PATH] [--question_tokens=N]
-    [--video_seconds=S]`."""
+    [--device_memory_gb=G] [--activations=auto|xla|estimate] [--target=auto|cpu-fake|tpu|local]
+    [--depth=auto|extrapolate|full] [--chip=NAME] [--json=PATH] [--question_tokens=N] [--video_seconds=S]`."""
     from absl import flags
 
     from paravt_jax.flags import UsageError, define_config, parse_flags
@@ -1099,6 +1115,13 @@ def main(argv: list[str]) -> MemoryPlan:
     flags.DEFINE_enum("activations", "auto", list(ACTIVATION_MODES), "activation numbers: XLA "
                       "memory analysis or the shape estimate", flag_values=values)
     flags.DEFINE_string("json", "", "also write the plan as JSON to this path", flag_values=values)
+    flags.DEFINE_enum("target", "auto", list(TARGETS), "where the programs compile: cpu-fake (XLA:CPU on fake "
+                      "devices), tpu (libtpu for the preset's TPU topology, from this CPU process), local (the "
+                      "devices present); auto: tpu for TPU presets when libtpu is importable", flag_values=values)
+    flags.DEFINE_enum("depth", "auto", list(DEPTHS), "full programs, or extrapolated per layer from two "
+                      "reduced depths (auto: extrapolate past 8 layers)", flag_values=values)
+    flags.DEFINE_string("chip", "", "accelerator of the time plan (v5p, v5e, v6e, v4, h100, h200, a100); "
+                        "default: the mesh preset's", flag_values=values)
     flags.DEFINE_integer("question_tokens", Assumptions.question_tokens, "assumed tokens of one question",
                          flag_values=values)
     flags.DEFINE_float("video_seconds", Assumptions.video_seconds, "assumed video length (the digits of "
@@ -1107,9 +1130,13 @@ def main(argv: list[str]) -> MemoryPlan:
     try:
         memory = values.device_memory_gb
         text = values.mesh.strip()
+        entry = None
         if text and "=" not in text:
             sizes, preset_memory = mesh_preset(text)
             memory = memory if memory is not None else preset_memory
+            from configs import meshes
+
+            entry = meshes.get_mesh(text)
         else:
             sizes = parse_mesh(text) if text else {a: int(values.config.mesh.get(a, 1)) for a in sh.MESH_AXES}
         devices = values.devices
@@ -1124,7 +1151,15 @@ def main(argv: list[str]) -> MemoryPlan:
             raise PlanError(f"--question_tokens={values.question_tokens} must be >= 0 and "
                             f"--video_seconds={values.video_seconds} > 0")
         assumptions = Assumptions(question_tokens=values.question_tokens, video_seconds=values.video_seconds)
-        result = plan(values.config, sizes, memory, values.activations, assumptions)
+        try:
+            target = resolve_target(values.target, entry)
+        except TargetError as e:
+            raise PlanError(str(e)) from None
+        if values.target == "tpu" and values.activations == "estimate":
+            raise PlanError("--target=tpu compiles the programs: drop --activations=estimate")
+        chip = values.chip or (entry["accelerator"] if entry else "")
+        result = plan(values.config, sizes, memory, values.activations, assumptions, target=target,
+                      depth=values.depth, chip=chip)
     except PlanError as e:
         raise UsageError(f"plan: {e}") from None
     print(format_plan(result), flush=True)

@@ -10,15 +10,18 @@ allocated, so the 8B programs can be measured on a CPU with fake devices
 `xla_backend_optimization_level=0`: buffer assignment comes before code generation, so the
 numbers are the same and the compile takes half the time.
 
-The attention implementation is resolved on the compiling backend (`auto` is blockwise or
-dense on CPU: the cuDNN / splash kernels an accelerator may pick are not measured here); the
-sampler backend policy (weight layouts, score-block budget, row groups) is the target
-platform's (`platform`, default gpu).
+The attention implementation is resolved for the devices compiled for (attention.compile_platform:
+splash on TPU devices, the libtpu compiler running in this CPU process; blockwise or dense on fake
+CPU devices, where the cuDNN kernel a GPU picks is not compiled); the sampler backend policy
+(weight layouts, score-block budget, row groups) is the target platform's (`platform`; for fake
+CPU devices gpu by default). Each program also reports its `cost_analysis()` and the bytes its
+collectives move, for the time plan (experiments/time_plan.py).
 """
 from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import time
 
 import jax
@@ -52,17 +55,136 @@ class PrefillCall:
 
 @dataclasses.dataclass(frozen=True)
 class ProgramMemory:
-    """Per-device bytes of one compiled program: XLA's temporary buffers, and the program's own
-    inputs that are neither parameters nor caches (the chunk, vision features, decode state)."""
+    """Per-device numbers of one compiled program. Memory (`memory_analysis()`): its arguments,
+    outputs (less the donated buffers they alias), XLA's temporary buffers, generated code, and
+    the program's own inputs that are neither parameters nor caches (the chunk, vision features,
+    decode state). Cost (`cost_analysis()`): FLOPs and HBM bytes accessed, as XLA counts them
+    (a loop body once, whatever its trip count; nothing inside a Pallas or cuDNN custom call),
+    and the bytes the program's collectives move per device (`collective_bytes`)."""
     name: str
     temp_bytes: int
     input_bytes: int
     group_rows: int  # rows per call (the prefill's row group; all rows for the decode)
-    seconds: float
+    seconds: float  # compile seconds
+    argument_bytes: int = 0
+    output_bytes: int = 0
+    alias_bytes: int = 0
+    code_bytes: int = 0
+    flops: float = 0.0
+    bytes_accessed: float = 0.0
+    collective_bytes: float = 0.0
+    compiler: str = ""  # "tpu" | "xla:cpu" | "xla:gpu"
+    attention: tuple[str, ...] = ()  # the kernels the program's attention calls resolved to
+    # forward FLOPs / bytes of the attention calls XLA does not count (fused kernels, blockwise
+    # loops), whole calls: text (causal, cache, prefix masks) and vision (per-frame full masks)
+    kernel_text_flops: float = 0.0
+    kernel_text_bytes: float = 0.0
+    kernel_vision_flops: float = 0.0
+    kernel_vision_bytes: float = 0.0
 
     @property
     def working_bytes(self) -> int:
         return self.temp_bytes + self.input_bytes
+
+    @property
+    def total_bytes(self) -> int:
+        """Everything the program holds on a device while it runs."""
+        return self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes + self.code_bytes
+
+
+COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
+_ITEMSIZE = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4,
+             "s64": 8, "u64": 8, "f64": 8, "f8e4m3fn": 1, "f8e5m2": 1}
+_INSTRUCTION = re.compile(r"=\s*(\(.*?\)|[a-z0-9]+\[[0-9,]*\](?:\{[^}]*\})?)\s+(" + "|".join(COLLECTIVES)
+                          + r")(-start)?\(")
+_ARRAY = re.compile(r"([a-z0-9]+)\[([0-9,]*)\]")
+_GROUPS_IOTA = re.compile(r"replica_groups=\[(\d+),(\d+)\]")
+_GROUPS_LIST = re.compile(r"replica_groups=\{\{([0-9,]*)\}")
+
+
+def collective_bytes(hlo_text: str) -> float:
+    """Bytes one device sends over the interconnect for the collectives of an optimized HLO
+    module (each op counted once, as XLA's cost analysis counts a loop body): an all-gather
+    or all-to-all moves (n-1)/n of its result, a reduce-scatter (n-1) times its result, an
+    all-reduce 2(n-1)/n of its operand (ring algorithms), a collective-permute its result;
+    n is the replica group size."""
+    total = 0.0
+    for line in hlo_text.splitlines():
+        found = _INSTRUCTION.search(line)
+        if not found:
+            continue
+        shapes = [(dtype, [int(d) for d in dims.split(",") if d]) for dtype, dims in _ARRAY.findall(found.group(1))]
+        sizes = [math.prod(dims) * _ITEMSIZE.get(dtype, 4) for dtype, dims in shapes]
+        if not sizes:
+            continue
+        size, op = max(sizes), found.group(2)
+        iota, listed = _GROUPS_IOTA.search(line), _GROUPS_LIST.search(line)
+        n = int(iota.group(2)) if iota else (len(listed.group(1).split(",")) if listed else 2)
+        if n <= 1 and op != "collective-permute":
+            continue
+        share = {"all-gather": (n - 1) / n, "all-to-all": (n - 1) / n, "reduce-scatter": n - 1,
+                 "all-reduce": 2 * (n - 1) / n, "collective-permute": 1.0}[op]
+        total += share * size
+    return total
+
+
+def compiled_stats(name: str, compiled, own_inputs, group: int, seconds: float, compiler: str,
+                   attention: tuple = ()) -> ProgramMemory:
+    """ProgramMemory of a compiled program (jax.stages.Compiled); attention: the AttentionCalls
+    traced for it."""
+    memory = compiled.memory_analysis()
+    cost = compiled.cost_analysis()
+    cost = (cost[0] if cost else {}) if isinstance(cost, (list, tuple)) else (cost or {})
+    return ProgramMemory(
+        name, int(memory.temp_size_in_bytes), _bytes_per_device(own_inputs), group, seconds,
+        argument_bytes=int(memory.argument_size_in_bytes), output_bytes=int(memory.output_size_in_bytes),
+        alias_bytes=int(memory.alias_size_in_bytes), code_bytes=int(memory.generated_code_size_in_bytes),
+        flops=float(cost.get("flops", 0.0)), bytes_accessed=float(cost.get("bytes accessed", 0.0)),
+        collective_bytes=collective_bytes(compiled.as_text()), compiler=compiler,
+        attention=tuple(sorted({c.chosen for c in attention})),
+        **{f"kernel_{part}_{what}": float(sum(getattr(c, what) for c in attention if c.chosen != "dense"
+                                              and (c.kind == "full") == (part == "vision")))
+           for part in ("text", "vision") for what in ("flops", "bytes")})
+
+
+def compiler_name(devices) -> str:
+    """The compiler a program for these devices goes through: "tpu" (libtpu), else "xla:<platform>"."""
+    platform = devices[0].platform
+    return "tpu" if platform == "tpu" else f"xla:{platform}"
+
+
+def compile_for(name: str, fn, args, kwargs, own_inputs, group: int, devices, keep: bool = False, mesh=None):
+    """Lowers `fn` (a jitted function) on abstract `args` for `devices`, choosing attention
+    kernels for their platform, compiles it and reads its numbers; with `keep`, (numbers, the
+    compiled program)."""
+    from paravt_jax.models.qwen3_vl.attention import compile_platform, kernel_mesh
+
+    platform = devices[0].platform
+    options = {"xla_backend_optimization_level": 0} if platform == "cpu" else {}
+    resolved: list = []
+    start = time.perf_counter()
+    with compile_platform(platform, resolved), kernel_mesh(mesh):
+        lowered = fn.lower(*args, **kwargs)
+    compiled = lowered.compile(compiler_options=options)
+    stats = compiled_stats(name, compiled, own_inputs, group, time.perf_counter() - start, compiler_name(devices),
+                           tuple(resolved))
+    return (stats, compiled) if keep else stats
+
+
+def vision_inputs(config: Qwen3VLConfig, images: dict[tuple[int, int], int], sharding) -> tuple:
+    """Abstract (pixel_values, vision meta) of `images` single-frame items per (h, w) patch grid,
+    each count padded to a power of two (vision.pad_frames_to_buckets), with the shapes
+    `vision_layout(...).device_arrays()` gives them."""
+    import numpy as np
+
+    from paravt_jax.models.qwen3_vl.vision import vision_layout
+
+    grids = [[1, h, w] for (h, w), count in sorted(images.items()) for _ in range(1 << max(count - 1, 0).bit_length())]
+    layout = vision_layout(np.array(grids), config.vision).device_arrays()
+    patches = sum(h * w for _, h, w in grids)
+    pixels = jax.ShapeDtypeStruct((patches, config.vision.patch_dim), jnp.float32, sharding=sharding)
+    meta = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype, sharding=sharding), layout)
+    return pixels, meta
 
 
 def _bytes_per_device(tree) -> int:
@@ -77,10 +199,15 @@ class SamplerPrograms:
     """Lowers and compiles the sampler's prefill and decode for `config` on `mesh` (a real
     mesh of local devices) with the knobs of `sampler` (a SamplerConfig)."""
 
-    def __init__(self, config: Qwen3VLConfig, sampler: S.SamplerConfig, mesh, platform: str = "gpu"):
+    def __init__(self, config: Qwen3VLConfig, sampler: S.SamplerConfig, mesh, platform: str | None = None):
         self.config, self.mesh = config, mesh
+        self.devices = list(mesh.devices.flat)
         self.sampler = sampler
-        self.backend = backend_policy(platform, sampler.attention_block_bytes, sampler.prefill_tokens)
+        # the target platform's backend policy: the devices' own for TPU / GPU devices, gpu's
+        # for fake CPU devices unless `platform` says otherwise
+        own = self.devices[0].platform
+        self.backend = backend_policy(platform or ("gpu" if own == "cpu" else own), sampler.attention_block_bytes,
+                                      sampler.prefill_tokens)
         self.cache_dtype = jnp.dtype(sampler.cache_dtype or config.dtype)
         self.replicated = NamedSharding(mesh, PartitionSpec())
         model = abstract_model(config)
@@ -91,10 +218,11 @@ class SamplerPrograms:
                 v.get_value().shape, v.get_value().dtype,
                 sharding=sh.named_sharding(mesh, sh.param_axes(v), v.get_value().shape))),
             state, is_leaf=lambda x: isinstance(x, nnx.Variable))
-        self.options = {"xla_backend_optimization_level": 0} if jax.devices()[0].platform == "cpu" else {}
         q_proj = next(v for path, v in nnx.to_flat_state(self.params) if path[-1] == "q_proj").get_value()
         fuse = q_proj.sharding.shard_shape(q_proj.shape)[2] == q_proj.shape[2]
-        compiled = S._decode_weights.lower(self.graphdef, self.params, fuse).compile(compiler_options=self.options)
+        # the weight refresh: Sampler.weights' per-layer copies, made after every optimizer step
+        self.refresh, compiled = self._compile_with("weight refresh", S._decode_weights,
+                                                    (self.graphdef, self.params, fuse), {}, (), 0)
         shapes = jax.eval_shape(lambda p: S._decode_weights(self.graphdef, p, fuse), self.params)
         self.weights = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                                     shapes, compiled.output_shardings)
@@ -115,11 +243,20 @@ class SamplerPrograms:
                        for _ in range(spec.layers))
         return keys, values, self._host((rows, capacity), jnp.bool_), shardings
 
+    def _compile_with(self, name, fn, args, kwargs, own_inputs, group):
+        stats, compiled = compile_for(name, fn, args, kwargs, own_inputs, group, self.devices, keep=True,
+                                      mesh=self.mesh)
+        return stats, compiled
+
     def _compile(self, name, fn, args, kwargs, own_inputs, group) -> ProgramMemory:
-        start = time.perf_counter()
-        compiled = fn.lower(*args, **kwargs).compile(compiler_options=self.options)
-        temp = int(compiled.memory_analysis().temp_size_in_bytes)
-        return ProgramMemory(name, temp, _bytes_per_device(own_inputs), group, time.perf_counter() - start)
+        return compile_for(name, fn, args, kwargs, own_inputs, group, self.devices, mesh=self.mesh)
+
+    def vision(self, name: str, images: dict[tuple[int, int], int]) -> ProgramMemory:
+        """The vision tower of one call (sampler `_vision`): `images` frames of each (h, w) in
+        patches, padded to power-of-two counts as pad_frames_to_buckets pads them."""
+        pixels, meta = vision_inputs(self.config, images, self.replicated)
+        return self._compile(name, S._vision, (self.graphdef, self.params, pixels, meta), {}, (pixels, meta),
+                             sum(images.values()))
 
     # -- programs ----------------------------------------------------------------------------
     def prefill(self, call: PrefillCall) -> ProgramMemory:

@@ -28,6 +28,7 @@ import optax
 from flax import nnx
 
 from paravt_jax import sharding as sh
+from paravt_jax.models.qwen3_vl.attention import kernel_mesh
 from paravt_jax.rl import loss as L
 from paravt_jax.train.batch import TrainBatch
 
@@ -183,12 +184,15 @@ class TrainStep:
         self.rules = rules
         graphdef, rest = self.graphdef, self.rest
 
+        # fused attention kernels (splash) run per shard of the mesh: Pallas calls are not partitioned
         def scores(params, batch) -> TokenScores:
-            return token_scores(nnx.merge(graphdef, params, rest), batch, head, mesh)
+            with kernel_mesh(mesh):
+                return token_scores(nnx.merge(graphdef, params, rest), batch, head, mesh)
 
         def logprobs(params, batch, temperature):
-            return token_scores(nnx.merge(graphdef, params, rest), batch,
-                                dataclasses.replace(head, temperature=temperature, entropy=False), mesh).logp
+            with kernel_mesh(mesh):
+                return token_scores(nnx.merge(graphdef, params, rest), batch,
+                                    dataclasses.replace(head, temperature=temperature, entropy=False), mesh).logp
 
         # frozen parameters take no gradient, so XLA drops their part of the backward pass
         frozen = frozen_mask(self.params, optimizer.frozen) if optimizer.frozen else None

@@ -20,8 +20,11 @@ query_positions[i]. Segment 0 marks padding queries (their output is zero) and e
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -34,6 +37,42 @@ MASK_VALUE = -1e30
 # (a decode step, a short chunk): one pair of matmuls beats a loop over blocks there.
 DENSE_MAX_SCORE_BYTES = 16 << 20
 DEFAULT_BLOCK = 512
+# The platform the traced program is compiled for. A run compiles for its own devices
+# (jax.default_backend()); an ahead-of-time compile for other devices (the planner lowering for
+# a TPU topology from a CPU process) names theirs with `compile_platform`, so `auto` picks the
+# kernels of that platform. Every resolution made while tracing is recorded in `_RESOLVED`.
+_PLATFORM: contextvars.ContextVar[str | None] = contextvars.ContextVar("attention_platform", default=None)
+_RESOLVED: contextvars.ContextVar[list | None] = contextvars.ContextVar("attention_resolved", default=None)
+# The mesh a sharded program runs on: a Pallas kernel cannot be partitioned automatically, so
+# splash runs under shard_map over it (rows over data x fsdp, heads over tensor).
+_MESH: contextvars.ContextVar = contextvars.ContextVar("attention_mesh", default=None)
+
+
+@contextlib.contextmanager
+def kernel_mesh(mesh):
+    """Traces inside run fused kernels per shard of `mesh` (None: unsharded)."""
+    token = _MESH.set(mesh)
+    try:
+        yield
+    finally:
+        _MESH.reset(token)
+
+
+def target_platform() -> str:
+    """The platform kernels are chosen for: the one `compile_platform` set, else the default backend's."""
+    return _PLATFORM.get() or jax.default_backend()
+
+
+@contextlib.contextmanager
+def compile_platform(platform: str, resolved: list | None = None):
+    """Traces inside choose kernels for `platform` ("tpu", "gpu", "cpu"); `resolved`, when given,
+    collects (requested, chosen) of every attention call traced inside."""
+    token, record = _PLATFORM.set(platform), _RESOLVED.set(resolved)
+    try:
+        yield
+    finally:
+        _PLATFORM.reset(token)
+        _RESOLVED.reset(record)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -418,8 +457,8 @@ def shared_prefix_partial(q: jax.Array, keys: jax.Array, values: jax.Array, vali
 # ----------------------------------------------------------------------------- fused kernels
 def cudnn_accepts(q: jax.Array, k: jax.Array, mask: AttentionMask, cache_layout: bool) -> str | None:
     """None when the cuDNN flash kernel takes this call, else why not."""
-    if jax.default_backend() != "gpu":
-        return f"backend {jax.default_backend()} is not gpu"
+    if target_platform() != "gpu":
+        return f"backend {target_platform()} is not gpu"
     if q.dtype not in (jnp.bfloat16, jnp.float16):
         return f"dtype {q.dtype} (cuDNN flash attention takes bf16/fp16)"
     if cache_layout or mask.kind == "cache":
@@ -452,8 +491,8 @@ SPLASH_BLOCK = 128
 def splash_accepts(q: jax.Array, k: jax.Array, mask: AttentionMask, cache_layout: bool,
                    interpret: bool = False) -> str | None:
     """None when the splash kernel takes this call, else why not."""
-    if not interpret and jax.default_backend() != "tpu":
-        return f"backend {jax.default_backend()} is not tpu"
+    if not interpret and target_platform() != "tpu":
+        return f"backend {target_platform()} is not tpu"
     if cache_layout or mask.kind == "cache":
         return "a KV-cache mask"
     if q.shape[1] != k.shape[1]:
@@ -488,20 +527,74 @@ def splash_attention(q, k, v, mask: AttentionMask, interpret: bool = False) -> j
         ids = splash.SegmentIds(q=seg, kv=seg)
         return jax.vmap(lambda a, b, c: kernel(a, b, c, segment_ids=ids))(qr, kr, vr)
 
-    out = jax.vmap(one_row)(qg, kt, vt, mask.query_segments)
+    def local(qg, kt, vt, segments):
+        return jax.vmap(one_row)(qg, kt, vt, segments)
+
+    mesh = _MESH.get()
+    if mesh is not None and mesh.size > 1:
+        from jax.sharding import PartitionSpec as P
+
+        rows = tuple(a for a in ("data", "fsdp") if a in mesh.shape and mesh.shape[a] > 1)
+        row_axes = rows if rows and batch % math.prod(mesh.shape[a] for a in rows) == 0 else None
+        tensor = mesh.shape.get("tensor", 1)
+        head_axis = "tensor" if tensor > 1 and kv_heads % tensor == 0 else None
+        spec = P(row_axes, head_axis)
+        local = jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec, P(row_axes)), out_specs=spec,
+                              check_vma=False)
+    out = local(qg, kt, vt, mask.query_segments)
     out = out.transpose(0, 3, 1, 2, 4).reshape(batch, length, heads, head_dim)
     return jnp.where((mask.query_segments > 0)[..., None, None], out, 0).astype(q.dtype)
 
 
 # ----------------------------------------------------------------------------- dispatch
+KERNEL_PLATFORMS = {"cudnn": "gpu", "splash": "tpu"}
+
+
 def resolve(implementation: str, q: jax.Array, k: jax.Array, mask: AttentionMask,
             cache_layout: bool = False) -> str:
-    """The implementation that runs: `auto` resolved per backend, an explicit fused kernel that
-    cannot take the call replaced by blockwise."""
+    """The implementation that runs: `auto` resolved for the target platform. An explicit fused
+    kernel on a platform that has no such kernel is an error; on its own platform, a call the
+    kernel does not take (a KV-cache mask in decode, a length it cannot tile) runs blockwise."""
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"model.attention={implementation!r}: expected one of {IMPLEMENTATIONS}")
+    chosen = _choose(implementation, q, k, mask, cache_layout)
+    record = _RESOLVED.get()
+    if record is not None:
+        record.append(AttentionCall(implementation, chosen, mask.kind, *attention_cost(q, k, mask, cache_layout)))
+    return chosen
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionCall:
+    """One attention call seen while tracing: what was asked, what runs, the mask kind, and the
+    call's forward FLOPs and HBM bytes (whole call, not per device) for the time plan: XLA's
+    cost analysis sees nothing inside a fused kernel and one block of a blockwise loop."""
+    requested: str
+    chosen: str
+    kind: str
+    flops: float
+    bytes: float
+
+
+def attention_cost(q, k, mask: AttentionMask, cache_layout: bool) -> tuple[float, float]:
+    """(FLOPs, bytes) of one attention forward: two matmuls of 2 FLOPs per multiply-add over the
+    visible score entries (half of them for causal self-attention), q/k/v read and out written once."""
+    batch, q_len, heads, head_dim = q.shape
+    key_len = k.shape[-1] if cache_layout else k.shape[1]
+    kv_heads = k.shape[1] if cache_layout else k.shape[2]
+    visible = 0.5 if mask.kind == "causal" else 1.0
+    flops = 4.0 * batch * heads * head_dim * q_len * key_len * visible
+    size = jnp.dtype(q.dtype).itemsize
+    return flops, float(size * head_dim * batch * (2 * heads * q_len + 2 * kv_heads * key_len))
+
+
+def _choose(implementation, q, k, mask, cache_layout) -> str:
     if implementation in ("dense", "blockwise"):
         return implementation
+    platform = target_platform()
+    if implementation in KERNEL_PLATFORMS and KERNEL_PLATFORMS[implementation] != platform:
+        raise ValueError(f"model.attention={implementation!r} runs on {KERNEL_PLATFORMS[implementation]} only; "
+                         f"this program is compiled for {platform}: use 'auto' or 'blockwise'")
     if implementation in ("auto", "cudnn") and cudnn_accepts(q, k, mask, cache_layout) is None:
         return "cudnn"
     if implementation in ("auto", "splash") and splash_accepts(q, k, mask, cache_layout) is None:

@@ -1,0 +1,295 @@
+"""The planner's compiled programs: which compiler, for which devices, at which depth.
+
+`paravt-jax plan --target=...` compiles the real programs of one RL step ahead of time and reads
+each one's `memory_analysis()` and `cost_analysis()` (sampling/memory.py `ProgramMemory`):
+
+  trainer  TrainStep's gradients of the largest micro-batch, its log-prob pass (the proximal
+           and the reference log-probs), the optimizer update;
+  sampler  the prompt / tool-response / sub-agent prefills, the main and the sub-agent decode
+           loops, the vision tower of each prefill's frames, the weight refresh (Sampler.weights).
+
+Targets:
+  cpu-fake  XLA:CPU on fake CPU devices (a child process with
+            --xla_force_host_platform_device_count when this process has too few);
+  tpu       the TPU compiler (libtpu, `pip install 'paravt_jax[tpu]'`) for the mesh preset's TPU
+            topology (`v5p-16` -> `v5p:2x2x2`, multi-slice presets with their slice count), all
+            hosts' devices from this one CPU process: nothing runs, no TPU is needed;
+  local     the devices this process has (an accelerator host planning its own mesh);
+  auto      tpu for a TPU preset when libtpu is importable, else cpu-fake.
+
+Depth: a long model compiles slowly (the 8B gradient program for 16 v5p chips takes minutes on
+a small CPU machine), so `extrapolate` compiles every program with the decoder's layers unrolled
+at two reduced depths (d and 2d, d = max(2, DeepStack layers)) and extends each number linearly to
+the full depth: the layers are identical, so per-layer memory, FLOPs, bytes and collectives are
+the difference of the two. Unrolled layers also make XLA's cost analysis count every layer (it
+counts a scanned loop's body once). `full` compiles the programs as a run has them (scanned
+layers) for the memory numbers; the costs still come from the unrolled pair.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import math
+import os
+from collections.abc import Mapping
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from paravt_jax import sharding as sh
+from paravt_jax.models.qwen3_vl.config import Qwen3VLConfig
+from paravt_jax.models.qwen3_vl.hf_io import abstract_model
+from paravt_jax.sampling.memory import PrefillCall, ProgramMemory, SamplerPrograms, compile_for
+
+TARGETS = ("auto", "cpu-fake", "tpu", "local")
+DEPTHS = ("auto", "extrapolate", "full")
+# `depth=auto` extrapolates models deeper than this (full compiles stay affordable below it)
+AUTO_FULL_MAX_LAYERS = 8
+# Chips per side of a TPU torus: v4 / v5p slices are 3-D (gcloud's topologies), v5e / v6e 2-D.
+_TPU_3D = {4: (2, 2, 1), 8: (2, 2, 2), 16: (2, 2, 4), 32: (2, 4, 4), 64: (4, 4, 4), 128: (4, 4, 8),
+           256: (4, 8, 8), 512: (8, 8, 8)}
+_TPU_2D = {1: (1, 1), 4: (2, 2), 8: (2, 4), 16: (4, 4), 32: (4, 8), 64: (8, 8), 128: (8, 16), 256: (16, 16)}
+
+
+class TargetError(ValueError):
+    """A target that cannot be used (no libtpu, a GPU preset under tpu, too few local devices)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """Where the planner's programs are compiled. name: cpu-fake | tpu | local (resolved);
+    topology: the TPU topology (tpu); slices: TPU slices; platform: the platform whose kernels
+    and sampler policy are planned (tpu, gpu)."""
+    name: str
+    platform: str
+    topology: str = ""
+    slices: int = 1
+
+    @property
+    def compiler(self) -> str:
+        return {"tpu": "tpu", "cpu-fake": "xla:cpu"}.get(self.name, f"xla:{self.platform}")
+
+
+def libtpu_available() -> bool:
+    return importlib.util.find_spec("libtpu") is not None
+
+
+def tpu_topology(accelerator: str, chips_per_slice: int) -> str:
+    """The topology name libtpu takes for one slice (`v5p` with 8 chips -> `v5p:2x2x2`)."""
+    table = _TPU_3D if accelerator in ("v4", "v5p") else _TPU_2D
+    if accelerator not in ("v4", "v5p", "v5e", "v6e"):
+        raise TargetError(f"no TPU topology for accelerator {accelerator!r}")
+    if chips_per_slice not in table:
+        raise TargetError(f"no {accelerator} topology of {chips_per_slice} chips; known: {sorted(table)}")
+    return f"{accelerator}:" + "x".join(str(n) for n in table[chips_per_slice])
+
+
+def resolve_target(target: str, preset: Mapping | None) -> Target:
+    """The Target of `--target` for a mesh preset (configs/meshes.py entry; None for an explicit
+    axis list, which plans for gpu's kernels)."""
+    if target not in TARGETS:
+        raise TargetError(f"--target={target!r}: expected one of {', '.join(TARGETS)}")
+    platform = preset["platform"] if preset else "gpu"
+    if target == "auto":
+        target = "tpu" if platform == "tpu" and libtpu_available() else "cpu-fake"
+    if target == "tpu":
+        if preset is None or platform != "tpu":
+            raise TargetError("--target=tpu needs a TPU mesh preset (--mesh=v5p-16, ...), not "
+                              + (f"the {platform} preset" if preset else "an axis list"))
+        if not libtpu_available():
+            raise TargetError("--target=tpu needs libtpu: pip install 'paravt_jax[tpu]' (jax[tpu])")
+        chips = preset["devices"] // preset["slices"]
+        return Target("tpu", "tpu", tpu_topology(preset["accelerator"], chips), preset["slices"])
+    if target == "local":
+        return Target("local", jax.devices()[0].platform)
+    return Target("cpu-fake", platform)
+
+
+def tpu_devices(topology: str, slices: int = 1) -> list:
+    """The devices of a TPU topology, made by libtpu in this CPU process (nothing runs on them)."""
+    os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")  # no metadata server to ask: we are not on a TPU VM
+    # another process may hold libtpu's lock file; compiling needs no exclusive TPU access
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    from jax.experimental import topologies
+
+    options = {"num_slices": slices} if slices > 1 else {}
+    return list(topologies.get_topology_desc(topology_name=topology, platform="tpu", **options).devices)
+
+
+def target_devices(target: Target, devices: int) -> list | None:
+    """The devices to compile for; None: fake CPU devices in a child process (too few here)."""
+    if target.name == "tpu":
+        found = tpu_devices(target.topology, target.slices)
+        if len(found) != devices:
+            raise TargetError(f"topology {target.topology} x {target.slices} has {len(found)} devices, "
+                              f"the mesh {devices}")
+        return found
+    local = jax.devices()
+    if target.name == "local":
+        if len(local) < devices:
+            raise TargetError(f"--target=local: the mesh has {devices} devices, this process "
+                              f"{len(local)} ({local[0].platform})")
+        return local[:devices]
+    if local[0].platform == "cpu" and len(local) >= devices:
+        return local[:devices]
+    return None
+
+
+# ----------------------------------------------------------------------------- programs
+@dataclasses.dataclass(frozen=True)
+class ProgramSet:
+    """Every program of one RL step, at the model's full depth. depth: how the numbers were had."""
+    trainer: tuple[ProgramMemory, ...]
+    sampler: tuple[ProgramMemory, ...]
+    compiler: str
+    depth: str  # "full (36 layers)" | "extrapolated from 3 and 6 unrolled layers to 36"
+    compile_seconds: float
+
+    def get(self, name: str) -> ProgramMemory:
+        return next(p for p in self.trainer + self.sampler if p.name == name)
+
+    def find(self, name: str) -> ProgramMemory | None:
+        return next((p for p in self.trainer + self.sampler if p.name == name), None)
+
+
+def reduced_depths(config: Qwen3VLConfig) -> tuple[int, int]:
+    """(d, 2d): the two unrolled depths of an extrapolation; d holds every DeepStack layer."""
+    d = max(2, len(config.vision.deepstack_visual_indexes))
+    return d, 2 * d
+
+
+def with_depth(config: Qwen3VLConfig, layers: int, scan: bool) -> Qwen3VLConfig:
+    return config.replace(text=dataclasses.replace(config.text, num_hidden_layers=layers), scan_layers=scan)
+
+
+def extrapolate(a: ProgramMemory, b: ProgramMemory, layers_a: int, layers_b: int, layers: int) -> ProgramMemory:
+    """Each number of a program at `layers` from the same program at two depths (linear per layer)."""
+    t = (layers - layers_a) / (layers_b - layers_a)
+    changes = {}
+    for field in dataclasses.fields(ProgramMemory):
+        x, y = getattr(a, field.name), getattr(b, field.name)
+        if field.name in ("group_rows",) or not isinstance(x, (int, float)) or isinstance(x, bool):
+            continue
+        value = x + (y - x) * t
+        changes[field.name] = int(round(value)) if isinstance(x, int) else float(value)
+    changes["seconds"] = a.seconds + b.seconds
+    return dataclasses.replace(a, **changes)
+
+
+def _abstract_params(tree, mesh):
+    return jax.tree.map(
+        lambda v: v.replace(jax.ShapeDtypeStruct(v.get_value().shape, v.get_value().dtype,
+                                                 sharding=sh.named_sharding(mesh, sh.param_axes(v),
+                                                                            v.get_value().shape))),
+        tree, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def trainer_programs(config: Qwen3VLConfig, rl, work, mesh) -> list[ProgramMemory]:
+    """TrainStep's gradient, log-prob and update programs (the very jitted functions a run calls)
+    on abstract sharded inputs of the largest micro-batch."""
+    from paravt_jax.experiments.plan import train_batch_spec
+    from paravt_jax.rl.objective import policy_head, policy_loss
+    from paravt_jax.train.step import TrainState, TrainStep
+
+    devices = list(mesh.devices.flat)
+    step = TrainStep(abstract_model(config), rl.optimizer, policy_loss(rl.step), policy_head(rl.step), mesh=mesh)
+    params = _abstract_params(step.params, mesh)
+    batch = train_batch_spec(config, work, mesh)
+    rows = work.micro_batch_rows
+    # TrainStep keeps its jitted functions private; lowering those very functions is the point
+    # (same loss, chunked log-probs, remat and scan as a run).
+    grads = compile_for("gradients", step._grads, (params, batch), {}, batch, rows, devices)
+    logprobs = compile_for("log-probs", step._logprobs, (params, batch), dict(temperature=rl.step.temperature),
+                           batch, rows, devices)
+    opt = jax.eval_shape(step.tx.init, params)
+    opt = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), opt,
+                       sh.optimizer_shardings(opt, params, mesh))
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated)
+    state = TrainState(scalar, params, opt, scalar)
+    count = jax.ShapeDtypeStruct((), jnp.float32, sharding=scalar.sharding)
+    # the summed gradients have the parameters' tree, shapes and shardings
+    update = compile_for("optimizer update", step._apply, (state, params, count), {}, (), 0, devices)
+    return [grads, logprobs, update]
+
+
+def sampler_programs(config: Qwen3VLConfig, rl, work, layout, mesh, platform: str) -> list[ProgramMemory]:
+    """The sampler's programs of one rollout (sampling/memory.py SamplerPrograms)."""
+    from paravt_jax.experiments.plan import sampler_calls
+    from paravt_jax.video.frames import PATCH
+
+    programs = SamplerPrograms(config, rl.sampler, mesh, platform)
+    calls, decode = sampler_calls(layout, work, rl)
+    out = [programs.prefill(call) for call in calls] + [programs.decode(**decode)]
+    if layout.subagent_rows:
+        out.append(programs.decode(layout.subagent_rows, layout.subagent_suffix_slots, layout.subagent_rows,
+                                   layout.subagent_prefix_slots, rl.rollout.subagent_max_tokens,
+                                   name="sub-agent decode"))
+    frame = tuple(s // PATCH for s in work.frame_size)
+    crop = tuple(s // PATCH for s in work.crop_frame_size)
+    for call in calls:
+        if not call.visual_tokens_per_row:
+            continue
+        per_row = (work.overview_frames if call.name.startswith("first") else
+                   call.visual_tokens_per_row // max(work.crop_frame_tokens, 1))
+        size = frame if call.name.startswith("first") else crop
+        group = call.prompts or call.rows
+        out.append(programs.vision(f"vision tower ({call.name})", {size: group * per_row}))
+    out.append(programs.refresh)
+    return out
+
+
+def _programs_at(config, rl, work, layout, mesh_sizes, devices, platform) -> tuple[list, list]:
+    mesh = sh.make_mesh(dict(mesh_sizes), devices)
+    return trainer_programs(config, rl, work, mesh), sampler_programs(config, rl, work, layout, mesh, platform)
+
+
+def compile_programs(config: Qwen3VLConfig, rl, work, layout, mesh_sizes: Mapping[str, int], target: Target,
+                     depth: str = "auto") -> ProgramSet:
+    """Every program of one RL step compiled for `target`, at the model's depth (see the module
+    docstring for `depth`)."""
+    from paravt_jax.experiments.plan import on_fake_devices
+
+    if depth not in DEPTHS:
+        raise TargetError(f"--depth={depth!r}: expected one of {', '.join(DEPTHS)}")
+    devices = target_devices(target, math.prod(mesh_sizes.values()))
+    if devices is None:
+        return on_fake_devices(compile_programs, (config, rl, work, layout, dict(mesh_sizes), target, depth),
+                               math.prod(mesh_sizes.values()))
+    layers = config.text.num_hidden_layers
+    low, high = reduced_depths(config)
+    if depth == "auto":
+        depth = "extrapolate" if layers > AUTO_FULL_MAX_LAYERS else "full"
+    def at(layers_, scan):
+        return _programs_at(with_depth(config, layers_, scan), rl, work, layout, mesh_sizes, devices, target.platform)
+
+    if depth == "full" and not config.scan_layers:  # unrolled as run: every layer counted already
+        trainer, sampler = at(layers, False)
+        how = f"full ({layers} unrolled layers)"
+    else:
+        # costs (and, extrapolating, memory): the unrolled pair, one compile when the model is that shallow
+        if layers == low:
+            trainer, sampler = at(low, False)
+            cost = (trainer, sampler)
+        else:
+            pair = [at(d, False) for d in (low, high)]
+            cost = [tuple(extrapolate(a, b, low, high, layers) for a, b in zip(pa, pb)) for pa, pb in zip(*pair)]
+        if depth == "extrapolate":
+            trainer, sampler = cost
+            how = (f"{layers} unrolled layers" if layers == low else
+                   f"extrapolated from {low} and {high} unrolled layers to {layers}")
+        else:
+            full = at(layers, True)
+            trainer, sampler = ([dataclasses.replace(f, flops=c.flops, bytes_accessed=c.bytes_accessed,
+                                                     collective_bytes=c.collective_bytes,
+                                                     seconds=f.seconds + c.seconds)
+                                 for f, c in zip(fs, cs)] for fs, cs in zip(full, cost))
+            how = f"full ({layers} scanned layers); costs from the unrolled program" + (
+                "" if layers == low else f"s of {low} and {high} layers")
+    seconds = sum(p.seconds for p in (*trainer, *sampler))
+    return ProgramSet(tuple(trainer), tuple(sampler), target.compiler, how, seconds)
+
+
+__all__ = ["PrefillCall", "ProgramMemory", "ProgramSet", "Target", "TargetError", "compile_programs",
+           "extrapolate", "resolve_target", "tpu_topology"]

@@ -1,0 +1,210 @@
+"""A lower bound on the time of one PARA-GRPO step, from the compiled programs' cost analyses.
+
+Each program of experiments/programs.py carries XLA's `cost_analysis()` per device (FLOPs, HBM
+bytes accessed), the bytes its collectives move (sampling/memory.py `collective_bytes`) and the
+forward FLOPs / bytes of the attention calls XLA cannot see (fused splash / cuDNN kernels, the
+loop of blockwise attention: attention.AttentionCall). One call of a program takes at least
+
+    max(FLOPs / peak bf16 FLOP/s, bytes / HBM bandwidth, collective bytes / interconnect bandwidth)
+
+(perfect overlap of compute, memory and communication: a bound, not a prediction). A step runs
+each program the number of times the recipe does (`step_calls`): the prompt prefill per row
+group, the tool-response and sub-agent prefills and the vision tower once per tool round, a
+decode step per generated token of every turn (XLA counts a loop body once, so a decode
+program's cost is one step), the log-prob passes (proximal, and the reference when kl_ctl > 0)
+and the gradients per micro-batch, one optimizer update and one weight refresh. Host work
+(video decoding of crops, tokenization, the reward) is not counted.
+
+Attention kernels' FLOPs are added analytically (forward: 4 x rows x heads x head_dim x queries
+x keys, halved for causal self-attention; a gradient pass: forward + 2.5 x forward for the
+backward (dq, dk, dv and the recomputed scores) + one more forward with remat), divided over the
+devices the way the program splits rows (the micro-batch over data x fsdp, heads over tensor).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+# Peak dense bf16 FLOP/s, HBM bandwidth and per-chip interconnect bandwidth (one direction) of
+# each accelerator, from the vendors' published specifications:
+#   TPU v4:  275 TFLOP/s, 1,228 GB/s HBM, ICI 2,400 Gbit/s   cloud.google.com/tpu/docs/v4
+#   TPU v5e: 197 TFLOP/s,   819 GB/s HBM, ICI 1,600 Gbit/s   cloud.google.com/tpu/docs/v5e
+#   TPU v5p: 459 TFLOP/s, 2,765 GB/s HBM, ICI 4,800 Gbit/s   cloud.google.com/tpu/docs/v5p
+#   TPU v6e: 918 TFLOP/s, 1,640 GB/s HBM, ICI 3,584 Gbit/s   cloud.google.com/tpu/docs/v6e
+#   H100 SXM: 989 TFLOP/s dense, 3.35 TB/s HBM3, NVLink 900 GB/s (450 GB/s each way)
+#             nvidia.com/en-us/data-center/h100 (datasheet)
+#   H200 SXM: 989 TFLOP/s dense, 4.8 TB/s HBM3e, NVLink 900 GB/s  nvidia.com/en-us/data-center/h200
+#   A100 80GB SXM: 312 TFLOP/s, 2,039 GB/s HBM2e, NVLink 600 GB/s  nvidia.com/en-us/data-center/a100
+# GPU hosts past one NVLink domain (gpu16*) cross InfiniBand for the data axis; the bound uses
+# the NVLink figure for every collective (the data-axis all-reduce over DCN is not separated).
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+    name: str
+    flops: float  # peak dense bf16 FLOP/s
+    hbm_bytes_per_s: float
+    interconnect_bytes_per_s: float  # per chip, one direction
+
+
+CHIPS = {
+    "v4": Chip("v4", 275e12, 1228e9, 2400e9 / 8),
+    "v5e": Chip("v5e", 197e12, 819e9, 1600e9 / 8),
+    "v5p": Chip("v5p", 459e12, 2765e9, 4800e9 / 8),
+    "v6e": Chip("v6e", 918e12, 1640e9, 3584e9 / 8),
+    "h100": Chip("h100", 989e12, 3.35e12, 450e9),
+    "h200": Chip("h200", 989e12, 4.8e12, 450e9),
+    "a100": Chip("a100", 312e12, 2.039e12, 300e9),
+}
+# The reference's reported cost: about 250 s per PARA-GRPO step on 8 x 80 GB GPUs (7 training
+# ranks and 1 serving the rollouts).
+REFERENCE_STEP_SECONDS = 250.0
+REFERENCE_SETUP = "8 x 80 GB GPUs (7 training, 1 serving rollouts)"
+BACKWARD_FACTOR = 2.5  # backward attention FLOPs per forward (dq, dk, dv, recomputed scores)
+
+
+@dataclasses.dataclass(frozen=True)
+class PhaseTime:
+    """One program's share of an RL step: `calls` runs of `flops` / `bytes` / `collective_bytes`
+    per device each (kernel attention included)."""
+    name: str
+    stage: str  # rollout | log-probs | gradients | update | refresh
+    calls: float
+    flops: float
+    bytes: float
+    collective_bytes: float
+    kernel_flops: float  # the analytic attention part of `flops`
+    compute_seconds: float
+    memory_seconds: float
+    network_seconds: float
+
+    @property
+    def seconds(self) -> float:
+        return max(self.compute_seconds, self.memory_seconds, self.network_seconds)
+
+    @property
+    def bound(self) -> str:
+        return max((("compute", self.compute_seconds), ("memory", self.memory_seconds),
+                    ("network", self.network_seconds)), key=lambda x: x[1])[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class TimePlan:
+    chip: str
+    compiler: str
+    phases: tuple[PhaseTime, ...]
+    notes: tuple[str, ...] = ()
+
+    @property
+    def step_seconds(self) -> float:
+        return sum(p.seconds for p in self.phases)
+
+    def stage_seconds(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for p in self.phases:
+            out[p.stage] = out.get(p.stage, 0.0) + p.seconds
+        return out
+
+    @property
+    def bounding(self) -> PhaseTime:
+        return max(self.phases, key=lambda p: p.seconds)
+
+    def to_json(self) -> dict:
+        return dict(chip=self.chip, compiler=self.compiler, step_seconds=self.step_seconds,
+                    stages=self.stage_seconds(), bounding_phase=self.bounding.name,
+                    reference_step_seconds=REFERENCE_STEP_SECONDS, reference_setup=REFERENCE_SETUP,
+                    phases=[dict(dataclasses.asdict(p), seconds=p.seconds, bound=p.bound) for p in self.phases],
+                    notes=list(self.notes))
+
+
+def step_calls(rl, work, layout) -> dict[str, tuple[str, float]]:
+    """program name -> (stage, runs per RL step) for the recipe's workload."""
+    from paravt_jax.sampling.kv_cache import bucket
+
+    r = rl.rollout
+    rounds = r.max_turns if work.calls_per_turn else 0
+    turns = rounds + 1
+    passes = 1 + (1 if rl.advantage.kl_ctl > 0 else 0)
+    steps = bucket(r.max_new_tokens, 16)
+    calls = {
+        "first prompt prefill": ("rollout", 1.0),
+        "tool-response prefill": ("rollout", float(rounds)),
+        "sub-agent prefill": ("rollout", float(rounds)),
+        "decode": ("rollout", float(turns * steps)),
+        "sub-agent decode": ("rollout", float(rounds * bucket(r.subagent_max_tokens, 16))),
+        "vision tower (first prompt prefill)": ("rollout", 1.0),
+        "vision tower (tool-response prefill)": ("rollout", float(rounds)),
+        "vision tower (sub-agent prefill)": ("rollout", float(rounds)),
+        "log-probs": ("log-probs", float(passes * work.micro_batches)),
+        "gradients": ("gradients", float(work.micro_batches)),
+        "optimizer update": ("update", 1.0),
+        "weight refresh": ("refresh", 1.0),
+    }
+    return calls
+
+
+def _kernel_share(program, work, mesh: dict, rows_per_device: int, config) -> tuple[float, float]:
+    """(FLOPs, bytes) per device of one call's attention kernels that XLA did not count."""
+    tensor = mesh.get("tensor", 1)
+    heads = config.text.num_attention_heads
+    head_split = tensor if heads % tensor == 0 else 1
+    batch = mesh.get("data", 1) * mesh.get("fsdp", 1)
+    if program.name in ("gradients", "log-probs"):
+        row_split = max(work.micro_batch_rows // max(rows_per_device, 1), 1)
+    elif "decode" in program.name:  # the cache rows are split over the batch axes (kv_cache.cache_sharding)
+        row_split = batch if program.group_rows % batch == 0 else 1
+    else:  # a prefill group is computed on every device for all its rows (sampler.prefill_group)
+        row_split = 1
+    factor = 1.0
+    if program.name == "gradients":
+        factor = 1.0 + BACKWARD_FACTOR + (1.0 if config.remat else 0.0)
+    text = (program.kernel_text_flops, program.kernel_text_bytes)
+    vision = (program.kernel_vision_flops, program.kernel_vision_bytes)  # vision inputs are replicated
+    return tuple(factor * (t / (row_split * head_split) + v) for t, v in zip(text, vision))
+
+
+def time_plan(programs, rl, work, layout, config, chip: str, mesh: dict | None = None,
+              rows_per_device: int | None = None) -> TimePlan:
+    """The lower-bound time of one RL step on `chip` (a CHIPS key) from `programs` (ProgramSet)."""
+    if chip not in CHIPS:
+        raise ValueError(f"no peak numbers for chip {chip!r}; known: {', '.join(CHIPS)}")
+    peak = CHIPS[chip]
+    mesh = mesh or {}
+    rows_per_device = rows_per_device or work.micro_batch_rows
+    calls = step_calls(rl, work, layout)
+    phases = []
+    for program in programs.trainer + programs.sampler:
+        stage, count = calls.get(program.name, ("rollout", 1.0))
+        if count == 0:
+            continue
+        if program.name in ("first prompt prefill", "tool-response prefill", "sub-agent prefill"):
+            rows = {"first prompt prefill": layout.prompt_rows, "tool-response prefill": layout.rows,
+                    "sub-agent prefill": layout.subagent_rows}[program.name]
+            count *= math.ceil(rows / max(program.group_rows, 1))  # one call per row group
+        kernel_flops, kernel_bytes = _kernel_share(program, work, mesh, rows_per_device, config)
+        flops, size = program.flops + kernel_flops, program.bytes_accessed + kernel_bytes
+        phases.append(PhaseTime(
+            program.name, stage, count, flops, size, program.collective_bytes, kernel_flops,
+            count * flops / peak.flops, count * size / peak.hbm_bytes_per_s,
+            count * program.collective_bytes / peak.interconnect_bytes_per_s))
+    notes = (f"{peak.name}: {peak.flops / 1e12:.0f} TFLOP/s bf16, {peak.hbm_bytes_per_s / 1e9:,.0f} GB/s HBM, "
+             f"{peak.interconnect_bytes_per_s / 1e9:,.0f} GB/s interconnect per chip",
+             "each phase: max(compute, memory, network) per call x calls per step; host work (crops' video "
+             "decoding, tokenization, rewards) not counted")
+    return TimePlan(peak.name, programs.compiler, tuple(phases), notes)
+
+
+def format_time_plan(plan: TimePlan) -> list[str]:
+    lines = ["", f"TIME PLAN: one RL step, lower bound on {plan.chip} (costs from {plan.compiler}'s "
+                 "cost_analysis + attention kernels analytically)",
+             f"  {'program':<38}{'stage':<11}{'calls':>7}{'TFLOP/call':>12}{'GB/call':>9}{'coll GB':>9}"
+             f"{'seconds':>10}  bound"]
+    for p in plan.phases:
+        lines.append(f"  {p.name:<38}{p.stage:<11}{p.calls:>7g}{p.flops / 1e12:>12.3f}{p.bytes / 1e9:>9.2f}"
+                     f"{p.collective_bytes / 1e9:>9.2f}{p.seconds:>10.3f}  {p.bound}")
+    stages = ", ".join(f"{k} {v:.2f} s" for k, v in plan.stage_seconds().items())
+    lines += [f"  step >= {plan.step_seconds:.2f} s ({stages})",
+              f"  bounded by: {plan.bounding.name} ({plan.bounding.seconds:.2f} s, {plan.bounding.bound})",
+              f"  reference: about {REFERENCE_STEP_SECONDS:.0f} s per step on {REFERENCE_SETUP} (reported, measured)"]
+    lines += [f"  note: {n}" for n in plan.notes]
+    return lines

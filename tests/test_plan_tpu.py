@@ -1,0 +1,156 @@
+"""`paravt-jax plan --target=tpu`: the TPU compiler (libtpu, installed by the `tpu` extra that the
+`test` extra includes) compiles the tiny recipe's train step, prefills, decodes and vision tower
+for a v5p:2x2x2 topology from this CPU process; the plan's fields, the time plan, the topology
+table, the target rules and the depth extrapolation."""
+import dataclasses
+import json
+import os
+
+import pytest
+
+from configs import meshes, paragrpo
+from paravt_jax.experiments import plan as P
+from paravt_jax.experiments import programs as G
+from paravt_jax.experiments import time_plan as T
+from paravt_jax.models.qwen3_vl import preset
+from paravt_jax.sampling.memory import collective_bytes
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from paravt_jax.text.tokenizer import train_tokenizer
+
+    return train_tokenizer(["crop_video start_time end_time seconds frames", "What happens in the video?"] * 10)
+
+
+def tpu_config():
+    """The tiny recipe with a short workload: one tool round of one crop of two frames."""
+    c = paragrpo.get_config("tiny")
+    c.rl.nframes_gating, c.rl.default_nframes = False, 4
+    c.rl.rollout.max_new_tokens, c.rl.rollout.subagent_max_tokens, c.rl.rollout.max_turns = 32, 16, 1
+    c.rl.dispatch.max_parallel, c.rl.dispatch.max_frames = 1, 2
+    return c
+
+
+def test_topologies_and_targets():
+    assert G.tpu_topology("v5p", 8) == "v5p:2x2x2" and G.tpu_topology("v5p", 32) == "v5p:2x4x4"
+    assert G.tpu_topology("v5e", 16) == "v5e:4x4"
+    for name, entry in meshes.MESHES.items():  # every TPU preset has a topology
+        if entry["platform"] == "tpu":
+            target = G.resolve_target("tpu", entry)
+            assert target.name == "tpu" and target.compiler == "tpu" and target.slices == entry["slices"], name
+    assert G.resolve_target("auto", meshes.get_mesh("v5p-16")).name == "tpu"  # libtpu is installed here
+    assert G.resolve_target("auto", meshes.get_mesh("gpu8")) == G.Target("cpu-fake", "gpu")
+    with pytest.raises(G.TargetError, match="needs a TPU mesh preset"):
+        G.resolve_target("tpu", meshes.get_mesh("gpu8"))
+    with pytest.raises(G.TargetError, match="--target='cuda'"):
+        G.resolve_target("cuda", None)
+    with pytest.raises(G.TargetError, match="no v5p topology of 6 chips"):
+        G.tpu_topology("v5p", 6)
+
+
+def test_collective_bytes_reads_the_hlo_ops():
+    hlo = """
+  %ag = bf16[8,1024]{1,0} all-gather(bf16[1,1024]{1,0} %p), replica_groups=[1,8]<=[8], dimensions={0}
+  %rs = f32[128]{0} reduce-scatter(f32[1024]{0} %g), replica_groups={{0,1,2,3,4,5,6,7}}, dimensions={0}
+  %ar = (f32[256]{0}, f32[256]{0}) all-reduce-start(f32[256]{0} %x), replica_groups=[2,4]<=[8]
+  %add = f32[128]{0} add(f32[128]{0} %a, f32[128]{0} %b)
+"""
+    expected = 8 * 1024 * 2 * 7 / 8 + 128 * 4 * 7 + 256 * 4 * 2 * 3 / 4
+    assert collective_bytes(hlo) == pytest.approx(expected)
+
+
+def test_tiny_plan_compiled_by_the_tpu_compiler(tokenizer, tmp_path):
+    """CI's TPU check: the tiny recipe's programs compile for v5p:2x2x2 (8 chips, v5p-16), the
+    training attention is the splash kernel, every phase names the TPU compiler, and the time
+    plan is built from the TPU compiler's cost analysis."""
+    config = tpu_config()
+    target = G.resolve_target("tpu", meshes.get_mesh("v5p-16"))
+    result = P.plan(config, meshes.mesh_shape("v5p-16"), 95, "xla", tokenizer=tokenizer, target=target,
+                    depth="extrapolate", chip="v5p")
+    assert result.target == "tpu" and result.activations == "xla"
+    for phase in result.phases:
+        assert phase.compiler == "tpu" and phase.compile_seconds > 0 and phase.fits
+    programs = result.programs
+    assert [p.name for p in programs.trainer] == ["gradients", "log-probs", "optimizer update"]
+    names = [p.name for p in programs.sampler]
+    for name in ("first prompt prefill", "tool-response prefill", "sub-agent prefill", "decode", "sub-agent decode",
+                 "vision tower (first prompt prefill)", "vision tower (sub-agent prefill)", "weight refresh"):
+        assert name in names
+    for program in programs.trainer + programs.sampler:
+        assert program.compiler == "tpu" and program.seconds > 0
+        assert program.argument_bytes > 0 and program.total_bytes >= program.temp_bytes
+    grads = programs.get("gradients")
+    assert "splash" in grads.attention and grads.kernel_text_flops > 0  # Pallas, counted analytically
+    assert grads.flops > programs.get("log-probs").flops > 0 and grads.collective_bytes > 0
+    activations = next(c for c in result.trainer.components if c.name.startswith("activations (tpu temp"))
+    assert activations.per_device_bytes == max(p.temp_bytes for p in programs.trainer)
+
+    timing = result.time_plan
+    assert timing.chip == "v5p" and timing.compiler == "tpu" and timing.step_seconds > 0
+    decode = next(p for p in timing.phases if p.name == "decode")
+    assert decode.calls == 2 * 32  # two turns of 32 decode steps
+    assert timing.bounding.seconds == max(p.seconds for p in timing.phases)
+
+    saved = result.to_json()
+    assert saved["trainer"]["compiler"] == saved["sampler"]["compiler"] == saved["rollout"]["compiler"] == "tpu"
+    assert saved["time_plan"]["step_seconds"] == pytest.approx(timing.step_seconds)
+    assert {p["name"] for p in saved["time_plan"]["phases"]} >= {"gradients", "decode", "optimizer update"}
+    json.dumps(saved)  # plain JSON
+    text = P.format_plan(result)
+    assert "PROGRAMS: compiled by tpu" in text and "TIME PLAN" in text and "bounded by:" in text
+
+
+def test_requested_kernel_off_its_platform_is_an_error(tokenizer):
+    config = tpu_config()
+    config.model.attention = "cudnn"
+    target = G.resolve_target("tpu", meshes.get_mesh("v5p-8"))
+    with pytest.raises(ValueError, match="model.attention='cudnn' runs on gpu only; this program is compiled for tpu"):
+        P.plan(config, meshes.mesh_shape("v5p-8"), 95, "xla", tokenizer=tokenizer, target=target, depth="extrapolate")
+
+
+def test_time_plan_counts_calls_and_bounds():
+    """The time of a phase is max(compute, memory, network) x calls; the step is their sum."""
+    from paravt_jax.sampling.memory import ProgramMemory
+
+    grads = ProgramMemory("gradients", 0, 0, 8, 1.0, flops=459e12, bytes_accessed=1e9, collective_bytes=0.0)
+    update = ProgramMemory("optimizer update", 0, 0, 0, 1.0, bytes_accessed=2765e9 * 2)
+    programs = G.ProgramSet((grads, update), (), "tpu", "test", 2.0)
+    rl = P.rl_settings(tpu_config())[0]
+    work = dataclasses.replace(_workload(), micro_batches=3)
+    result = T.time_plan(programs, rl, work, None, preset("tiny"), "v5p")
+    g, u = result.phases
+    assert (g.calls, g.seconds, g.bound) == (3, pytest.approx(3.0), "compute")
+    assert (u.calls, u.seconds, u.bound) == (1, pytest.approx(2.0), "memory")
+    assert result.step_seconds == pytest.approx(5.0) and result.bounding.name == "gradients"
+    with pytest.raises(ValueError, match="no peak numbers for chip 'v9'"):
+        T.time_plan(programs, rl, work, None, preset("tiny"), "v9")
+
+
+def _workload():
+    from paravt_jax.text.tokenizer import train_tokenizer
+
+    tok = train_tokenizer(["crop_video start_time end_time seconds frames"] * 10)
+    return P.workload(P.rl_settings(tpu_config())[0], preset("tiny").vision, tok)
+
+
+@pytest.mark.slow
+def test_depth_extrapolation_matches_a_full_compile(tokenizer):
+    """small125m (12 layers) on v5p:2x2x2: every program's memory extrapolated from 2 and 4
+    unrolled layers is within 5% of the full 12-layer program as a run compiles it (scanned)."""
+    config = tpu_config()
+    config.model.preset = "small125m"
+    target = G.resolve_target("tpu", meshes.get_mesh("v5p-16"))
+    model = preset("small125m")
+    rl = P.rl_settings(config)[0]
+    work = P.workload(rl, model.vision, tokenizer, batch_devices=8)
+    layout = P.sampler_layout(rl, work)
+    sizes = meshes.mesh_shape("v5p-16")
+    guessed = G.compile_programs(model, rl, work, layout, sizes, target, "extrapolate")
+    full = G.compile_programs(model, rl, work, layout, sizes, target, "full")
+    assert guessed.depth.startswith("extrapolated from 2 and 4") and full.depth.startswith("full (12 scanned")
+    for a, b in zip(guessed.trainer + guessed.sampler, full.trainer + full.sampler):
+        assert a.name == b.name
+        assert abs(a.total_bytes / b.total_bytes - 1) <= 0.05, (a.name, a.total_bytes, b.total_bytes)
