@@ -85,16 +85,22 @@ def arm_row(name: str, lines: list[dict], warmup: int, phase: str) -> list:
             *(f"{median(metric(steady, key, phase)):.2f}" for key in PHASES[phase]["split"])]
 
 
-def compare(before: list[dict], after: list[dict], phase: str, rtol: float, atol: float = 1e-5) -> list[list]:
+# absolute floors: an on-policy PPO loss is ~1e-8 and a step whose groups all scored alike has
+# a gradient norm of ~1e-3, both float noise
+ATOL = {"loss": 1e-5, "grad_norm": 1e-2}
+
+
+def compare(before: list[dict], after: list[dict], phase: str, rtol: float) -> list[list]:
     """One row per metric: the steps on which the arms differ (exact metrics) or differ by more
-    than `rtol` relative and `atol` absolute (losses: an on-policy PPO loss is ~1e-8, noise)."""
+    than `rtol` relative and the metric's ATOL absolute (losses, gradient norms)."""
     rows = []
     for key in (*PHASES[phase]["exact"], *PHASES[phase]["close"]):
         a, b = metric(before, key, phase), metric(after, key, phase)
         if key in PHASES[phase]["exact"]:
             bad = [i for i, (x, y) in enumerate(zip(a, b)) if x != y]
         else:
-            bad = [i for i, (x, y) in enumerate(zip(a, b)) if abs(x - y) > max(rtol * max(abs(x), abs(y)), atol)]
+            bad = [i for i, (x, y) in enumerate(zip(a, b))
+                   if abs(x - y) > max(rtol * max(abs(x), abs(y)), ATOL.get(key, 1e-5))]
         rows.append([key, "same" if not bad and len(a) == len(b) else f"differs at steps {bad}"])
     return rows
 
@@ -110,7 +116,10 @@ def main(argv=None) -> int:
     parser.add_argument("--after", default="", help="overrides of the new arm")
     parser.add_argument("--extra", default="--config.rl.eval_every=0", help="overrides of both arms")
     parser.add_argument("--warmup", type=int, default=2, help="steps left out of the medians")
-    parser.add_argument("--rtol", type=float, default=1e-3)
+    # losses and gradient norms of an on-policy PPO step sum terms near the clip boundary, where
+    # the float order of another padding moves a token's ratio: 1e-3 on the toy, 2e-3 on tiny
+    # over 8 fake devices
+    parser.add_argument("--rtol", type=float, default=1e-2)
     parser.add_argument("--parallel", action="store_true",
                         help="run both arms at once (a busy machine slows both alike)")
     parser.add_argument("--workdir", default="", help="where the arms' runs go (default: a temporary dir)")
