@@ -9,7 +9,9 @@ from hf_tiny import image_tokens, patches, text_ids
 from paravt_jax.models.qwen3_vl import init_model, preset
 from paravt_jax.models.qwen3_vl.rope import get_rope_index
 from paravt_jax.sampling import Sampler, SamplerConfig
-from paravt_jax.sampling.sampler import PromptShape, _grow_layer, group_rows
+from paravt_jax.sampling.chunks import group_rows
+from paravt_jax.sampling.programs import grow_layer
+from paravt_jax.sampling.sampler import PromptShape
 from paravt_jax.text.inputs import ModelInputs, encode_ids
 from paravt_jax.train import compiles
 
@@ -96,7 +98,7 @@ def test_suffix_growth_copies_one_layer_and_keeps_outputs(model):
     for state in grown_states[1:]:
         assert state.prefix.keys[0] is grown_states[0].prefix.keys[0]
     layer = jax.ShapeDtypeStruct((12, 2, 16, 64), jnp.float32)
-    analysis = _grow_layer.lower(layer, 3, 64, None).compile().memory_analysis()
+    analysis = grow_layer.lower(layer, 3, 64, None).compile().memory_analysis()
     assert analysis.argument_size_in_bytes == 12 * 2 * 16 * 64 * 4  # one layer, not the cache
     assert analysis.output_size_in_bytes == 12 * 2 * 16 * 128 * 4
 

@@ -658,7 +658,7 @@ def prefill_estimate(config: Qwen3VLConfig, rl, work: Workload, mesh_sizes: Mapp
     the chunk's hidden states, and the vision tower's one-block working set + outputs for the
     group's frames (vision inputs replicated). Forward only, one layer live at a time."""
     from paravt_jax.sampling.backend import backend_policy
-    from paravt_jax.sampling.sampler import prefill_group
+    from paravt_jax.sampling.chunks import prefill_group
 
     mesh = abstract_mesh(mesh_sizes)
     tensor = mesh_sizes["tensor"]

@@ -33,8 +33,10 @@ from paravt_jax import sharding as sh
 from paravt_jax.models.qwen3_vl.config import Qwen3VLConfig
 from paravt_jax.models.qwen3_vl.hf_io import abstract_model
 from paravt_jax.models.qwen3_vl.text import SharedPrefix
+from paravt_jax.sampling import programs as P
 from paravt_jax.sampling import sampler as S
 from paravt_jax.sampling.backend import backend_policy
+from paravt_jax.sampling.chunks import prefill_group
 from paravt_jax.sampling.kv_cache import CacheSpec, cache_sharding, row_shards
 
 
@@ -212,7 +214,7 @@ class SamplerPrograms:
         self.replicated = NamedSharding(mesh, PartitionSpec())
         model = abstract_model(config)
         graphdef, state = nnx.split(model)
-        self.graphdef = S._HashOnce(graphdef)
+        self.graphdef = P.HashOnce(graphdef)
         self.params = jax.tree.map(
             lambda v: v.replace(jax.ShapeDtypeStruct(
                 v.get_value().shape, v.get_value().dtype,
@@ -221,9 +223,9 @@ class SamplerPrograms:
         q_proj = next(v for path, v in nnx.to_flat_state(self.params) if path[-1] == "q_proj").get_value()
         fuse = q_proj.sharding.shard_shape(q_proj.shape)[2] == q_proj.shape[2]
         # the weight refresh: Sampler.weights' per-layer copies, made after every optimizer step
-        self.refresh, compiled = self._compile_with("weight refresh", S._decode_weights,
+        self.refresh, compiled = self._compile_with("weight refresh", P.decode_weights_program,
                                                     (self.graphdef, self.params, fuse), {}, (), 0)
-        shapes = jax.eval_shape(lambda p: S._decode_weights(self.graphdef, p, fuse), self.params)
+        shapes = jax.eval_shape(lambda p: P.decode_weights_program(self.graphdef, p, fuse), self.params)
         self.weights = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                                     shapes, compiled.output_shardings)
 
@@ -255,7 +257,7 @@ class SamplerPrograms:
         """The vision tower of one call (sampler `_vision`): `images` frames of each (h, w) in
         patches, padded to power-of-two counts as pad_frames_to_buckets pads them."""
         pixels, meta = vision_inputs(self.config, images, self.replicated)
-        return self._compile(name, S._vision, (self.graphdef, self.params, pixels, meta), {}, (pixels, meta),
+        return self._compile(name, P.vision, (self.graphdef, self.params, pixels, meta), {}, (pixels, meta),
                              sum(images.values()))
 
     # -- programs ----------------------------------------------------------------------------
@@ -267,7 +269,7 @@ class SamplerPrograms:
         spec = CacheSpec(t.num_hidden_layers, call.rows, call.capacity, t.num_key_value_heads, t.head_dim,
                          self.cache_dtype.name)
         shards = row_shards(shardings, spec, prompts)
-        group = S.prefill_group(call.rows, call.rows // prompts, call.width, shards, self.backend.prefill_tokens)
+        group = prefill_group(call.rows, call.rows // prompts, call.width, shards, self.backend.prefill_tokens)
         prefix = None
         if call.prompts:
             pk, pv, pvalid, _ = self.cache(call.prompts, call.prefix_slots)
@@ -286,7 +288,7 @@ class SamplerPrograms:
         args = (self.graphdef, self.params, self.weights, keys, values, valid, prefix, scalar, scalar,
                 *chunk, *vision)
         kwargs = dict(sharding=shardings, window=call.capacity, backend=self.backend, block=block, shards=shards)
-        return self._compile(call.name, S._prefill, args, kwargs, (chunk, vision), group)
+        return self._compile(call.name, P.prefill, args, kwargs, (chunk, vision), group)
 
     def decode(self, rows: int, capacity: int, prompts: int, prefix_slots: int, max_new_tokens: int,
                name: str = "decode") -> ProgramMemory:
@@ -296,7 +298,7 @@ class SamplerPrograms:
         pk, pv, pvalid, _ = self.cache(prompts, prefix_slots)
         steps = S.bucket(max_new_tokens, 16)
         host = self._host
-        carry = S._DecodeCarry(host((), jnp.int32), host((rows, steps), jnp.int32), host((rows, steps), jnp.float32),
+        carry = P.DecodeCarry(host((), jnp.int32), host((rows, steps), jnp.int32), host((rows, steps), jnp.float32),
                                host((rows,), jnp.int32), host((rows,), jnp.bool_), host((rows,), jnp.bool_),
                                host((), jnp.int32), host((rows,), jnp.int32))
         own = (host((rows, self.config.text.vocab_size), jnp.float32), host((rows,), jnp.int32),
@@ -305,5 +307,5 @@ class SamplerPrograms:
         args = (self.graphdef, self.params, self.weights, keys, values, valid, SharedPrefix(pk, pv, pvalid),
                 *own, *knobs, carry, steps)
         kwargs = dict(sharding=shardings, backend=self.backend)
-        return self._compile(name, S._decode, args, kwargs, (own, carry), rows)
+        return self._compile(name, P.decode, args, kwargs, (own, carry), rows)
 

@@ -1,22 +1,18 @@
 """A jitted KV-cache sampler for multimodal, multi-turn, batched rollouts.
 
-Three jit boundaries, each compiled once per bucket and then reused:
+Three jit boundaries (sampling/programs.py), each compiled once per bucket and then reused:
   vision   — every image/video item of the call's new chunks in one pass (once per prompt,
              however many samples share it);
   prefill  — a right-padded chunk per row written into the cache at each row's own offset;
   decode   — one `lax.while_loop` that samples, feeds the token back and stops when every
              row hit a stop id or its budget.
 Shapes are bucketed (chunk length, batch, cache capacity, decode steps) so that a steady run
-over varied prompts and turns compiles nothing new; caches are donated between calls.
-
-Behaviour log-prob convention (the RL loss uses the same one): the log-probability of each
-generated token under softmax(logits / temperature), before any top-k / top-p truncation;
-for greedy decoding (temperature 0) under softmax(logits).
+over varied prompts and turns compiles nothing new; caches are donated between calls. The
+host-side batches are sampling/chunks.py's; the log-prob convention is programs.py's.
 """
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Sequence
 
 import jax
@@ -28,20 +24,21 @@ from paravt_jax.config import set_by
 from paravt_jax.models.qwen3_vl.model import Qwen3VL
 from paravt_jax.models.qwen3_vl.text import SharedPrefix
 from paravt_jax.models.qwen3_vl.vision import pad_frames_to_buckets, vision_layout
-from paravt_jax.sampling.backend import DecodeWeights, SamplerBackend, backend_policy, decode_weights
+from paravt_jax.sampling import programs
+from paravt_jax.sampling.backend import DecodeWeights, backend_policy
+from paravt_jax.sampling.chunks import chunk_width, collate, has_vision, prefill_group, prepend, text_slice
 from paravt_jax.sampling.kv_cache import (
-    CacheShardings,
     CacheSpec,
     RowGroup,
     bucket,
     cache_sharding,
-    constrain,
     episode_capacity,
     first_capacity,
     grown_capacity,
     row_shards,
 )
-from paravt_jax.text.inputs import ModelInputs, collate_vision, encode_ids
+from paravt_jax.sampling.programs import grow_suffix
+from paravt_jax.text.inputs import ModelInputs, encode_ids
 
 MAX_STOP_IDS = 8
 PREFILL_WINDOWS = ("used", "capacity")
@@ -137,309 +134,6 @@ class SamplerState:
         return per_prompt.repeat(rows // per_prompt.shape[0]) + np.asarray(self.valid).sum(1)
 
 
-# ----------------------------------------------------------------------------- sampling
-def sample_logits(logits, keys, temperature, top_p, top_k):
-    """logits [B, V] float32, keys [B] PRNG keys -> (tokens [B], log-probs [B]).
-
-    temperature 0 is greedy. top_k <= 0 and top_p >= 1 disable truncation. Log-probs follow
-    the module convention (temperature-scaled, untruncated).
-    """
-    safe_t = jnp.where(temperature > 0, temperature, 1.0)
-    scaled = logits / safe_t
-    # two plain reductions instead of log_softmax + argmax: no [B, V] output is written, and
-    # max/min reductions vectorise where the (value, index) argmax reduction does not
-    top = jnp.max(scaled, axis=-1, keepdims=True)
-    log_norm = top[:, 0] + jnp.log(jnp.sum(jnp.exp(scaled - top), axis=-1))
-    vocab = logits.shape[-1]
-    greedy = jnp.min(jnp.where(scaled == top, jnp.arange(vocab, dtype=jnp.int32), vocab), axis=-1)
-
-    def plain(_):
-        return jax.vmap(jax.random.categorical)(keys, scaled)
-
-    def truncated(_):
-        order = jnp.argsort(-scaled, axis=-1)
-        ranked = jnp.take_along_axis(scaled, order, axis=-1)
-        probs = jax.nn.softmax(ranked, axis=-1)
-        before = jnp.cumsum(probs, axis=-1) - probs
-        rank = jnp.arange(ranked.shape[-1])[None]
-        keep = (before < top_p) & ((top_k <= 0) | (rank < top_k))
-        keep = keep.at[:, 0].set(True)
-        choice = jax.vmap(jax.random.categorical)(keys, jnp.where(keep, ranked, -jnp.inf))
-        return jnp.take_along_axis(order, choice[:, None], axis=-1)[:, 0]
-
-    def stochastic(_):
-        return jax.lax.cond((top_k > 0) | (top_p < 1.0), truncated, plain, None).astype(jnp.int32)
-
-    token = jax.lax.cond(temperature > 0, stochastic, lambda _: greedy, None)
-    return token, jnp.take_along_axis(scaled, token[:, None], axis=-1)[:, 0] - log_norm
-
-
-# ----------------------------------------------------------------------------- jitted parts
-class _HashOnce:
-    """A static jit argument (the model's GraphDef) whose hash is computed once: hashing a
-    GraphDef walks the whole module tree, which cost ~1 ms per sampler call."""
-
-    def __init__(self, value):
-        self.value, self._hash = value, hash(value)
-
-    def __hash__(self):
-        return self._hash
-
-    def __eq__(self, other):
-        return isinstance(other, _HashOnce) and (self.value is other.value or self.value == other.value)
-
-
-def _merge(graphdef: _HashOnce, params):
-    return nnx.merge(graphdef.value, params)
-
-
-@functools.partial(jax.jit, static_argnames="graphdef")
-def _vision(graphdef, params, pixel_values, meta):
-    model = _merge(graphdef, params)
-    return model.encode_vision(pixel_values, *meta)
-
-
-@functools.partial(jax.jit, static_argnames=("graphdef", "fuse"))
-def _decode_weights(graphdef, params, fuse):
-    return decode_weights(_merge(graphdef, params).language, fuse)
-
-
-def _output_axis_whole(model: Qwen3VL) -> bool:
-    """Whether no device holds a slice of a projection's output axis (then the sampler may
-    fuse q/k/v and gate/up into one matmul each)."""
-    for name in ("q_proj", "gate_proj"):
-        weight = model.language.layers[name][...]  # [layers, in, out]
-        sharding = getattr(weight, "sharding", None)
-        if sharding is not None and sharding.shard_shape(weight.shape)[2] != weight.shape[2]:
-            return False
-    return True
-
-
-@jax.jit
-def _row_keys(seed, row_ids):
-    """Row b's random stream: fold_in(PRNGKey(seed), row_ids[b])."""
-    base = jax.random.PRNGKey(seed)
-    return jax.vmap(lambda r: jax.random.fold_in(base, r))(row_ids)
-
-
-@functools.partial(jax.jit, static_argnames=("layers", "shape", "dtype", "sharding"))
-def _new_cache(layers, shape, dtype, sharding):
-    """shape = (B, KV, S, hd) of one value array; keys are stored [B, KV, hd, S]."""
-    rows, kv, capacity, head_dim = shape
-    keys = tuple(jnp.zeros((rows, kv, head_dim, capacity), dtype) for _ in range(layers))
-    values = tuple(jnp.zeros(shape, dtype) for _ in range(layers))
-    return (*constrain(keys, values, sharding), jnp.zeros((rows, capacity), bool))
-
-
-@functools.partial(jax.jit, static_argnames=("graphdef", "sharding", "window", "backend", "block", "shards"),
-                   donate_argnames=("cache_k", "cache_v", "valid"))
-def _prefill(graphdef, params, weights, cache_k, cache_v, valid, prefix, write_index, row_start, ids, positions,
-             counts, visual_index, visual_embeds, deepstack, sharding, window, backend: SamplerBackend, block,
-             shards=1):
-    """One row group: the chunk ids [g, W] of the cache rows RowGroup(row_start, g / shards,
-    shards).order(B) (rows [row_start, row_start + g / shards) of each device's block of rows)
-    written into their cache rows at `write_index`, in place (the caches are donated); with `prefix`
-    (SharedPrefix, None for a prompt prefill) the rows also attend to their prompts'
-    prefixes. Returns (logits [g, V] of each row's last chunk token, caches, valid)."""
-    lang = _merge(graphdef, params).language
-    group, width = ids.shape
-    rows = None if group == valid.shape[0] else RowGroup(row_start, group // shards, shards)
-    rows_valid = valid if rows is None else rows.read(valid)
-    if prefix is not None and rows is not None:
-        per_prompt = valid.shape[0] // prefix.valid.shape[0]
-        prompts = RowGroup(row_start // per_prompt, max(rows.local // per_prompt, 1), shards)
-        prefix = SharedPrefix(tuple(map(prompts.read, prefix.keys)), tuple(map(prompts.read, prefix.values)),
-                              prompts.read(prefix.valid))
-    fresh = jnp.arange(width)[None, :] < counts[:, None]
-    rows_valid = jax.lax.dynamic_update_slice(rows_valid, fresh, (0, write_index))
-    hidden, cache_k, cache_v = lang.forward_cached(ids, positions, write_index, rows_valid, cache_k, cache_v,
-                                                   visual_index, visual_embeds, deepstack,
-                                                   window=window, layers=weights.layers,
-                                                   project=backend.project, block=block, prefix=prefix, rows=rows)
-    last = jnp.maximum(counts - 1, 0)
-    last_hidden = hidden[jnp.arange(group), last][:, None]
-    logits = backend.logits(lang, last_hidden, weights)[:, 0].astype(jnp.float32)
-    valid = rows_valid if rows is None else rows.write(valid, rows_valid)
-    return (logits, *constrain(cache_k, cache_v, sharding), valid)
-
-
-@functools.partial(jax.jit, static_argnames="sharding")
-def _copy_rows(cache_k, cache_v, valid, index, sharding):
-    """The copied layout: prompt cache rows gathered to one copy per sample."""
-    keys = tuple(layer[index] for layer in cache_k)
-    values = tuple(layer[index] for layer in cache_v)
-    return (*constrain(keys, values, sharding), valid[index])
-
-
-@functools.partial(jax.jit, static_argnames=("axis", "extra", "sharding"))
-def _grow_layer(layer, axis, extra, sharding):
-    """One cache array with `extra` more slots along `axis` (zeros; the slots are not valid)."""
-    pad = [(0, 0)] * layer.ndim
-    pad[axis] = (0, extra)
-    grown = jnp.pad(layer, pad)
-    return grown if sharding is None else jax.lax.with_sharding_constraint(grown, sharding)
-
-
-def grow_suffix(cache_k, cache_v, valid, extra: int, shardings: CacheShardings | None):
-    """The suffix caches with `extra` more slots, copied one layer at a time, each old layer
-    deleted once copied: the transient is one layer's old buffer, never a second copy of the
-    whole cache; the shared prefix is never copied. Consumes the arrays passed in."""
-    def grow(layers, axis, sharding):
-        out = []
-        for layer in layers:
-            out.append(_grow_layer(layer, axis, extra, sharding))
-            layer.delete()
-        return tuple(out)
-
-    keys = grow(cache_k, 3, shardings and shardings.keys)
-    values = grow(cache_v, 2, shardings and shardings.values)
-    return keys, values, _grow_layer(valid, 1, extra, None)
-
-
-@dataclasses.dataclass(frozen=True)
-class _DecodeCarry:
-    """Decode progress that survives between the segments of one decode (see Sampler._decode)."""
-    step: jax.Array  # [] tokens emitted so far per row slot (0 = the prefill logits not used yet)
-    tokens: jax.Array  # [B, max_steps] int32, -1 where nothing was emitted
-    logps: jax.Array  # [B, max_steps] float32
-    n_gen: jax.Array  # [B]
-    done: jax.Array  # [B] stop id hit or budget used up
-    finished: jax.Array  # [B] stop id hit
-    write_index: jax.Array  # [] next free cache slot
-    next_position: jax.Array  # [B]
-
-    @staticmethod
-    def start(budgets: np.ndarray, max_steps: int, write_index: int, next_position: np.ndarray):
-        rows = budgets.shape[0]
-        return _DecodeCarry(np.int32(0), np.full((rows, max_steps), -1, np.int32),
-                            np.zeros((rows, max_steps), np.float32), np.zeros(rows, np.int32),
-                            budgets <= 0, np.zeros(rows, bool), np.int32(write_index),
-                            next_position.astype(np.int32))
-
-
-jax.tree_util.register_dataclass(_DecodeCarry, data_fields=[f.name for f in dataclasses.fields(_DecodeCarry)],
-                                 meta_fields=[])
-
-
-@functools.partial(jax.jit, static_argnames=("graphdef", "sharding", "backend"),
-                   donate_argnames=("cache_k", "cache_v", "valid"))
-def _decode(graphdef, params, weights, cache_k, cache_v, valid, prefix, logits, budgets, stop_ids, row_keys,
-            temperature, top_p, top_k, carry: _DecodeCarry, max_steps, sharding, backend: SamplerBackend):
-    """Samples until every row is done, `max_steps` tokens were emitted, or the suffix cache is
-    full (the caller grows it and calls again with the returned carry); every step attends to
-    the row's prompt in `prefix` and to its own suffix. The first call (step 0)
-    samples from the prefill's `logits`; see the module docstring for the log-prob convention."""
-    lang = _merge(graphdef, params).language
-    capacity = valid.shape[1]
-
-    def keys_at(step):
-        return jax.vmap(lambda k: jax.random.fold_in(k, step))(row_keys)
-
-    def emit(c: _DecodeCarry, logits, active) -> _DecodeCarry:
-        token, logp = sample_logits(logits, keys_at(c.step), temperature, top_p, top_k)
-        n_gen = c.n_gen + active
-        hit = active & jnp.any(token[:, None] == stop_ids[None, :], axis=-1)
-        return dataclasses.replace(
-            c, step=c.step + 1, tokens=c.tokens.at[:, c.step].set(jnp.where(active, token, -1)),
-            logps=c.logps.at[:, c.step].set(jnp.where(active, logp, 0.0)), n_gen=n_gen,
-            done=c.done | hit | (n_gen >= budgets), finished=c.finished | hit)
-
-    carry = jax.lax.cond(carry.step == 0, lambda c: emit(c, logits, budgets > 0), lambda c: c, carry)
-
-    def cond(loop):
-        c = loop[0]
-        return (c.step < max_steps) & ~jnp.all(c.done) & (c.write_index < capacity)
-
-    def body(loop):
-        c, ck, cv, valid = loop
-        active = ~c.done
-        fed = jnp.maximum(c.tokens[:, c.step - 1], 0)[:, None]
-        positions = jnp.broadcast_to(c.next_position[None, :, None], (3, fed.shape[0], 1))
-        valid = jax.lax.dynamic_update_slice(valid, active[:, None], (0, c.write_index))
-        hidden, ck, cv = lang.forward_cached(fed, positions, c.write_index, valid, ck, cv,
-                                             layers=weights.layers, project=backend.project, prefix=prefix)
-        new_logits = backend.logits(lang, hidden, weights)[:, 0].astype(jnp.float32)
-        c = dataclasses.replace(c, write_index=c.write_index + 1, next_position=c.next_position + active)
-        return (emit(c, new_logits, active), *constrain(ck, cv, sharding), valid)
-
-    carry, cache_k, cache_v, valid = jax.lax.while_loop(cond, body, (carry, cache_k, cache_v, valid))
-    return carry, cache_k, cache_v, valid
-
-
-# ----------------------------------------------------------------------------- host side
-@dataclasses.dataclass(frozen=True)
-class _Batch:
-    ids: np.ndarray  # [Bp, P]
-    positions: np.ndarray  # [3, Bp, P]
-    counts: np.ndarray  # [Bp] valid chunk tokens
-    visual_index: np.ndarray | None
-    pixel_values: np.ndarray | None
-    grids: np.ndarray | None
-
-
-def chunk_width(chunks: Sequence[ModelInputs | None], min_bucket: int) -> int:
-    """The bucketed width of a prefill over `chunks` (all rows write the same slots)."""
-    return bucket(max([c.length for c in chunks if c is not None] + [1]), min_bucket)
-
-
-def _collate(chunks: Sequence[ModelInputs | None], rows: int, width: int) -> _Batch:
-    """Right-padded chunk batch of `width`; vision items ordered row by row (images, then videos)."""
-    counts = np.array([0 if c is None else c.length for c in chunks] + [0] * (rows - len(chunks)))
-    ids = np.zeros((rows, width), np.int32)
-    positions = np.zeros((3, rows, width), np.int32)
-    for b, c in enumerate(chunks):
-        if c is not None and c.length:
-            ids[b, :c.length] = c.input_ids
-            positions[:, b, :c.length] = c.position_ids
-    visual_index, pixels, grids = collate_vision(chunks, rows, width)
-    return _Batch(ids, positions, counts, visual_index, pixels, grids)
-
-
-def group_rows(rows: int, per_prompt: int, width: int, token_budget: int) -> int:
-    """Rows per prefill call (of one device's block when the rows are split over devices): the largest
-    group of at most `token_budget` chunk tokens (one row when even one row exceeds it) that
-    holds whole prompts (a multiple of `per_prompt`, a power-of-two count of prompts) or a
-    divisor of `per_prompt`; it divides `rows`."""
-    prompts = max(rows // per_prompt, 1)
-    sizes = {per_prompt << j for j in range(prompts.bit_length()) if prompts % (1 << j) == 0}
-    sizes |= {d for d in range(1, per_prompt + 1) if per_prompt % d == 0}
-    fitting = [g for g in sizes if g * width <= token_budget and rows % g == 0]
-    return max(fitting) if fitting else 1
-
-
-def prefill_group(rows: int, per_prompt: int, width: int, shards: int, token_budget: int) -> int:
-    """Rows per prefill call of `rows` rows (`per_prompt` per prompt) of `width` tokens split
-    over `shards` devices: the same group_rows of each device's rows, at most `token_budget`
-    chunk tokens in all (at least one row per device). The budget counts the whole group: on an
-    fsdp mesh XLA computes a layer's matmuls for all of the group's tokens on every device
-    (partial sums over the split weight, then all-reduced)."""
-    return shards * group_rows(rows // shards, per_prompt, width, token_budget // shards)
-
-
-def _has_vision(chunk: ModelInputs) -> bool:
-    return bool(len(chunk.pixel_values) or len(chunk.pixel_values_videos))
-
-
-def _text_slice(chunk: ModelInputs, start: int, stop: int) -> ModelInputs:
-    """Tokens [start, stop) of a text-only chunk, with their own positions."""
-    positions = chunk.position_ids[:, start:stop]
-    return dataclasses.replace(chunk, input_ids=chunk.input_ids[start:stop],
-                               mm_token_type_ids=chunk.mm_token_type_ids[start:stop],
-                               loss_mask=chunk.loss_mask[start:stop], position_ids=positions,
-                               next_position=int(positions.max()) + 1)
-
-
-@jax.jit
-def _pick_rows(take, new, old):
-    """Rows of `new` where `take` [B] is set, else of `old` ([B, V] logits)."""
-    return jnp.where(take[:, None], new, old)
-
-
-def _prepend(token: int, position: int, chunk: ModelInputs | None) -> ModelInputs:
-    head = encode_ids([token], position, trainable=True)
-    return head if chunk is None else head.extend(chunk)
-
-
 class Sampler:
     """`Sampler(model, config)`; `generate(prompts, ...)` then `extend(state, chunks, ...)`."""
 
@@ -455,7 +149,7 @@ class Sampler:
         self.config = config
         self.mesh = mesh
         graphdef, self.params = nnx.split(model)
-        self.graphdef = _HashOnce(graphdef)
+        self.graphdef = programs.HashOnce(graphdef)
         text = model.config.text
         self.cache_dtype = jnp.dtype(config.cache_dtype or model.config.dtype)
         self._layout = (text.num_hidden_layers, text.num_key_value_heads, text.head_dim)
@@ -474,7 +168,8 @@ class Sampler:
         ~1.4x faster at 8-32 rows on XLA:CPU. Costs one copy of the decoder layers (and of an
         untied head) while the Sampler lives (build a new Sampler after a weight update)."""
         if self._weights is None:
-            self._weights = _decode_weights(self.graphdef, self.params, _output_axis_whole(self.model))
+            self._weights = programs.decode_weights_program(self.graphdef, self.params,
+                                                           programs.output_axis_whole(self.model))
         return self._weights
 
     # -- public -------------------------------------------------------------------------
@@ -506,7 +201,7 @@ class Sampler:
         logits = jnp.repeat(logits, num_samples, axis=0)
         if not self.config.shared_prefix and num_samples > 1:
             index = jnp.repeat(jnp.arange(prompt_rows), num_samples)
-            prefix_k, prefix_v, prefix_valid = _copy_rows(prefix_k, prefix_v, prefix_valid, index,
+            prefix_k, prefix_v, prefix_valid = programs.copy_rows(prefix_k, prefix_v, prefix_valid, index,
                                                           self._sharding(rows, width))
         prefix = SharedPrefix(prefix_k, prefix_v, prefix_valid)
         capacity = episode_capacity([(0, k["max_new_tokens"]), *reserve], self.config.min_chunk_bucket,
@@ -537,11 +232,11 @@ class Sampler:
             if chunk.length and int(chunk.position_ids.min()) != start:
                 raise ValueError(f"extend: row {b} chunk starts at position "
                                  f"{int(chunk.position_ids.min())}, expected {start}")
-            full.append(_prepend(int(state.pending[b]), int(state.next_position[b]), chunk)
+            full.append(prepend(int(state.pending[b]), int(state.next_position[b]), chunk)
                         if state.pending[b] >= 0 else chunk)
         width = chunk_width(full, self.config.min_chunk_bucket)
         piece = self.config.extend_width
-        text_only = all(c is None or not _has_vision(c) for c in full)
+        text_only = all(c is None or not has_vision(c) for c in full)
         if piece and text_only:  # the turn's chunks in pieces of one width
             width = piece * -(-max([c.length for c in full if c is not None] + [1]) // piece)
         cache_k, cache_v, valid = state.cache_k, state.cache_v, state.valid
@@ -551,13 +246,13 @@ class Sampler:
         if piece and text_only:
             logits = None
             for start in range(0, width, piece):
-                part = [None if c is None or c.length <= start else _text_slice(c, start, start + piece)
+                part = [None if c is None or c.length <= start else text_slice(c, start, start + piece)
                         for c in full]
                 out, cache_k, cache_v, valid = self._prefill(cache_k, cache_v, valid, state.prefix,
                                                              state.write_index + start, part, rows, piece)
                 ends_here = np.array([c is not None and start < c.length <= start + piece for c in full]
                                      + [False] * (rows - len(full)))
-                logits = out if logits is None else _pick_rows(ends_here, out, logits)
+                logits = out if logits is None else programs.pick_rows(ends_here, out, logits)
         else:
             logits, cache_k, cache_v, valid = self._prefill(cache_k, cache_v, valid, state.prefix,
                                                             state.write_index, full, rows, width)
@@ -571,8 +266,8 @@ class Sampler:
 
     def compile_counts(self) -> dict[str, int]:
         return {name: fn._cache_size() for name, fn in
-                (("vision", _vision), ("prefill", _prefill), ("decode", _decode),
-                 ("copy", _copy_rows), ("grow", _grow_layer), ("cache", _new_cache))}
+                (("vision", programs.vision), ("prefill", programs.prefill), ("decode", programs.decode),
+                 ("copy", programs.copy_rows), ("grow", programs.grow_layer), ("cache", programs.new_cache))}
 
     # -- internals ----------------------------------------------------------------------
     def _knobs(self, knobs: dict) -> dict:
@@ -605,7 +300,7 @@ class Sampler:
 
     def _empty_cache(self, rows: int, capacity: int):
         layers, kv, hd = self._layout
-        return _new_cache(layers, (rows, kv, capacity, hd), self.cache_dtype, self._sharding(rows, capacity))
+        return programs.new_cache(layers, (rows, kv, capacity, hd), self.cache_dtype, self._sharding(rows, capacity))
 
     def row_shards(self, rows: int, prompts: int) -> int:
         layers, kv, hd = self._layout
@@ -643,13 +338,13 @@ class Sampler:
             if group < rows and not any(c is not None and c.length for c in part):
                 logits.append(jnp.zeros((group, self.model.config.text.vocab_size), jnp.float32))
                 continue  # padding rows / rows sitting the turn out: nothing to write
-            batch = _collate(part, group, width)
+            batch = collate(part, group, width)
             embeds = deepstack = None
             if batch.pixel_values is not None:
                 pixels, grids = pad_frames_to_buckets(batch.pixel_values, batch.grids, group * frames_per_row)
                 layout = vision_layout(grids, self.model.config.vision)
-                embeds, deepstack = _vision(self.graphdef, self.params, pixels, layout.device_arrays())
-            out, cache_k, cache_v, valid = _prefill(
+                embeds, deepstack = programs.vision(self.graphdef, self.params, pixels, layout.device_arrays())
+            out, cache_k, cache_v, valid = programs.prefill(
                 self.graphdef, self.params, self.weights, cache_k, cache_v, valid, prefix, np.int32(write_index),
                 np.int32(start), batch.ids, batch.positions, batch.counts.astype(np.int32), batch.visual_index,
                 embeds, deepstack, self._sharding(rows, capacity), window, self.backend, block, shards)
@@ -671,12 +366,12 @@ class Sampler:
             ids[:num_rows] = row_ids  # padding rows keep any id: their budget is 0
         if not 0 <= int(seed) < 2**32:
             raise ValueError(f"seed={seed} must be in [0, 2**32)")
-        row_keys = _row_keys(np.uint32(seed), ids)
+        row_keys = programs.row_keys(np.uint32(seed), ids)
         steps = bucket(k["max_new_tokens"], 16)
-        carry = _DecodeCarry.start(budgets, steps, write_index, next_position)
+        carry = programs.DecodeCarry.start(budgets, steps, write_index, next_position)
         knobs = (np.float32(k["temperature"]), np.float32(k["top_p"]), np.int32(k["top_k"]))
         while True:  # one segment per suffix size: grow it (at most double) when the slots run out
-            carry, cache_k, cache_v, valid = _decode(
+            carry, cache_k, cache_v, valid = programs.decode(
                 self.graphdef, self.params, self.weights, cache_k, cache_v, valid, prefix, logits, budgets, stop,
                 row_keys, *knobs, carry, steps, self._sharding(rows, valid.shape[1]), self.backend)
             n_gen, done = np.asarray(carry.n_gen), np.asarray(carry.done)
