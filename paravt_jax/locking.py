@@ -85,15 +85,12 @@ class LocalStore:
                 fcntl.flock(guard, fcntl.LOCK_UN)
 
     def replace(self, path: str, data: bytes, expected: bytes) -> bool:
+        from paravt_jax import storage
+
         with self._guard(path):
             if self.read(path) != expected:
                 return False
-            tmp = f"{path}.{uuid.uuid4().hex}.tmp"
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
+            storage.write_atomic(path, data)
             return True
 
     def delete(self, path: str, expected: bytes) -> bool:
