@@ -15,7 +15,9 @@ from flax import nnx
 
 from configs import paragrpo
 from paravt_jax import sharding as sh
+from paravt_jax.experiments import arrays as A
 from paravt_jax.experiments import plan as P
+from paravt_jax.experiments import workload as W
 from paravt_jax.flags import UsageError
 from paravt_jax.models.qwen3_vl import init_model, preset
 
@@ -30,7 +32,7 @@ def builtin_root(tmp_path_factory):
     root = str(tmp_path_factory.mktemp("builtin"))
     config = paragrpo.get_config("tiny")
     config.data.builtin_root = root
-    P.plan_tokenizer(config)  # creates them
+    W.plan_tokenizer(config)  # creates them
     return root
 
 
@@ -79,18 +81,18 @@ def test_parameter_bytes_equal_the_initialised_sharded_model(sharded_tiny, token
 
 
 def test_fsdp_splits_divisible_weights_and_counts_replicated_leaves_fully():
-    _, params, _ = P.abstract_params(preset("tiny"))
+    _, params, _ = A.abstract_params(preset("tiny"))
     for sizes, divided in ((MESH8, True), (dict(data=1, fsdp=3, tensor=1), False)):
-        shardings = P.param_shardings(params, P.abstract_mesh(sizes))
+        shardings = A.param_shardings(params, A.abstract_mesh(sizes))
         leaves = {path: (variable.get_value(), shardings[tuple(str(p) for p in path)])
                   for path, variable in nnx.to_flat_state(params)}
         embed, embed_sharding = leaves[("language", "embed_tokens")]  # (vocab 1000, embed 64)
-        mine, whole = P._shard_bytes(embed.shape, embed.dtype, embed_sharding)
+        mine, whole = A._shard_bytes(embed.shape, embed.dtype, embed_sharding)
         # 64 % 8 == 0: an eighth per device; 64 % 3 != 0: the whole array on every device
         assert mine * (8 if divided else 1) == whole
         norm, norm_sharding = leaves[("language", "norm")]  # logical "norm": never sharded
-        assert P._shard_bytes(norm.shape, norm.dtype, norm_sharding) == (norm.size * 4,) * 2
-    total = P.tree_bytes(P._param_leaves(params, P.param_shardings(params, P.abstract_mesh(MESH8))))
+        assert A._shard_bytes(norm.shape, norm.dtype, norm_sharding) == (norm.size * 4,) * 2
+    total = A.tree_bytes(A._param_leaves(params, A.param_shardings(params, A.abstract_mesh(MESH8))))
     assert total.replicated_leaves > 0
     assert total.total / 8 < total.per_device < total.total / 8 + total.replicated_bytes
 
@@ -110,8 +112,8 @@ def test_optimizer_state_is_two_copies_of_the_parameters_plus_counts(tokenizer):
 
 @pytest.mark.parametrize("name,billions", [("2b", 2.13), ("4b", 4.44), ("8b", 8.77), ("32b", 33.36)])
 def test_preset_parameter_counts_from_eval_shape(name, billions, tokenizer):
-    _, params, _ = P.abstract_params(preset(name, param_dtype="bfloat16"))
-    total = P.tree_bytes(P._param_leaves(params, P.param_shardings(params, P.abstract_mesh(MESH8))))
+    _, params, _ = A.abstract_params(preset(name, param_dtype="bfloat16"))
+    total = A.tree_bytes(A._param_leaves(params, A.param_shardings(params, A.abstract_mesh(MESH8))))
     assert abs(total.total / 2 / 1e9 - billions) < 0.006
     if name == "8b":  # v5p-8-like: 4 chips, fsdp over all
         config = paragrpo.get_config("qwen3vl_8b")
@@ -129,7 +131,7 @@ def test_kv_cache_matches_the_samplers_own_cache(sharded_tiny, tokenizer):
 
     config = small_config()
     result = plan_of(config, MESH8, 16, "estimate", tokenizer)
-    layout = P.sampler_layout(P.rl_settings(config)[0], result.workload)
+    layout = W.sampler_layout(W.rl_settings(config)[0], result.workload)
     mesh, model = sharded_tiny
     sampler = Sampler(model, mesh=mesh)
     for name, rows, slots in (("prompt KV cache (", layout.prompt_rows, layout.prefix_slots),
@@ -174,8 +176,8 @@ def test_sampler_working_sets_come_from_xla(tokenizer):
                  "vision tower (sub-agent prefill)", "weight refresh"):
         assert name in note
     assert row.per_device_bytes == max(p.working_bytes for p in result.programs.sampler)
-    rl = P.rl_settings(config)[0]
-    layout = P.sampler_layout(rl, result.workload)
+    rl = W.rl_settings(config)[0]
+    layout = W.sampler_layout(rl, result.workload)
     extend = result.programs.get("tool-response prefill")
     assert extend.group_rows < layout.rows  # the budget splits the extend into row groups
     assert result.trainer.compiler == result.sampler.compiler == "xla:cpu" and result.target == "cpu-fake"
@@ -186,8 +188,8 @@ def test_batch_spec_vision_layout_matches_vision_layout(tokenizer):
 
     config = small_config()
     model = preset("tiny")
-    work = P.workload(P.rl_settings(config)[0], model.vision, tokenizer)
-    spec = P.train_batch_spec(model, work, P.abstract_mesh(MESH8))
+    work = W.workload(W.rl_settings(config)[0], model.vision, tokenizer)
+    spec = A.train_batch_spec(model, work, A.abstract_mesh(MESH8))
     h, w = (s // 16 for s in work.frame_size)
     grids = np.array([[1, h, w]] * (work.micro_batch_rows * work.overview_frames))
     real = vision_layout(grids, model.vision).device_arrays()
@@ -226,8 +228,8 @@ def test_xla_on_more_devices_than_the_process_has_compiles_in_a_child(tokenizer)
     child = plan_of(config, dict(data=1, fsdp=16, tensor=1), 16, "xla", tokenizer)
     assert any("16 fake CPU devices (child process)" in n for n in child.notes)
     assert leaf_bytes(child, "activations (xla:cpu").per_device_bytes > 0
-    rl = P.rl_settings(config)[0]
-    bad = P.workload(rl, preset("tiny").vision, tokenizer)
+    rl = W.rl_settings(config)[0]
+    bad = W.workload(rl, preset("tiny").vision, tokenizer)
     with pytest.raises(P.PlanError, match=r"failed with exit status 1:\n(?s:.*)AttributeError: 'NoneType' object"):
         P.on_fake_devices(P.compile_programs, (preset("tiny"), None, bad, None, dict(data=1, fsdp=16, tensor=1),
                                                P.Target("cpu-fake", "gpu"), "full"), 16)

@@ -12,7 +12,7 @@ from configs import paragrpo
 from paravt_jax.agent.dispatch import CropDispatcher
 from paravt_jax.agent.rollout import Episode, run_rollouts
 from paravt_jax.data.synthetic import Event, write_video
-from paravt_jax.experiments import plan as P
+from paravt_jax.experiments import workload as W
 from paravt_jax.jobs import rl_config
 from paravt_jax.models.qwen3_vl import init_model, preset
 from paravt_jax.sampling import Sampler, SamplerConfig
@@ -87,9 +87,9 @@ def rl_for(mode):
 def test_planner_token_counts_match_full_budget_rollouts(setup, mode):
     video, tok, model = setup
     rl = rl_for(mode)
-    assumptions = P.Assumptions(question_tokens=len(tok.encode(QUESTION)), video_seconds=SECONDS,
+    assumptions = W.Assumptions(question_tokens=len(tok.encode(QUESTION)), video_seconds=SECONDS,
                                 source_frame=(HEIGHT, WIDTH), source_fps=FPS, video_name=os.path.basename(video))
-    work = P.workload(rl, model.config.vision, tok, assumptions)
+    work = W.workload(rl, model.config.vision, tok, assumptions)
 
     policy = FullBudgetPolicy(Sampler(model, SamplerConfig(min_chunk_bucket=64)), tok)
     episodes = [Episode(f"e{i}", QUESTION, "[10.0, 14.0]", "tvg", video, nframes=4) for i in range(2)]

@@ -12,6 +12,7 @@ from configs import meshes, paragrpo
 from paravt_jax.experiments import plan as P
 from paravt_jax.experiments import programs as G
 from paravt_jax.experiments import time_plan as T
+from paravt_jax.experiments import workload as W
 from paravt_jax.models.qwen3_vl import preset
 from paravt_jax.sampling.memory import collective_bytes
 
@@ -118,7 +119,7 @@ def test_time_plan_counts_calls_and_bounds():
     grads = ProgramMemory("gradients", 0, 0, 8, 1.0, flops=459e12, bytes_accessed=1e9, collective_bytes=0.0)
     update = ProgramMemory("optimizer update", 0, 0, 0, 1.0, bytes_accessed=2765e9 * 2)
     programs = G.ProgramSet((grads, update), (), "tpu", "test", 2.0)
-    rl = P.rl_settings(tpu_config())[0]
+    rl = W.rl_settings(tpu_config())[0]
     work = dataclasses.replace(_workload(), micro_batches=3)
     result = T.time_plan(programs, rl, work, None, preset("tiny"), "v5p")
     g, u = result.phases
@@ -133,7 +134,7 @@ def _workload():
     from paravt_jax.text.tokenizer import train_tokenizer
 
     tok = train_tokenizer(["crop_video start_time end_time seconds frames"] * 10)
-    return P.workload(P.rl_settings(tpu_config())[0], preset("tiny").vision, tok)
+    return W.workload(W.rl_settings(tpu_config())[0], preset("tiny").vision, tok)
 
 
 @pytest.mark.slow
@@ -144,9 +145,9 @@ def test_depth_extrapolation_matches_a_full_compile(tokenizer):
     config.model.preset = "small125m"
     target = G.resolve_target("tpu", meshes.get_mesh("v5p-16"))
     model = preset("small125m")
-    rl = P.rl_settings(config)[0]
-    work = P.workload(rl, model.vision, tokenizer, batch_devices=8)
-    layout = P.sampler_layout(rl, work)
+    rl = W.rl_settings(config)[0]
+    work = W.workload(rl, model.vision, tokenizer, batch_devices=8)
+    layout = W.sampler_layout(rl, work)
     sizes = meshes.mesh_shape("v5p-16")
     guessed = G.compile_programs(model, rl, work, layout, sizes, target, "extrapolate")
     full = G.compile_programs(model, rl, work, layout, sizes, target, "full")

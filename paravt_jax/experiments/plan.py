@@ -4,6 +4,11 @@
     paravt-jax plan --config=configs/paragrpo.py:tiny --mesh=data=1,fsdp=8,tensor=1 \
         --device_memory_gb=16 --json=runs/plan.json
 
+The planner's parts: workload.py (the recipe's episodes in tokens, rows, micro-batches and
+sampler calls), arrays.py (meshes, sharded array bytes, the shape-based estimates),
+programs.py (the programs compiled by XLA or the TPU compiler), time_plan.py; this module
+puts them together into the phases and prints them.
+
 Nothing is allocated. The model is built with `nnx.eval_shape`, every parameter gets the
 NamedSharding that `paravt_jax.sharding` gives it on an `AbstractMesh` of the requested axis
 sizes (so any device count can be planned on a laptop), and each array is counted as
@@ -39,15 +44,31 @@ import dataclasses
 import json
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
 
 from paravt_jax import sharding as sh
 from paravt_jax.config import config_path
+from paravt_jax.experiments.arrays import (
+    _param_leaves,
+    _rows_per_device,
+    _shard_bytes,
+    _spec_text,
+    abstract_mesh,
+    abstract_params,
+    activation_estimate,
+    mesh_preset,
+    optimizer_leaves,
+    param_shardings,
+    parse_mesh,
+    prefill_estimate,
+    resolve_mesh,
+    train_batch_spec,
+    tree_bytes,
+)
 from paravt_jax.experiments.programs import (
     DEPTHS,
     TARGETS,
@@ -58,20 +79,21 @@ from paravt_jax.experiments.programs import (
     resolve_target,
 )
 from paravt_jax.experiments.time_plan import TimePlan, format_time_plan, time_plan
-from paravt_jax.models.qwen3_vl.attention import DENSE_MAX_SCORE_BYTES
-from paravt_jax.models.qwen3_vl.config import Qwen3VLConfig, load_config, preset
-from paravt_jax.models.qwen3_vl.hf_io import abstract_model
+from paravt_jax.experiments.workload import (
+    Assumptions,
+    PlanError,
+    Workload,
+    model_config,
+    plan_tokenizer,
+    rl_settings,
+    sampler_layout,
+    workload,
+)
+from paravt_jax.models.qwen3_vl.config import Qwen3VLConfig
 from paravt_jax.sampling.kv_cache import (
     CacheSpec,
-    bucket,
     cache_sharding,
-    episode_capacity,
-    first_capacity,
-    grown_capacity,
 )
-from paravt_jax.text.inputs import ModelInputs
-from paravt_jax.video.frames import PATCH
-from paravt_jax.video.reader import Clip, VideoMetadata, blank_clip
 
 GIB = 2**30
 DEFAULT_CONFIG = config_path("paragrpo") + ":tiny"
@@ -79,11 +101,6 @@ ACTIVATION_MODES = ("auto", "xla", "estimate")
 
 # `auto` compiles with XLA up to this size (8b: ~45 s on a 2-core CPU; 32b not measured).
 AUTO_XLA_MAX_PARAMETERS = 10_000_000_000
-PACK_MIN_LENGTH, PACK_MULTIPLE = 16, 256  # train/batch.pack defaults: the train length bucket
-
-
-class PlanError(ValueError):
-    """Bad planner input (mesh string, device count, config field); the message names it."""
 
 
 # ----------------------------------------------------------------------------- result types
@@ -128,41 +145,6 @@ class Phase:
 
 
 @dataclasses.dataclass(frozen=True)
-class Workload:
-    """Shapes of one RL step derived from the config (worst case over nFrames gating)."""
-    prompts_per_step: int  # B
-    samples_per_prompt: int  # G
-    rollout_rows: int  # B * G
-    sampler_rows: int  # rows of the rollout KV cache (power-of-two bucket of B * G)
-    micro_batches: int
-    micro_batch_rows: int  # rows of the largest micro-batch
-    packed: bool  # token-budget micro-batches: rows carry segment ids
-    episodes_per_row: int  # episodes packed into one row (1 unless the width fits several)
-    max_tokens_per_micro_batch: int  # rl.max_tokens_per_micro_batch (0: rl.micro_batches equal groups)
-    overview_frames: int  # K (the largest gated choice when gating is on)
-    frame_size: tuple[int, int]  # overview frame (h, w) after smart_resize
-    frame_tokens: int  # LLM tokens per overview frame
-    crop_frames: int  # frames per crop_video call (the dispatcher's max_frames)
-    crop_frame_size: tuple[int, int]
-    crop_frame_tokens: int
-    calls_per_turn: int
-    prompt_tokens: int
-    response_tokens: int  # tool responses appended per tool round (all calls of a row)
-    sequence_tokens: int  # whole episode: prompt + (max_turns + 1) turns + max_turns responses
-    train_length: int  # packed length bucket of the train step
-    patches_per_row: int  # vision patches of one training row (frames as images, replicated)
-    cache_capacity: int  # final rollout cache capacity (slots)
-    cache_capacity_before_growth: int  # the capacity copied from during the last growth (0 = none)
-    prefill_width: int  # first prefill chunk width
-    chunk_bucket: int  # SamplerConfig.min_chunk_bucket: prefill widths are multiples of it
-    prefill_capacity: int  # cache capacity at the first prefill
-    extend_width: int  # chunk width of a tool-response extend
-    subagent_rows: int  # rows of the sub-agent cache (0 unless mode == subagent)
-    subagent_prompt_tokens: int
-    subagent_capacity: int
-
-
-@dataclasses.dataclass(frozen=True)
 class MemoryPlan:
     preset: str
     parameters: int
@@ -201,533 +183,7 @@ class MemoryPlan:
         return out
 
 
-# ----------------------------------------------------------------------------- mesh
-def parse_mesh(text: str) -> dict[str, int]:
-    """`data=1,fsdp=8,tensor=1` -> sizes (one may be -1: the remaining devices)."""
-    try:
-        return sh.parse_mesh(text)
-    except ValueError as e:
-        raise PlanError(f"--mesh: {e}; or give a preset name from configs/meshes.py") from None
-
-
-def resolve_mesh(sizes: Mapping[str, int], devices: int | None) -> dict[str, int]:
-    """Fills a -1 axis from `devices` and checks the product; returns positive sizes."""
-    try:
-        sizes = sh.mesh_sizes(sizes, devices)
-    except ValueError as e:
-        raise PlanError(str(e)) from None
-    free = [axis for axis, size in sizes.items() if size == -1]
-    if free:
-        raise PlanError(f"mesh {sizes}: axis {free[0]!r} is -1; give --devices=N")
-    return sizes
-
-
-def mesh_preset(name: str) -> tuple[dict[str, int], float]:
-    """(axis sizes, device_memory_gb) of a preset in configs/meshes.py."""
-    from configs import meshes
-
-    try:
-        entry = meshes.get_mesh(name)
-        sizes = dict(meshes.mesh_shape(entry))
-    except (KeyError, ValueError) as e:
-        raise PlanError(f"--mesh={name!r}: {e.args[0] if e.args else e}") from None
-    return sizes, float(entry["device_memory_gb"])
-
-
-def abstract_mesh(sizes: Mapping[str, int]) -> AbstractMesh:
-    return AbstractMesh(tuple(int(sizes[a]) for a in sh.MESH_AXES), sh.MESH_AXES)
-
-
-# ----------------------------------------------------------------------------- config
-def model_config(config) -> tuple[str, Qwen3VLConfig]:
-    """(name, model config) with the run's dtypes and remat, as jobs.build_model builds it."""
-    m = config.model
-    knobs = dict(param_dtype=m.param_dtype, dtype=m.dtype, remat=bool(m.remat),
-                 scan_layers=bool(m.get("scan_layers", True)), attention=m.get("attention", "auto"),
-                 attention_block=int(m.get("attention_block", 512)))
-    if m.get("checkpoint", ""):
-        return m.checkpoint, load_config(m.checkpoint).replace(**knobs).validate()
-    return m.preset, preset(m.preset, **knobs)
-
-
-def rl_settings(config):
-    """The RLConfig rl/trainer.py would get (jobs.rl_config); dataclass defaults without `rl`."""
-    from paravt_jax.rl.trainer import RLConfig
-
-    if "rl" not in config:
-        return RLConfig(), ("the config has no `rl` section: RLConfig defaults are planned",)
-    from paravt_jax.jobs import rl_config
-
-    return rl_config(config), ()
-
-
-@dataclasses.dataclass(frozen=True)
-class Assumptions:
-    """What neither the config nor the prompt builders fix, taken at a stated value (printed
-    with the plan; `--question_tokens`, `--video_seconds` change them)."""
-    question_tokens: int = 128  # question text of one dataset row
-    video_seconds: float = 3600.0  # source video length: the digits of every "<t seconds>"
-    source_frame: tuple[int, int] = (720, 1280)  # decoded frame (h, w) before smart_resize: 16:9
-    source_fps: float = 30.0
-    video_name: str = "video_000000.mp4"  # the basename the video-path line shows
-
-    def text(self) -> str:
-        h, w = self.source_frame
-        return (f"question {self.question_tokens} tokens; {self.video_seconds:g} s video of {w}x{h} at "
-                f"{self.source_fps:g} fps named {self.video_name}")
-
-
-def plan_tokenizer(config):
-    """(tokenizer, which) of the run: the checkpoint's tokenizer files when model.checkpoint
-    holds them, else the built-in tokenizer (created with the built-in assets if missing, as
-    a run creates it)."""
-    from paravt_jax.text.tokenizer import Tokenizer, TokenizerError
-
-    checkpoint = config.model.get("checkpoint", "")
-    if checkpoint:
-        try:
-            return Tokenizer.from_directory(checkpoint), f"the checkpoint's ({checkpoint})"
-        except TokenizerError as e:
-            raise PlanError(f"config.model.checkpoint: {e}") from None
-    from paravt_jax.jobs import builtin_assets
-
-    assets = builtin_assets(config)
-    return Tokenizer.from_directory(assets.model_dir), f"the built-in BPE ({assets.model_dir})"
-
-
-def _decode_turn(capacity: int, chunk_end: int, budget: int, multiple: int) -> tuple[int, int]:
-    """(capacity, the capacity before its last growth or 0) after a chunk ending at
-    `chunk_end` and a decode of `budget` tokens, grown as Sampler.extend / Sampler._decode
-    grow it (every row using its whole budget); `multiple` is SamplerConfig.cache_multiple."""
-    previous = 0
-    first = first_capacity(chunk_end, budget, multiple)
-    if first > capacity:
-        previous, capacity = capacity, first
-    last_write = chunk_end + budget - 1  # slots written once the last token is sampled
-    while capacity < last_write:
-        previous, capacity = capacity, grown_capacity(capacity, capacity, last_write - capacity, multiple)
-    return capacity, previous
-
-
-@dataclasses.dataclass(frozen=True)
-class EpisodeTokens:
-    """Token counts of one full-budget episode, from the rollout's own prompt builders."""
-    overview: Clip  # the overview as the rollout would read it (black frames)
-    crop: Clip  # one crop_video call's frames
-    prompt: ModelInputs
-    response: ModelInputs  # the chunk after one tool round (all calls answered)
-    final_response: ModelInputs | None  # the chunk before the final-answer turn
-    subagent_prompt: ModelInputs | None
-    summary_tokens: int  # generated tokens of one summary inside a response (subagent mode)
-    question_tokens: int
-
-    @property
-    def prompt_tokens(self) -> int:
-        return self.prompt.length + self.question_tokens
-
-    def response_tokens(self, calls: int, final: bool = False) -> int:
-        chunk = self.final_response if final else self.response
-        return chunk.length + calls * self.summary_tokens
-
-
-def episode_tokens(rl, tokenizer, assumptions: Assumptions = Assumptions()) -> EpisodeTokens:
-    """One episode's prompt, tool-response chunks and sub-agent prompt built by
-    agent/rollout.py's builders on black frames of the sizes `read_frames` would return
-    (video/reader.py `blank_clip`): every turn uses its whole budget (no stop token), every
-    round makes max_parallel valid calls of max_frames frames each, every summary uses its
-    whole budget. The question text is empty here; `question_tokens` is added to the prompt."""
-    from paravt_jax.agent.dispatch import CropResult, CropTask
-    from paravt_jax.agent.rollout import (
-        THINK_PREFIX,
-        Episode,
-        frames_responses,
-        images_first_messages,
-        prompt_inputs,
-        response_chunk,
-        subagent_prompt,
-        summary_text,
-    )
-    from paravt_jax.agent.tools import TOOL_NAME, CropRequest, ToolCall
-
-    r, d = rl.rollout, rl.dispatch
-    if r.overview_visual != "images":
-        raise PlanError(f"rl.rollout.overview_visual={r.overview_visual!r}: the planner sizes image overviews only")
-    a = assumptions
-    meta = VideoMetadata(a.video_name, a.source_fps, max(1, round(a.video_seconds * a.source_fps)), *a.source_frame)
-    pixels = dict(min_pixels=r.overview_min_pixels, max_pixels=r.overview_max_pixels, sizing=r.overview_sizing)
-    frames = max(rl.nframes_choices) if rl.nframes_gating else rl.default_nframes
-    if frames > 0:
-        overview = blank_clip(meta, nframes=frames, **pixels)
-    else:
-        overview = blank_clip(meta, fps=r.overview_fps, max_frames=r.overview_max_frames, **pixels)
-    episode = Episode("plan", "", "", "", a.video_name, nframes=frames)
-    prompt = prompt_inputs(episode, overview, tokenizer, r)
-    # One crop window of max_frames frames at the dispatcher's rate, at the video's end (the
-    # longest timestamps).
-    span = (d.max_frames + 1) / d.fps
-    start, end = max(0.0, meta.duration - span - 1.0), meta.duration - 1.0
-    crop = blank_clip(meta, fps=d.fps, start=start, end=end, min_frames=d.min_frames, max_frames=d.max_frames,
-                      min_pixels=d.min_pixels, max_pixels=d.max_pixels, sizing=d.sizing)
-    calls = (1 if r.mode == "sequential" else d.max_parallel) if r.tools else 0
-    call = ToolCall(TOOL_NAME, {"video_path": a.video_name, "start_time": start, "end_time": end})
-    results = [CropResult(CropTask(0, k, a.video_name, meta.duration, call), CropRequest(start, end), crop,
-                          None, 0.0, 0.0) for k in range(calls)]
-    summary_tokens, sub_prompt = 0, None
-    if r.mode == "subagent":
-        summary_tokens = r.subagent_max_tokens  # counted as generated; the text adds its marker
-        bodies = [summary_text([], False, tokenizer)] * calls
-        sub_prompt = subagent_prompt(crop, start, end, tokenizer) if calls else None
-    elif r.frames_response == "images_first":
-        bodies = images_first_messages(results)
-    else:
-        bodies = frames_responses(results)
-    think = THINK_PREFIX if r.think_prefix else ""
-    response = response_chunk(bodies, [], True, think, "", r, tokenizer, prompt.next_position)
-    final = (response_chunk(bodies, [], True, r.final_answer_prefix, r.final_answer_instruction, r, tokenizer,
-                            prompt.next_position) if r.final_answer else None)
-    return EpisodeTokens(overview, crop, prompt, response, final, sub_prompt, summary_tokens, a.question_tokens)
-
-
-def _patches(inputs: ModelInputs) -> int:
-    return int(inputs.pixel_values.shape[0] + inputs.pixel_values_videos.shape[0])
-
-
-def workload(rl, vision, tokenizer, assumptions: Assumptions = Assumptions(), batch_devices: int = 1) -> Workload:
-    """The token and row counts of one RL step: the episode from the rollout's prompt builders
-    (`episode_tokens`), every row at the full budget; the KV cache grown as the sampler grows
-    it; the train micro-batches from train/batch.py's own plan (`plan_micro_batches`: token
-    budget or fixed count) over the packed episode lengths; batch_devices: the devices the
-    batch axis splits over (`sharding.batch_devices`), the row multiple of token budgets."""
-    from paravt_jax.train.batch import plan_micro_batches
-
-    r = rl.rollout
-    merge_unit = vision.spatial_merge_size**2
-    tokens = episode_tokens(rl, tokenizer, assumptions)
-    frames = len(tokens.overview.frames)
-    frame_size = tuple(int(x) for x in tokens.overview.frames.shape[1:3])
-    crop_size = tuple(int(x) for x in tokens.crop.frames.shape[1:3])
-    frame_tokens = (frame_size[0] // PATCH) * (frame_size[1] // PATCH) // merge_unit
-    crop_tokens = (crop_size[0] // PATCH) * (crop_size[1] // PATCH) // merge_unit
-    calls = (1 if r.mode == "sequential" else rl.dispatch.max_parallel) if r.tools else 0
-
-    prompt = tokens.prompt_tokens
-    response = tokens.response_tokens(calls) if calls else 0
-    rounds = r.max_turns if calls else 0
-    final = calls and r.final_answer and rounds
-    # rounds with tool responses and a full decode turn each; the final-answer round ends with
-    # the last responses and a short turn instead
-    full_rounds = rounds - 1 if final else rounds
-    sequence = prompt + (full_rounds + 1) * r.max_new_tokens + full_rounds * response
-    if final:
-        sequence += tokens.response_tokens(calls, final=True) + r.final_answer_tokens
-
-    # The rollout cache, grown exactly as Sampler.generate / Sampler.extend grow it.
-    M = r.max_new_tokens
-    sampler = rl.sampler  # the trainer's sampler knobs: chunk and cache buckets follow them
-    prefill_width = bucket(prompt, sampler.min_chunk_bucket)
-    prefill_capacity = first_capacity(prefill_width, M, sampler.cache_multiple)
-    capacity, previous = _decode_turn(prefill_capacity, prefill_width, M, sampler.cache_multiple)
-    write = prefill_width + M - 1
-    extend_width = bucket(1 + response, sampler.min_chunk_bucket) if calls else 0  # + the pending token
-    turns = [M] * full_rounds + ([r.final_answer_tokens] if final else [])
-    for budget in turns:
-        capacity, grew_from = _decode_turn(capacity, write + extend_width, budget, sampler.cache_multiple)
-        previous = grew_from or previous
-        write += extend_width + budget - 1
-
-    rows = rl.prompts_per_step * rl.samples_per_prompt
-    sub_rows = sub_prompt = sub_capacity = 0
-    if tokens.subagent_prompt is not None:
-        sub_rows = bucket(rows * calls)
-        sub_prompt = tokens.subagent_prompt.length
-        sub_capacity, _ = _decode_turn(0, bucket(sub_prompt, sampler.min_chunk_bucket),
-                                       r.subagent_max_tokens, sampler.cache_multiple)
-    patches = _patches(tokens.prompt) + (full_rounds * _patches(tokens.response)
-                                         + (_patches(tokens.final_response) if final else 0))
-    width = bucket(sequence, PACK_MIN_LENGTH, PACK_MULTIPLE)
-    try:
-        micro = plan_micro_batches([sequence] * rows, width, rl.micro_batches, rl.max_tokens_per_micro_batch,
-                                   batch_devices)
-    except ValueError as e:
-        raise PlanError(f"rl.micro_batches={rl.micro_batches} / rl.max_tokens_per_micro_batch="
-                        f"{rl.max_tokens_per_micro_batch}: {e}") from None
-    per_row = max(sum(1 for p in placements if p[0] == row) for placements in micro.placements
-                  for row in {p[0] for p in placements})
-    return Workload(
-        prompts_per_step=rl.prompts_per_step, samples_per_prompt=rl.samples_per_prompt,
-        rollout_rows=rows, sampler_rows=bucket(rows, sampler.min_batch_bucket),
-        micro_batches=len(micro.rows), micro_batch_rows=max(micro.rows), packed=micro.packed,
-        episodes_per_row=per_row, max_tokens_per_micro_batch=rl.max_tokens_per_micro_batch,
-        overview_frames=frames, frame_size=frame_size, frame_tokens=frame_tokens,
-        crop_frames=len(tokens.crop.frames), crop_frame_size=crop_size, crop_frame_tokens=crop_tokens,
-        calls_per_turn=calls, prompt_tokens=prompt, response_tokens=response,
-        sequence_tokens=sequence, train_length=micro.width,
-        patches_per_row=per_row * patches, cache_capacity=capacity, cache_capacity_before_growth=previous,
-        prefill_width=prefill_width, chunk_bucket=sampler.min_chunk_bucket, prefill_capacity=prefill_capacity,
-        extend_width=extend_width,
-        subagent_rows=sub_rows, subagent_prompt_tokens=sub_prompt, subagent_capacity=sub_capacity)
-
-
-# ----------------------------------------------------------------------------- arrays
-def _shard_bytes(shape: Sequence[int], dtype, sharding: NamedSharding | None) -> tuple[int, int]:
-    """(per-device bytes, global bytes) of one array."""
-    itemsize = jnp.dtype(dtype).itemsize
-    total = math.prod(shape) * itemsize
-    if sharding is None:
-        return total, total
-    return math.prod(sharding.shard_shape(tuple(shape))) * itemsize, total
-
-
-@dataclasses.dataclass(frozen=True)
-class TreeBytes:
-    per_device: int
-    total: int
-    leaves: int
-    replicated_leaves: int
-    replicated_bytes: int  # global bytes of the fully replicated leaves
-    axes: tuple[str, ...]  # mesh axes any leaf is sharded over
-
-    def summary(self) -> str:
-        if not self.leaves:
-            return "-"
-        if self.replicated_leaves == self.leaves:
-            return "replicated"
-        share = 100.0 * (self.total - self.replicated_bytes) / max(self.total, 1)
-        return (f"over {','.join(self.axes)}: {share:.1f}% of bytes sharded; "
-                f"{self.replicated_leaves}/{self.leaves} leaves replicated")
-
-
-def tree_bytes(leaves_with_shardings: Sequence[tuple[jax.ShapeDtypeStruct, NamedSharding | None]]) -> TreeBytes:
-    per_device = total = replicated = replicated_bytes = 0
-    axes: set[str] = set()
-    for leaf, sharding in leaves_with_shardings:
-        mine, whole = _shard_bytes(leaf.shape, leaf.dtype, sharding)
-        per_device += mine
-        total += whole
-        spec = sharding.spec if sharding is not None else PartitionSpec()
-        used = {a for entry in spec if entry is not None
-                for a in ((entry,) if isinstance(entry, str) else entry)}
-        axes |= used
-        if not used:
-            replicated += 1
-            replicated_bytes += whole
-    return TreeBytes(per_device, total, len(leaves_with_shardings), replicated, replicated_bytes,
-                     tuple(a for a in sh.MESH_AXES if a in axes))
-
-
-def abstract_params(config: Qwen3VLConfig):
-    """(graphdef, nnx.State of Params holding ShapeDtypeStructs, non-param state)."""
-    return nnx.split(abstract_model(config), nnx.Param, ...)
-
-
-def param_shardings(params, mesh) -> dict[tuple[str, ...], NamedSharding]:
-    """Parameter path -> the NamedSharding TrainStep / init_model give it on `mesh`."""
-    out = {}
-    for path, variable in nnx.to_flat_state(params):
-        value = variable.get_value()
-        out[tuple(str(p) for p in path)] = sh.named_sharding(mesh, sh.param_axes(variable), value.shape)
-    return out
-
-
-def _param_leaves(params, shardings) -> list[tuple[jax.ShapeDtypeStruct, NamedSharding]]:
-    return [(variable.get_value(), shardings[tuple(str(p) for p in path)])
-            for path, variable in nnx.to_flat_state(params)]
-
-
-def optimizer_leaves(opt_state, params, mesh):
-    """Each optimizer-state leaf with the sharding TrainStep gives it (`sharding.optimizer_shardings`)."""
-    shardings = sh.optimizer_shardings(opt_state, params, mesh)
-    return list(zip(jax.tree.leaves(opt_state), jax.tree.leaves(shardings)))
-
-
-def _spec_text(sharding: NamedSharding) -> str:
-    return str(sharding.spec).replace("PartitionSpec", "P")
-
-
-# ----------------------------------------------------------------------------- activations
-def _divided(value: int, parts: int) -> int:
-    """value / parts when it divides (the mesh shards it), else value (replicated)."""
-    return value // parts if parts > 1 and value % parts == 0 else value
-
-
-def _rows_per_device(rows: int, mesh) -> int:
-    sharding = sh.batch_sharding(mesh, 2, 0, batch_size=rows)
-    return sharding.shard_shape((rows, 1))[0]
-
-
-def _score_extent(config: Qwen3VLConfig, rows: int, heads: int, queries: int, keys: int) -> tuple[int, int, bool]:
-    """(queries, keys, dense) of the attention scores live at once: the whole [queries, keys]
-    array for dense attention (and for `auto` where it picks dense: a small score array), else
-    one [block, block] tile (blockwise; the fused cuDNN/splash kernels are counted alike, an
-    estimate: their tiles are not measured here)."""
-    implementation = config.attention
-    small = rows * heads * queries * keys * 4 <= DENSE_MAX_SCORE_BYTES
-    if implementation == "dense" or (implementation == "auto" and small):
-        return queries, keys, True
-    block = config.attention_block
-    return min(block, queries), min(block, keys), False
-
-
-def _text_layer_bytes(config: Qwen3VLConfig, rows: int, queries: int, keys: int, tensor: int,
-                      attention_bytes: int | None = None) -> int:
-    """Working set of one decoder layer for `rows` x `queries` tokens attending to `keys`:
-    `attention_bytes` per attention score (default: f32 logits + softmax probs in the compute
-    dtype) + the bool mask (tiled over the query-head groups), q/k/v before and after norm +
-    rotary, the attention output, the MLP's gate/up/product, the norms and residual adds."""
-    t = config.text
-    c = jnp.dtype(config.dtype).itemsize
-    heads = _divided(t.num_attention_heads, tensor)
-    kv = _divided(t.num_key_value_heads, tensor)
-    mlp = _divided(t.intermediate_size, tensor)
-    groups = max(t.num_attention_heads // t.num_key_value_heads, 1)
-    per_score = 4 + c if attention_bytes is None else attention_bytes
-    score_queries, score_keys, dense = _score_extent(config, rows, heads, queries, keys)
-    attention = rows * heads * score_queries * score_keys * per_score
-    if dense:  # the [rows, queries, keys] mask, tiled over the query-head groups
-        attention += rows * queries * keys * (1 + groups)
-    linear = rows * queries * (6 * t.hidden_size + 3 * (heads + 2 * kv) * t.head_dim + 3 * mlp) * c
-    return attention + linear
-
-
-def _vision_block_bytes(config: Qwen3VLConfig, patches: int, image_patches: int, tensor: int) -> int:
-    """One ViT block over `patches` patches in images of `image_patches` each: attention
-    logits/probs per image, qkv, two layer norms, the MLP, residual adds."""
-    v = config.vision
-    c = jnp.dtype(config.dtype).itemsize
-    heads = _divided(v.num_heads, tensor)
-    mlp = _divided(v.intermediate_size, tensor)
-    attention = patches * heads * image_patches * (4 + c)
-    linear = patches * (8 * v.hidden_size + 2 * mlp) * c
-    return attention + linear
-
-
-def _vision_outputs_bytes(config: Qwen3VLConfig, patches: int) -> int:
-    """Merged tokens + DeepStack features handed to the decoder."""
-    c = jnp.dtype(config.dtype).itemsize
-    merged = patches // config.vision.spatial_merge_size**2
-    return (1 + len(config.vision.deepstack_visual_indexes)) * merged * config.text.hidden_size * c
-
-
-def activation_estimate(config: Qwen3VLConfig, work: Workload, mesh_sizes: Mapping[str, int],
-                        logprob_chunk: int = 512) -> int:
-    """Per-device activation bytes of one micro-batch's gradient pass, from shapes.
-
-    rows: the micro-batch's rows per device (batch over data x fsdp when it divides); heads,
-    KV heads, MLP and vocab per device divided by `tensor` when it divides.
-      text, remat off:  L x saved + backward      (every layer's residuals + one layer's backward)
-      text, remat on:   L x rows x T x d x c + working   (layer inputs + one layer recomputed
-                        and differentiated)
-      saved:            one layer (_text_layer_bytes) at 12 + c bytes per attention score (f32
-                        scores before and after the mask, f32 softmax, probs in the compute dtype)
-      backward:         one layer at 8 bytes per score (f32 d-probs and d-scores)
-      working:          one layer at 8 + 2c bytes per score (f32 scores and softmax, d-probs and
-                        d-scores in the compute dtype)
-    The per-score byte counts are calibrated against XLA's buffer assignment (CPU) of the real
-    gradient function for tiny, small125m (remat on and off) and 2b (README: plan section).
-      head:             3 x rows x chunk x vocab x 4 (one chunk's f32 logits, softmax and
-                        gradient: the chunked log-prob scan recomputes each chunk's logits in
-                        its backward pass and keeps only its hidden inputs)
-      vision:           the same rule over depth blocks, over ALL patches of the micro-batch
-                        (the vision inputs are replicated, not split by rows), + its outputs
-    """
-    mesh = abstract_mesh(mesh_sizes)
-    tensor = mesh_sizes["tensor"]
-    t, v = config.text, config.vision
-    c = jnp.dtype(config.dtype).itemsize
-    rows = _rows_per_device(work.micro_batch_rows, mesh)
-    length = work.train_length
-    layer = lambda per_score: _text_layer_bytes(config, rows, length, length, tensor, per_score)
-    if config.remat:
-        text = t.num_hidden_layers * rows * length * t.hidden_size * c + layer(8 + 2 * c)
-    else:
-        text = t.num_hidden_layers * layer(12 + c) + layer(8)
-    chunk = min(logprob_chunk, length)
-    head = 3 * chunk * rows * _divided(t.vocab_size, tensor) * 4
-    patches = work.micro_batch_rows * work.patches_per_row
-    image = (work.frame_size[0] // PATCH) * (work.frame_size[1] // PATCH)
-    block = _vision_block_bytes(config, patches, image, tensor)
-    saved = patches * v.hidden_size * c if config.remat else block
-    vision = v.depth * saved + 2 * block + _vision_outputs_bytes(config, patches)
-    return text + head + vision
-
-
-def prefill_estimate(config: Qwen3VLConfig, rl, work: Workload, mesh_sizes: Mapping[str, int]) -> tuple[int, str]:
-    """(bytes, which call) of the largest sampler prefill working set, for ONE row group of
-    each call (sampler_calls; at most the token budget in all): one decoder layer
-    over the group's chunk attending to its prefix and cache (f32 logits), that layer's K/V,
-    the chunk's hidden states, and the vision tower's one-block working set + outputs for the
-    group's frames (vision inputs replicated). Forward only, one layer live at a time."""
-    from paravt_jax.sampling.backend import backend_policy
-    from paravt_jax.sampling.chunks import prefill_group
-
-    mesh = abstract_mesh(mesh_sizes)
-    tensor = mesh_sizes["tensor"]
-    t = config.text
-    c = jnp.dtype(config.dtype).itemsize
-    budget = backend_policy("gpu", prefill_tokens=rl.sampler.prefill_tokens).prefill_tokens
-    merge_unit = config.vision.spatial_merge_size**2
-    frame = (work.frame_size[0] // PATCH) * (work.frame_size[1] // PATCH)
-    crop = (work.crop_frame_size[0] // PATCH) * (work.crop_frame_size[1] // PATCH)
-    calls, _ = sampler_calls(sampler_layout(rl, work), work, rl)
-    best, label = 0, ""
-    for call in calls:
-        shards = call.rows // _rows_per_device(call.rows, mesh)
-        prompts = call.prompts or call.rows
-        # every device computes a layer for all of the group's tokens (see sampler.prefill_group)
-        group = prefill_group(call.rows, call.rows // prompts, call.width,
-                              shards if prompts % shards == 0 else 1, budget)
-        keys = call.capacity + call.prefix_slots
-        kv = _divided(t.num_key_value_heads, tensor)
-        layer = _text_layer_bytes(config, group, call.width, keys, tensor)
-        layer += 2 * group * kv * keys * t.head_dim * c + 2 * group * call.width * t.hidden_size * c
-        patches = group * call.visual_tokens_per_row * merge_unit
-        image = frame if call.name.startswith("first") else crop
-        vision_out = _vision_outputs_bytes(config, patches) if patches else 0
-        vision = _vision_block_bytes(config, patches, image, tensor) + vision_out if patches else 0
-        total = max(layer + vision_out, vision)
-        if total > best:
-            best, label = total, call.name
-    return best, label
-
-
-def train_batch_spec(config: Qwen3VLConfig, work: Workload, mesh) -> dict:
-    """The abstract micro-batch TrainStep.grads receives for the policy loss: token arrays and
-    per-token extras split over the batch
-    axis as TrainStep._place splits them, vision inputs replicated, the vision layout with
-    the shapes vision_layout gives for frames of one size."""
-    rows, length = work.micro_batch_rows, work.train_length
-    replicated = NamedSharding(mesh, PartitionSpec())
-
-    def tokens(shape, dtype, axis=0):
-        return jax.ShapeDtypeStruct(shape, dtype, sharding=sh.batch_sharding(mesh, len(shape), axis,
-                                                                              batch_size=rows))
-
-    def host(shape, dtype):
-        return jax.ShapeDtypeStruct(shape, dtype, sharding=replicated)
-
-    patches = rows * work.patches_per_row
-    image = (work.frame_size[0] // PATCH) * (work.frame_size[1] // PATCH)
-    crop = (work.crop_frame_size[0] // PATCH) * (work.crop_frame_size[1] // PATCH)
-    overview_images = rows * work.overview_frames
-    crop_images = (patches - overview_images * image) // crop if patches > overview_images * image else 0
-    counts = {image: overview_images}
-    if crop_images:
-        counts[crop] = counts.get(crop, 0) + crop_images
-    groups = tuple(host((counts[size], size), jnp.int32) for size in sorted(counts))
-    meta = (host((patches, 4), jnp.int32), host((patches, 4), jnp.float32), host((patches, 2), jnp.int32),
-            groups, host((patches,), jnp.int32))
-    return dict(input_ids=tokens((rows, length), jnp.int32),
-                attention_mask=tokens((rows, length), jnp.int32),
-                position_ids=tokens((3, rows, length), jnp.int32, axis=1),
-                loss_mask=tokens((rows, length), jnp.int32),
-                advantages=tokens((rows, length), jnp.float32),
-                behaviour_logp=tokens((rows, length), jnp.float32),
-                prox_logp=tokens((rows, length), jnp.float32),
-                visual_index=tokens((rows, length), jnp.int32),
-                pixel_values=host((patches, config.vision.patch_dim), jnp.float32),
-                vision_meta=meta, **({"segment_ids": tokens((rows, length), jnp.int32)} if work.packed else {}))
-
-
+# ----------------------------------------------------------------------------- XLA on fake devices
 CHILD_TIMEOUT_S = 3600
 CHILD_FUNCTIONS = ("compile_programs",)  # what on_fake_devices may run
 
@@ -783,60 +239,6 @@ def _xla_child(answer: str) -> None:
 
 
 # ----------------------------------------------------------------------------- sampler phase
-@dataclasses.dataclass(frozen=True)
-class SamplerLayout:
-    """The rollout's caches as sampling/sampler.py lays them out: one prompt cache per prompt
-    (shared by its G samples), one suffix cache per row sized for the whole episode up front
-    (generate(reserve=...) from agent/rollout.episode_turns: never grown), and the sub-agent
-    call's caches (its prompts are its prefixes, one sample each)."""
-    prompt_rows: int  # prompts, bucketed (prefix rows)
-    rows: int  # prompt_rows x G (suffix rows)
-    prefix_slots: int
-    suffix_slots: int
-    extend_width: int
-    subagent_rows: int
-    subagent_prefix_slots: int
-    subagent_suffix_slots: int
-
-
-def sampler_layout(rl, work: Workload) -> SamplerLayout:
-    from paravt_jax.agent.rollout import episode_turns
-
-    r, sampler = rl.rollout, rl.sampler
-    calls = work.calls_per_turn
-    prompt_rows = bucket(rl.prompts_per_step, sampler.min_batch_bucket)
-    turns = [(0, r.max_new_tokens)] + episode_turns(r, rl.dispatch, max(calls, 1))
-    suffix = episode_capacity(turns, sampler.min_chunk_bucket, sampler.cache_multiple)
-    sub_prefix = sub_suffix = 0
-    if work.subagent_rows:
-        sub_prefix = bucket(work.subagent_prompt_tokens, sampler.min_chunk_bucket)
-        sub_suffix = episode_capacity([(0, r.subagent_max_tokens)], sampler.min_chunk_bucket, sampler.cache_multiple)
-    return SamplerLayout(prompt_rows, prompt_rows * rl.samples_per_prompt, work.prefill_width, suffix,
-                         work.extend_width, work.subagent_rows, sub_prefix, sub_suffix)
-
-
-def sampler_calls(layout: SamplerLayout, work: Workload, rl):
-    """(prefill calls, decode shapes) of one rollout: the prompt prefill, the tool-response
-    extend, the sub-agent prompt prefill; the main decode."""
-    from paravt_jax.sampling.memory import PrefillCall
-
-    calls = [PrefillCall("first prompt prefill", layout.prompt_rows, layout.prefix_slots, layout.prefix_slots,
-                         visual_tokens_per_row=work.overview_frames * work.frame_tokens)]
-    if layout.extend_width:
-        frames_mode = work.subagent_rows == 0
-        calls.append(PrefillCall("tool-response prefill", layout.rows, layout.suffix_slots, layout.extend_width,
-                                 prompts=layout.prompt_rows, prefix_slots=layout.prefix_slots,
-                                 visual_tokens_per_row=(work.calls_per_turn * work.crop_frames
-                                                        * work.crop_frame_tokens if frames_mode else 0)))
-    if layout.subagent_rows:
-        calls.append(PrefillCall("sub-agent prefill", layout.subagent_rows, layout.subagent_prefix_slots,
-                                 layout.subagent_prefix_slots,
-                                 visual_tokens_per_row=work.crop_frames * work.crop_frame_tokens))
-    decode = dict(rows=layout.rows, capacity=layout.suffix_slots, prompts=layout.prompt_rows,
-                  prefix_slots=layout.prefix_slots, max_new_tokens=rl.rollout.max_new_tokens)
-    return calls, decode
-
-
 def sampler_components(config: Qwen3VLConfig, rl, work: Workload, mesh_sizes: Mapping[str, int],
                        programs: ProgramSet | None) -> tuple[tuple[Component, ...], Component, list[str]]:
     """(cache rows, the largest working set, notes) of the sampler phase."""
@@ -884,7 +286,7 @@ def sampler_components(config: Qwen3VLConfig, rl, work: Workload, mesh_sizes: Ma
 
 # ----------------------------------------------------------------------------- the plan
 def plan(config, mesh_sizes: Mapping[str, int], device_memory_gb: float,
-         activations: str = "estimate", assumptions: Assumptions = Assumptions(), tokenizer=None,
+         activations: str = "estimate", assumptions: Assumptions | None = None, tokenizer=None,
          target: Target | None = None, depth: str = "auto", chip: str = "") -> MemoryPlan:
     """Per-device memory of the trainer, the sampler and the co-located rollout phase.
 
@@ -911,6 +313,7 @@ def plan(config, mesh_sizes: Mapping[str, int], device_memory_gb: float,
     which = "given by the caller"
     if tokenizer is None:
         tokenizer, which = plan_tokenizer(config)
+    assumptions = assumptions or Assumptions()
     work = workload(rl, model.vision, tokenizer, assumptions, sh.batch_devices(mesh))
     notes.append(f"token counts: agent/rollout.py's prompt and tool-response builders on frames of the planned "
                  f"sizes, every turn, call and summary at its full budget; tokenizer: {which}; assumed "

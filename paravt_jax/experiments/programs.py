@@ -188,7 +188,7 @@ def _abstract_params(tree, mesh):
 def trainer_programs(config: Qwen3VLConfig, rl, work, mesh) -> list[ProgramMemory]:
     """TrainStep's gradient, log-prob and update programs (the very jitted functions a run calls)
     on abstract sharded inputs of the largest micro-batch."""
-    from paravt_jax.experiments.plan import train_batch_spec
+    from paravt_jax.experiments.arrays import train_batch_spec
     from paravt_jax.rl.objective import policy_head, policy_loss
     from paravt_jax.train.step import TrainState, TrainStep
 
@@ -216,7 +216,7 @@ def trainer_programs(config: Qwen3VLConfig, rl, work, mesh) -> list[ProgramMemor
 
 def sampler_programs(config: Qwen3VLConfig, rl, work, layout, mesh, platform: str) -> list[ProgramMemory]:
     """The sampler's programs of one rollout (sampling/memory.py SamplerPrograms)."""
-    from paravt_jax.experiments.plan import sampler_calls
+    from paravt_jax.experiments.workload import sampler_calls
     from paravt_jax.video.frames import PATCH
 
     programs = SamplerPrograms(config, rl.sampler, mesh, platform)

@@ -1,0 +1,343 @@
+"""The planner's workload: the recipe's episodes in tokens, counted with the run's tokenizer on
+the prompts and tool responses agent/rollout.py builds (black frames of the planned sizes), and
+the rows, micro-batches and sampler calls one RL step makes of them."""
+from __future__ import annotations
+
+import dataclasses
+
+from paravt_jax.models.qwen3_vl.config import Qwen3VLConfig, load_config, preset
+from paravt_jax.sampling.kv_cache import (
+    bucket,
+    episode_capacity,
+    first_capacity,
+    grown_capacity,
+)
+from paravt_jax.text.inputs import ModelInputs
+from paravt_jax.video.frames import PATCH
+from paravt_jax.video.reader import Clip, VideoMetadata, blank_clip
+
+PACK_MIN_LENGTH, PACK_MULTIPLE = 16, 256  # train/batch.pack defaults: the train length bucket
+
+
+class PlanError(ValueError):
+    """Bad planner input (mesh string, device count, config field); the message names it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """Shapes of one RL step derived from the config (worst case over nFrames gating)."""
+    prompts_per_step: int  # B
+    samples_per_prompt: int  # G
+    rollout_rows: int  # B * G
+    sampler_rows: int  # rows of the rollout KV cache (power-of-two bucket of B * G)
+    micro_batches: int
+    micro_batch_rows: int  # rows of the largest micro-batch
+    packed: bool  # token-budget micro-batches: rows carry segment ids
+    episodes_per_row: int  # episodes packed into one row (1 unless the width fits several)
+    max_tokens_per_micro_batch: int  # rl.max_tokens_per_micro_batch (0: rl.micro_batches equal groups)
+    overview_frames: int  # K (the largest gated choice when gating is on)
+    frame_size: tuple[int, int]  # overview frame (h, w) after smart_resize
+    frame_tokens: int  # LLM tokens per overview frame
+    crop_frames: int  # frames per crop_video call (the dispatcher's max_frames)
+    crop_frame_size: tuple[int, int]
+    crop_frame_tokens: int
+    calls_per_turn: int
+    prompt_tokens: int
+    response_tokens: int  # tool responses appended per tool round (all calls of a row)
+    sequence_tokens: int  # whole episode: prompt + (max_turns + 1) turns + max_turns responses
+    train_length: int  # packed length bucket of the train step
+    patches_per_row: int  # vision patches of one training row (frames as images, replicated)
+    cache_capacity: int  # final rollout cache capacity (slots)
+    cache_capacity_before_growth: int  # the capacity copied from during the last growth (0 = none)
+    prefill_width: int  # first prefill chunk width
+    chunk_bucket: int  # SamplerConfig.min_chunk_bucket: prefill widths are multiples of it
+    prefill_capacity: int  # cache capacity at the first prefill
+    extend_width: int  # chunk width of a tool-response extend
+    subagent_rows: int  # rows of the sub-agent cache (0 unless mode == subagent)
+    subagent_prompt_tokens: int
+    subagent_capacity: int
+
+
+# ----------------------------------------------------------------------------- config
+def model_config(config) -> tuple[str, Qwen3VLConfig]:
+    """(name, model config) with the run's dtypes and remat, as jobs.build_model builds it."""
+    m = config.model
+    knobs = dict(param_dtype=m.param_dtype, dtype=m.dtype, remat=bool(m.remat),
+                 scan_layers=bool(m.get("scan_layers", True)), attention=m.get("attention", "auto"),
+                 attention_block=int(m.get("attention_block", 512)))
+    if m.get("checkpoint", ""):
+        return m.checkpoint, load_config(m.checkpoint).replace(**knobs).validate()
+    return m.preset, preset(m.preset, **knobs)
+
+
+def rl_settings(config):
+    """The RLConfig rl/trainer.py would get (jobs.rl_config); dataclass defaults without `rl`."""
+    from paravt_jax.rl.trainer import RLConfig
+
+    if "rl" not in config:
+        return RLConfig(), ("the config has no `rl` section: RLConfig defaults are planned",)
+    from paravt_jax.jobs import rl_config
+
+    return rl_config(config), ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Assumptions:
+    """What neither the config nor the prompt builders fix, taken at a stated value (printed
+    with the plan; `--question_tokens`, `--video_seconds` change them)."""
+    question_tokens: int = 128  # question text of one dataset row
+    video_seconds: float = 3600.0  # source video length: the digits of every "<t seconds>"
+    source_frame: tuple[int, int] = (720, 1280)  # decoded frame (h, w) before smart_resize: 16:9
+    source_fps: float = 30.0
+    video_name: str = "video_000000.mp4"  # the basename the video-path line shows
+
+    def text(self) -> str:
+        h, w = self.source_frame
+        return (f"question {self.question_tokens} tokens; {self.video_seconds:g} s video of {w}x{h} at "
+                f"{self.source_fps:g} fps named {self.video_name}")
+
+
+def plan_tokenizer(config):
+    """(tokenizer, which) of the run: the checkpoint's tokenizer files when model.checkpoint
+    holds them, else the built-in tokenizer (created with the built-in assets if missing, as
+    a run creates it)."""
+    from paravt_jax.text.tokenizer import Tokenizer, TokenizerError
+
+    checkpoint = config.model.get("checkpoint", "")
+    if checkpoint:
+        try:
+            return Tokenizer.from_directory(checkpoint), f"the checkpoint's ({checkpoint})"
+        except TokenizerError as e:
+            raise PlanError(f"config.model.checkpoint: {e}") from None
+    from paravt_jax.jobs import builtin_assets
+
+    assets = builtin_assets(config)
+    return Tokenizer.from_directory(assets.model_dir), f"the built-in BPE ({assets.model_dir})"
+
+
+def _decode_turn(capacity: int, chunk_end: int, budget: int, multiple: int) -> tuple[int, int]:
+    """(capacity, the capacity before its last growth or 0) after a chunk ending at
+    `chunk_end` and a decode of `budget` tokens, grown as Sampler.extend / Sampler._decode
+    grow it (every row using its whole budget); `multiple` is SamplerConfig.cache_multiple."""
+    previous = 0
+    first = first_capacity(chunk_end, budget, multiple)
+    if first > capacity:
+        previous, capacity = capacity, first
+    last_write = chunk_end + budget - 1  # slots written once the last token is sampled
+    while capacity < last_write:
+        previous, capacity = capacity, grown_capacity(capacity, capacity, last_write - capacity, multiple)
+    return capacity, previous
+
+
+@dataclasses.dataclass(frozen=True)
+class EpisodeTokens:
+    """Token counts of one full-budget episode, from the rollout's own prompt builders."""
+    overview: Clip  # the overview as the rollout would read it (black frames)
+    crop: Clip  # one crop_video call's frames
+    prompt: ModelInputs
+    response: ModelInputs  # the chunk after one tool round (all calls answered)
+    final_response: ModelInputs | None  # the chunk before the final-answer turn
+    subagent_prompt: ModelInputs | None
+    summary_tokens: int  # generated tokens of one summary inside a response (subagent mode)
+    question_tokens: int
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.prompt.length + self.question_tokens
+
+    def response_tokens(self, calls: int, final: bool = False) -> int:
+        chunk = self.final_response if final else self.response
+        return chunk.length + calls * self.summary_tokens
+
+
+def episode_tokens(rl, tokenizer, assumptions: Assumptions = Assumptions()) -> EpisodeTokens:
+    """One episode's prompt, tool-response chunks and sub-agent prompt built by
+    agent/rollout.py's builders on black frames of the sizes `read_frames` would return
+    (video/reader.py `blank_clip`): every turn uses its whole budget (no stop token), every
+    round makes max_parallel valid calls of max_frames frames each, every summary uses its
+    whole budget. The question text is empty here; `question_tokens` is added to the prompt."""
+    from paravt_jax.agent.dispatch import CropResult, CropTask
+    from paravt_jax.agent.rollout import (
+        THINK_PREFIX,
+        Episode,
+        frames_responses,
+        images_first_messages,
+        prompt_inputs,
+        response_chunk,
+        subagent_prompt,
+        summary_text,
+    )
+    from paravt_jax.agent.tools import TOOL_NAME, CropRequest, ToolCall
+
+    r, d = rl.rollout, rl.dispatch
+    if r.overview_visual != "images":
+        raise PlanError(f"rl.rollout.overview_visual={r.overview_visual!r}: the planner sizes image overviews only")
+    a = assumptions
+    meta = VideoMetadata(a.video_name, a.source_fps, max(1, round(a.video_seconds * a.source_fps)), *a.source_frame)
+    pixels = dict(min_pixels=r.overview_min_pixels, max_pixels=r.overview_max_pixels, sizing=r.overview_sizing)
+    frames = max(rl.nframes_choices) if rl.nframes_gating else rl.default_nframes
+    if frames > 0:
+        overview = blank_clip(meta, nframes=frames, **pixels)
+    else:
+        overview = blank_clip(meta, fps=r.overview_fps, max_frames=r.overview_max_frames, **pixels)
+    episode = Episode("plan", "", "", "", a.video_name, nframes=frames)
+    prompt = prompt_inputs(episode, overview, tokenizer, r)
+    # One crop window of max_frames frames at the dispatcher's rate, at the video's end (the
+    # longest timestamps).
+    span = (d.max_frames + 1) / d.fps
+    start, end = max(0.0, meta.duration - span - 1.0), meta.duration - 1.0
+    crop = blank_clip(meta, fps=d.fps, start=start, end=end, min_frames=d.min_frames, max_frames=d.max_frames,
+                      min_pixels=d.min_pixels, max_pixels=d.max_pixels, sizing=d.sizing)
+    calls = (1 if r.mode == "sequential" else d.max_parallel) if r.tools else 0
+    call = ToolCall(TOOL_NAME, {"video_path": a.video_name, "start_time": start, "end_time": end})
+    results = [CropResult(CropTask(0, k, a.video_name, meta.duration, call), CropRequest(start, end), crop,
+                          None, 0.0, 0.0) for k in range(calls)]
+    summary_tokens, sub_prompt = 0, None
+    if r.mode == "subagent":
+        summary_tokens = r.subagent_max_tokens  # counted as generated; the text adds its marker
+        bodies = [summary_text([], False, tokenizer)] * calls
+        sub_prompt = subagent_prompt(crop, start, end, tokenizer) if calls else None
+    elif r.frames_response == "images_first":
+        bodies = images_first_messages(results)
+    else:
+        bodies = frames_responses(results)
+    think = THINK_PREFIX if r.think_prefix else ""
+    response = response_chunk(bodies, [], True, think, "", r, tokenizer, prompt.next_position)
+    final = (response_chunk(bodies, [], True, r.final_answer_prefix, r.final_answer_instruction, r, tokenizer,
+                            prompt.next_position) if r.final_answer else None)
+    return EpisodeTokens(overview, crop, prompt, response, final, sub_prompt, summary_tokens, a.question_tokens)
+
+
+def _patches(inputs: ModelInputs) -> int:
+    return int(inputs.pixel_values.shape[0] + inputs.pixel_values_videos.shape[0])
+
+
+def workload(rl, vision, tokenizer, assumptions: Assumptions = Assumptions(), batch_devices: int = 1) -> Workload:
+    """The token and row counts of one RL step: the episode from the rollout's prompt builders
+    (`episode_tokens`), every row at the full budget; the KV cache grown as the sampler grows
+    it; the train micro-batches from train/batch.py's own plan (`plan_micro_batches`: token
+    budget or fixed count) over the packed episode lengths; batch_devices: the devices the
+    batch axis splits over (`sharding.batch_devices`), the row multiple of token budgets."""
+    from paravt_jax.train.batch import plan_micro_batches
+
+    r = rl.rollout
+    merge_unit = vision.spatial_merge_size**2
+    tokens = episode_tokens(rl, tokenizer, assumptions)
+    frames = len(tokens.overview.frames)
+    frame_size = tuple(int(x) for x in tokens.overview.frames.shape[1:3])
+    crop_size = tuple(int(x) for x in tokens.crop.frames.shape[1:3])
+    frame_tokens = (frame_size[0] // PATCH) * (frame_size[1] // PATCH) // merge_unit
+    crop_tokens = (crop_size[0] // PATCH) * (crop_size[1] // PATCH) // merge_unit
+    calls = (1 if r.mode == "sequential" else rl.dispatch.max_parallel) if r.tools else 0
+
+    prompt = tokens.prompt_tokens
+    response = tokens.response_tokens(calls) if calls else 0
+    rounds = r.max_turns if calls else 0
+    final = calls and r.final_answer and rounds
+    # rounds with tool responses and a full decode turn each; the final-answer round ends with
+    # the last responses and a short turn instead
+    full_rounds = rounds - 1 if final else rounds
+    sequence = prompt + (full_rounds + 1) * r.max_new_tokens + full_rounds * response
+    if final:
+        sequence += tokens.response_tokens(calls, final=True) + r.final_answer_tokens
+
+    # The rollout cache, grown exactly as Sampler.generate / Sampler.extend grow it.
+    M = r.max_new_tokens
+    sampler = rl.sampler  # the trainer's sampler knobs: chunk and cache buckets follow them
+    prefill_width = bucket(prompt, sampler.min_chunk_bucket)
+    prefill_capacity = first_capacity(prefill_width, M, sampler.cache_multiple)
+    capacity, previous = _decode_turn(prefill_capacity, prefill_width, M, sampler.cache_multiple)
+    write = prefill_width + M - 1
+    extend_width = bucket(1 + response, sampler.min_chunk_bucket) if calls else 0  # + the pending token
+    turns = [M] * full_rounds + ([r.final_answer_tokens] if final else [])
+    for budget in turns:
+        capacity, grew_from = _decode_turn(capacity, write + extend_width, budget, sampler.cache_multiple)
+        previous = grew_from or previous
+        write += extend_width + budget - 1
+
+    rows = rl.prompts_per_step * rl.samples_per_prompt
+    sub_rows = sub_prompt = sub_capacity = 0
+    if tokens.subagent_prompt is not None:
+        sub_rows = bucket(rows * calls)
+        sub_prompt = tokens.subagent_prompt.length
+        sub_capacity, _ = _decode_turn(0, bucket(sub_prompt, sampler.min_chunk_bucket),
+                                       r.subagent_max_tokens, sampler.cache_multiple)
+    patches = _patches(tokens.prompt) + (full_rounds * _patches(tokens.response)
+                                         + (_patches(tokens.final_response) if final else 0))
+    width = bucket(sequence, PACK_MIN_LENGTH, PACK_MULTIPLE)
+    try:
+        micro = plan_micro_batches([sequence] * rows, width, rl.micro_batches, rl.max_tokens_per_micro_batch,
+                                   batch_devices)
+    except ValueError as e:
+        raise PlanError(f"rl.micro_batches={rl.micro_batches} / rl.max_tokens_per_micro_batch="
+                        f"{rl.max_tokens_per_micro_batch}: {e}") from None
+    per_row = max(sum(1 for p in placements if p[0] == row) for placements in micro.placements
+                  for row in {p[0] for p in placements})
+    return Workload(
+        prompts_per_step=rl.prompts_per_step, samples_per_prompt=rl.samples_per_prompt,
+        rollout_rows=rows, sampler_rows=bucket(rows, sampler.min_batch_bucket),
+        micro_batches=len(micro.rows), micro_batch_rows=max(micro.rows), packed=micro.packed,
+        episodes_per_row=per_row, max_tokens_per_micro_batch=rl.max_tokens_per_micro_batch,
+        overview_frames=frames, frame_size=frame_size, frame_tokens=frame_tokens,
+        crop_frames=len(tokens.crop.frames), crop_frame_size=crop_size, crop_frame_tokens=crop_tokens,
+        calls_per_turn=calls, prompt_tokens=prompt, response_tokens=response,
+        sequence_tokens=sequence, train_length=micro.width,
+        patches_per_row=per_row * patches, cache_capacity=capacity, cache_capacity_before_growth=previous,
+        prefill_width=prefill_width, chunk_bucket=sampler.min_chunk_bucket, prefill_capacity=prefill_capacity,
+        extend_width=extend_width,
+        subagent_rows=sub_rows, subagent_prompt_tokens=sub_prompt, subagent_capacity=sub_capacity)
+
+
+# ----------------------------------------------------------------------------- sampler calls
+@dataclasses.dataclass(frozen=True)
+class SamplerLayout:
+    """The rollout's caches as sampling/sampler.py lays them out: one prompt cache per prompt
+    (shared by its G samples), one suffix cache per row sized for the whole episode up front
+    (generate(reserve=...) from agent/rollout.episode_turns: never grown), and the sub-agent
+    call's caches (its prompts are its prefixes, one sample each)."""
+    prompt_rows: int  # prompts, bucketed (prefix rows)
+    rows: int  # prompt_rows x G (suffix rows)
+    prefix_slots: int
+    suffix_slots: int
+    extend_width: int
+    subagent_rows: int
+    subagent_prefix_slots: int
+    subagent_suffix_slots: int
+
+
+def sampler_layout(rl, work: Workload) -> SamplerLayout:
+    from paravt_jax.agent.rollout import episode_turns
+
+    r, sampler = rl.rollout, rl.sampler
+    calls = work.calls_per_turn
+    prompt_rows = bucket(rl.prompts_per_step, sampler.min_batch_bucket)
+    turns = [(0, r.max_new_tokens)] + episode_turns(r, rl.dispatch, max(calls, 1))
+    suffix = episode_capacity(turns, sampler.min_chunk_bucket, sampler.cache_multiple)
+    sub_prefix = sub_suffix = 0
+    if work.subagent_rows:
+        sub_prefix = bucket(work.subagent_prompt_tokens, sampler.min_chunk_bucket)
+        sub_suffix = episode_capacity([(0, r.subagent_max_tokens)], sampler.min_chunk_bucket, sampler.cache_multiple)
+    return SamplerLayout(prompt_rows, prompt_rows * rl.samples_per_prompt, work.prefill_width, suffix,
+                         work.extend_width, work.subagent_rows, sub_prefix, sub_suffix)
+
+
+def sampler_calls(layout: SamplerLayout, work: Workload, rl):
+    """(prefill calls, decode shapes) of one rollout: the prompt prefill, the tool-response
+    extend, the sub-agent prompt prefill; the main decode."""
+    from paravt_jax.sampling.memory import PrefillCall
+
+    calls = [PrefillCall("first prompt prefill", layout.prompt_rows, layout.prefix_slots, layout.prefix_slots,
+                         visual_tokens_per_row=work.overview_frames * work.frame_tokens)]
+    if layout.extend_width:
+        frames_mode = work.subagent_rows == 0
+        calls.append(PrefillCall("tool-response prefill", layout.rows, layout.suffix_slots, layout.extend_width,
+                                 prompts=layout.prompt_rows, prefix_slots=layout.prefix_slots,
+                                 visual_tokens_per_row=(work.calls_per_turn * work.crop_frames
+                                                        * work.crop_frame_tokens if frames_mode else 0)))
+    if layout.subagent_rows:
+        calls.append(PrefillCall("sub-agent prefill", layout.subagent_rows, layout.subagent_prefix_slots,
+                                 layout.subagent_prefix_slots,
+                                 visual_tokens_per_row=work.crop_frames * work.crop_frame_tokens))
+    decode = dict(rows=layout.rows, capacity=layout.suffix_slots, prompts=layout.prompt_rows,
+                  prefix_slots=layout.prefix_slots, max_new_tokens=rl.rollout.max_new_tokens)
+    return calls, decode
