@@ -13,6 +13,7 @@ from typing import Any
 from paravt_jax.agent.rollout import MODES as ROLLOUT_MODES
 from paravt_jax.rl.advantages import ANCHOR_MODES
 from paravt_jax.rl.episode_log import MAX_LOGGED
+from paravt_jax.rl.objective import PROX_LOGPROBS
 from paravt_jax.rl.rewards import REWARD_MODES
 from paravt_jax.rl.shapes import POLICIES as SHAPE_POLICIES
 from paravt_jax.video.frames import SIZINGS
@@ -89,7 +90,7 @@ RULES: dict[str, Rule] = {
     "rl.optimizer.learning_rate": positive(), "rl.optimizer.weight_decay": non_negative(),
     "rl.optimizer.grad_clip": non_negative(), "rl.optimizer.warmup_steps": integer(0),
     "rl.step.temperature": positive(), "rl.step.eps_clip": positive(), "rl.step.behaviour_cap": positive(),
-    "rl.step.logprob_chunk": integer(1),
+    "rl.step.logprob_chunk": integer(1), "rl.step.prox_logprobs": one_of(PROX_LOGPROBS),
     "rl.rollout.max_turns": integer(0), "rl.rollout.max_new_tokens": integer(1),
     "rl.rollout.mode": one_of(ROLLOUT_MODES), "rl.rollout.subagent_max_tokens": integer(1),
     "rl.rollout.overview_max_pixels": integer(784), "rl.rollout.overview_max_frames": integer(1),

@@ -263,9 +263,11 @@ def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge
             structural_mask=packed.extras["structural_mask"] if token_anchor else None)
         episode_log.write(index, rollouts, rewards, np.asarray(advantages))
         advantages = plan.split(np.asarray(advantages, np.float32))
-        prox = jax.block_until_ready([step.logprobs(state.params, b) for b in batches])  # PPO's "old" policy
+        batches = [b.with_extras(advantages=advantages[i]) for i, b in enumerate(batches)]
+        if config.step.prox_logprobs == "recompute":  # PPO's "old" policy in a pass of its own
+            prox = jax.block_until_ready([step.logprobs(state.params, b) for b in batches])
+            batches = [b.with_extras(prox_logp=prox[i]) for i, b in enumerate(batches)]
         t_prox = time.perf_counter()
-        batches = [b.with_extras(advantages=advantages[i], prox_logp=prox[i]) for i, b in enumerate(batches)]
         state, metrics = step.step(state, batches)
         t3 = time.perf_counter()
         metrics.update(summarize(rollouts, rewards))
