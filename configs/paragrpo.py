@@ -93,7 +93,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
         c.rl.rollout.mode = c.eval.mode = "subagent"
         c.rl.rollout.subagent_max_tokens = 32  # a toy summary is about 9 tokens
         c.rl.steps, c.rl.prompts_per_step = 12, 4  # 4 prompts x 4 samples a step
-        c.rl.eval_every, c.rl.eval_limit, c.rl.eval_nframes = 6, 8, 4
+        c.rl.eval_every, c.rl.eval_limit, c.rl.eval_nframes = 6, 8, (4,)
         c.eval.limit, c.eval.max_new_tokens = 0, 160  # every held-out question
         c.eval.after_sft = (4,)  # the cold start's table too: what RL starts from
         # the toy's 64x96 frames are 6 tokens: a K = 64 prompt is 930 tokens, an episode at

@@ -80,7 +80,7 @@ RULES: dict[str, Rule] = {
     # PARA-GRPO
     "rl.steps": integer(0), "rl.prompts_per_step": integer(1), "rl.samples_per_prompt": integer(1),
     "rl.micro_batches": integer(1), "rl.max_tokens_per_micro_batch": integer(0),
-    "rl.checkpoint_every": integer(0), "rl.eval_every": integer(0),
+    "rl.checkpoint_every": integer(0), "rl.eval_every": integer(0), "rl.eval_nframes": integers(1),
     "rl.shapes.policy": one_of(SHAPE_POLICIES), "rl.shapes.prompt_width": integer(0),
     "rl.shapes.prompt_frames": integer(0), "rl.shapes.subagent_rows": integer(0), "rl.shapes.extend_width": integer(0),
     "rl.shapes.subagent_width": integer(0), "rl.shapes.train_width": integer(0),

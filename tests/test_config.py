@@ -23,7 +23,7 @@ CHOICES = {"AdvantageConfig.anchor_mode": "sequence", "OptimizerConfig.name": "a
            "RolloutConfig.frames_response": "images_first", "RolloutConfig.malformed": "ignore",
            "RolloutConfig.extra_calls": "ignore", "RolloutConfig.overview_visual": "video",
            "RolloutConfig.overview_sizing": "two_stage", "DispatchConfig.sizing": "two_stage",
-           "ShapeConfig.policy": "per_call"}
+           "ShapeConfig.policy": "per_call", "StepConfig.prox_logprobs": "recompute"}
 
 
 def parse(*overrides):

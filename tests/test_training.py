@@ -269,11 +269,15 @@ def test_periodic_evaluation_uses_the_rollout_mode(dataset, tmp_path, monkeypatc
         return real(model, tokenizer, eval_rows, **kwargs)
 
     monkeypatch.setattr(evaluate_module, "evaluate", recording)
-    config = dataclasses.replace(_rl_config(1), eval_every=1, eval_limit=1, eval_nframes=2)
+    config = dataclasses.replace(_rl_config(1), eval_every=1, eval_limit=1, eval_nframes=(2, 4))
     config = dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, mode="subagent"))
     _, result = train_rl(init_model(preset("tiny"), seed=2), tok, rows, str(tmp_path), config, eval_rows=rows[-2:])
-    assert calls == [(1, False, "subagent", 2), (1, True, "subagent", 2)]
-    assert result.history[0]["eval_tools/samples"] == 1 and "eval_notools/accuracy" in result.history[0]
+    assert calls == [(1, False, "subagent", 2), (1, True, "subagent", 2), (1, False, "subagent", 4),
+                     (1, True, "subagent", 4)]
+    record = result.history[0]
+    assert record["eval_tools/samples"] == 1 and "eval_notools/accuracy" in record  # the first K
+    assert record["eval_tools_K4/samples"] == 1 and "eval_notools_K4/accuracy" in record
+    assert not any(key.startswith("eval_tools_K2") for key in record)
 
 
 def test_consecutive_non_finite_steps_stop_the_run(tmp_path):

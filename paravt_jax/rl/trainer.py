@@ -114,11 +114,24 @@ class RLConfig:
     max_bad_steps: int = 3
     shapes: ShapeConfig = ShapeConfig()  # the compiled programs' shapes (rl/shapes.py)
     eval_every: int = 0  # greedy held-out evaluation every N steps (0 = off)
-    eval_nframes: int = 16
+    # its overview budgets K: the first logs as eval_tools/... and eval_notools/... (what the
+    # curves and the sweep report read), each further K as eval_tools_K{K}/...
+    eval_nframes: tuple[int, ...] = (16,)
     eval_limit: int = 2
     # sampled episodes logged per step to <workdir>/episodes/step_XXXXXX.jsonl (0 = none;
     # paravt_jax/rl/episode_log.py, `paravt-jax view`)
     log_episodes: int = 0
+
+
+def periodic_evaluations(nframes: tuple[int, ...]) -> list[tuple[int, bool]]:
+    """(K, tools) of the periodic held-out evaluation, only process 0 runs it."""
+    return [(k, tools) for k in nframes for tools in (False, True)]
+
+
+def periodic_tag(nframes: tuple[int, ...], k: int, tools: bool) -> str:
+    """eval_tools / eval_notools for the first K, with a _K{K} suffix for the others."""
+    tag = "eval_tools" if tools else "eval_notools"
+    return tag if k == nframes[0] else f"{tag}_K{k}"
 
 
 def score(rollouts, config: RewardConfig, anchor_weight: float, token_anchor: bool,
@@ -285,10 +298,10 @@ def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge
 
             evaluation = compiles.snapshot()  # the evaluation's own shapes: reported apart
             current = dist.local_model(step.model(state))
-            for tools in (False, True) if dist.is_primary() else ():  # only process 0 logs
-                result = evaluate(current, tokenizer, eval_rows[:config.eval_limit], nframes=config.eval_nframes,
+            for nframes, tools in periodic_evaluations(config.eval_nframes) if dist.is_primary() else ():
+                result = evaluate(current, tokenizer, eval_rows[:config.eval_limit], nframes=nframes,
                                   tools=tools, rollout=config.rollout, dispatch=config.dispatch)
-                tag = "eval_tools" if tools else "eval_notools"
+                tag = periodic_tag(config.eval_nframes, nframes, tools)
                 metrics.update({f"{tag}/{k}": v for k, v in result.row().items() if k not in ("tools", "nframes")})
             metrics["eval_compiles"] = evaluation.since().count
         return state, metrics
