@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from paravt_jax.rl import loss as L
+from paravt_jax.train.stats import WeightedMean
 from paravt_jax.train.step import HeadConfig, LossFn, TokenScores
 
 # The per-token extras a policy micro-batch carries (prox_logp only with "recompute").
@@ -58,6 +59,6 @@ def policy_loss(config: StepConfig) -> LossFn:
                                            behaviour_cap=config.behaviour_cap)
         m = batch["loss_mask"] > 0
         entropy = jnp.sum(jnp.where(m, jax.lax.stop_gradient(scores.entropy), 0.0))
-        return total, count, dict(metrics, entropy=L.WeightedMean(entropy, jnp.sum(m).astype(jnp.int32)))
+        return total, count, dict(metrics, entropy=WeightedMean(entropy, jnp.sum(m).astype(jnp.int32)))
 
     return loss_fn

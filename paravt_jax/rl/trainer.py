@@ -15,7 +15,7 @@ from paravt_jax import sharding as sh
 from paravt_jax.agent.dispatch import CropDispatcher, DispatchConfig
 from paravt_jax.agent.rollout import Episode, RolloutConfig, run_rollouts
 from paravt_jax.config import set_by
-from paravt_jax.rl import gating
+from paravt_jax.data import gating
 from paravt_jax.rl import judge as J
 from paravt_jax.rl import rewards as R
 from paravt_jax.rl.advantages import AdvantageConfig, compute_advantages
