@@ -14,7 +14,8 @@ from paravt_jax.data import synthetic as syn
 from paravt_jax.data.paravt_parquet import SchemaError, load_rl_rows, load_sft_rows
 from paravt_jax.models.qwen3_vl import init_model, preset
 from paravt_jax.rl.advantages import AdvantageConfig
-from paravt_jax.rl.trainer import RewardConfig, RLConfig, train_rl
+from paravt_jax.rl.rewards import RewardConfig
+from paravt_jax.rl.trainer import RLConfig, train_rl
 from paravt_jax.sft.trainer import HEAD, SFTConfig, sft_loss, train_sft
 from paravt_jax.text.tokenizer import train_tokenizer
 from paravt_jax.train.loop import LoopConfig, data_indices, run_loop
