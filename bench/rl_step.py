@@ -2,7 +2,8 @@
 row) against fixed shapes (rl.shapes, and the preset's packed rows), from the same model and
 seed, each arm in its own process (no compiled program is shared between the two).
 
-Prints per arm the median step seconds, the XLA compilations of every step, and the median
+Prints per arm the median step seconds (wall, and the process's CPU seconds, which other jobs
+on a shared machine disturb less), the XLA compilations of every step, and the median
 time split (rollout, rewards, batch building, reference and proximal log-probs, gradients,
 optimizer update), then whether the two arms logged the same metrics step by step (rewards
 exactly, losses to a tolerance: padding and packing change the float reduction order).
@@ -82,7 +83,8 @@ def median(values: list[float]) -> float:
 def arm_row(name: str, lines: list[dict], warmup: int, phase: str) -> list:
     steady = lines[warmup:] or lines
     compiles = [int(c) for c in metric(lines, "compiles", phase)]
-    return [name, f"{median(metric(steady, 'step_s', phase)):.2f}", " ".join(map(str, compiles)),
+    return [name, *(f"{median(metric(steady, key, phase)):.2f}" for key in ("step_s", "step_cpu_s")),
+            " ".join(map(str, compiles)),
             f"{sum(metric(lines, 'compile_s', phase)):.1f}",
             *(f"{median(metric(steady, key, phase)):.2f}" for key in PHASES[phase]["split"])]
 
@@ -145,10 +147,11 @@ def main(argv=None) -> int:
     print(f"\n{machine()}; {args.config}, {args.steps} {phase} steps, medians over steps >= {args.warmup}"
           f"{', arms run at once' if args.parallel else ''}")
     print_table(f"{phase.upper()} step: previous shapes vs fixed shapes",
-                ["arm", "step s", "compiles per step", "compile s", *PHASES[phase]["split"]],
+                ["arm", "step s", "step CPU s", "compiles per step", "compile s", *PHASES[phase]["split"]],
                 [arm_row(name, lines, args.warmup, phase) for name, lines in arms.items()])
-    times = {name: median(metric(lines[args.warmup:], "step_s", phase)) for name, lines in arms.items()}
-    print(f"\nspeed-up of the median step: {times['before'] / max(times['after'], 1e-9):.2f}x")
+    for key, what in (("step_s", "step"), ("step_cpu_s", "step's CPU time")):
+        times = {name: median(metric(lines[args.warmup:], key, phase)) for name, lines in arms.items()}
+        print(f"speed-up of the median {what}: {times['before'] / max(times['after'], 1e-9):.2f}x")
     print_table("Same metrics, step by step", ["metric", "before vs after"],
                 compare(arms["before"], arms["after"], phase, args.rtol))
     return 0
