@@ -19,7 +19,7 @@ from paravt_jax.rl import gating
 from paravt_jax.rl import judge as J
 from paravt_jax.rl import rewards as R
 from paravt_jax.rl.advantages import AdvantageConfig, compute_advantages
-from paravt_jax.rl.episode_log import EpisodeLog
+from paravt_jax.rl.episode_log import EpisodeLog, eval_records
 from paravt_jax.rl.episode_stats import summarize
 from paravt_jax.rl.objective import StepConfig, policy_head, policy_loss
 from paravt_jax.rl.shapes import ShapeConfig, StepShapes, resolve
@@ -218,6 +218,8 @@ def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge
     advantages_fn = jax.jit(compute_advantages, static_argnames=("cfg", "group_size"))
     unreadable = {"prompts": 0}  # prompts in a row whose videos could not be read
     episode_log = EpisodeLog(os.path.join(workdir, "episodes"), config.log_episodes, G, rows)
+    # the periodic evaluation's episodes, all of them, whenever episodes are logged at all
+    eval_log = EpisodeLog(os.path.join(workdir, "eval_episodes"), config.log_episodes, 1)
 
     def step_fn(state, index):
         t0 = time.perf_counter()
@@ -279,15 +281,20 @@ def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge
         if usage is not None:  # judge failures this step: those answers were scored by token F1
             metrics["judge_f1_fallbacks"] = usage.failures - failures
         if config.eval_every and eval_rows and (index + 1) % config.eval_every == 0:
-            from paravt_jax.rl.evaluate import evaluate
+            from paravt_jax.rl.evaluate import evaluate_episodes
 
             evaluation = compiles.snapshot()  # the evaluation's own shapes: reported apart
             current = dist.local_model(step.model(state))
+            held_out = eval_rows[:config.eval_limit]
+            records = []
             for tools in (False, True) if dist.is_primary() else ():  # only process 0 logs
-                result = evaluate(current, tokenizer, eval_rows[:config.eval_limit], nframes=config.eval_nframes,
-                                  tools=tools, rollout=config.rollout, dispatch=config.dispatch)
+                result, evaluated = evaluate_episodes(current, tokenizer, held_out, nframes=config.eval_nframes,
+                                                      tools=tools, rollout=config.rollout, dispatch=config.dispatch)
                 tag = "eval_tools" if tools else "eval_notools"
                 metrics.update({f"{tag}/{k}": v for k, v in result.row().items() if k not in ("tools", "nframes")})
+                records += eval_records(evaluated, held_out, step=index, stage="periodic", tools=tools,
+                                        nframes=config.eval_nframes)
+            eval_log.write_records(index, records)
             metrics["eval_compiles"] = evaluation.since().count
         return state, metrics
 
