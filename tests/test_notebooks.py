@@ -302,12 +302,18 @@ def test_training_curves_notebook_names_a_workdir_without_metrics(builtin_root, 
     assert "FileNotFoundError" in message and "no metrics under workdir" in message and str(empty) in message
 
 
+ARMS = ("vanilla", "anchor_only", "gating_only", "paragrpo")
+
+
 def test_paradox_notebook(builtin_root):
     nb, _ = execute("04_paradox.ipynb", kernel_env(builtin_root))
     compare_outputs("04_paradox.ipynb", nb, stored("04_paradox.ipynb"))
     text = printed(nb)
-    assert "strong,vanilla: 3 arms" in text and "strong,paragrpo: 3 arms" in text
-    assert figures(nb) >= 5  # compliance, kappa, reward, calls per tool turn, held-out accuracy
+    assert all(f"strong,{arm}: 3 arms, 3 finished, 12 RL steps" in text for arm in ARMS)
+    training = [line for line in text.splitlines() if " -> " in line]  # early -> late, per group and metric
+    assert [line.split()[0] for line in training] == [f"strong,{arm}" for arm in ARMS]
+    assert all(line.count(" -> ") == 5 for line in training)
+    assert figures(nb) == 2  # the curves (compliance, kappa, reward, calls, held-out accuracy), the evaluation
 
 
 def store(names) -> None:
