@@ -12,7 +12,8 @@ exactly, losses to a tolerance: padding and packing change the float reduction o
         [--extra=--config.rl.eval_every=0] [--parallel] [--workdir DIR]
 
 --before defaults to the phase's previous behaviour: rl `--config.rl.shapes.policy=per_call
---config.rl.max_tokens_per_micro_batch=0`, sft `--config.sft.train_width=0
+--config.rl.max_tokens_per_micro_batch=0 --config.rl.step.prox_logprobs=recompute
+--config.model.attention_block=512`, sft `--config.sft.train_width=0
 --config.sft.train_frames=0`.
 """
 from __future__ import annotations
@@ -40,7 +41,8 @@ PHASES = {
                       "update_s"),
                exact=("reward", "acc_reward", "format_compliance", "kappa", "rollouts", "loss_tokens"),
                close=("loss", "grad_norm"),
-               before="--config.rl.shapes.policy=per_call --config.rl.max_tokens_per_micro_batch=0"),
+               before="--config.rl.shapes.policy=per_call --config.rl.max_tokens_per_micro_batch=0 "
+                      "--config.rl.step.prox_logprobs=recompute --config.model.attention_block=512"),
     "sft": dict(command="sft", steps="sft.steps", split=("grads_s", "update_s"), exact=("loss_tokens",),
                 close=("loss", "grad_norm"), before="--config.sft.train_width=0 --config.sft.train_frames=0"),
 }

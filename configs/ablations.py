@@ -33,6 +33,16 @@ without tools every 4 steps, and the final evaluation of the 48 held-out questio
 and 64. A seed changes the data order, gating draws, rollout sampling and (without a
 checkpoint) the model initialisation; the built-in synthetic data has its own `data.seed`.
 
+toy_long (docs/long_rl.md): the long-RL study, 96 RL steps per arm: vanilla and paragrpo
+from the strong and the varied cold starts, then anchor_only and gating_only from the strong
+one, 3 seeds each (the core 12 arms first, so an interrupted sweep has them), a held-out
+check of 16 questions with and without tools at K = 4, 16 and 64 every 16 steps, the final
+evaluation of the 48 held-out questions at the same K. Resumable: a rerun skips finished arms
+and an interrupted arm resumes from its last checkpoint (every 16 steps):
+    paravt-jax sweep --config=configs/ablations.py:toy_long --workdir=runs/long --shared_sft
+toy_long_pilot: the learning rate chosen once on seed 0 (paragrpo, strong cold start, 48
+steps at 3e-5, 1e-4 and 3e-4) before the study fixes it.
+
 toy_paradox_varied (about 50 minutes): the same study's third cold start, whose SFT rows'
 overviews have 4, 8 or 16 frames (`prior=varied`, a tool prior at dense overviews too), and
 vanilla vs paragrpo from it; report both together:
@@ -50,7 +60,9 @@ GATING_FIELDS = ("rl.nframes_gating",)
 PRIORS = ({"name": "strong"}, {"name": "weak", "sft.steps": 200},
           {"name": "varied", "sft.nframes_choices": (4, 8, 16)})
 WEAK_PRIOR_ARMS = ("vanilla", "paragrpo")  # the arms run from the weak and the varied cold starts
-STUDIES = ("toy_paradox", "toy_paradox_varied")
+STUDIES = ("toy_paradox", "toy_paradox_varied", "toy_long", "toy_long_pilot")
+LONG_STEPS, LONG_EVAL_EVERY, LONG_NFRAMES = 96, 16, (4, 16, 64)
+PILOT_RATES = (3e-5, 1e-4, 3e-4)
 
 
 def _base_preset(arg):
@@ -69,6 +81,11 @@ def get_config(arg: str = "tiny"):
         c.rl.eval_every = 0
         c.eval.limit = 2
         c.eval.nframes = (4, 16)
+    elif c.preset in ("toy_long", "toy_long_pilot"):
+        c.rl.steps = LONG_STEPS if c.preset == "toy_long" else LONG_STEPS // 2
+        c.rl.eval_every, c.rl.eval_limit, c.rl.eval_nframes = LONG_EVAL_EVERY, 16, LONG_NFRAMES
+        c.rl.checkpoint_every = LONG_EVAL_EVERY  # an interrupted arm resumes, losing < 16 steps
+        c.eval.nframes = LONG_NFRAMES
     elif c.preset in STUDIES:
         c.rl.eval_every, c.rl.eval_limit = 4, 16  # accuracy with and without tools over training
         c.eval.nframes = (4, 64)
@@ -113,6 +130,15 @@ def sweep(arg="tiny"):
         weak = [a for a in grid if a["name"] in WEAK_PRIOR_ARMS]
         return (product(prior=[PRIORS[0]], arm=grid, seed=list(SEEDS))
                 + product(prior=[PRIORS[1]], arm=weak, seed=list(SEEDS)))
+    if arg == "toy_long":  # the core 12 arms first, then the factorial's other two
+        core = [a for a in arms(arg) if a["name"] in WEAK_PRIOR_ARMS]
+        parts = [a for a in arms(arg) if a["name"] in ("anchor_only", "gating_only")]
+        return (product(prior=[PRIORS[0], PRIORS[2]], arm=core, seed=list(SEEDS))
+                + product(prior=[PRIORS[0]], arm=parts, seed=list(SEEDS)))
+    if arg == "toy_long_pilot":
+        paragrpo_arm = [a for a in arms(arg) if a["name"] == "paragrpo"]
+        return product(prior=[PRIORS[0]], arm=paragrpo_arm, seed=[SEEDS[0]],
+                       **{"rl.optimizer.learning_rate": list(PILOT_RATES)})
     if arg == "toy_paradox_varied":  # the third cold start, a sweep of its own (about 50 min)
         weak = [a for a in arms(arg) if a["name"] in WEAK_PRIOR_ARMS]
         return product(prior=[PRIORS[2]], arm=weak, seed=list(SEEDS))

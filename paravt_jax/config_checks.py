@@ -13,6 +13,7 @@ from typing import Any
 from paravt_jax.agent.rollout import MODES as ROLLOUT_MODES
 from paravt_jax.rl.advantages import ANCHOR_MODES
 from paravt_jax.rl.episode_log import MAX_LOGGED
+from paravt_jax.rl.objective import PROX_LOGPROBS
 from paravt_jax.rl.rewards import REWARD_MODES
 from paravt_jax.rl.shapes import POLICIES as SHAPE_POLICIES
 from paravt_jax.video.frames import SIZINGS
@@ -79,7 +80,7 @@ RULES: dict[str, Rule] = {
     # PARA-GRPO
     "rl.steps": integer(0), "rl.prompts_per_step": integer(1), "rl.samples_per_prompt": integer(1),
     "rl.micro_batches": integer(1), "rl.max_tokens_per_micro_batch": integer(0),
-    "rl.checkpoint_every": integer(0), "rl.eval_every": integer(0),
+    "rl.checkpoint_every": integer(0), "rl.eval_every": integer(0), "rl.eval_nframes": integers(1),
     "rl.shapes.policy": one_of(SHAPE_POLICIES), "rl.shapes.prompt_width": integer(0),
     "rl.shapes.prompt_frames": integer(0), "rl.shapes.subagent_rows": integer(0), "rl.shapes.extend_width": integer(0),
     "rl.shapes.subagent_width": integer(0), "rl.shapes.train_width": integer(0),
@@ -89,7 +90,7 @@ RULES: dict[str, Rule] = {
     "rl.optimizer.learning_rate": positive(), "rl.optimizer.weight_decay": non_negative(),
     "rl.optimizer.grad_clip": non_negative(), "rl.optimizer.warmup_steps": integer(0),
     "rl.step.temperature": positive(), "rl.step.eps_clip": positive(), "rl.step.behaviour_cap": positive(),
-    "rl.step.logprob_chunk": integer(1),
+    "rl.step.logprob_chunk": integer(1), "rl.step.prox_logprobs": one_of(PROX_LOGPROBS),
     "rl.rollout.max_turns": integer(0), "rl.rollout.max_new_tokens": integer(1),
     "rl.rollout.mode": one_of(ROLLOUT_MODES), "rl.rollout.subagent_max_tokens": integer(1),
     "rl.rollout.overview_max_pixels": integer(784), "rl.rollout.overview_max_frames": integer(1),

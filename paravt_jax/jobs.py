@@ -151,9 +151,20 @@ class SFTData:
     kinds: tuple[str, ...]  # each row's `kind` column ("" without one): the SFT curriculum's key
 
 
-def _setup(config, training: bool = False):
-    """(model, tokenizer, SFT data, RL rows, held-out rows, video root) of a config; `training`:
-    outside the toy presets every data file must be given (config_checks.check_data_sources)."""
+@dataclasses.dataclass
+class RunInputs:
+    """What a command runs on, built from the config by `_setup`."""
+    model: object
+    tokenizer: object
+    sft: SFTData
+    rl_rows: list  # RLRow
+    eval_rows: list  # RLRow, held out
+    video_root: str
+
+
+def _setup(config, training: bool = False) -> RunInputs:
+    """The model, tokenizer and data of a config; `training`: outside the toy presets every data
+    file must be given (config_checks.check_data_sources)."""
     from paravt_jax import distributed
     from paravt_jax.config_checks import check_data_sources
     from paravt_jax.data.paravt_parquet import load_rl_rows, load_sft_rows
@@ -187,7 +198,7 @@ def _setup(config, training: bool = False):
     else:
         rl_rows, _ = load_rl_rows(paths["rl_train"], root)
         eval_rows, _ = load_rl_rows(paths["rl_eval"], root)
-    return model, tokenizer, sft, rl_rows, eval_rows, root
+    return RunInputs(model, tokenizer, sft, rl_rows, eval_rows, root)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -388,7 +399,9 @@ def run_command(config, workdir: str = "") -> dict:
               f"kept (delete it to evaluate again)", flush=True)
         return finished
     t0 = time.perf_counter()
-    model, tokenizer, sft, rl_rows, eval_rows, root = _setup(config, training=True)
+    inputs = _setup(config, training=True)
+    model, tokenizer, sft, rl_rows, eval_rows, root = (inputs.model, inputs.tokenizer, inputs.sft, inputs.rl_rows,
+                                                       inputs.eval_rows, inputs.video_root)
     print(f"[run] workdir {storage.absolute(workdir)}; {len(sft.rows)} SFT rows, {len(rl_rows)} RL rows, "
           f"{len(eval_rows)} held-out rows", flush=True)
     if distributed.is_primary() and storage.exists(summary_path):
@@ -444,8 +457,9 @@ def sft_command(config, workdir: str = ""):
     from paravt_jax.sft.trainer import train_sft
 
     workdir = _workdir(config, workdir)
-    model, tokenizer, sft, _, _, root = _setup(config, training=True)
-    return train_sft(model, tokenizer, sft.rows, root, workdir, sft_config(config), kinds=sft.kinds)
+    inputs = _setup(config, training=True)
+    return train_sft(inputs.model, inputs.tokenizer, inputs.sft.rows, inputs.video_root, workdir, sft_config(config),
+                     kinds=inputs.sft.kinds)
 
 
 @claims_workdir("train")
@@ -453,8 +467,9 @@ def train_command(config, workdir: str = ""):
     from paravt_jax.rl.trainer import train_rl
 
     workdir = _workdir(config, workdir)
-    model, tokenizer, _, rl_rows, eval_rows, _ = _setup(config, training=True)
-    return train_rl(model, tokenizer, rl_rows, workdir, rl_config(config), eval_rows=eval_rows)
+    inputs = _setup(config, training=True)
+    return train_rl(inputs.model, inputs.tokenizer, inputs.rl_rows, workdir, rl_config(config),
+                    eval_rows=inputs.eval_rows)
 
 
 def save_export(model, tokenizer, directory: str) -> None:
@@ -480,7 +495,8 @@ def export_command(config, workdir: str = ""):
     from paravt_jax.sft.trainer import HEAD, sft_loss
     from paravt_jax.train.step import OptimizerConfig, TrainStep
 
-    model, tokenizer, *_ = _setup(config)
+    inputs = _setup(config)
+    model, tokenizer = inputs.model, inputs.tokenizer
     # the phase's optimizer (frozen parameters change its state's layout); only the layout is used
     optimizers = {"rl": rl_config(config).optimizer, "sft": sft_config(config).optimizer, "": OptimizerConfig()}
     for phase in ("rl", "sft", ""):
@@ -511,7 +527,8 @@ def generate_command(config, workdir: str = ""):
     from paravt_jax.rl.rewards import extract_answer
     from paravt_jax.sampling import Sampler
 
-    model, tokenizer, _, _, eval_rows, _ = _setup(config)
+    inputs = _setup(config)
+    model, tokenizer, eval_rows = inputs.model, inputs.tokenizer, inputs.eval_rows
     g = config.get("generate", None)
     row = eval_rows[0] if eval_rows else None
     question = g.question if g and g.question else row.question

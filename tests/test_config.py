@@ -9,7 +9,8 @@ import pytest
 from configs import paragrpo
 from paravt_jax import jobs
 from paravt_jax.config import build, fields_and_keys, section
-from paravt_jax.rl.trainer import RewardConfig, RLConfig, make_judge
+from paravt_jax.rl.rewards import RewardConfig, make_judge
+from paravt_jax.rl.trainer import RLConfig
 from paravt_jax.sft.trainer import SFTConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -23,7 +24,7 @@ CHOICES = {"AdvantageConfig.anchor_mode": "sequence", "OptimizerConfig.name": "a
            "RolloutConfig.frames_response": "images_first", "RolloutConfig.malformed": "ignore",
            "RolloutConfig.extra_calls": "ignore", "RolloutConfig.overview_visual": "video",
            "RolloutConfig.overview_sizing": "two_stage", "DispatchConfig.sizing": "two_stage",
-           "ShapeConfig.policy": "per_call"}
+           "ShapeConfig.policy": "per_call", "StepConfig.prox_logprobs": "recompute"}
 
 
 def parse(*overrides):

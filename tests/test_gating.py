@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from paravt_jax.rl.gating import NFRAMES_CHOICES, nframes_for_prompt
+from paravt_jax.data.gating import NFRAMES_CHOICES, nframes_for_prompt
 
 
 def test_choices():
@@ -29,7 +29,7 @@ def test_disabled_gives_default():
 def test_reproducible_across_processes():
     keys = [f"k{i}" for i in range(20)]
     here = [nframes_for_prompt(k, 7, True) for k in keys]
-    code = ("from paravt_jax.rl.gating import nframes_for_prompt as f;"
+    code = ("from paravt_jax.data.gating import nframes_for_prompt as f;"
             f"print([f(k, 7, True) for k in {keys!r}])")
     # a different PYTHONHASHSEED would change Python's hash(): ours must not care
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

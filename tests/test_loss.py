@@ -4,13 +4,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from paravt_jax.rl.loss import (
-    RunningMax,
-    WeightedMean,
-    finalize_stats,
-    merge_stats,
-    ppo_loss,
-)
+from paravt_jax.rl.loss import ppo_loss
+from paravt_jax.train.stats import RunningMax, WeightedMean, finalize_stats, merge_stats
 
 
 @pytest.fixture

@@ -7,10 +7,10 @@ import pytest
 from conftest import require_torch
 from hf_tiny import IM_START, build_hf_tiny, image_tokens, patches, text_ids, video_tokens
 from paravt_jax import sharding as sh
+from paravt_jax.buckets import bucket
 from paravt_jax.models.qwen3_vl import init_model, load_pretrained, preset
 from paravt_jax.models.qwen3_vl.rope import get_rope_index
 from paravt_jax.sampling import Sampler, SamplerConfig, generate, sample_logits
-from paravt_jax.sampling.kv_cache import bucket
 from paravt_jax.text import chat
 from paravt_jax.text.inputs import ModelInputs, encode_ids
 

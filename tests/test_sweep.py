@@ -310,4 +310,26 @@ def test_toy_paradox_grids_share_their_cold_starts(tmp_path):
     vanilla = lines[names.index("varied,vanilla,seed=1")]
     assert f"--config.model.checkpoint={tmp_path}/v/_sft,nframes_choices=4+8+16/final" in vanilla
     assert "--config.rl.nframes_gating=False" in vanilla
+
+
+def test_long_rl_study_runs_its_core_arms_first_and_checks_held_out_accuracy_at_three_k(tmp_path):
+    """toy_long (docs/long_rl.md): two cold starts, vanilla and paragrpo from both first (3
+    seeds), then the factorial's other two arms; 96 steps, held-out checks every 16 at K = 4, 16,
+    64 and checkpoints as often (an interrupted arm resumes)."""
+    from configs import ablations
+
+    lines, _ = sweep_main("--config=configs/ablations.py:toy_long", f"--workdir={tmp_path}", "--dry_run",
+                          "--shared_sft")
+    names = [shlex.split(line)[5].split("/")[-1] for line in lines]
+    assert names[:2] == ["_sft", "_sft,nframes_choices=4+8+16"] and len(names) == 2 + 18
+    assert [n.rsplit(",seed=", 1)[0] for n in names[2:14:3]] == [
+        "strong,vanilla", "strong,paragrpo", "varied,vanilla", "varied,paragrpo"]
+    assert {n.rsplit(",seed=", 1)[0] for n in names[14:]} == {"strong,anchor_only", "strong,gating_only"}
+    config = ablations.get_config("toy_long")
+    assert (config.rl.steps, config.rl.eval_every, config.rl.checkpoint_every) == (96, 16, 16)
+    assert tuple(config.rl.eval_nframes) == tuple(config.eval.nframes) == (4, 16, 64)
+    lines, _ = sweep_main("--config=configs/ablations.py:toy_long_pilot", f"--workdir={tmp_path}/pilot",
+                          "--dry_run", "--shared_sft")
+    rates = [line for line in lines if "--config.rl.optimizer.learning_rate=" in line]
+    assert len(rates) == 3 and all("paragrpo" in line and "seed=0" in line for line in rates)
 from paravt_jax.flags import UsageError

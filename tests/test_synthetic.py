@@ -71,3 +71,44 @@ def test_write_dataset_schemas_and_video_content(tmp_path):
     assert sub[0][0]["content"][0]["type"] == "video_url" and "Summary:" in sub[0][0]["content"][1]["text"]
     with pytest.raises(ValueError, match="outside"):
         syn.write_dataset(str(tmp_path), durations=(5.0,))
+
+
+
+SMALL = dict(num_train=1, num_eval=1, durations=(16.0,))
+
+
+def _ensure_small(root: str, started) -> None:
+    from paravt_jax.data.builtin import ensure_builtin
+
+    started.set()
+    ensure_builtin(root, **SMALL)
+
+
+def test_builtin_set_waits_for_the_process_generating_it(tmp_path):
+    """A sweep's arms or a benchmark's two arms start at once on a fresh machine: one writes
+    the set while the others wait on its lock, then find it READY (two writers raced on the
+    same temporary video files before)."""
+    import fcntl
+    import multiprocessing
+    import shutil
+    import time
+
+    from paravt_jax.data.builtin import ensure_builtin
+
+    assets = ensure_builtin(str(tmp_path), **SMALL)
+    # as if another process were still writing it: no READY stamp, no data yet
+    os.remove(os.path.join(assets.root, "READY"))
+    shutil.rmtree(assets.data_dir)
+    context = multiprocessing.get_context("spawn")
+    started = context.Event()
+    with open(assets.root + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        worker = context.Process(target=_ensure_small, args=(str(tmp_path), started))
+        worker.start()
+        assert started.wait(timeout=60)
+        time.sleep(3)
+        assert worker.is_alive() and not os.path.exists(assets.data_dir), \
+            "ensure_builtin wrote the set while another process held its lock"
+    worker.join(timeout=300)
+    assert worker.exitcode == 0
+    assert os.path.exists(os.path.join(assets.root, "READY"))

@@ -233,3 +233,34 @@ def test_sharded_steps_compile_once(sequences):
     assert len(moments) == 2 * len(params)  # mu and nu, sharded like their parameters (not replicated)
     for key, x in moments:
         assert x.sharding.is_equivalent_to(params[key[key.find("['"):]].sharding, x.ndim), key
+
+
+def test_proximal_logprobs_from_the_gradient_pass_equal_a_separate_pass(sequences):
+    """One update per step: the weights of the gradient pass are the proximal policy, so
+    `prox_logprobs="same_pass"` (its own log-probs under a stop-gradient) gives the update,
+    loss and clip metrics of the reference's separate recomputation before the update."""
+    model = init_model(preset("tiny"), seed=1)
+    rng = np.random.default_rng(3)
+    results = []
+    for mode in ("recompute", "same_pass"):
+        step = policy_step(model, config=StepConfig(prox_logprobs=mode))
+        state = step.init_state()
+        packed, batches = make(model, sequences, rng.normal(size=len(sequences)), step, num_micro=2)
+        behaviour = [np.asarray(step.logprobs(state.params, b)) + 0.3 * b.loss_mask for b in batches]
+        batches = [b.with_extras(behaviour_logp=beh) for b, beh in zip(batches, behaviour)]
+        if mode == "recompute":
+            batches = [b.with_extras(prox_logp=step.logprobs(state.params, b)) for b in batches]
+        state, metrics = step.step(state, batches)
+        results.append((jax.tree.leaves(state.params), metrics))
+        rng = np.random.default_rng(3)
+    (params_a, metrics_a), (params_b, metrics_b) = results
+    for key in ("loss", "grad_norm", "importance_ratio", "behaviour_weight", "clip_frac"):
+        np.testing.assert_allclose(float(metrics_b[key]), float(metrics_a[key]), rtol=1e-5, atol=1e-6, err_msg=key)
+    assert float(metrics_a["behaviour_weight"]) < 0.9  # the behaviour term is exercised
+    for a, b in zip(params_a, params_b):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-6)
+
+
+def test_proximal_logprobs_mode_is_checked():
+    with pytest.raises(ValueError, match="prox_logprobs"):
+        StepConfig(prox_logprobs="stale")

@@ -14,7 +14,8 @@ from paravt_jax.data import synthetic as syn
 from paravt_jax.data.paravt_parquet import SchemaError, load_rl_rows, load_sft_rows
 from paravt_jax.models.qwen3_vl import init_model, preset
 from paravt_jax.rl.advantages import AdvantageConfig
-from paravt_jax.rl.trainer import RewardConfig, RLConfig, train_rl
+from paravt_jax.rl.rewards import RewardConfig
+from paravt_jax.rl.trainer import RLConfig, train_rl
 from paravt_jax.sft.trainer import HEAD, SFTConfig, sft_loss, train_sft
 from paravt_jax.text.tokenizer import train_tokenizer
 from paravt_jax.train.loop import LoopConfig, data_indices, run_loop
@@ -270,21 +271,27 @@ def test_periodic_evaluation_uses_the_rollout_mode_and_logs_its_episodes(dataset
         return real(model, tokenizer, eval_rows, **kwargs)
 
     monkeypatch.setattr(evaluate_module, "evaluate_episodes", recording)
-    config = dataclasses.replace(_rl_config(1), eval_every=1, eval_limit=1, eval_nframes=2, log_episodes=1)
+    config = dataclasses.replace(_rl_config(1), eval_every=1, eval_limit=1, eval_nframes=(2, 4), log_episodes=1)
     config = dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, mode="subagent"))
     os.makedirs(tmp_path / "eval_episodes")
     (tmp_path / "eval_episodes" / "step_000003.jsonl").write_text("{}\n")  # left by an earlier, longer run
     _, result = train_rl(init_model(preset("tiny"), seed=2), tok, rows, str(tmp_path), config, eval_rows=rows[-2:])
-    assert calls == [(1, False, "subagent", 2), (1, True, "subagent", 2)]
-    assert result.history[0]["eval_tools/samples"] == 1 and "eval_notools/accuracy" in result.history[0]
+    assert calls == [(1, False, "subagent", 2), (1, True, "subagent", 2), (1, False, "subagent", 4),
+                     (1, True, "subagent", 4)]
+    record = result.history[0]
+    assert record["eval_tools/samples"] == 1 and "eval_notools/accuracy" in record  # the first K
+    assert record["eval_tools_K4/samples"] == 1 and "eval_notools_K4/accuracy" in record
+    assert not any(key.startswith("eval_tools_K2") for key in record)
     assert os.listdir(tmp_path / "eval_episodes") == ["step_000000.jsonl"]
     with open(tmp_path / "eval_episodes" / "step_000000.jsonl") as f:
         records = [json.loads(line) for line in f]
-    assert [(r["step"], r["stage"], r["tools"], r["nframes"], r["episode_id"]) for r in records] == [
-        (0, "periodic", tools, 2, f"eval{rows[-2].index}") for tools in (False, True)]
-    assert all(len(r["overview_times"]) == 2 and r["turns"] and set(r["rewards"]) == {"acc_reward"} for r in records)
-    accuracy = result.history[0]["eval_tools/accuracy"]
-    assert records[1]["rewards"]["acc_reward"] == accuracy  # one question: its reward is the accuracy
+    assert [(r["step"], r["stage"], r["nframes"], r["tools"], r["episode_id"]) for r in records] == [
+        (0, "periodic", k, tools, f"eval{rows[-2].index}") for k in (2, 4) for tools in (False, True)]
+    assert all(len(r["overview_times"]) == r["nframes"] and r["turns"] and set(r["rewards"]) == {"acc_reward"}
+               for r in records)
+    # one question: its reward is the accuracy
+    assert [r["rewards"]["acc_reward"] for r in records] == [
+        record[f"{tag}/accuracy"] for tag in ("eval_notools", "eval_tools", "eval_notools_K4", "eval_tools_K4")]
 
 
 def test_consecutive_non_finite_steps_stop_the_run(tmp_path):

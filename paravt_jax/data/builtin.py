@@ -3,6 +3,7 @@ the synthetic dataset, generated locally (no downloads) and cached under one dir
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import hashlib
 import json
 import os
@@ -28,10 +29,6 @@ def ensure_builtin(root: str = "artifacts/builtin", seed: int = 0, num_train: in
     """The built-in assets under root/<hash of the arguments>, generated once. task "events"
     uses the first of `durations` for every video and writes SFT trajectories in `sft_modes`
     (data/events.py)."""
-    from paravt_jax.models.qwen3_vl import init_model, preset, save_pretrained
-    from paravt_jax.text.inputs import check_against_model
-    from paravt_jax.text.tokenizer import Tokenizer, train_tokenizer
-
     if task not in TASKS:
         raise ValueError(f"data.task {task!r}: expected one of {TASKS}")
     if model_preset not in BUILTIN_MODELS:
@@ -50,6 +47,23 @@ def ensure_builtin(root: str = "artifacts/builtin", seed: int = 0, num_train: in
     stamp = os.path.join(root, "READY")
     if os.path.exists(stamp):
         return assets
+    os.makedirs(os.path.dirname(root), exist_ok=True)
+    # processes started together (a sweep's arms, a benchmark's) generate the set once: the
+    # first holds the lock while it writes, the others wait and then find READY
+    with open(root + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not os.path.exists(stamp):
+            _generate(assets, spec, task, num_train, num_eval, durations, seed, model_preset, sft_modes)
+    return assets
+
+
+def _generate(assets: BuiltinAssets, spec: dict, task: str, num_train: int, num_eval: int,
+              durations: tuple[float, ...], seed: int, model_preset: str, sft_modes: tuple[str, ...]) -> None:
+    from paravt_jax.models.qwen3_vl import init_model, preset, save_pretrained
+    from paravt_jax.text.inputs import check_against_model
+    from paravt_jax.text.tokenizer import Tokenizer, train_tokenizer
+
+    root, stamp = assets.root, os.path.join(assets.root, "READY")
     print(f"[data] generating the built-in {task} set once ({num_train} + {num_eval} videos, tokenizer, "
           f"{model_preset} model) in {root}", flush=True)
     if task == "events":
@@ -78,4 +92,3 @@ def ensure_builtin(root: str = "artifacts/builtin", seed: int = 0, num_train: in
     with open(stamp, "w") as f:
         json.dump(spec, f)
     print(f"[data] built-in set ready: {assets.data_dir}", flush=True)
-    return assets

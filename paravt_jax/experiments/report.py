@@ -30,7 +30,10 @@ import re
 from collections.abc import Sequence
 
 from paravt_jax.experiments.plots import read_jsonl, thirds
-from paravt_jax.experiments.sweep import SHARED_SFT_DIR
+
+# A sweep's layout (paravt_jax.experiments.sweep writes it, this module reads it): the shared
+# cold-start runs are the arm directories whose names start so, listed first.
+SHARED_SFT_DIR = "_sft"
 
 # Per-step RL metrics (rl/metrics.jsonl keys without the "rl/" prefix): final and best.
 TRAIN_METRICS = ("reward", "acc_reward", "format_reward", "tool_reward", "anchor_reward",

@@ -41,12 +41,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from paravt_jax.config import config_file
+from paravt_jax.experiments import report
+from paravt_jax.experiments.report import SHARED_SFT_DIR
 from paravt_jax.storage import write_json_atomic
 
 ARM_RECORD = "sweep_arm.json"  # written when an arm starts: its name, group and overrides
 DONE_MARKER = "sweep_done.json"  # written atomically when an arm's main job has returned
 PLAN_FILE = "sweep.json"  # the sweep root's list of arms, in order
-SHARED_SFT_DIR = "_sft"
 SEED_KEY = "seed"
 NAME_KEY = "name"
 MAX_NAME_LENGTH = 96
@@ -482,8 +483,6 @@ def run_plan(config, plan: SweepPlan, write_report: bool = True) -> list[dict]:
         print(f"[sweep] {s['status']:>7}  {s['name']}" + (f"  ({s['seconds']:.0f} s)" if "seconds" in s else ""),
               flush=True)
     if write_report:
-        from paravt_jax.experiments import report
-
         report.write_report([plan.root], os.path.join(plan.root, "report"))
     failed = [s["name"] for s in statuses if s["status"] == "failed"]
     if failed:

@@ -1,4 +1,4 @@
-"""The decoupled token-level PPO loss, and the (sum, count) metric bookkeeping of every loss.
+"""The decoupled token-level PPO loss.
 
 Everything returns SUMS and COUNTS, never means, so that accumulating micro-batches is exact:
 the loss of a step is (sum over micro-batches of loss_sum) / (sum of token_count), which is
@@ -7,75 +7,19 @@ what the reference gets by weighting each micro-batch mean with its token count
 gradients of the micro-batches, divide by the total count once (or scale every micro-batch by
 1 / total_count when it is known in advance).
 
-Metrics follow the same rule. Each value is a `WeightedMean(total, count)` (mean = total /
-count) or a `RunningMax(value, count)`; `merge_stats` combines two dicts of them and
-`finalize_stats` turns one into plain numbers. Both are pytrees, so they pass through
-`jax.jit` / `lax.scan` unchanged.
+Metrics follow the same rule (`paravt_jax.train.stats`: `WeightedMean`, `RunningMax`).
 
 Log-probs come from the training engine's token head (`paravt_jax.train.step.token_scores`):
 logp[:, t] is log p(token t | tokens < t), aligned with the tokens and the loss mask.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import NamedTuple
-
 import jax
 import jax.numpy as jnp
 
-__all__ = [
-    "WeightedMean",
-    "RunningMax",
-    "merge_stats",
-    "finalize_stats",
-    "ppo_loss",
-]
+from paravt_jax.train.stats import RunningMax, WeightedMean
 
-
-# ---------------------------------------------------------------------------------------------
-# (sum, count) bookkeeping
-# ---------------------------------------------------------------------------------------------
-
-class WeightedMean(NamedTuple):
-    """A mean kept as (total, count). Merging adds both; `.value` = total / max(count, 1)."""
-
-    total: jax.Array
-    count: jax.Array
-
-    def merge(self, other: WeightedMean) -> WeightedMean:
-        return WeightedMean(self.total + other.total, self.count + other.count)
-
-    @property
-    def value(self) -> jax.Array:
-        return self.total / jnp.maximum(self.count, 1)
-
-
-class RunningMax(NamedTuple):
-    """A maximum over tokens, with the number of tokens it was taken over. Merging takes the
-    larger maximum; `.value` is the maximum, or 0 when no token was seen."""
-
-    maximum: jax.Array
-    count: jax.Array
-
-    def merge(self, other: RunningMax) -> RunningMax:
-        return RunningMax(jnp.maximum(self.maximum, other.maximum), self.count + other.count)
-
-    @property
-    def value(self) -> jax.Array:
-        return jnp.where(self.count > 0, self.maximum, 0.0)
-
-
-def merge_stats(a: Mapping[str, WeightedMean | RunningMax],
-                b: Mapping[str, WeightedMean | RunningMax]) -> dict:
-    """Combine two micro-batches' metrics (same keys)."""
-    if set(a) != set(b):
-        raise ValueError(f"metric keys differ: {sorted(set(a) ^ set(b))}")
-    return {k: a[k].merge(b[k]) for k in a}
-
-
-def finalize_stats(stats: Mapping[str, WeightedMean | RunningMax]) -> dict[str, jax.Array]:
-    """Plain values: the mean of each `WeightedMean`, the value of each `RunningMax`."""
-    return {k: v.value for k, v in stats.items()}
+__all__ = ["ppo_loss"]
 
 
 def _wmean(x, mask) -> WeightedMean:

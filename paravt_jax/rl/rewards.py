@@ -27,12 +27,17 @@ Where we differ from the reference on purpose:
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
+import os
 import re
 from typing import Any
 
+import numpy as np
+
+from paravt_jax.rl import judge as J
 from paravt_jax.rl.metrics import f1_score, mcq_accuracy, normalize_text, temporal_iou
 
 __all__ = [
@@ -366,3 +371,80 @@ def compose_reward(
     total = acc + format_weight * fmt + tool
     return total, {"acc_reward": acc, "format_reward": fmt, "tool_reward": tool}
 
+
+# ---------------------------------------------------------------------------- the run's scoring
+REWARD_TEXTS = ("turns", "released", "completion")
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardConfig:
+    """The sequence reward; its anchor weight is the advantage's (`AdvantageConfig.anchor_weight`).
+
+    text: what the rewards read.
+      turns      accuracy and tool rewards read the generated tokens; the format and anchor
+                 rewards read every assistant turn as the model's context shows it (its forced
+                 prefix, e.g. `<think>\n`, then its generated tokens; tool responses excluded);
+      released   every reward reads the generated tokens only, as the released workflow does
+                 (under think_prefix the forced `<think>` is then invisible and the format and
+                 anchor rewards of a well-formed turn are 0);
+      completion every reward reads everything after the prompt, tool responses included."""
+    answer_suffix: bool = True
+    format_weight: float = 1.0
+    mode: str = "f1"  # f1 | exact | llm (the judge from the environment, F1 when a call fails)
+    text: str = "turns"  # turns | released | completion
+    # mode "llm": the NAME of the environment variable holding the judge's API key (never
+    # the key); the endpoint and model come from PARAVT_JUDGE_BASE_URL / PARAVT_JUDGE_MODEL.
+    judge_api_key_env: str = J.ENV_API_KEY
+
+    def __post_init__(self):
+        if self.text not in REWARD_TEXTS:
+            raise ValueError(f"reward text {self.text!r}: expected one of {REWARD_TEXTS}")
+
+
+def make_judge(config: RewardConfig, environ=None) -> J.LLMJudge | None:
+    """The LLM judge of reward mode "llm" (None for the other modes), built from the
+    environment. Raises ValueError naming the missing or bad variable: a run that asked for a
+    judge must not silently score F1."""
+    if config.mode != "llm":
+        return None
+    env = os.environ if environ is None else environ
+    base_url = env.get(J.ENV_BASE_URL) or J.DEFAULT_BASE_URL
+    key = env.get(config.judge_api_key_env) or None
+    if key is None and not J.is_loopback_url(base_url):
+        raise ValueError(f"reward mode 'llm': the judge at {base_url} needs an API key, and the environment "
+                         f"variable {config.judge_api_key_env} (rl.reward.judge_api_key_env) is not set; "
+                         f"set it, or {J.ENV_BASE_URL} to a local server")
+    try:
+        return J.LLMJudge.from_env(env, api_key=key)
+    except ValueError as e:
+        raise ValueError(f"reward mode 'llm': cannot build the judge from the environment "
+                         f"({J.ENV_BASE_URL}, {J.ENV_MODEL}, {J.ENV_TIMEOUT}): {e}") from None
+
+
+def reward_texts(rollout, text: str) -> tuple[str, str]:
+    """(the text the accuracy and tool rewards read, the text the format and anchor rewards
+    read) of one rollout under `RewardConfig.text`."""
+    if text == "completion":
+        return rollout.completion, rollout.completion
+    if text == "released":
+        return rollout.generated_text, rollout.generated_text
+    return rollout.generated_text, rollout.assistant_text
+
+
+def score(rollouts, config: RewardConfig, anchor_weight: float, token_anchor: bool,
+          judge=None) -> tuple[list[dict], np.ndarray, np.ndarray]:
+    """(reward dicts, sequence rewards [N], anchor rewards [N]). With the token anchor, the
+    anchor reward goes to its own array instead of the sequence reward."""
+    out, seq, anchor = [], [], []
+    for r in rollouts:
+        text, format_text = reward_texts(r, config.text)
+        total, parts = compose_reward(text, r.episode.answer, r.episode.question_type,
+                                        answer_suffix=config.answer_suffix,
+                                        anchor_weight=0.0 if token_anchor else anchor_weight,
+                                        format_weight=config.format_weight, mode=config.mode, judge=judge,
+                                        format_text=format_text)
+        a = anchor_reward(format_text) if token_anchor and not is_degenerate(text) else 0.0
+        out.append({"total": total, **parts, "anchor_reward": a})
+        seq.append(total)
+        anchor.append(a)
+    return out, np.asarray(seq, np.float32), np.asarray(anchor, np.float32)

@@ -15,17 +15,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from paravt_jax import sharding as sh
+from paravt_jax.buckets import bucket
 
 CACHE_AXES = ("layers", "batch", "kv_heads", "cache_length", "head_dim")
 KEY_AXES = ("batch", "kv_heads", "head_dim", "cache_length")
-
-
-def bucket(n: int, minimum: int = 1, multiple: int | None = None) -> int:
-    """Smallest power of two >= max(n, minimum); with `multiple`, rounded up to it beyond it."""
-    n = max(int(n), minimum, 1)
-    if multiple and n > multiple:
-        return int(-(-n // multiple) * multiple)
-    return 1 << (n - 1).bit_length()
 
 
 def first_capacity(chunk_end: int, max_new_tokens: int, multiple: int) -> int:

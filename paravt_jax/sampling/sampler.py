@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from paravt_jax.buckets import bucket
 from paravt_jax.config import set_by
 from paravt_jax.models.qwen3_vl.model import Qwen3VL
 from paravt_jax.models.qwen3_vl.text import SharedPrefix
@@ -30,7 +31,6 @@ from paravt_jax.sampling.chunks import chunk_width, collate, has_vision, prefill
 from paravt_jax.sampling.kv_cache import (
     CacheSpec,
     RowGroup,
-    bucket,
     cache_sharding,
     episode_capacity,
     first_capacity,

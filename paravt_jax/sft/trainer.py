@@ -13,11 +13,11 @@ import jax.numpy as jnp
 from paravt_jax import distributed as dist
 from paravt_jax import sharding as sh
 from paravt_jax.config import set_by
+from paravt_jax.data import gating
 from paravt_jax.data.sft_examples import sft_inputs
-from paravt_jax.rl import gating
-from paravt_jax.rl.loss import WeightedMean
 from paravt_jax.train.batch import micro_batch_plan, pack, planned_micro_batches
 from paravt_jax.train.loop import LoopConfig, UnreadableDataError, data_indices, run_loop
+from paravt_jax.train.stats import WeightedMean
 from paravt_jax.train.step import HeadConfig, OptimizerConfig, TokenScores, TrainStep
 from paravt_jax.video.reader import VideoError
 

@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from paravt_jax.buckets import bucket
 from paravt_jax.models.qwen3_vl.vision import pad_frames_to_buckets, vision_layout
-from paravt_jax.sampling.kv_cache import bucket
 from paravt_jax.text.inputs import ModelInputs, collate_vision_placed
 
 # Fields of every batch; an extra may not reuse one of these names.

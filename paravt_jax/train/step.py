@@ -29,7 +29,7 @@ from flax import nnx
 
 from paravt_jax import sharding as sh
 from paravt_jax.models.qwen3_vl.attention import kernel_mesh
-from paravt_jax.rl import loss as L
+from paravt_jax.train import stats as S
 from paravt_jax.train.batch import TrainBatch
 
 
@@ -282,11 +282,11 @@ class TrainStep:
         for b in batches:
             g, total, n, metrics = self._grads(state.params, self._place(b))
             acc = (g, total, n) if acc is None else self._add(acc, (g, total, n))
-            stats = metrics if not stats else L.merge_stats(stats, metrics)
+            stats = metrics if not stats else S.merge_stats(stats, metrics)
         total_g, loss_sum, count = jax.block_until_ready(acc)  # the timings' boundary, nothing more
         grads_done = time.perf_counter()
         state, grad_norm, finite = jax.block_until_ready(self._apply(state, total_g, count.astype(jnp.float32)))
-        out = {k: float(v) for k, v in L.finalize_stats(stats).items()}
+        out = {k: float(v) for k, v in S.finalize_stats(stats).items()}
         count = int(count)
         loss = float(loss_sum) / max(count, 1)
         out.update(loss=loss, grad_norm=float(grad_norm), loss_tokens=count,

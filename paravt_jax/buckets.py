@@ -1,0 +1,12 @@
+"""Shape buckets: the sizes a varying dimension (rows, widths, frames, cache slots) is padded
+to, so that the programs of a run compile for a few shapes, not one per call. Shared by the
+sampler, the training batches and the planner."""
+from __future__ import annotations
+
+
+def bucket(n: int, minimum: int = 1, multiple: int | None = None) -> int:
+    """Smallest power of two >= max(n, minimum); with `multiple`, rounded up to it beyond it."""
+    n = max(int(n), minimum, 1)
+    if multiple and n > multiple:
+        return int(-(-n // multiple) * multiple)
+    return 1 << (n - 1).bit_length()
