@@ -1,20 +1,33 @@
-"""Executes notebooks/*.ipynb end to end with nbclient on a real `python3` ipykernel.
+"""Executes notebooks/*.ipynb end to end with nbclient on a real `python3` ipykernel, and
+checks that the outputs stored in them are the ones a fresh run prints.
 
-Each notebook must run without a cell error within its time budget (they hold their own
-`assert` cells, e.g. the anchor only changes advantages at anchor positions); the tests also
-check what the notebooks print and that their figures were rendered. The stored notebooks must
-be clean (no outputs), so diffs stay small.
+The notebooks are stored WITH their outputs, so their figures and tables render on the web.
+Every notebook must run without a cell error within its time budget (they hold their own
+`assert` cells), and a fresh run must reproduce the stored outputs (`compare_outputs`): per
+code cell, the same stdout with every number masked, every number within NUMBER_TOLERANCE of
+the stored one, and the same number of figures. Notebooks print what depends on the machine
+(timings) to stderr, which is not compared, and no absolute path to stdout. After changing a
+notebook, store its fresh outputs with
+
+    PYTHONPATH=. python tests/test_notebooks.py 02_rollouts.ipynb   # no argument: all of them
+
+The tests also check what the notebooks print against what they were given (03 with a
+workdir of known metrics).
 
 The kernel is this interpreter's (jupyter_client runs the `python3` kernelspec with
 `sys.executable`), started in the repository root. Matplotlib uses the inline backend, which
 is headless and puts each figure into the cell outputs as a PNG (with MPLBACKEND=Agg the
 figures would never reach the outputs and the plotting cells would go unchecked).
 """
+import copy
 import json
 import os
+import re
 import shutil
+import sys
 import time
 
+import ml_collections
 import nbformat
 import numpy as np
 import pytest
@@ -23,31 +36,51 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
 from paravt_jax.data.builtin import ensure_builtin
+from paravt_jax.jobs import builtin_assets
 from paravt_jax.metrics_writer import MetricsWriter
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOKS = os.path.join(REPO, "notebooks")
-NAMES = ("01_rewards.ipynb", "02_rollouts.ipynb", "03_training_curves.ipynb")
+NAMES = ("01_rewards.ipynb", "02_rollouts.ipynb", "03_training_curves.ipynb", "04_paradox.ipynb")
+# The trained toy model 02 loads, with the run config whose built-in data it needs.
+TOY_MODEL = os.path.join(NOTEBOOKS, "assets", "toy_paragrpo")
 CELL_TIMEOUT_S = 120
 # Wall-clock budget per notebook (kernel start included). Measured on the shared 2-core CPU:
-# 14-26 s (01), 25-37 s (02), 3-6 s (03) depending on load, so these only catch a notebook
-# that became several times slower.
-NOTEBOOK_BUDGET_S = {"01_rewards.ipynb": 90, "02_rollouts.ipynb": 120, "03_training_curves.ipynb": 60}
+# 14-26 s (01), 40-50 s (02, two greedy episodes of the toy model), 3-6 s (03), 5-8 s (04),
+# so these only catch a notebook that became several times slower.
+NOTEBOOK_BUDGET_S = {"01_rewards.ipynb": 90, "02_rollouts.ipynb": 120, "03_training_curves.ipynb": 60,
+                     "04_paradox.ipynb": 60}
+# A fresh number matches a stored one when |fresh - stored| <= ABSOLUTE + RELATIVE * |stored|:
+# one unit in the last printed digit of a 3-decimal number, so a rounding flip passes and any
+# real change of an accuracy, reward or window does not.
+NUMBER_TOLERANCE = {"absolute": 2e-3, "relative": 1e-3}
+NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
 
 
 @pytest.fixture(scope="module")
 def builtin_root(tmp_path_factory):
     """A private copy of the built-in assets: reuses the repository's cache when present
-    (ensure_builtin then finds its READY stamp), else generates them (about 11 s)."""
+    (ensure_builtin then finds its READY stamp), else generates them: the tiny set (about
+    11 s) and the toy events set of 02's model (about 15 s of CPU)."""
     root = tmp_path_factory.mktemp("notebook_builtin") / "builtin"
     cached = os.path.join(REPO, "artifacts", "builtin")
     if os.path.isdir(cached):
         shutil.copytree(cached, root)
-    ensure_builtin(str(root))
-    return str(root)
+    return prepare_builtin(str(root))
 
 
-def kernel_env(builtin_root: str, workdir: str) -> dict:
+def prepare_builtin(root: str) -> str:
+    """The built-in sets the notebooks read under `root`: the tiny one and the toy model's."""
+    ensure_builtin(root)
+    with open(os.path.join(TOY_MODEL, "run_config.json")) as f:
+        config = ml_collections.ConfigDict(json.load(f)["config"])
+    config.data.builtin_root = root
+    builtin_assets(config)
+    return root
+
+
+def kernel_env(builtin_root: str, workdir: str | None = None) -> dict:
+    """The kernel's environment; workdir None: the notebooks' own default (PARAVT_WORKDIR unset)."""
     env = dict(os.environ)
     # conftest forces 8 fake CPU devices for the sharding tests; a notebook runs like a user's
     # session, on the default single CPU device.
@@ -55,14 +88,21 @@ def kernel_env(builtin_root: str, workdir: str) -> dict:
     env["XLA_FLAGS"] = " ".join(f for f in flags if "xla_force_host_platform_device_count" not in f)
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", JAX_PLATFORMS="cpu",
                MPLBACKEND="module://matplotlib_inline.backend_inline", TOKENIZERS_PARALLELISM="false",
-               PARAVT_BUILTIN_ROOT=builtin_root, PARAVT_WORKDIR=workdir)
+               PARAVT_BUILTIN_ROOT=builtin_root)
+    env.pop("PARAVT_WORKDIR", None)
+    if workdir is not None:
+        env["PARAVT_WORKDIR"] = workdir
     return env
+
+
+def stored(name: str):
+    return nbformat.read(os.path.join(NOTEBOOKS, name), as_version=4)
 
 
 def execute(name: str, env: dict):
     """Runs one notebook in a fresh kernel (cwd = repository root); returns (notebook, seconds)."""
     assert "python3" in KernelSpecManager().find_kernel_specs(), "ipykernel's python3 kernelspec is not installed"
-    nb = nbformat.read(os.path.join(NOTEBOOKS, name), as_version=4)
+    nb = stored(name)
     client = NotebookClient(nb, kernel_name="python3", timeout=CELL_TIMEOUT_S,
                             resources={"metadata": {"path": REPO}})
     start = time.perf_counter()
@@ -73,14 +113,43 @@ def execute(name: str, env: dict):
     return nb, seconds
 
 
+def code_cells(nb) -> list:
+    return [cell for cell in nb.cells if cell.cell_type == "code"]
+
+
+def cell_stdout(cell) -> str:
+    return "".join(out.get("text", "") for out in cell.outputs if out.output_type == "stream" and out.name == "stdout")
+
+
 def printed(nb) -> str:
-    return "".join(out.get("text", "") for cell in nb.cells if cell.cell_type == "code"
-                   for out in cell.outputs if out.output_type == "stream" and out.name == "stdout")
+    return "".join(cell_stdout(cell) for cell in code_cells(nb))
+
+
+def cell_figures(cell) -> int:
+    return sum("image/png" in out.get("data", {}) for out in cell.outputs)
 
 
 def figures(nb) -> int:
-    return sum("image/png" in out.get("data", {}) for cell in nb.cells if cell.cell_type == "code"
-               for out in cell.outputs)
+    return sum(cell_figures(cell) for cell in code_cells(nb))
+
+
+def compare_outputs(name: str, fresh, kept) -> None:
+    """Fails unless `fresh` (just executed) prints what `kept` (the stored notebook) shows:
+    per code cell the same stdout with numbers masked, each number within NUMBER_TOLERANCE,
+    and the same number of figures. The message names the cell and the first difference."""
+    fresh_cells, kept_cells = code_cells(fresh), code_cells(kept)
+    assert len(fresh_cells) == len(kept_cells), f"{name}: {len(fresh_cells)} code cells, stored {len(kept_cells)}"
+    for number, (a, b) in enumerate(zip(fresh_cells, kept_cells)):
+        where = f"{name}, code cell {number}"
+        new, old = cell_stdout(a), cell_stdout(b)
+        new_lines, old_lines = NUMBER.sub("#", new).splitlines(), NUMBER.sub("#", old).splitlines()
+        for line, (x, y) in enumerate(zip(new_lines, old_lines)):
+            assert x == y, f"{where}, stdout line {line}: printed {x!r}, stored {y!r} (numbers masked)"
+        assert len(new_lines) == len(old_lines), f"{where}: {len(new_lines)} stdout lines, stored {len(old_lines)}"
+        for x, y in zip(NUMBER.findall(new), NUMBER.findall(old)):
+            limit = NUMBER_TOLERANCE["absolute"] + NUMBER_TOLERANCE["relative"] * abs(float(y))
+            assert abs(float(x) - float(y)) <= limit, f"{where}: printed {x}, stored {y} (tolerance {limit:.4g})"
+        assert cell_figures(a) == cell_figures(b), f"{where}: {cell_figures(a)} figures, stored {cell_figures(b)}"
 
 
 def line_starting(text: str, prefix: str) -> str:
@@ -89,22 +158,50 @@ def line_starting(text: str, prefix: str) -> str:
     return lines[0]
 
 
-def test_notebooks_are_stored_clean_with_a_python3_kernel():
+def test_notebooks_are_stored_with_outputs_and_a_python3_kernel():
     for name in NAMES:
-        nb = nbformat.read(os.path.join(NOTEBOOKS, name), as_version=4)
+        nb = stored(name)
         nbformat.validate(nb)
         assert nb.metadata.kernelspec.name == "python3", name
-        code = [cell for cell in nb.cells if cell.cell_type == "code"]
+        code = code_cells(nb)
         assert code, name
-        for cell in code:
-            assert cell.outputs == [] and cell.execution_count is None, f"{name}: stored with outputs"
+        for number, cell in enumerate(code):
+            assert cell.execution_count is not None, f"{name}: code cell {number} is stored without running"
+            assert not [out for out in cell.outputs if out.output_type == "error"], f"{name}: cell {number} failed"
+        assert figures(nb) > 0, f"{name}: stored without its figures"
         # The first code cell holds the parameters (papermill's tag), read from the environment.
         assert "parameters" in code[0].metadata.get("tags", []), name
         assert "os.environ.get(" in code[0].source, name
 
 
-def test_rewards_notebook(builtin_root, tmp_path):
-    nb, _ = execute("01_rewards.ipynb", kernel_env(builtin_root, str(tmp_path)))
+def test_compare_outputs_fails_on_an_edited_number_and_passes_within_tolerance():
+    kept = stored("01_rewards.ipynb")
+    compare_outputs("01", copy.deepcopy(kept), kept)
+    cell = next(c for c in code_cells(kept) if "reward checks" not in cell_stdout(c) and NUMBER.search(cell_stdout(c)))
+    stream = next(out for out in cell.outputs if out.output_type == "stream" and out.name == "stdout")
+    value = NUMBER.findall(stream["text"])[-1]
+
+    def edited(by: float):
+        nb = copy.deepcopy(kept)
+        target = next(out for c in code_cells(nb) if c.source == cell.source for out in c.outputs
+                      if out.output_type == "stream" and out.name == "stdout")
+        head, _, tail = target["text"].rpartition(value)
+        target["text"] = head + repr(float(value) + by) + tail
+        return nb
+
+    compare_outputs("01", edited(1e-3), kept)  # within tolerance
+    with pytest.raises(AssertionError, match="stored"):
+        compare_outputs("01", edited(0.05), kept)
+    fewer = copy.deepcopy(kept)
+    figure_cell = next(c for c in code_cells(fewer) if cell_figures(c))
+    figure_cell.outputs = [out for out in figure_cell.outputs if "image/png" not in out.get("data", {})]
+    with pytest.raises(AssertionError, match="figures"):
+        compare_outputs("01", fewer, kept)
+
+
+def test_rewards_notebook(builtin_root):
+    nb, _ = execute("01_rewards.ipynb", kernel_env(builtin_root))
+    compare_outputs("01_rewards.ipynb", nb, stored("01_rewards.ipynb"))
     text = printed(nb)
     assert "reward checks passed" in text and "anchor placement checks passed" in text
     # Every hand-written completion gets a table row, with parse counts and reward parts.
@@ -125,18 +222,19 @@ def test_rewards_notebook(builtin_root, tmp_path):
     assert figures(nb) == 2  # reward parts, anchor placement
 
 
-def test_rollouts_notebook(builtin_root, tmp_path):
-    nb, _ = execute("02_rollouts.ipynb", kernel_env(builtin_root, str(tmp_path)))
+def test_rollouts_notebook(builtin_root):
+    nb, _ = execute("02_rollouts.ipynb", kernel_env(builtin_root))
+    compare_outputs("02_rollouts.ipynb", nb, stored("02_rollouts.ipynb"))
     text = printed(nb)
-    assert "rollouts in" in text and "skipped episodes: []" in text
-    assert text.count("=== sample ") == 2 and "turn 0:" in text
-    # Hand-written parallel turn: three crops answered with frames, two bad calls answered with
-    # their errors, the malformed block reported as a parse error.
-    assert text.count("<tool_response> call ") == 5
-    assert len([l for l in text.splitlines() if l.startswith("<tool_response> call") and " frames from " in l]) == 3
-    assert "must be less than end_time" in text and "exceeds video duration" in text and "not valid JSON" in text
-    assert "'kappa'" in text and "'format_compliance'" in text  # the trainer's logged metrics
-    assert figures(nb) == 4  # overview frames + one strip per successful crop
+    sparse, dense = text.split("=== K = ")[1:]
+    # K = 4: one turn of several crop calls in parallel, each answered by the sub-agent, then
+    # the right answer; K = 64: an answer without any call.
+    first_turn = sparse.split("--- turn 0: ", 1)[1]
+    assert int(first_turn.split(" calls", 1)[0]) >= 2
+    assert first_turn.split("--- turn 1", 1)[0].count("  call ") >= 2 and "sub-agent: " in first_turn
+    assert ": correct;" in sparse and "acc_reward 1.000" in sparse
+    assert dense.startswith("64: 1 assistant turns, 0 crop calls")
+    assert figures(nb) == 5  # K = 4 overview, timeline, crop frames, K = 64 overview, both timelines
 
 
 def write_metrics(workdir: str, rl_steps: int, sft_steps: int, seed: int = 0) -> dict:
@@ -172,6 +270,12 @@ def write_metrics(workdir: str, rl_steps: int, sft_steps: int, seed: int = 0) ->
     return written
 
 
+def test_training_curves_notebook_on_the_stored_main_job_metrics(builtin_root):
+    nb, _ = execute("03_training_curves.ipynb", kernel_env(builtin_root))
+    compare_outputs("03_training_curves.ipynb", nb, stored("03_training_curves.ipynb"))
+    assert "rl: 12 steps (0..11)" in printed(nb) and "sft: 600 steps (0..599)" in printed(nb)
+
+
 def test_training_curves_notebook_reads_and_plots_a_workdir(builtin_root, tmp_path):
     workdir = str(tmp_path / "run")
     written = write_metrics(workdir, rl_steps=6, sft_steps=5)
@@ -196,3 +300,32 @@ def test_training_curves_notebook_names_a_workdir_without_metrics(builtin_root, 
         execute("03_training_curves.ipynb", kernel_env(builtin_root, str(empty)))
     message = str(failure.value)
     assert "FileNotFoundError" in message and "no metrics under workdir" in message and str(empty) in message
+
+
+ARMS = ("vanilla", "anchor_only", "gating_only", "paragrpo")
+
+
+def test_paradox_notebook(builtin_root):
+    nb, _ = execute("04_paradox.ipynb", kernel_env(builtin_root))
+    compare_outputs("04_paradox.ipynb", nb, stored("04_paradox.ipynb"))
+    text = printed(nb)
+    assert all(f"strong,{arm}: 3 arms, 3 finished, 12 RL steps" in text for arm in ARMS)
+    training = [line for line in text.splitlines() if " -> " in line]  # early -> late, per group and metric
+    assert [line.split()[0] for line in training] == [f"strong,{arm}" for arm in ARMS]
+    assert all(line.count(" -> ") == 5 for line in training)
+    assert figures(nb) == 2  # the curves (compliance, kappa, reward, calls, held-out accuracy), the evaluation
+
+
+def store(names) -> None:
+    """Executes the notebooks and writes them back with their fresh outputs."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sys.modules[__name__], "NOTEBOOK_BUDGET_S", dict.fromkeys(NAMES, float("inf")))
+        root = prepare_builtin(os.path.join(REPO, "artifacts", "builtin"))
+        for name in names:
+            nb, seconds = execute(name, kernel_env(root))
+            nbformat.write(nb, os.path.join(NOTEBOOKS, name))
+            print(f"stored {name} ({seconds:.1f} s, {figures(nb)} figures)")
+
+
+if __name__ == "__main__":
+    store(sys.argv[1:] or NAMES)

@@ -253,9 +253,10 @@ def test_two_rl_steps(dataset, tmp_path, anchor_mode, gating, max_tokens):
         assert ("anchor/positions" in h) == (anchor_mode == "token")
 
 
-def test_periodic_evaluation_uses_the_rollout_mode(dataset, tmp_path, monkeypatch):
+def test_periodic_evaluation_uses_the_rollout_mode_and_logs_its_episodes(dataset, tmp_path, monkeypatch):
     """The held-out check during RL runs episodes as the rollouts do (here: subagent), on the
-    first eval_limit held-out rows, with and without tools, and logs both."""
+    first eval_limit held-out rows, with and without tools, logs both, and (with episode
+    logging on) writes every episode it ran to eval_episodes/step_XXXXXX.jsonl."""
     import dataclasses
 
     from paravt_jax.rl import evaluate as evaluate_module
@@ -263,15 +264,17 @@ def test_periodic_evaluation_uses_the_rollout_mode(dataset, tmp_path, monkeypatc
     root, ds, tok = dataset
     rows, _ = load_rl_rows(ds.rl_train, root)
     calls = []
-    real = evaluate_module.evaluate
+    real = evaluate_module.evaluate_episodes
 
     def recording(model, tokenizer, eval_rows, **kwargs):
         calls.append((len(eval_rows), kwargs["tools"], kwargs["rollout"].mode, kwargs["nframes"]))
         return real(model, tokenizer, eval_rows, **kwargs)
 
-    monkeypatch.setattr(evaluate_module, "evaluate", recording)
-    config = dataclasses.replace(_rl_config(1), eval_every=1, eval_limit=1, eval_nframes=(2, 4))
+    monkeypatch.setattr(evaluate_module, "evaluate_episodes", recording)
+    config = dataclasses.replace(_rl_config(1), eval_every=1, eval_limit=1, eval_nframes=(2, 4), log_episodes=1)
     config = dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, mode="subagent"))
+    os.makedirs(tmp_path / "eval_episodes")
+    (tmp_path / "eval_episodes" / "step_000003.jsonl").write_text("{}\n")  # left by an earlier, longer run
     _, result = train_rl(init_model(preset("tiny"), seed=2), tok, rows, str(tmp_path), config, eval_rows=rows[-2:])
     assert calls == [(1, False, "subagent", 2), (1, True, "subagent", 2), (1, False, "subagent", 4),
                      (1, True, "subagent", 4)]
@@ -279,6 +282,16 @@ def test_periodic_evaluation_uses_the_rollout_mode(dataset, tmp_path, monkeypatc
     assert record["eval_tools/samples"] == 1 and "eval_notools/accuracy" in record  # the first K
     assert record["eval_tools_K4/samples"] == 1 and "eval_notools_K4/accuracy" in record
     assert not any(key.startswith("eval_tools_K2") for key in record)
+    assert os.listdir(tmp_path / "eval_episodes") == ["step_000000.jsonl"]
+    with open(tmp_path / "eval_episodes" / "step_000000.jsonl") as f:
+        records = [json.loads(line) for line in f]
+    assert [(r["step"], r["stage"], r["nframes"], r["tools"], r["episode_id"]) for r in records] == [
+        (0, "periodic", k, tools, f"eval{rows[-2].index}") for k in (2, 4) for tools in (False, True)]
+    assert all(len(r["overview_times"]) == r["nframes"] and r["turns"] and set(r["rewards"]) == {"acc_reward"}
+               for r in records)
+    # one question: its reward is the accuracy
+    assert [r["rewards"]["acc_reward"] for r in records] == [
+        record[f"{tag}/accuracy"] for tag in ("eval_notools", "eval_tools", "eval_notools_K4", "eval_tools_K4")]
 
 
 def test_consecutive_non_finite_steps_stop_the_run(tmp_path):

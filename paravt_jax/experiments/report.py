@@ -276,42 +276,54 @@ def markdown(groups: Sequence[GroupStats]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def groups_in_order(arms: Sequence[ArmRun]) -> list[str]:
+    out = []
+    for arm in arms:
+        if arm.group not in out:
+            out.append(arm.group)
+    return out
+
+
+def draw_metric(ax, arms: Sequence[ArmRun], metric: str) -> bool:
+    """Draws one RL metric on `ax`: per group, the mean over its arms at every step and a band
+    from min to max. Returns whether any group had the metric (nothing is drawn otherwise)."""
+    from matplotlib.ticker import MaxNLocator
+
+    drawn = False
+    for group in groups_in_order(arms):
+        per_step = {}
+        for arm in arms:
+            if arm.group == group:
+                for step, value in arm.curves.get(metric, []):
+                    per_step.setdefault(step, []).append(value)
+        if not per_step:
+            continue
+        steps = sorted(per_step)
+        means = [sum(per_step[s]) / len(per_step[s]) for s in steps]
+        line, = ax.plot([s + 1 for s in steps], means, marker="o", label=group)
+        if any(len(per_step[s]) > 1 for s in steps):
+            ax.fill_between([s + 1 for s in steps], [min(per_step[s]) for s in steps],
+                            [max(per_step[s]) for s in steps], color=line.get_color(), alpha=0.2)
+        drawn = True
+    if drawn:
+        ax.set_title(f"rl/{metric}")
+        ax.set_xlabel("RL step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.legend(fontsize=7)
+    return drawn
+
+
 def plot_groups(arms: Sequence[ArmRun], prefix: str, metrics: Sequence[str] = PLOT_METRICS) -> list[str]:
-    """One PNG per metric: mean over each group's arms at every step, min-max band."""
+    """One PNG per metric (draw_metric), written with the Agg backend."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
 
     paths = []
-    groups = []
-    for arm in arms:
-        if arm.group not in groups:
-            groups.append(arm.group)
     for metric in metrics:
         fig, ax = plt.subplots(figsize=(6, 4))
-        drawn = False
-        for group in groups:
-            per_step = {}
-            for arm in arms:
-                if arm.group == group:
-                    for step, value in arm.curves.get(metric, []):
-                        per_step.setdefault(step, []).append(value)
-            if not per_step:
-                continue
-            steps = sorted(per_step)
-            means = [sum(per_step[s]) / len(per_step[s]) for s in steps]
-            line, = ax.plot([s + 1 for s in steps], means, marker="o", label=group)
-            if any(len(per_step[s]) > 1 for s in steps):
-                ax.fill_between([s + 1 for s in steps], [min(per_step[s]) for s in steps],
-                                [max(per_step[s]) for s in steps], color=line.get_color(), alpha=0.2)
-            drawn = True
-        if drawn:
-            ax.set_title(f"rl/{metric}")
-            ax.set_xlabel("RL step")
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-            ax.legend(fontsize=7)
+        if draw_metric(ax, arms, metric):
             fig.tight_layout()
             path = f"{prefix}_{metric.replace('/', '_')}.png"
             fig.savefig(path, dpi=80)

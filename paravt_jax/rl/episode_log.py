@@ -1,8 +1,11 @@
 """Rollout logs: what the agent did, episode by episode, for reading and for `paravt-jax view`.
 
 Each RL step writes `rl.log_episodes` of its sampled episodes to
-`<rl workdir>/episodes/step_XXXXXX.jsonl`, and the main job's held-out evaluations write theirs
-to `<workdir>/eval/episodes.jsonl`. One JSON object per episode:
+`<rl workdir>/episodes/step_XXXXXX.jsonl`; with logging on, the periodic held-out evaluation
+during RL (`rl.eval_every`) writes all of its episodes, with and without tools, to
+`<rl workdir>/eval_episodes/step_XXXXXX.jsonl` (stage "periodic", the step, `tools`); and the
+main job's held-out evaluations write theirs to `<workdir>/eval/episodes.jsonl`. One JSON
+object per episode:
 
   step, stage ("rl" or the evaluation's name), episode_id, sample, group (the prompt's place
   in the step), video (the dataset row's path), question, answer, question_type, nframes (K),
@@ -169,17 +172,23 @@ class EpisodeLog:
         which an interrupted run wrote past its last checkpoint."""
         if not self.count or not dist.is_primary():
             return None
+        chosen = choose(self.count, len(rollouts), self.group_size)
+        return self.write_records(step, [episode_record(rollouts[i], rewards[i], advantages[i],
+                                                        self.truth.get(rollouts[i].episode.episode_id, ()),
+                                                        step=step, stage="rl", group=i // self.group_size)
+                                         for i in chosen])
+
+    def write_records(self, step: int, records: Sequence[dict]) -> str | None:
+        """Writes `records` as step `step`'s file, whole and atomically (None when off or not
+        process 0); the first write of a run first removes the files of steps >= `step`."""
+        if not self.count or not dist.is_primary():
+            return None
         storage.makedirs(self.directory)
         if self._first:
             for later, path in step_files(self.directory).items():
                 if later >= step:
                     storage.remove(path)
             self._first = False
-        chosen = choose(self.count, len(rollouts), self.group_size)
-        records = [episode_record(rollouts[i], rewards[i], advantages[i],
-                                  self.truth.get(rollouts[i].episode.episode_id, ()),
-                                  step=step, stage="rl", group=i // self.group_size)
-                   for i in chosen]
         path = step_path(self.directory, step)
         storage.write_atomic(path, dumps(records))
         return path
@@ -189,15 +198,21 @@ def write_eval_episodes(path: str, stage: str, rollouts: Sequence, settings: dic
     """Adds one evaluation setting's episodes (`stage`, e.g. "final", and `settings`, e.g.
     tools and K) to the evaluation log at `path`, replacing that stage and setting's earlier
     records (a rerun evaluates again), atomically."""
-    truth = {f"eval{r.index}": truth_windows(getattr(r, "extra", None)) for r in rows}
     kept = [r for r in read_jsonl(path)
             if not (r.get("stage") == stage and all(r.get(k) == v for k, v in settings.items()))] \
         if storage.isfile(path) else []
-    new = []
+    storage.makedirs(posixpath.dirname(path) or ".")
+    storage.write_atomic(path, dumps(kept + eval_records(rollouts, rows, step=None, stage=stage, **settings)))
+
+
+def eval_records(rollouts: Sequence, rows: Sequence = (), **fields) -> list[dict]:
+    """Held-out episodes (ids `eval{index}`) as records, scored by accuracy, with `fields`
+    (step, stage, the setting) on each; `rows`: the held-out rows, for their truth windows."""
+    truth = {f"eval{r.index}": truth_windows(getattr(r, "extra", None)) for r in rows}
+    out = []
     for rollout in rollouts:
         acc = R.accuracy_reward(R.extract_answer(rollout.generated_text), rollout.episode.answer,
                                 rollout.episode.question_type)
-        new.append(episode_record(rollout, {"acc_reward": acc}, None,
-                                  truth.get(rollout.episode.episode_id, ()), step=None, stage=stage, **settings))
-    storage.makedirs(posixpath.dirname(path) or ".")
-    storage.write_atomic(path, dumps(kept + new))
+        out.append(episode_record(rollout, {"acc_reward": acc}, None, truth.get(rollout.episode.episode_id, ()),
+                                  **fields))
+    return out

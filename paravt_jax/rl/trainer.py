@@ -17,7 +17,7 @@ from paravt_jax.agent.rollout import Episode, RolloutConfig, run_rollouts
 from paravt_jax.config import set_by
 from paravt_jax.data import gating
 from paravt_jax.rl.advantages import AdvantageConfig, compute_advantages
-from paravt_jax.rl.episode_log import EpisodeLog
+from paravt_jax.rl.episode_log import EpisodeLog, eval_records
 from paravt_jax.rl.episode_stats import summarize
 from paravt_jax.rl.objective import StepConfig, policy_head, policy_loss
 from paravt_jax.rl.rewards import RewardConfig, make_judge, score
@@ -258,18 +258,23 @@ class RLStep:
         state, metrics = self.step.step(state, batches)
         return state, metrics, prox_s
 
-    def evaluate(self, state, eval_rows: list) -> dict:
-        """The periodic greedy held-out evaluation (process 0 runs it), its compiles apart."""
-        from paravt_jax.rl.evaluate import evaluate
+    def evaluate(self, state, eval_rows: list, log: EpisodeLog | None = None, index: int = 0) -> dict:
+        """The periodic greedy held-out evaluation (process 0 runs it), its compiles apart;
+        every episode it ran goes to `log` as step `index` (stage "periodic")."""
+        from paravt_jax.rl.evaluate import evaluate_episodes
 
-        config, metrics = self.config, {}
+        config, metrics, records = self.config, {}, []
         evaluation = compiles.snapshot()  # the evaluation's own shapes: reported apart
         current = dist.local_model(self.step.model(state))
+        held_out = eval_rows[:config.eval_limit]
         for nframes, tools in periodic_evaluations(config.eval_nframes) if dist.is_primary() else ():
-            result = evaluate(current, self.tokenizer, eval_rows[:config.eval_limit], nframes=nframes,
-                              tools=tools, rollout=config.rollout, dispatch=config.dispatch)
+            result, evaluated = evaluate_episodes(current, self.tokenizer, held_out, nframes=nframes, tools=tools,
+                                                  rollout=config.rollout, dispatch=config.dispatch)
             tag = periodic_tag(config.eval_nframes, nframes, tools)
             metrics.update({f"{tag}/{k}": v for k, v in result.row().items() if k not in ("tools", "nframes")})
+            records += eval_records(evaluated, held_out, step=index, stage="periodic", tools=tools, nframes=nframes)
+        if log is not None:
+            log.write_records(index, records)
         metrics["eval_compiles"] = evaluation.since().count
         return metrics
 
@@ -283,6 +288,8 @@ def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge
     global batch, and the update runs over all devices (see paravt_jax.distributed)."""
     phases = RLStep.build(model, tokenizer, rows, workdir, config, judge)
     unreadable = {"prompts": 0}  # prompts in a row whose videos could not be read
+    # the periodic evaluation's episodes, all of them, whenever episodes are logged at all
+    eval_log = EpisodeLog(os.path.join(workdir, "eval_episodes"), config.log_episodes, 1)
 
     def step_fn(state, index):
         t0 = time.perf_counter()
@@ -311,7 +318,7 @@ def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge
         if scored.judge_fallbacks is not None:  # judge failures this step: those answers were scored by F1
             metrics["judge_f1_fallbacks"] = scored.judge_fallbacks
         if config.eval_every and eval_rows and (index + 1) % config.eval_every == 0:
-            metrics.update(phases.evaluate(state, eval_rows))
+            metrics.update(phases.evaluate(state, eval_rows, eval_log, index))
         return state, metrics
 
     try:
