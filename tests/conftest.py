@@ -46,6 +46,14 @@ def require_torch():
 
 
 @pytest.fixture(scope="session")
+def builtin_root(tmp_path_factory):
+    """One directory for the built-in assets of a test session (each pytest-xdist worker has
+    its own): the commands under test generate each set in it on first use, the later tests
+    find it READY (ensure_builtin's lock keeps concurrent generation safe)."""
+    return str(tmp_path_factory.mktemp("builtin"))
+
+
+@pytest.fixture(scope="session")
 def torch_module():
     return require_torch()
 

@@ -8,11 +8,6 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.fixture(scope="session")
-def builtin_root(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("builtin"))
-
-
 def run_cli(*args):
     from paravt_jax.cli import main
 

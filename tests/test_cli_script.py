@@ -22,11 +22,6 @@ def script(*args, timeout=300):
     return subprocess.run([SCRIPT, *args], capture_output=True, text=True, env=environment(), timeout=timeout)
 
 
-@pytest.fixture(scope="module")
-def builtin_root(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("builtin"))
-
-
 def test_console_script_help_and_quiet_success(tmp_path, builtin_root):
     assert os.access(SCRIPT, os.X_OK), f"{SCRIPT}: install the package (pip install -e .)"
     out = script("--help")
