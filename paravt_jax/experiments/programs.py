@@ -268,16 +268,16 @@ def _programs_at(config, rl, work, layout, mesh_sizes, devices, platform) -> tup
 
 
 def compile_programs(config: Qwen3VLConfig, rl, work, layout, mesh_sizes: Mapping[str, int], target: Target,
-                     depth: str = "auto") -> ProgramSet:
+                     depth: str = "auto", costs: bool = True) -> ProgramSet:
     """Every program of one RL step compiled for `target`, at the model's depth (see the module
-    docstring for `depth`)."""
+    docstring for `depth`). costs=False: memory only (no unrolled compiles, cost fields 0)."""
     from paravt_jax.experiments.plan import on_fake_devices
 
     if depth not in DEPTHS:
         raise TargetError(f"--depth={depth!r}: expected one of {', '.join(DEPTHS)}")
     devices = target_devices(target, math.prod(mesh_sizes.values()))
     if devices is None:
-        return on_fake_devices(compile_programs, (config, rl, work, layout, dict(mesh_sizes), target, depth),
+        return on_fake_devices(compile_programs, (config, rl, work, layout, dict(mesh_sizes), target, depth, costs),
                                math.prod(mesh_sizes.values()))
     layers = config.text.num_hidden_layers
     low, high = reduced_depths(config)
@@ -310,14 +310,16 @@ def compile_programs(config: Qwen3VLConfig, rl, work, layout, mesh_sizes: Mappin
         else:
             memory = [extrapolate(a, b, low, high, layers) for a, b in zip(at(low, True), at(high, True))]
             how = f"memory extrapolated from {low} and {high} scanned layers to {layers}"
-        if layers == low:
-            costs = at(low, False)
+        if not costs:  # a scanned program's counts hold one layer: none rather than a wrong one
+            programs = [dataclasses.replace(m, **{k: 0.0 for k in _COST_FIELDS}) for m in memory]
+            how += "; no costs"
         else:
-            costs = [extrapolate(a, b, low, high, layers) for a, b in zip(at(low, False), at(high, False))]
-        programs = [dataclasses.replace(m, **{k: getattr(c, k) for k in _COST_FIELDS}, seconds=m.seconds + c.seconds)
-                    for m, c in zip(memory, costs)]
-        how += "; costs from " + (f"{low} unrolled layers" if layers == low else
-                                  f"{low} and {high} unrolled layers")
+            pair = [at(low, False)] if layers == low else [at(low, False), at(high, False)]
+            unrolled = pair[0] if layers == low else [extrapolate(a, b, low, high, layers) for a, b in zip(*pair)]
+            programs = [dataclasses.replace(m, **{k: getattr(c, k) for k in _COST_FIELDS},
+                                            seconds=m.seconds + c.seconds) for m, c in zip(memory, unrolled)]
+            how += "; costs from " + (f"{low} unrolled layers" if layers == low else
+                                      f"{low} and {high} unrolled layers")
     trainer, sampler = programs[:trainer_count[0]], programs[trainer_count[0]:]
     seconds = sum(p.seconds for p in programs)
     return ProgramSet(tuple(trainer), tuple(sampler), target.compiler, how, seconds)
