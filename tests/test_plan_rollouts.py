@@ -114,3 +114,60 @@ def test_planner_token_counts_match_full_budget_rollouts(setup, mode):
                 prompt = s.inputs.length - rl.rollout.subagent_max_tokens
                 assert abs(work.subagent_prompt_tokens / prompt - 1) <= 0.10
     assert work.crop_frames == 4 and work.overview_frames == 4 and work.calls_per_turn == len(WINDOWS)
+
+
+class RecordingPolicy(FullBudgetPolicy):
+    """FullBudgetPolicy that records the rows each sub-agent call allocates (Sampler.generate pads
+    a call's prompts to max(their bucket, shape.rows)) and the width of its prompt cache."""
+
+    def __init__(self, sampler, tokenizer):
+        super().__init__(sampler, tokenizer)
+        self.subagent_calls = []
+
+    def generate(self, prompts, num_samples=1, **knobs):
+        if self.main_calls:
+            from paravt_jax.sampling.chunks import chunk_width
+            from paravt_jax.sampling.kv_cache import bucket
+
+            shape, config = knobs["shape"], self.sampler.config
+            self.subagent_calls.append((max(bucket(len(prompts), config.min_batch_bucket), shape.rows),
+                                        max(chunk_width(prompts, config.min_chunk_bucket), shape.width),
+                                        shape.frames_per_row))
+        return super().generate(prompts, num_samples, **knobs)
+
+
+def test_planner_sampler_calls_match_the_rollouts(setup):
+    """The planner's sub-agent calls are the rollout's under the trainer's fixed shapes
+    (rl/trainer.py step_shapes): a round's sub-agent prompts go in calls of rl.shapes.subagent_rows
+    rows (here the step's 4 episode rows; 3 calls a row), each call's cache as wide as the fixed
+    sub-agent width; the main prompt cache as wide as the fixed prompt width."""
+    from paravt_jax.rl.trainer import step_shapes
+
+    video, tok, model = setup
+    c = paragrpo.get_config("tiny")
+    c.rl.nframes_gating, c.rl.default_nframes, c.rl.prompts_per_step, c.rl.samples_per_prompt = False, 4, 2, 2
+    c.rl.rollout.mode, c.rl.rollout.max_turns = "subagent", 2
+    c.rl.rollout.max_new_tokens, c.rl.rollout.subagent_max_tokens = 128, 24
+    c.rl.dispatch.max_parallel, c.rl.dispatch.max_frames = len(WINDOWS), 4
+    rl = rl_config(c)
+    assumptions = W.Assumptions(question_tokens=len(tok.encode(QUESTION)), video_seconds=SECONDS,
+                                source_frame=(HEIGHT, WIDTH), source_fps=FPS, video_name=os.path.basename(video))
+    work = W.workload(rl, model.config.vision, tok, assumptions)
+    layout = W.sampler_layout(rl, work)
+
+    shapes = step_shapes(rl, rl.prompts_per_step)
+    config = dataclasses.replace(rl.rollout, temperature=rl.step.temperature, prompt_shape=shapes.prompt,
+                                 subagent_shape=shapes.subagent)
+    sampler = Sampler(model, dataclasses.replace(rl.sampler, prefill_window=shapes.prefill_window,
+                                                 extend_width=shapes.extend_width))
+    policy = RecordingPolicy(sampler, tok)
+    episodes = [Episode(f"e{i}", QUESTION, "[10.0, 14.0]", "tvg", video, nframes=4) for i in range(2)]
+    with CropDispatcher(rl.dispatch) as dispatcher:
+        rollouts, skipped = run_rollouts(policy, tok, episodes, 2, config, dispatcher)
+    assert not skipped and len(rollouts) == 4
+    rounds = rl.rollout.max_turns
+    assert work.subagent_rows == 4 * len(WINDOWS)  # one prompt per call of every row, each round
+    assert len(policy.subagent_calls) == rounds * layout.subagent_calls == rounds * 3
+    for rows, width, frames in policy.subagent_calls:
+        assert (rows, width, frames) == (layout.subagent_rows, layout.subagent_prefix_slots, layout.subagent_frames)
+    assert layout.prefix_slots == shapes.prompt.width and layout.extend_width == shapes.extend_width

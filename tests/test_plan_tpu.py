@@ -138,9 +138,12 @@ def _workload():
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="2026-12-02: the trainer's programs extrapolate within 1.2% (gradients +0.27%, "
+                   "log-probs -0.32%, update +1.17%), the first prompt prefill's temporaries do not (-5.4 MiB "
+                   "extrapolated, 120.2 MiB compiled: total -37%), so --depth=auto compiles the full depth")
 def test_depth_extrapolation_matches_a_full_compile(tokenizer):
     """small125m (12 layers) on v5p:2x2x2: every program's memory extrapolated from 2 and 4
-    unrolled layers is within 5% of the full 12-layer program as a run compiles it (scanned)."""
+    scanned layers is within 5% of the full 12-layer program as a run compiles it (scanned)."""
     config = tpu_config()
     config.model.preset = "small125m"
     target = G.resolve_target("tpu", meshes.get_mesh("v5p-16"))
@@ -149,9 +152,14 @@ def test_depth_extrapolation_matches_a_full_compile(tokenizer):
     work = W.workload(rl, model.vision, tokenizer, batch_devices=8)
     layout = W.sampler_layout(rl, work)
     sizes = meshes.mesh_shape("v5p-16")
-    guessed = G.compile_programs(model, rl, work, layout, sizes, target, "extrapolate")
-    full = G.compile_programs(model, rl, work, layout, sizes, target, "full")
-    assert guessed.depth.startswith("extrapolated from 2 and 4") and full.depth.startswith("full (12 scanned")
+    # memory only: the costs (from the same unrolled pair either way) are not compared
+    guessed = G.compile_programs(model, rl, work, layout, sizes, target, "extrapolate", costs=False)
+    full = G.compile_programs(model, rl, work, layout, sizes, target, "full", costs=False)
+    assert guessed.depth.startswith("memory extrapolated from 2 and 4 scanned layers to 12")
+    assert full.depth.startswith("full (12 scanned layers)")
     for a, b in zip(guessed.trainer + guessed.sampler, full.trainer + full.sampler):
+        print(f"{a.name:<40} extrapolated {a.total_bytes / 2**20:9.1f} MiB  full {b.total_bytes / 2**20:9.1f} MiB  "
+              f"({100 * (a.total_bytes / b.total_bytes - 1):+.2f}%)  temps {a.temp_bytes / 2**20:8.1f} / "
+              f"{b.temp_bytes / 2**20:8.1f} MiB")
         assert a.name == b.name
         assert abs(a.total_bytes / b.total_bytes - 1) <= 0.05, (a.name, a.total_bytes, b.total_bytes)

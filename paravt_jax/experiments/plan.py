@@ -264,7 +264,8 @@ def sampler_components(config: Qwen3VLConfig, rl, work: Workload, mesh_sizes: Ma
         own = cache_row("sub-agent", layout.subagent_rows, layout.subagent_suffix_slots)
         rows.append(dataclasses.replace(
             prompts, name=f"sub-agent KV cache ({layout.subagent_rows} rows x "
-                          f"{layout.subagent_prefix_slots} + {layout.subagent_suffix_slots} slots)",
+                          f"{layout.subagent_prefix_slots} + {layout.subagent_suffix_slots} slots; "
+                          f"{layout.subagent_calls} call(s) a round)",
             per_device_bytes=prompts.per_device_bytes + own.per_device_bytes,
             global_bytes=prompts.global_bytes + own.global_bytes))
     notes = ["no cache growth copy: the rollout sizes each row's cache for its whole episode up front"]
@@ -521,8 +522,9 @@ def main(argv: list[str]) -> MemoryPlan:
     flags.DEFINE_enum("target", "auto", list(TARGETS), "where the programs compile: cpu-fake (XLA:CPU on fake "
                       "devices), tpu (libtpu for the preset's TPU topology, from this CPU process), local (the "
                       "devices present); auto: tpu for TPU presets when libtpu is importable", flag_values=values)
-    flags.DEFINE_enum("depth", "auto", list(DEPTHS), "full programs, or extrapolated per layer from two "
-                      "reduced depths (auto: extrapolate past 8 layers)", flag_values=values)
+    flags.DEFINE_enum("depth", "auto", list(DEPTHS), "memory of the full-depth scanned programs, or "
+                      "extrapolated per layer from two reduced scanned depths (auto: full for scanned layers)",
+                      flag_values=values)
     flags.DEFINE_string("chip", "", "accelerator of the time plan (v5p, v5e, v6e, v4, h100, h200, a100); "
                         "default: the mesh preset's", flag_values=values)
     flags.DEFINE_integer("question_tokens", Assumptions.question_tokens, "assumed tokens of one question",

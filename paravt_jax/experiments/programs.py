@@ -17,13 +17,23 @@ Targets:
   local     the devices this process has (an accelerator host planning its own mesh);
   auto      tpu for a TPU preset when libtpu is importable, else cpu-fake.
 
-Depth: a long model compiles slowly (the 8B gradient program for 16 v5p chips takes minutes on
-a small CPU machine), so `extrapolate` compiles every program with the decoder's layers unrolled
-at two reduced depths (d and 2d, d = max(2, DeepStack layers)) and extends each number linearly to
-the full depth: the layers are identical, so per-layer memory, FLOPs, bytes and collectives are
-the difference of the two. Unrolled layers also make XLA's cost analysis count every layer (it
-counts a scanned loop's body once). `full` compiles the programs as a run has them (scanned
-layers) for the memory numbers; the costs still come from the unrolled pair.
+Depth: a run compiles the decoder's layers as one scanned loop, and a scanned program compiles
+in about the same time at any depth (the 8B's 36-layer gradient program for 16 v5p chips: about
+3 minutes on a quiet 2-core machine), so `full` (and `auto` for scanned models) takes every
+program's memory from the scanned program at the model's depth. `extrapolate` compiles the
+scanned programs at two reduced depths (d and 2d, d = max(2, DeepStack layers)) and extends each
+memory number linearly to the full depth (per-layer memory is the difference of the two). Costs
+cannot come from a scanned program: XLA's cost analysis counts a loop body once, whatever its
+trip count. They come from the programs with the layers unrolled at d and 2d layers, extended
+linearly to the full depth (per-layer FLOPs, bytes and collectives are the difference of the
+two). A scanned program's count is not "outside + one unrolled layer": for small125m's gradient
+on v5p:2x2x2, 2 unrolled layers minus the scanned program says 4.9e10 FLOPs a layer, 2 and 4
+unrolled layers 3.6e10 (about four forward passes of a layer, as remat makes it). Unrolled
+layers are not used for memory: XLA keeps an unrolled program's per-layer temporaries apart
+where the loop reuses one buffer, so extending them overstates a run's memory (the 8B gradient:
+67 GiB of temporaries extrapolated from 3 and 6 unrolled layers, 15.5 GiB compiled scanned). A
+model configured without scan (`model.scan_layers=False`) is compiled unrolled, whole (`full`,
+or `auto` up to AUTO_FULL_MAX_LAYERS layers) or extrapolated from d and 2d unrolled layers.
 """
 from __future__ import annotations
 
@@ -44,7 +54,7 @@ from paravt_jax.sampling.memory import PrefillCall, ProgramMemory, SamplerProgra
 
 TARGETS = ("auto", "cpu-fake", "tpu", "local")
 DEPTHS = ("auto", "extrapolate", "full")
-# `depth=auto` extrapolates models deeper than this (full compiles stay affordable below it)
+# `depth=auto` extrapolates unscanned models deeper than this (full compiles stay affordable below it)
 AUTO_FULL_MAX_LAYERS = 8
 # Chips per side of a TPU torus: v4 / v5p slices are 3-D (gcloud's topologies), v5e / v6e 2-D.
 _TPU_3D = {4: (2, 2, 1), 8: (2, 2, 2), 16: (2, 2, 4), 32: (2, 4, 4), 64: (4, 4, 4), 128: (4, 4, 8),
@@ -154,7 +164,7 @@ class ProgramSet:
 
 
 def reduced_depths(config: Qwen3VLConfig) -> tuple[int, int]:
-    """(d, 2d): the two unrolled depths of an extrapolation; d holds every DeepStack layer."""
+    """(d, 2d): the two reduced depths of an extrapolation; d holds every DeepStack layer."""
     d = max(2, len(config.vision.deepstack_visual_indexes))
     return d, 2 * d
 
@@ -163,18 +173,29 @@ def with_depth(config: Qwen3VLConfig, layers: int, scan: bool) -> Qwen3VLConfig:
     return config.replace(text=dataclasses.replace(config.text, num_hidden_layers=layers), scan_layers=scan)
 
 
+# ProgramMemory fields that do not scale with the layers; the cost analysis' fields
+_FIXED_FIELDS = ("group_rows",)
+_COST_FIELDS = ("flops", "bytes_accessed", "collective_bytes", "kernel_text_flops", "kernel_text_bytes",
+                "kernel_vision_flops", "kernel_vision_bytes")
+
+
+def _numbers(program: ProgramMemory) -> dict[str, float]:
+    return {f.name: getattr(program, f.name) for f in dataclasses.fields(ProgramMemory)
+            if f.name not in _FIXED_FIELDS and isinstance(getattr(program, f.name), (int, float))
+            and not isinstance(getattr(program, f.name), bool)}
+
+
+def _with_numbers(program: ProgramMemory, numbers: dict[str, float]) -> ProgramMemory:
+    return dataclasses.replace(program, **{k: (int(round(v)) if isinstance(getattr(program, k), int) else float(v))
+                                           for k, v in numbers.items()})
+
+
 def extrapolate(a: ProgramMemory, b: ProgramMemory, layers_a: int, layers_b: int, layers: int) -> ProgramMemory:
     """Each number of a program at `layers` from the same program at two depths (linear per layer)."""
     t = (layers - layers_a) / (layers_b - layers_a)
-    changes = {}
-    for field in dataclasses.fields(ProgramMemory):
-        x, y = getattr(a, field.name), getattr(b, field.name)
-        if field.name in ("group_rows",) or not isinstance(x, (int, float)) or isinstance(x, bool):
-            continue
-        value = x + (y - x) * t
-        changes[field.name] = int(round(value)) if isinstance(x, int) else float(value)
-    changes["seconds"] = a.seconds + b.seconds
-    return dataclasses.replace(a, **changes)
+    x, y = _numbers(a), _numbers(b)
+    out = _with_numbers(a, {k: x[k] + (y[k] - x[k]) * t for k in x})
+    return dataclasses.replace(out, seconds=a.seconds + b.seconds)
 
 
 def _abstract_params(tree, mesh):
@@ -226,16 +247,17 @@ def sampler_programs(config: Qwen3VLConfig, rl, work, layout, mesh, platform: st
         out.append(programs.decode(layout.subagent_rows, layout.subagent_suffix_slots, layout.subagent_rows,
                                    layout.subagent_prefix_slots, rl.rollout.subagent_max_tokens,
                                    name="sub-agent decode"))
-    frame = tuple(s // PATCH for s in work.frame_size)
-    crop = tuple(s // PATCH for s in work.crop_frame_size)
-    for call in calls:
+    # the vision tower runs once per prefill row group, on the group's frames padded to
+    # frames_per_row each (Sampler._prefill, pad_frames_to_buckets)
+    frames = {"first prompt prefill": (work.frame_size, layout.prompt_frames),
+              "tool-response prefill": (work.crop_frame_size, work.calls_per_turn * work.crop_frames),
+              "sub-agent prefill": (work.crop_frame_size, layout.subagent_frames)}
+    for call, prefill in zip(calls, out):
         if not call.visual_tokens_per_row:
             continue
-        per_row = (work.overview_frames if call.name.startswith("first") else
-                   call.visual_tokens_per_row // max(work.crop_frame_tokens, 1))
-        size = frame if call.name.startswith("first") else crop
-        group = call.prompts or call.rows
-        out.append(programs.vision(f"vision tower ({call.name})", {size: group * per_row}))
+        size, per_row = frames[call.name]
+        patches = tuple(s // PATCH for s in size)
+        out.append(programs.vision(f"vision tower ({call.name})", {patches: prefill.group_rows * per_row}))
     out.append(programs.refresh)
     return out
 
@@ -246,48 +268,60 @@ def _programs_at(config, rl, work, layout, mesh_sizes, devices, platform) -> tup
 
 
 def compile_programs(config: Qwen3VLConfig, rl, work, layout, mesh_sizes: Mapping[str, int], target: Target,
-                     depth: str = "auto") -> ProgramSet:
+                     depth: str = "auto", costs: bool = True) -> ProgramSet:
     """Every program of one RL step compiled for `target`, at the model's depth (see the module
-    docstring for `depth`)."""
+    docstring for `depth`). costs=False: memory only (no unrolled compiles, cost fields 0)."""
     from paravt_jax.experiments.plan import on_fake_devices
 
     if depth not in DEPTHS:
         raise TargetError(f"--depth={depth!r}: expected one of {', '.join(DEPTHS)}")
     devices = target_devices(target, math.prod(mesh_sizes.values()))
     if devices is None:
-        return on_fake_devices(compile_programs, (config, rl, work, layout, dict(mesh_sizes), target, depth),
+        return on_fake_devices(compile_programs, (config, rl, work, layout, dict(mesh_sizes), target, depth, costs),
                                math.prod(mesh_sizes.values()))
     layers = config.text.num_hidden_layers
     low, high = reduced_depths(config)
     if depth == "auto":
-        depth = "extrapolate" if layers > AUTO_FULL_MAX_LAYERS else "full"
-    def at(layers_, scan):
-        return _programs_at(with_depth(config, layers_, scan), rl, work, layout, mesh_sizes, devices, target.platform)
+        # a scanned program compiles in about the same time at any depth: compile it whole
+        depth = "full" if config.scan_layers or layers <= AUTO_FULL_MAX_LAYERS else "extrapolate"
 
-    if depth == "full" and not config.scan_layers:  # unrolled as run: every layer counted already
-        trainer, sampler = at(layers, False)
-        how = f"full ({layers} unrolled layers)"
-    else:
-        # costs (and, extrapolating, memory): the unrolled pair, one compile when the model is that shallow
-        if layers == low:
-            trainer, sampler = at(low, False)
-            cost = (trainer, sampler)
+    trainer_count = []  # how many of a compile's programs are the trainer's
+
+    def at(layers_, scan):
+        trainer, sampler = _programs_at(with_depth(config, layers_, scan), rl, work, layout, mesh_sizes, devices,
+                                        target.platform)
+        trainer_count[:] = [len(trainer)]
+        return trainer + sampler
+
+    if not config.scan_layers:  # unrolled as the run has them: every layer counted
+        if depth == "full" or layers <= low:
+            programs, how = at(layers, False), f"full ({layers} unrolled layers)"
         else:
             pair = [at(d, False) for d in (low, high)]
-            cost = [tuple(extrapolate(a, b, low, high, layers) for a, b in zip(pa, pb)) for pa, pb in zip(*pair)]
-        if depth == "extrapolate":
-            trainer, sampler = cost
-            how = (f"{layers} unrolled layers" if layers == low else
-                   f"extrapolated from {low} and {high} unrolled layers to {layers}")
+            programs = [extrapolate(a, b, low, high, layers) for a, b in zip(*pair)]
+            how = f"extrapolated from {low} and {high} unrolled layers to {layers}"
+    else:
+        # memory: the scanned programs a run compiles, whole (full) or at two reduced depths
+        # (extrapolate: per-layer memory is their difference); costs: a scanned program counts
+        # one layer, the unrolled one at depth `low` counts `low` (scanned_costs)
+        if depth == "full" or layers <= high:
+            memory = at(layers, True)
+            how = f"full ({layers} scanned layers)"
         else:
-            full = at(layers, True)
-            trainer, sampler = ([dataclasses.replace(f, flops=c.flops, bytes_accessed=c.bytes_accessed,
-                                                     collective_bytes=c.collective_bytes,
-                                                     seconds=f.seconds + c.seconds)
-                                 for f, c in zip(fs, cs)] for fs, cs in zip(full, cost))
-            how = f"full ({layers} scanned layers); costs from the unrolled program" + (
-                "" if layers == low else f"s of {low} and {high} layers")
-    seconds = sum(p.seconds for p in (*trainer, *sampler))
+            memory = [extrapolate(a, b, low, high, layers) for a, b in zip(at(low, True), at(high, True))]
+            how = f"memory extrapolated from {low} and {high} scanned layers to {layers}"
+        if not costs:  # a scanned program's counts hold one layer: none rather than a wrong one
+            programs = [dataclasses.replace(m, **{k: 0.0 for k in _COST_FIELDS}) for m in memory]
+            how += "; no costs"
+        else:
+            pair = [at(low, False)] if layers == low else [at(low, False), at(high, False)]
+            unrolled = pair[0] if layers == low else [extrapolate(a, b, low, high, layers) for a, b in zip(*pair)]
+            programs = [dataclasses.replace(m, **{k: getattr(c, k) for k in _COST_FIELDS},
+                                            seconds=m.seconds + c.seconds) for m, c in zip(memory, unrolled)]
+            how += "; costs from " + (f"{low} unrolled layers" if layers == low else
+                                      f"{low} and {high} unrolled layers")
+    trainer, sampler = programs[:trainer_count[0]], programs[trainer_count[0]:]
+    seconds = sum(p.seconds for p in programs)
     return ProgramSet(tuple(trainer), tuple(sampler), target.compiler, how, seconds)
 
 

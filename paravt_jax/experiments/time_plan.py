@@ -9,7 +9,8 @@ loop of blockwise attention: attention.AttentionCall). One call of a program tak
 
 (perfect overlap of compute, memory and communication: a bound, not a prediction). A step runs
 each program the number of times the recipe does (`step_calls`): the prompt prefill per row
-group, the tool-response and sub-agent prefills and the vision tower once per tool round, a
+group, the tool-response prefill per text piece and row group, the sub-agent prefill and decode
+per call of `rl.shapes.subagent_rows` rows, each vision tower with its prefill's row groups, a
 decode step per generated token of every turn (XLA counts a loop body once, so a decode
 program's cost is one step), the log-prob passes (proximal, and the reference when kl_ctl > 0)
 and the gradients per micro-batch, one optimizer update and one weight refresh. Host work
@@ -61,6 +62,9 @@ CHIPS = {
 REFERENCE_STEP_SECONDS = 250.0
 REFERENCE_SETUP = "8 x 80 GB GPUs (7 training, 1 serving rollouts)"
 BACKWARD_FACTOR = 2.5  # backward attention FLOPs per forward (dq, dk, dv, recomputed scores)
+# the sampler's prefills and the SamplerLayout field of their rows
+PREFILLS = {"first prompt prefill": "prompt_rows", "tool-response prefill": "rows",
+            "sub-agent prefill": "subagent_rows"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,7 +122,8 @@ class TimePlan:
 
 
 def step_calls(rl, work, layout) -> dict[str, tuple[str, float]]:
-    """program name -> (stage, runs per RL step) for the recipe's workload."""
+    """program name -> (stage, runs per RL step) for the recipe's workload, before the prefills'
+    row groups (`time_plan` multiplies a prefill and its vision tower by its row groups)."""
     from paravt_jax.sampling.kv_cache import bucket
 
     r = rl.rollout
@@ -126,15 +131,17 @@ def step_calls(rl, work, layout) -> dict[str, tuple[str, float]]:
     turns = rounds + 1
     passes = 1 + (1 if rl.advantage.kl_ctl > 0 else 0)
     steps = bucket(r.max_new_tokens, 16)
+    pieces = layout.extend_pieces if layout else 1
+    sub_calls = layout.subagent_calls if layout else 1
     calls = {
         "first prompt prefill": ("rollout", 1.0),
-        "tool-response prefill": ("rollout", float(rounds)),
-        "sub-agent prefill": ("rollout", float(rounds)),
+        "tool-response prefill": ("rollout", float(rounds * pieces)),
+        "sub-agent prefill": ("rollout", float(rounds * sub_calls)),
         "decode": ("rollout", float(turns * steps)),
-        "sub-agent decode": ("rollout", float(rounds * bucket(r.subagent_max_tokens, 16))),
+        "sub-agent decode": ("rollout", float(rounds * sub_calls * bucket(r.subagent_max_tokens, 16))),
         "vision tower (first prompt prefill)": ("rollout", 1.0),
         "vision tower (tool-response prefill)": ("rollout", float(rounds)),
-        "vision tower (sub-agent prefill)": ("rollout", float(rounds)),
+        "vision tower (sub-agent prefill)": ("rollout", float(rounds * sub_calls)),
         "log-probs": ("log-probs", float(passes * work.micro_batches)),
         "gradients": ("gradients", float(work.micro_batches)),
         "optimizer update": ("update", 1.0),
@@ -177,10 +184,11 @@ def time_plan(programs, rl, work, layout, config, chip: str, mesh: dict | None =
         stage, count = calls.get(program.name, ("rollout", 1.0))
         if count == 0:
             continue
-        if program.name in ("first prompt prefill", "tool-response prefill", "sub-agent prefill"):
-            rows = {"first prompt prefill": layout.prompt_rows, "tool-response prefill": layout.rows,
-                    "sub-agent prefill": layout.subagent_rows}[program.name]
-            count *= math.ceil(rows / max(program.group_rows, 1))  # one call per row group
+        prefill = program.name.removeprefix("vision tower (").removesuffix(")")
+        if prefill in PREFILLS and layout is not None:  # a prefill (and its vision tower) per row group
+            rows = getattr(layout, PREFILLS[prefill])
+            group = programs.find(prefill)
+            count *= math.ceil(rows / max(group.group_rows if group else rows, 1))
         kernel_flops, kernel_bytes = _kernel_share(program, work, mesh, rows_per_device, config)
         flops, size = program.flops + kernel_flops, program.bytes_accessed + kernel_bytes
         phases.append(PhaseTime(

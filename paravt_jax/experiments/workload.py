@@ -53,7 +53,7 @@ class Workload:
     chunk_bucket: int  # SamplerConfig.min_chunk_bucket: prefill widths are multiples of it
     prefill_capacity: int  # cache capacity at the first prefill
     extend_width: int  # chunk width of a tool-response extend
-    subagent_rows: int  # rows of the sub-agent cache (0 unless mode == subagent)
+    subagent_rows: int  # sub-agent prompts per tool round (0 unless mode == subagent)
     subagent_prompt_tokens: int
     subagent_capacity: int
 
@@ -258,16 +258,18 @@ def workload(rl, vision, tokenizer, assumptions: Assumptions = Assumptions(), ba
     rows = rl.prompts_per_step * rl.samples_per_prompt
     sub_rows = sub_prompt = sub_capacity = 0
     if tokens.subagent_prompt is not None:
-        sub_rows = bucket(rows * calls)
+        sub_rows = rows * calls  # one sub-agent prompt per call of every row; batched by sampler_layout
         sub_prompt = tokens.subagent_prompt.length
         sub_capacity, _ = _decode_turn(0, bucket(sub_prompt, sampler.min_chunk_bucket),
                                        r.subagent_max_tokens, sampler.cache_multiple)
     patches = _patches(tokens.prompt) + (full_rounds * _patches(tokens.response)
                                          + (_patches(tokens.final_response) if final else 0))
-    width = bucket(sequence, PACK_MIN_LENGTH, PACK_MULTIPLE)
+    # rl.shapes' fixed packed width when the episode fits it (pack falls back to its bucket)
+    train_width = step_shapes(rl).train_width
+    width = train_width if train_width >= sequence else bucket(sequence, PACK_MIN_LENGTH, PACK_MULTIPLE)
     try:
         micro = plan_micro_batches([sequence] * rows, width, rl.micro_batches, rl.max_tokens_per_micro_batch,
-                                   batch_devices)
+                                   batch_devices, full_rows=train_width > 0)
     except ValueError as e:
         raise PlanError(f"rl.micro_batches={rl.micro_batches} / rl.max_tokens_per_micro_batch="
                         f"{rl.max_tokens_per_micro_batch}: {e}") from None
@@ -291,34 +293,64 @@ def workload(rl, vision, tokenizer, assumptions: Assumptions = Assumptions(), ba
 # ----------------------------------------------------------------------------- sampler calls
 @dataclasses.dataclass(frozen=True)
 class SamplerLayout:
-    """The rollout's caches as sampling/sampler.py lays them out: one prompt cache per prompt
-    (shared by its G samples), one suffix cache per row sized for the whole episode up front
-    (generate(reserve=...) from agent/rollout.episode_turns: never grown), and the sub-agent
-    call's caches (its prompts are its prefixes, one sample each)."""
+    """The rollout's caches and calls as rl/trainer.py runs the sampler with the step's
+    `rl.shapes` (rl/shapes.py, `step_shapes`): one prompt cache per prompt (shared by its G
+    samples) at least `prompt_width` wide, one suffix cache per row sized for the whole episode
+    up front (generate(reserve=...) from agent/rollout.episode_turns: never grown), the turn's
+    tool responses written in pieces of `extend_width` tokens when they are text, and the
+    sub-agent prompts of a tool round in `subagent_calls` calls of `subagent_rows` rows each
+    (agent/rollout.py `_responses_subagent`), one call's caches alive at a time."""
     prompt_rows: int  # prompts, bucketed (prefix rows)
     rows: int  # prompt_rows x G (suffix rows)
     prefix_slots: int
     suffix_slots: int
-    extend_width: int
-    subagent_rows: int
+    extend_width: int  # tokens of one tool-response prefill (a piece, or the bucketed chunk)
+    subagent_rows: int  # rows of one sub-agent call
     subagent_prefix_slots: int
     subagent_suffix_slots: int
+    prompt_frames: int = 0  # overview frames per prompt of the first prefill's vision pass
+    extend_pieces: int = 1  # tool-response prefills per tool round (text written in pieces)
+    subagent_calls: int = 0  # sub-agent calls per tool round
+    subagent_frames: int = 0  # crop frames per sub-agent row of its vision pass
+    policy: str = "per_call"  # rl.shapes.policy
+
+
+def step_shapes(rl):
+    """rl/trainer.py's `step_shapes` for the step's prompts on one process (the planner plans
+    the rollout of all prompts over the whole mesh)."""
+    from paravt_jax.rl.trainer import step_shapes as run_shapes
+
+    return run_shapes(rl, rl.prompts_per_step)
 
 
 def sampler_layout(rl, work: Workload) -> SamplerLayout:
     from paravt_jax.agent.rollout import episode_turns
 
     r, sampler = rl.rollout, rl.sampler
+    shapes = step_shapes(rl)
     calls = work.calls_per_turn
-    prompt_rows = bucket(rl.prompts_per_step, sampler.min_batch_bucket)
+    prompt_rows = max(bucket(rl.prompts_per_step, sampler.min_batch_bucket), shapes.prompt.rows)
     turns = [(0, r.max_new_tokens)] + episode_turns(r, rl.dispatch, max(calls, 1))
     suffix = episode_capacity(turns, sampler.min_chunk_bucket, sampler.cache_multiple)
-    sub_prefix = sub_suffix = 0
+    extend, pieces = work.extend_width, 1
+    text_responses = work.subagent_rows > 0  # sub-agent summaries: text only (frames mode: images)
+    if extend and shapes.extend_width and text_responses:  # Sampler.extend's fixed-width pieces
+        extend, pieces = shapes.extend_width, -(-(1 + work.response_tokens) // shapes.extend_width)
+    sub_rows = sub_calls = sub_prefix = sub_suffix = 0
     if work.subagent_rows:
-        sub_prefix = bucket(work.subagent_prompt_tokens, sampler.min_chunk_bucket)
+        # _responses_subagent: calls of subagent_shape.rows rows (all the round's prompts in one
+        # call when 0), each padded to its bucket (Sampler.generate)
+        per_call = shapes.subagent.rows or work.subagent_rows
+        sub_calls = -(-work.subagent_rows // per_call)
+        sub_rows = max(bucket(min(per_call, work.subagent_rows), sampler.min_batch_bucket), shapes.subagent.rows)
+        sub_prefix = max(bucket(work.subagent_prompt_tokens, sampler.min_chunk_bucket), shapes.subagent.width)
         sub_suffix = episode_capacity([(0, r.subagent_max_tokens)], sampler.min_chunk_bucket, sampler.cache_multiple)
-    return SamplerLayout(prompt_rows, prompt_rows * rl.samples_per_prompt, work.prefill_width, suffix,
-                         work.extend_width, work.subagent_rows, sub_prefix, sub_suffix)
+    return SamplerLayout(prompt_rows, prompt_rows * rl.samples_per_prompt,
+                         max(work.prefill_width, shapes.prompt.width), suffix, extend, sub_rows, sub_prefix,
+                         sub_suffix, prompt_frames=max(work.overview_frames, shapes.prompt.frames_per_row),
+                         extend_pieces=pieces, subagent_calls=sub_calls,
+                         subagent_frames=max(work.crop_frames, shapes.subagent.frames_per_row),
+                         policy=rl.shapes.policy)
 
 
 def sampler_calls(layout: SamplerLayout, work: Workload, rl):
@@ -327,7 +359,7 @@ def sampler_calls(layout: SamplerLayout, work: Workload, rl):
     from paravt_jax.sampling.memory import PrefillCall
 
     calls = [PrefillCall("first prompt prefill", layout.prompt_rows, layout.prefix_slots, layout.prefix_slots,
-                         visual_tokens_per_row=work.overview_frames * work.frame_tokens)]
+                         visual_tokens_per_row=layout.prompt_frames * work.frame_tokens)]
     if layout.extend_width:
         frames_mode = work.subagent_rows == 0
         calls.append(PrefillCall("tool-response prefill", layout.rows, layout.suffix_slots, layout.extend_width,
@@ -337,7 +369,7 @@ def sampler_calls(layout: SamplerLayout, work: Workload, rl):
     if layout.subagent_rows:
         calls.append(PrefillCall("sub-agent prefill", layout.subagent_rows, layout.subagent_prefix_slots,
                                  layout.subagent_prefix_slots,
-                                 visual_tokens_per_row=work.crop_frames * work.crop_frame_tokens))
+                                 visual_tokens_per_row=layout.subagent_frames * work.crop_frame_tokens))
     decode = dict(rows=layout.rows, capacity=layout.suffix_slots, prompts=layout.prompt_rows,
                   prefix_slots=layout.prefix_slots, max_new_tokens=rl.rollout.max_new_tokens)
     return calls, decode
