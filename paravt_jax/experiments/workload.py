@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from paravt_jax.buckets import bucket
 from paravt_jax.models.qwen3_vl.config import Qwen3VLConfig, load_config, preset
 from paravt_jax.sampling.kv_cache import (
-    bucket,
     episode_capacity,
     first_capacity,
     grown_capacity,
