@@ -127,7 +127,7 @@ class RecordingPolicy(FullBudgetPolicy):
     def generate(self, prompts, num_samples=1, **knobs):
         if self.main_calls:
             from paravt_jax.sampling.chunks import chunk_width
-            from paravt_jax.sampling.kv_cache import bucket
+            from paravt_jax.buckets import bucket
 
             shape, config = knobs["shape"], self.sampler.config
             self.subagent_calls.append((max(bucket(len(prompts), config.min_batch_bucket), shape.rows),
