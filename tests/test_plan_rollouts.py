@@ -126,8 +126,8 @@ class RecordingPolicy(FullBudgetPolicy):
 
     def generate(self, prompts, num_samples=1, **knobs):
         if self.main_calls:
-            from paravt_jax.sampling.chunks import chunk_width
             from paravt_jax.buckets import bucket
+            from paravt_jax.sampling.chunks import chunk_width
 
             shape, config = knobs["shape"], self.sampler.config
             self.subagent_calls.append((max(bucket(len(prompts), config.min_batch_bucket), shape.rows),
