@@ -129,7 +129,9 @@ def step_calls(rl, work, layout) -> dict[str, tuple[str, float]]:
     r = rl.rollout
     rounds = r.max_turns if work.calls_per_turn else 0
     turns = rounds + 1
-    passes = 1 + (1 if rl.advantage.kl_ctl > 0 else 0)
+    # log-prob passes per micro-batch: the reference's (the KL term), and the proximal policy's
+    # when it is not read from the gradient pass (rl.step.prox_logprobs)
+    passes = (1 if rl.advantage.kl_ctl > 0 else 0) + (1 if rl.step.prox_logprobs == "recompute" else 0)
     steps = bucket(r.max_new_tokens, 16)
     pieces = layout.extend_pieces if layout else 1
     sub_calls = layout.subagent_calls if layout else 1
