@@ -41,7 +41,7 @@ evaluation of the 48 held-out questions at the same K. Resumable: a rerun skips 
 and an interrupted arm resumes from its last checkpoint (every 16 steps):
     paravt-jax sweep --config=configs/ablations.py:toy_long --workdir=runs/long --shared_sft
 toy_long_pilot: the learning rate chosen once on seed 0 (paragrpo, strong cold start, 48
-steps at 3e-5, 1e-4 and 3e-4) before the study fixes it.
+steps at 3e-5, 1e-4 and 3e-4); toy_long uses its choice, LONG_RATE.
 
 toy_paradox_varied (about 50 minutes): the same study's third cold start, whose SFT rows'
 overviews have 4, 8 or 16 frames (`prior=varied`, a tool prior at dense overviews too), and
@@ -63,6 +63,7 @@ WEAK_PRIOR_ARMS = ("vanilla", "paragrpo")  # the arms run from the weak and the 
 STUDIES = ("toy_paradox", "toy_paradox_varied", "toy_long", "toy_long_pilot")
 LONG_STEPS, LONG_EVAL_EVERY, LONG_NFRAMES = 96, 16, (4, 16, 64)
 PILOT_RATES = (3e-5, 1e-4, 3e-4)
+LONG_RATE = 3e-5  # the pilot's choice by docs/long_rl.md's rule (2026-12-02)
 
 
 def _base_preset(arg):
@@ -83,6 +84,8 @@ def get_config(arg: str = "tiny"):
         c.eval.nframes = (4, 16)
     elif c.preset in ("toy_long", "toy_long_pilot"):
         c.rl.steps = LONG_STEPS if c.preset == "toy_long" else LONG_STEPS // 2
+        if c.preset == "toy_long":
+            c.rl.optimizer.learning_rate = LONG_RATE
         c.rl.eval_every, c.rl.eval_limit, c.rl.eval_nframes = LONG_EVAL_EVERY, 16, LONG_NFRAMES
         c.rl.checkpoint_every = LONG_EVAL_EVERY  # an interrupted arm resumes, losing < 16 steps
         c.eval.nframes = LONG_NFRAMES

@@ -328,6 +328,7 @@ def test_long_rl_study_runs_its_core_arms_first_and_checks_held_out_accuracy_at_
     config = ablations.get_config("toy_long")
     assert (config.rl.steps, config.rl.eval_every, config.rl.checkpoint_every) == (96, 16, 16)
     assert tuple(config.rl.eval_nframes) == tuple(config.eval.nframes) == (4, 16, 64)
+    assert config.rl.optimizer.learning_rate == ablations.LONG_RATE  # the pilot's choice
     lines, _ = sweep_main("--config=configs/ablations.py:toy_long_pilot", f"--workdir={tmp_path}/pilot",
                           "--dry_run", "--shared_sft")
     rates = [line for line in lines if "--config.rl.optimizer.learning_rate=" in line]
