@@ -400,22 +400,21 @@ def run_command(config, workdir: str = "") -> dict:
         return finished
     t0 = time.perf_counter()
     inputs = _setup(config, training=True)
-    model, tokenizer, sft, rl_rows, eval_rows, root = (inputs.model, inputs.tokenizer, inputs.sft, inputs.rl_rows,
-                                                       inputs.eval_rows, inputs.video_root)
-    print(f"[run] workdir {storage.absolute(workdir)}; {len(sft.rows)} SFT rows, {len(rl_rows)} RL rows, "
+    model, tokenizer, eval_rows = inputs.model, inputs.tokenizer, inputs.eval_rows  # model: each phase's output
+    print(f"[run] workdir {storage.absolute(workdir)}; {len(inputs.sft.rows)} SFT rows, {len(inputs.rl_rows)} RL rows, "
           f"{len(eval_rows)} held-out rows", flush=True)
     if distributed.is_primary() and storage.exists(summary_path):
         storage.remove(summary_path)  # stale from an earlier, shorter run: it must not claim completion
     after_sft = None
     if config.sft.steps:
-        model, _ = train_sft(model, tokenizer, sft.rows, root, storage.join(workdir, "sft"), sft_config(config),
-                             kinds=sft.kinds)
+        model, _ = train_sft(model, tokenizer, inputs.sft.rows, inputs.video_root, storage.join(workdir, "sft"),
+                             sft_config(config), kinds=inputs.sft.kinds)
         if config.rl.steps and eval_config(config).after_sft:  # without RL the final table is this one
             after_sft = evaluate_after_sft(config, model, tokenizer, eval_rows, workdir)
             if after_sft is not None:
                 print_results(after_sft, "[run] after SFT:")
     if config.rl.steps:
-        model, _ = train_rl(model, tokenizer, rl_rows, storage.join(workdir, "rl"), rl_config(config),
+        model, _ = train_rl(model, tokenizer, inputs.rl_rows, storage.join(workdir, "rl"), rl_config(config),
                             eval_rows=eval_rows)
     model = distributed.local_model(model)  # multi-process: a whole copy on this process's devices
     summary = {"workdir": storage.absolute(workdir), **phase_histories(workdir)}

@@ -285,43 +285,45 @@ def compile_programs(config: Qwen3VLConfig, rl, work, layout, mesh_sizes: Mappin
         # a scanned program compiles in about the same time at any depth: compile it whole
         depth = "full" if config.scan_layers or layers <= AUTO_FULL_MAX_LAYERS else "extrapolate"
 
-    trainer_count = []  # how many of a compile's programs are the trainer's
+    def at(layers_, scan) -> tuple[list, list]:  # (the trainer's programs, the sampler's)
+        return _programs_at(with_depth(config, layers_, scan), rl, work, layout, mesh_sizes, devices,
+                            target.platform)
 
-    def at(layers_, scan):
-        trainer, sampler = _programs_at(with_depth(config, layers_, scan), rl, work, layout, mesh_sizes, devices,
-                                        target.platform)
-        trainer_count[:] = [len(trainer)]
-        return trainer + sampler
+    def both(f, *sets) -> tuple[list, list]:  # f over the same program of each set, trainer and sampler
+        return tuple([f(*programs) for programs in zip(*halves)] for halves in zip(*sets))
+
+    def extrapolated(a, b):
+        return extrapolate(a, b, low, high, layers)
 
     if not config.scan_layers:  # unrolled as the run has them: every layer counted
         if depth == "full" or layers <= low:
-            programs, how = at(layers, False), f"full ({layers} unrolled layers)"
+            (trainer, sampler), how = at(layers, False), f"full ({layers} unrolled layers)"
         else:
-            pair = [at(d, False) for d in (low, high)]
-            programs = [extrapolate(a, b, low, high, layers) for a, b in zip(*pair)]
+            trainer, sampler = both(extrapolated, at(low, False), at(high, False))
             how = f"extrapolated from {low} and {high} unrolled layers to {layers}"
     else:
         # memory: the scanned programs a run compiles, whole (full) or at two reduced depths
-        # (extrapolate: per-layer memory is their difference); costs: a scanned program counts
-        # one layer, the unrolled one at depth `low` counts `low` (scanned_costs)
+        # (extrapolate: per-layer memory is their difference); costs: from the unrolled programs
+        # (a scanned program's cost analysis counts one layer)
         if depth == "full" or layers <= high:
-            memory = at(layers, True)
-            how = f"full ({layers} scanned layers)"
+            memory, how = at(layers, True), f"full ({layers} scanned layers)"
         else:
-            memory = [extrapolate(a, b, low, high, layers) for a, b in zip(at(low, True), at(high, True))]
+            memory = both(extrapolated, at(low, True), at(high, True))
             how = f"memory extrapolated from {low} and {high} scanned layers to {layers}"
         if not costs:  # a scanned program's counts hold one layer: none rather than a wrong one
-            programs = [dataclasses.replace(m, **{k: 0.0 for k in _COST_FIELDS}) for m in memory]
+            trainer, sampler = both(lambda m: dataclasses.replace(m, **{k: 0.0 for k in _COST_FIELDS}), memory)
             how += "; no costs"
         else:
-            pair = [at(low, False)] if layers == low else [at(low, False), at(high, False)]
-            unrolled = pair[0] if layers == low else [extrapolate(a, b, low, high, layers) for a, b in zip(*pair)]
-            programs = [dataclasses.replace(m, **{k: getattr(c, k) for k in _COST_FIELDS},
-                                            seconds=m.seconds + c.seconds) for m, c in zip(memory, unrolled)]
-            how += "; costs from " + (f"{low} unrolled layers" if layers == low else
-                                      f"{low} and {high} unrolled layers")
-    trainer, sampler = programs[:trainer_count[0]], programs[trainer_count[0]:]
-    seconds = sum(p.seconds for p in programs)
+            if layers == low:
+                unrolled, source = at(low, False), f"{low} unrolled layers"
+            else:
+                unrolled = both(extrapolated, at(low, False), at(high, False))
+                source = f"{low} and {high} unrolled layers"
+            trainer, sampler = both(lambda m, c: dataclasses.replace(m, **{k: getattr(c, k) for k in _COST_FIELDS},
+                                                                     seconds=m.seconds + c.seconds),
+                                    memory, unrolled)
+            how += "; costs from " + source
+    seconds = sum(p.seconds for p in (*trainer, *sampler))
     return ProgramSet(tuple(trainer), tuple(sampler), target.compiler, how, seconds)
 
 

@@ -12,8 +12,9 @@ each program the number of times the recipe does (`step_calls`): the prompt pref
 group, the tool-response prefill per text piece and row group, the sub-agent prefill and decode
 per call of `rl.shapes.subagent_rows` rows, each vision tower with its prefill's row groups, a
 decode step per generated token of every turn (XLA counts a loop body once, so a decode
-program's cost is one step), the log-prob passes (proximal, and the reference when kl_ctl > 0)
-and the gradients per micro-batch, one optimizer update and one weight refresh. Host work
+program's cost is one step), the log-prob passes (the reference's when kl_ctl > 0, the proximal
+policy's under rl.step.prox_logprobs="recompute") and the gradients per micro-batch, one
+optimizer update and one weight refresh. Host work
 (video decoding of crops, tokenization, the reward) is not counted.
 
 Attention kernels' FLOPs are added analytically (forward: 4 x rows x heads x head_dim x queries

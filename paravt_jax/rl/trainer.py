@@ -130,6 +130,10 @@ def step_shapes(config: RLConfig, prompts: int) -> StepShapes:
                    prompts * config.samples_per_prompt, micro_rows, config.sampler.min_chunk_bucket)
 
 
+# one compiled program per batch shape (run eagerly, each jnp operation compiled on its own)
+ADVANTAGES = jax.jit(compute_advantages, static_argnames=("cfg", "group_size"))
+
+
 @dataclasses.dataclass
 class Scored:
     """The rollouts of one step (every process's, in row order) with their rewards."""
@@ -167,10 +171,9 @@ class RLStep:
     sampler_config: SamplerConfig
     share: slice  # this process's prompts of a step
     judge: object
-    episode_log: EpisodeLog
+    episode_log: EpisodeLog  # sampled training episodes
+    eval_log: EpisodeLog  # every episode of the periodic evaluation, when episodes are logged
     vision: object  # the model's vision config (the micro-batches' vision layout)
-    # one compiled program per batch shape (run eagerly, each jnp operation compiled on its own)
-    advantages_fn: object = jax.jit(compute_advantages, static_argnames=("cfg", "group_size"))
 
     @staticmethod
     def build(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge=None) -> RLStep:
@@ -185,8 +188,9 @@ class RLStep:
                                              extend_width=shapes.extend_width)
         episode_log = EpisodeLog(os.path.join(workdir, "episodes"), config.log_episodes,
                                  config.samples_per_prompt, rows)
+        eval_log = EpisodeLog(os.path.join(workdir, "eval_episodes"), config.log_episodes, 1)
         return RLStep(config, tokenizer, rows, step, CropDispatcher(config.dispatch), shapes, rollout_config,
-                      sampler_config, share, judge, episode_log, model.config.vision)
+                      sampler_config, share, judge, episode_log, eval_log, model.config.vision)
 
     def collect(self, state, index: int) -> tuple[list, list[str]]:
         """This process's rollouts of step `index` from the weights in `state` (and the episodes
@@ -238,7 +242,7 @@ class RLStep:
         the token anchor at the structural tokens) and their metrics."""
         advantage = self.config.advantage
         packed = data.packed
-        values, metrics = self.advantages_fn(
+        values, metrics = ADVANTAGES(
             scored.seq_rewards, packed.loss_mask, packed.extras["behaviour_logp"], reference, cfg=advantage,
             group_size=self.config.samples_per_prompt,
             anchor_rewards=scored.anchor_rewards if advantage.token_anchor else None,
@@ -258,9 +262,9 @@ class RLStep:
         state, metrics = self.step.step(state, batches)
         return state, metrics, prox_s
 
-    def evaluate(self, state, eval_rows: list, log: EpisodeLog | None = None, index: int = 0) -> dict:
-        """The periodic greedy held-out evaluation (process 0 runs it), its compiles apart;
-        every episode it ran goes to `log` as step `index` (stage "periodic")."""
+    def evaluate(self, state, eval_rows: list, index: int) -> dict:
+        """The periodic greedy held-out evaluation after step `index` (process 0 runs it), its
+        compiles apart; every episode it ran goes to the eval log (stage "periodic")."""
         from paravt_jax.rl.evaluate import evaluate_episodes
 
         config, metrics, records = self.config, {}, []
@@ -273,8 +277,7 @@ class RLStep:
             tag = periodic_tag(config.eval_nframes, nframes, tools)
             metrics.update({f"{tag}/{k}": v for k, v in result.row().items() if k not in ("tools", "nframes")})
             records += eval_records(evaluated, held_out, step=index, stage="periodic", tools=tools, nframes=nframes)
-        if log is not None:
-            log.write_records(index, records)
+        self.eval_log.write_records(index, records)
         metrics["eval_compiles"] = evaluation.since().count
         return metrics
 
@@ -288,8 +291,6 @@ def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge
     global batch, and the update runs over all devices (see paravt_jax.distributed)."""
     phases = RLStep.build(model, tokenizer, rows, workdir, config, judge)
     unreadable = {"prompts": 0}  # prompts in a row whose videos could not be read
-    # the periodic evaluation's episodes, all of them, whenever episodes are logged at all
-    eval_log = EpisodeLog(os.path.join(workdir, "eval_episodes"), config.log_episodes, 1)
 
     def step_fn(state, index):
         t0 = time.perf_counter()
@@ -318,7 +319,7 @@ def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge
         if scored.judge_fallbacks is not None:  # judge failures this step: those answers were scored by F1
             metrics["judge_f1_fallbacks"] = scored.judge_fallbacks
         if config.eval_every and eval_rows and (index + 1) % config.eval_every == 0:
-            metrics.update(phases.evaluate(state, eval_rows, eval_log, index))
+            metrics.update(phases.evaluate(state, eval_rows, index))
         return state, metrics
 
     try:
