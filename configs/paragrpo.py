@@ -15,7 +15,7 @@ import ml_collections
 
 from configs import base
 from paravt_jax.config import section
-from paravt_jax.jobs import EvalConfig
+from paravt_jax.rl.evaluate import EvalConfig
 from paravt_jax.rl.trainer import RLConfig
 from paravt_jax.sft.trainer import SFTConfig
 

@@ -12,9 +12,12 @@ import contextlib
 import fnmatch
 import functools
 import json
+import os
 import time
 
+from paravt_jax import distributed, storage
 from paravt_jax.flags import UsageError
+from paravt_jax.locking import WorkdirLock
 
 CONFIG_NAME = "run_config.json"
 CHANGES_NAME = "config_changes.jsonl"
@@ -59,8 +62,6 @@ def check_config(workdir: str, record: dict, config_changed: str = "refuse") -> 
     """Stores `record` in a new workdir; in one with a stored config, refuses (ConfigChanged) a
     record that differs in more than RESUMABLE fields, unless config_changed == "ok": then the
     change is appended to config_changes.jsonl and the new record stored. Returns the changes."""
-    from paravt_jax import storage
-
     if config_changed not in CONFIG_CHANGED:
         raise UsageError(f"--config_changed={config_changed!r}: expected one of {CONFIG_CHANGED}")
     path = storage.join(workdir, CONFIG_NAME)
@@ -90,9 +91,6 @@ def check_config(workdir: str, record: dict, config_changed: str = "refuse") -> 
 @contextlib.contextmanager
 def claim(config, workdir: str, command: str, config_changed: str = "refuse"):
     """Holds workdir for the body: its lock (process 0) and its config check. Collective."""
-    from paravt_jax import distributed
-    from paravt_jax.locking import WorkdirLock
-
     lock, error = None, None
     if distributed.is_primary():
         try:
@@ -115,15 +113,20 @@ def claim(config, workdir: str, command: str, config_changed: str = "refuse"):
             lock.release()
 
 
+def resolve_workdir(config, flag_workdir: str = "") -> str:
+    """--workdir, else config.workdir, else runs/PRESET; created if missing."""
+    workdir = flag_workdir or config.get("workdir", "") or os.path.join("runs", f"{config.get('preset', 'tiny')}")
+    storage.makedirs(workdir)
+    return workdir
+
+
 def claims_workdir(command: str):
-    """Decorates a job `f(config, workdir="", ...)`: resolves the workdir (jobs._workdir),
+    """Decorates a job `f(config, workdir="", ...)`: resolves the workdir (`resolve_workdir`),
     claims it for the call (`config_changed=` is the decorator's keyword) and passes it on."""
     def decorate(function):
         @functools.wraps(function)
         def wrapper(config, workdir: str = "", *args, config_changed: str = "refuse", **kwargs):
-            from paravt_jax.jobs import _workdir
-
-            resolved = _workdir(config, workdir)
+            resolved = resolve_workdir(config, workdir)
             with claim(config, resolved, command, config_changed):
                 return function(config, resolved, *args, **kwargs)
         return wrapper

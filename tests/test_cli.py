@@ -110,7 +110,7 @@ def test_mesh_preset_builds_the_named_mesh(builtin_root):
     from flax import nnx
 
     from configs import paragrpo
-    from paravt_jax.jobs import build_model, builtin_assets
+    from paravt_jax.runtime import build_model, builtin_assets
 
     config = paragrpo.get_config("tiny")
     config.data.builtin_root = builtin_root
@@ -127,7 +127,7 @@ def test_after_sft_evaluation_is_stored_and_read_back_on_resume(tmp_path, monkey
     """The cold start's table is evaluated once (sft/eval.json) and read back by a resumed run,
     unless the evaluation settings or the SFT step count changed since."""
     from configs import paragrpo
-    from paravt_jax import jobs
+    from paravt_jax.cli import jobs
 
     calls = []
 
@@ -153,7 +153,7 @@ def test_after_sft_evaluation_is_stored_and_read_back_on_resume(tmp_path, monkey
 
 
 def test_reward_trend_compares_the_first_and_last_third():
-    from paravt_jax.jobs import reward_trend
+    from paravt_jax.cli.jobs import reward_trend
 
     assert reward_trend([0.1, 0.2]) is None  # under three steps: no thirds
     trend = reward_trend([0.1, 0.2, 0.0, 0.5, 0.4, 0.6, 0.9])  # thirds of 2 steps
@@ -167,7 +167,8 @@ def test_held_out_and_generate_episodes_are_the_configs():
     budget, overview and crop frame sizes, think prefix, calls per turn), decoded greedily; the
     evaluation's own budget (eval.max_new_tokens, max_turns, mode) is the only change."""
     from configs import paragrpo, vanilla_grpo
-    from paravt_jax.jobs import eval_config, generate_episode, rl_config
+    from paravt_jax.cli.jobs import generate_episode
+    from paravt_jax.runtime import eval_config, rl_config
     from paravt_jax.rl.evaluate import FINAL_ANSWER_TOKENS, episode_config
 
     config = paragrpo.get_config("toy")

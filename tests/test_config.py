@@ -7,15 +7,15 @@ import typing
 import pytest
 
 from configs import paragrpo
-from paravt_jax import jobs
+from paravt_jax import runtime
 from paravt_jax.config import build, fields_and_keys, section
 from paravt_jax.rl.rewards import RewardConfig, make_judge
 from paravt_jax.rl.trainer import RLConfig
 from paravt_jax.sft.trainer import SFTConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SECTIONS = (("rl", RLConfig, jobs.rl_config), ("sft", SFTConfig, jobs.sft_config),
-            ("eval", jobs.EvalConfig, jobs.eval_config))
+SECTIONS = (("rl", RLConfig, runtime.rl_config), ("sft", SFTConfig, runtime.sft_config),
+            ("eval", runtime.EvalConfig, runtime.eval_config))
 # String fields whose values are checked when the dataclass is built: an allowed other value.
 CHOICES = {"AdvantageConfig.anchor_mode": "sequence", "OptimizerConfig.name": "adam",
            "OptimizerConfig.schedule": "cosine", "RolloutConfig.mode": "frames", "RewardConfig.mode": "exact",
@@ -128,11 +128,11 @@ def test_unknown_keys_fail_naming_the_key():
     config = paragrpo.get_config("tiny")
     config.rl.rollout.max_turn = 3  # a misspelled key in a config file
     with pytest.raises(ValueError, match=r"rl\.rollout\.max_turn: not a field of RolloutConfig"):
-        jobs.rl_config(config)
+        runtime.rl_config(config)
     config = paragrpo.get_config("tiny")
     config.rl.seed = 3  # the seed is the config's top-level one
     with pytest.raises(ValueError, match=r"rl\.seed"):
-        jobs.rl_config(config)
+        runtime.rl_config(config)
 
 
 def test_section_round_trips_a_dataclass():

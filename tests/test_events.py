@@ -223,14 +223,14 @@ def test_json_split_makes_the_tool_call_cheap():
 
 def test_toy_config_builds():
     from configs import paragrpo
-    from paravt_jax import jobs
+    from paravt_jax import runtime
     from paravt_jax.data.builtin import BUILTIN_MODELS
 
     c = paragrpo.get_config("toy")
     assert c.data.task == "events" and c.data.num_eval >= 32 and c.model.preset in BUILTIN_MODELS
-    assert jobs.sft_config(c).nframes == 4 and jobs.rl_config(c).rollout.mode == "subagent"
-    assert jobs.eval_config(c).mode == "subagent" and tuple(c.data.sft_modes) == ("subagent",)
-    assert jobs.eval_config(c).limit == 0  # every held-out question
+    assert runtime.sft_config(c).nframes == 4 and runtime.rl_config(c).rollout.mode == "subagent"
+    assert runtime.eval_config(c).mode == "subagent" and tuple(c.data.sft_modes) == ("subagent",)
+    assert runtime.eval_config(c).limit == 0  # every held-out question
     tiny = paragrpo.get_config("tiny")
     assert tiny.data.task == "shapes" and "sft_modes" not in tiny.data
 
@@ -238,7 +238,7 @@ def test_toy_config_builds():
 @pytest.mark.slow  # compiles a train step: minutes on a loaded 2-core machine
 def test_toy_config_runs_one_sft_step(tmp_path):
     from configs import paragrpo
-    from paravt_jax import jobs
+    from paravt_jax.cli import jobs
 
     c = paragrpo.get_config("toy")
     c.data.builtin_root = str(tmp_path / "builtin")

@@ -36,7 +36,7 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
 from paravt_jax.data.builtin import ensure_builtin
-from paravt_jax.jobs import builtin_assets
+from paravt_jax.runtime import builtin_assets
 from paravt_jax.metrics_writer import MetricsWriter
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

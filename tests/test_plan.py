@@ -254,7 +254,7 @@ def test_token_budget_micro_batches_and_rows_per_device(tokenizer):
 
 
 def plan_main(argv):
-    from paravt_jax.experiments.plan import main
+    from paravt_jax.cli.plan import main
 
     return main(argv)
 

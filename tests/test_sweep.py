@@ -28,7 +28,7 @@ TWO_ARMS = "^(vanilla|paragrpo),"  # two arms of the tiny grid (one seed in tiny
 
 
 def sweep_main(*args):
-    from paravt_jax.experiments import sweep
+    from paravt_jax.cli import sweep
 
     out = io.StringIO()
     with redirect_stdout(out):
@@ -98,7 +98,7 @@ def test_rerun_skips_finished_arms(swept):
 
 
 def test_report_table_and_plots(swept, tmp_path):
-    from paravt_jax.experiments import report
+    from paravt_jax.cli import report
 
     root = swept["root"]
     prefix = str(tmp_path / "cmp")

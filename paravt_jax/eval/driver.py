@@ -38,7 +38,11 @@ from paravt_jax.config_checks import ConfigValueError
 from paravt_jax.eval import prompts, provenance, scoring
 from paravt_jax.rl import rewards as R
 from paravt_jax.rl.episode_stats import calls_per_tool_turn
+from paravt_jax.runtime import build_model, builtin_assets
+from paravt_jax.sampling import Sampler, SamplerConfig
 from paravt_jax.text.chat import VISUALS
+from paravt_jax.text.inputs import check_against_model
+from paravt_jax.text.tokenizer import Tokenizer
 
 DISPATCH = ("parallel", "sequential")
 
@@ -462,11 +466,6 @@ def evaluate_command(config, output_dir: str, *, shard_id: int = 0, num_shards: 
     model is built: a benchmark with too many missing videos (MissingVideos), and an output
     directory holding another model's or other settings' records (ForeignRecords; `overwrite`
     drops them instead)."""
-    from paravt_jax.jobs import build_model, builtin_assets
-    from paravt_jax.sampling import Sampler, SamplerConfig
-    from paravt_jax.text.inputs import check_against_model
-    from paravt_jax.text.tokenizer import Tokenizer
-
     assets = builtin_assets(config)
     benchmarks = load_benchmarks(config, lambda name: benchmark_protocol(config, name)["prompt_mode"],
                                  limit or config.limit, assets.data_dir)
@@ -511,33 +510,3 @@ def evaluate_command(config, output_dir: str, *, shard_id: int = 0, num_shards: 
         storage.write_json_atomic(storage.join(output_dir, "compare.json"), comparison)
         storage.write_atomic(storage.join(output_dir, "compare.md"), table + "\n")
     return summaries
-
-
-def main(argv: list[str]) -> dict:
-    from absl import flags
-
-    from paravt_jax.config import config_path
-    from paravt_jax.config_checks import check_config
-    from paravt_jax.flags import define_config, parse_flags
-
-    default = config_path("eval")
-    flag_values = flags.FlagValues()
-    define_config(flag_values, default + ":synthetic", argv)
-    flags.DEFINE_string("output_dir", "", "where per-dataset JSON and summary_all.json go",
-                        flag_values=flag_values)
-    flags.DEFINE_integer("shard_id", 0, "this host's shard", flag_values=flag_values)
-    flags.DEFINE_integer("num_shards", 1, "shards across hosts", flag_values=flag_values)
-    flags.DEFINE_integer("limit", 0, "samples per dataset (0 = all)", lower_bound=0, flag_values=flag_values)
-    flags.DEFINE_bool("compare", False, "parallel vs sequential dispatch side by side", flag_values=flag_values)
-    flags.DEFINE_bool("overwrite", False, "drop records another checkpoint or other settings left in --output_dir "
-                      "(without it such a directory is refused)", flag_values=flag_values)
-    parse_flags(flag_values, argv, "usage: paravt-jax eval [--config=FILE[:ARG]] [--config.FIELD=VALUE ...] "
-                "[--output_dir=DIR] [--limit=N] [--compare] [--overwrite] [--shard_id=I --num_shards=N]\n\n"
-                "The benchmark driver: per-dataset JSON (resumable) and summary_all.json in --output_dir.",
-                show_config=True)
-    config = flag_values.config
-    check_config(config)
-    dataset_names(config)
-    output_dir = flag_values.output_dir or config.output_dir or os.path.join("runs", "eval")
-    return evaluate_command(config, output_dir, shard_id=flag_values.shard_id, num_shards=flag_values.num_shards,
-                            limit=flag_values.limit, compare=flag_values.compare, overwrite=flag_values.overwrite)

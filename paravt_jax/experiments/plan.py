@@ -41,7 +41,6 @@ Sizes are GiB (2**30 bytes); --device_memory_gb is read as GiB too.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 from collections.abc import Mapping
@@ -60,23 +59,18 @@ from paravt_jax.experiments.arrays import (
     abstract_mesh,
     abstract_params,
     activation_estimate,
-    mesh_preset,
     optimizer_leaves,
     param_shardings,
-    parse_mesh,
     prefill_estimate,
     resolve_mesh,
     train_batch_spec,
     tree_bytes,
 )
 from paravt_jax.experiments.programs import (
-    DEPTHS,
-    TARGETS,
     ProgramSet,
     Target,
     TargetError,
     compile_programs,
-    resolve_target,
 )
 from paravt_jax.experiments.time_plan import TimePlan, format_time_plan, time_plan
 from paravt_jax.experiments.workload import (
@@ -493,93 +487,17 @@ def format_programs(programs: ProgramSet, device_memory_gb: float) -> list[str]:
     return lines
 
 
-def _device_memory_default() -> float | None:
+def local_device_memory() -> float | None:
     stats = jax.devices()[0].memory_stats() if hasattr(jax.devices()[0], "memory_stats") else None
     if stats and stats.get("bytes_limit"):
         return stats["bytes_limit"] / GIB
     return None
 
 
-def main(argv: list[str]) -> MemoryPlan:
-    """`paravt-jax plan --config=FILE[:ARG] [--config.x=y] [--mesh=...] [--devices=N]
-    [--device_memory_gb=G] [--activations=auto|xla|estimate] [--target=auto|cpu-fake|tpu|local]
-    [--depth=auto|extrapolate|full] [--chip=NAME] [--json=PATH] [--question_tokens=N] [--video_seconds=S]`."""
-    from absl import flags
-
-    from paravt_jax.flags import UsageError, define_config, parse_flags
-
-    argv = list(argv)
-    values = flags.FlagValues()
-    define_config(values, DEFAULT_CONFIG, argv)
-    flags.DEFINE_string("mesh", "", "AXIS=SIZE list (data=1,fsdp=8,tensor=1) or a configs/meshes.py "
-                        "preset name; default: config.mesh", flag_values=values)
-    flags.DEFINE_integer("devices", None, "device count (fills a -1 mesh axis)", flag_values=values)
-    flags.DEFINE_float("device_memory_gb", None, "memory per device in GiB (default: the mesh "
-                       "preset's, else the local device's)", flag_values=values)
-    flags.DEFINE_enum("activations", "auto", list(ACTIVATION_MODES), "activation numbers: XLA "
-                      "memory analysis or the shape estimate", flag_values=values)
-    flags.DEFINE_string("json", "", "also write the plan as JSON to this path", flag_values=values)
-    flags.DEFINE_enum("target", "auto", list(TARGETS), "where the programs compile: cpu-fake (XLA:CPU on fake "
-                      "devices), tpu (libtpu for the preset's TPU topology, from this CPU process), local (the "
-                      "devices present); auto: tpu for TPU presets when libtpu is importable", flag_values=values)
-    flags.DEFINE_enum("depth", "auto", list(DEPTHS), "memory of the full-depth scanned programs, or "
-                      "extrapolated per layer from two reduced scanned depths (auto: full for scanned layers)",
-                      flag_values=values)
-    flags.DEFINE_string("chip", "", "accelerator of the time plan (v5p, v5e, v6e, v4, h100, h200, a100); "
-                        "default: the mesh preset's", flag_values=values)
-    flags.DEFINE_integer("question_tokens", Assumptions.question_tokens, "assumed tokens of one question",
-                         flag_values=values)
-    flags.DEFINE_float("video_seconds", Assumptions.video_seconds, "assumed video length (the digits of "
-                       "every frame's timestamp)", flag_values=values)
-    parse_flags(values, argv, "usage: " + main.__doc__.strip().strip("`"), show_config=True)
-    try:
-        memory = values.device_memory_gb
-        text = values.mesh.strip()
-        entry = None
-        if text and "=" not in text:
-            sizes, preset_memory = mesh_preset(text)
-            memory = memory if memory is not None else preset_memory
-            from configs import meshes
-
-            entry = meshes.get_mesh(text)
-        else:
-            sizes = parse_mesh(text) if text else {a: int(values.config.mesh.get(a, 1)) for a in sh.MESH_AXES}
-        devices = values.devices
-        if devices is None and -1 in sizes.values():
-            devices = jax.device_count()
-        sizes = resolve_mesh(sizes, devices)
-        memory = memory if memory is not None else _device_memory_default()
-        if memory is None:
-            raise PlanError(f"no device memory known for {jax.devices()[0].platform}: give "
-                            "--device_memory_gb=G or a --mesh preset")
-        if values.question_tokens < 0 or not values.video_seconds > 0:
-            raise PlanError(f"--question_tokens={values.question_tokens} must be >= 0 and "
-                            f"--video_seconds={values.video_seconds} > 0")
-        assumptions = Assumptions(question_tokens=values.question_tokens, video_seconds=values.video_seconds)
-        try:
-            target = resolve_target(values.target, entry)
-        except TargetError as e:
-            raise PlanError(str(e)) from None
-        if values.target == "tpu" and values.activations == "estimate":
-            raise PlanError("--target=tpu compiles the programs: drop --activations=estimate")
-        chip = values.chip or (entry["accelerator"] if entry else "")
-        result = plan(values.config, sizes, memory, values.activations, assumptions, target=target,
-                      depth=values.depth, chip=chip)
-    except PlanError as e:
-        raise UsageError(f"plan: {e}") from None
-    print(format_plan(result), flush=True)
-    if values.json:
-        os.makedirs(os.path.dirname(os.path.abspath(values.json)), exist_ok=True)
-        with open(values.json, "w") as f:
-            json.dump(result.to_json(), f, indent=2)
-        print(f"plan written to {values.json}")
-    return result
-
-
-if __name__ == "__main__":
+if __name__ == "__main__":  # the child process of `on_fake_devices`
     import sys
 
-    if sys.argv[1:2] == ["--xla-child"]:
-        _xla_child(sys.argv[2])
-    else:
-        main(sys.argv)
+    if sys.argv[1:2] != ["--xla-child"]:
+        raise SystemExit("paravt_jax.experiments.plan runs as `--xla-child ANSWER` only; the command is "
+                         "`paravt-jax plan`")
+    _xla_child(sys.argv[2])

@@ -343,36 +343,3 @@ def write_report(directories: Sequence[str], prefix: str) -> dict:
         f.write(text)
     return {"markdown": f"{prefix}.md", "csv": write_csv(groups, f"{prefix}.csv"),
             "plots": plot_groups(arms, prefix), "text": text, "groups": groups}
-
-
-REPORT_USAGE = "paravt-jax report DIR... [--out=PATH_PREFIX]"
-
-
-def main(argv: Sequence[str]) -> dict:
-    """argv = [prog, DIR..., --out=PREFIX]."""
-    from paravt_jax.flags import HelpShown, UsageError, wants_help
-
-    args = list(argv[1:])
-    out = ""
-    directories = []
-    if wants_help(argv):
-        print(f"usage: {REPORT_USAGE}\n\nTables (markdown, CSV) and plots comparing the arms of swept "
-              "workdirs.", flush=True)
-        raise HelpShown()
-    for a in args:
-        if a.startswith("--out="):
-            out = a.split("=", 1)[1]
-        elif a.startswith("-"):
-            raise UsageError(f"report: unknown flag {a!r}; usage: {REPORT_USAGE}")
-        else:
-            directories.append(a)
-    if not directories:
-        raise SystemExit("report: give at least one sweep root or arm directory")
-    prefix = out or (os.path.join(directories[0], "report") if len(directories) == 1 else "report")
-    try:
-        result = write_report(directories, prefix)
-    except ReportError as e:
-        raise SystemExit(str(e)) from None
-    print(result["text"])
-    print(f"[report] {result['markdown']} {result['csv']} " + " ".join(result["plots"]), flush=True)
-    return result

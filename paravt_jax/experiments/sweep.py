@@ -12,7 +12,7 @@ arm's directory name (`vanilla,seed=1`). `product(arm=[...], seed=[0, 1, 2])` bu
 cartesian product of such axes (`product(**{"rl.advantage.anchor_mode": ["token", "sequence"]})` for a
 dotted field).
 
-Each arm runs the main job (`paravt_jax.jobs.run_command`: SFT -> RL -> eval) in
+Each arm runs the main job (`paravt_jax.cli.jobs.run_command`: SFT -> RL -> eval) in
 `<workdir>/<arm name>`, one after another in this process; `--dry_run` prints instead one
 `python -m paravt_jax.cli run ...` command per arm, for launch scripts to fan out. Arms whose
 workdir holds a finished run are skipped, so a sweep is resumed by running it again.
@@ -34,16 +34,17 @@ import json
 import os
 import re
 import shlex
-import sys
 import time
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from paravt_jax.config import config_file
 from paravt_jax.experiments import report
 from paravt_jax.experiments.report import SHARED_SFT_DIR
 from paravt_jax.storage import write_json_atomic
+
+RunJob = Callable[[Any, str], Any]  # (config, workdir) -> the main job's summary
 
 ARM_RECORD = "sweep_arm.json"  # written when an arm starts: its name, group and overrides
 DONE_MARKER = "sweep_done.json"  # written atomically when an arm's main job has returned
@@ -385,14 +386,12 @@ def _changed(workdir: str, record: dict) -> bool:
         return False
 
 
-def run_arm(config, arm: Arm, workdir: str, record: dict) -> dict:
-    """Runs one arm's main job in this process and marks it finished."""
-    from paravt_jax.jobs import run_command
-
+def run_arm(config, arm: Arm, workdir: str, record: dict, run: RunJob) -> dict:
+    """Runs one arm's main job (`run(config, workdir)`) in this process and marks it finished."""
     os.makedirs(workdir, exist_ok=True)
     write_json_atomic(os.path.join(workdir, ARM_RECORD), record)
     start = time.perf_counter()
-    run_command(apply_overrides(config, arm.overrides, arm.name), workdir)
+    run(apply_overrides(config, arm.overrides, arm.name), workdir)
     seconds = time.perf_counter() - start
     write_json_atomic(os.path.join(workdir, DONE_MARKER),
                       {"name": arm.name, "seconds": round(seconds, 2), "finished": time.strftime("%Y-%m-%d %H:%M:%S")})
@@ -446,8 +445,9 @@ def commands(plan: SweepPlan) -> list[str]:
             for arm in plan.runs()]
 
 
-def run_plan(config, plan: SweepPlan, write_report: bool = True) -> list[dict]:
-    """Runs the plan's arms one after another, skipping finished ones. A failing arm is
+def run_plan(config, plan: SweepPlan, run: RunJob, write_report: bool = True) -> list[dict]:
+    """Runs the plan's arms one after another through `run` (the main job: the application
+    layer passes `paravt_jax.cli.jobs.run_command`), skipping finished ones. A failing arm is
     recorded and the others still run; SweepError at the end names the failures."""
     os.makedirs(plan.root, exist_ok=True)
     common = dict(plan.common)
@@ -470,7 +470,7 @@ def run_plan(config, plan: SweepPlan, write_report: bool = True) -> list[dict]:
         print(f"[sweep] {number}/{len(runs)} {arm.name}: " + " ".join(f"{k}={flag_value(v)}" for k, v in arm.overrides),
               flush=True)
         try:
-            statuses.append(run_arm(config, arm, workdir, record))
+            statuses.append(run_arm(config, arm, workdir, record, run))
         except Exception as e:  # noqa: BLE001 - one arm's failure must not lose the others
             if arm in plan.shared_sfts:
                 raise
@@ -488,46 +488,3 @@ def run_plan(config, plan: SweepPlan, write_report: bool = True) -> list[dict]:
     if failed:
         raise SweepError(f"sweep {plan.root}: {len(failed)} arm(s) failed: {', '.join(failed)}")
     return statuses
-
-
-def main(argv: Sequence[str]) -> list[dict] | list[str]:
-    """`paravt-jax sweep --config=FILE[:ARG] --workdir=DIR [--dry_run] [--shared_sft]
-    [--only=REGEX] [--config.x=y ...]` (--config.* overrides apply to every arm)."""
-    from absl import flags
-    from ml_collections import config_flags
-
-    from paravt_jax.flags import UsageError, define_config, parse_flags
-
-    argv = list(argv)
-    values = flags.FlagValues()
-    define_config(values, None, argv, "config file[:arg] that defines sweep()")
-    flags.DEFINE_string("workdir", "", "sweep root: one subdirectory per arm", flag_values=values)
-    flags.DEFINE_bool("dry_run", False, "print one `python -m paravt_jax.cli run` command per arm",
-                      flag_values=values)
-    flags.DEFINE_bool("shared_sft", False, "run the SFT once (WORKDIR/_sft) and start every arm's RL "
-                      "from its exported model", flag_values=values)
-    flags.DEFINE_string("only", "", "run only the arms whose name matches this regular expression",
-                        flag_values=values)
-    parse_flags(values, argv, "usage: " + main.__doc__.strip().strip("`"))
-    if values["config"].value is None:
-        raise UsageError("sweep: --config=FILE[:ARG] is required")
-    if not values.workdir:
-        raise UsageError("sweep: --workdir=DIR is required")
-    config_argument = config_flags.get_config_filename(values["config"])
-    common = config_flags.get_override_values(values["config"])
-    try:
-        plan = make_plan(values.config, config_argument, values.workdir, common, values.shared_sft, values.only)
-    except SweepError as e:
-        raise UsageError(f"sweep: {e}") from None
-    if values.dry_run:
-        lines = commands(plan)
-        if plan.shared_sfts:
-            print(f"# the first {len(plan.shared_sfts)} command(s) (shared SFT) must finish before the other "
-                  f"{len(plan.arms)} start", file=sys.stderr)
-        for line in lines:
-            print(line, flush=True)
-        return lines
-    try:
-        return run_plan(values.config, plan)
-    except SweepError as e:
-        raise SystemExit(f"sweep: {e}") from None

@@ -309,37 +309,3 @@ def write_text(path: str, text: str) -> None:
     from paravt_jax.storage import write_atomic
 
     write_atomic(path, text.encode())
-
-
-def main(argv: Sequence[str]) -> dict:
-    """argv = [prog, WORKDIR, --step=S, --out=DIR]."""
-    from paravt_jax.flags import HelpShown, UsageError, wants_help
-
-    if wants_help(argv):
-        print(f"usage: {VIEW_USAGE}\n\nStatic HTML pages of a run's episode logs (rl/episodes/step_XXXXXX.jsonl, "
-              "eval/episodes.jsonl): index.html, one page per RL step, eval.html. --step renders one step; "
-              "--out is the output directory (default WORKDIR/view).", flush=True)
-        raise HelpShown()
-    workdirs, out, step = [], "", None
-    for a in argv[1:]:
-        if a.startswith("--out="):
-            out = a.split("=", 1)[1]
-        elif a.startswith("--step="):
-            try:
-                step = int(a.split("=", 1)[1])
-            except ValueError:
-                raise UsageError(f"view: --step must be an integer, got {a.split('=', 1)[1]!r}") from None
-        elif a.startswith("-"):
-            raise UsageError(f"view: unknown flag {a!r}; usage: {VIEW_USAGE}")
-        else:
-            workdirs.append(a)
-    if len(workdirs) != 1:
-        raise UsageError(f"view: give one WORKDIR; usage: {VIEW_USAGE}")
-    try:
-        result = render(workdirs[0], out, step)
-    except ViewError as e:
-        raise SystemExit(str(e)) from None
-    print(f"[view] {result['episodes']} episodes, {result['thumbnails']} thumbnails: {result['index']}", flush=True)
-    for video, reason in result["missing_videos"].items():
-        print(f"[view] warning: no thumbnails from {video}: {reason}", flush=True)
-    return result

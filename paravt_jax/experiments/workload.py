@@ -7,6 +7,7 @@ import dataclasses
 
 from paravt_jax.buckets import bucket
 from paravt_jax.models.qwen3_vl.config import Qwen3VLConfig, load_config, preset
+from paravt_jax.runtime import builtin_assets, rl_config
 from paravt_jax.sampling.kv_cache import (
     episode_capacity,
     first_capacity,
@@ -60,7 +61,7 @@ class Workload:
 
 # ----------------------------------------------------------------------------- config
 def model_config(config) -> tuple[str, Qwen3VLConfig]:
-    """(name, model config) with the run's dtypes and remat, as jobs.build_model builds it."""
+    """(name, model config) with the run's dtypes and remat, as runtime.build_model builds it."""
     m = config.model
     knobs = dict(param_dtype=m.param_dtype, dtype=m.dtype, remat=bool(m.remat),
                  scan_layers=bool(m.get("scan_layers", True)), attention=m.get("attention", "auto"),
@@ -71,13 +72,11 @@ def model_config(config) -> tuple[str, Qwen3VLConfig]:
 
 
 def rl_settings(config):
-    """The RLConfig rl/trainer.py would get (jobs.rl_config); dataclass defaults without `rl`."""
+    """The RLConfig rl/trainer.py would get (runtime.rl_config); dataclass defaults without `rl`."""
     from paravt_jax.rl.trainer import RLConfig
 
     if "rl" not in config:
         return RLConfig(), ("the config has no `rl` section: RLConfig defaults are planned",)
-    from paravt_jax.jobs import rl_config
-
     return rl_config(config), ()
 
 
@@ -109,8 +108,6 @@ def plan_tokenizer(config):
             return Tokenizer.from_directory(checkpoint), f"the checkpoint's ({checkpoint})"
         except TokenizerError as e:
             raise PlanError(f"config.model.checkpoint: {e}") from None
-    from paravt_jax.jobs import builtin_assets
-
     assets = builtin_assets(config)
     return Tokenizer.from_directory(assets.model_dir), f"the built-in BPE ({assets.model_dir})"
 

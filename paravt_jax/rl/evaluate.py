@@ -13,6 +13,19 @@ from paravt_jax.sampling import Sampler, SamplerConfig
 
 
 @dataclasses.dataclass(frozen=True)
+class EvalConfig:
+    """The main job's held-out evaluation (the `eval` config section): greedy, with and without
+    tools, at every K of `nframes` after the last phase, and at every K of `after_sft` between
+    SFT and RL."""
+    nframes: tuple[int, ...] = (4, 64)  # overview frames K
+    after_sft: tuple[int, ...] = ()  # K evaluated on the cold start too (empty: none)
+    max_new_tokens: int = 256
+    max_turns: int = 2
+    limit: int = 4  # held-out rows (0 = all)
+    mode: str = "frames"  # what a crop returns: frames | subagent | sequential (agent/rollout.py)
+
+
+@dataclasses.dataclass(frozen=True)
 class EvalResult:
     tools: bool
     nframes: int

@@ -1,82 +1,42 @@
-"""The jobs the command line runs, as library functions: building the model and the built-in
-assets from a config, turning config sections into the trainers' dataclasses, and the main job
-(cold-start SFT, PARA-GRPO, evaluation), SFT or RL alone, export, generate and forward.
-
-Every function takes an ml_collections config (configs/*.py) and returns plain data, so that
-notebooks, the sweep and the planner call them directly; `paravt_jax.cli` only parses the
-command line and dispatches here.
+"""The main job's commands: run (cold-start SFT, PARA-GRPO, final model, held-out evaluation),
+sft and train (one phase), export, generate (one greedy episode) and forward (one timed forward
+pass). Each takes an ml_collections config (configs/*.py), builds what it runs on through
+`paravt_jax.runtime`, and returns plain data (the tests and notebooks call them directly).
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import time
 
+import jax
 import numpy as np
+import pyarrow.parquet as pq
 
-from paravt_jax import storage
-from paravt_jax.config import build
-from paravt_jax.data.builtin import BUILTIN_MODELS
-from paravt_jax.experiments.plots import thirds
+from paravt_jax import distributed, preemption, storage
+from paravt_jax.agent.dispatch import CropDispatcher
+from paravt_jax.agent.rollout import Episode, run_rollouts
+from paravt_jax.checkpointing import Checkpointer
+from paravt_jax.experiments.plots import plot_run, thirds
+from paravt_jax.rl.episode_log import write_eval_episodes
+from paravt_jax.rl.evaluate import evaluate_episodes
+from paravt_jax.rl.rewards import extract_answer
+from paravt_jax.rl.trainer import train_rl
+from paravt_jax.runtime import build_model, builtin_assets, eval_config, rl_config, save_export, setup, sft_config
+from paravt_jax.sampling import Sampler
+from paravt_jax.sft.trainer import HEAD, sft_loss, train_sft
+from paravt_jax.text import chat
+from paravt_jax.text.inputs import check_against_model, encode
+from paravt_jax.text.tokenizer import Tokenizer
+from paravt_jax.train.step import OptimizerConfig, TrainStep
+from paravt_jax.video import read_frames
 from paravt_jax.workdirs import claims_workdir
-
-
-def build_model(config, default_dir: str | None = None):
-    """The configured checkpoint, else the built-in tiny checkpoint directory."""
-    from paravt_jax import sharding as sh
-    from paravt_jax.models.qwen3_vl import init_model, load_pretrained, preset
-
-    m = config.model
-    if config.get("mesh_preset", ""):  # a named TPU slice / GPU host layout (configs/meshes.py)
-        from configs import meshes
-
-        preset = meshes.get_mesh(config.mesh_preset)
-        mesh = sh.make_hybrid_mesh(preset["ici"], preset["dcn"])
-    else:
-        mesh = sh.make_mesh(dict(config.mesh))
-    # The built-in checkpoint stands in for `tiny` and `toy`; other presets load model.checkpoint,
-    # or are randomly initialised when model.init=random says so (config_checks refuses the rest).
-    directory = m.checkpoint or (default_dir if m.preset in BUILTIN_MODELS else None)
-    if m.get("init", "checkpoint") == "random":
-        directory = None
-    elif not directory:
-        from paravt_jax.config_checks import ConfigValueError
-
-        raise ConfigValueError(f"model.checkpoint is empty and the {m.preset!r} model has no built-in checkpoint; "
-                               "give --config.model.checkpoint=DIR, or --config.model.init=random")
-    if directory:
-        return load_pretrained(directory, dtype=m.param_dtype, compute_dtype=m.dtype, mesh=mesh,
-                               remat=m.remat, scan_layers=m.scan_layers, attention=m.attention,
-                               attention_block=m.attention_block)
-    knobs = dict(param_dtype=m.param_dtype, dtype=m.dtype, remat=m.remat, scan_layers=m.scan_layers,
-                 attention=m.attention, attention_block=m.attention_block)
-    return init_model(preset(m.preset, **knobs), seed=config.seed, mesh=mesh)
-
-
-def builtin_assets(config):
-    from paravt_jax.data.builtin import ensure_builtin
-
-    d = config.data
-    # The built-in data and initial tiny model have their own seed, so runs that differ only
-    # by `config.seed` (sweep seeds) share data and initialisation.
-    model = config.model.preset if config.model.preset in BUILTIN_MODELS else "tiny"
-    return ensure_builtin(d.builtin_root, seed=d.get("seed", 0), num_train=d.num_train,
-                          num_eval=d.num_eval, durations=tuple(d.durations), task=d.get("task", "shapes"),
-                          model_preset=model,
-                          sft_modes=tuple(d.get("sft_modes", ("frames",))))
 
 
 def first_prompt(config, tokenizer, data_dir: str):
     """The ParaVT prompt for the first held-out synthetic question: K overview frames as
     images, each after its `<t seconds>` text, the question, and the `<think>` prefix."""
-    import json
-
-    import pyarrow.parquet as pq
-
-    from paravt_jax.text import chat
-    from paravt_jax.text.inputs import encode
-    from paravt_jax.video import read_frames
-
     row = pq.read_table(os.path.join(data_dir, "rl_eval.parquet")).to_pylist()[0]
     video = os.path.join(data_dir, row["videos"][0]["video"])
     question = row["prompt"][0]["content"].replace("<video>", "").strip()
@@ -89,11 +49,6 @@ def first_prompt(config, tokenizer, data_dir: str):
 
 
 def forward_command(config) -> dict:
-    import jax
-
-    from paravt_jax.text.inputs import check_against_model
-    from paravt_jax.text.tokenizer import Tokenizer
-
     t0 = time.perf_counter()
     assets = builtin_assets(config)
     setup_s = time.perf_counter() - t0
@@ -136,109 +91,11 @@ def forward_command(config) -> dict:
     return summary
 
 
-# ----------------------------------------------------------------------------- training
-def _workdir(config, flag_workdir: str) -> str:
-    from paravt_jax import storage
-
-    workdir = flag_workdir or config.get("workdir", "") or os.path.join("runs", f"{config.get('preset', 'tiny')}")
-    storage.makedirs(workdir)
-    return workdir
-
-
-@dataclasses.dataclass(frozen=True)
-class SFTData:
-    rows: list  # chat message lists
-    kinds: tuple[str, ...]  # each row's `kind` column ("" without one): the SFT curriculum's key
-
-
-@dataclasses.dataclass
-class RunInputs:
-    """What a command runs on, built from the config by `_setup`."""
-    model: object
-    tokenizer: object
-    sft: SFTData
-    rl_rows: list  # RLRow
-    eval_rows: list  # RLRow, held out
-    video_root: str
-
-
-def _setup(config, training: bool = False) -> RunInputs:
-    """The model, tokenizer and data of a config; `training`: outside the toy presets every data
-    file must be given (config_checks.check_data_sources)."""
-    from paravt_jax import distributed
-    from paravt_jax.config_checks import check_data_sources
-    from paravt_jax.data.paravt_parquet import load_rl_rows, load_sft_rows
-    from paravt_jax.text.inputs import check_against_model
-    from paravt_jax.text.tokenizer import Tokenizer
-
-    if training:
-        check_data_sources(config)
-
-    # Process 0 creates the built-in assets (if missing) before the others read them.
-    assets = builtin_assets(config) if distributed.is_primary() else None
-    distributed.barrier("paravt:builtin-assets")
-    assets = assets or builtin_assets(config)
-    model = build_model(config, default_dir=assets.model_dir)
-    tokenizer = Tokenizer.from_directory(config.model.checkpoint or assets.model_dir)
-    check_against_model(tokenizer, model.config)
-    data = config.data
-    root = data.get("video_root", "") or assets.data_dir
-    paths = {name: data.get(name, "") or os.path.join(assets.data_dir, f"{name}.parquet")
-             for name in ("sft", "rl_train", "rl_eval")}
-    sft_messages, sft_report = load_sft_rows(paths["sft"], root)
-    sft = SFTData(sft_messages, sft_report.kinds)
-    if data.get("tfds_dir", ""):  # RL rows through the TFDS ArrayRecord builder + grain
-        from paravt_jax.data import tfds_builder as tb
-
-        sources = tb.build("rl", {"train": paths["rl_train"], "eval": paths["rl_eval"]}, data.tfds_dir, root)
-        rl_rows = [tb.rl_row(x) for x in tb.grain_loader(sources["train"], seed=config.seed, num_epochs=1,
-                                                          shuffle=False)]
-        eval_rows = [tb.rl_row(x) for x in tb.grain_loader(sources["eval"], seed=config.seed, num_epochs=1,
-                                                            shuffle=False)]
-    else:
-        rl_rows, _ = load_rl_rows(paths["rl_train"], root)
-        eval_rows, _ = load_rl_rows(paths["rl_eval"], root)
-    return RunInputs(model, tokenizer, sft, rl_rows, eval_rows, root)
-
-
-@dataclasses.dataclass(frozen=True)
-class EvalConfig:
-    """The main job's held-out evaluation: greedy, with and without tools, at every K of
-    `nframes` after the last phase, and at every K of `after_sft` between SFT and RL."""
-    nframes: tuple[int, ...] = (4, 64)  # overview frames K
-    after_sft: tuple[int, ...] = ()  # K evaluated on the cold start too (empty: none)
-    max_new_tokens: int = 256
-    max_turns: int = 2
-    limit: int = 4  # held-out rows (0 = all)
-    mode: str = "frames"  # what a crop returns: frames | subagent | sequential (agent/rollout.py)
-
-
-def sft_config(config):
-    """The `sft` section -> SFTConfig (the run's seed from the top of the config)."""
-    from paravt_jax.sft.trainer import SFTConfig
-
-    return build(SFTConfig, config.sft, "sft", seed=config.seed)
-
-
-def rl_config(config):
-    """The `rl` section -> RLConfig (the run's seed from the top of the config)."""
-    from paravt_jax.rl.trainer import RLConfig
-
-    return build(RLConfig, config.rl, "rl", seed=config.seed)
-
-
-def eval_config(config) -> EvalConfig:
-    return build(EvalConfig, config.eval, "eval")
-
-
 def evaluate_all(config, model, tokenizer, eval_rows, nframes=None, episodes: str = "",
                  stage: str = "") -> list[dict]:
     """One result row per (tools no/yes) x K, K over `nframes` (default: `eval.nframes`).
     episodes: the evaluation's episode log (`<workdir>/eval/episodes.jsonl`; "" = none), where
     every episode is kept under `stage` and its setting (rl/episode_log.py)."""
-    from paravt_jax.rl.episode_log import write_eval_episodes
-    from paravt_jax.rl.evaluate import evaluate_episodes
-
     e = eval_config(config)
     rl = rl_config(config)  # the episode: the training rollout's, with the evaluation's budget
     rows = eval_rows[: e.limit] if e.limit else eval_rows
@@ -280,10 +137,6 @@ def evaluate_after_sft(config, model, tokenizer, eval_rows, workdir: str) -> lis
     under (the SFT step count and the evaluation's), so a resumed run reads it back and a run
     with other settings evaluates again. Process 0 reads, evaluates and returns it, and the
     others follow its decision and get None. Collective: every process must call it."""
-    import json
-
-    from paravt_jax import distributed, preemption, storage
-
     e = eval_config(config)
     rl = rl_config(config)
     settings = {"sft_steps": int(config.sft.steps),
@@ -318,10 +171,6 @@ def evaluate_after_sft(config, model, tokenizer, eval_rows, workdir: str) -> lis
 def phase_histories(workdir: str) -> dict:
     """The whole run's per-step histories from sft/ and rl/ metrics.jsonl (every segment of a
     resumed run; the loop drops repeated steps on resume)."""
-    import json
-
-    from paravt_jax import storage
-
     def lines(phase):
         path = storage.join(workdir, phase, "metrics.jsonl")
         if not storage.isfile(path):
@@ -359,11 +208,6 @@ def reward_trend(rewards) -> dict | None:
 def finished_summary(config, workdir: str) -> dict | None:
     """A finished run's summary.json, if it is complete (it has the evaluation) and every
     phase's checkpoint is at its configured step count; else None."""
-    import json
-
-    from paravt_jax import storage
-    from paravt_jax.checkpointing import Checkpointer
-
     try:
         summary = json.loads(storage.read_bytes(storage.join(workdir, "summary.json")))
     except (OSError, ValueError):
@@ -387,11 +231,6 @@ def run_command(config, workdir: str = "") -> dict:
     checkpoints and `preemption.Preempted` propagates: nothing after it runs and no
     summary.json is written (a previous one is removed before any training), so only a
     completed run has one. A completed run is left alone when run again."""
-    from paravt_jax import distributed, preemption, storage
-    from paravt_jax.rl.trainer import train_rl
-    from paravt_jax.sft.trainer import train_sft
-
-    workdir = _workdir(config, workdir)
     summary_path = storage.join(workdir, "summary.json")
     finished = finished_summary(config, workdir)
     if finished is not None:
@@ -399,7 +238,7 @@ def run_command(config, workdir: str = "") -> dict:
               f"kept (delete it to evaluate again)", flush=True)
         return finished
     t0 = time.perf_counter()
-    inputs = _setup(config, training=True)
+    inputs = setup(config, training=True)
     model, tokenizer, eval_rows = inputs.model, inputs.tokenizer, inputs.eval_rows  # model: each phase's output
     print(f"[run] workdir {storage.absolute(workdir)}; {len(inputs.sft.rows)} SFT rows, {len(inputs.rl_rows)} RL rows, "
           f"{len(eval_rows)} held-out rows", flush=True)
@@ -440,7 +279,6 @@ def run_command(config, workdir: str = "") -> dict:
               f"{trend['steps']} steps, {trend['last']:.3f} over the last {trend['per_third']} "
               f"({trend['change']:+.3f})", flush=True)
     summary["minutes"] = round((time.perf_counter() - t0) / 60, 2)
-    from paravt_jax.experiments.plots import plot_run
 
     summary["curves"] = plot_run({p: storage.join(workdir, p, "metrics.jsonl") for p in ("sft", "rl")},
                                  storage.join(workdir, "curves.png"))
@@ -453,48 +291,22 @@ def run_command(config, workdir: str = "") -> dict:
 
 @claims_workdir("sft")
 def sft_command(config, workdir: str = ""):
-    from paravt_jax.sft.trainer import train_sft
-
-    workdir = _workdir(config, workdir)
-    inputs = _setup(config, training=True)
+    inputs = setup(config, training=True)
     return train_sft(inputs.model, inputs.tokenizer, inputs.sft.rows, inputs.video_root, workdir, sft_config(config),
                      kinds=inputs.sft.kinds)
 
 
 @claims_workdir("train")
 def train_command(config, workdir: str = ""):
-    from paravt_jax.rl.trainer import train_rl
-
-    workdir = _workdir(config, workdir)
-    inputs = _setup(config, training=True)
+    inputs = setup(config, training=True)
     return train_rl(inputs.model, inputs.tokenizer, inputs.rl_rows, workdir, rl_config(config),
                     eval_rows=inputs.eval_rows)
-
-
-def save_export(model, tokenizer, directory: str) -> None:
-    """An HF checkpoint that transformers and serving engines load: config.json, safetensors,
-    the tokenizer, the chat template and the processor configurations. `directory` may be
-    gs:// (written locally, then uploaded file by file with config.json last)."""
-    from paravt_jax import storage
-    from paravt_jax.models.qwen3_vl import save_pretrained
-    from paravt_jax.text.hf_processor import save_processor
-
-    with storage.staged_directory(directory, last=("config.json",)) as local:
-        save_pretrained(model, local)
-        tokenizer.save(local)
-        save_processor(local)
 
 
 def export_command(config, workdir: str = ""):
     """The latest checkpoint under workdir (rl/ preferred, else sft/) -> an HF checkpoint in
     workdir/export that transformers loads."""
-
-    from paravt_jax import storage
-    from paravt_jax.checkpointing import Checkpointer
-    from paravt_jax.sft.trainer import HEAD, sft_loss
-    from paravt_jax.train.step import OptimizerConfig, TrainStep
-
-    inputs = _setup(config)
+    inputs = setup(config)
     model, tokenizer = inputs.model, inputs.tokenizer
     # the phase's optimizer (frozen parameters change its state's layout); only the layout is used
     optimizers = {"rl": rl_config(config).optimizer, "sft": sft_config(config).optimizer, "": OptimizerConfig()}
@@ -521,12 +333,7 @@ def generate_command(config, workdir: str = ""):
     """Greedy episode of the policy on config.generate.question and .video (default: the first
     held-out row), as the run's RL episode runs; prints the question, the video, the completion
     and the parsed answer (beside the expected one for a held-out row)."""
-    from paravt_jax.agent.dispatch import CropDispatcher
-    from paravt_jax.agent.rollout import Episode, run_rollouts
-    from paravt_jax.rl.rewards import extract_answer
-    from paravt_jax.sampling import Sampler
-
-    inputs = _setup(config)
+    inputs = setup(config)
     model, tokenizer, eval_rows = inputs.model, inputs.tokenizer, inputs.eval_rows
     g = config.get("generate", None)
     row = eval_rows[0] if eval_rows else None

@@ -4,29 +4,30 @@ Commands: run (default: the main job: cold-start SFT, PARA-GRPO, evaluation), sf
 (RL only), export (latest checkpoint -> HF safetensors), generate (one greedy episode),
 forward (one timed forward pass on a synthetic video prompt); with their own flags: eval
 (benchmark driver, paravt_jax/eval/driver.py), plan (memory planner), sweep and report
-(ablations), view (the episode viewer). This module parses the command line and dispatches: the jobs themselves are
-library functions in paravt_jax/jobs.py.
+(ablations), view (the episode viewer). This module parses the command line and dispatches,
+importing only the module of the command it runs: the main job's commands are in
+paravt_jax/cli/jobs.py, the others' flags in paravt_jax/cli/<command>.py.
 """
 from __future__ import annotations
 
-import os
+import importlib
 import sys
 
-import configs
-from paravt_jax import jobs
+from absl import flags
 
-DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(configs.__file__)), "base.py")
+from paravt_jax import compile_cache, distributed, preemption
+from paravt_jax.config import config_path
+from paravt_jax.config_checks import ConfigValueError, check_config, check_data_sources
+from paravt_jax.flags import EXIT_OK, EXIT_USAGE, HELP_FLAGS, HelpShown, UsageError, define_config, parse_flags
 
-
-COMMANDS = {"forward": jobs.forward_command, "run": jobs.run_command, "sft": jobs.sft_command,
-            "train": jobs.train_command, "export": jobs.export_command, "generate": jobs.generate_command}
+JOBS = "paravt_jax.cli.jobs"
+COMMANDS = {"forward": "forward_command", "run": "run_command", "sft": "sft_command", "train": "train_command",
+            "export": "export_command", "generate": "generate_command"}  # functions of JOBS
 TAKES_WORKDIR = {"run", "sft", "train", "export"}
 CLAIMS_WORKDIR = {"run", "sft", "train"}  # one run per workdir, under one config (paravt_jax/workdirs.py)
-# Commands with their own flags live in their modules: `module.main(argv)` gets argv with the
+# Commands with their own flags: `paravt_jax.cli.<command>.main(argv)` gets argv with the
 # command word removed (argv[0] is the program name).
-MODULE_COMMANDS = {"plan": "paravt_jax.experiments.plan", "sweep": "paravt_jax.experiments.sweep",
-                   "report": "paravt_jax.experiments.report", "eval": "paravt_jax.eval.driver",
-                   "view": "paravt_jax.experiments.view"}
+MODULE_COMMANDS = ("plan", "sweep", "report", "eval", "view")
 
 
 SUMMARIES = {  # one line per command, for `paravt-jax --help`
@@ -65,12 +66,6 @@ def command_usage(command: str) -> str:
 def execute(argv: list[str]):
     """Runs the command of argv (argv[0] is the program name) and returns its result; raises
     HelpShown after printing help, UsageError / ConfigValueError for bad input."""
-    from absl import flags
-
-    from paravt_jax import compile_cache, distributed
-    from paravt_jax.config_checks import check_config, check_data_sources
-    from paravt_jax.flags import HELP_FLAGS, HelpShown, UsageError, define_config, parse_flags
-
     argv = list(argv)
     if len(argv) > 1 and argv[1] in HELP_FLAGS:  # `paravt-jax --help` (`paravt-jax` alone runs `run`)
         print(PROGRAM_USAGE, flush=True)
@@ -79,18 +74,15 @@ def execute(argv: list[str]):
     if len(argv) > 1 and not argv[1].startswith("-"):
         command = argv.pop(1)
     if command in MODULE_COMMANDS:
-        import importlib
-
         compile_cache.enable()  # $PARAVT_JAX_CACHE_DIR, if set
         distributed.initialize()  # multi-host from the environment only: these parse their own flags
-        return importlib.import_module(MODULE_COMMANDS[command]).main(argv)
+        return importlib.import_module(f"paravt_jax.cli.{command}").main(argv)
     if command not in COMMANDS:
         raise UsageError(f"unknown command {command!r}; choose from {sorted(set(COMMANDS) | set(MODULE_COMMANDS))} "
                          f"(paravt-jax --help lists them)")
     flag_values = flags.FlagValues()
     # sys_argv lets ml_collections register the --config.* override flags of this argv.
-    default = DEFAULT_CONFIG if command == "forward" else DEFAULT_CONFIG.replace("base.py", "paragrpo.py")
-    define_config(flag_values, default + ":tiny", argv)
+    define_config(flag_values, config_path("base" if command == "forward" else "paragrpo") + ":tiny", argv)
     if command in TAKES_WORKDIR:
         flags.DEFINE_string("workdir", "", "run directory (checkpoints, metrics, final model); default: "
                             "config.workdir, else runs/PRESET", flag_values=flag_values)
@@ -104,20 +96,17 @@ def execute(argv: list[str]):
         check_data_sources(flag_values.config)
     compile_cache.enable(flag_values.config.get("compilation_cache_dir", ""))
     distributed.initialize(flag_values.config)  # before anything touches JAX devices
+    job = getattr(importlib.import_module(JOBS), COMMANDS[command])
     if command in CLAIMS_WORKDIR:
-        return COMMANDS[command](flag_values.config, flag_values.workdir, config_changed=flag_values.config_changed)
+        return job(flag_values.config, flag_values.workdir, config_changed=flag_values.config_changed)
     if command in TAKES_WORKDIR:
-        return COMMANDS[command](flag_values.config, flag_values.workdir)
-    return COMMANDS[command](flag_values.config)
+        return job(flag_values.config, flag_values.workdir)
+    return job(flag_values.config)
 
 
 def main(argv: list[str] | None = None) -> int:
     """The `paravt-jax` console script: the exit status (see EXIT_STATUSES); the command's
     result is not printed (tests and notebooks call `execute` or the command functions)."""
-    from paravt_jax import preemption
-    from paravt_jax.config_checks import ConfigValueError
-    from paravt_jax.flags import EXIT_OK, EXIT_USAGE, HelpShown, UsageError
-
     try:
         with preemption.guard():
             execute(list(sys.argv if argv is None else argv))
@@ -130,7 +119,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"paravt-jax: {e.message}", file=sys.stderr, flush=True)
         return e.exit_status
     return EXIT_OK
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,84 @@
+"""`paravt-jax plan`: the flags of the memory and time planner (paravt_jax/experiments/plan.py)."""
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+from absl import flags
+
+from configs import meshes
+from paravt_jax import sharding as sh
+from paravt_jax.experiments import arrays, programs, workload
+from paravt_jax.experiments import plan as planner
+from paravt_jax.flags import UsageError, define_config, parse_flags
+
+
+def main(argv: list[str]) -> planner.MemoryPlan:
+    """`paravt-jax plan --config=FILE[:ARG] [--config.x=y] [--mesh=...] [--devices=N]
+    [--device_memory_gb=G] [--activations=auto|xla|estimate] [--target=auto|cpu-fake|tpu|local]
+    [--depth=auto|extrapolate|full] [--chip=NAME] [--json=PATH] [--question_tokens=N] [--video_seconds=S]`."""
+    argv = list(argv)
+    values = flags.FlagValues()
+    define_config(values, planner.DEFAULT_CONFIG, argv)
+    flags.DEFINE_string("mesh", "", "AXIS=SIZE list (data=1,fsdp=8,tensor=1) or a configs/meshes.py "
+                        "preset name; default: config.mesh", flag_values=values)
+    flags.DEFINE_integer("devices", None, "device count (fills a -1 mesh axis)", flag_values=values)
+    flags.DEFINE_float("device_memory_gb", None, "memory per device in GiB (default: the mesh "
+                       "preset's, else the local device's)", flag_values=values)
+    flags.DEFINE_enum("activations", "auto", list(planner.ACTIVATION_MODES), "activation numbers: XLA "
+                      "memory analysis or the shape estimate", flag_values=values)
+    flags.DEFINE_string("json", "", "also write the plan as JSON to this path", flag_values=values)
+    flags.DEFINE_enum("target", "auto", list(programs.TARGETS), "where the programs compile: cpu-fake (XLA:CPU on fake "
+                      "devices), tpu (libtpu for the preset's TPU topology, from this CPU process), local (the "
+                      "devices present); auto: tpu for TPU presets when libtpu is importable", flag_values=values)
+    flags.DEFINE_enum("depth", "auto", list(programs.DEPTHS), "memory of the full-depth scanned programs, or "
+                      "extrapolated per layer from two reduced scanned depths (auto: full for scanned layers)",
+                      flag_values=values)
+    flags.DEFINE_string("chip", "", "accelerator of the time plan (v5p, v5e, v6e, v4, h100, h200, a100); "
+                        "default: the mesh preset's", flag_values=values)
+    flags.DEFINE_integer("question_tokens", workload.Assumptions.question_tokens, "assumed tokens of one question",
+                         flag_values=values)
+    flags.DEFINE_float("video_seconds", workload.Assumptions.video_seconds, "assumed video length (the digits of "
+                       "every frame's timestamp)", flag_values=values)
+    parse_flags(values, argv, "usage: " + main.__doc__.strip().strip("`"), show_config=True)
+    try:
+        memory = values.device_memory_gb
+        text = values.mesh.strip()
+        entry = None
+        if text and "=" not in text:
+            sizes, preset_memory = arrays.mesh_preset(text)
+            memory = memory if memory is not None else preset_memory
+            entry = meshes.get_mesh(text)
+        else:
+            sizes = arrays.parse_mesh(text) if text else {a: int(values.config.mesh.get(a, 1)) for a in sh.MESH_AXES}
+        devices = values.devices
+        if devices is None and -1 in sizes.values():
+            devices = jax.device_count()
+        sizes = arrays.resolve_mesh(sizes, devices)
+        memory = memory if memory is not None else planner.local_device_memory()
+        if memory is None:
+            raise workload.PlanError(f"no device memory known for {jax.devices()[0].platform}: give "
+                            "--device_memory_gb=G or a --mesh preset")
+        if values.question_tokens < 0 or not values.video_seconds > 0:
+            raise workload.PlanError(f"--question_tokens={values.question_tokens} must be >= 0 and "
+                            f"--video_seconds={values.video_seconds} > 0")
+        assumptions = workload.Assumptions(question_tokens=values.question_tokens, video_seconds=values.video_seconds)
+        try:
+            target = programs.resolve_target(values.target, entry)
+        except programs.TargetError as e:
+            raise workload.PlanError(str(e)) from None
+        if values.target == "tpu" and values.activations == "estimate":
+            raise workload.PlanError("--target=tpu compiles the programs: drop --activations=estimate")
+        chip = values.chip or (entry["accelerator"] if entry else "")
+        result = planner.plan(values.config, sizes, memory, values.activations, assumptions, target=target,
+                      depth=values.depth, chip=chip)
+    except workload.PlanError as e:
+        raise UsageError(f"plan: {e}") from None
+    print(planner.format_plan(result), flush=True)
+    if values.json:
+        os.makedirs(os.path.dirname(os.path.abspath(values.json)), exist_ok=True)
+        with open(values.json, "w") as f:
+            json.dump(result.to_json(), f, indent=2)
+        print(f"plan written to {values.json}")
+    return result

@@ -1,0 +1,142 @@
+"""What a command runs on, built from its ml_collections config (configs/*.py): the mesh and the
+model, the built-in assets, the data, and the config sections as the trainers' dataclasses.
+
+Library code: the commands (paravt_jax/cli), the evaluation driver, the planner and notebooks
+build through these functions, and every one returns plain data or a dataclass.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from paravt_jax import distributed, storage
+from paravt_jax import sharding as sh
+from paravt_jax.config import build
+from paravt_jax.config_checks import ConfigValueError, check_data_sources
+from paravt_jax.data.builtin import BUILTIN_MODELS, BuiltinAssets, ensure_builtin
+from paravt_jax.data.paravt_parquet import RLRow, load_rl_rows, load_sft_rows
+from paravt_jax.models.qwen3_vl import init_model, load_pretrained, preset, save_pretrained
+from paravt_jax.rl.evaluate import EvalConfig
+from paravt_jax.rl.trainer import RLConfig
+from paravt_jax.sft.trainer import SFTConfig
+from paravt_jax.text.hf_processor import save_processor
+from paravt_jax.text.inputs import check_against_model
+from paravt_jax.text.tokenizer import Tokenizer
+
+
+def build_mesh(config):
+    """config.mesh_preset (a named TPU slice / GPU host layout, configs/meshes.py), else the
+    axis sizes of config.mesh."""
+    if config.get("mesh_preset", ""):
+        from configs import meshes  # the preset table ships with the configs
+
+        entry = meshes.get_mesh(config.mesh_preset)
+        return sh.make_hybrid_mesh(entry["ici"], entry["dcn"])
+    return sh.make_mesh(dict(config.mesh))
+
+
+def build_model(config, default_dir: str | None = None):
+    """The configured checkpoint, else `default_dir` (the built-in checkpoint) for the built-in
+    presets; randomly initialised only when model.init=random says so."""
+    m = config.model
+    mesh = build_mesh(config)
+    directory = m.checkpoint or (default_dir if m.preset in BUILTIN_MODELS else None)
+    if m.get("init", "checkpoint") == "random":
+        directory = None
+    elif not directory:
+        raise ConfigValueError(f"model.checkpoint is empty and the {m.preset!r} model has no built-in checkpoint; "
+                               "give --config.model.checkpoint=DIR, or --config.model.init=random")
+    if directory:
+        return load_pretrained(directory, dtype=m.param_dtype, compute_dtype=m.dtype, mesh=mesh,
+                               remat=m.remat, scan_layers=m.scan_layers, attention=m.attention,
+                               attention_block=m.attention_block)
+    knobs = dict(param_dtype=m.param_dtype, dtype=m.dtype, remat=m.remat, scan_layers=m.scan_layers,
+                 attention=m.attention, attention_block=m.attention_block)
+    return init_model(preset(m.preset, **knobs), seed=config.seed, mesh=mesh)
+
+
+def builtin_assets(config) -> BuiltinAssets:
+    """The built-in synthetic data and initial model of config.data (created if missing). They
+    have their own seed, so runs that differ only by `config.seed` (sweep seeds) share them."""
+    d = config.data
+    model = config.model.preset if config.model.preset in BUILTIN_MODELS else "tiny"
+    return ensure_builtin(d.builtin_root, seed=d.get("seed", 0), num_train=d.num_train,
+                          num_eval=d.num_eval, durations=tuple(d.durations), task=d.get("task", "shapes"),
+                          model_preset=model, sft_modes=tuple(d.get("sft_modes", ("frames",))))
+
+
+def sft_config(config) -> SFTConfig:
+    """The `sft` section -> SFTConfig (the run's seed from the top of the config)."""
+    return build(SFTConfig, config.sft, "sft", seed=config.seed)
+
+
+def rl_config(config) -> RLConfig:
+    """The `rl` section -> RLConfig (the run's seed from the top of the config)."""
+    return build(RLConfig, config.rl, "rl", seed=config.seed)
+
+
+def eval_config(config) -> EvalConfig:
+    """The `eval` section -> EvalConfig (the main job's held-out evaluation)."""
+    return build(EvalConfig, config.eval, "eval")
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTData:
+    rows: list  # chat message lists
+    kinds: tuple[str, ...]  # each row's `kind` column ("" without one): the SFT curriculum's key
+
+
+@dataclasses.dataclass
+class RunInputs:
+    """What a command runs on, built from the config by `setup`."""
+    model: object
+    tokenizer: Tokenizer
+    sft: SFTData
+    rl_rows: list[RLRow]
+    eval_rows: list[RLRow]  # held out
+    video_root: str
+
+
+def _rl_rows(config, paths: dict, root: str) -> tuple[list[RLRow], list[RLRow]]:
+    """(training, held-out) RL rows: from the parquet files, or through the TFDS ArrayRecord
+    builder and grain when data.tfds_dir is set."""
+    tfds_dir = config.data.get("tfds_dir", "")
+    if not tfds_dir:
+        return load_rl_rows(paths["rl_train"], root)[0], load_rl_rows(paths["rl_eval"], root)[0]
+    from paravt_jax.data import tfds_builder  # tensorflow_datasets: slow to import, only for this source
+
+    sources = tfds_builder.build("rl", {"train": paths["rl_train"], "eval": paths["rl_eval"]}, tfds_dir, root)
+    return tuple([tfds_builder.rl_row(x) for x in tfds_builder.grain_loader(sources[split], seed=config.seed,
+                                                                           num_epochs=1, shuffle=False)]
+                 for split in ("train", "eval"))
+
+
+def setup(config, training: bool = False) -> RunInputs:
+    """The model, tokenizer and data of a config. `training`: outside the toy presets every data
+    file must be given (config_checks.check_data_sources). Collective: process 0 creates the
+    built-in assets (if missing) before the others read them."""
+    if training:
+        check_data_sources(config)
+    assets = builtin_assets(config) if distributed.is_primary() else None
+    distributed.barrier("paravt:builtin-assets")
+    assets = assets or builtin_assets(config)
+    model = build_model(config, default_dir=assets.model_dir)
+    tokenizer = Tokenizer.from_directory(config.model.checkpoint or assets.model_dir)
+    check_against_model(tokenizer, model.config)
+    data = config.data
+    root = data.get("video_root", "") or assets.data_dir
+    paths = {name: data.get(name, "") or os.path.join(assets.data_dir, f"{name}.parquet")
+             for name in ("sft", "rl_train", "rl_eval")}
+    sft_messages, sft_report = load_sft_rows(paths["sft"], root)
+    rl_rows, eval_rows = _rl_rows(config, paths, root)
+    return RunInputs(model, tokenizer, SFTData(sft_messages, sft_report.kinds), rl_rows, eval_rows, root)
+
+
+def save_export(model, tokenizer, directory: str) -> None:
+    """An HF checkpoint that transformers and serving engines load: config.json, safetensors,
+    the tokenizer, the chat template and the processor configurations. `directory` may be
+    gs:// (written locally, then uploaded file by file with config.json last)."""
+    with storage.staged_directory(directory, last=("config.json",)) as local:
+        save_pretrained(model, local)
+        tokenizer.save(local)
+        save_processor(local)
