@@ -23,8 +23,8 @@ CALLS = [{"video_path": "clip.mp4", "start_time": 1.0, "end_time": 4.5},
 
 @pytest.fixture(scope="module")
 def export(tmp_path_factory):
-    from paravt_jax.runtime import save_export
     from paravt_jax.models.qwen3_vl import init_model, preset
+    from paravt_jax.runtime import save_export
 
     directory = str(tmp_path_factory.mktemp("export") / "final")
     tokenizer = train_tokenizer(CORPUS)

@@ -36,8 +36,8 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
 from paravt_jax.data.builtin import ensure_builtin
-from paravt_jax.runtime import builtin_assets
 from paravt_jax.metrics_writer import MetricsWriter
+from paravt_jax.runtime import builtin_assets
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOKS = os.path.join(REPO, "notebooks")

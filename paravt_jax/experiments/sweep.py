@@ -25,6 +25,7 @@ any arm starts. At the end the comparison report (`paravt_jax.experiments.report
 """
 from __future__ import annotations
 
+import ast
 import copy
 import dataclasses
 import hashlib
@@ -187,67 +188,82 @@ def _lookup(config, key: str, arm: str):
     return node, parts[-1]
 
 
+class _Misfit(ValueError):
+    """A value that does not fit a field's type (args: a hint to append, if any)."""
+
+
+def _as_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false", "1", "0"):
+        return value.lower() in ("true", "1")
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    raise _Misfit()
+
+
+def _as_int(value: Any) -> int:
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise _Misfit()
+    try:
+        return int(value)
+    except ValueError:
+        raise _Misfit() from None
+
+
+def _as_float(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise _Misfit()
+    try:
+        return float(value)
+    except ValueError:
+        raise _Misfit() from None
+
+
+def _as_str(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    raise _Misfit()
+
+
+def _as_sequence(value: Any) -> tuple | list:
+    """A tuple or list, a string holding a literal one, or a string holding one literal."""
+    if isinstance(value, str):
+        try:
+            value = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            raise _Misfit(": write a tuple such as (4, 64)") from None
+        value = value if isinstance(value, (tuple, list)) else (value,)
+    if not isinstance(value, (tuple, list)):
+        raise _Misfit()
+    return value
+
+
+SCALARS = ((bool, _as_bool), (int, _as_int), (float, _as_float), (str, _as_str))  # bool before int
+
+
 def coerce(value: Any, current: Any, key: str, arm: str) -> Any:
-    """value typed like the config field's current value (bool, int, float, str, tuple)."""
-    import ast
-
-    def fail(reason=""):
-        raise SweepError(f"sweep arm {arm!r}: {key}={value!r} does not fit the field's type "
-                         f"{type(current).__name__} (current value {current!r}){reason}")
-
+    """value typed like the config field's current value (bool, int, float, str, tuple; a
+    tuple's elements like its current first element)."""
     if current is None:
         return value
-    if isinstance(current, bool):
-        if isinstance(value, bool):
+    try:
+        if isinstance(current, tuple):
+            items = _as_sequence(value)
+            if current:
+                return tuple(coerce(v, current[0], f"{key}[{i}]", arm) for i, v in enumerate(items))
+            return tuple(items)
+        for kind, convert in SCALARS:
+            if isinstance(current, kind):
+                return convert(value)
+        if isinstance(value, type(current)):
             return value
-        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0"):
-            return value.lower() in ("true", "1")
-        if isinstance(value, int) and value in (0, 1):
-            return bool(value)
-        fail()
-    if isinstance(current, int):
-        if isinstance(value, bool):
-            fail()
-        if isinstance(value, int):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, str):
-            try:
-                return int(value)
-            except ValueError:
-                fail()
-        fail()
-    if isinstance(current, float):
-        if isinstance(value, bool):
-            fail()
-        if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                fail()
-        fail()
-    if isinstance(current, str):
-        if isinstance(value, str):
-            return value
-        fail()
-    if isinstance(current, tuple):
-        if isinstance(value, str):
-            try:
-                value = ast.literal_eval(value)
-            except (ValueError, SyntaxError):
-                fail(": write a tuple such as (4, 64)")
-            value = value if isinstance(value, (tuple, list)) else (value,)
-        if not isinstance(value, (tuple, list)):
-            fail()
-        if current:  # elements typed like the current first element
-            return tuple(coerce(v, current[0], f"{key}[{i}]", arm) for i, v in enumerate(value))
-        return tuple(value)
-    if isinstance(value, type(current)):
-        return value
-    fail()
+        raise _Misfit()
+    except _Misfit as e:
+        raise SweepError(f"sweep arm {arm!r}: {key}={value!r} does not fit the field's type "
+                         f"{type(current).__name__} (current value {current!r}){''.join(e.args)}") from None
 
 
 def apply_overrides(config, overrides: Sequence[tuple[str, Any]], arm: str = "?"):
