@@ -50,7 +50,7 @@ vanilla vs paragrpo from it; report both together:
     paravt-jax report runs/paradox runs/paradox_varied
 """
 
-from configs import paragrpo, vanilla_grpo
+from paravt_jax.configs import paragrpo, vanilla_grpo
 
 SEEDS = (0, 1, 2)
 GATING_FIELDS = ("rl.nframes_gating",)

@@ -39,7 +39,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     c.model.attention = "auto"
     c.model.attention_block = 512
     c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))
-    # A named layout from configs/meshes.py (e.g. v5p-32, 2xv5p-128, gpu8, gpu16_tp2): ICI
+    # A named layout from paravt_jax/meshes.py (e.g. v5p-32, 2xv5p-128, gpu8, gpu16_tp2): ICI
     # axes within a slice/host, DCN axes across them. Empty = the `mesh` sizes above.
     c.mesh_preset = ""
     # The built-in default data: synthetic videos + tokenizer + tiny model, generated locally.

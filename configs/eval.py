@@ -13,7 +13,7 @@ import os
 
 import ml_collections
 
-from configs import base
+from paravt_jax.configs import base
 
 ALL = "videomme,videomme_wsub,longvideobench,lvbench,mlvu,mmvu,charades"
 

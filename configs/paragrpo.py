@@ -13,8 +13,8 @@ Qwen3-VL-32B shapes: planned for v5p-64 and gpu16_tp2, docs/scale-out.md).
 
 import ml_collections
 
-from configs import base
 from paravt_jax.config import section
+from paravt_jax.configs import base
 from paravt_jax.rl.evaluate import EvalConfig
 from paravt_jax.rl.trainer import RLConfig
 from paravt_jax.sft.trainer import SFTConfig

@@ -1,6 +1,6 @@
 """Cold-start SFT only (RL steps 0)."""
 
-from configs import paragrpo
+from paravt_jax.configs import paragrpo
 
 
 def get_config(arg: str = "tiny"):

@@ -1,7 +1,7 @@
 """Vanilla GRPO baseline: PARA-GRPO with both parts off (anchor 0, gating off, no think
 prefix), as the reference's baseline recipe."""
 
-from configs import paragrpo
+from paravt_jax.configs import paragrpo
 
 
 def get_config(arg: str = "tiny"):

@@ -85,7 +85,7 @@ Settings (environment variable = current value):
   LOG_DIR=$LOG_DIR  local logs, host-<i>.log per host (appended: a resumed run adds to them)
   RESULTS_DIR=$RESULTS_DIR  local copy of host 0's WORKDIR (FETCH=$FETCH)
   CONFIG=${CONFIG:-<default of the command>}  --config when the arguments have none
-  MESH_PRESET=${MESH_PRESET:-<unset>}  append --config.mesh.* of configs/meshes.py (python configs/meshes.py --list)
+  MESH_PRESET=${MESH_PRESET:-<unset>}  append --config.mesh.* of paravt_jax/meshes.py (python -m paravt_jax.meshes --list)
   GPU_XLA_FLAGS=$GPU_XLA_FLAGS
   XLA_FLAGS_EXTRA=${XLA_FLAGS_EXTRA:-<none>}  appended to GPU_XLA_FLAGS
   MEM_FRACTION=$MEM_FRACTION  XLA_PYTHON_CLIENT_MEM_FRACTION
@@ -123,6 +123,8 @@ COMMAND=run
 if [[ $# -gt 0 && "$1" != -* ]]; then COMMAND="$1"; shift; fi
 ARGS=("$@")
 has_flag() { local a; for a in "${ARGS[@]+"${ARGS[@]}"}"; do [[ "$a" == "$1"* ]] && return 0; done; return 1; }
+# The mesh preset table of this checkout (paravt_jax/meshes.py needs only the standard library).
+meshes() { PYTHONPATH="$ROOT" "$PYTHON" -m paravt_jax.meshes "$@"; }
 if [[ -n "$CONFIG" ]] && ! has_flag --config=; then ARGS=("--config=$CONFIG" "${ARGS[@]+"${ARGS[@]}"}"); fi
 if [[ " $WORKDIR_COMMANDS " == *" $COMMAND "* ]] && ! has_flag --workdir=; then
   ARGS+=("--workdir=$WORKDIR")
@@ -132,12 +134,12 @@ TOTAL_GPUS=$(( (NUM_HOSTS > 0 ? NUM_HOSTS : 1) * GPUS_PER_HOST ))
 FETCH_DIR=""
 for arg in "${ARGS[@]+"${ARGS[@]}"}"; do [[ "$arg" != --workdir=* ]] || FETCH_DIR="${arg#--workdir=}"; done
 if [[ -n "$MESH_PRESET" ]]; then
-  preset_json="$("$PYTHON" "$ROOT/configs/meshes.py" "$MESH_PRESET")"  # exits here if unknown
+  preset_json="$(meshes "$MESH_PRESET")"  # exits here if unknown
   preset_devices="$("$PYTHON" -c 'import json, sys; print(json.loads(sys.argv[1])["devices"])' "$preset_json")"
   if [[ "$preset_devices" != "$TOTAL_GPUS" ]]; then
     echo "gpu.sh: MESH_PRESET=$MESH_PRESET is for $preset_devices GPUs, but the hosts have $TOTAL_GPUS" >&2; exit 2
   fi
-  mapfile -t mesh_args < <("$PYTHON" "$ROOT/configs/meshes.py" --overrides "$MESH_PRESET")
+  mapfile -t mesh_args < <(meshes --overrides "$MESH_PRESET")
   ARGS+=("${mesh_args[@]}")  # last, so the preset wins over --config.mesh.* given above
 fi
 

@@ -4,10 +4,12 @@ A config section has the shape of the dataclass it configures (`section(RLConfig
 one from the defaults; `build(RLConfig, config.rl, "rl")` turns it back, refusing keys that
 are not fields), so that every field is a `--config.a.b=value` override.
 
-`configs/` is a Python package (`from configs import paragrpo`); `--config=configs/FILE.py:ARG`
-names one of its files by path, as ml_collections does. `config_file(path)` is the one place
-that turns such a path into its module (a file of the package is imported as `configs.FILE`, a
-file elsewhere is loaded from its path).
+The config files ship with the package as `paravt_jax.configs` (the repository's configs/
+folder; `from paravt_jax.configs import paragrpo`). `--config=FILE.py:ARG` names a config file by
+path, as ml_collections does: `configs/paragrpo.py` in the repository, or `config_path("paragrpo")`
+(the shipped one, found from any directory). `config_file(path)` is the one place that turns such
+a path into its module (a file of the package is imported as `paravt_jax.configs.FILE`, a file
+elsewhere is loaded from its path).
 """
 from __future__ import annotations
 
@@ -21,26 +23,27 @@ import typing
 import ml_collections
 from ml_collections import config_dict
 
+from paravt_jax import configs as shipped_configs
+
 
 def configs_dir() -> str:
-    import configs
-
-    return os.path.dirname(os.path.abspath(configs.__file__))
+    """The folder of the shipped config files (the checkout's configs/ in a source checkout)."""
+    return os.path.realpath(shipped_configs.__path__[0])
 
 
 def config_path(name: str) -> str:
-    """The path of configs/NAME.py (what `--config=` takes)."""
+    """The path of the shipped config file NAME.py (what `--config=` takes)."""
     return os.path.join(configs_dir(), f"{name}.py")
 
 
 def config_file(path: str) -> types.ModuleType:
-    """The module of a config file given by path (configs/*.py or any other file)."""
+    """The module of a config file given by path (a shipped config file or any other file)."""
     path = os.path.abspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"config file {path!r} does not exist")
-    directory, filename = os.path.split(path)
+    directory, filename = os.path.split(os.path.realpath(path))
     if directory == configs_dir():
-        return importlib.import_module(f"configs.{os.path.splitext(filename)[0]}")
+        return importlib.import_module(f"{shipped_configs.__name__}.{os.path.splitext(filename)[0]}")
     name = "paravt_config_" + os.path.splitext(filename)[0] + f"_{abs(hash(path)):x}"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)

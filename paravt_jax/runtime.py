@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from paravt_jax import distributed, storage
+from paravt_jax import distributed, meshes, storage
 from paravt_jax import sharding as sh
 from paravt_jax.config import build
 from paravt_jax.config_checks import ConfigValueError, check_data_sources
@@ -25,11 +25,9 @@ from paravt_jax.text.tokenizer import Tokenizer
 
 
 def build_mesh(config):
-    """config.mesh_preset (a named TPU slice / GPU host layout, configs/meshes.py), else the
+    """config.mesh_preset (a named TPU slice / GPU host layout, paravt_jax/meshes.py), else the
     axis sizes of config.mesh."""
     if config.get("mesh_preset", ""):
-        from configs import meshes  # the preset table ships with the configs
-
         entry = meshes.get_mesh(config.mesh_preset)
         return sh.make_hybrid_mesh(entry["ici"], entry["dcn"])
     return sh.make_mesh(dict(config.mesh))

@@ -46,7 +46,7 @@ def test_configs_load_with_presets_and_overrides():
     from ml_collections import config_flags  # noqa: F401
 
     for name in ("paragrpo", "vanilla_grpo", "sft"):
-        module = importlib.import_module(f"configs.{name}")
+        module = importlib.import_module(f"paravt_jax.configs.{name}")
         for preset in ("tiny", "qwen3vl_2b", "qwen3vl_8b"):
             c = module.get_config(preset)
             assert c.rl.samples_per_prompt >= 2
@@ -109,7 +109,7 @@ def test_mesh_preset_builds_the_named_mesh(builtin_root):
     import jax
     from flax import nnx
 
-    from configs import paragrpo
+    from paravt_jax.configs import paragrpo
     from paravt_jax.runtime import build_model, builtin_assets
 
     config = paragrpo.get_config("tiny")
@@ -126,8 +126,8 @@ def test_mesh_preset_builds_the_named_mesh(builtin_root):
 def test_after_sft_evaluation_is_stored_and_read_back_on_resume(tmp_path, monkeypatch):
     """The cold start's table is evaluated once (sft/eval.json) and read back by a resumed run,
     unless the evaluation settings or the SFT step count changed since."""
-    from configs import paragrpo
     from paravt_jax.cli import jobs
+    from paravt_jax.configs import paragrpo
 
     calls = []
 
@@ -166,8 +166,8 @@ def test_held_out_and_generate_episodes_are_the_configs():
     """The held-out evaluation and `generate` run the RL episode of the config (sub-agent summary
     budget, overview and crop frame sizes, think prefix, calls per turn), decoded greedily; the
     evaluation's own budget (eval.max_new_tokens, max_turns, mode) is the only change."""
-    from configs import paragrpo, vanilla_grpo
     from paravt_jax.cli.jobs import generate_episode
+    from paravt_jax.configs import paragrpo, vanilla_grpo
     from paravt_jax.rl.evaluate import FINAL_ANSWER_TOKENS, episode_config
     from paravt_jax.runtime import eval_config, rl_config
 

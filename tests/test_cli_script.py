@@ -146,8 +146,8 @@ def test_random_init_and_toy_data_are_asked_for_by_name(args, message, tmp_path,
 
 
 def test_model_init_random_asks_for_both():
-    from configs import paragrpo
     from paravt_jax.config_checks import check_config, check_data_sources
+    from paravt_jax.configs import paragrpo
 
     config = paragrpo.get_config("qwen3vl_8b")
     config.model.init = "random"
@@ -157,8 +157,8 @@ def test_model_init_random_asks_for_both():
 
 
 def test_several_bad_values_are_listed_together():
-    from configs import paragrpo
     from paravt_jax.config_checks import ConfigValueError, check_config
+    from paravt_jax.configs import paragrpo
 
     config = paragrpo.get_config("tiny")
     config.rl.step.temperature, config.eval.nframes, config.eval.mode = 0.0, (4, 0), "crops"

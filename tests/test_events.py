@@ -222,8 +222,8 @@ def test_json_split_makes_the_tool_call_cheap():
 
 
 def test_toy_config_builds():
-    from configs import paragrpo
     from paravt_jax import runtime
+    from paravt_jax.configs import paragrpo
     from paravt_jax.data.builtin import BUILTIN_MODELS
 
     c = paragrpo.get_config("toy")
@@ -237,8 +237,8 @@ def test_toy_config_builds():
 
 @pytest.mark.slow  # compiles a train step: minutes on a loaded 2-core machine
 def test_toy_config_runs_one_sft_step(tmp_path):
-    from configs import paragrpo
     from paravt_jax.cli import jobs
+    from paravt_jax.configs import paragrpo
 
     c = paragrpo.get_config("toy")
     c.data.builtin_root = str(tmp_path / "builtin")

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from configs import meshes
+from paravt_jax import meshes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCH = os.path.join(ROOT, "launch")
@@ -457,14 +457,19 @@ def test_unknown_and_broken_presets_are_refused():
         meshes.mesh_shape(broken)
 
 
-def test_command_line_of_meshes_py():
-    run = lambda *a: subprocess.run([sys.executable, os.path.join(ROOT, "configs", "meshes.py"), *a],
+def test_command_line_of_the_mesh_table(tmp_path):
+    # What the launch scripts run: this checkout's table, from any directory, without JAX.
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    run = lambda *a: subprocess.run([sys.executable, "-m", "paravt_jax.meshes", *a], env=env, cwd=tmp_path,
                                     capture_output=True, text=True)
     assert run("--overrides", "v5p-32").stdout.split() == [
         "--config.mesh.data=1", "--config.mesh.fsdp=16", "--config.mesh.tensor=1"]
     bad = run("v5p-33")
     assert bad.returncode == 2 and "known presets" in bad.stderr
     assert "2xv5p-128" in run("--list").stdout
+    bare = subprocess.run([sys.executable, "-c", "import sys, paravt_jax.meshes; print('jax' in sys.modules)"],
+                          env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert bare.stdout.strip() == "False", bare.stderr
 
 
 def test_preset_reaches_the_config_and_builds_a_mesh_on_fake_devices():
@@ -475,7 +480,7 @@ def test_preset_reaches_the_config_and_builds_a_mesh_on_fake_devices():
     from paravt_jax import sharding as sh
 
     assert jax.device_count() == 8
-    from configs import base
+    from paravt_jax.configs import base
 
     config = meshes.apply_mesh_preset(base.get_config("tiny"), "gpu8_tp2")
     assert dict(config.mesh) == {"data": 1, "fsdp": 4, "tensor": 2}
@@ -499,6 +504,7 @@ def test_hybrid_mesh_single_slice_on_fake_devices():
 
     preset = meshes.get_mesh("gpu8_tp2")
     mesh = sh.make_hybrid_mesh(preset["ici"], preset["dcn"])
+    assert meshes.MESH_AXES == sh.MESH_AXES  # the table's stdlib copy of the axis order
     assert mesh.axis_names == sh.MESH_AXES and dict(mesh.shape) == {"data": 1, "fsdp": 4, "tensor": 2}
     assert sorted(d.id for d in mesh.devices.flat) == list(range(8))
     values = np.arange(8 * 6, dtype=np.float32).reshape(8, 6)

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from configs import paragrpo
 from paravt_jax import sharding as sh
+from paravt_jax.configs import paragrpo
 from paravt_jax.experiments import arrays as A
 from paravt_jax.experiments import plan as P
 from paravt_jax.experiments import workload as W

@@ -8,9 +8,9 @@ import os
 import numpy as np
 import pytest
 
-from configs import paragrpo
 from paravt_jax.agent.dispatch import CropDispatcher
 from paravt_jax.agent.rollout import Episode, run_rollouts
+from paravt_jax.configs import paragrpo
 from paravt_jax.data.synthetic import Event, write_video
 from paravt_jax.experiments import workload as W
 from paravt_jax.models.qwen3_vl import init_model, preset

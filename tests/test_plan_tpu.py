@@ -8,7 +8,8 @@ import os
 
 import pytest
 
-from configs import meshes, paragrpo
+from paravt_jax import meshes
+from paravt_jax.configs import paragrpo
 from paravt_jax.experiments import plan as P
 from paravt_jax.experiments import programs as G
 from paravt_jax.experiments import time_plan as T

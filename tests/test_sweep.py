@@ -192,7 +192,7 @@ def _parse_config(argv):
 
 
 def _write_config(path, sweep_body):
-    path.write_text("from configs import ablations\n"
+    path.write_text("from paravt_jax.configs import ablations\n"
                     "from paravt_jax.experiments.sweep import product\n"
                     "def get_config(arg='tiny'):\n    return ablations.get_config(arg)\n" + sweep_body)
     return str(path)
@@ -210,7 +210,7 @@ def test_unnamed_overrides_name_the_workdirs_typed_like_the_fields(tmp_path):
 
 
 def test_arm_names_are_stable_safe_and_bounded():
-    from configs import paragrpo
+    from paravt_jax.configs import paragrpo
     from paravt_jax.experiments import sweep
 
     config = paragrpo.get_config("tiny")
@@ -316,7 +316,7 @@ def test_long_rl_study_runs_its_core_arms_first_and_checks_held_out_accuracy_at_
     """toy_long (docs/long_rl.md): two cold starts, vanilla and paragrpo from both first (3
     seeds), then the factorial's other two arms; 96 steps, held-out checks every 16 at K = 4, 16,
     64 and checkpoints as often (an interrupted arm resumes)."""
-    from configs import ablations
+    from paravt_jax.configs import ablations
 
     lines, _ = sweep_main("--config=configs/ablations.py:toy_long", f"--workdir={tmp_path}", "--dry_run",
                           "--shared_sft")

@@ -190,7 +190,7 @@ def test_driver_runs_a_charades_sample_on_the_tiny_model(video, tokenizer, tmp_p
 
 
 def test_charades_gets_the_video_item_by_default():
-    from configs import eval as eval_config
+    from paravt_jax.configs import eval as eval_config
 
     c = eval_config.get_config("paravt_8b")
     assert driver.benchmark_protocol(c, "charades") == {"prompt_mode": "agentic_minimal", "overview_visual": "video"}

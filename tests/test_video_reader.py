@@ -159,7 +159,7 @@ def test_read_frames_resizes_through_both_stages(tmp_path):
 
 
 def test_the_8b_recipe_sizes_frames_and_runs_sft_as_the_reference():
-    from configs import paragrpo
+    from paravt_jax.configs import paragrpo
     from paravt_jax.runtime import rl_config, sft_config
 
     sft = sft_config(paragrpo.get_config("qwen3vl_8b"))  # the released cold-start SFT script

@@ -92,7 +92,7 @@ def test_the_command_line_refuses_a_locked_workdir(tmp_path, live_process, capsy
 
 # ----------------------------------------------------------------------------- stored config
 def test_a_rerun_under_another_config_is_refused_with_the_differing_fields(tmp_path):
-    from configs import paragrpo
+    from paravt_jax.configs import paragrpo
 
     config = paragrpo.get_config("tiny")
     workdir = str(tmp_path)
@@ -115,8 +115,8 @@ def test_a_rerun_under_another_config_is_refused_with_the_differing_fields(tmp_p
 def test_a_finished_run_is_not_left_alone_under_another_config(tmp_path, capsys):
     """Today a rerun with another config resumes silently or reports the finished run; both are
     refused now, through the command line, before any work (status 2)."""
-    from configs import paragrpo
     from paravt_jax.cli import main
+    from paravt_jax.configs import paragrpo
 
     workdirs.check_config(str(tmp_path), workdirs.config_record(paragrpo.get_config("tiny"), "run"))
     (tmp_path / "summary.json").write_text(json.dumps({"eval": []}))

@@ -7,7 +7,7 @@ import os
 import jax
 from absl import flags
 
-from configs import meshes
+from paravt_jax import meshes
 from paravt_jax import sharding as sh
 from paravt_jax.experiments import arrays, programs, workload
 from paravt_jax.experiments import plan as planner
@@ -21,7 +21,7 @@ def main(argv: list[str]) -> planner.MemoryPlan:
     argv = list(argv)
     values = flags.FlagValues()
     define_config(values, planner.DEFAULT_CONFIG, argv)
-    flags.DEFINE_string("mesh", "", "AXIS=SIZE list (data=1,fsdp=8,tensor=1) or a configs/meshes.py "
+    flags.DEFINE_string("mesh", "", "AXIS=SIZE list (data=1,fsdp=8,tensor=1) or a paravt_jax/meshes.py "
                         "preset name; default: config.mesh", flag_values=values)
     flags.DEFINE_integer("devices", None, "device count (fills a -1 mesh axis)", flag_values=values)
     flags.DEFINE_float("device_memory_gb", None, "memory per device in GiB (default: the mesh "

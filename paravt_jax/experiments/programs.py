@@ -96,7 +96,7 @@ def tpu_topology(accelerator: str, chips_per_slice: int) -> str:
 
 
 def resolve_target(target: str, preset: Mapping | None) -> Target:
-    """The Target of `--target` for a mesh preset (configs/meshes.py entry; None for an explicit
+    """The Target of `--target` for a mesh preset (paravt_jax/meshes.py entry; None for an explicit
     axis list, which plans for gpu's kernels)."""
     if target not in TARGETS:
         raise TargetError(f"--target={target!r}: expected one of {', '.join(TARGETS)}")

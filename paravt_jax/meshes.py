@@ -4,7 +4,7 @@ Each preset is plain data. `ici` gives the axis sizes inside one fast-interconne
 TPU slice over ICI, or one GPU host over NVLink); `dcn` gives how many such domains sit along
 each axis across the slower data-centre network. The total size of an axis is ici * dcn.
 
-    from configs import meshes                    # or: python configs/meshes.py v5p-32
+    from paravt_jax import meshes                 # or: python -m paravt_jax.meshes v5p-32
     meshes.get_mesh("2xv5p-128")   # {"ici": {"data": 1, "fsdp": 64, "tensor": 1},
                                    #  "dcn": {"data": 2, "fsdp": 1, "tensor": 1}, "devices": 128, ...}
     meshes.mesh_shape("2xv5p-128") # {"data": 2, "fsdp": 64, "tensor": 1}
@@ -26,8 +26,10 @@ Fields of a preset:
     ici, dcn          {"data", "fsdp", "tensor"} sizes, inside / across slices
     description       one line for humans
 
-Running this file prints a preset as JSON, or with `--overrides` the command-line overrides
-(`--config.mesh.data=...`) that the launch scripts append for MESH_PRESET=<name>.
+`python -m paravt_jax.meshes NAME` prints a preset as JSON, `--overrides NAME` the command-line
+overrides (`--config.mesh.data=...`) that the launch scripts append for MESH_PRESET=<name>,
+`--list` every name. The module needs only the standard library, so the launch scripts run it
+on a machine without JAX.
 """
 from __future__ import annotations
 
@@ -194,7 +196,7 @@ for _name, _preset in MESHES.items():  # a broken table entry fails at import, n
 
 
 def main(argv: list[str]) -> int:
-    usage = "usage: python configs/meshes.py [--overrides] NAME   |   python configs/meshes.py --list"
+    usage = "usage: python -m paravt_jax.meshes [--overrides] NAME   |   python -m paravt_jax.meshes --list"
     args = argv[1:]
     if args == ["--list"]:
         for name, preset in MESHES.items():
