@@ -52,11 +52,13 @@ setup(
     name="paravt_jax",
     version="0.1.0",
     description="ParaVT in JAX: Qwen3-VL, parallel crop_video tool calls, PARA-GRPO",
-    packages=find_packages(include=["paravt_jax", "paravt_jax.*"]),
     # The config files stay in the repository's top-level configs/ folder (`--config=configs/...`)
     # but install as the package paravt_jax.configs, never as a top-level `configs` on everyone's
-    # path. This mapping builds the wheel and points an editable install at the folder; in a
-    # source checkout on PYTHONPATH, paravt_jax/configs/__init__.py reads the same folder.
+    # path. The mapping builds the wheel (and the sdist) and points an editable install at the
+    # folder; in a source checkout on PYTHONPATH, paravt_jax/configs/__init__.py reads the same
+    # folder (that file is not packaged, hence the package is named here, not found).
+    packages=find_packages(include=["paravt_jax", "paravt_jax.*"], exclude=["paravt_jax.configs"])
+    + ["paravt_jax.configs"],
     package_dir={"paravt_jax.configs": "configs"},
     python_requires=">=3.10",
     install_requires=RUNTIME,

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tarfile
 import textwrap
 import zipfile
 
@@ -58,7 +59,7 @@ def copy_sources(destination) -> str:
 
 
 def build(source: str, hook: str, out_dir: str) -> str:
-    """The wheel that setuptools' backend `hook` (build_wheel / build_editable) builds from `source`."""
+    """What setuptools' backend `hook` (build_wheel / build_editable / build_sdist) builds from `source`."""
     code = ("import sys\nfrom setuptools import build_meta\n"
             "print(getattr(build_meta.__legacy__, sys.argv[1])(sys.argv[2]))")  # the backend of a setup.py-only project
     result = subprocess.run([sys.executable, "-c", code, hook, out_dir], cwd=source, capture_output=True, text=True,
@@ -110,6 +111,19 @@ def wheels(tmp_path_factory):
     source = copy_sources(tmp_path_factory.mktemp("source"))
     out = str(tmp_path_factory.mktemp("wheels"))
     return source, build(source, "build_wheel", out), build(source, "build_editable", out)
+
+
+def test_a_wheel_built_through_the_sdist_is_the_same(wheels, tmp_path):
+    """`python -m build` makes the wheel from the sdist, which holds no paravt_jax/configs folder."""
+    source, wheel, _ = wheels
+    sdist = build(source, "build_sdist", str(tmp_path))
+    with tarfile.open(sdist) as archive:
+        archive.extractall(tmp_path)
+    unpacked = str(tmp_path / os.path.basename(sdist)[:-len(".tar.gz")])
+    assert not os.path.exists(os.path.join(unpacked, STAND_IN))
+    via_sdist = build(unpacked, "build_wheel", str(tmp_path / "dist"))
+    with zipfile.ZipFile(wheel) as direct, zipfile.ZipFile(via_sdist) as rebuilt:
+        assert sorted(rebuilt.namelist()) == sorted(direct.namelist())
 
 
 def test_the_wheel_holds_the_configs_inside_the_package(wheels):
