@@ -29,6 +29,7 @@ import os
 import re
 from collections.abc import Sequence
 
+from paravt_jax.experiments import hypotheses
 from paravt_jax.experiments.plots import read_jsonl, thirds
 
 # A sweep's layout (paravt_jax.experiments.sweep writes it, this module reads it): the shared
@@ -333,12 +334,17 @@ def plot_groups(arms: Sequence[ArmRun], prefix: str, metrics: Sequence[str] = PL
 
 
 def write_report(directories: Sequence[str], prefix: str) -> dict:
-    """Reads the arms under directories; writes PREFIX.md, PREFIX.csv and PREFIX_<metric>.png."""
+    """Reads the arms under directories; writes PREFIX.md, PREFIX.csv and PREFIX_<metric>.png.
+    A sweep whose config file defines hypotheses() gets their verdicts in PREFIX.md
+    (experiments/hypotheses.py)."""
     arms = [load_arm(d) for d in find_arm_dirs(directories)]
     groups = summarize_groups(arms)
     if os.path.dirname(prefix):
         os.makedirs(os.path.dirname(prefix), exist_ok=True)
     text = markdown(groups)
+    claims = hypotheses.from_sweep_roots(directories)
+    if claims:
+        text += "\n" + hypotheses.markdown(hypotheses.verdicts(claims, arms))
     with open(f"{prefix}.md", "w") as f:
         f.write(text)
     return {"markdown": f"{prefix}.md", "csv": write_csv(groups, f"{prefix}.csv"),
