@@ -40,7 +40,7 @@ CHIP_KINDS = (("H200", "h200"), ("H100", "h100"), ("A100", "a100"), ("v5 lite", 
 
 
 def chip_of(device):
-    from paravt_jax.experiments.time_plan import CHIPS
+    from paravt_jax.planner.time_plan import CHIPS
 
     kind = getattr(device, "device_kind", "")
     for needle, name in CHIP_KINDS:

@@ -147,3 +147,55 @@ def sweep(arg="tiny"):
         return product(prior=[PRIORS[2]], arm=weak, seed=list(SEEDS))
     seeds = SEEDS[:1] if (arg or "tiny") == "tiny" else SEEDS
     return product(arm=arms(arg), seed=list(seeds))
+
+
+# The long-RL study's hypotheses (docs/long_rl.md, written before its runs), as the report judges
+# them: per seed, the arm's number minus what it is compared with; see
+# paravt_jax/experiments/hypotheses.py for the verdict rule.
+COLD_STARTS = {"strong": "_sft", "varied": "_sft,nframes_choices=4+8+16"}  # the shared SFT runs
+
+
+def _long_hypotheses():
+    out = []
+    for prior, cold in COLD_STARTS.items():
+        for k in LONG_NFRAMES:
+            metric = f"eval_tools_K{k}_accuracy"
+            out.append({"name": f"H1 {prior} K={k}", "claim": "PARA-GRPO's held-out accuracy with tools >= its "
+                        "cold start's", "group": f"{prior},paragrpo", "metric": metric, "against_group": cold})
+            out.append({"name": f"H1' {prior} K={k}", "claim": "PARA-GRPO's held-out accuracy with tools above "
+                        "vanilla GRPO's", "group": f"{prior},paragrpo", "metric": metric,
+                        "against_group": f"{prior},vanilla"})
+        vanilla = f"{prior},vanilla"
+        out += [
+            {"name": f"H2 {prior} kappa", "claim": "vanilla's training kappa falls", "group": vanilla,
+             "metric": "rl_kappa_late", "against_metric": "rl_kappa_early", "direction": "below"},
+            {"name": f"H2 {prior} held-out kappa K=4", "claim": "vanilla's held-out kappa falls below the cold "
+             "start's", "group": vanilla, "metric": "eval_tools_K4_kappa", "against_group": cold, "direction": "below"},
+            {"name": f"H2 {prior} accuracy K=4", "claim": "vanilla's accuracy with tools falls (towards without "
+             "tools)", "group": vanilla, "metric": "eval_tools_K4_accuracy", "against_group": cold,
+             "direction": "below"},
+            {"name": f"H3 {prior} compliance", "claim": "PARA-GRPO's training compliance stays >= 0.8",
+             "group": f"{prior},paragrpo", "metric": "rl_format_compliance_late", "threshold": 0.8},
+            {"name": f"H3 {prior} kappa", "claim": "PARA-GRPO's training kappa stays > 0",
+             "group": f"{prior},paragrpo", "metric": "rl_kappa_late", "threshold": 0.0},
+            {"name": f"H3 {prior} calls K=64", "claim": "PARA-GRPO calls the tool at K = 64 (held out)",
+             "group": f"{prior},paragrpo", "metric": "eval_tools_K64_calls_per_turn", "threshold": 0.0},
+        ]
+    out += [
+        {"name": "H4 anchor_only compliance", "claim": "the anchor alone keeps the format",
+         "group": "strong,anchor_only", "metric": "rl_format_compliance_late", "threshold": 0.8},
+        {"name": "H4 anchor_only kappa", "claim": "the anchor alone loses the tool (kappa below PARA-GRPO's)",
+         "group": "strong,anchor_only", "metric": "rl_kappa_late", "against_group": "strong,paragrpo",
+         "direction": "below"},
+        {"name": "H4 gating_only compliance", "claim": "gating alone loses the format (compliance below "
+         "PARA-GRPO's)", "group": "strong,gating_only", "metric": "rl_format_compliance_late",
+         "against_group": "strong,paragrpo", "direction": "below"},
+        {"name": "H4 gating_only kappa", "claim": "gating alone keeps the tool", "group": "strong,gating_only",
+         "metric": "rl_kappa_late", "threshold": 0.0},
+    ]
+    return out
+
+
+def hypotheses(arg="tiny"):
+    """What `paravt-jax report` judges for a sweep of this file (experiments/hypotheses.py)."""
+    return _long_hypotheses() if arg == "toy_long" else []

@@ -15,11 +15,11 @@ from flax import nnx
 
 from paravt_jax import sharding as sh
 from paravt_jax.configs import paragrpo
-from paravt_jax.experiments import arrays as A
-from paravt_jax.experiments import plan as P
-from paravt_jax.experiments import workload as W
 from paravt_jax.flags import UsageError
 from paravt_jax.models.qwen3_vl import init_model, preset
+from paravt_jax.planner import arrays as A
+from paravt_jax.planner import plan as P
+from paravt_jax.planner import workload as W
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -12,8 +12,8 @@ from paravt_jax.agent.dispatch import CropDispatcher
 from paravt_jax.agent.rollout import Episode, run_rollouts
 from paravt_jax.configs import paragrpo
 from paravt_jax.data.synthetic import Event, write_video
-from paravt_jax.experiments import workload as W
 from paravt_jax.models.qwen3_vl import init_model, preset
+from paravt_jax.planner import workload as W
 from paravt_jax.runtime import rl_config
 from paravt_jax.sampling import Sampler, SamplerConfig
 from paravt_jax.sampling.sampler import SampleOutput

@@ -10,12 +10,12 @@ import pytest
 
 from paravt_jax import meshes
 from paravt_jax.configs import paragrpo
-from paravt_jax.experiments import plan as P
-from paravt_jax.experiments import programs as G
-from paravt_jax.experiments import time_plan as T
-from paravt_jax.experiments import workload as W
 from paravt_jax.models.qwen3_vl import preset
-from paravt_jax.sampling.memory import collective_bytes
+from paravt_jax.planner import plan as P
+from paravt_jax.planner import programs as G
+from paravt_jax.planner import time_plan as T
+from paravt_jax.planner import workload as W
+from paravt_jax.planner.memory import collective_bytes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -115,7 +115,7 @@ def test_requested_kernel_off_its_platform_is_an_error(tokenizer):
 
 def test_time_plan_counts_calls_and_bounds():
     """The time of a phase is max(compute, memory, network) x calls; the step is their sum."""
-    from paravt_jax.sampling.memory import ProgramMemory
+    from paravt_jax.planner.memory import ProgramMemory
 
     grads = ProgramMemory("gradients", 0, 0, 8, 1.0, flops=459e12, bytes_accessed=1e9, collective_bytes=0.0)
     update = ProgramMemory("optimizer update", 0, 0, 0, 1.0, bytes_accessed=2765e9 * 2)

@@ -277,6 +277,7 @@ def test_report_gives_the_trend_over_thirds_and_plots_periodic_accuracy(tmp_path
             record = {"step": step, "rl/reward": reward, "rl/kappa": step / 10}
             if step % 3 == 2:
                 record["rl/eval_tools/accuracy"] = 0.25 * step
+                record["rl/eval_tools_K64/accuracy"] = 0.1 * step  # the periodic evaluation's second K
             f.write(json.dumps(record) + "\n")
     loaded = report.load_arm(str(arm))
     assert loaded.numbers["rl_reward_early"] == pytest.approx(0.6)
@@ -287,6 +288,8 @@ def test_report_gives_the_trend_over_thirds_and_plots_periodic_accuracy(tmp_path
     result = report.write_report([str(tmp_path / "root")], str(tmp_path / "out"))
     assert "reward early" in result["text"] and "| 0.600 | 1.100 |" in result["text"].replace(" ± 0.000", "")
     assert str(tmp_path / "out_eval_tools_accuracy.png") in result["plots"]
+    assert loaded.curves["eval_tools_K64/accuracy"] == [(2, 0.2), (5, 0.5)]
+    assert str(tmp_path / "out_eval_tools_K64_accuracy.png") in result["plots"]
 
 
 def test_toy_paradox_grids_share_their_cold_starts(tmp_path):

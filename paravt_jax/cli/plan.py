@@ -1,4 +1,4 @@
-"""`paravt-jax plan`: the flags of the memory and time planner (paravt_jax/experiments/plan.py)."""
+"""`paravt-jax plan`: the flags of the memory and time planner (paravt_jax/planner/plan.py)."""
 from __future__ import annotations
 
 import json
@@ -9,9 +9,9 @@ from absl import flags
 
 from paravt_jax import meshes
 from paravt_jax import sharding as sh
-from paravt_jax.experiments import arrays, programs, workload
-from paravt_jax.experiments import plan as planner
 from paravt_jax.flags import UsageError, define_config, parse_flags
+from paravt_jax.planner import arrays, programs, workload
+from paravt_jax.planner import plan as planner
 
 
 def main(argv: list[str]) -> planner.MemoryPlan:

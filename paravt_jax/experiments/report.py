@@ -29,6 +29,7 @@ import os
 import re
 from collections.abc import Sequence
 
+from paravt_jax.experiments import hypotheses
 from paravt_jax.experiments.plots import read_jsonl, thirds
 
 # A sweep's layout (paravt_jax.experiments.sweep writes it, this module reads it): the shared
@@ -45,6 +46,8 @@ PLOT_METRICS = ("reward", "acc_reward", "format_compliance", "kappa", "calls_per
                 "eval_tools/accuracy", "eval_notools/accuracy")
 _SEED_PART = re.compile(r"(^|,)seed=[^,]*")
 _EVAL_KEY = re.compile(r"^eval_(tools|notools)_K(\d+)_(\w+)$")
+# The periodic evaluation at its other K (rl.eval_nframes beyond the first): curves only.
+_PERIODIC_AT_K = re.compile(r"^rl/(eval_(?:tools|notools)_K\d+/(?:accuracy|format_compliance|kappa|calls_per_turn))$")
 
 
 class ReportError(ValueError):
@@ -152,7 +155,8 @@ def load_arm(directory: str) -> ArmRun:
     if sft and _number(sft[-1].get("sft/loss")) is not None:
         numbers["sft_loss_final"] = float(sft[-1]["sft/loss"])
     curves = {}
-    for metric in TRAIN_METRICS + PERIODIC_METRICS:
+    at_k = sorted({m.group(1) for r in rl for m in map(_PERIODIC_AT_K.match, r) if m})
+    for metric in TRAIN_METRICS + PERIODIC_METRICS + tuple(at_k):
         points = [(int(r["step"]), float(r[f"rl/{metric}"])) for r in rl
                   if _number(r.get(f"rl/{metric}")) is not None]
         if points:
@@ -333,13 +337,19 @@ def plot_groups(arms: Sequence[ArmRun], prefix: str, metrics: Sequence[str] = PL
 
 
 def write_report(directories: Sequence[str], prefix: str) -> dict:
-    """Reads the arms under directories; writes PREFIX.md, PREFIX.csv and PREFIX_<metric>.png."""
+    """Reads the arms under directories; writes PREFIX.md, PREFIX.csv and PREFIX_<metric>.png.
+    A sweep whose config file defines hypotheses() gets their verdicts in PREFIX.md
+    (experiments/hypotheses.py)."""
     arms = [load_arm(d) for d in find_arm_dirs(directories)]
     groups = summarize_groups(arms)
     if os.path.dirname(prefix):
         os.makedirs(os.path.dirname(prefix), exist_ok=True)
     text = markdown(groups)
+    at_k = sorted({m for arm in arms for m in arm.curves if "_K" in m and m.endswith("/accuracy")})
+    claims = hypotheses.from_sweep_roots(directories)
+    if claims:
+        text += "\n" + hypotheses.markdown(hypotheses.verdicts(claims, arms))
     with open(f"{prefix}.md", "w") as f:
         f.write(text)
     return {"markdown": f"{prefix}.md", "csv": write_csv(groups, f"{prefix}.csv"),
-            "plots": plot_groups(arms, prefix), "text": text, "groups": groups}
+            "plots": plot_groups(arms, prefix, PLOT_METRICS + tuple(at_k)), "text": text, "groups": groups}

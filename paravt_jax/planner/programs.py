@@ -1,7 +1,7 @@
 """The planner's compiled programs: which compiler, for which devices, at which depth.
 
 `paravt-jax plan --target=...` compiles the real programs of one RL step ahead of time and reads
-each one's `memory_analysis()` and `cost_analysis()` (sampling/memory.py `ProgramMemory`):
+each one's `memory_analysis()` and `cost_analysis()` (planner/memory.py `ProgramMemory`):
 
   trainer  TrainStep's gradients of the largest micro-batch, its log-prob pass (the proximal
            and the reference log-probs), the optimizer update;
@@ -50,7 +50,7 @@ from flax import nnx
 from paravt_jax import sharding as sh
 from paravt_jax.models.qwen3_vl.config import Qwen3VLConfig
 from paravt_jax.models.qwen3_vl.hf_io import abstract_model
-from paravt_jax.sampling.memory import PrefillCall, ProgramMemory, SamplerPrograms, compile_for
+from paravt_jax.planner.memory import PrefillCall, ProgramMemory, SamplerPrograms, compile_for
 
 TARGETS = ("auto", "cpu-fake", "tpu", "local")
 DEPTHS = ("auto", "extrapolate", "full")
@@ -209,7 +209,7 @@ def _abstract_params(tree, mesh):
 def trainer_programs(config: Qwen3VLConfig, rl, work, mesh) -> list[ProgramMemory]:
     """TrainStep's gradient, log-prob and update programs (the very jitted functions a run calls)
     on abstract sharded inputs of the largest micro-batch."""
-    from paravt_jax.experiments.arrays import train_batch_spec
+    from paravt_jax.planner.arrays import train_batch_spec
     from paravt_jax.rl.objective import policy_head, policy_loss
     from paravt_jax.train.step import TrainState, TrainStep
 
@@ -236,8 +236,8 @@ def trainer_programs(config: Qwen3VLConfig, rl, work, mesh) -> list[ProgramMemor
 
 
 def sampler_programs(config: Qwen3VLConfig, rl, work, layout, mesh, platform: str) -> list[ProgramMemory]:
-    """The sampler's programs of one rollout (sampling/memory.py SamplerPrograms)."""
-    from paravt_jax.experiments.workload import sampler_calls
+    """The sampler's programs of one rollout (planner/memory.py SamplerPrograms)."""
+    from paravt_jax.planner.workload import sampler_calls
     from paravt_jax.video.frames import PATCH
 
     programs = SamplerPrograms(config, rl.sampler, mesh, platform)
@@ -271,7 +271,7 @@ def compile_programs(config: Qwen3VLConfig, rl, work, layout, mesh_sizes: Mappin
                      depth: str = "auto", costs: bool = True) -> ProgramSet:
     """Every program of one RL step compiled for `target`, at the model's depth (see the module
     docstring for `depth`). costs=False: memory only (no unrolled compiles, cost fields 0)."""
-    from paravt_jax.experiments.plan import on_fake_devices
+    from paravt_jax.planner.plan import on_fake_devices
 
     if depth not in DEPTHS:
         raise TargetError(f"--depth={depth!r}: expected one of {', '.join(DEPTHS)}")

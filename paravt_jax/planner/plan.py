@@ -51,7 +51,8 @@ from flax import nnx
 
 from paravt_jax import sharding as sh
 from paravt_jax.config import config_path
-from paravt_jax.experiments.arrays import (
+from paravt_jax.models.qwen3_vl.config import Qwen3VLConfig
+from paravt_jax.planner.arrays import (
     _param_leaves,
     _rows_per_device,
     _shard_bytes,
@@ -66,14 +67,14 @@ from paravt_jax.experiments.arrays import (
     train_batch_spec,
     tree_bytes,
 )
-from paravt_jax.experiments.programs import (
+from paravt_jax.planner.programs import (
     ProgramSet,
     Target,
     TargetError,
     compile_programs,
 )
-from paravt_jax.experiments.time_plan import TimePlan, format_time_plan, time_plan
-from paravt_jax.experiments.workload import (
+from paravt_jax.planner.time_plan import TimePlan, format_time_plan, time_plan
+from paravt_jax.planner.workload import (
     Assumptions,
     PlanError,
     Workload,
@@ -83,7 +84,6 @@ from paravt_jax.experiments.workload import (
     sampler_layout,
     workload,
 )
-from paravt_jax.models.qwen3_vl.config import Qwen3VLConfig
 from paravt_jax.sampling.kv_cache import (
     CacheSpec,
     cache_sharding,
@@ -203,7 +203,7 @@ def on_fake_devices(function, args: tuple, devices: int):
     with tempfile.TemporaryDirectory() as tmp:
         answer = os.path.join(tmp, "result.pickle")
         try:
-            done = subprocess.run([sys.executable, "-m", "paravt_jax.experiments.plan", "--xla-child", answer],
+            done = subprocess.run([sys.executable, "-m", "paravt_jax.planner.plan", "--xla-child", answer],
                                   input=pickle.dumps((function.__name__, args)), capture_output=True, env=env,
                                   timeout=CHILD_TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -498,6 +498,6 @@ if __name__ == "__main__":  # the child process of `on_fake_devices`
     import sys
 
     if sys.argv[1:2] != ["--xla-child"]:
-        raise SystemExit("paravt_jax.experiments.plan runs as `--xla-child ANSWER` only; the command is "
+        raise SystemExit("paravt_jax.planner.plan runs as `--xla-child ANSWER` only; the command is "
                          "`paravt-jax plan`")
     _xla_child(sys.argv[2])

@@ -14,10 +14,10 @@ from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
 
 from paravt_jax import meshes
 from paravt_jax import sharding as sh
-from paravt_jax.experiments.workload import PlanError, Workload, sampler_calls, sampler_layout
 from paravt_jax.models.qwen3_vl.attention import DENSE_MAX_SCORE_BYTES
 from paravt_jax.models.qwen3_vl.config import Qwen3VLConfig
 from paravt_jax.models.qwen3_vl.hf_io import abstract_model
+from paravt_jax.planner.workload import PlanError, Workload, sampler_calls, sampler_layout
 from paravt_jax.video.frames import PATCH
 
 GIB = 2**30

@@ -353,7 +353,7 @@ def sampler_layout(rl, work: Workload) -> SamplerLayout:
 def sampler_calls(layout: SamplerLayout, work: Workload, rl):
     """(prefill calls, decode shapes) of one rollout: the prompt prefill, the tool-response
     extend, the sub-agent prompt prefill; the main decode."""
-    from paravt_jax.sampling.memory import PrefillCall
+    from paravt_jax.planner.memory import PrefillCall
 
     calls = [PrefillCall("first prompt prefill", layout.prompt_rows, layout.prefix_slots, layout.prefix_slots,
                          visual_tokens_per_row=layout.prompt_frames * work.frame_tokens)]

@@ -1,7 +1,7 @@
 """A lower bound on the time of one PARA-GRPO step, from the compiled programs' cost analyses.
 
-Each program of experiments/programs.py carries XLA's `cost_analysis()` per device (FLOPs, HBM
-bytes accessed), the bytes its collectives move (sampling/memory.py `collective_bytes`) and the
+Each program of planner/programs.py carries XLA's `cost_analysis()` per device (FLOPs, HBM
+bytes accessed), the bytes its collectives move (planner/memory.py `collective_bytes`) and the
 forward FLOPs / bytes of the attention calls XLA cannot see (fused splash / cuDNN kernels, the
 loop of blockwise attention: attention.AttentionCall). One call of a program takes at least
 

@@ -1,4 +1,4 @@
-"""XLA's memory analysis of the sampler's real programs, for the planner (experiments/plan.py).
+"""XLA's memory analysis of the sampler's real programs, for the planner (planner/plan.py).
 
 The jitted prefill and decode of sampling/sampler.py are lowered on abstract inputs
 (`jax.ShapeDtypeStruct`s carrying the NamedShardings a run gives them: parameters as
@@ -15,7 +15,7 @@ splash on TPU devices, the libtpu compiler running in this CPU process; blockwis
 CPU devices, where the cuDNN kernel a GPU picks is not compiled); the sampler backend policy
 (weight layouts, score-block budget, row groups) is the target platform's (`platform`; for fake
 CPU devices gpu by default). Each program also reports its `cost_analysis()` and the bytes its
-collectives move, for the time plan (experiments/time_plan.py).
+collectives move, for the time plan (planner/time_plan.py).
 """
 from __future__ import annotations
 
