@@ -160,6 +160,45 @@ def test_scripted_rollout_masks_and_metadata(video, tokenizer):
     assert not a.truncated and a.nframes == 4
 
 
+class RecordingSampler(ScriptedSampler):
+    """ScriptedSampler that also keeps the random stream of every call: (kind, seed, row_ids)."""
+
+    def __init__(self, tokenizer, scripts):
+        super().__init__(tokenizer, scripts)
+        self.streams = []
+
+    def generate(self, prompts, num_samples=1, **knobs):
+        kind = "subagent" if self.turn else "policy"
+        self.streams.append((kind, knobs["seed"], list(knobs["row_ids"])))
+        return super().generate(prompts, num_samples, **knobs)
+
+    def extend(self, state, chunks, **knobs):
+        self.streams.append(("extend", knobs["seed"], list(knobs["row_ids"])))
+        return super().extend(state, chunks, **knobs)
+
+
+def test_random_streams_follow_each_rows_place_in_the_step(video, tokenizer, tmp_path):
+    """Row streams are row_offset + episode * G + sample (an unreadable episode keeps its
+    slots); turn t extends with seed + t + 1; the round's sub-agents draw seed + 1000 (t + 1)
+    on stream row_stream * max_parallel + call index."""
+    answer = "<think>done</think>\n<answer>blue</answer>"
+    scripts = [[calls_text((1, 5), (9, 15)), calls_text((20, 25)), answer], [answer],
+               [answer], [calls_text((30, 35)), answer]]
+    sampler = RecordingSampler(tokenizer, scripts)
+    episodes = [Episode("e0", "What colour?", "blue", "oe", video, nframes=4),
+                Episode("e1", "Unreadable", "red", "oe", str(tmp_path / "missing.mp4"), nframes=4),
+                Episode("e2", "What shape?", "circle", "oe", video, nframes=4)]
+    config = RolloutConfig(mode="subagent", max_turns=3, seed=5, row_offset=10)
+    with CropDispatcher(DispatchConfig(max_parallel=3)) as dispatcher:
+        rollouts, skipped = run_rollouts(sampler, tokenizer, episodes, 2, config, dispatcher)
+    assert len(skipped) == 1 and [r.episode.episode_id for r in rollouts] == ["e0", "e0", "e2", "e2"]
+    rows = [10, 11, 14, 15]
+    assert sampler.streams == [("policy", 5, rows),
+                               ("subagent", 1005, [30, 31, 45]), ("extend", 6, rows),
+                               ("subagent", 2005, [30]), ("extend", 7, rows)]
+    assert [r.calls_per_turn for r in rollouts] == [(2, 1), (), (), (1,)]
+
+
 def test_max_turns_enforced(video, tokenizer):
     scripts = [[calls_text((1, 5))] * 10]
     sampler = ScriptedSampler(tokenizer, scripts)

@@ -15,10 +15,11 @@ from collections.abc import Sequence
 import numpy as np
 
 from paravt_jax.agent.dispatch import CropDispatcher, CropResult, CropTask, DispatchConfig
+from paravt_jax.agent.responses import frames_responses, images_first_messages, subagent_prompt, summary_text
 from paravt_jax.agent.tools import cap_errors, lenient_window, parse_tool_calls
 from paravt_jax.config import set_by
 from paravt_jax.models.qwen3_vl.rope import IMAGE, VIDEO
-from paravt_jax.sampling.sampler import PromptShape, Sampler
+from paravt_jax.sampling.sampler import PromptShape, SampleOutput, Sampler
 from paravt_jax.text import chat
 from paravt_jax.text.inputs import ModelInputs, encode, encode_ids
 from paravt_jax.text.tokenizer import Tokenizer
@@ -208,11 +209,15 @@ def completion_text(inputs: ModelInputs, start: int, tokenizer: Tokenizer) -> st
 
 @dataclasses.dataclass
 class _Row:
+    """One rollout being generated (the mutable record `_finish` turns into a `Rollout`)."""
     episode: Episode
     sample: int
     inputs: ModelInputs
     logprobs: list[np.ndarray]
     prompt_length: int
+    # The row's random stream: its place in the step's batch (skipped episodes keep their slots).
+    stream: int
+    duration: float  # the episode video's, which the crops are validated against
     calls: list[int] = dataclasses.field(default_factory=list)
     errors: list[str] = dataclasses.field(default_factory=list)
     subagents: list[SubTrajectory] = dataclasses.field(default_factory=list)
@@ -224,15 +229,58 @@ class _Row:
     active: bool = True
     truncated: bool = False
 
-    def add_generated(self, tokens: list[int], logprobs: np.ndarray, tokenizer: Tokenizer):
+    def add_generated(self, tokens: list[int], logprobs: np.ndarray, finished: bool, tokenizer: Tokenizer):
         self.inputs = self.inputs.extend(encode_ids(tokens, self.inputs.next_position, trainable=True))
         self.logprobs.append(np.asarray(logprobs, np.float32))
         self.turn_texts.append(self.prefix + tokenizer.decode(tokens))
         self.turns += 1
+        self.truncated = not finished
+
+    def add_calls(self, calls: _RowCalls):
+        self.errors += calls.errors
+        self.calls.append(len(calls.tasks))
+
+    def add_answer(self, answer: _Answer):
+        result = answer.result
+        if not result.ok:
+            self.errors.append(result.error)
+        if answer.trajectory is not None:
+            self.subagents.append(answer.trajectory)
+        self.call_records.append(call_record(result, self.turns - 1, answer.caption))
 
     def add_chunk(self, chunk: ModelInputs):
         self.inputs = self.inputs.extend(chunk)
         self.logprobs.append(np.zeros(chunk.length, np.float32))
+
+
+@dataclasses.dataclass(frozen=True)
+class _RowCalls:
+    """One row's part of a tool round: the crops it runs (its first max_parallel calls) and
+    the errors of its turn (malformed blocks, calls beyond max_parallel), uncapped."""
+    row: int
+    tasks: tuple[CropTask, ...]
+    errors: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Answer:
+    """One executed crop answered: the dispatcher's result, the tool-response body (a sub-agent
+    summary, a timestamped frames body, or a whole images_first message), the response text
+    the episode log keeps, and the sub-agent's trajectory (subagent mode, crop read)."""
+    result: CropResult
+    body: str | list | chat.Message
+    caption: str
+    trajectory: SubTrajectory | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Context:
+    """What every round of one `run_rollouts` call uses."""
+    sampler: Sampler
+    tokenizer: Tokenizer
+    config: RolloutConfig
+    dispatcher: CropDispatcher
+    max_parallel: int  # calls executed per turn (1 in sequential mode)
 
 
 # ----------------------------------------------------------------------------- engine
@@ -250,22 +298,8 @@ def prompt_inputs(episode: Episode, clip: Clip, tokenizer: Tokenizer, config: Ro
     messages = chat.paravt_messages(episode.question, clip.frames, clip.timestamps if stamped else None,
                                     video_name=video_name, tools=tools, system_text=system,
                                     video_path_line=config.video_path_line, visual=config.overview_visual)
-    prefix = THINK_PREFIX if config.think_prefix else ""
-    return encode(chat.render(messages, add_generation_prompt=True, assistant_prefix=prefix), tokenizer)
-
-
-def subagent_prompt(clip: Clip, start: float, end: float, tokenizer: Tokenizer) -> ModelInputs:
-    """One sub-agent's prompt: the crop's bare frames, then the segment instruction."""
-    content = tuple(chat.frames_as_images(clip.frames, None)) + (chat.Text(chat.segment_instruction(start, end)),)
-    return encode(chat.render([chat.Message("user", content)], add_generation_prompt=True), tokenizer)
-
-
-def summary_text(tokens: Sequence[int], finished: bool, tokenizer: Tokenizer) -> str:
-    """A sub-agent's answer as its tool response shows it: the decoded summary, and a summary
-    that reached its budget without the stop token marked " [truncated]" (the text the
-    reference keeps of a longer summary: its first tokens, with the marker)."""
-    body = [t for t in tokens if t != tokenizer.special.im_end]
-    return tokenizer.decode(body, skip_special_tokens=True).strip() + ("" if finished else " [truncated]")
+    return encode(chat.render(messages, add_generation_prompt=True, assistant_prefix=turn_prefix(config)),
+                  tokenizer)
 
 
 def response_chunk(bodies: Sequence, errors: Sequence[str], truncated: bool, prefix: str,
@@ -338,10 +372,9 @@ def _responses_subagent(results: list[CropResult], sampler: Sampler, tokenizer: 
         part = ok[start:start + size]
         prompts = [subagent_prompt(results[i].clip, results[i].request.start, results[i].request.end, tokenizer)
                    for i in part]
-        out, _ = sampler.generate(prompts, max_new_tokens=config.subagent_max_tokens,
-                                  temperature=config.temperature, top_p=config.top_p, top_k=config.top_k,
-                                  stop_ids=(tokenizer.special.im_end,), seed=seed,
-                                  row_ids=[streams[i] for i in part], shape=config.subagent_shape)
+        out, _ = sampler.generate(prompts, max_new_tokens=config.subagent_max_tokens, seed=seed,
+                                  row_ids=[streams[i] for i in part], shape=config.subagent_shape,
+                                  **sampling_knobs(config, tokenizer))
         for j, i in enumerate(part):
             tokens = out.tokens[j]
             texts[i] = summary_text(tokens, bool(out.finished[j]), tokenizer)
@@ -352,37 +385,6 @@ def _responses_subagent(results: list[CropResult], sampler: Sampler, tokenizer: 
         if not r.ok:
             texts[i] = f"Error: {r.error}"
     return texts, trajectories
-
-
-def frames_responses(results: list[CropResult]) -> list:
-    """Timestamped layout: each call's response body (text, or text and frames)."""
-    out = []
-    for r in results:
-        if not r.ok:
-            out.append(f"Error: {r.error}")
-            continue
-        clip = r.clip
-        out.append([chat.Text(f"{len(clip.frames)} frames from {r.request.start:.1f} s to "
-                              f"{r.request.end:.1f} s.\n"),
-                    *chat.frames_as_images(clip.frames, clip.timestamps)])
-    return out
-
-
-def images_first_messages(results: list[CropResult]) -> list[chat.Message]:
-    """The evaluation driver's layout: one user turn per call, the crop's bare frames BEFORE
-    `<tool_response>\nN frames from S.Ss to E.Es.\n</tool_response>`; a failed crop is
-    `<tool_response>\n[Error cropping S.Ss-E.Es]\n</tool_response>`. S and E are the window as
-    the driver reads the call (`tools.lenient_window`), before clamping to the video."""
-    out = []
-    for r in results:
-        start, end = lenient_window(r.task.call)
-        if r.ok:
-            text = f"<tool_response>\n{len(r.clip.frames)} frames from {start:.1f}s to {end:.1f}s.\n</tool_response>"
-            out.append(chat.Message("user", (*chat.frames_as_images(r.clip.frames, None), chat.Text(text))))
-        else:
-            out.append(chat.Message.of("user", f"<tool_response>\n[Error cropping {start:.1f}s-{end:.1f}s]\n"
-                                               "</tool_response>"))
-    return out
 
 
 # Tokens of a tool response around its content (tags, the frames' text, chat markers), an
@@ -412,111 +414,150 @@ def episode_turns(config: RolloutConfig, dispatch: DispatchConfig, max_parallel:
     return turns
 
 
+def turn_prefix(config: RolloutConfig) -> str:
+    """The forced start of every assistant turn (except the final-answer turn)."""
+    return THINK_PREFIX if config.think_prefix else ""
+
+
+def sampling_knobs(config: RolloutConfig, tokenizer: Tokenizer) -> dict:
+    """The sampler settings of every call (the policy's turns and the sub-agents)."""
+    return dict(temperature=config.temperature, top_p=config.top_p, top_k=config.top_k,
+                stop_ids=(tokenizer.special.im_end,))
+
+
 def run_rollouts(sampler: Sampler, tokenizer: Tokenizer, episodes: Sequence[Episode],
                  num_samples: int, config: RolloutConfig, dispatcher: CropDispatcher
                  ) -> tuple[list[Rollout], list[str]]:
     """Runs `num_samples` rollouts of every episode (rows ordered episode-major). Returns the
     rollouts and the episodes skipped because their video could not be read."""
-    im_end = tokenizer.special.im_end
-    knobs = dict(temperature=config.temperature, top_p=config.top_p, top_k=config.top_k,
-                 stop_ids=(im_end,))
-    prompts, prompt_errors, durations, overview_times = overview_prompts(episodes, tokenizer, config, dispatcher)
-    kept = [i for i, p in enumerate(prompts) if p is not None]
-    skipped = [e for e in prompt_errors if e is not None]
-    if not kept:
-        return [], skipped
-    eps = [episodes[i] for i in kept]
-    think = THINK_PREFIX if config.think_prefix else ""
-    rows = [_Row(eps[e], g, prompts[kept[e]], [np.zeros(prompts[kept[e]].length, np.float32)],
-                 prompts[kept[e]].length, overview_times=overview_times[kept[e]], prefix=think)
-            for e in range(len(eps)) for g in range(num_samples)]
-    row_duration = [durations[kept[e]] for e in range(len(eps)) for _ in range(num_samples)]
-    # a row's random stream: its place in the step's batch (skipped episodes keep their slots)
-    row_ids = [config.row_offset + kept[e] * num_samples + g for e in range(len(eps)) for g in range(num_samples)]
     max_parallel = 1 if config.mode == "sequential" else dispatcher.config.max_parallel
-    out, state = sampler.generate([prompts[i] for i in kept], num_samples=num_samples,
-                                  max_new_tokens=config.max_new_tokens, seed=config.seed,
-                                  row_ids=row_ids, **knobs,
+    context = _Context(sampler, tokenizer, config, dispatcher, max_parallel)
+    prompts, rows, skipped = _start_rows(episodes, num_samples, context)
+    if not rows:
+        return [], skipped
+    row_ids = [row.stream for row in rows]
+    knobs = sampling_knobs(config, tokenizer)
+    out, state = sampler.generate(prompts, num_samples=num_samples, max_new_tokens=config.max_new_tokens,
+                                  seed=config.seed, row_ids=row_ids, **knobs,
                                   # the suffix cache sized for the whole episode: no extend grows it
                                   reserve=episode_turns(config, dispatcher.config, max_parallel),
                                   shape=config.prompt_shape)
     for turn in range(config.max_turns + 1):
-        turn_rows = [b for b, row in enumerate(rows) if row.active]
-        for b in turn_rows:
-            rows[b].add_generated(out.tokens[b], out.logprobs[b], tokenizer)
-            rows[b].truncated = not bool(out.finished[b])
+        _add_turn(rows, [b for b, row in enumerate(rows) if row.active], out, tokenizer)
         if not config.tools:
             break
-        tasks, pending_errors, per_row = [], {}, {}
-        for b in turn_rows:
-            row = rows[b]
-            parsed = parse_tool_calls(tokenizer.decode(out.tokens[b]))
-            block_errors = parsed.errors if config.malformed == "respond" else []
-            if not parsed.calls and not block_errors:
-                row.active = False
-                continue
-            errors = list(block_errors)
-            executed = parsed.calls[:max_parallel]
-            if config.extra_calls == "respond":
-                for number in range(max_parallel + 1, len(parsed.calls) + 1):
-                    errors.append(f"call {number} was not executed: at most "
-                                  f"{max_parallel} crop_video calls run per turn")
-            row.errors += errors
-            messages = [f"Error: {e}" for e in cap_errors(errors, dispatcher.config.max_error_responses)]
-            row.calls.append(len(executed))
-            per_row[b] = (len(tasks), len(executed))
-            tasks += [CropTask(b, k, row.episode.video_path, row_duration[b], call)
-                      for k, call in enumerate(executed)]
-            pending_errors[b] = messages
-        if not per_row:
-            break
-        if turn == config.max_turns:  # no rounds left: these calls stay unanswered
-            for b in per_row:
-                rows[b].active = False
+        asked = _parse_round(rows, out, context)
+        if not asked or turn == config.max_turns:  # nothing asked, or no rounds left to answer it
             break
         last_round = config.final_answer and turn == config.max_turns - 1
-        results = dispatcher.run(tasks)
-        for r in results:
-            if not r.ok:
-                rows[r.task.row].errors.append(r.error)
-        if config.mode == "subagent":
-            stream_ids = [row_ids[r.task.row] * max_parallel + r.task.call_index for r in results]
-            texts, trajectories = _responses_subagent(results, sampler, tokenizer, config,
-                                                      config.seed + 1000 * (turn + 1), stream_ids)
-            for t in trajectories:
-                if t is not None:
-                    rows[t.row].subagents.append(t)
-            captions = texts
-        elif config.frames_response == "images_first":
-            texts = images_first_messages(results)
-        else:
-            texts = frames_responses(results)
-        if config.mode != "subagent":
-            captions = [f"{len(r.clip.frames)} frames" if r.ok else f"Error: {r.error}" for r in results]
-        for r, caption in zip(results, captions):
-            rows[r.task.row].call_records.append(call_record(r, rows[r.task.row].turns - 1, caption))
-        chunks: list[ModelInputs | None] = [None] * len(rows)
-        for b, (first, count) in per_row.items():
-            row = rows[b]
-            prefix = think
-            if last_round:
-                prefix = config.final_answer_prefix
-                row.active = False  # after the forced answer this row is done
-            row.prefix = prefix
-            chunk = response_chunk(texts[first:first + count], pending_errors[b], row.truncated, prefix,
-                                   config.final_answer_instruction if last_round else "", config, tokenizer,
-                                   int(state.chunk_start[b]))
-            row.add_chunk(chunk)
-            chunks[b] = chunk
+        answers = _answer_round(rows, asked, turn, context)
+        chunks = _response_chunks(rows, asked, answers, state.chunk_start, last_round, context)
         budget = config.final_answer_tokens if last_round else config.max_new_tokens
-        out, state = sampler.extend(state, chunks, max_new_tokens=budget,
-                                    seed=config.seed + turn + 1, row_ids=row_ids, **knobs)
-        if last_round:
-            for b in per_row:
-                rows[b].add_generated(out.tokens[b], out.logprobs[b], tokenizer)
-                rows[b].truncated = not bool(out.finished[b])
+        out, state = sampler.extend(state, chunks, max_new_tokens=budget, seed=config.seed + turn + 1,
+                                    row_ids=row_ids, **knobs)
+        if last_round:  # the forced answer ends every row that was still asking
+            _add_turn(rows, [calls.row for calls in asked], out, tokenizer)
             break
     return [_finish(row, tokenizer) for row in rows], skipped
+
+
+def _start_rows(episodes: Sequence[Episode], num_samples: int, context: _Context
+                ) -> tuple[list[ModelInputs], list[_Row], list[str]]:
+    """The prompts of the readable episodes, their `num_samples` rows each (episode-major) and
+    the read errors of the others."""
+    config = context.config
+    prompts, errors, durations, overview_times = overview_prompts(episodes, context.tokenizer, config,
+                                                                  context.dispatcher)
+    kept = [i for i, prompt in enumerate(prompts) if prompt is not None]
+    rows = [_Row(episodes[i], g, prompts[i], [np.zeros(prompts[i].length, np.float32)], prompts[i].length,
+                 stream=config.row_offset + i * num_samples + g, duration=durations[i],
+                 overview_times=overview_times[i], prefix=turn_prefix(config))
+            for i in kept for g in range(num_samples)]
+    return [prompts[i] for i in kept], rows, [e for e in errors if e is not None]
+
+
+def _add_turn(rows: list[_Row], indices: Sequence[int], out: SampleOutput, tokenizer: Tokenizer):
+    """Appends the turn just generated to each of the rows at `indices`."""
+    for b in indices:
+        rows[b].add_generated(out.tokens[b], out.logprobs[b], bool(out.finished[b]), tokenizer)
+
+
+def _parse_round(rows: list[_Row], out: SampleOutput, context: _Context) -> list[_RowCalls]:
+    """The calls of every active row's latest turn (`_row_calls`), recorded on the rows; a row
+    that asked nothing is done."""
+    asked = []
+    for b, row in enumerate(rows):
+        if not row.active:
+            continue
+        calls = _row_calls(b, row, context.tokenizer.decode(out.tokens[b]), context.config, context.max_parallel)
+        if calls is None:
+            row.active = False
+            continue
+        row.add_calls(calls)
+        asked.append(calls)
+    return asked
+
+
+def _row_calls(b: int, row: _Row, text: str, config: RolloutConfig, max_parallel: int) -> _RowCalls | None:
+    """Row b's tool round from its turn's `text`: crop tasks for its first max_parallel calls
+    and its errors (malformed blocks and calls beyond max_parallel, each unless ignored);
+    None when there is nothing to respond to."""
+    parsed = parse_tool_calls(text)
+    errors = list(parsed.errors) if config.malformed == "respond" else []
+    if not parsed.calls and not errors:
+        return None
+    if config.extra_calls == "respond":
+        errors += [f"call {number} was not executed: at most {max_parallel} crop_video calls run per turn"
+                   for number in range(max_parallel + 1, len(parsed.calls) + 1)]
+    tasks = tuple(CropTask(b, k, row.episode.video_path, row.duration, call)
+                  for k, call in enumerate(parsed.calls[:max_parallel]))
+    return _RowCalls(b, tasks, tuple(errors))
+
+
+def _answer_round(rows: list[_Row], asked: list[_RowCalls], turn: int, context: _Context
+                  ) -> list[list[_Answer]]:
+    """Runs every crop of the round at once and answers each (`_round_answers`), recorded on
+    the rows; the answers grouped as `asked`."""
+    results = context.dispatcher.run([task for calls in asked for task in calls.tasks])
+    answers = _round_answers(results, [row.stream for row in rows], turn, context)
+    for answer in answers:
+        rows[answer.result.task.row].add_answer(answer)
+    remaining = iter(answers)
+    return [[next(remaining) for _ in calls.tasks] for calls in asked]
+
+
+def _round_answers(results: list[CropResult], streams: Sequence[int], turn: int, context: _Context
+                  ) -> list[_Answer]:
+    """One answer per crop result, by mode: sub-agent summaries (one batched sampler call,
+    streams[row] * max_parallel + call index the random stream of each, seeded by the round),
+    or the frames themselves (timestamped or images_first)."""
+    config = context.config
+    if config.mode == "subagent":
+        stream_ids = [streams[r.task.row] * context.max_parallel + r.task.call_index for r in results]
+        texts, trajectories = _responses_subagent(results, context.sampler, context.tokenizer, config,
+                                                  config.seed + 1000 * (turn + 1), stream_ids)
+        return [_Answer(r, text, text, trajectory) for r, text, trajectory in zip(results, texts, trajectories)]
+    bodies = images_first_messages(results) if config.frames_response == "images_first" else frames_responses(results)
+    return [_Answer(r, body, f"{len(r.clip.frames)} frames" if r.ok else f"Error: {r.error}")
+            for r, body in zip(results, bodies)]
+
+
+def _response_chunks(rows: list[_Row], asked: list[_RowCalls], answers: list[list[_Answer]],
+                     chunk_start: np.ndarray, last_round: bool, context: _Context) -> list[ModelInputs | None]:
+    """Each asking row's next chunk (`response_chunk`: its answers, its capped error responses,
+    the final-answer instruction after the last round) appended to it; None for the others."""
+    config = context.config
+    prefix = config.final_answer_prefix if last_round else turn_prefix(config)
+    instruction = config.final_answer_instruction if last_round else ""
+    chunks: list[ModelInputs | None] = [None] * len(rows)
+    for calls, row_answers in zip(asked, answers):
+        row = rows[calls.row]
+        row.prefix = prefix
+        errors = [f"Error: {e}" for e in cap_errors(list(calls.errors), context.dispatcher.config.max_error_responses)]
+        chunks[calls.row] = response_chunk([a.body for a in row_answers], errors, row.truncated, prefix,
+                                           instruction, config, context.tokenizer, int(chunk_start[calls.row]))
+        row.add_chunk(chunks[calls.row])
+    return chunks
 
 
 def call_record(result: CropResult, turn: int, response: str) -> CallRecord:

@@ -104,47 +104,70 @@ def _strip_stray_quotes(line: str) -> str:
     return re.sub(r"(['\"])(\s*\))", r"\2", line)
 
 
-def _python_line(line: str) -> tuple[ToolCall | None, str | None]:
-    """One `name(...)` line -> a call (literal evaluation only)."""
+# What ast.literal_eval can raise on a model-written expression.
+_LITERAL_ERRORS = (ValueError, TypeError, SyntaxError, MemoryError, RecursionError)
+
+
+def _parse_expression(line: str) -> ast.Expression | None:
+    """`line` as a Python expression, or else without the stray quotes after its call; None
+    when neither parses."""
     try:
-        tree = ast.parse(line, mode="eval")
+        return ast.parse(line, mode="eval")
     except SyntaxError:
         cleaned = _strip_stray_quotes(line)
-        if cleaned == line:
-            return None, f"<tool_code> line {quote(line)}: not a Python call"
-        try:
-            tree = ast.parse(cleaned, mode="eval")
-        except SyntaxError:
-            return None, f"<tool_code> line {quote(line)}: not a Python call"
-    call = tree.body
-    if (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "print"
-            and call.args and isinstance(call.args[0], ast.Call)):
-        call = call.args[0]
-    if not isinstance(call, ast.Call):
-        return None, None  # a non-call line (comment, text) is not an error
+    if cleaned == line:
+        return None
+    try:
+        return ast.parse(cleaned, mode="eval")
+    except SyntaxError:
+        return None
+
+
+def _callee_name(call: ast.Call) -> str | None:
+    """`name` of `name(...)` and of `module.name(...)`; None for any other callee."""
     if isinstance(call.func, ast.Name):
-        name = call.func.id
-    elif isinstance(call.func, ast.Attribute):
-        name = call.func.attr
-    else:
-        return None, f"<tool_code> line {quote(line)}: unsupported callee"
+        return call.func.id
+    if isinstance(call.func, ast.Attribute):
+        return call.func.attr
+    return None
+
+
+def _literal_arguments(call: ast.Call, name: str) -> dict[str, Any]:
+    """The call's literal keyword arguments; when it has none, its literal positional
+    arguments under the tool's parameter names. Non-literal values are left out."""
     arguments: dict[str, Any] = {}
     for keyword in call.keywords:
         if keyword.arg is None:
             continue
         try:
             arguments[keyword.arg] = ast.literal_eval(keyword.value)
-        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        except _LITERAL_ERRORS:
             pass
-    if call.args and not arguments:
-        names = POSITIONAL_ARGUMENTS.get(name, ())
-        for i, arg in enumerate(call.args):
-            try:
-                value = ast.literal_eval(arg)
-            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-                continue
-            if i < len(names):
-                arguments[names[i]] = value
+    if arguments:
+        return arguments
+    for parameter, arg in zip(POSITIONAL_ARGUMENTS.get(name, ()), call.args):
+        try:
+            arguments[parameter] = ast.literal_eval(arg)
+        except _LITERAL_ERRORS:
+            pass
+    return arguments
+
+
+def _python_line(line: str) -> tuple[ToolCall | None, str | None]:
+    """One `name(...)` (or `print(name(...))`) line -> a call (literal evaluation only)."""
+    tree = _parse_expression(line)
+    if tree is None:
+        return None, f"<tool_code> line {quote(line)}: not a Python call"
+    call = tree.body
+    if (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "print"
+            and call.args and isinstance(call.args[0], ast.Call)):
+        call = call.args[0]
+    if not isinstance(call, ast.Call):
+        return None, None  # a non-call line (comment, text) is not an error
+    name = _callee_name(call)
+    if name is None:
+        return None, f"<tool_code> line {quote(line)}: unsupported callee"
+    arguments = _literal_arguments(call, name)
     if not arguments:
         return None, f"<tool_code> line {quote(line)}: no literal arguments"
     return ToolCall(name, arguments), None

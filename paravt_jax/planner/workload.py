@@ -154,16 +154,8 @@ def episode_tokens(rl, tokenizer, assumptions: Assumptions = Assumptions()) -> E
     round makes max_parallel valid calls of max_frames frames each, every summary uses its
     whole budget. The question text is empty here; `question_tokens` is added to the prompt."""
     from paravt_jax.agent.dispatch import CropResult, CropTask
-    from paravt_jax.agent.rollout import (
-        THINK_PREFIX,
-        Episode,
-        frames_responses,
-        images_first_messages,
-        prompt_inputs,
-        response_chunk,
-        subagent_prompt,
-        summary_text,
-    )
+    from paravt_jax.agent.responses import frames_responses, images_first_messages, subagent_prompt, summary_text
+    from paravt_jax.agent.rollout import THINK_PREFIX, Episode, prompt_inputs, response_chunk
     from paravt_jax.agent.tools import TOOL_NAME, CropRequest, ToolCall
 
     r, d = rl.rollout, rl.dispatch
