@@ -4,6 +4,12 @@ A config section has the shape of the dataclass it configures (`section(RLConfig
 one from the defaults; `build(RLConfig, config.rl, "rl")` turns it back, refusing keys that
 are not fields), so that every field is a `--config.a.b=value` override.
 
+Validation lives on the dataclasses: a field made with `checked(default, rule)` names the
+values it allows, the dataclass's `__post_init__` calls `validate(self)` (and raises `refuse(...)`
+for checks across its fields), and `build` prefixes every problem with the section's dotted
+path (`rl.rollout.max_turns=-1: must be an integer >= 0`). A config section is thus refused
+with every bad value named before any work starts (config_checks.check_config builds them all).
+
 The config files ship with the package as `paravt_jax.configs` (the repository's configs/
 folder; `from paravt_jax.configs import paragrpo`). `--config=FILE.py:ARG` names a config file by
 path, as ml_collections does: `configs/paragrpo.py` in the repository, or `config_path("paragrpo")`
@@ -16,9 +22,12 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
+import math
 import os
 import types
 import typing
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import ml_collections
 from ml_collections import config_dict
@@ -51,15 +60,136 @@ def config_file(path: str) -> types.ModuleType:
     return module
 
 
+# ----------------------------------------------------------------------------- validation
+class ConfigValueError(ValueError):
+    """Config values a command refuses before any work starts; the message names each field
+    and what it allows. `problems` holds one `Problem` per bad field (empty when the error is
+    about no one field, e.g. an output directory of another evaluation)."""
+
+    def __init__(self, message: str = "", problems: Sequence[Problem] = ()):
+        self.problems = tuple(problems)
+        super().__init__(message or describe(self.problems))
+
+    def within(self, where: str) -> ConfigValueError:
+        """The same problems, their fields under the section `where` (`max_turns` ->
+        `rl.rollout.max_turns`); a message about no one field is put under `where` itself."""
+        return ConfigValueError(problems=[p.within(where) for p in self.problems] or [Problem(where, f": {self}")])
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """One refused value: `field` (a dotted path) and what is wrong (`detail`, after the
+    field: "=0: must be an integer >= 1", or ": <a dataclass's own message>")."""
+    field: str
+    detail: str
+
+    def within(self, where: str) -> Problem:
+        return Problem(f"{where}.{self.field}" if self.field else where, self.detail)
+
+    def __str__(self) -> str:
+        return f"{self.field}{self.detail}"
+
+
+def describe(problems: Sequence[Problem]) -> str:
+    if len(problems) == 1:
+        return f"invalid config value: {problems[0]}"
+    return "invalid config values:\n  " + "\n  ".join(str(p) for p in problems)
+
+
+def refuse(field: str, value, reason: str) -> ConfigValueError:
+    """The error of one field whose value breaks a check across fields (raise it)."""
+    return ConfigValueError(problems=[Problem(field, f"={value!r}: {reason}")])
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """The values a field allows: `allowed` is shown to the user ("an integer >= 1")."""
+    allowed: str
+    check: Callable[[Any], bool]
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _integer(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def integer(low: int) -> Rule:
+    return Rule(f"an integer >= {low}", lambda v: _integer(v) and v >= low)
+
+
+def integer_between(low: int, high: int) -> Rule:
+    return Rule(f"an integer in [{low}, {high}]", lambda v: _integer(v) and low <= v <= high)
+
+
+def positive() -> Rule:
+    return Rule("a finite number > 0", lambda v: _number(v) and v > 0)
+
+
+def non_negative() -> Rule:
+    return Rule("a finite number >= 0", lambda v: _number(v) and v >= 0)
+
+
+def share() -> Rule:
+    return Rule("a number in [0, 1]", lambda v: _number(v) and 0 <= v <= 1)
+
+
+def one_of(choices) -> Rule:
+    choices = tuple(choices)
+    return Rule(f"one of {choices}", lambda v: v in choices)
+
+
+def integers(low: int, empty: bool = False) -> Rule:
+    """A list of integers >= low; `empty` allows an empty list (e.g. no evaluation setting)."""
+    kind = "a list" if empty else "a non-empty list"
+    return Rule(f"{kind} of integers >= {low}",
+                lambda v: isinstance(v, (list, tuple)) and (empty or len(v) > 0) and all(_integer(x) and x >= low
+                                                                                         for x in v))
+
+
+def optional(rule: Rule) -> Rule:
+    """`rule`, or None (unset)."""
+    return Rule(f"{rule.allowed}, or None", lambda v: v is None or rule.check(v))
+
+
+RULE = "rule"
+
+
+def checked(default, rule: Rule, **field_options):
+    """A dataclass field whose values `rule` allows (checked by `validate`)."""
+    return dataclasses.field(default=default, metadata={RULE: rule}, **field_options)
+
+
+def rule_problems(cls, values: dict) -> list[Problem]:
+    """The problems of `values` (field name -> value) under the rules of `cls`'s fields."""
+    problems = []
+    for field in dataclasses.fields(cls):
+        rule = field.metadata.get(RULE)
+        if rule is not None and field.name in values and not rule.check(values[field.name]):
+            problems.append(Problem(field.name, f"={values[field.name]!r}: must be {rule.allowed}"))
+    return problems
+
+
+def validate(instance) -> None:
+    """Raises ConfigValueError naming every field of the dataclass `instance` outside its rule
+    (call it first in `__post_init__`)."""
+    problems = rule_problems(type(instance), {f.name: getattr(instance, f.name) for f in dataclasses.fields(instance)})
+    if problems:
+        raise ConfigValueError(problems=problems)
+
+
 # ----------------------------------------------------------------------------- sections
 # A dataclass field whose metadata has SET_BY is not a key of its config section: the
 # metadata names where its value comes from (another key, or the code that fills it).
 SET_BY = "set_by"
 
 
-def set_by(default, where: str):
-    """A dataclass field that config sections leave out; `where` says what sets it."""
-    return dataclasses.field(default=default, metadata={SET_BY: where})
+def set_by(default, where: str, rule: Rule | None = None):
+    """A dataclass field that config sections leave out; `where` says what sets it (and
+    `rule`, if given, which values it allows, as `checked`)."""
+    return dataclasses.field(default=default, metadata={SET_BY: where, **({RULE: rule} if rule else {})})
 
 
 def _optional(hint) -> type | None:
@@ -94,31 +224,47 @@ def section(instance) -> ml_collections.ConfigDict:
 def build(cls, config, where: str, **given):
     """`cls(...)` from a config section shaped like it (see `section`): each key sets the
     field of that name, a subsection builds a nested dataclass; `given` sets fields the
-    section does not hold (the run's seed). A key that is not a field of `cls` is an error
-    naming it (`where` is the section's dotted path)."""
+    section does not hold (the run's seed). Refused with one ConfigValueError naming each under
+    its dotted path (`where` is the section's): every key that is not a field of `cls` or names
+    a field set by the code, and every value a field's rule or the dataclass's own checks
+    refuse (the nested sections' too)."""
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     keys = list(config.keys())
-    unknown = [k for k in keys if k not in fields]
-    if unknown:
-        raise ValueError(f"config key {where}.{unknown[0]}: not a field of {cls.__name__} "
-                         f"(its fields: {', '.join(f for f in fields if SET_BY not in fields[f].metadata)})")
-    both = sorted(set(keys) & set(given))
-    if both:
-        raise ValueError(f"config key {where}.{both[0]}: {cls.__name__}.{both[0]} is set by the code "
-                         f"({fields[both[0]].metadata.get(SET_BY, 'the caller')}), not by the config")
+    settable = [name for name, f in fields.items() if SET_BY not in f.metadata]
+    set_elsewhere = set(given) | (set(fields) - set(settable))
+    problems = [Problem(f"{where}.{key}", f": not a field of {cls.__name__} (its fields: {', '.join(settable)})")
+                for key in keys if key not in fields]
+    problems += [Problem(f"{where}.{key}", f": {cls.__name__}.{key} is set by the code "
+                         f"({fields[key].metadata.get(SET_BY, 'the caller')}), not by the config")
+                 for key in keys if key in set_elsewhere]
     values = dict(given)
     for key in keys:
+        if key not in fields or key in set_elsewhere:
+            continue
         value = config[key]
         if isinstance(value, ml_collections.ConfigDict):
             nested = typing.get_origin(hints[key]) or hints[key]
             if not (isinstance(nested, type) and dataclasses.is_dataclass(nested)):
-                raise ValueError(f"config key {where}.{key}: {cls.__name__}.{key} is a value, not a section")
-            value = build(nested, value, f"{where}.{key}")
+                problems.append(Problem(f"{where}.{key}", f": {cls.__name__}.{key} is a value, not a section"))
+                continue
+            try:
+                value = build(nested, value, f"{where}.{key}")
+            except ConfigValueError as e:  # its problems are named under where.key already
+                problems += e.problems
+                continue
         elif isinstance(value, list) and isinstance(fields[key].default, tuple):
             value = tuple(value)
         values[key] = value
-    return cls(**values)
+    problems += [p.within(where) for p in rule_problems(cls, values)]
+    if problems:
+        raise ConfigValueError(problems=problems)
+    try:
+        return cls(**values)
+    except ConfigValueError as e:
+        raise e.within(where) from None
+    except ValueError as e:  # a check of a dataclass that names no field
+        raise ConfigValueError(problems=[Problem(where, f": {e}")]) from None
 
 
 def fields_and_keys(cls, where: str) -> list[tuple[str, str | None, str]]:

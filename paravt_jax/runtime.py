@@ -11,8 +11,8 @@ import os
 
 from paravt_jax import distributed, meshes, storage
 from paravt_jax import sharding as sh
-from paravt_jax.config import build
-from paravt_jax.config_checks import ConfigValueError, check_data_sources
+from paravt_jax.config import ConfigValueError, build
+from paravt_jax.config_checks import check_data_sources
 from paravt_jax.data.builtin import BUILTIN_MODELS, BuiltinAssets, ensure_builtin
 from paravt_jax.data.paravt_parquet import RLRow, load_rl_rows, load_sft_rows
 from paravt_jax.models.qwen3_vl import init_model, load_pretrained, preset, save_pretrained

@@ -157,7 +157,8 @@ def test_model_init_random_asks_for_both():
 
 
 def test_several_bad_values_are_listed_together():
-    from paravt_jax.config_checks import ConfigValueError, check_config
+    from paravt_jax.config import ConfigValueError
+    from paravt_jax.config_checks import check_config
     from paravt_jax.configs import paragrpo
 
     config = paragrpo.get_config("tiny")

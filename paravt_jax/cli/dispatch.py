@@ -16,8 +16,8 @@ import sys
 from absl import flags
 
 from paravt_jax import compile_cache, distributed, preemption
-from paravt_jax.config import config_path
-from paravt_jax.config_checks import ConfigValueError, check_config, check_data_sources
+from paravt_jax.config import ConfigValueError, config_path
+from paravt_jax.config_checks import check_config, check_data_sources
 from paravt_jax.flags import EXIT_OK, EXIT_USAGE, HELP_FLAGS, HelpShown, UsageError, define_config, parse_flags
 
 JOBS = "paravt_jax.cli.jobs"

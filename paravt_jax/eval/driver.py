@@ -4,11 +4,12 @@
     paravt-jax eval --config=configs/eval.py:paravt_8b --config.model.checkpoint=/ckpt \\
         --config.root=/data/bench --config.datasets=videomme,charades --shard_id=0 --num_shards=4
 
-Protocol (reference `paravt/eval/driver.py`): greedy decoding, K overview frames, agentic
-modes run up to `max_turns` tool rounds of at most `max_parallel` crop_video calls through
-our rollout engine in frames mode (crops are appended to the context as frames); after the
-last round a short final answer is forced (64 tokens MCQ, 128 grounding). Many samples go
-through one sampler call (`batch_size`).
+Protocol (reference `paravt/eval/driver.py`; the settings are the config's `driver` section,
+eval/settings.py's DriverConfig): greedy decoding, K overview frames, agentic modes run up to
+`max_turns` tool rounds of at most `max_parallel` crop_video calls through our rollout engine
+in frames mode (crops are appended to the context as frames); after the last round a short
+final answer is forced (64 tokens MCQ, 128 grounding). Many samples go through one sampler
+call (`batch_size`).
 
 Outputs under output_dir: `<dataset>.shard-<i>-of-<n>.jsonl` (one line per finished sample,
 appended after every batch: a re-run skips finished samples), `<dataset>.json` once every
@@ -34,66 +35,15 @@ import numpy as np
 from paravt_jax import storage
 from paravt_jax.agent.dispatch import CropDispatcher, DispatchConfig
 from paravt_jax.agent.rollout import Episode, Rollout, RolloutConfig, run_rollouts
-from paravt_jax.config_checks import ConfigValueError
+from paravt_jax.config import ConfigValueError, build
 from paravt_jax.eval import prompts, provenance, scoring
+from paravt_jax.eval.settings import DISPATCH, DriverConfig
 from paravt_jax.rl import rewards as R
 from paravt_jax.rl.episode_stats import calls_per_tool_turn
 from paravt_jax.runtime import build_model, builtin_assets
 from paravt_jax.sampling import Sampler, SamplerConfig
-from paravt_jax.text.chat import VISUALS
 from paravt_jax.text.inputs import check_against_model
 from paravt_jax.text.tokenizer import Tokenizer
-
-DISPATCH = ("parallel", "sequential")
-
-
-@dataclasses.dataclass(frozen=True)
-class DriverConfig:
-    prompt_mode: str = "agentic_general"
-    nframes: int = 64  # K overview frames
-    max_turns: int = 3  # tool rounds (agentic modes)
-    max_parallel: int = 5  # calls executed per round
-    max_new_tokens: int = 2048  # per assistant turn
-    mcq_answer_tokens: int = 64  # forced final answer
-    grounding_answer_tokens: int = 128
-    batch_size: int = 8  # samples per sampler call
-    dispatch: str = "parallel"  # parallel | sequential (one call per round: the baseline)
-    # Frame budgets. The reference's overview frames get the video defaults of qwen-vl-utils
-    # (128..768 tokens of 28 x 28 pixels for up to 300 frames) and its crops 784..50176 pixels,
-    # both then re-sized by the server's image processor (at least 65536 pixels, sides multiples
-    # of 32): these defaults are that result in one resize (docs/eval.md).
-    overview_min_pixels: int = 100352
-    overview_max_pixels: int = 602112
-    crop_min_pixels: int = 65536
-    crop_max_pixels: int = 81920
-    think_prefix: bool = False  # the reference evaluates without a forced <think>
-    # How the overview is sent: images (K image items) | video (one Qwen3-VL video item of
-    # video_frames frames whose total T*H*W lies in [video_min_pixels, video_max_pixels]: what a
-    # serving engine makes of the video file the reference sends for Charades-STA, decoded
-    # with its default 32 frames and resized by the checkpoint's video processor budget).
-    # evaluate_command sets it per benchmark (config.grounding_visual for charades).
-    overview_visual: str = "images"
-    video_frames: int = 32
-    video_min_pixels: int = 4096
-    video_max_pixels: int = 25165824
-    # The reference driver's protocol (docs/eval.md); the alternatives are this project's.
-    overview_timestamps: bool = False  # True: "<t seconds>" before every overview frame
-    video_path_line: str = "space_if_absent"  # space_if_absent | newline | none
-    frames_response: str = "images_first"  # images_first | timestamped
-    malformed: str = "ignore"  # ignore (a turn without a valid call is the answer) | respond
-    extra_calls: str = "ignore"  # calls beyond max_parallel: ignore | respond (error responses)
-    crop_arguments: str = "lenient"  # lenient (end defaults to start + 10 s) | strict
-    prompt_file: str = ""  # JSON file of exact prompt texts (prompts.PromptTexts), "" = ours
-
-    def __post_init__(self):
-        prompts.prompt_mode(self.prompt_mode)  # validates the name
-        if self.dispatch not in DISPATCH:
-            raise ValueError(f"dispatch {self.dispatch!r}: expected one of {DISPATCH}")
-        if self.batch_size < 1 or self.nframes < 1 or self.video_frames < 1:
-            raise ValueError(f"batch_size={self.batch_size}, nframes={self.nframes} and video_frames="
-                             f"{self.video_frames} must be >= 1")
-        if self.overview_visual not in VISUALS:
-            raise ValueError(f"overview_visual {self.overview_visual!r}: expected one of {VISUALS}")
 
 
 # ----------------------------------------------------------------------------- one batch
@@ -411,18 +361,18 @@ def comparison_table(results: dict[str, dict[str, dict]]) -> str:
 
 # ----------------------------------------------------------------------------- command
 def driver_config(c, **override) -> DriverConfig:
-    fields = {f.name for f in dataclasses.fields(DriverConfig)}
-    values = {k: c[k] for k in fields if k in c}
-    values.update(override)
-    return DriverConfig(**values)
+    """The `driver` section as a DriverConfig (a key that is not a field, or a bad value, is a
+    ConfigValueError naming it), with `override`'s values (a benchmark's protocol, one
+    dispatch of --compare)."""
+    return dataclasses.replace(build(DriverConfig, c.driver, "driver"), **override)
 
 
 def benchmark_protocol(c, name: str) -> dict:
     """DriverConfig overrides of one benchmark: Charades-STA has its own prompt mode and overview
-    (`grounding_prompt_mode`, `grounding_visual`); the others use `prompt_mode` and images."""
+    (`grounding_prompt_mode`, `grounding_visual`); the others use `driver.prompt_mode` and images."""
     if name == "charades":
         return dict(prompt_mode=c.grounding_prompt_mode, overview_visual=c.grounding_visual)
-    return dict(prompt_mode=c.prompt_mode, overview_visual="images")
+    return dict(prompt_mode=c.driver.prompt_mode, overview_visual="images")
 
 
 def dataset_names(c) -> list[str]:
@@ -473,7 +423,7 @@ def evaluate_command(config, output_dir: str, *, shard_id: int = 0, num_shards: 
         check_missing_videos(benchmark, config.max_missing_videos)
     identity = provenance.model_identity(config, assets.model_dir)
     for benchmark in benchmarks:  # every directory checked before the model is loaded
-        for dispatch in DISPATCH if compare else (config.dispatch,):
+        for dispatch in DISPATCH if compare else (config.driver.dispatch,):
             driver = driver_config(config, **benchmark_protocol(config, benchmark.name), dispatch=dispatch)
             directory = storage.join(output_dir, dispatch) if compare else output_dir
             storage.makedirs(directory)
@@ -486,10 +436,10 @@ def evaluate_command(config, output_dir: str, *, shard_id: int = 0, num_shards: 
     summaries: dict[str, dict] = {}
     comparison: dict[str, dict[str, dict]] = {}
     for benchmark in benchmarks:
-        arms = DISPATCH if compare else (config.dispatch,)
+        arms = DISPATCH if compare else (config.driver.dispatch,)
         if compare and benchmark.samples:  # compile each arm's shapes (a batch per question type) before timing
             warm = {}
-            for batch in batches(list(enumerate(benchmark.samples)), config.batch_size):
+            for batch in batches(list(enumerate(benchmark.samples)), config.driver.batch_size):
                 warm.setdefault(batch[0][1].question_type, batch)
             for dispatch in arms:
                 driver = driver_config(config, **benchmark_protocol(config, benchmark.name), dispatch=dispatch)

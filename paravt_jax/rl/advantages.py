@@ -61,6 +61,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from paravt_jax.config import checked, non_negative, one_of, positive, share, validate
+
 ANCHOR_MODES = ("sequence", "token")
 
 __all__ = [
@@ -84,25 +86,21 @@ __all__ = [
 class AdvantageConfig:
     """Static knobs (hashable; safe as a `jax.jit` static argument). Defaults = PARA-GRPO recipe."""
 
-    reward_bias: float = -0.2        # actor.reward_bias
-    reward_scaling: float = 10.0     # actor.reward_scaling
-    reward_clip: float = 20.0        # AReaL default reward_clip
-    group_norm: bool = True          # actor.reward_norm: mean/std at group level
-    std_eps: float = 1e-5            # NormConfig.eps (both normalisations)
-    kl_ctl: float = 0.01             # actor.kl_ctl (k1 estimator)
-    kl_clamp: float | None = 10.0    # KLEstimator clamps the log-ratio to [-10, 10]
-    batch_norm: bool = True          # actor.adv_norm: mean/std at batch level
-    anchor_mode: str = "token"       # "token" (this project's default) | "sequence" (released)
-    anchor_weight: float = 0.5       # paravt.anchoring.weight
-    gamma: float = 1.0               # discount x GAE lambda (both 1.0 in the recipe)
+    reward_bias: float = -0.2                               # actor.reward_bias
+    reward_scaling: float = 10.0                            # actor.reward_scaling
+    reward_clip: float = checked(20.0, positive())          # AReaL default reward_clip
+    group_norm: bool = True                                 # actor.reward_norm: mean/std at group level
+    std_eps: float = checked(1e-5, non_negative())          # NormConfig.eps (both normalisations)
+    kl_ctl: float = checked(0.01, non_negative())           # actor.kl_ctl (k1 estimator)
+    kl_clamp: float | None = 10.0                           # KLEstimator clamps the log-ratio to [-10, 10]
+    batch_norm: bool = True                                 # actor.adv_norm: mean/std at batch level
+    # "token" (this project's default) | "sequence" (released)
+    anchor_mode: str = checked("token", one_of(ANCHOR_MODES))
+    anchor_weight: float = checked(0.5, non_negative())     # paravt.anchoring.weight
+    gamma: float = checked(1.0, share())                    # discount x GAE lambda (both 1.0 in the recipe)
 
     def __post_init__(self):
-        if self.anchor_mode not in ANCHOR_MODES:
-            raise ValueError(f"anchor_mode must be one of {ANCHOR_MODES}, got {self.anchor_mode!r}")
-        if not 0.0 <= self.gamma <= 1.0:
-            raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
-        if self.reward_clip <= 0 or self.std_eps < 0:
-            raise ValueError("reward_clip must be > 0 and std_eps >= 0")
+        validate(self)
 
     @property
     def token_anchor(self) -> bool:

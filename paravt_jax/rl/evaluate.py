@@ -6,7 +6,8 @@ import dataclasses
 import numpy as np
 
 from paravt_jax.agent.dispatch import CropDispatcher, DispatchConfig
-from paravt_jax.agent.rollout import Episode, RolloutConfig, run_rollouts
+from paravt_jax.agent.rollout import MODES, Episode, RolloutConfig, run_rollouts
+from paravt_jax.config import checked, integer, integers, one_of, validate
 from paravt_jax.rl import rewards as R
 from paravt_jax.rl.episode_stats import tool_use
 from paravt_jax.sampling import Sampler, SamplerConfig
@@ -17,12 +18,16 @@ class EvalConfig:
     """The main job's held-out evaluation (the `eval` config section): greedy, with and without
     tools, at every K of `nframes` after the last phase, and at every K of `after_sft` between
     SFT and RL."""
-    nframes: tuple[int, ...] = (4, 64)  # overview frames K
-    after_sft: tuple[int, ...] = ()  # K evaluated on the cold start too (empty: none)
-    max_new_tokens: int = 256
-    max_turns: int = 2
-    limit: int = 4  # held-out rows (0 = all)
-    mode: str = "frames"  # what a crop returns: frames | subagent | sequential (agent/rollout.py)
+    nframes: tuple[int, ...] = checked((4, 64), integers(1, empty=True))  # overview frames K
+    after_sft: tuple[int, ...] = checked((), integers(1, empty=True))  # K evaluated on the cold start too (empty: none)
+    max_new_tokens: int = checked(256, integer(1))
+    max_turns: int = checked(2, integer(0))
+    limit: int = checked(4, integer(0))  # held-out rows (0 = all)
+    # what a crop returns: frames | subagent | sequential (agent/rollout.py)
+    mode: str = checked("frames", one_of(MODES))
+
+    def __post_init__(self):
+        validate(self)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,6 +16,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from paravt_jax.config import checked, integer, one_of, optional, positive, validate
 from paravt_jax.rl import loss as L
 from paravt_jax.train.stats import WeightedMean
 from paravt_jax.train.step import HeadConfig, LossFn, TokenScores
@@ -27,19 +28,18 @@ PROX_LOGPROBS = ("same_pass", "recompute")
 
 @dataclasses.dataclass(frozen=True)
 class StepConfig:
-    temperature: float = 0.7  # log-prob temperature; must equal the sampler's
+    temperature: float = checked(0.7, positive())  # log-prob temperature; must equal the sampler's
     # Temperature of the frozen reference policy's log-probs (the KL term); None = `temperature`.
     # The reference recipe computes them at 1.0 (AReaL's default) while sampling at 0.7.
-    reference_temperature: float | None = None
-    eps_clip: float = 0.2
-    eps_clip_high: float | None = None  # upper clip (None: eps_clip)
-    behaviour_cap: float | None = 5.0
-    logprob_chunk: int = 512  # sequence chunk for the lm head + log-softmax
-    prox_logprobs: str = "same_pass"  # see the module docstring: "same_pass" | "recompute"
+    reference_temperature: float | None = checked(None, optional(positive()))
+    eps_clip: float = checked(0.2, positive())
+    eps_clip_high: float | None = checked(None, optional(positive()))  # upper clip (None: eps_clip)
+    behaviour_cap: float | None = checked(5.0, optional(positive()))  # None: no cap
+    logprob_chunk: int = checked(512, integer(1))  # sequence chunk for the lm head + log-softmax
+    prox_logprobs: str = checked("same_pass", one_of(PROX_LOGPROBS))  # see the module docstring
 
     def __post_init__(self):
-        if self.prox_logprobs not in PROX_LOGPROBS:
-            raise ValueError(f"rl.step.prox_logprobs={self.prox_logprobs!r}: expected one of {PROX_LOGPROBS}")
+        validate(self)
 
 
 def policy_head(config: StepConfig) -> HeadConfig:

@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from paravt_jax.config import checked, non_negative, one_of, validate
 from paravt_jax.rl import judge as J
 from paravt_jax.rl.metrics import f1_score, mcq_accuracy, normalize_text, temporal_iou
 
@@ -389,16 +390,16 @@ class RewardConfig:
                  anchor rewards of a well-formed turn are 0);
       completion every reward reads everything after the prompt, tool responses included."""
     answer_suffix: bool = True
-    format_weight: float = 1.0
-    mode: str = "f1"  # f1 | exact | llm (the judge from the environment, F1 when a call fails)
-    text: str = "turns"  # turns | released | completion
+    format_weight: float = checked(1.0, non_negative())
+    # f1 | exact | llm (the judge from the environment, F1 when a call fails)
+    mode: str = checked("f1", one_of(REWARD_MODES))
+    text: str = checked("turns", one_of(REWARD_TEXTS))
     # mode "llm": the NAME of the environment variable holding the judge's API key (never
     # the key); the endpoint and model come from PARAVT_JUDGE_BASE_URL / PARAVT_JUDGE_MODEL.
     judge_api_key_env: str = J.ENV_API_KEY
 
     def __post_init__(self):
-        if self.text not in REWARD_TEXTS:
-            raise ValueError(f"reward text {self.text!r}: expected one of {REWARD_TEXTS}")
+        validate(self)
 
 
 def make_judge(config: RewardConfig, environ=None) -> J.LLMJudge | None:

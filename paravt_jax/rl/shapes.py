@@ -32,6 +32,7 @@ import dataclasses
 from paravt_jax.agent.dispatch import DispatchConfig
 from paravt_jax.agent.rollout import FRAME_TEXT_TOKENS, RolloutConfig, response_tokens_bound
 from paravt_jax.buckets import bucket
+from paravt_jax.config import checked, integer, one_of, validate
 from paravt_jax.sampling.sampler import PromptShape
 from paravt_jax.video.frames import FACTOR
 
@@ -46,22 +47,18 @@ EXTEND_WIDTH = 256
 
 @dataclasses.dataclass(frozen=True)
 class ShapeConfig:
-    policy: str = "fixed"  # fixed | per_call
-    prompt_width: int = 0  # tokens of the prompt prefill and of the prompt cache (0: derived)
-    prompt_frames: int = 0  # overview frames per prompt of its vision pass (0: the largest K)
-    extend_width: int = 0  # tokens per prefill piece of a turn's tool responses (0: EXTEND_WIDTH)
-    subagent_rows: int = 0  # rows of every sub-agent call (0: the step's episode rows)
-    subagent_width: int = 0  # tokens of a sub-agent prompt prefill (0: derived)
-    train_width: int = 0  # packed width of the training micro-batches (0: derived)
-    train_frames: int = 0  # frames of a training micro-batch's vision pass (0: derived)
+    policy: str = checked("fixed", one_of(POLICIES))
+    # sizes: 0 = derived from the config
+    prompt_width: int = checked(0, integer(0))  # tokens of the prompt prefill and of the prompt cache
+    prompt_frames: int = checked(0, integer(0))  # overview frames per prompt of its vision pass (0: the largest K)
+    extend_width: int = checked(0, integer(0))  # tokens per prefill piece of a turn's tool responses (0: EXTEND_WIDTH)
+    subagent_rows: int = checked(0, integer(0))  # rows of every sub-agent call (0: the step's episode rows)
+    subagent_width: int = checked(0, integer(0))  # tokens of a sub-agent prompt prefill
+    train_width: int = checked(0, integer(0))  # packed width of the training micro-batches
+    train_frames: int = checked(0, integer(0))  # frames of a training micro-batch's vision pass
 
     def __post_init__(self):
-        if self.policy not in POLICIES:
-            raise ValueError(f"rl.shapes.policy {self.policy!r}: expected one of {POLICIES}")
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            if field.name != "policy" and value < 0:
-                raise ValueError(f"rl.shapes.{field.name}={value} must be >= 0 (0 = derived from the config)")
+        validate(self)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,10 +14,10 @@ from paravt_jax import distributed as dist
 from paravt_jax import sharding as sh
 from paravt_jax.agent.dispatch import CropDispatcher, DispatchConfig
 from paravt_jax.agent.rollout import Episode, RolloutConfig, run_rollouts
-from paravt_jax.config import set_by
+from paravt_jax.config import checked, integer, integer_between, integers, refuse, set_by, validate
 from paravt_jax.data import gating
 from paravt_jax.rl.advantages import AdvantageConfig, compute_advantages
-from paravt_jax.rl.episode_log import EpisodeLog, eval_records
+from paravt_jax.rl.episode_log import MAX_LOGGED, EpisodeLog, eval_records
 from paravt_jax.rl.episode_stats import summarize
 from paravt_jax.rl.objective import StepConfig, policy_head, policy_loss
 from paravt_jax.rl.rewards import RewardConfig, make_judge, score
@@ -31,20 +31,20 @@ from paravt_jax.train.step import OptimizerConfig, TrainStep
 
 @dataclasses.dataclass(frozen=True)
 class RLConfig:
-    steps: int = 4
-    prompts_per_step: int = 2
-    samples_per_prompt: int = 4
-    micro_batches: int = 1
+    steps: int = checked(4, integer(0))
+    prompts_per_step: int = checked(2, integer(1))
+    samples_per_prompt: int = checked(4, integer(1))
+    micro_batches: int = checked(1, integer(1))  # must divide the step's prompts_per_step x samples_per_prompt rows
     # > 0: micro-batches of at most this many tokens, short episodes packed into shared rows
     # (segment ids, each episode its own positions), a long one alone in its row;
     # micro_batches is then unused
-    max_tokens_per_micro_batch: int = 0
+    max_tokens_per_micro_batch: int = checked(0, integer(0))
     seed: int = set_by(0, "seed (the top of the config)")
     nframes_gating: bool = True
     # K with gating off; 0 = the overview sampled at rollout.overview_fps, at most
     # rollout.overview_max_frames frames (the reference recipe: 1 fps, 64 frames)
-    default_nframes: int = 0
-    nframes_choices: tuple[int, ...] = gating.NFRAMES_CHOICES
+    default_nframes: int = checked(0, integer(0))
+    nframes_choices: tuple[int, ...] = checked(gating.NFRAMES_CHOICES, integers(1))
     rollout: RolloutConfig = RolloutConfig()
     dispatch: DispatchConfig = DispatchConfig()
     reward: RewardConfig = RewardConfig()
@@ -52,17 +52,24 @@ class RLConfig:
     step: StepConfig = StepConfig()
     optimizer: OptimizerConfig = OptimizerConfig()
     sampler: SamplerConfig = SamplerConfig(min_chunk_bucket=64)
-    checkpoint_every: int = 0
-    max_bad_steps: int = 3
+    checkpoint_every: int = checked(0, integer(0))
+    max_bad_steps: int = checked(3, integer(1))
     shapes: ShapeConfig = ShapeConfig()  # the compiled programs' shapes (rl/shapes.py)
-    eval_every: int = 0  # greedy held-out evaluation every N steps (0 = off)
+    eval_every: int = checked(0, integer(0))  # greedy held-out evaluation every N steps (0 = off)
     # its overview budgets K: the first logs as eval_tools/... and eval_notools/... (what the
     # curves and the sweep report read), each further K as eval_tools_K{K}/...
-    eval_nframes: tuple[int, ...] = (16,)
-    eval_limit: int = 2
+    eval_nframes: tuple[int, ...] = checked((16,), integers(1))
+    eval_limit: int = checked(2, integer(1))  # its held-out rows: the first N
     # sampled episodes logged per step to <workdir>/episodes/step_XXXXXX.jsonl (0 = none;
     # paravt_jax/rl/episode_log.py, `paravt-jax view`)
-    log_episodes: int = 0
+    log_episodes: int = checked(0, integer_between(0, MAX_LOGGED))
+
+    def __post_init__(self):
+        validate(self)
+        rows = self.prompts_per_step * self.samples_per_prompt
+        if rows % self.micro_batches:
+            raise refuse("micro_batches", self.micro_batches,
+                         f"must divide the {rows} rows of a step (prompts_per_step x samples_per_prompt)")
 
 
 def periodic_evaluations(nframes: tuple[int, ...]) -> list[tuple[int, bool]]:

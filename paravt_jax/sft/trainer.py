@@ -12,7 +12,7 @@ import jax.numpy as jnp
 
 from paravt_jax import distributed as dist
 from paravt_jax import sharding as sh
-from paravt_jax.config import set_by
+from paravt_jax.config import checked, integer, integers, refuse, set_by, validate
 from paravt_jax.data import gating
 from paravt_jax.data.sft_examples import sft_inputs
 from paravt_jax.train.batch import micro_batch_plan, pack, planned_micro_batches
@@ -34,30 +34,36 @@ def sft_loss(scores: TokenScores, batch) -> tuple[jax.Array, jax.Array, dict]:
 
 @dataclasses.dataclass(frozen=True)
 class SFTConfig:
-    steps: int = 20
-    batch_size: int = 4
-    micro_batches: int = 1
+    steps: int = checked(20, integer(0))
+    batch_size: int = checked(4, integer(1))
+    micro_batches: int = checked(1, integer(1))  # must divide batch_size
     # > 0: micro-batches of at most this many tokens, short examples packed into shared rows
     # (segment ids); micro_batches is then unused
-    max_tokens_per_micro_batch: int = 0
+    max_tokens_per_micro_batch: int = checked(0, integer(0))
     # fixed shapes (one compiled step for the whole run): the packed width of every batch (0 =
     # each batch's own bucket; with token budgets, the budget itself packs one row per
     # micro-batch) and the frames every micro-batch's vision pass is padded to (0 = powers of two)
-    train_width: int = 0
-    train_frames: int = 0
+    train_width: int = checked(0, integer(0))
+    train_frames: int = checked(0, integer(0))
     seed: int = set_by(0, "seed (the top of the config)")
-    nframes: int = 8
+    nframes: int = checked(8, integer(1))
     # non-empty: each example's overview has K frames, K drawn per row from these choices (the
     # stable hash of nFrames gating, keyed on the row index), so the cold start sees tool use
     # at every overview budget the RL gating draws; empty: `nframes` for every row
-    nframes_choices: tuple[int, ...] = ()
-    max_pixels: int = 50176
+    nframes_choices: tuple[int, ...] = checked((), integers(1, empty=True))
+    max_pixels: int = checked(50176, integer(784))
     optimizer: OptimizerConfig = OptimizerConfig(learning_rate=1e-3, weight_decay=0.0)
-    checkpoint_every: int = 0
+    checkpoint_every: int = checked(0, integer(0))
     # a curriculum: the first `first_steps` steps draw their rows from those whose SFT-table
     # `kind` is one of `first_kinds` only, the rest from every row
-    first_steps: int = 0
+    first_steps: int = checked(0, integer(0))
     first_kinds: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        validate(self)
+        if self.batch_size % self.micro_batches:
+            raise refuse("micro_batches", self.micro_batches,
+                         f"must divide the {self.batch_size} rows of a step (batch_size)")
 
 
 def curriculum_rows(kinds, config: SFTConfig) -> list[int] | None:

@@ -28,26 +28,33 @@ import optax
 from flax import nnx
 
 from paravt_jax import sharding as sh
+from paravt_jax.config import checked, integer, non_negative, one_of, positive, validate
 from paravt_jax.models.qwen3_vl.attention import kernel_mesh
 from paravt_jax.train import stats as S
 from paravt_jax.train.batch import TrainBatch
 
+OPTIMIZERS = ("adamw", "adam")
+SCHEDULES = ("constant", "cosine")
+
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerConfig:
-    name: str = "adamw"  # adamw | adam
-    learning_rate: float = 2e-6
+    name: str = checked("adamw", one_of(OPTIMIZERS))
+    learning_rate: float = checked(2e-6, positive())
     b1: float = 0.9
     b2: float = 0.999
     eps: float = 1e-8
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0
-    warmup_steps: int = 0
-    schedule: str = "constant"  # constant | cosine
-    total_steps: int = 1000
+    weight_decay: float = checked(0.01, non_negative())
+    grad_clip: float = checked(1.0, non_negative())
+    warmup_steps: int = checked(0, integer(0))
+    schedule: str = checked("constant", one_of(SCHEDULES))
+    total_steps: int = checked(1000, integer(1))  # the cosine schedule's length
     # parameters that never change: dotted path prefixes of the model's parameters, e.g.
     # ("visual",) for the whole vision tower, ("language.embed_tokens",) for one array
     frozen: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        validate(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,22 +77,18 @@ LossFn = Callable[[TokenScores, Mapping[str, Any]], tuple[jax.Array, jax.Array, 
 
 
 def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
-    if cfg.schedule == "constant":
-        schedule = optax.constant_schedule(cfg.learning_rate)
-    elif cfg.schedule == "cosine":
+    if cfg.schedule == "cosine":  # the names are checked by OptimizerConfig
         schedule = optax.warmup_cosine_decay_schedule(0.0, cfg.learning_rate, max(cfg.warmup_steps, 1),
                                                       max(cfg.total_steps, cfg.warmup_steps + 1))
     else:
-        raise ValueError(f"optimizer schedule {cfg.schedule!r}: expected constant or cosine")
+        schedule = optax.constant_schedule(cfg.learning_rate)
     if cfg.warmup_steps and cfg.schedule == "constant":
         schedule = optax.join_schedules([optax.linear_schedule(0.0, cfg.learning_rate, cfg.warmup_steps),
                                          schedule], [cfg.warmup_steps])
     if cfg.name == "adamw":
         opt = optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay)
-    elif cfg.name == "adam":
-        opt = optax.adam(schedule, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps)
     else:
-        raise ValueError(f"optimizer {cfg.name!r}: expected adamw or adam")
+        opt = optax.adam(schedule, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps)
     tx = optax.chain(optax.clip_by_global_norm(cfg.grad_clip), opt)
     if not cfg.frozen:
         return tx
