@@ -9,7 +9,9 @@ What is left here is about keys that build no dataclass: the built-in data, the 
 """
 from __future__ import annotations
 
-from paravt_jax.config import ConfigValueError, Problem, Rule, build, integer, one_of, share
+import dataclasses
+
+from paravt_jax.config import SET_BY, ConfigValueError, Problem, Rule, build, integer, one_of, share
 from paravt_jax.eval.prompts import MODES as PROMPT_MODES
 from paravt_jax.eval.settings import DriverConfig
 from paravt_jax.rl.evaluate import EvalConfig
@@ -40,6 +42,7 @@ RULES: dict[str, Rule] = {
 }
 
 _MISSING = object()
+DRIVER_FIELDS = {f.name for f in dataclasses.fields(DriverConfig) if SET_BY not in f.metadata}
 
 
 def _get(config, path: str):
@@ -106,5 +109,8 @@ def check_config(config) -> None:
                 build(cls, config[name], name)
             except ConfigValueError as e:
                 problems += e.problems
+    if "driver" in config:  # a config file in the flat layout configs/eval.py had before its driver section
+        problems += [Problem(key, f": a field of the driver section, not read at the top level; set driver.{key}")
+                     for key in config if key in DRIVER_FIELDS]
     if problems:
         raise ConfigValueError(problems=problems)

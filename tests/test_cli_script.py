@@ -71,7 +71,8 @@ BAD = [
     (("run", "--config.sft.checkpoint_every=-5"), "sft.checkpoint_every=-5: must be an integer >= 0"),
     (("run", f"--config={ROOT}/configs/paragrpo.py:huge"), "unknown preset 'huge'; choose from"),
     (("eval", "--limit=-2"), "--limit=-2"),
-    (("eval", "--config.max_parallel=0"), "max_parallel=0: must be an integer >= 1"),
+    (("eval", "--config.driver.max_parallel=0"), "driver.max_parallel=0: must be an integer >= 1"),
+    (("eval", "--config.grounding_visual=clip"), "grounding_visual='clip': must be one of ('images', 'video')"),
 ]
 
 
@@ -93,7 +94,7 @@ ONE_LINE = [
     (("train", f"--config={ROOT}/configs/paragrpo.py:tiny", "--config.rl.stepz=3"),
      "'rl' has no field 'stepz'; did you mean --config.rl.steps?"),
     (("run", "--config.rll.steps=3"), "the config' has no field 'rll'; did you mean --config.rl?"),
-    (("eval", "--config.nframez=3"), "has no field 'nframez'; did you mean --config.nframes?"),
+    (("eval", "--config.driver.nframez=3"), "has no field 'nframez'; did you mean --config.driver.nframes?"),
     (("run", f"--config={ROOT}/configs/no_such_file.py:tiny"), "no_such_file.py' does not exist"),
     (("plan", f"--config={ROOT}/configs/no_such_file.py"), "no_such_file.py' does not exist"),
     (("eval", "--config.datasets=bogus"), "datasets='bogus': unknown dataset 'bogus'; choose from charades,"),

@@ -24,7 +24,9 @@ CHOICES = {"AdvantageConfig.anchor_mode": "sequence", "OptimizerConfig.name": "a
            "RolloutConfig.frames_response": "images_first", "RolloutConfig.malformed": "ignore",
            "RolloutConfig.extra_calls": "ignore", "RolloutConfig.overview_visual": "video",
            "RolloutConfig.overview_sizing": "two_stage", "DispatchConfig.sizing": "two_stage",
-           "ShapeConfig.policy": "per_call", "StepConfig.prox_logprobs": "recompute"}
+           "ShapeConfig.policy": "per_call", "StepConfig.prox_logprobs": "recompute", "EvalConfig.mode": "subagent",
+           # must divide the step's rows (tiny: 9 SFT rows, 3 x 5 RL rows once every int is one more)
+           "SFTConfig.micro_batches": 3, "RLConfig.micro_batches": 3}
 
 
 def parse(*overrides):
@@ -155,3 +157,203 @@ def test_llm_judge_is_built_from_the_environment_or_refused_at_start():
     with pytest.raises(ValueError, match="PARAVT_JUDGE_TIMEOUT_S"):
         make_judge(RewardConfig(mode="llm"), environ={"PARAVT_JUDGE_BASE_URL": "http://localhost:1/v1",
                                                       "PARAVT_JUDGE_TIMEOUT_S": "soon"})
+
+
+# ----------------------------------------------------------------------------- validation
+# (config file, preset): every preset the project ships
+PRESETS = ([("paragrpo", p) for p in paragrpo.MODEL_PRESETS] + [("sft", "tiny"), ("sft", "toy"), ("sft", "qwen3vl_8b")]
+           + [("vanilla_grpo", p) for p in ("tiny", "toy", "qwen3vl_8b")]
+           + [("ablations", p) for p in ("tiny", "tiny_full", "qwen3vl_2b", "qwen3vl_8b", "toy_paradox",
+                                         "toy_paradox_varied", "toy_long", "toy_long_pilot")]
+           + [("eval", "synthetic"), ("eval", "paravt_8b")] + [("base", p) for p in ("tiny", "toy", "8b")])
+
+
+def shipped(file: str, preset: str):
+    """The preset's config; the presets without a built-in checkpoint name one (not read here)."""
+    import importlib
+
+    from paravt_jax.data.builtin import BUILTIN_MODELS
+
+    config = importlib.import_module(f"paravt_jax.configs.{file}").get_config(preset)
+    if config.model.preset not in BUILTIN_MODELS:
+        config.model.checkpoint = "/ckpt/Qwen3-VL"
+    return config
+
+
+@pytest.mark.parametrize("file,preset", PRESETS, ids=[f"{f}:{p}" for f, p in PRESETS])
+def test_every_shipped_preset_and_sweep_arm_passes_the_checks(file, preset):
+    from paravt_jax.config_checks import check_config
+    from paravt_jax.experiments.sweep import apply_overrides, build_arms
+
+    config = shipped(file, preset)
+    check_config(config)
+    if file == "ablations":
+        from paravt_jax.configs import ablations
+
+        for arm in build_arms(config, ablations.sweep(preset), f"ablations.py:{preset}"):
+            check_config(apply_overrides(config, arm.overrides, arm.name))
+
+
+# (config file, key, bad value, what the message must say): one bad value per kind of section:
+# the dataclass sections, their nested sections, the cross-field checks, and the keys that build
+# no dataclass (data, demo, generate, the benchmark driver's top level, the model source)
+BAD_VALUES = [
+    ("paragrpo", "sft.steps", -1, "sft.steps=-1: must be an integer >= 0"),
+    ("paragrpo", "sft.nframes_choices", (4, 0), "sft.nframes_choices=(4, 0): must be a list of integers >= 1"),
+    ("paragrpo", "sft.micro_batches", 3, "sft.micro_batches=3: must divide the 8 rows of a step (batch_size)"),
+    ("paragrpo", "sft.optimizer.warmup_steps", -2, "sft.optimizer.warmup_steps=-2: must be an integer >= 0"),
+    ("paragrpo", "rl.prompts_per_step", 0, "rl.prompts_per_step=0: must be an integer >= 1"),
+    ("paragrpo", "rl.log_episodes", 1000, "rl.log_episodes=1000: must be an integer in [0, 256]"),
+    ("paragrpo", "rl.eval_limit", 0, "rl.eval_limit=0: must be an integer >= 1"),
+    ("paragrpo", "rl.micro_batches", 3, "rl.micro_batches=3: must divide the 8 rows of a step "
+     "(prompts_per_step x samples_per_prompt)"),
+    ("paragrpo", "rl.optimizer.schedule", "linear", "rl.optimizer.schedule='linear': must be one of ('constant', "
+     "'cosine')"),
+    ("paragrpo", "rl.optimizer.learning_rate", float("nan"), "rl.optimizer.learning_rate=nan: must be a finite "
+     "number > 0"),
+    ("paragrpo", "rl.step.eps_clip_high", -0.1, "rl.step.eps_clip_high=-0.1: must be a finite number > 0, or None"),
+    ("paragrpo", "rl.step.prox_logprobs", "stale", "rl.step.prox_logprobs='stale': must be one of ('same_pass', "
+     "'recompute')"),
+    ("paragrpo", "rl.shapes.train_width", -1, "rl.shapes.train_width=-1: must be an integer >= 0"),
+    ("paragrpo", "rl.advantage.gamma", 1.5, "rl.advantage.gamma=1.5: must be a number in [0, 1]"),
+    ("paragrpo", "rl.reward.mode", "judge", "rl.reward.mode='judge': must be one of ('f1', 'exact', 'llm')"),
+    ("paragrpo", "rl.rollout.max_new_tokens", 0, "rl.rollout.max_new_tokens=0: must be an integer >= 1"),
+    ("paragrpo", "rl.rollout.mode", "crops", "rl.rollout: rollout mode 'crops': expected one of"),
+    ("paragrpo", "rl.dispatch.max_frames", 0, "rl.dispatch.max_frames=0: must be an integer >= 1"),
+    ("paragrpo", "eval.after_sft", (0,), "eval.after_sft=(0,): must be a list of integers >= 1"),
+    ("paragrpo", "eval.mode", "crops", "eval.mode='crops': must be one of ('subagent', 'frames', 'sequential')"),
+    ("paragrpo", "generate.nframes", 0, "generate.nframes=0: must be an integer >= 1"),
+    ("paragrpo", "data.num_eval", 0, "data.num_eval=0: must be an integer >= 1"),
+    ("base", "demo.repeats", 0, "demo.repeats=0: must be an integer >= 1"),
+    ("base", "model.init", "zeros", "model.init='zeros': must be one of ('checkpoint', 'random')"),
+    ("eval", "driver.max_turns", -1, "driver.max_turns=-1: must be an integer >= 0"),
+    ("eval", "driver.prompt_mode", "agentic", "driver.prompt_mode='agentic': must be one of ('direct', 'reasoning', "
+     "'agentic_general', 'agentic_minimal')"),
+    ("eval", "driver.frames_response", "frames", "driver.frames_response='frames': must be one of ('timestamped', "
+     "'images_first')"),
+    ("eval", "driver.crop_arguments", "loose", "driver.crop_arguments='loose': must be one of ('lenient', 'strict')"),
+    ("eval", "max_missing_videos", 1.5, "max_missing_videos=1.5: must be a number in [0, 1]"),
+    ("eval", "grounding_prompt_mode", "agentic", "grounding_prompt_mode='agentic': must be one of ('direct', "),
+    ("eval", "limit", -1, "limit=-1: must be an integer >= 0"),
+]
+
+
+def set_key(config, key: str, value):
+    *parents, leaf = key.split(".")
+    for name in parents:
+        config = config[name]
+    config[leaf] = value
+
+
+@pytest.mark.parametrize("file,key,value,message", BAD_VALUES, ids=[k for _, k, _, _ in BAD_VALUES])
+def test_a_bad_value_is_refused_naming_its_dotted_field(file, key, value, message):
+    from paravt_jax.config import ConfigValueError
+    from paravt_jax.config_checks import check_config
+
+    config = shipped(file, "tiny" if file in ("paragrpo", "base") else "synthetic")
+    set_key(config, key, value)
+    with pytest.raises(ConfigValueError) as err:
+        check_config(config)
+    assert str(err.value) == f"invalid config value: {message}" or message in str(err.value), str(err.value)
+    assert len(err.value.problems) == 1, err.value.problems
+
+
+def test_every_bad_value_of_a_config_is_listed_at_once():
+    from paravt_jax.config import ConfigValueError
+    from paravt_jax.config_checks import check_config
+
+    config = paragrpo.get_config("tiny")
+    config.sft.steps, config.rl.step.eps_clip, config.rl.rollout.subagent_max_tokens = -1, 0.0, 0
+    config.rl.advantage.anchor_mode, config.eval.max_turns = "both", -1
+    with pytest.raises(ConfigValueError) as err:
+        check_config(config)
+    assert sorted(p.field for p in err.value.problems) == ["eval.max_turns", "rl.advantage.anchor_mode",
+                                                          "rl.rollout.subagent_max_tokens", "rl.step.eps_clip",
+                                                          "sft.steps"]
+    assert str(err.value).startswith("invalid config values:\n  ")
+
+
+def test_the_dataclasses_check_themselves_wherever_they_are_built():
+    """Built in code, not from a config section: the same checks, the field named without a
+    section (build adds it)."""
+    from paravt_jax.config import ConfigValueError
+    from paravt_jax.eval.settings import DriverConfig
+
+    with pytest.raises(ConfigValueError, match=r"^invalid config value: micro_batches=3: must divide the 8 rows"):
+        RLConfig(micro_batches=3)
+    with pytest.raises(ConfigValueError, match=r"batch_size=0: must be an integer >= 1"):
+        DriverConfig(batch_size=0)
+    with pytest.raises(ConfigValueError, match=r"learning_rate=0.0: must be a finite number > 0"):
+        SFTConfig(optimizer=dataclasses.replace(SFTConfig().optimizer, learning_rate=0.0))
+    assert runtime.rl_config(paragrpo.get_config("tiny")).step.behaviour_cap == 5.0  # None-able, set: checked
+
+
+def test_unknown_and_code_set_keys_under_the_driver_section_are_refused():
+    from paravt_jax.config import ConfigValueError
+    from paravt_jax.config_checks import check_config
+    from paravt_jax.configs import eval as eval_config
+    from paravt_jax.eval import driver
+
+    config = eval_config.get_config("synthetic")
+    config.driver.max_turn, config.driver.n_frames = 2, 4  # typos in a config file
+    config.driver.overview_visual = "video"  # set per benchmark (grounding_visual for charades)
+    for check in (check_config, lambda c: driver.driver_config(c)):
+        with pytest.raises(ConfigValueError) as err:
+            check(config)
+        message = str(err.value)
+        assert "driver.max_turn: not a field of DriverConfig (its fields: prompt_mode, nframes, max_turns" in message
+        assert "driver.n_frames: not a field of DriverConfig" in message
+        assert ("driver.overview_visual: DriverConfig.overview_visual is set by the code (the benchmark: "
+                "grounding_visual for charades" in message)
+    flat = eval_config.get_config("synthetic")
+    flat.nframes, flat.batch_size = 8, 2  # a config file in the flat layout of before: keys no command reads
+    with pytest.raises(ConfigValueError) as err:
+        check_config(flat)
+    assert [str(p) for p in err.value.problems] == [
+        f"{key}: a field of the driver section, not read at the top level; set driver.{key}"
+        for key in ("batch_size", "nframes")]  # ConfigDict keys, sorted
+    with pytest.raises(Exception, match="nframes"):  # the command line adds no key
+        parse_eval("--config.nframes=8")
+
+
+def parse_eval(*overrides):
+    from absl import flags
+    from ml_collections import config_flags
+
+    argv = ["prog", f"--config={ROOT}/configs/eval.py:synthetic", *overrides]
+    values = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", "", "", flag_values=values, sys_argv=argv)
+    values(argv)
+    return values.config
+
+
+DRIVER_CHOICES = {"prompt_mode": "direct", "dispatch": "sequential", "video_path_line": "newline",
+                  "frames_response": "timestamped", "malformed": "respond", "extra_calls": "respond",
+                  "crop_arguments": "strict"}
+
+
+def test_every_driver_field_is_settable_from_the_command_line():
+    """Every DriverConfig field is a key of configs/eval.py's driver section that
+    `--config.driver.KEY=VALUE` sets and that reaches the built DriverConfig of a benchmark,
+    or a field marked `set_by` (overview_visual: the benchmark's)."""
+    from paravt_jax.eval import driver
+    from paravt_jax.eval.settings import DriverConfig
+
+    default = driver.driver_config(parse_eval())
+    expected, overrides = {}, []
+    for name, key, set_by in fields_and_keys(DriverConfig, "driver"):
+        if key is None:
+            assert name == "DriverConfig.overview_visual" and set_by
+            continue
+        field = key.split(".", 1)[1]
+        hint = typing.get_type_hints(DriverConfig)[field]
+        value, text = ((DRIVER_CHOICES[field],) * 2 if field in DRIVER_CHOICES
+                       else other_value(name, hint, getattr(default, field)))
+        overrides.append(f"--config.driver.{field}={text}")
+        expected[field] = value
+    assert len(expected) == len(dataclasses.fields(DriverConfig)) - 1
+    config = parse_eval(*overrides)
+    built = driver.driver_config(config, **driver.benchmark_protocol(config, "videomme"))
+    assert {k: getattr(built, k) for k in expected} == expected
+    charades = driver.driver_config(config, **driver.benchmark_protocol(config, "charades"))
+    assert (charades.prompt_mode, charades.overview_visual) == ("agentic_minimal", "video")

@@ -102,7 +102,7 @@ def test_prompt_modes():
     with pytest.raises(ValueError, match="agentic_sage"):
         prompts.prompt_mode("agentic_sage")
     assert "X.X - Y.Y seconds" in prompts.final_instruction("tvg")
-    with pytest.raises(ValueError, match="dispatch 'async'"):
+    with pytest.raises(ValueError, match=r"dispatch='async': must be one of \('parallel', 'sequential'\)"):
         driver.DriverConfig(dispatch="async")
 
 
@@ -240,6 +240,29 @@ def test_records_are_keyed_by_checkpoint_and_settings(benchmark, tokenizer, tmp_
         driver.run_dataset(FakeSampler(tokenizer), tokenizer, benchmark, config(), out, identity=IDENTITY_B, **quiet)
 
 
+# The producer ids of configs/eval.py's presets for one checkpoint, as the flat config (before its
+# driver section) gave them: records written then are still this evaluation's own.
+PRODUCER_IDS = {("synthetic", "videomme", "parallel"): "773d6a2c5f106677",
+                ("synthetic", "videomme", "sequential"): "334b7b25d5bb8dcf",
+                ("synthetic", "charades", "parallel"): "9d2c16700d70021e",
+                ("paravt_8b", "videomme", "parallel"): "23cf4a8cda05bd62",
+                ("paravt_8b", "charades", "parallel"): "2588d2a8052a9797",
+                ("paravt_8b", "charades", "sequential"): "c5ab5935723a4587"}
+
+
+@pytest.mark.parametrize("preset,benchmark_name,dispatch", sorted(PRODUCER_IDS))
+def test_producer_ids_of_the_presets_are_stable(preset, benchmark_name, dispatch):
+    from paravt_jax.configs import eval as eval_config
+    from paravt_jax.eval import provenance
+
+    identity = {"checkpoint": {"path": "/ckpt", "files": "0123456789abcdef"},
+                "model": {"preset": "8b", "param_dtype": "bfloat16", "dtype": "bfloat16"}}
+    c = eval_config.get_config(preset)
+    settings = driver.driver_config(c, **driver.benchmark_protocol(c, benchmark_name), dispatch=dispatch)
+    key = provenance.producer(identity, settings)
+    assert provenance.producer_id(key) == PRODUCER_IDS[preset, benchmark_name, dispatch], key
+
+
 def test_missing_videos_beyond_the_share_are_refused(benchmark, assets, tmp_path, capsys):
     total = len(benchmark.samples)
     short = dataclasses.replace(benchmark, samples=benchmark.samples[1:],
@@ -272,7 +295,7 @@ def test_cli_compare_on_the_synthetic_benchmark(assets, tmp_path):
     with redirect_stdout(out):
         status = main(["paravt-jax", "eval", f"--config={ROOT}/configs/eval.py:synthetic", f"--output_dir={tmp_path}",
               f"--config.data.builtin_root={os.path.dirname(assets.model_dir)}", "--limit=2", "--compare",
-              "--config.nframes=4", "--config.max_new_tokens=8", "--config.max_turns=1"])
+              "--config.driver.nframes=4", "--config.driver.max_new_tokens=8", "--config.driver.max_turns=1"])
     text = out.getvalue()
     assert status == 0, text[-2000:]
     assert "| synthetic | parallel |" in text and "| synthetic | sequential |" in text
@@ -296,8 +319,8 @@ def test_cli_eval_twice_with_two_checkpoints(assets, tmp_path, capsys):
     out = tmp_path / "out"
     common = ["eval", f"--config={ROOT}/configs/eval.py:synthetic", f"--output_dir={out}", "--limit=1",
               f"--config.data.builtin_root={os.path.dirname(os.path.dirname(assets.model_dir))}",
-              "--config.data.num_train=2", "--config.data.num_eval=6", "--config.nframes=2",
-              "--config.max_new_tokens=4", "--config.max_turns=1"]
+              "--config.data.num_train=2", "--config.data.num_eval=6", "--config.driver.nframes=2",
+              "--config.driver.max_new_tokens=4", "--config.driver.max_turns=1"]
     assert main(["paravt-jax", *common]) == 0
     first = json.load(open(out / "summary_all.json"))["synthetic"]
     assert first["producer"]["checkpoint"]["path"] == assets.model_dir

@@ -166,7 +166,7 @@ def test_charades_images_option_restores_image_items(tokenizer, video):
     image = "<|vision_start|>" + "<|image_pad|>" * 12 + "<|vision_end|>"
     assert f"<|im_start|>user\n{image * 4}When does the blue circle appear? The video path" in text
     assert "seconds>" not in text and len(inputs.video_grid_thw) == 0 and len(inputs.image_grid_thw) == 4
-    with pytest.raises(ValueError, match="overview_visual 'clip'"):
+    with pytest.raises(ValueError, match=r"overview_visual='clip': must be one of \('images', 'video'\)"):
         driver.DriverConfig(overview_visual="clip")
 
 
