@@ -35,7 +35,7 @@ class DriverConfig:
     # both then re-sized by the server's image processor (at least 65536 pixels, sides multiples
     # of 32): these defaults are that result in one resize (docs/eval.md).
     overview_min_pixels: int = checked(100352, integer(1))
-    overview_max_pixels: int = checked(602112, integer(784))  # as RolloutConfig.overview_max_pixels
+    overview_max_pixels: int = checked(602112, integer(784))  # as rl.rollout.overview_max_pixels
     crop_min_pixels: int = checked(65536, integer(1))
     crop_max_pixels: int = checked(81920, integer(1))
     think_prefix: bool = False  # the reference evaluates without a forced <think>
