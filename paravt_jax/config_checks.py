@@ -32,13 +32,6 @@ RULES: dict[str, Rule] = {
     # the benchmark driver's benchmark-level keys (configs/eval.py)
     "limit": integer(0), "max_missing_videos": share(),
     "grounding_prompt_mode": one_of(PROMPT_MODES), "grounding_visual": one_of(VISUALS),
-    # rl.rollout / rl.dispatch fields that agent.rollout.RolloutConfig and
-    # agent.dispatch.DispatchConfig do not check themselves (they check mode, max_turns and the
-    # layouts and sizings)
-    "rl.rollout.max_new_tokens": integer(1), "rl.rollout.subagent_max_tokens": integer(1),
-    "rl.rollout.overview_max_pixels": integer(784), "rl.rollout.overview_max_frames": integer(1),
-    "rl.dispatch.max_parallel": integer(1), "rl.dispatch.max_frames": integer(1),
-    "rl.dispatch.max_error_responses": integer(1), "rl.dispatch.max_workers": integer(1),
 }
 
 _MISSING = object()

@@ -218,7 +218,9 @@ BAD_VALUES = [
     ("paragrpo", "rl.advantage.gamma", 1.5, "rl.advantage.gamma=1.5: must be a number in [0, 1]"),
     ("paragrpo", "rl.reward.mode", "judge", "rl.reward.mode='judge': must be one of ('f1', 'exact', 'llm')"),
     ("paragrpo", "rl.rollout.max_new_tokens", 0, "rl.rollout.max_new_tokens=0: must be an integer >= 1"),
-    ("paragrpo", "rl.rollout.mode", "crops", "rl.rollout: rollout mode 'crops': expected one of"),
+    ("paragrpo", "rl.rollout.mode", "crops", "rl.rollout.mode='crops': must be one of ('subagent', 'frames', "
+     "'sequential')"),
+    ("paragrpo", "rl.rollout.max_turns", -1, "rl.rollout.max_turns=-1: must be an integer >= 0"),
     ("paragrpo", "rl.dispatch.max_frames", 0, "rl.dispatch.max_frames=0: must be an integer >= 1"),
     ("paragrpo", "eval.after_sft", (0,), "eval.after_sft=(0,): must be a list of integers >= 1"),
     ("paragrpo", "eval.mode", "crops", "eval.mode='crops': must be one of ('subagent', 'frames', 'sequential')"),
@@ -231,7 +233,7 @@ BAD_VALUES = [
      "'agentic_general', 'agentic_minimal')"),
     ("eval", "driver.frames_response", "frames", "driver.frames_response='frames': must be one of ('timestamped', "
      "'images_first')"),
-    ("eval", "driver.crop_arguments", "loose", "driver.crop_arguments='loose': must be one of ('lenient', 'strict')"),
+    ("eval", "driver.crop_arguments", "loose", "driver.crop_arguments='loose': must be one of ('strict', 'lenient')"),
     ("eval", "max_missing_videos", 1.5, "max_missing_videos=1.5: must be a number in [0, 1]"),
     ("eval", "grounding_prompt_mode", "agentic", "grounding_prompt_mode='agentic': must be one of ('direct', "),
     ("eval", "limit", -1, "limit=-1: must be an integer >= 0"),

@@ -14,32 +14,34 @@ import time
 from collections.abc import Sequence
 
 from paravt_jax.agent.tools import TOOL_NAME, CropRequest, ToolCall, lenient_window, validate_crop
+from paravt_jax.config import checked, integer, one_of, validate
 from paravt_jax.video.frames import SIZINGS
 from paravt_jax.video.reader import Clip, VideoError, read_frames
+
+ARGUMENTS = ("strict", "lenient")
 
 
 @dataclasses.dataclass(frozen=True)
 class DispatchConfig:
-    max_workers: int = 8
+    max_workers: int = checked(8, integer(1))
     fps: float = 1.0
     min_frames: int = 1
-    max_frames: int = 16
+    max_frames: int = checked(16, integer(1))
     min_pixels: int = 784
     max_pixels: int = 50176
-    sizing: str = "single"  # single | two_stage: as RolloutConfig.overview_sizing, for crop frames
+    # single | two_stage: as RolloutConfig.overview_sizing, for crop frames
+    sizing: str = checked("single", one_of(SIZINGS))
     timeout_s: float = 60.0
-    max_parallel: int = 5  # calls executed per turn (the rest: see RolloutConfig.extra_calls)
-    max_error_responses: int = 10  # error responses per turn (parse + not executed); the rest are counted in one
+    max_parallel: int = checked(5, integer(1))  # calls executed per turn (the rest: see RolloutConfig.extra_calls)
+    # error responses per turn (parse + not executed); the rest are counted in one
+    max_error_responses: int = checked(10, integer(1))
     # strict: a call must name crop_video and give start and end (else an error response);
     # lenient: the evaluation driver's reading (`tools.lenient_window`: any name, start 0 and
     # end start + 10 s by default, unreadable times 0)
-    arguments: str = "strict"
+    arguments: str = checked("strict", one_of(ARGUMENTS))
 
     def __post_init__(self):
-        if self.arguments not in ("strict", "lenient"):
-            raise ValueError(f"dispatch arguments {self.arguments!r}: expected strict or lenient")
-        if self.sizing not in SIZINGS:
-            raise ValueError(f"dispatch sizing {self.sizing!r}: expected one of {SIZINGS}")
+        validate(self)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,7 +17,7 @@ import numpy as np
 from paravt_jax.agent.dispatch import CropDispatcher, CropResult, CropTask, DispatchConfig
 from paravt_jax.agent.responses import frames_responses, images_first_messages, subagent_prompt, summary_text
 from paravt_jax.agent.tools import cap_errors, lenient_window, parse_tool_calls
-from paravt_jax.config import set_by
+from paravt_jax.config import checked, integer, one_of, set_by, validate
 from paravt_jax.models.qwen3_vl.rope import IMAGE, VIDEO
 from paravt_jax.sampling.sampler import PromptShape, SampleOutput, Sampler
 from paravt_jax.text import chat
@@ -46,49 +46,52 @@ class Episode:
 
 @dataclasses.dataclass(frozen=True)
 class RolloutConfig:
-    mode: str = "subagent"
-    max_turns: int = 3  # tool rounds
-    max_new_tokens: int = 512  # per assistant turn
+    mode: str = checked("subagent", one_of(MODES))
+    max_turns: int = checked(3, integer(0))  # tool rounds
+    max_new_tokens: int = checked(512, integer(1))  # per assistant turn
     temperature: float = set_by(0.7, "rl.step.temperature: rollouts sample at the log-prob temperature")
     top_p: float = 1.0
     top_k: int = 0
     think_prefix: bool = True
     tools: bool = True  # False: no tool schema in the prompt, one turn
     overview_min_pixels: int = 784
-    overview_max_pixels: int = 50176
+    overview_max_pixels: int = checked(50176, integer(784))
     # single: one resize of each overview frame to [overview_min_pixels, overview_max_pixels] at
     # factor 32 (the evaluation driver's: the processor's budget); two_stage: the reference RL
     # workflow's qwen-vl-utils resize (factor 28) then the Qwen3-VL processor's (factor 32, at
     # least 65,536 pixels; video/frames.py `frame_sizes`)
-    overview_sizing: str = "single"
+    overview_sizing: str = checked("single", one_of(SIZINGS))
     # Episodes with nframes 0 sample the overview at this rate, at most overview_max_frames
     # frames (the reference's overview when gating is off).
     overview_fps: float = 1.0
-    overview_max_frames: int = 64
+    overview_max_frames: int = checked(64, integer(1))
     # "<t seconds>" text before each overview frame (the RL workflow); False: bare images
     # (the evaluation driver).
     overview_timestamps: bool = True
     # How the overview is sent: "images" (image items; the above) or "video" (one Qwen3-VL video
     # item of overview_video_frames frames whose total pixels lie in the video budget below;
     # the reference's Charades-STA protocol).
-    overview_visual: str = "images"
+    overview_visual: str = checked("images", one_of(chat.VISUALS))
     overview_video_frames: int = 32
     overview_video_min_pixels: int = 4096
     overview_video_max_pixels: int = 25165824
-    video_path_line: str = "newline"  # newline | space_if_absent | none (chat.with_video_path)
-    tool_layout: str = "flat"  # the injected tool schema: flat (RL workflow) | object (eval, SFT data)
+    video_path_line: str = checked("newline", one_of(chat.VIDEO_PATH_LINES))  # chat.with_video_path
+    # the injected tool schema: flat (RL workflow) | object (eval, SFT data)
+    tool_layout: str = checked("flat", one_of(chat.TOOL_LAYOUTS))
     # Frames-mode tool responses. timestamped: `<tool_response>\nN frames from S s to E s.\n`, the
     # frames each after its `<t seconds>`, `\n</tool_response>`, errors as "Error: reason";
     # images_first (the evaluation driver): the bare frames, then `<tool_response>\nN frames
     # from S.Ss to E.Es.\n</tool_response>`, errors `[Error cropping S.Ss-E.Es]`.
-    frames_response: str = "timestamped"
+    frames_response: str = checked("timestamped", one_of(FRAMES_RESPONSES))
     # malformed: respond = every malformed call block gets an error response, and a turn with
     # malformed blocks only gets its responses and another turn; ignore = malformed blocks are
     # skipped and a turn without a valid call ends the dialog (the evaluation driver, and the
     # RL workflow's parser).
-    malformed: str = "respond"
-    extra_calls: str = "respond"  # calls beyond max_parallel: respond (an error response) | ignore
-    subagent_max_tokens: int = 512  # the summary budget; a summary cut there ends in " [truncated]"
+    malformed: str = checked("respond", one_of(CALL_HANDLING))
+    # calls beyond max_parallel: respond (an error response) | ignore
+    extra_calls: str = checked("respond", one_of(CALL_HANDLING))
+    # the summary budget; a summary cut there ends in " [truncated]"
+    subagent_max_tokens: int = checked(512, integer(1))
     # final_answer: the last of the max_turns tool rounds ends with its tool responses, then
     # final_answer_instruction (a user message, if any) and one short turn of
     # final_answer_tokens to answer (the evaluation protocol). Without it, calls made after
@@ -109,19 +112,7 @@ class RolloutConfig:
     subagent_shape: PromptShape = set_by(PromptShape(), "rl.shapes")
 
     def __post_init__(self):
-        if self.mode not in MODES:
-            raise ValueError(f"rollout mode {self.mode!r}: expected one of {MODES}")
-        if self.max_turns < 0:
-            raise ValueError(f"max_turns={self.max_turns} must be >= 0")
-        for name, value, allowed in (("frames_response", self.frames_response, FRAMES_RESPONSES),
-                                     ("malformed", self.malformed, CALL_HANDLING),
-                                     ("extra_calls", self.extra_calls, CALL_HANDLING),
-                                     ("video_path_line", self.video_path_line, chat.VIDEO_PATH_LINES),
-                                     ("overview_visual", self.overview_visual, chat.VISUALS),
-                                     ("tool_layout", self.tool_layout, chat.TOOL_LAYOUTS),
-                                     ("overview_sizing", self.overview_sizing, SIZINGS)):
-            if value not in allowed:
-                raise ValueError(f"rollout {name} {value!r}: expected one of {allowed}")
+        validate(self)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 
+from paravt_jax.agent.dispatch import ARGUMENTS as CROP_ARGUMENTS
 from paravt_jax.agent.rollout import CALL_HANDLING, FRAMES_RESPONSES
 from paravt_jax.config import checked, integer, one_of, set_by, validate
 from paravt_jax.eval.prompts import MODES as PROMPT_MODES
 from paravt_jax.text.chat import VIDEO_PATH_LINES, VISUALS
 
 DISPATCH = ("parallel", "sequential")
-CROP_ARGUMENTS = ("lenient", "strict")  # agent.dispatch.DispatchConfig.arguments
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,7 +35,7 @@ class DriverConfig:
     # both then re-sized by the server's image processor (at least 65536 pixels, sides multiples
     # of 32): these defaults are that result in one resize (docs/eval.md).
     overview_min_pixels: int = checked(100352, integer(1))
-    overview_max_pixels: int = checked(602112, integer(784))  # as rl.rollout.overview_max_pixels
+    overview_max_pixels: int = checked(602112, integer(784))  # as RolloutConfig.overview_max_pixels
     crop_min_pixels: int = checked(65536, integer(1))
     crop_max_pixels: int = checked(81920, integer(1))
     think_prefix: bool = False  # the reference evaluates without a forced <think>
