@@ -12,6 +12,7 @@ import pytest
 
 from paravt_jax.data.builtin import ensure_builtin
 from paravt_jax.eval import datasets, driver, prompts
+from paravt_jax.eval import records as store
 from paravt_jax.sampling.sampler import SampleOutput
 from paravt_jax.text import chat
 from paravt_jax.text.tokenizer import Tokenizer
@@ -109,7 +110,7 @@ def test_prompt_modes():
 def test_protocol_records_and_batching(benchmark, tokenizer, tmp_path):
     sampler = FakeSampler(tokenizer)
     summary = driver.run_dataset(sampler, tokenizer, benchmark, config(), str(tmp_path), log=lambda _: None)
-    records = driver.read_records([driver.shard_path(str(tmp_path), "synthetic", 0, 1)])
+    records = store.read_records([store.shard_path(str(tmp_path), "synthetic", 0, 1)])
     assert summary["complete"] and sorted(records) == list(range(len(benchmark.samples)))
     kinds = {s.question_type for s in benchmark.samples}
     assert sampler.rows == len(benchmark.samples) and sampler.calls <= 3 * len(kinds)  # batched per type
@@ -131,7 +132,7 @@ def test_resume_after_interruption_gives_the_same_summary(benchmark, tokenizer, 
     full = driver.run_dataset(FakeSampler(tokenizer), tokenizer, benchmark, config(batch_size=2), str(tmp_path / "a"),
                               log=lambda _: None)
     out = tmp_path / "b"
-    path = driver.shard_path(str(out), "synthetic", 0, 1)
+    path = store.shard_path(str(out), "synthetic", 0, 1)
     driver.run_dataset(FakeSampler(tokenizer), tokenizer, benchmark, config(batch_size=2), str(out), log=lambda _: None)
     lines = open(path).read().splitlines()
     with open(path, "w") as f:  # interrupted: two samples kept, a torn third line
@@ -155,7 +156,7 @@ def test_records_and_summaries_on_gs_resume(benchmark, tokenizer, tmp_path, gcs_
     local = driver.run_dataset(FakeSampler(tokenizer), tokenizer, benchmark, config(batch_size=2),
                                str(tmp_path / "local"), log=lambda _: None)
     out = f"{gcs_emulator}/eval-records"
-    path = driver.shard_path(out, "synthetic", 0, 1)
+    path = store.shard_path(out, "synthetic", 0, 1)
     driver.run_dataset(FakeSampler(tokenizer), tokenizer, benchmark, config(batch_size=2), out, log=lambda _: None)
     lines = storage.read_text(path).splitlines()
     storage.write_atomic(path, "\n".join(lines[:2]) + "\n" + lines[2][: len(lines[2]) // 2])
@@ -166,7 +167,7 @@ def test_records_and_summaries_on_gs_resume(benchmark, tokenizer, tmp_path, gcs_
     assert strip_timing(resumed) == strip_timing(local)
     assert len(storage.read_text(path).splitlines()) == len(benchmark.samples)
     assert json.loads(storage.read_bytes(f"{out}/synthetic.json"))["summary"]["total"] == len(benchmark.samples)
-    driver.write_summary_all(out, {"synthetic": resumed})
+    store.write_summary_all(out, {"synthetic": resumed})
     assert json.loads(storage.read_bytes(f"{out}/summary_all.json"))["synthetic"]["complete"]
 
 
@@ -192,7 +193,7 @@ def test_unreadable_video_is_an_error_record(benchmark, tokenizer, tmp_path):
     bench = dataclasses.replace(benchmark, samples=(bad,) + benchmark.samples[1:2])
     summary = driver.run_dataset(FakeSampler(tokenizer), tokenizer, bench, config(), str(tmp_path / "o"),
                                  log=lambda _: None)
-    records = driver.read_records(glob.glob(str(tmp_path / "o" / "*.jsonl")))
+    records = store.read_records(glob.glob(str(tmp_path / "o" / "*.jsonl")))
     assert "broken.mp4" in records[0]["error"] and records[0]["score"] == 0.0
     assert summary["errors"] == 1 and summary["total"] == 2
 
@@ -210,13 +211,13 @@ def test_records_are_keyed_by_checkpoint_and_settings(benchmark, tokenizer, tmp_
     first = driver.run_dataset(FakeSampler(tokenizer), tokenizer, benchmark, config(), out, identity=IDENTITY_A,
                                **quiet)
     assert first["complete"] and first["producer"]["checkpoint"]["path"] == "/ckpt/a"
-    with pytest.raises(driver.ForeignRecords, match=r"6 synthetic record\(s\) of another evaluation "
+    with pytest.raises(store.ForeignRecords, match=r"6 synthetic record\(s\) of another evaluation "
                        r"\(checkpoint.files: '0123' -> '4567'; checkpoint.path: '/ckpt/a' -> '/ckpt/b'\).*--overwrite"):
         driver.run_dataset(FakeSampler(tokenizer), tokenizer, benchmark, config(), out, identity=IDENTITY_B, **quiet)
-    with pytest.raises(driver.ForeignRecords, match=r"settings.nframes: 4 -> 8"):
+    with pytest.raises(store.ForeignRecords, match=r"settings.nframes: 4 -> 8"):
         driver.run_dataset(FakeSampler(tokenizer), tokenizer, benchmark, config(nframes=8), out, identity=IDENTITY_A,
                            **quiet)
-    with pytest.raises(driver.ForeignRecords, match=r"settings.prompt_mode: 'agentic_general' -> 'direct'"):
+    with pytest.raises(store.ForeignRecords, match=r"settings.prompt_mode: 'agentic_general' -> 'direct'"):
         driver.run_dataset(FakeSampler(tokenizer), tokenizer, benchmark, config(prompt_mode="direct"), out,
                            identity=IDENTITY_A, **quiet)
     same = FakeSampler(tokenizer)  # the same producer (another batch size) resumes: nothing to run
@@ -227,16 +228,16 @@ def test_records_are_keyed_by_checkpoint_and_settings(benchmark, tokenizer, tmp_
                                 **quiet)
     assert again.rows == len(benchmark.samples) and second["complete"]
     assert second["producer"]["checkpoint"]["path"] == "/ckpt/b" and second["producer_id"] != first["producer_id"]
-    records = driver.read_records(glob.glob(os.path.join(out, "*.jsonl")))
+    records = store.read_records(glob.glob(os.path.join(out, "*.jsonl")))
     assert {r["producer"] for r in records.values()} == {second["producer_id"]}
     saved = json.load(open(os.path.join(out, "synthetic.json")))
     assert saved["summary"]["producer"]["checkpoint"]["path"] == "/ckpt/b"
     # records written before they named their producer are not reused either
-    path = driver.shard_path(out, "synthetic", 0, 1)
+    path = store.shard_path(out, "synthetic", 0, 1)
     lines = [json.loads(line) for line in open(path)]
     with open(path, "w") as f:
         f.writelines(json.dumps({k: v for k, v in r.items() if k != "producer"}) + "\n" for r in lines)
-    with pytest.raises(driver.ForeignRecords, match="written before records named their producer"):
+    with pytest.raises(store.ForeignRecords, match="written before records named their producer"):
         driver.run_dataset(FakeSampler(tokenizer), tokenizer, benchmark, config(), out, identity=IDENTITY_B, **quiet)
 
 

@@ -11,6 +11,7 @@ from paravt_jax.agent.dispatch import CropDispatcher
 from paravt_jax.agent.rollout import Episode, overview_prompts
 from paravt_jax.data.synthetic import Event, write_video
 from paravt_jax.eval import driver, prompts
+from paravt_jax.eval import records as store
 from paravt_jax.models.qwen3_vl import load_pretrained
 from paravt_jax.text import chat
 from paravt_jax.text.inputs import encode
@@ -183,7 +184,7 @@ def test_driver_runs_a_charades_sample_on_the_tiny_model(video, tokenizer, tmp_p
                                  grounding_answer_tokens=8, crop_max_pixels=96 * 128, batch_size=1)
     sampler = Sampler(init_model(preset("tiny"), seed=0), SamplerConfig(min_chunk_bucket=64))
     summary = driver.run_dataset(sampler, tokenizer, benchmark, config, str(tmp_path), log=lambda _: None)
-    (record,) = driver.read_records([driver.shard_path(str(tmp_path), "charades", 0, 1)]).values()
+    (record,) = store.read_records([store.shard_path(str(tmp_path), "charades", 0, 1)]).values()
     assert summary["complete"] and "error" not in record and record["turns"] >= 1
     assert record["context_tokens"] > 2 * 12 and 0.0 <= record["score"] <= 1.0
     assert {"mIoU", "R@0.5"} <= set(summary)

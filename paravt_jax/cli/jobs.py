@@ -20,7 +20,7 @@ from paravt_jax.agent.rollout import Episode, run_rollouts
 from paravt_jax.checkpointing import Checkpointer
 from paravt_jax.experiments.plots import plot_run, thirds
 from paravt_jax.rl.episode_log import write_eval_episodes
-from paravt_jax.rl.evaluate import evaluate_episodes
+from paravt_jax.rl.evaluate import HeldOut
 from paravt_jax.rl.rewards import extract_answer
 from paravt_jax.rl.trainer import train_rl
 from paravt_jax.runtime import build_model, builtin_assets, eval_config, rl_config, save_export, setup, sft_config
@@ -99,18 +99,19 @@ def evaluate_all(config, model, tokenizer, eval_rows, nframes=None, episodes: st
     e = eval_config(config)
     rl = rl_config(config)  # the episode: the training rollout's, with the evaluation's budget
     rows = eval_rows[: e.limit] if e.limit else eval_rows
-    settings = [(tools, int(k)) for tools in (False, True) for k in (e.nframes if nframes is None else nframes)]
+    held_out = HeldOut.grid(rows, e.nframes if nframes is None else nframes, tools_major=True, rollout=rl.rollout,
+                            dispatch=rl.dispatch, max_new_tokens=e.max_new_tokens, max_turns=e.max_turns,
+                            mode=e.mode)
     results = []
-    for number, (tools, k) in enumerate(settings, 1):
-        t0 = time.perf_counter()
-        result, rollouts = evaluate_episodes(model, tokenizer, rows, nframes=k, tools=tools, rollout=rl.rollout,
-                                             dispatch=rl.dispatch, max_new_tokens=e.max_new_tokens,
-                                             max_turns=e.max_turns, mode=e.mode)
-        results.append(result.row())
+    t0 = time.perf_counter()
+    for number, setting in enumerate(held_out.run(model, tokenizer), 1):
+        results.append(setting.result.row())
         if episodes:
-            write_eval_episodes(episodes, stage, rollouts, {"tools": tools, "nframes": k}, rows)
-        print(f"[run] evaluation {number}/{len(settings)} (tools {'yes' if tools else 'no'}, K = {k}, "
-              f"{len(rows)} videos) in {time.perf_counter() - t0:.0f} s", flush=True)
+            write_eval_episodes(episodes, stage, setting.rollouts, {"tools": setting.tools, "nframes": setting.nframes},
+                                rows)
+        print(f"[run] evaluation {number}/{len(held_out.settings)} (tools {'yes' if setting.tools else 'no'}, "
+              f"K = {setting.nframes}, {len(rows)} videos) in {time.perf_counter() - t0:.0f} s", flush=True)
+        t0 = time.perf_counter()
     return results
 
 

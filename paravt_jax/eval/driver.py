@@ -37,6 +37,7 @@ from paravt_jax.agent.dispatch import CropDispatcher, DispatchConfig
 from paravt_jax.agent.rollout import Episode, Rollout, RolloutConfig, run_rollouts
 from paravt_jax.config import ConfigValueError, build
 from paravt_jax.eval import prompts, provenance, scoring
+from paravt_jax.eval import records as store
 from paravt_jax.eval.settings import DISPATCH, DriverConfig
 from paravt_jax.rl import rewards as R
 from paravt_jax.rl.episode_stats import calls_per_tool_turn
@@ -131,11 +132,6 @@ def evaluate_batch(sampler, tokenizer, batch: Sequence[tuple[int, object]], conf
     return records
 
 
-def _ends_with_newline(path: str) -> bool:
-    data = storage.read_bytes(path)
-    return not data or data.endswith(b"\n")  # empty: nothing torn
-
-
 def crop_dispatcher(config: DriverConfig) -> CropDispatcher:
     return CropDispatcher(DispatchConfig(max_parallel=config.max_parallel, min_pixels=config.crop_min_pixels,
                                          max_pixels=config.crop_max_pixels, arguments=config.crop_arguments))
@@ -147,26 +143,6 @@ def batches(pending: Sequence[tuple[int, object]], batch_size: int) -> list[list
     for kind in dict.fromkeys(s.question_type for _, s in pending):
         group = [p for p in pending if p[1].question_type == kind]
         out += [group[i:i + batch_size] for i in range(0, len(group), batch_size)]
-    return out
-
-
-# ----------------------------------------------------------------------------- files
-def shard_path(output_dir: str, dataset: str, shard_id: int, num_shards: int) -> str:
-    return storage.join(output_dir, f"{dataset}.shard-{shard_id:05d}-of-{num_shards:05d}.jsonl")
-
-
-def read_records(paths: Sequence[str]) -> dict[int, dict]:
-    """Finished samples by index; a torn last line (an interrupted write) is ignored."""
-    out: dict[int, dict] = {}
-    for path in paths:
-        if not storage.isfile(path):
-            continue
-        for line in storage.read_bytes(path).splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            out[int(record["index"])] = record
     return out
 
 
@@ -208,10 +184,6 @@ def summarize(dataset: str, records: Sequence[dict], nframes: int) -> dict:
     return summary
 
 
-class ForeignRecords(ConfigValueError):
-    """The output directory holds records another checkpoint or other settings produced."""
-
-
 class MissingVideos(ConfigValueError):
     """More of a benchmark's videos are missing than `max_missing_videos` allows."""
 
@@ -228,70 +200,21 @@ def check_missing_videos(benchmark, max_share: float) -> None:
         raise MissingVideos(f"{benchmark.name}: its annotations hold no samples")
 
 
-def _shard_files(output_dir: str, name: str) -> list[str]:
-    return [storage.join(output_dir, n) for n in storage.listdir(output_dir)
-            if fnmatch.fnmatch(n, f"{name}.shard-*-of-*.jsonl")]
-
-
-def claim_output(output_dir: str, name: str, key: dict, overwrite: bool, log: Callable[[str], None]) -> str:
-    """Registers `key` as a producer of `name` records in output_dir and returns its id. Records
-    (and a finished `<name>.json`) of any other producer are refused with the fields that
-    differ, or with `overwrite` dropped (this producer's own records are kept either way, so
-    shards of one evaluation never drop each other's work)."""
-    me = provenance.producer_id(key)
-    manifest_path = storage.join(output_dir, f"{name}.producers.json")
-    try:
-        known = json.loads(storage.read_bytes(manifest_path))
-    except (OSError, ValueError):
-        known = {}
-    foreign: dict[str | None, int] = {}
-    for path in _shard_files(output_dir, name):
-        for record in read_records([path]).values():
-            if record.get("producer") != me:
-                foreign[record.get("producer")] = foreign.get(record.get("producer"), 0) + 1
-    finished = storage.join(output_dir, f"{name}.json")
-    if storage.exists(finished):
-        try:
-            other = json.loads(storage.read_bytes(finished)).get("summary", {}).get("producer_id")
-        except (OSError, ValueError):
-            other = None
-        if other != me:
-            foreign.setdefault(other, 0)
-    if foreign and not overwrite:
-        count = sum(foreign.values())
-        stored = next(iter(foreign))
-        changes = provenance.differences(known.get(stored) if stored else None, key)
-        raise ForeignRecords(f"{output_dir} holds {count} {name} record(s) of another evaluation ("
-                             + "; ".join(changes[:8]) + ("; ..." if len(changes) > 8 else "")
-                             + "): evaluate into another --output_dir, or pass --overwrite to drop them")
-    if foreign:
-        for path in _shard_files(output_dir, name):
-            kept = read_records([path])
-            kept = {i: r for i, r in kept.items() if r.get("producer") == me}
-            storage.write_atomic(path, "".join(json.dumps(kept[i], default=str) + "\n" for i in sorted(kept)))
-        if storage.exists(finished):
-            storage.remove(finished)
-        log(f"[eval] {name}: --overwrite dropped {sum(foreign.values())} record(s) of another evaluation")
-    if known.get(me) != json.loads(json.dumps(key, default=str)):
-        storage.write_json_atomic(manifest_path, {**known, me: key})
-    return me
-
-
 def run_dataset(sampler, tokenizer, benchmark, config: DriverConfig, output_dir: str, *, shard_id: int = 0,
                 num_shards: int = 1, log: Callable[[str], None] = print, identity: dict | None = None,
                 overwrite: bool = False) -> dict:
     """Evaluates this shard's unfinished samples of one loaded benchmark; returns the
     dataset's summary (complete=False while other shards are missing). `identity` names the
     model (provenance.model_identity); with the settings it keys every record, and records of
-    another key in output_dir are refused (ForeignRecords), or dropped with `overwrite`."""
+    another key in output_dir are refused (store.ForeignRecords), or dropped with `overwrite`."""
     storage.makedirs(output_dir)
     name = benchmark.name
     samples = list(benchmark.samples)
     key = provenance.producer(identity or {}, config)
-    producer_id = claim_output(output_dir, name, key, overwrite, log)
-    mine = shard_path(output_dir, name, shard_id, num_shards)
-    done = read_records([mine])
-    if storage.isfile(mine) and not _ends_with_newline(mine):
+    producer_id = store.claim_output(output_dir, name, key, overwrite, log)
+    mine = store.shard_path(output_dir, name, shard_id, num_shards)
+    done = store.read_records([mine])
+    if storage.isfile(mine) and not store.ends_with_newline(mine):
         # an interrupted write left a torn last line: drop it so appended records start clean
         storage.write_atomic(mine, "".join(json.dumps(done[i], default=str) + "\n" for i in sorted(done)))
     pending = [(i, samples[i]) for i in shard_indices(len(samples), shard_id, num_shards) if i not in done]
@@ -309,7 +232,7 @@ def run_dataset(sampler, tokenizer, benchmark, config: DriverConfig, output_dir:
             log(f"[eval] {name}: {finished}/{len(pending)} samples ({time.perf_counter() - started:.0f} s)")
     shard.close()
     pattern = f"{name}.shard-*-of-{num_shards:05d}.jsonl"
-    all_records = read_records([storage.join(output_dir, n) for n in storage.listdir(output_dir)
+    all_records = store.read_records([storage.join(output_dir, n) for n in storage.listdir(output_dir)
                                 if fnmatch.fnmatch(n, pattern)])
     records = [all_records[i] for i in sorted(all_records) if i < len(samples)]
     summary = summarize(name, records, config.nframes)
@@ -324,14 +247,6 @@ def run_dataset(sampler, tokenizer, benchmark, config: DriverConfig, output_dir:
         output["missing_videos"] = list(benchmark.missing_videos)
         storage.write_json_atomic(storage.join(output_dir, f"{name}.json"), output)
     return summary
-
-
-def write_summary_all(output_dir: str, summaries: dict[str, dict]) -> str:
-    path = storage.join(output_dir, "summary_all.json")
-    previous = json.loads(storage.read_bytes(path)) if storage.isfile(path) else {}
-    previous.update(summaries)
-    storage.write_json_atomic(path, previous)
-    return path
 
 
 # ----------------------------------------------------------------------------- comparison
@@ -414,7 +329,7 @@ def evaluate_command(config, output_dir: str, *, shard_id: int = 0, num_shards: 
                      compare: bool = False, overwrite: bool = False) -> dict:
     """Evaluates config.datasets into output_dir (see the module docstring). Refused before the
     model is built: a benchmark with too many missing videos (MissingVideos), and an output
-    directory holding another model's or other settings' records (ForeignRecords; `overwrite`
+    directory holding another model's or other settings' records (store.ForeignRecords; `overwrite`
     drops them instead)."""
     assets = builtin_assets(config)
     benchmarks = load_benchmarks(config, lambda name: benchmark_protocol(config, name)["prompt_mode"],
@@ -427,7 +342,7 @@ def evaluate_command(config, output_dir: str, *, shard_id: int = 0, num_shards: 
             driver = driver_config(config, **benchmark_protocol(config, benchmark.name), dispatch=dispatch)
             directory = storage.join(output_dir, dispatch) if compare else output_dir
             storage.makedirs(directory)
-            claim_output(directory, benchmark.name, provenance.producer(identity, driver), overwrite, print)
+            store.claim_output(directory, benchmark.name, provenance.producer(identity, driver), overwrite, print)
     model = build_model(config, default_dir=assets.model_dir)
     tokenizer = Tokenizer.from_directory(config.model.checkpoint or assets.model_dir)
     check_against_model(tokenizer, model.config)
@@ -451,7 +366,7 @@ def evaluate_command(config, output_dir: str, *, shard_id: int = 0, num_shards: 
             driver = driver_config(config, **benchmark_protocol(config, benchmark.name), dispatch=dispatch)
             summary = run_dataset(sampler, tokenizer, benchmark, driver, directory, shard_id=shard_id,
                                   num_shards=num_shards, identity=identity)
-            write_summary_all(directory, {benchmark.name: summary})
+            store.write_summary_all(directory, {benchmark.name: summary})
             comparison.setdefault(benchmark.name, {})[dispatch] = summary
             summaries[benchmark.name if not compare else f"{benchmark.name}/{dispatch}"] = summary
     table = comparison_table(comparison)

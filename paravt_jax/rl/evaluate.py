@@ -89,6 +89,47 @@ def evaluate_episodes(model, tokenizer, rows, *, nframes: int, tools: bool, roll
                       use["kappa"], use["calls_per_tool_turn"], len(rollouts), call_validity(rollouts)), rollouts
 
 
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One held-out setting's outcome: its scores and the episodes behind them."""
+    tools: bool
+    nframes: int
+    result: EvalResult
+    rollouts: list
+
+
+@dataclasses.dataclass(frozen=True)
+class HeldOut:
+    """The greedy held-out evaluation on `rows`, one setting (tools, K) after another: what the
+    main job runs after each phase (`settings` tools-major) and the RL trainer every
+    `rl.eval_every` steps (K-major). The episode is the run's (`rollout`, `dispatch`) with the
+    evaluation's own budget (episode_config)."""
+    rows: tuple
+    settings: tuple[tuple[bool, int], ...]
+    rollout: RolloutConfig = RolloutConfig()
+    dispatch: DispatchConfig = DispatchConfig()
+    max_new_tokens: int | None = None
+    max_turns: int | None = None
+    mode: str | None = None
+
+    @classmethod
+    def grid(cls, rows, nframes, *, tools_major: bool, **kwargs) -> HeldOut:
+        """Every K of `nframes` without and with tools, tools-major (no tools at every K first)
+        or K-major (each K without, then with tools)."""
+        settings = ([(tools, int(k)) for tools in (False, True) for k in nframes] if tools_major
+                    else [(tools, int(k)) for k in nframes for tools in (False, True)])
+        return cls(tuple(rows), tuple(settings), **kwargs)
+
+    def run(self, model, tokenizer):
+        """Yields each setting's `Setting` as it finishes."""
+        for tools, k in self.settings:
+            result, rollouts = evaluate_episodes(model, tokenizer, self.rows, nframes=k, tools=tools,
+                                                 rollout=self.rollout, dispatch=self.dispatch,
+                                                 max_new_tokens=self.max_new_tokens, max_turns=self.max_turns,
+                                                 mode=self.mode)
+            yield Setting(tools, k, result, rollouts)
+
+
 def call_validity(rollouts) -> float:
     """Share of the `<tool_call>` blocks in the policy's turns that parsed and passed
     validation: every block, less each parse, validation or crop error of its rollout (calls

@@ -19,6 +19,7 @@ from paravt_jax.data import gating
 from paravt_jax.rl.advantages import AdvantageConfig, compute_advantages
 from paravt_jax.rl.episode_log import MAX_LOGGED, EpisodeLog, eval_records
 from paravt_jax.rl.episode_stats import summarize
+from paravt_jax.rl.evaluate import HeldOut
 from paravt_jax.rl.objective import StepConfig, policy_head, policy_loss
 from paravt_jax.rl.rewards import RewardConfig, make_judge, score
 from paravt_jax.rl.shapes import ShapeConfig, StepShapes, resolve
@@ -70,11 +71,6 @@ class RLConfig:
         if rows % self.micro_batches:
             raise refuse("micro_batches", self.micro_batches,
                          f"must divide the {rows} rows of a step (prompts_per_step x samples_per_prompt)")
-
-
-def periodic_evaluations(nframes: tuple[int, ...]) -> list[tuple[int, bool]]:
-    """(K, tools) of the periodic held-out evaluation, only process 0 runs it."""
-    return [(k, tools) for k in nframes for tools in (False, True)]
 
 
 def periodic_tag(nframes: tuple[int, ...], k: int, tools: bool) -> str:
@@ -272,18 +268,16 @@ class RLStep:
     def evaluate(self, state, eval_rows: list, index: int) -> dict:
         """The periodic greedy held-out evaluation after step `index` (process 0 runs it), its
         compiles apart; every episode it ran goes to the eval log (stage "periodic")."""
-        from paravt_jax.rl.evaluate import evaluate_episodes
-
         config, metrics, records = self.config, {}, []
         evaluation = compiles.snapshot()  # the evaluation's own shapes: reported apart
         current = dist.local_model(self.step.model(state))
-        held_out = eval_rows[:config.eval_limit]
-        for nframes, tools in periodic_evaluations(config.eval_nframes) if dist.is_primary() else ():
-            result, evaluated = evaluate_episodes(current, self.tokenizer, held_out, nframes=nframes, tools=tools,
-                                                  rollout=config.rollout, dispatch=config.dispatch)
-            tag = periodic_tag(config.eval_nframes, nframes, tools)
-            metrics.update({f"{tag}/{k}": v for k, v in result.row().items() if k not in ("tools", "nframes")})
-            records += eval_records(evaluated, held_out, step=index, stage="periodic", tools=tools, nframes=nframes)
+        held_out = HeldOut.grid(eval_rows[:config.eval_limit], config.eval_nframes if dist.is_primary() else (),
+                                tools_major=False, rollout=config.rollout, dispatch=config.dispatch)
+        for setting in held_out.run(current, self.tokenizer):
+            tag = periodic_tag(config.eval_nframes, setting.nframes, setting.tools)
+            metrics.update({f"{tag}/{k}": v for k, v in setting.result.row().items() if k not in ("tools", "nframes")})
+            records += eval_records(setting.rollouts, held_out.rows, step=index, stage="periodic", tools=setting.tools,
+                                    nframes=setting.nframes)
         self.eval_log.write_records(index, records)
         metrics["eval_compiles"] = evaluation.since().count
         return metrics
