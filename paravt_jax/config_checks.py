@@ -5,9 +5,7 @@ before any work starts if it is out of range, with the field's dotted name and w
 The sections shaped like dataclasses (`sft`, `rl`, `eval`, the benchmark driver's `driver`)
 are checked by building them: each dataclass validates its own fields (paravt_jax.config).
 What is left here is about keys that build no dataclass: the built-in data, the forward demo,
-`generate`, the benchmark-level keys of configs/eval.py, and the model's source; and, until
-agent.rollout.RolloutConfig and agent.dispatch.DispatchConfig declare them on their fields, the
-rules of a few `rl.rollout` / `rl.dispatch` fields.
+`generate`, the benchmark-level keys of configs/eval.py, and the model's source.
 """
 from __future__ import annotations
 
