@@ -18,6 +18,7 @@ def test_judge_holds_fails_and_is_inconclusive_by_one_std():
     assert H.judge([0.10, 0.12, 0.14], "below")[2] == "fails"
     assert H.judge([0.10, -0.05, 0.02], "above")[2] == "inconclusive"  # mean 0.023 < std 0.076
     assert H.judge([0.0, 0.0, 0.0], "above")[2] == "inconclusive"
+    assert H.judge([0.5], "above") == (0.5, 0.0, "one seed")  # no spread to judge against
     mean, std, _ = H.judge([1.0, 2.0, 3.0], "above")
     assert mean == pytest.approx(2.0) and std == pytest.approx(1.0)
 

@@ -7,7 +7,8 @@ what it is compared with (the same seed's arm of another group, a group of one r
 shared cold start, the arm's own other number, or a fixed threshold); over the seeds, its mean
 and sample standard deviation. The verdict *holds* when the mean lies in the predicted direction
 by more than one standard deviation, *fails* when it lies against it by more than one, and is
-*inconclusive* otherwise (a mean of exactly 0 included). Numbers are the report's (`ArmRun.numbers`:
+*inconclusive* otherwise (a mean of exactly 0 included); with fewer than two seeds there is no
+spread to judge against and the verdict is *one seed*. Numbers are the report's (`ArmRun.numbers`:
 `eval_tools_K4_accuracy`, `rl_format_compliance_late`, ...).
 """
 from __future__ import annotations
@@ -66,7 +67,7 @@ class Verdict:
     differences: tuple[float, ...]  # one per seed, in seed order
     mean: float | None
     std: float | None
-    verdict: str  # holds | fails | inconclusive | not run
+    verdict: str  # holds | fails | inconclusive | one seed | not run
 
 
 def seed_of(name: str) -> str:
@@ -75,9 +76,11 @@ def seed_of(name: str) -> str:
 
 
 def judge(differences: Sequence[float], direction: str) -> tuple[float, float, str]:
-    """(mean, sample std, verdict) of per-seed differences (std 0 for one seed)."""
+    """(mean, sample std, verdict) of per-seed differences (std 0 and "one seed" for one)."""
     mean = statistics.fmean(differences)
-    std = statistics.stdev(differences) if len(differences) > 1 else 0.0
+    if len(differences) < 2:
+        return mean, 0.0, "one seed"
+    std = statistics.stdev(differences)
     signed = mean if direction == "above" else -mean
     if signed > std and signed != 0:
         return mean, std, "holds"
