@@ -64,12 +64,12 @@ def greedy_parity(new_tokens: int) -> dict:
     import jax
 
     from paravt_jax.models.qwen3_vl import init_model, preset
-    from paravt_jax.sampling.sampler import generate
+    from paravt_jax.sampling import SamplingParams, generate
 
     prompts = [[5, 17, 42, 99, 7, 300], [11, 12, 13]]
-    here = generate(init_model(preset("tiny"), seed=0), prompts, new_tokens).tokens
+    here = generate(init_model(preset("tiny"), seed=0), prompts, SamplingParams(max_new_tokens=new_tokens)).tokens
     with jax.default_device(jax.devices("cpu")[0]):
-        cpu = generate(init_model(preset("tiny"), seed=0), prompts, new_tokens).tokens
+        cpu = generate(init_model(preset("tiny"), seed=0), prompts, SamplingParams(max_new_tokens=new_tokens)).tokens
     same = [list(a) == list(b) for a, b in zip(here, cpu)]
     return dict(device=jax.devices()[0].platform, rows=len(prompts), new_tokens=new_tokens, equal=all(same),
                 tokens_device=[list(map(int, t)) for t in here], tokens_cpu=[list(map(int, t)) for t in cpu])
@@ -111,7 +111,7 @@ def fitting_layers(name: str, device, requested: int) -> int:
 def sampler_speed(config, rows: int, prompt: int, steps: int, chip) -> dict:
     """Prefill and decode tokens/s of the Sampler (greedy, no stop) against the HBM roofline."""
     from paravt_jax.models.qwen3_vl import init_model
-    from paravt_jax.sampling import Sampler
+    from paravt_jax.sampling import Sampler, SamplingParams
     from paravt_jax.text.inputs import encode_ids
 
     model = init_model(config, seed=0)
@@ -121,7 +121,7 @@ def sampler_speed(config, rows: int, prompt: int, steps: int, chip) -> dict:
 
     def run(new):
         start = time.perf_counter()
-        out, _ = sampler.generate(prompts, max_new_tokens=new, temperature=0.0, stop_ids=())
+        out, _ = sampler.generate(prompts, sampling=SamplingParams(max_new_tokens=new))
         np.asarray(out.lengths)
         return time.perf_counter() - start
 

@@ -34,7 +34,7 @@ def main():
     from paravt_jax.data.builtin import ensure_builtin
     from paravt_jax.data.synthetic import make_video, write_video
     from paravt_jax.models.qwen3_vl import load_pretrained
-    from paravt_jax.sampling import Sampler, SamplerConfig
+    from paravt_jax.sampling import Sampler, SamplerConfig, SamplingParams
     from paravt_jax.text import chat
     from paravt_jax.text.inputs import encode
     from paravt_jax.text.tokenizer import Tokenizer
@@ -55,7 +55,7 @@ def main():
                                                          clip.timestamps), add_generation_prompt=True,
                                     assistant_prefix="<think>\n"), tok)
         windows = [(60.0 * i + 5, 60.0 * i + 20) for i in range(args.max_k)]
-        knobs = dict(max_new_tokens=args.turn_tokens, stop_ids=(), temperature=0.0)
+        sampling = SamplingParams(max_new_tokens=args.turn_tokens)
 
         def tool_turn(state, calls, dispatcher, seed):
             tasks = [CropTask(0, k, path, video.duration, ToolCall("crop_video", {"start_time": s, "end_time": e}))
@@ -66,16 +66,16 @@ def main():
                                                                  add_generation_prompt=True,
                                                                  assistant_prefix="<think>\n")
             chunk = encode(segments, tok, start_position=int(state.chunk_start[0]))
-            _, state = sampler.extend(state, [chunk], seed=seed, **knobs)
+            _, state = sampler.extend(state, [chunk], seed=seed, sampling=sampling)
             return state
 
         def parallel(k, dispatcher):
-            _, state = sampler.generate([prompt], **knobs)
+            _, state = sampler.generate([prompt], sampling=sampling)
             state = tool_turn(state, windows[:k], dispatcher, 1)
             return state
 
         def sequential(k, dispatcher):
-            _, state = sampler.generate([prompt], **knobs)
+            _, state = sampler.generate([prompt], sampling=sampling)
             for i in range(k):
                 state = tool_turn(state, windows[i:i + 1], dispatcher, 1 + i)
             return state

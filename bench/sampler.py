@@ -71,7 +71,7 @@ def cache_bytes(state) -> int:
     """Bytes of a SamplerState's live cache buffers: the prompt prefixes and the rows' suffixes."""
     import jax
 
-    return sum(a.nbytes for a in jax.tree.leaves((state.prefix, state.cache_k, state.cache_v, state.valid)))
+    return sum(a.nbytes for a in jax.tree.leaves((state.prefix, state.suffix)))
 
 
 def model_costs(config):
@@ -114,7 +114,7 @@ def main():
     import torch
 
     from paravt_jax.models.qwen3_vl import init_model, preset
-    from paravt_jax.sampling import Sampler, SamplerConfig
+    from paravt_jax.sampling import Sampler, SamplerConfig, SamplingParams
     from paravt_jax.text.inputs import encode_ids
 
     copy, bandwidth, rate = measure_machine()
@@ -137,10 +137,11 @@ def main():
                 ids = rng.integers(0, 900, (batch, prompt_len))
                 prompts = [encode_ids(r.tolist(), 0) for r in ids]
                 start = time.perf_counter()
-                out, _ = sampler.generate(prompts, max_new_tokens=new)
+                out, _ = sampler.generate(prompts, sampling=SamplingParams(max_new_tokens=new))
                 first = time.perf_counter() - start
                 assert all(len(t) == new for t in out.tokens)
-                ours = min(steady_times(lambda: sampler.generate(prompts, max_new_tokens=new), args.repeats))
+                ours = min(steady_times(lambda: sampler.generate(prompts, sampling=SamplingParams(max_new_tokens=new)),
+                                          args.repeats))
                 tid = torch.tensor(ids)
                 with torch.no_grad():
                     peer.generate(input_ids=tid[:, :8], max_new_tokens=2, do_sample=False)  # warm
@@ -160,10 +161,10 @@ def main():
         prompt = encode_ids(ids[0].tolist(), 0)
         for _ in range(2):  # the second run is the measured one
             start = time.perf_counter()
-            sampler.generate([prompt], num_samples=8, max_new_tokens=1)
+            sampler.generate([prompt], num_samples=8, sampling=SamplingParams(max_new_tokens=1))
             shared = time.perf_counter() - start
             start = time.perf_counter()
-            sampler.generate([prompt] * 8, num_samples=1, max_new_tokens=1)
+            sampler.generate([prompt] * 8, num_samples=1, sampling=SamplingParams(max_new_tokens=1))
             separate = time.perf_counter() - start
         group_rows.append([name, args.prompt, f"{shared * 1e3:.0f}", f"{separate * 1e3:.0f}",
                            f"{separate / shared:.2f}x"])
@@ -172,7 +173,8 @@ def main():
         measured = {}
         for layout, shared_prefix in (("shared", True), ("copied", False)):
             layout_sampler = Sampler(model, SamplerConfig(min_chunk_bucket=16, shared_prefix=shared_prefix))
-            call = functools.partial(layout_sampler.generate, [prompt], num_samples=8, max_new_tokens=args.new)
+            call = functools.partial(layout_sampler.generate, [prompt], num_samples=8,
+                                     sampling=SamplingParams(max_new_tokens=args.new))
             _, state = call()  # the warm-up compiles; its cache is the one measured
             size = cache_bytes(state)
             del state

@@ -90,7 +90,7 @@ class ScriptedSampler:
         return SampleOutput(tokens, [np.full(len(t), -0.5, np.float32) for t in tokens],
                             np.ones(len(tokens), bool), np.array([len(t) for t in tokens]))
 
-    def generate(self, prompts, num_samples=1, **knobs):
+    def generate(self, prompts, num_samples=1, **kwargs):
         if self.turn:  # after the first main call, generate() is only used by sub-agents
             self.subagent_calls.append(len(prompts))
             out = self._out([self.sub] * len(prompts))
@@ -102,7 +102,7 @@ class ScriptedSampler:
         starts = np.array([prompts[b // num_samples].next_position + len(out.tokens[b]) for b in range(rows)])
         return out, self.State(starts)
 
-    def extend(self, state, chunks, **knobs):
+    def extend(self, state, chunks, **kwargs):
         texts, starts = [], state.chunk_start.copy()
         for b, chunk in enumerate(chunks):
             if chunk is None:
@@ -167,14 +167,14 @@ class RecordingSampler(ScriptedSampler):
         super().__init__(tokenizer, scripts)
         self.streams = []
 
-    def generate(self, prompts, num_samples=1, **knobs):
+    def generate(self, prompts, num_samples=1, **kwargs):
         kind = "subagent" if self.turn else "policy"
-        self.streams.append((kind, knobs["seed"], list(knobs["row_ids"])))
-        return super().generate(prompts, num_samples, **knobs)
+        self.streams.append((kind, kwargs["seed"], list(kwargs["row_ids"])))
+        return super().generate(prompts, num_samples, **kwargs)
 
-    def extend(self, state, chunks, **knobs):
-        self.streams.append(("extend", knobs["seed"], list(knobs["row_ids"])))
-        return super().extend(state, chunks, **knobs)
+    def extend(self, state, chunks, **kwargs):
+        self.streams.append(("extend", kwargs["seed"], list(kwargs["row_ids"])))
+        return super().extend(state, chunks, **kwargs)
 
 
 def test_random_streams_follow_each_rows_place_in_the_step(video, tokenizer, tmp_path):
@@ -237,9 +237,9 @@ def test_final_answer_round_forces_a_short_answer(video, tokenizer):
     budgets = []
     real_extend = sampler.extend
 
-    def extend(state, chunks, **knobs):
-        budgets.append(knobs["max_new_tokens"])
-        return real_extend(state, chunks, **knobs)
+    def extend(state, chunks, **kwargs):
+        budgets.append(kwargs["sampling"].max_new_tokens)
+        return real_extend(state, chunks, **kwargs)
 
     sampler.extend = extend
     episode = Episode("e0", "Which option?", "B", "mcq", video, nframes=4)
@@ -333,9 +333,9 @@ def test_rl_prompt_layout_system_and_subagent(video, tokenizer):
     seen = []
     real = sampler.generate
 
-    def spy(prompts, **knobs):
+    def spy(prompts, **kwargs):
         seen.extend(prompts)
-        return real(prompts, **knobs)
+        return real(prompts, **kwargs)
 
     sampler.generate = spy
     with CropDispatcher() as dispatcher:
@@ -350,8 +350,8 @@ def test_subagent_summary_cut_at_the_budget_ends_with_the_marker(video, tokenize
     """A summary that reaches subagent_max_tokens without its stop token is cut there with the
     reference's ' [truncated]' marker; a finished one is kept as is."""
     class Unfinished(ScriptedSampler):
-        def generate(self, prompts, num_samples=1, **knobs):
-            out, state = super().generate(prompts, num_samples=num_samples, **knobs)
+        def generate(self, prompts, num_samples=1, **kwargs):
+            out, state = super().generate(prompts, num_samples=num_samples, **kwargs)
             if state is None:  # a sub-agent call: the budget ran out before the stop token
                 tokens = [t[:-1] for t in out.tokens]
                 out = SampleOutput(tokens, [l[:-1] for l in out.logprobs], np.zeros(len(tokens), bool),

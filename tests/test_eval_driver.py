@@ -56,7 +56,7 @@ class FakeSampler:
         return SampleOutput(tokens, [np.full(len(t), -0.1, np.float32) for t in tokens], np.ones(len(texts), bool),
                             np.array([len(t) for t in tokens]))
 
-    def generate(self, prompts_, num_samples=1, **knobs):
+    def generate(self, prompts_, num_samples=1, **kwargs):
         self.calls += 1
         self.rows += len(prompts_)
         texts = []
@@ -69,9 +69,9 @@ class FakeSampler:
         out = self._out(texts)
         return out, self.State(np.array([p.next_position + len(t) for p, t in zip(prompts_, out.tokens)]))
 
-    def extend(self, state, chunks, **knobs):
+    def extend(self, state, chunks, **kwargs):
         self.calls += 1
-        final = knobs["max_new_tokens"] <= 5  # the forced answer has its own small budget
+        final = kwargs["sampling"].max_new_tokens <= 5  # the forced answer has its own small budget
         texts = ["" if c is None else "C" if final else self.call_text for c in chunks]
         out = self._out(texts)
         starts = state.chunk_start.copy()

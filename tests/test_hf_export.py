@@ -132,7 +132,7 @@ def test_auto_model_loads_the_export_and_decodes_our_greedy_tokens(export):
     from transformers import AutoModelForImageTextToText
 
     from paravt_jax.models.qwen3_vl import load_pretrained
-    from paravt_jax.sampling import Sampler
+    from paravt_jax.sampling import Sampler, SamplingParams
 
     processor = hf_processor(export)
     rng = np.random.default_rng(1)
@@ -149,5 +149,5 @@ def test_auto_model_loads_the_export_and_decodes_our_greedy_tokens(export):
 
     prompt = encode(chat.render(ours, add_generation_prompt=True, assistant_prefix="<think>\n"),
                     Tokenizer.from_directory(export))
-    result, _ = Sampler(load_pretrained(export)).generate([prompt], max_new_tokens=NEW)
+    result, _ = Sampler(load_pretrained(export)).generate([prompt], sampling=SamplingParams(max_new_tokens=NEW))
     assert len(theirs_tokens) == NEW and result.tokens[0] == theirs_tokens

@@ -261,15 +261,15 @@ def test_row_ids_make_samples_independent_of_the_batch_split():
     fold_in(seed, row_ids[b]), so rows 2-3 of a two-prompt call come out the same when the
     second prompt is sampled alone with row_ids [2, 3]."""
     from paravt_jax.models.qwen3_vl import init_model, preset
-    from paravt_jax.sampling import Sampler
+    from paravt_jax.sampling import Sampler, SamplingParams
     from paravt_jax.text.inputs import encode_ids
 
     sampler = Sampler(init_model(preset("tiny"), seed=3))
     first, second = encode_ids([5, 17, 29, 41], 0, trainable=False), encode_ids([7, 11, 13], 0, trainable=False)
-    knobs = dict(max_new_tokens=6, temperature=1.0, seed=11)
-    whole, _ = sampler.generate([first, second], num_samples=2, **knobs)
-    alone, _ = sampler.generate([second], num_samples=2, row_ids=[2, 3], **knobs)
+    kwargs = dict(sampling=SamplingParams(max_new_tokens=6, temperature=1.0), seed=11)
+    whole, _ = sampler.generate([first, second], num_samples=2, **kwargs)
+    alone, _ = sampler.generate([second], num_samples=2, row_ids=[2, 3], **kwargs)
     assert alone.tokens == whole.tokens[2:]
     np.testing.assert_allclose(np.concatenate(alone.logprobs), np.concatenate(whole.logprobs[2:]), atol=1e-5)
-    unaligned, _ = sampler.generate([second], num_samples=2, **knobs)  # streams 0-1: other samples
+    unaligned, _ = sampler.generate([second], num_samples=2, **kwargs)  # streams 0-1: other samples
     assert unaligned.tokens != whole.tokens[2:]

@@ -136,8 +136,8 @@ def test_kv_cache_matches_the_samplers_own_cache(sharded_tiny, tokenizer):
     sampler = Sampler(model, mesh=mesh)
     for name, rows, slots in (("prompt KV cache (", layout.prompt_rows, layout.prefix_slots),
                               ("KV cache (", layout.rows, layout.suffix_slots)):
-        cache_k, cache_v, _ = sampler._empty_cache(rows, slots)
-        arrays = cache_k + cache_v
+        cache = sampler._empty_cache(rows, slots)
+        arrays = cache.keys + cache.values
         row = next(c for c in result.sampler.components if c.name.startswith(name))
         assert row.per_device_bytes == sum(a.addressable_shards[0].data.nbytes for a in arrays)
         assert row.global_bytes == sum(a.nbytes for a in arrays)
@@ -148,19 +148,19 @@ def test_kv_cache_matches_the_samplers_own_cache(sharded_tiny, tokenizer):
 def test_rollout_reserve_never_grows_the_cache():
     """The suffix the planner counts is the one the rollout reserves: a tiny model's rollout
     turns at their longest never outgrow it."""
-    from paravt_jax.sampling import Sampler, SamplerConfig
+    from paravt_jax.sampling import Sampler, SamplerConfig, SamplingParams
     from paravt_jax.sampling.kv_cache import episode_capacity
     from paravt_jax.text.inputs import encode_ids
 
     turns = [(0, 5), (40, 5), (70, 3)]
     slots = episode_capacity(turns, 16, 1024)
     sampler = Sampler(init_model(preset("tiny"), seed=1), SamplerConfig(min_chunk_bucket=16))
-    out, state = sampler.generate([encode_ids(list(range(1, 9)), 0)], num_samples=2, max_new_tokens=5,
-                                  reserve=turns[1:], stop_ids=())
+    out, state = sampler.generate([encode_ids(list(range(1, 9)), 0)], num_samples=2,
+                                  sampling=SamplingParams(max_new_tokens=5), reserve=turns[1:])
     for chunk, budget in turns[1:]:
         chunks = [encode_ids(list(range(1, chunk + 1)), int(s)) for s in state.chunk_start]
-        out, state = sampler.extend(state, chunks, max_new_tokens=budget)
-        assert state.valid.shape[1] == slots
+        out, state = sampler.extend(state, chunks, sampling=SamplingParams(max_new_tokens=budget))
+        assert state.suffix.capacity == slots
 
 
 def test_sampler_working_sets_come_from_xla(tokenizer):

@@ -52,17 +52,17 @@ class FullBudgetPolicy:
         tokens = [tokens_for(len(t)) if len(t) else [] for t in out.tokens]
         return SampleOutput(tokens, out.logprobs, np.zeros(len(tokens), bool), np.array([len(t) for t in tokens]))
 
-    def generate(self, prompts, num_samples=1, **knobs):
-        knobs["stop_ids"] = ()
-        out, state = self.sampler.generate(prompts, num_samples, **knobs)
+    def generate(self, prompts, num_samples=1, **kwargs):
+        kwargs["sampling"] = dataclasses.replace(kwargs["sampling"], stop_ids=())
+        out, state = self.sampler.generate(prompts, num_samples, **kwargs)
         if self.main_calls == 0:  # the episode's first turn; later generate calls are sub-agents
             self.main_calls += 1
             return self._replace(out, self._turn), state
         return self._replace(out, lambda n: self.filler * n), state
 
-    def extend(self, state, chunks, **knobs):
-        knobs["stop_ids"] = ()
-        out, state = self.sampler.extend(state, chunks, **knobs)
+    def extend(self, state, chunks, **kwargs):
+        kwargs["sampling"] = dataclasses.replace(kwargs["sampling"], stop_ids=())
+        out, state = self.sampler.extend(state, chunks, **kwargs)
         return self._replace(out, self._turn), state
 
 
@@ -124,16 +124,16 @@ class RecordingPolicy(FullBudgetPolicy):
         super().__init__(sampler, tokenizer)
         self.subagent_calls = []
 
-    def generate(self, prompts, num_samples=1, **knobs):
+    def generate(self, prompts, num_samples=1, **kwargs):
         if self.main_calls:
             from paravt_jax.buckets import bucket
             from paravt_jax.sampling.chunks import chunk_width
 
-            shape, config = knobs["shape"], self.sampler.config
+            shape, config = kwargs["shape"], self.sampler.config
             self.subagent_calls.append((max(bucket(len(prompts), config.min_batch_bucket), shape.rows),
                                         max(chunk_width(prompts, config.min_chunk_bucket), shape.width),
                                         shape.frames_per_row))
-        return super().generate(prompts, num_samples, **knobs)
+        return super().generate(prompts, num_samples, **kwargs)
 
 
 def test_planner_sampler_calls_match_the_rollouts(setup):

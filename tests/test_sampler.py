@@ -10,7 +10,7 @@ from paravt_jax import sharding as sh
 from paravt_jax.buckets import bucket
 from paravt_jax.models.qwen3_vl import init_model, load_pretrained, preset
 from paravt_jax.models.qwen3_vl.rope import get_rope_index
-from paravt_jax.sampling import Sampler, SamplerConfig, generate, sample_logits
+from paravt_jax.sampling import Sampler, SamplerConfig, SamplingParams, generate, sample_logits
 from paravt_jax.text import chat
 from paravt_jax.text.inputs import ModelInputs, encode_ids
 
@@ -63,7 +63,7 @@ def hf_greedy(hf, prompt: ModelInputs):
 def test_greedy_equals_hf_generate_mixed_batch(tiny):
     hf, ours = tiny
     prompts = prompts_mixed()
-    result, _ = Sampler(ours).generate(prompts, max_new_tokens=NEW)
+    result, _ = Sampler(ours).generate(prompts, sampling=SamplingParams(max_new_tokens=NEW))
     for b, p in enumerate(prompts):
         assert result.tokens[b] == hf_greedy(hf, p), f"row {b}"
         assert len(result.tokens[b]) == NEW and not result.finished[b]
@@ -81,8 +81,8 @@ def full_logprobs(model, seq: ModelInputs, start: int, tokens, temperature):
 def test_logprobs_equal_teacher_forced_forward(tiny, temperature):
     _, ours = tiny
     prompts = prompts_mixed(1)
-    result, _ = Sampler(ours).generate(prompts, num_samples=2, max_new_tokens=NEW,
-                                       temperature=temperature, seed=3)
+    result, _ = Sampler(ours).generate(prompts, num_samples=2, seed=3,
+                                       sampling=SamplingParams(max_new_tokens=NEW, temperature=temperature))
     assert result.tokens[0] != result.tokens[1]  # two samples of one prompt differ
     for b, tokens in enumerate(result.tokens):
         prompt = prompts[b // 2]
@@ -102,13 +102,14 @@ def test_multi_turn_with_frames_equals_full_forward(tiny):
     prompt = encode(chat.render(chat.paravt_messages("Where?", frames, [0.0, 1.0], tools=()),
                                 add_generation_prompt=True, assistant_prefix="<think>\n"), tok)
     prompts = [prompt, prompts_mixed(2)[0]]
-    sampler = Sampler(ours, SamplerConfig(max_new_tokens=12))
-    first, state = sampler.generate(prompts)
+    sampler = Sampler(ours)
+    twelve = SamplingParams(max_new_tokens=12)
+    first, state = sampler.generate(prompts, sampling=twelve)
     crop = (rng.random((2, 32, 64, 3)) * 255).astype(np.uint8)
     response = chat.tool_response_messages([[chat.Text("2 frames."), *chat.frames_as_images(crop, [3.0, 4.0])]])
     chunk_segments = [chat.Text("\n")] + chat.render(response, add_generation_prompt=True)
     chunks = [encode(chunk_segments, tok, start_position=int(state.chunk_start[0])), None]
-    second, state2 = sampler.extend(state, chunks)
+    second, state2 = sampler.extend(state, chunks, sampling=twelve)
     assert second.lengths[1] == 0 and second.tokens[1] == []
     full = (prompt.extend(encode_ids(first.tokens[0], prompt.next_position))
             .extend(chunks[0]))
@@ -120,7 +121,7 @@ def test_multi_turn_with_frames_equals_full_forward(tiny):
     want = full_logprobs(ours, full, start, second.tokens[0], 0.0)
     np.testing.assert_allclose(second.logprobs[0], want, atol=1e-4)
     # a third turn for the row that sat out continues from its own pending token
-    third, _ = sampler.extend(state2, [None, encode_ids([5, 6], int(state2.chunk_start[1]))])
+    third, _ = sampler.extend(state2, [None, encode_ids([5, 6], int(state2.chunk_start[1]))], sampling=twelve)
     base = prompts[1]
     seq = base.extend(encode_ids(first.tokens[1], base.next_position))
     seq = seq.extend(encode_ids([5, 6], seq.next_position))
@@ -132,16 +133,21 @@ def test_multi_turn_with_frames_equals_full_forward(tiny):
 
 def test_stop_ids_and_budgets():
     model = init_model(preset("tiny"), seed=2)
-    free = generate(model, [[1, 2, 3]], 16)
+    free = generate(model, [[1, 2, 3]], SamplingParams(max_new_tokens=16))
     stop = free.tokens[0][5]
-    out = generate(model, [[1, 2, 3], [4, 5]], 16, stop_ids=[stop])
+    out = generate(model, [[1, 2, 3], [4, 5]], SamplingParams(max_new_tokens=16, stop_ids=[stop]))
     assert out.tokens[0] == free.tokens[0][:free.tokens[0].index(stop) + 1]
     assert out.finished[0] and out.tokens[0][-1] == stop
     sampler = Sampler(model)
-    res, _ = sampler.generate([encode_ids([1, 2, 3], 0)], max_new_tokens=7)
+    res, _ = sampler.generate([encode_ids([1, 2, 3], 0)], sampling=SamplingParams(max_new_tokens=7))
     assert res.lengths.tolist() == [7] and not res.finished[0]
-    with pytest.raises(ValueError, match="max_new_tokens=0"):
-        sampler.generate([encode_ids([1], 0)], max_new_tokens=0)
+
+
+@pytest.mark.parametrize("field,value", [("max_new_tokens", 0), ("temperature", -0.5), ("temperature", float("nan")),
+                                         ("top_p", 0.0), ("top_p", 1.5), ("top_k", -1), ("stop_ids", tuple(range(9)))])
+def test_bad_sampling_params_name_the_field(field, value):
+    with pytest.raises(ValueError, match=f"SamplingParams: {field}"):
+        SamplingParams(**{field: value})
 
 
 def test_top_k_top_p_never_leave_the_support():
@@ -160,26 +166,27 @@ def test_top_k_top_p_never_leave_the_support():
 
 def test_seed_reproducibility():
     model = init_model(preset("tiny"), seed=4)
-    a = generate(model, [[1, 2], [3, 4, 5]], 12, temperature=1.0, seed=7)
-    b = generate(model, [[1, 2], [3, 4, 5]], 12, temperature=1.0, seed=7)
-    c = generate(model, [[1, 2], [3, 4, 5]], 12, temperature=1.0, seed=8)
+    sampling = SamplingParams(max_new_tokens=12, temperature=1.0)
+    a = generate(model, [[1, 2], [3, 4, 5]], sampling, seed=7)
+    b = generate(model, [[1, 2], [3, 4, 5]], sampling, seed=7)
+    c = generate(model, [[1, 2], [3, 4, 5]], sampling, seed=8)
     assert a.tokens == b.tokens and a.tokens != c.tokens
 
 
 def test_no_compiles_after_warm_up():
     model = init_model(preset("tiny"), seed=6)
-    sampler = Sampler(model, SamplerConfig(max_new_tokens=8, min_chunk_bucket=32, min_batch_bucket=4,
-                                           cache_multiple=256))
+    sampler = Sampler(model, SamplerConfig(min_chunk_bucket=32, min_batch_bucket=4, cache_multiple=256))
     rng = np.random.default_rng(0)
 
     def call(i):
         n = int(rng.integers(1, 4))
         prompts = [encode_ids(rng.integers(0, 900, int(rng.integers(3, 30))).tolist(), 0) for _ in range(n)]
-        out, state = sampler.generate(prompts, max_new_tokens=int(rng.integers(1, 9)),
-                                      temperature=float(rng.choice([0.0, 0.7, 1.0])), seed=i)
+        sampling = SamplingParams(max_new_tokens=int(rng.integers(1, 9)),
+                                  temperature=float(rng.choice([0.0, 0.7, 1.0])))
+        out, state = sampler.generate(prompts, sampling=sampling, seed=i)
         chunks = [encode_ids(rng.integers(0, 900, int(rng.integers(1, 10))).tolist(), int(s))
                   for s in state.chunk_start[:n]]
-        sampler.extend(state, chunks, max_new_tokens=int(rng.integers(1, 9)))
+        sampler.extend(state, chunks, sampling=SamplingParams(max_new_tokens=int(rng.integers(1, 9))))
 
     for i in range(3):
         call(i)
@@ -196,24 +203,25 @@ def test_sharded_sampler_equals_unsharded(tiny):
     from flax import nnx
     nnx.update(sharded_model, jax.device_put(nnx.state(ours), sh.state_shardings(ours, mesh)))
     prompts = prompts_mixed(4)
+    sampled = SamplingParams(max_new_tokens=10, temperature=1.0)
     plain_sampler = Sampler(ours)
-    plain, _ = plain_sampler.generate(prompts, num_samples=2, max_new_tokens=10, temperature=1.0, seed=1)
+    plain, _ = plain_sampler.generate(prompts, num_samples=2, sampling=sampled, seed=1)
     sharded_sampler = Sampler(sharded_model, mesh=mesh)
     # q/k/v and gate/up fuse into one matmul only when no device holds a slice of their outputs
     assert "qkv_t" in plain_sampler.weights.layers[0] and "gate_up_t" in plain_sampler.weights.layers[0]
     assert "qkv_t" not in sharded_sampler.weights.layers[0] and "q_proj_t" in sharded_sampler.weights.layers[0]
-    sharded, state = sharded_sampler.generate(prompts, num_samples=2, max_new_tokens=10, temperature=1.0, seed=1)
+    sharded, state = sharded_sampler.generate(prompts, num_samples=2, sampling=sampled, seed=1)
     assert plain.tokens == sharded.tokens
     for a, b in zip(plain.logprobs, sharded.logprobs):
         np.testing.assert_allclose(a, b, atol=1e-4)
-    assert state.cache_k[0].sharding.spec[0] is not None  # batch rows are split
+    assert state.suffix.keys[0].sharding.spec[0] is not None  # batch rows are split
 
 
 def test_no_compiles_after_warm_up_with_varied_frames():
     """Prompts and tool-response chunks with varied numbers of frames (the RL and eval case):
     frame counts are padded to powers of two, so a warm run compiles nothing new."""
     model = init_model(preset("tiny"), seed=6)
-    sampler = Sampler(model, SamplerConfig(max_new_tokens=4, min_chunk_bucket=64, min_batch_bucket=4,
+    sampler = Sampler(model, SamplerConfig(min_chunk_bucket=64, min_batch_bucket=4,
                                            cache_multiple=256))
     rng = np.random.default_rng(1)
     grid = [1, 4, 6]
@@ -232,9 +240,10 @@ def test_no_compiles_after_warm_up_with_varied_frames():
         return inputs
 
     def call(counts):
-        out, state = sampler.generate([frames_row(n) for n in counts], max_new_tokens=4, seed=1)
+        out, state = sampler.generate([frames_row(n) for n in counts], sampling=SamplingParams(max_new_tokens=4),
+                                      seed=1)
         chunks = [frames_row(int(rng.integers(1, 4)), int(s)) for s in state.chunk_start[:len(counts)]]
-        sampler.extend(state, chunks, max_new_tokens=4)
+        sampler.extend(state, chunks, sampling=SamplingParams(max_new_tokens=4))
 
     def random_call():
         call([int(n) for n in rng.integers(1, 4, int(rng.integers(1, 3)))])
@@ -249,20 +258,41 @@ def test_no_compiles_after_warm_up_with_varied_frames():
     assert sampler.compile_counts() == warm
 
 
-def test_long_decode_grows_the_cache_and_matches_teacher_forced_forward(tiny):
-    """A decode longer than the first cache segment doubles the cache mid-decode; the tokens
-    sampled across the growth still carry teacher-forced log-probs."""
+def test_long_decode_grows_the_cache_on_schedule_and_matches_teacher_forced_forward(tiny, monkeypatch):
+    """An extend whose decode outgrows the suffix grows it twice mid-decode, to the sizes the
+    planner's kv_cache.capacity_after predicts (one schedule); the tokens sampled across the
+    growths still carry teacher-forced log-probs."""
+    from paravt_jax.sampling import sampler as sampler_module
+    from paravt_jax.sampling.kv_cache import capacity_after, turn_capacity
+
+    sizes = []  # the suffix capacity after each growth
+
+    def grow(cache, extra, shardings):
+        sizes.append(cache.capacity + extra)
+        return grow_suffix(cache, extra, shardings)
+
+    grow_suffix = sampler_module.grow_suffix
+    monkeypatch.setattr(sampler_module, "grow_suffix", grow)
     _, ours = tiny
     prompts = prompts_mixed(2)
     sampler = Sampler(ours)
-    new = 250  # first cache: bucket(64 + 64 + 1) = 256 slots < 64 + 250
-    result, state = sampler.generate(prompts, max_new_tokens=new, temperature=1.0, seed=5)
-    width = bucket(max(p.length for p in prompts), sampler.config.min_chunk_bucket)  # the prefill's
-    assert state.capacity > sampler._capacity(width, new)  # it grew while decoding
+    first, state = sampler.generate(prompts, sampling=SamplingParams(max_new_tokens=1), seed=5)
+    assert state.suffix.capacity == 16 and state.write_index == 0
+    rng = np.random.default_rng(0)
+    chunks = [encode_ids(text_ids(rng, 6), int(s)) for s in state.chunk_start[:len(prompts)]]
+    new = 250
+    result, grown = sampler.extend(state, chunks, sampling=SamplingParams(max_new_tokens=new, temperature=1.0),
+                                   seed=6)
+    width = bucket(1 + 6, 16)  # the pending token + the chunk
+    at_start = turn_capacity(16, width, new, 1024)
+    final, before = capacity_after(16, width, new, 1024)
+    assert sizes == [at_start, before, final] == [128, 256, 512]  # before the decode, then twice in it
+    assert grown.suffix.capacity == final
     for b, tokens in enumerate(result.tokens):
         assert len(tokens) == new
-        seq = prompts[b].extend(encode_ids(tokens, prompts[b].next_position))
-        want = full_logprobs(ours, seq, prompts[b].length, tokens, 1.0)
+        seq = prompts[b].extend(encode_ids(first.tokens[b], prompts[b].next_position)).extend(chunks[b])
+        full = seq.extend(encode_ids(tokens, seq.next_position))
+        want = full_logprobs(ours, full, seq.length, tokens, 1.0)
         np.testing.assert_allclose(result.logprobs[b], want, atol=1e-4)
 
 
@@ -287,7 +317,7 @@ def test_attention_block_bytes_sizes_the_prefill_block(monkeypatch):
     for budget in (0, 64 << 10):
         sampler = Sampler(model, SamplerConfig(attention_block_bytes=budget))
         assert sampler.backend.prefill_score_bytes == (budget or 8 << 20)
-        out, _ = sampler.generate(prompt, max_new_tokens=3, temperature=1.0, seed=5)
+        out, _ = sampler.generate(prompt, sampling=SamplingParams(max_new_tokens=3, temperature=1.0), seed=5)
         outs.append(out)
     # 1 row x 4 heads: 8 MB allows the model's 512 block (capped), 64 kB a block of 64
     assert {512, 64} <= set(seen)
@@ -318,6 +348,8 @@ def test_prefill_blockwise_attention_equals_dense():
     block skipping, a padded row) writes the same hidden states and cache as dense attention."""
     import jax.numpy as jnp
 
+    from paravt_jax.models.qwen3_vl.text import CacheView, KVCache
+
     model = init_model(preset("tiny", attention="dense"), seed=0)
     t = model.config.text
     rows, length, capacity = 2, 128, 192  # 128 queries: four causal blocks of 32
@@ -327,9 +359,10 @@ def test_prefill_blockwise_attention_equals_dense():
     valid = jnp.zeros((rows, capacity), bool).at[0, :length].set(True).at[1, :100].set(True)
     zeros_k = tuple(jnp.zeros((rows, t.num_key_value_heads, t.head_dim, capacity)) for _ in range(t.num_hidden_layers))
     zeros_v = tuple(jnp.zeros((rows, t.num_key_value_heads, capacity, t.head_dim)) for _ in range(t.num_hidden_layers))
+    view = CacheView(KVCache(zeros_k, zeros_v, valid), 0, window=length)
 
     def run(lang):
-        return lang.forward_cached(ids, positions, 0, valid, zeros_k, zeros_v, window=length, block=32)
+        return lang.forward_cached(ids, positions, view, block=32)
 
     dense = run(model.language)
     other = run(init_model(preset("tiny", attention="blockwise"), seed=0).language)

@@ -8,7 +8,7 @@ import pytest
 from hf_tiny import image_tokens, patches, text_ids
 from paravt_jax.models.qwen3_vl import init_model, preset
 from paravt_jax.models.qwen3_vl.rope import get_rope_index
-from paravt_jax.sampling import Sampler, SamplerConfig
+from paravt_jax.sampling import Sampler, SamplerConfig, SamplingParams
 from paravt_jax.sampling.chunks import group_rows
 from paravt_jax.sampling.programs import grow_layer
 from paravt_jax.sampling.sampler import PromptShape
@@ -46,9 +46,9 @@ def episode(sampler: Sampler, temperature: float, reserve=(), prompt_list=None, 
     out; the second extend's chunks carry an image). Returns the three SampleOutputs and the
     states."""
     rng = np.random.default_rng(9)
-    knobs = dict(max_new_tokens=6, temperature=temperature)
+    sampling = SamplingParams(max_new_tokens=6, temperature=temperature)
     out, state = sampler.generate(prompts() if prompt_list is None else prompt_list, num_samples=G, seed=2,
-                                  reserve=reserve, shape=shape or PromptShape(), **knobs)
+                                  reserve=reserve, shape=shape or PromptShape(), sampling=sampling)
     outs, states = [out], [state]
     for turn in range(2):
         chunks = []
@@ -60,7 +60,7 @@ def episode(sampler: Sampler, temperature: float, reserve=(), prompt_list=None, 
                 chunks.append(image_prompt(rng, 2, int(rng.integers(1, 6)), start))
             else:
                 chunks.append(encode_ids(rng.integers(0, 900, int(rng.integers(1, 12))).tolist(), start))
-        out, state = sampler.extend(state, chunks, seed=3 + turn, **knobs)
+        out, state = sampler.extend(state, chunks, seed=3 + turn, sampling=sampling)
         outs.append(out)
         states.append(state)
     return outs, states
@@ -81,7 +81,7 @@ def test_shared_prefix_equals_copied_rows(model, temperature):
     assert shared[1].lengths[4] == 0 and shared[2].lengths[4] > 0  # sat out, then came back
     # one prompt copy per prompt (4 = bucket of 3) vs one per row (12)
     assert shared_states[0].prefix.valid.shape[0] == 4 and copied_states[0].prefix.valid.shape[0] == 12
-    assert shared_states[0].cache_k[0].shape[0] == copied_states[0].cache_k[0].shape[0] == 12
+    assert shared_states[0].suffix.keys[0].shape[0] == copied_states[0].suffix.keys[0].shape[0] == 12
     if temperature:
         assert len({tuple(t) for t in shared[0].tokens[:G]}) > 1  # the samples of a prompt differ
 
@@ -93,8 +93,8 @@ def test_suffix_growth_copies_one_layer_and_keeps_outputs(model):
     grown, grown_states = episode(Sampler(model), 1.0)
     reserved, reserved_states = episode(Sampler(model), 1.0, reserve=[(40, 6)] * 2)
     assert_same(grown, reserved)
-    assert grown_states[0].valid.shape[1] < grown_states[-1].valid.shape[1]  # it grew
-    assert reserved_states[0].valid.shape[1] == reserved_states[-1].valid.shape[1]  # never grew
+    assert grown_states[0].suffix.capacity < grown_states[-1].suffix.capacity  # it grew
+    assert reserved_states[0].suffix.capacity == reserved_states[-1].suffix.capacity  # never grew
     for state in grown_states[1:]:
         assert state.prefix.keys[0] is grown_states[0].prefix.keys[0]
     layer = jax.ShapeDtypeStruct((12, 2, 16, 64), jnp.float32)
@@ -113,8 +113,7 @@ def test_row_grouped_prefill_equals_one_group(model):
         assert grouped.prefill_group(rows, 1, width) == want
         results = []
         for s in (sampler, grouped):
-            cache = s._empty_cache(rows, width)
-            logits, *cache = s._prefill(*cache, None, 0, prompts(), rows, width)
+            logits, cache = s._prefill(s._empty_cache(rows, width), None, 0, prompts(), width)
             results.append([x[:3] for x in [logits, *jax.tree.leaves(cache)]])  # the padding row differs
         for a, b in zip(*results):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
@@ -142,7 +141,7 @@ def test_row_groups_on_a_mesh_stay_on_each_device(model):
     sharded, states = episode(sampler, 1.0)
     plain, _ = episode(Sampler(model), 1.0)
     assert_same(sharded, plain, atol=1e-4)
-    assert states[-1].cache_k[0].sharding.spec[0] is not None
+    assert states[-1].suffix.keys[0].sharding.spec[0] is not None
 
 
 def test_group_rows():

@@ -19,6 +19,7 @@ from paravt_jax.agent.responses import frames_responses, images_first_messages, 
 from paravt_jax.agent.tools import cap_errors, lenient_window, parse_tool_calls
 from paravt_jax.config import checked, integer, one_of, set_by, validate
 from paravt_jax.models.qwen3_vl.rope import IMAGE, VIDEO
+from paravt_jax.sampling.params import SamplingParams
 from paravt_jax.sampling.sampler import PromptShape, SampleOutput, Sampler
 from paravt_jax.text import chat
 from paravt_jax.text.inputs import ModelInputs, encode, encode_ids
@@ -363,9 +364,8 @@ def _responses_subagent(results: list[CropResult], sampler: Sampler, tokenizer: 
         part = ok[start:start + size]
         prompts = [subagent_prompt(results[i].clip, results[i].request.start, results[i].request.end, tokenizer)
                    for i in part]
-        out, _ = sampler.generate(prompts, max_new_tokens=config.subagent_max_tokens, seed=seed,
-                                  row_ids=[streams[i] for i in part], shape=config.subagent_shape,
-                                  **sampling_knobs(config, tokenizer))
+        out, _ = sampler.generate(prompts, sampling=sampling_params(config, tokenizer, config.subagent_max_tokens),
+                                  seed=seed, row_ids=[streams[i] for i in part], shape=config.subagent_shape)
         for j, i in enumerate(part):
             tokens = out.tokens[j]
             texts[i] = summary_text(tokens, bool(out.finished[j]), tokenizer)
@@ -410,10 +410,11 @@ def turn_prefix(config: RolloutConfig) -> str:
     return THINK_PREFIX if config.think_prefix else ""
 
 
-def sampling_knobs(config: RolloutConfig, tokenizer: Tokenizer) -> dict:
-    """The sampler settings of every call (the policy's turns and the sub-agents)."""
-    return dict(temperature=config.temperature, top_p=config.top_p, top_k=config.top_k,
-                stop_ids=(tokenizer.special.im_end,))
+def sampling_params(config: RolloutConfig, tokenizer: Tokenizer, max_new_tokens: int) -> SamplingParams:
+    """The sampler settings of every call (the policy's turns and the sub-agents): each turn
+    ends at the end of its assistant message or after `max_new_tokens` tokens."""
+    return SamplingParams(max_new_tokens=max_new_tokens, temperature=config.temperature, top_p=config.top_p,
+                          top_k=config.top_k, stop_ids=(tokenizer.special.im_end,))
 
 
 def run_rollouts(sampler: Sampler, tokenizer: Tokenizer, episodes: Sequence[Episode],
@@ -427,9 +428,9 @@ def run_rollouts(sampler: Sampler, tokenizer: Tokenizer, episodes: Sequence[Epis
     if not rows:
         return [], skipped
     row_ids = [row.stream for row in rows]
-    knobs = sampling_knobs(config, tokenizer)
-    out, state = sampler.generate(prompts, num_samples=num_samples, max_new_tokens=config.max_new_tokens,
-                                  seed=config.seed, row_ids=row_ids, **knobs,
+    sampling = sampling_params(config, tokenizer, config.max_new_tokens)
+    out, state = sampler.generate(prompts, num_samples=num_samples, sampling=sampling,
+                                  seed=config.seed, row_ids=row_ids,
                                   # the suffix cache sized for the whole episode: no extend grows it
                                   reserve=episode_turns(config, dispatcher.config, max_parallel),
                                   shape=config.prompt_shape)
@@ -444,8 +445,8 @@ def run_rollouts(sampler: Sampler, tokenizer: Tokenizer, episodes: Sequence[Epis
         answers = _answer_round(rows, asked, turn, context)
         chunks = _response_chunks(rows, asked, answers, state.chunk_start, last_round, context)
         budget = config.final_answer_tokens if last_round else config.max_new_tokens
-        out, state = sampler.extend(state, chunks, max_new_tokens=budget, seed=config.seed + turn + 1,
-                                    row_ids=row_ids, **knobs)
+        out, state = sampler.extend(state, chunks, sampling=sampling.with_budget(budget),
+                                    seed=config.seed + turn + 1, row_ids=row_ids)
         if last_round:  # the forced answer ends every row that was still asking
             _add_turn(rows, [calls.row for calls in asked], out, tokenizer)
             break

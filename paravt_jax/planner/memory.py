@@ -32,12 +32,15 @@ from jax.sharding import NamedSharding, PartitionSpec
 from paravt_jax import sharding as sh
 from paravt_jax.models.qwen3_vl.config import Qwen3VLConfig
 from paravt_jax.models.qwen3_vl.hf_io import abstract_model
-from paravt_jax.models.qwen3_vl.text import SharedPrefix
+from paravt_jax.models.qwen3_vl.text import KVCache
 from paravt_jax.sampling import programs as P
 from paravt_jax.sampling import sampler as S
 from paravt_jax.sampling.backend import backend_policy
 from paravt_jax.sampling.chunks import prefill_group
+from paravt_jax.sampling.decode import DecodeCarry, DecodeInputs, DecodePlan, decode
 from paravt_jax.sampling.kv_cache import CacheSpec, cache_sharding, row_shards
+from paravt_jax.sampling.params import MAX_STOP_IDS
+from paravt_jax.sampling.prefill import PrefillChunk, PrefillPlan, prefill
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,8 +236,8 @@ class SamplerPrograms:
     def _host(self, shape, dtype):
         return jax.ShapeDtypeStruct(shape, dtype, sharding=self.replicated)
 
-    def cache(self, rows: int, capacity: int):
-        """Abstract (keys, values, valid) of a cache as Sampler._empty_cache makes it."""
+    def cache(self, rows: int, capacity: int) -> tuple[KVCache, object]:
+        """Abstract (cache, its shardings) of a cache as Sampler._empty_cache makes it."""
         t = self.config.text
         spec = CacheSpec(t.num_hidden_layers, rows, capacity, t.num_key_value_heads, t.head_dim,
                          self.cache_dtype.name)
@@ -243,7 +246,7 @@ class SamplerPrograms:
                      for _ in range(spec.layers))
         values = tuple(jax.ShapeDtypeStruct(spec.layer_shape, self.cache_dtype, sharding=shardings.values)
                        for _ in range(spec.layers))
-        return keys, values, self._host((rows, capacity), jnp.bool_), shardings
+        return KVCache(keys, values, self._host((rows, capacity), jnp.bool_)), shardings
 
     def _compile_with(self, name, fn, args, kwargs, own_inputs, group):
         stats, compiled = compile_for(name, fn, args, kwargs, own_inputs, group, self.devices, keep=True,
@@ -264,16 +267,13 @@ class SamplerPrograms:
     def prefill(self, call: PrefillCall) -> ProgramMemory:
         """One row group of `call` through the real jitted prefill."""
         prompts = call.prompts or call.rows
-        keys, values, valid, shardings = self.cache(call.rows, call.capacity)
+        cache, shardings = self.cache(call.rows, call.capacity)
         t = self.config.text
         spec = CacheSpec(t.num_hidden_layers, call.rows, call.capacity, t.num_key_value_heads, t.head_dim,
                          self.cache_dtype.name)
         shards = row_shards(shardings, spec, prompts)
         group = prefill_group(call.rows, call.rows // prompts, call.width, shards, self.backend.prefill_tokens)
-        prefix = None
-        if call.prompts:
-            pk, pv, pvalid, _ = self.cache(call.prompts, call.prefix_slots)
-            prefix = SharedPrefix(pk, pv, pvalid)
+        prefix = self.cache(call.prompts, call.prefix_slots)[0] if call.prompts else None
         scalar = self._host((), jnp.int32)
         chunk = (self._host((group, call.width), jnp.int32), self._host((3, group, call.width), jnp.int32),
                  self._host((group,), jnp.int32))
@@ -285,27 +285,25 @@ class SamplerPrograms:
             vision = (self._host((group, call.width), jnp.int32), self._host((visual, d), compute),
                       self._host((layers, visual, d), compute))
         block = self.backend.prefill_block(group, self.config.text.num_attention_heads, self.config.attention_block)
-        args = (self.graphdef, self.params, self.weights, keys, values, valid, prefix, scalar, scalar,
-                *chunk, *vision)
-        kwargs = dict(sharding=shardings, window=call.capacity, backend=self.backend, block=block, shards=shards)
-        return self._compile(call.name, P.prefill, args, kwargs, (chunk, vision), group)
+        args = (self.graphdef, self.params, self.weights, cache, prefix, PrefillChunk(*chunk, *vision, scalar, scalar))
+        plan = PrefillPlan(shardings, self.backend, window=call.capacity, block=block, shards=shards)
+        return self._compile(call.name, prefill, args, dict(plan=plan), (chunk, vision), group)
 
     def decode(self, rows: int, capacity: int, prompts: int, prefix_slots: int, max_new_tokens: int,
                name: str = "decode") -> ProgramMemory:
         """The real jitted decode loop over `rows` rows of a `capacity`-slot suffix attending to
         `prompts` prefixes of `prefix_slots`."""
-        keys, values, valid, shardings = self.cache(rows, capacity)
-        pk, pv, pvalid, _ = self.cache(prompts, prefix_slots)
+        cache, shardings = self.cache(rows, capacity)
+        prefix, _ = self.cache(prompts, prefix_slots)
         steps = S.bucket(max_new_tokens, 16)
         host = self._host
-        carry = P.DecodeCarry(host((), jnp.int32), host((rows, steps), jnp.int32), host((rows, steps), jnp.float32),
+        carry = DecodeCarry(host((), jnp.int32), host((rows, steps), jnp.int32), host((rows, steps), jnp.float32),
                                host((rows,), jnp.int32), host((rows,), jnp.bool_), host((rows,), jnp.bool_),
                                host((), jnp.int32), host((rows,), jnp.int32))
         own = (host((rows, self.config.text.vocab_size), jnp.float32), host((rows,), jnp.int32),
-               host((S.MAX_STOP_IDS,), jnp.int32), host((rows, 2), jnp.uint32))
-        knobs = (host((), jnp.float32), host((), jnp.float32), host((), jnp.int32))
-        args = (self.graphdef, self.params, self.weights, keys, values, valid, SharedPrefix(pk, pv, pvalid),
-                *own, *knobs, carry, steps)
-        kwargs = dict(sharding=shardings, backend=self.backend)
-        return self._compile(name, P.decode, args, kwargs, (own, carry), rows)
+               host((rows, 2), jnp.uint32), host((MAX_STOP_IDS,), jnp.int32))
+        inputs = DecodeInputs(*own, host((), jnp.float32), host((), jnp.float32), host((), jnp.int32), steps)
+        args = (self.graphdef, self.params, self.weights, cache, prefix, inputs, carry)
+        plan = DecodePlan(shardings, self.backend)
+        return self._compile(name, decode, args, dict(plan=plan), (own, carry), rows)
 

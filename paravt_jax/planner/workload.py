@@ -8,11 +8,7 @@ import dataclasses
 from paravt_jax.buckets import bucket
 from paravt_jax.models.qwen3_vl.config import Qwen3VLConfig, load_config, preset
 from paravt_jax.runtime import builtin_assets, rl_config
-from paravt_jax.sampling.kv_cache import (
-    episode_capacity,
-    first_capacity,
-    grown_capacity,
-)
+from paravt_jax.sampling.kv_cache import capacity_after, episode_capacity, first_capacity
 from paravt_jax.text.inputs import ModelInputs
 from paravt_jax.video.frames import PATCH
 from paravt_jax.video.reader import Clip, VideoMetadata, blank_clip
@@ -110,20 +106,6 @@ def plan_tokenizer(config):
             raise PlanError(f"config.model.checkpoint: {e}") from None
     assets = builtin_assets(config)
     return Tokenizer.from_directory(assets.model_dir), f"the built-in BPE ({assets.model_dir})"
-
-
-def _decode_turn(capacity: int, chunk_end: int, budget: int, multiple: int) -> tuple[int, int]:
-    """(capacity, the capacity before its last growth or 0) after a chunk ending at
-    `chunk_end` and a decode of `budget` tokens, grown as Sampler.extend / Sampler._decode
-    grow it (every row using its whole budget); `multiple` is SamplerConfig.cache_multiple."""
-    previous = 0
-    first = first_capacity(chunk_end, budget, multiple)
-    if first > capacity:
-        previous, capacity = capacity, first
-    last_write = chunk_end + budget - 1  # slots written once the last token is sampled
-    while capacity < last_write:
-        previous, capacity = capacity, grown_capacity(capacity, capacity, last_write - capacity, multiple)
-    return capacity, previous
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,12 +217,12 @@ def workload(rl, vision, tokenizer, assumptions: Assumptions = Assumptions(), ba
     sampler = rl.sampler  # the trainer's sampler knobs: chunk and cache buckets follow them
     prefill_width = bucket(prompt, sampler.min_chunk_bucket)
     prefill_capacity = first_capacity(prefill_width, M, sampler.cache_multiple)
-    capacity, previous = _decode_turn(prefill_capacity, prefill_width, M, sampler.cache_multiple)
+    capacity, previous = capacity_after(prefill_capacity, prefill_width, M, sampler.cache_multiple)
     write = prefill_width + M - 1
     extend_width = bucket(1 + response, sampler.min_chunk_bucket) if calls else 0  # + the pending token
     turns = [M] * full_rounds + ([r.final_answer_tokens] if final else [])
     for budget in turns:
-        capacity, grew_from = _decode_turn(capacity, write + extend_width, budget, sampler.cache_multiple)
+        capacity, grew_from = capacity_after(capacity, write + extend_width, budget, sampler.cache_multiple)
         previous = grew_from or previous
         write += extend_width + budget - 1
 
@@ -249,7 +231,7 @@ def workload(rl, vision, tokenizer, assumptions: Assumptions = Assumptions(), ba
     if tokens.subagent_prompt is not None:
         sub_rows = rows * calls  # one sub-agent prompt per call of every row; batched by sampler_layout
         sub_prompt = tokens.subagent_prompt.length
-        sub_capacity, _ = _decode_turn(0, bucket(sub_prompt, sampler.min_chunk_bucket),
+        sub_capacity, _ = capacity_after(0, bucket(sub_prompt, sampler.min_chunk_bucket),
                                        r.subagent_max_tokens, sampler.cache_multiple)
     patches = _patches(tokens.prompt) + (full_rounds * _patches(tokens.response)
                                          + (_patches(tokens.final_response) if final else 0))

@@ -1,9 +1,10 @@
 """KV cache layout, buckets and sharding for the sampler.
 
-The cache is a tuple of one array per layer for keys, [B, KV heads, head_dim, S], and one
-for values, [B, KV heads, S, head_dim]: both attention products then contract over a
-leading axis of the cached operand, the form CPU matmul kernels read fastest (keys stored
-[S, head_dim] made the decode's q.k product ~2x slower on XLA:CPU). `CacheSpec.shape` names
+The cache (the model's `KVCache`) is a tuple of one array per layer for keys,
+[B, KV heads, head_dim, S], and one for values, [B, KV heads, S, head_dim]: both attention
+products then contract over a leading axis of the cached operand, the form CPU matmul
+kernels read fastest (keys stored [S, head_dim] made the decode's q.k product ~2x slower on
+XLA:CPU). `CacheSpec.shape` names
 the whole (stacked) value extent, `layer_shape` one value array, `key_layer_shape` one key
 array."""
 from __future__ import annotations
@@ -16,11 +17,16 @@ import numpy as np
 
 from paravt_jax import sharding as sh
 from paravt_jax.buckets import bucket
+from paravt_jax.models.qwen3_vl.text import KVCache
 
 CACHE_AXES = ("layers", "batch", "kv_heads", "cache_length", "head_dim")
 KEY_AXES = ("batch", "kv_heads", "head_dim", "cache_length")
 
 
+# ----------------------------------------------------------------------------- capacity schedule
+# One schedule for the suffix cache, used by the sampler as it runs (Sampler.extend before a
+# turn, Sampler._decode when a decode fills the cache) and by the planner for a full-budget
+# episode (`capacity_after`).
 def first_capacity(chunk_end: int, max_new_tokens: int, multiple: int) -> int:
     """Cache slots for a chunk ending at slot `chunk_end` and the start of its decode: room for
     min(max_new_tokens, max(64, chunk_end)) tokens plus one; the decode grows the cache with
@@ -29,10 +35,31 @@ def first_capacity(chunk_end: int, max_new_tokens: int, multiple: int) -> int:
     return bucket(chunk_end + room + 1, 16, multiple)
 
 
-def grown_capacity(capacity: int, write_index: int, tokens_left: int, multiple: int) -> int:
-    """The next cache size of a decode that filled `capacity` slots: enough for the tokens
-    left, but at most double, so attention never reads more than ~2x the slots in use."""
-    return bucket(min(write_index + tokens_left + 1, 2 * capacity), 16, multiple)
+def turn_capacity(capacity: int, chunk_end: int, max_new_tokens: int, multiple: int) -> int:
+    """The suffix size for a turn whose chunk ends at slot `chunk_end`: `capacity` when it
+    holds `first_capacity`, else that."""
+    return max(capacity, first_capacity(chunk_end, max_new_tokens, multiple))
+
+
+def grown_capacity(capacity: int, tokens_left: int, multiple: int) -> int:
+    """The next cache size of a decode that filled all `capacity` slots with at most
+    `tokens_left` tokens still to emit per row: enough for them, but at most double, so
+    attention never reads more than ~2x the slots in use."""
+    return bucket(min(capacity + tokens_left + 1, 2 * capacity), 16, multiple)
+
+
+def capacity_after(capacity: int, chunk_end: int, budget: int, multiple: int) -> tuple[int, int]:
+    """(capacity, the capacity before its last growth or 0) of a suffix of `capacity` slots
+    after a chunk ending at slot `chunk_end` and a decode in which some row emits all `budget`
+    tokens: `turn_capacity`, then `grown_capacity` each time the decode fills the suffix."""
+    previous = 0
+    grown = turn_capacity(capacity, chunk_end, budget, multiple)
+    if grown > capacity:
+        previous, capacity = capacity, grown
+    last_write = chunk_end + budget - 1  # slots written once the last token is sampled
+    while capacity < last_write:
+        previous, capacity = capacity, grown_capacity(capacity, last_write - capacity, multiple)
+    return capacity, previous
 
 
 def episode_capacity(turns, min_chunk: int, multiple: int) -> int:
@@ -131,9 +158,9 @@ def row_shards(shardings: CacheShardings | None, spec: CacheSpec, prompts: int) 
     return shards if prompts % shards == 0 else 1
 
 
-def constrain(cache_k, cache_v, shardings: CacheShardings | None):
-    """with_sharding_constraint on every layer of a (keys, values) cache."""
+def constrain(cache: KVCache, shardings: CacheShardings | None) -> KVCache:
+    """with_sharding_constraint on every layer of a cache's keys and values."""
     if shardings is None:
-        return tuple(cache_k), tuple(cache_v)
-    return (tuple(jax.lax.with_sharding_constraint(a, shardings.keys) for a in cache_k),
-            tuple(jax.lax.with_sharding_constraint(a, shardings.values) for a in cache_v))
+        return KVCache(tuple(cache.keys), tuple(cache.values), cache.valid)
+    return KVCache(tuple(jax.lax.with_sharding_constraint(a, shardings.keys) for a in cache.keys),
+                   tuple(jax.lax.with_sharding_constraint(a, shardings.values) for a in cache.values), cache.valid)

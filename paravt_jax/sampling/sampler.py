@@ -1,14 +1,17 @@
 """A jitted KV-cache sampler for multimodal, multi-turn, batched rollouts.
 
-Three jit boundaries (sampling/programs.py), each compiled once per bucket and then reused:
+Three jit boundaries, each compiled once per bucket and then reused:
   vision   — every image/video item of the call's new chunks in one pass (once per prompt,
-             however many samples share it);
-  prefill  — a right-padded chunk per row written into the cache at each row's own offset;
+             however many samples share it; programs.py);
+  prefill  — a right-padded chunk per row written into the cache at each row's own offset
+             (prefill.py);
   decode   — one `lax.while_loop` that samples, feeds the token back and stops when every
-             row hit a stop id or its budget.
+             row hit a stop id or its budget (decode.py).
 Shapes are bucketed (chunk length, batch, cache capacity, decode steps) so that a steady run
 over varied prompts and turns compiles nothing new; caches are donated between calls. The
-host-side batches are sampling/chunks.py's; the log-prob convention is programs.py's.
+per-call settings are a SamplingParams (params.py); the host-side batches are
+sampling/chunks.py's; the cache and its capacity schedule kv_cache.py's; the log-prob
+convention is decode.py's.
 """
 from __future__ import annotations
 
@@ -23,35 +26,35 @@ from flax import nnx
 from paravt_jax.buckets import bucket
 from paravt_jax.config import set_by
 from paravt_jax.models.qwen3_vl.model import Qwen3VL
-from paravt_jax.models.qwen3_vl.text import SharedPrefix
+from paravt_jax.models.qwen3_vl.text import KVCache
 from paravt_jax.models.qwen3_vl.vision import pad_frames_to_buckets, vision_layout
+from paravt_jax.sampling import decode as decode_program
+from paravt_jax.sampling import prefill as prefill_program
 from paravt_jax.sampling import programs
 from paravt_jax.sampling.backend import DecodeWeights, backend_policy
 from paravt_jax.sampling.chunks import chunk_width, collate, has_vision, prefill_group, prepend, text_slice
+from paravt_jax.sampling.decode import DecodeCarry, DecodeInputs, DecodePlan
 from paravt_jax.sampling.kv_cache import (
     CacheSpec,
     RowGroup,
     cache_sharding,
     episode_capacity,
-    first_capacity,
     grown_capacity,
     row_shards,
+    turn_capacity,
 )
+from paravt_jax.sampling.params import SamplingParams
+from paravt_jax.sampling.prefill import PrefillChunk, PrefillPlan
 from paravt_jax.sampling.programs import grow_suffix
 from paravt_jax.text.inputs import ModelInputs, encode_ids
 
-MAX_STOP_IDS = 8
 PREFILL_WINDOWS = ("used", "capacity")
 
 
 @dataclasses.dataclass(frozen=True)
 class SamplerConfig:
-    # Defaults of the per-call knobs; rollouts and evaluation pass their own on every call.
-    max_new_tokens: int = set_by(256, "each generate() call (rollout / eval settings)")
-    temperature: float = set_by(0.0, "each generate() call (rollout / eval settings)")
-    top_p: float = set_by(1.0, "each generate() call (rollout / eval settings)")
-    top_k: int = set_by(0, "each generate() call (rollout / eval settings)")  # 0 = no top-k
-    stop_ids: tuple[int, ...] = set_by((), "each generate() call (the tokenizer's stop tokens)")
+    """How a Sampler lays out its work (buckets, cache, row groups); what each call samples is
+    its SamplingParams."""
     min_chunk_bucket: int = 16
     min_batch_bucket: int = 1
     cache_multiple: int = 1024  # capacities: powers of two up to this, then multiples of it
@@ -103,16 +106,14 @@ class SamplerState:
     """Where each row's episode stands. Rows are prompt-major (row p * F + f, F = rows per
     prompt: the samples with a shared prefix, 1 in the copied layout). `prefix` holds each
     prompt's keys and values once (keys [P, KV heads, head_dim, Sp], values
-    [P, KV heads, Sp, head_dim], valid [P, Sp]); the per-row suffix caches hold everything
+    [P, KV heads, Sp, head_dim], valid [P, Sp]); the per-row `suffix` cache holds everything
     after the prompt: one array per layer, keys [B, KV heads, head_dim, S], values
     [B, KV heads, S, head_dim]. All rows share the suffix write pointer `write_index`;
-    `valid` [B, S] marks the suffix slots that hold each row's real tokens. `pending` is the
-    last sampled token, not yet in the cache (-1 when none); the next chunk of row b must be
-    encoded with start_position = chunk_start[b]."""
-    prefix: SharedPrefix
-    cache_k: tuple[jax.Array, ...]
-    cache_v: tuple[jax.Array, ...]
-    valid: jax.Array  # [B, S] bool
+    `suffix.valid` [B, S] marks the suffix slots that hold each row's real tokens. `pending`
+    is the last sampled token, not yet in the cache (-1 when none); the next chunk of row b
+    must be encoded with start_position = chunk_start[b]."""
+    prefix: KVCache
+    suffix: KVCache
     write_index: int
     next_position: np.ndarray  # [B] position of the pending token (or of the next token)
     pending: np.ndarray  # [B]
@@ -121,7 +122,7 @@ class SamplerState:
     @property
     def capacity(self) -> int:
         """Slots a row attends: its prompt's prefix plus its suffix."""
-        return self.prefix.valid.shape[1] + self.valid.shape[1]
+        return self.prefix.capacity + self.suffix.capacity
 
     @property
     def chunk_start(self) -> np.ndarray:
@@ -130,8 +131,8 @@ class SamplerState:
     def cached_tokens(self) -> np.ndarray:
         """[B] tokens in each row's cache (its prompt's prefix + its own suffix)."""
         per_prompt = np.asarray(self.prefix.valid).sum(1)
-        rows = self.valid.shape[0]
-        return per_prompt.repeat(rows // per_prompt.shape[0]) + np.asarray(self.valid).sum(1)
+        rows = self.suffix.valid.shape[0]
+        return per_prompt.repeat(rows // per_prompt.shape[0]) + np.asarray(self.suffix.valid).sum(1)
 
 
 class Sampler:
@@ -173,132 +174,112 @@ class Sampler:
         return self._weights
 
     # -- public -------------------------------------------------------------------------
-    def generate(self, prompts: Sequence[ModelInputs], num_samples: int = 1, *, seed: int = 0,
+    def generate(self, prompts: Sequence[ModelInputs], num_samples: int = 1, *,
+                 sampling: SamplingParams = SamplingParams(), seed: int = 0,
                  row_ids: Sequence[int] | None = None, reserve: Sequence[tuple[int, int]] = (),
-                 shape: PromptShape = PromptShape(), **knobs) -> tuple[SampleOutput, SamplerState]:
+                 shape: PromptShape = PromptShape()) -> tuple[SampleOutput, SamplerState]:
         """Prefills each prompt once (vision included) into the prompt cache, then decodes
-        `num_samples` samples of each (row p * num_samples + g) together: with
-        config.shared_prefix they all read the prompt's one copy of its keys and values, and
-        each writes only its own suffix cache. `reserve`: the later turns of the episode,
+        `num_samples` samples of each (row p * num_samples + g) together, as `sampling` says:
+        with config.shared_prefix they all read the prompt's one copy of its keys and values,
+        and each writes only its own suffix cache. `reserve`: the later turns of the episode,
         (chunk tokens, new tokens) per extend at their longest; the suffix cache is sized up
-        front so that none of them grows it (kv_cache.episode_capacity). Row b draws from the random stream
-        fold_in(PRNGKey(seed), row_ids[b]) (default: b), so a row's samples do not depend on
-        which other rows share the call (multi-host rollouts). `shape`: fixed prompt-prefill
-        sizes (see PromptShape); a call whose prompts exceed them uses its own buckets."""
+        front so that none of them grows it (kv_cache.episode_capacity). Row b draws from the
+        random stream fold_in(PRNGKey(seed), row_ids[b]) (default: b), so a row's samples do
+        not depend on which other rows share the call (multi-host rollouts). `shape`: fixed
+        prompt-prefill sizes (see PromptShape); a call whose prompts exceed them uses its own
+        buckets."""
         if not prompts:
             raise ValueError("generate: no prompts")
         if num_samples < 1:
             raise ValueError(f"generate: num_samples={num_samples} must be >= 1")
-        k = self._knobs(knobs)
         prompt_rows = max(bucket(len(prompts), self.config.min_batch_bucket), shape.rows)
         width = max(chunk_width(prompts, self.config.min_chunk_bucket), shape.width)
-        prefix_k, prefix_v, prefix_valid = self._empty_cache(prompt_rows, width)
-        logits, prefix_k, prefix_v, prefix_valid = self._prefill(prefix_k, prefix_v, prefix_valid, None, 0,
-                                                                 list(prompts), prompt_rows, width,
-                                                                 shape.frames_per_row)
+        logits, prefix = self._prefill(self._empty_cache(prompt_rows, width), None, 0, list(prompts), width,
+                                       shape.frames_per_row)
         rows = prompt_rows * num_samples
         total = len(prompts) * num_samples
         logits = jnp.repeat(logits, num_samples, axis=0)
         if not self.config.shared_prefix and num_samples > 1:
             index = jnp.repeat(jnp.arange(prompt_rows), num_samples)
-            prefix_k, prefix_v, prefix_valid = programs.copy_rows(prefix_k, prefix_v, prefix_valid, index,
-                                                          self._sharding(rows, width))
-        prefix = SharedPrefix(prefix_k, prefix_v, prefix_valid)
-        capacity = episode_capacity([(0, k["max_new_tokens"]), *reserve], self.config.min_chunk_bucket,
+            prefix = programs.copy_rows(prefix, index, self._sharding(rows, width))
+        capacity = episode_capacity([(0, sampling.max_new_tokens), *reserve], self.config.min_chunk_bucket,
                                     self.config.cache_multiple)
-        cache_k, cache_v, valid = self._empty_cache(rows, capacity)
         next_position = np.zeros(rows, np.int32)
         next_position[:total] = np.repeat([p.next_position for p in prompts], num_samples)
         budgets = np.zeros(rows, np.int32)
-        budgets[:total] = k["max_new_tokens"]
-        return self._decode(prefix, cache_k, cache_v, valid, 0, logits, next_position, budgets, total, seed, k,
-                            row_ids=row_ids)
+        budgets[:total] = sampling.max_new_tokens
+        return self._decode(prefix, self._empty_cache(rows, capacity), 0, logits, next_position, budgets, total,
+                            seed, sampling, row_ids=row_ids)
 
-    def extend(self, state: SamplerState, chunks: Sequence[ModelInputs | None], *, seed: int = 0,
-               row_ids: Sequence[int] | None = None, **knobs) -> tuple[SampleOutput, SamplerState]:
+    def extend(self, state: SamplerState, chunks: Sequence[ModelInputs | None], *,
+               sampling: SamplingParams = SamplingParams(), seed: int = 0,
+               row_ids: Sequence[int] | None = None) -> tuple[SampleOutput, SamplerState]:
         """Feeds each row's pending token plus its new chunk (None = the row sits this turn
         out) into its suffix cache, in row groups of at most the prefill token budget, then
-        decodes again. Chunk b must start at state.chunk_start[b]. Consumes `state`."""
+        decodes again as `sampling` says. Chunk b must start at state.chunk_start[b].
+        Consumes `state`."""
         if len(chunks) != state.num_rows:
             raise ValueError(f"extend: {len(chunks)} chunks for {state.num_rows} rows")
-        k = self._knobs(knobs)
         rows = state.next_position.shape[0]
-        full: list[ModelInputs | None] = []
-        for b, chunk in enumerate(chunks):
-            if chunk is None:
-                full.append(None)
-                continue
-            start = int(state.chunk_start[b])
-            if chunk.length and int(chunk.position_ids.min()) != start:
-                raise ValueError(f"extend: row {b} chunk starts at position "
-                                 f"{int(chunk.position_ids.min())}, expected {start}")
-            full.append(prepend(int(state.pending[b]), int(state.next_position[b]), chunk)
-                        if state.pending[b] >= 0 else chunk)
+        full = [self._with_pending(state, b, chunk) for b, chunk in enumerate(chunks)]
         width = chunk_width(full, self.config.min_chunk_bucket)
         piece = self.config.extend_width
         text_only = all(c is None or not has_vision(c) for c in full)
         if piece and text_only:  # the turn's chunks in pieces of one width
             width = piece * -(-max([c.length for c in full if c is not None] + [1]) // piece)
-        cache_k, cache_v, valid = state.cache_k, state.cache_v, state.valid
-        new_capacity = self._capacity(state.write_index + width, k["max_new_tokens"])
-        if new_capacity > valid.shape[1]:
-            cache_k, cache_v, valid = self._grow(cache_k, cache_v, valid, new_capacity)
+        suffix = state.suffix
+        capacity = turn_capacity(suffix.capacity, state.write_index + width, sampling.max_new_tokens,
+                                 self.config.cache_multiple)
+        if capacity > suffix.capacity:
+            suffix = self._grow(suffix, capacity)
         if piece and text_only:
             logits = None
             for start in range(0, width, piece):
                 part = [None if c is None or c.length <= start else text_slice(c, start, start + piece)
                         for c in full]
-                out, cache_k, cache_v, valid = self._prefill(cache_k, cache_v, valid, state.prefix,
-                                                             state.write_index + start, part, rows, piece)
+                out, suffix = self._prefill(suffix, state.prefix, state.write_index + start, part, piece)
                 ends_here = np.array([c is not None and start < c.length <= start + piece for c in full]
                                      + [False] * (rows - len(full)))
                 logits = out if logits is None else programs.pick_rows(ends_here, out, logits)
         else:
-            logits, cache_k, cache_v, valid = self._prefill(cache_k, cache_v, valid, state.prefix,
-                                                            state.write_index, full, rows, width)
+            logits, suffix = self._prefill(suffix, state.prefix, state.write_index, full, width)
         takes_part = np.array([c is not None for c in full] + [False] * (rows - len(full)))
         next_position = np.array([(int(c.next_position) if c is not None else int(state.next_position[b]))
                                   for b, c in enumerate(full)] + [0] * (rows - len(full)), np.int32)
-        budgets = np.where(takes_part, k["max_new_tokens"], 0).astype(np.int32)
-        return self._decode(state.prefix, cache_k, cache_v, valid, state.write_index + width, logits,
-                            next_position, budgets, state.num_rows, seed, k, keep_pending=state.pending,
-                            takes_part=takes_part, row_ids=row_ids)
+        budgets = np.where(takes_part, sampling.max_new_tokens, 0).astype(np.int32)
+        return self._decode(state.prefix, suffix, state.write_index + width, logits, next_position, budgets,
+                            state.num_rows, seed, sampling, keep_pending=state.pending, takes_part=takes_part,
+                            row_ids=row_ids)
 
     def compile_counts(self) -> dict[str, int]:
         return {name: fn._cache_size() for name, fn in
-                (("vision", programs.vision), ("prefill", programs.prefill), ("decode", programs.decode),
-                 ("copy", programs.copy_rows), ("grow", programs.grow_layer), ("cache", programs.new_cache))}
+                (("vision", programs.vision), ("prefill", prefill_program.prefill),
+                 ("decode", decode_program.decode), ("copy", programs.copy_rows), ("grow", programs.grow_layer),
+                 ("cache", programs.new_cache))}
 
     # -- internals ----------------------------------------------------------------------
-    def _knobs(self, knobs: dict) -> dict:
-        c = self.config
-        unknown = set(knobs) - {"max_new_tokens", "temperature", "top_p", "top_k", "stop_ids"}
-        if unknown:
-            raise TypeError(f"unknown sampling arguments {sorted(unknown)}")
-        out = dict(max_new_tokens=c.max_new_tokens, temperature=c.temperature, top_p=c.top_p,
-                   top_k=c.top_k, stop_ids=c.stop_ids)
-        out.update({k: v for k, v in knobs.items() if v is not None})
-        if out["max_new_tokens"] < 1:
-            raise ValueError(f"max_new_tokens={out['max_new_tokens']} must be >= 1")
-        if out["temperature"] < 0 or not 0 < out["top_p"] <= 1:
-            raise ValueError(f"temperature={out['temperature']} must be >= 0 and top_p={out['top_p']} in (0, 1]")
-        if len(out["stop_ids"]) > MAX_STOP_IDS:
-            raise ValueError(f"at most {MAX_STOP_IDS} stop ids, got {len(out['stop_ids'])}")
-        return out
+    @staticmethod
+    def _with_pending(state: SamplerState, b: int, chunk: ModelInputs | None) -> ModelInputs | None:
+        """Row b's chunk with its pending token in front (None: the row sits the turn out)."""
+        if chunk is None:
+            return None
+        start = int(state.chunk_start[b])
+        if chunk.length and int(chunk.position_ids.min()) != start:
+            raise ValueError(f"extend: row {b} chunk starts at position "
+                             f"{int(chunk.position_ids.min())}, expected {start}")
+        if state.pending[b] < 0:
+            return chunk
+        return prepend(int(state.pending[b]), int(state.next_position[b]), chunk)
 
     def _sharding(self, rows: int, capacity: int):
         layers, kv, hd = self._layout
         return cache_sharding(self.mesh, CacheSpec(layers, rows, capacity, kv, hd, self.cache_dtype.name))
 
-    def _capacity(self, chunk_end: int, max_new_tokens: int) -> int:
-        """Suffix slots for a chunk ending at suffix slot `chunk_end` and the start of its decode."""
-        return first_capacity(chunk_end, max_new_tokens, self.config.cache_multiple)
+    def _grow(self, cache: KVCache, new_capacity: int) -> KVCache:
+        rows, capacity = cache.valid.shape
+        return grow_suffix(cache, new_capacity - capacity, self._sharding(rows, new_capacity))
 
-    def _grow(self, cache_k, cache_v, valid, new_capacity: int):
-        rows, capacity = valid.shape
-        return grow_suffix(cache_k, cache_v, valid, new_capacity - capacity, self._sharding(rows, new_capacity))
-
-    def _empty_cache(self, rows: int, capacity: int):
+    def _empty_cache(self, rows: int, capacity: int) -> KVCache:
         layers, kv, hd = self._layout
         return programs.new_cache(layers, (rows, kv, capacity, hd), self.cache_dtype, self._sharding(rows, capacity))
 
@@ -314,21 +295,25 @@ class Sampler:
         return self.backend.prefill_block(rows, self.model.config.text.num_attention_heads,
                                           self.model.config.attention_block)
 
-    def _prefill(self, cache_k, cache_v, valid, prefix: SharedPrefix | None, write_index: int,
-                 chunks: list[ModelInputs | None], rows: int, width: int, frames_per_row: int = 0):
-        """Writes `chunks` (one per row, None = nothing) at `write_index` in row groups of at
-        most the token budget, each group taking the same rows of every device's
-        block of rows. Returns (logits [rows, V], caches, valid)."""
-        prompts = rows if prefix is None else prefix.valid.shape[0]
-        per_prompt = rows // prompts
-        shards = self.row_shards(rows, prompts)
-        group = self.prefill_group(rows, per_prompt, width, shards)
-        capacity = valid.shape[1]
-        # attend only to the slots in use (bucketed, so few compiled variants)
-        window = capacity
+    def prefill_plan(self, rows: int, capacity: int, write_index: int, width: int, group: int,
+                     shards: int) -> PrefillPlan:
+        """The static arguments of a prefill of `group` rows (of `rows`) writing `width` tokens
+        at `write_index` into a cache of `capacity` slots."""
+        window = capacity  # "used": attend only to the slots in use (bucketed, so few compiled variants)
         if self.config.prefill_window == "used":
             window = min(bucket(write_index + width, 16, self.config.cache_multiple), capacity)
-        block = self.prefill_block(group)
+        return PrefillPlan(self._sharding(rows, capacity), self.backend, window, self.prefill_block(group), shards)
+
+    def _prefill(self, cache: KVCache, prefix: KVCache | None, write_index: int, chunks: list[ModelInputs | None],
+                 width: int, frames_per_row: int = 0) -> tuple[jax.Array, KVCache]:
+        """Writes `chunks` (one per row, None = nothing) at `write_index` in row groups of at
+        most the token budget, each group taking the same rows of every device's block of
+        rows. Returns (logits [rows, V], the cache)."""
+        rows = cache.valid.shape[0]
+        prompts = rows if prefix is None else prefix.valid.shape[0]
+        shards = self.row_shards(rows, prompts)
+        group = self.prefill_group(rows, rows // prompts, width, shards)
+        plan = self.prefill_plan(rows, cache.capacity, write_index, width, group, shards)
         chunks = list(chunks) + [None] * (rows - len(chunks))
         logits, order = [], []
         for start in range(0, rows // shards, group // shards):
@@ -338,27 +323,31 @@ class Sampler:
             if group < rows and not any(c is not None and c.length for c in part):
                 logits.append(jnp.zeros((group, self.model.config.text.vocab_size), jnp.float32))
                 continue  # padding rows / rows sitting the turn out: nothing to write
-            batch = collate(part, group, width)
-            embeds = deepstack = None
-            if batch.pixel_values is not None:
-                pixels, grids = pad_frames_to_buckets(batch.pixel_values, batch.grids, group * frames_per_row)
-                layout = vision_layout(grids, self.model.config.vision)
-                embeds, deepstack = programs.vision(self.graphdef, self.params, pixels, layout.device_arrays())
-            out, cache_k, cache_v, valid = programs.prefill(
-                self.graphdef, self.params, self.weights, cache_k, cache_v, valid, prefix, np.int32(write_index),
-                np.int32(start), batch.ids, batch.positions, batch.counts.astype(np.int32), batch.visual_index,
-                embeds, deepstack, self._sharding(rows, capacity), window, self.backend, block, shards)
+            out, cache = prefill_program.prefill(self.graphdef, self.params, self.weights, cache, prefix,
+                                                 self._chunk(part, group, width, frames_per_row, write_index, start),
+                                                 plan)
             logits.append(out)
         if len(logits) == 1:
-            return logits[0], cache_k, cache_v, valid
+            return logits[0], cache
         inverse = np.argsort(np.concatenate(order))
-        return jnp.concatenate(logits)[inverse], cache_k, cache_v, valid
+        return jnp.concatenate(logits)[inverse], cache
 
-    def _decode(self, prefix: SharedPrefix, cache_k, cache_v, valid, write_index, logits, next_position,
-                budgets, num_rows, seed, k, keep_pending=None, takes_part=None, row_ids=None):
+    def _chunk(self, part: list[ModelInputs | None], group: int, width: int, frames_per_row: int,
+               write_index: int, row_start: int) -> PrefillChunk:
+        """One row group's chunk batch, its vision inputs encoded (padded to `frames_per_row`
+        frames per row)."""
+        batch = collate(part, group, width)
+        embeds = deepstack = None
+        if batch.pixel_values is not None:
+            pixels, grids = pad_frames_to_buckets(batch.pixel_values, batch.grids, group * frames_per_row)
+            layout = vision_layout(grids, self.model.config.vision)
+            embeds, deepstack = programs.vision(self.graphdef, self.params, pixels, layout.device_arrays())
+        return PrefillChunk(batch.ids, batch.positions, batch.counts.astype(np.int32), batch.visual_index, embeds,
+                            deepstack, np.int32(write_index), np.int32(row_start))
+
+    def _decode(self, prefix: KVCache, suffix: KVCache, write_index, logits, next_position, budgets, num_rows,
+                seed, sampling: SamplingParams, keep_pending=None, takes_part=None, row_ids=None):
         rows = next_position.shape[0]
-        stop = np.full(MAX_STOP_IDS, -2, np.int32)
-        stop[:len(k["stop_ids"])] = k["stop_ids"]
         ids = np.arange(rows, dtype=np.int32)
         if row_ids is not None:
             if len(row_ids) != num_rows:
@@ -366,22 +355,20 @@ class Sampler:
             ids[:num_rows] = row_ids  # padding rows keep any id: their budget is 0
         if not 0 <= int(seed) < 2**32:
             raise ValueError(f"seed={seed} must be in [0, 2**32)")
-        row_keys = programs.row_keys(np.uint32(seed), ids)
-        steps = bucket(k["max_new_tokens"], 16)
-        carry = programs.DecodeCarry.start(budgets, steps, write_index, next_position)
-        knobs = (np.float32(k["temperature"]), np.float32(k["top_p"]), np.int32(k["top_k"]))
+        steps = bucket(sampling.max_new_tokens, 16)
+        inputs = DecodeInputs.of(logits, budgets, decode_program.row_keys(np.uint32(seed), ids), sampling, steps)
+        carry = DecodeCarry.start(budgets, steps, write_index, next_position)
         while True:  # one segment per suffix size: grow it (at most double) when the slots run out
-            carry, cache_k, cache_v, valid = programs.decode(
-                self.graphdef, self.params, self.weights, cache_k, cache_v, valid, prefix, logits, budgets, stop,
-                row_keys, *knobs, carry, steps, self._sharding(rows, valid.shape[1]), self.backend)
+            plan = DecodePlan(self._sharding(rows, suffix.capacity), self.backend)
+            carry, suffix = decode_program.decode(self.graphdef, self.params, self.weights, suffix, prefix, inputs,
+                                                  carry, plan)
             n_gen, done = np.asarray(carry.n_gen), np.asarray(carry.done)
             if done.all() or int(carry.step) >= steps:
                 break
+            # the segment stopped because the suffix is full (write_index == capacity)
             left = int(np.max(np.where(done, 0, budgets - n_gen)))
-            cache_k, cache_v, valid = self._grow(cache_k, cache_v, valid, grown_capacity(
-                valid.shape[1], int(carry.write_index), left, self.config.cache_multiple))
+            suffix = self._grow(suffix, grown_capacity(suffix.capacity, left, self.config.cache_multiple))
         tokens, logps = np.asarray(carry.tokens), np.asarray(carry.logps)
-        finished, write_out, next_out = np.asarray(carry.finished), carry.write_index, carry.next_position
         pending = np.where(n_gen > 0, tokens[np.arange(rows), np.maximum(n_gen - 1, 0)], -1)
         if keep_pending is not None:
             # rows that sat this turn out keep their earlier pending token
@@ -389,18 +376,15 @@ class Sampler:
         result = SampleOutput(
             tokens=[tokens[b, :n_gen[b]].tolist() for b in range(num_rows)],
             logprobs=[logps[b, :n_gen[b]] for b in range(num_rows)],
-            finished=finished[:num_rows], lengths=n_gen[:num_rows])
-        state = SamplerState(prefix, cache_k, cache_v, valid, int(write_out), np.asarray(next_out),
+            finished=np.asarray(carry.finished)[:num_rows], lengths=n_gen[:num_rows])
+        state = SamplerState(prefix, suffix, int(carry.write_index), np.asarray(carry.next_position),
                              pending.astype(np.int64), num_rows)
         return result, state
 
 
-def generate(model: Qwen3VL, input_ids: Sequence[Sequence[int]], max_new_tokens: int,
-             temperature: float = 0.0, stop_ids: Sequence[int] = (), seed: int = 0,
-             top_p: float = 1.0, top_k: int = 0) -> SampleOutput:
+def generate(model: Qwen3VL, input_ids: Sequence[Sequence[int]], sampling: SamplingParams = SamplingParams(),
+             seed: int = 0) -> SampleOutput:
     """Text-only batch (a list of token-id lists of any lengths) -> SampleOutput."""
     prompts = [encode_ids(list(ids), 0, trainable=False) for ids in input_ids]
-    result, _ = Sampler(model).generate(prompts, max_new_tokens=max_new_tokens,
-                                        temperature=temperature, stop_ids=tuple(stop_ids),
-                                        seed=seed, top_p=top_p, top_k=top_k)
+    result, _ = Sampler(model).generate(prompts, sampling=sampling, seed=seed)
     return result

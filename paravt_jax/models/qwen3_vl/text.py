@@ -5,6 +5,7 @@ parameters serve an unrolled loop or a `lax.scan` (config.scan_layers).
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 import jax
@@ -31,16 +32,47 @@ def dense_projections(x: jax.Array, params: dict, names: tuple[str, ...],
     return tuple(L.dense(x, params[name]) for name in names)
 
 
-class SharedPrefix(NamedTuple):
-    """Cached keys and values that groups of rows share: one array per layer, keys
-    [P, KV, hd, S] and values [P, KV, S, hd]; valid [P, S] marks the filled slots."""
+@dataclasses.dataclass(frozen=True)
+class KVCache:
+    """Cached keys and values of B rows, one array per layer (a layer's attention then reads
+    its own buffer: slicing one layer out of a stacked cache copies it on XLA:CPU/GPU, every
+    decode step): keys [B, KV, hd, S] and values [B, KV, S, hd] (both attention products then
+    contract over a leading axis of the cached operand); valid [B, S] marks the filled slots."""
     keys: tuple[jax.Array, ...]
     values: tuple[jax.Array, ...]
     valid: jax.Array
 
+    @property
+    def capacity(self) -> int:
+        return self.valid.shape[1]
+
+
+jax.tree_util.register_dataclass(KVCache, data_fields=["keys", "values", "valid"], meta_fields=[])
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheView:
+    """What a cached forward reads and writes. `cache`: the KV cache whose rows the call writes
+    (its `valid` already marks the chunk's slots, so padding slots are never attended); the
+    chunk goes to slots [write_index, write_index + P) of every row. `window` (static, >=
+    write_index + P; None = the capacity) limits attention to the first `window` slots: a
+    prefill into an empty or short cache then costs O(P * window), not O(P * S). `prefix`:
+    keys and values that groups of rows share and attend before their own cache (row b reads
+    prefix b // (B / P)); read, never written. `rows`: which rows of the cache the call's rows
+    are (an object with read(array) -> those rows and write(array, chunk, slot_axis, slot) ->
+    the array with chunk written at those rows; sampling/kv_cache.RowGroup); None: all rows."""
+    cache: KVCache
+    write_index: jax.Array
+    window: int | None = None
+    prefix: KVCache | None = None
+    rows: object = None
+
+    def read_rows(self, array):
+        return array if self.rows is None else self.rows.read(array)
+
 
 class PrefixLayer(NamedTuple):
-    """One layer of a SharedPrefix: keys [P, KV, hd, S], values [P, KV, S, hd], valid [P, S]."""
+    """One layer of a shared prefix (a KVCache): keys [P, KV, hd, S], values [P, KV, S, hd], valid [P, S]."""
     keys: jax.Array
     values: jax.Array
     valid: jax.Array
@@ -175,54 +207,43 @@ class TextDecoder(nnx.Module):
         return add
 
     # -- cached forward (sampler) ---------------------------------------------------------
-    def forward_cached(self, input_ids: jax.Array, position_ids: jax.Array, write_index: jax.Array,
-                       valid: jax.Array, cache_k: tuple[jax.Array, ...], cache_v: tuple[jax.Array, ...],
+    def forward_cached(self, input_ids: jax.Array, position_ids: jax.Array, view: CacheView,
                        visual_index: jax.Array | None = None, visual_embeds: jax.Array | None = None,
-                       deepstack: jax.Array | None = None, window: int | None = None,
-                       layers: tuple[dict, ...] | None = None, project=dense_projections,
-                       block: int | None = None, prefix: SharedPrefix | None = None, rows=None):
-        """Runs a chunk of P tokens per row on top of a KV cache.
+                       deepstack: jax.Array | None = None, *, layers: tuple[dict, ...] | None = None,
+                       project=dense_projections, block: int | None = None) -> tuple[jax.Array, KVCache]:
+        """Runs a chunk of P tokens per row on top of a KV cache (see CacheView).
 
-        The cache is one array per layer (cache_k: [B, KV, hd, S] each, cache_v:
-        [B, KV, S, hd] each), so that a layer's attention reads its own buffer: slicing one
-        layer out of a stacked [layers, ...] cache copies it on XLA:CPU/GPU, every decode
-        step. All rows write their chunk to the same slots [write_index, write_index + P) with
-        one in-place `dynamic_update_slice` per layer; `valid` [B, S] marks which slots hold
-        real tokens (it must already include this chunk's), so rows of different lengths and
-        turns share the cache and padding slots are never attended. Token p attends to valid
-        slots <= write_index + p. input_ids [B, P], position_ids [3, B, P]. `window` (static,
-        >= write_index + P) limits attention to the first `window` slots: a prefill into an
-        empty or short cache then costs O(P * window), not O(P * S). `layers` supplies
-        per-layer parameter dicts and `project` the matmuls that read them (the sampler's
-        weight layouts, paravt_jax/sampling/backend.py); by default the stacked parameters are
-        sliced here. `block` (static): the attention block of a blockwise prefill (default
-        config.attention_block). `prefix`: keys and values that groups of rows share and
-        attend before their own cache (row b reads prefix b // (B / P)); they are read, never
-        written. `rows`: which rows of the caches the B rows of this call are (an object with
-        read(array) -> those rows and write(array, chunk, slot_axis, slot) -> the array with
-        chunk written at those rows; sampling/kv_cache.RowGroup); None: all rows. valid is the
-        call's own rows. The layers are unrolled.
-        Returns (hidden [B, P, D], cache_k, cache_v).
+        All rows write their chunk to the same slots with one in-place `dynamic_update_slice`
+        per layer, so rows of different lengths and turns share the cache. Token p attends to
+        valid slots <= write_index + p. input_ids [B, P], position_ids [3, B, P]. `layers`
+        supplies per-layer parameter dicts and `project` the matmuls that read them (the
+        sampler's weight layouts, paravt_jax/sampling/backend.py); by default the stacked
+        parameters are sliced here. `block` (static): the attention block of a blockwise
+        prefill (default config.attention_block). The layers are unrolled.
+        Returns (hidden [B, P, D], the cache with the chunk's keys and values written).
         """
         t = self.config
-        if len(cache_k) != t.num_hidden_layers or len(cache_v) != t.num_hidden_layers:
-            raise ValueError(f"forward_cached: {len(cache_k)}/{len(cache_v)} cache layers for a "
+        cache = view.cache
+        if len(cache.keys) != t.num_hidden_layers or len(cache.values) != t.num_hidden_layers:
+            raise ValueError(f"forward_cached: {len(cache.keys)}/{len(cache.values)} cache layers for a "
                              f"{t.num_hidden_layers}-layer decoder")
         length = input_ids.shape[1]
         x = self.embed(input_ids, visual_index, visual_embeds)
         cos, sin = mrope_tables(position_ids, t, self.dtype)
+        valid = view.read_rows(cache.valid)
         capacity = valid.shape[1]
-        window = capacity if window is None else min(int(window), capacity)
-        mask = AttentionMask.cache(valid[:, :window], write_index + jnp.arange(length))
+        window = capacity if view.window is None else min(int(view.window), capacity)
+        mask = AttentionMask.cache(valid[:, :window], view.write_index + jnp.arange(length))
         add_deepstack = self._deepstack_adder(visual_index, deepstack)
-        slot = jnp.asarray(write_index, jnp.int32)
+        slot = jnp.asarray(view.write_index, jnp.int32)
+        rows, prefix = view.rows, view.prefix
         if layers is None:
             layers = self.layer_slices()
         out_k, out_v = [], []
         for i, params in enumerate(layers):
             written = {}
 
-            def kv(k_new, v_new, ck=cache_k[i], cv=cache_v[i], written=written):
+            def kv(k_new, v_new, ck=cache.keys[i], cv=cache.values[i], written=written):
                 # chunk [B, P, KV, hd] -> keys [B, KV, hd, P], values [B, KV, P, hd]
                 k_chunk = k_new.transpose(0, 2, 3, 1).astype(ck.dtype)
                 v_chunk = v_new.transpose(0, 2, 1, 3).astype(cv.dtype)
@@ -234,9 +255,7 @@ class TextDecoder(nnx.Module):
                 # the barrier: write in place first, then read (else XLA may fuse the read with
                 # the write and copy the whole layer's cache to keep the original)
                 written["k"], written["v"] = jax.lax.optimization_barrier((new_k, new_v))
-                keys, values = written["k"], written["v"]
-                if rows is not None:
-                    keys, values = rows.read(keys), rows.read(values)
+                keys, values = view.read_rows(written["k"]), view.read_rows(written["v"])
                 keys, values = keys[..., :window], values[:, :, :window]
                 return keys.astype(k_new.dtype), values.astype(v_new.dtype)
 
@@ -246,7 +265,7 @@ class TextDecoder(nnx.Module):
             x = add_deepstack(x, i)
             out_k.append(written["k"])
             out_v.append(written["v"])
-        return x, tuple(out_k), tuple(out_v)
+        return x, KVCache(tuple(out_k), tuple(out_v), cache.valid)
 
     # -- full-sequence forward ------------------------------------------------------------
     def __call__(self, input_ids: jax.Array, attention_mask: jax.Array, position_ids: jax.Array,

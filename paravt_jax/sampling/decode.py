@@ -1,0 +1,159 @@
+"""The sampler's decode loop (one jitted program) and the sampling of one token.
+
+Behaviour log-prob convention (the RL loss uses the same one): the log-probability of each
+generated token under softmax(logits / temperature), before any top-k / top-p truncation;
+for greedy decoding (temperature 0) under softmax(logits).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from paravt_jax.models.qwen3_vl.text import CacheView, KVCache
+from paravt_jax.sampling.backend import SamplerBackend
+from paravt_jax.sampling.kv_cache import CacheShardings, constrain
+from paravt_jax.sampling.params import MAX_STOP_IDS, SamplingParams
+from paravt_jax.sampling.programs import merge
+
+
+def sample_logits(logits, keys, temperature, top_p, top_k):
+    """logits [B, V] float32, keys [B] PRNG keys -> (tokens [B], log-probs [B]).
+
+    temperature 0 is greedy. top_k <= 0 and top_p >= 1 disable truncation. Log-probs follow
+    the module convention (temperature-scaled, untruncated).
+    """
+    safe_t = jnp.where(temperature > 0, temperature, 1.0)
+    scaled = logits / safe_t
+    # two plain reductions instead of log_softmax + argmax: no [B, V] output is written, and
+    # max/min reductions vectorise where the (value, index) argmax reduction does not
+    top = jnp.max(scaled, axis=-1, keepdims=True)
+    log_norm = top[:, 0] + jnp.log(jnp.sum(jnp.exp(scaled - top), axis=-1))
+    vocab = logits.shape[-1]
+    greedy = jnp.min(jnp.where(scaled == top, jnp.arange(vocab, dtype=jnp.int32), vocab), axis=-1)
+
+    def plain(_):
+        return jax.vmap(jax.random.categorical)(keys, scaled)
+
+    def truncated(_):
+        order = jnp.argsort(-scaled, axis=-1)
+        ranked = jnp.take_along_axis(scaled, order, axis=-1)
+        probs = jax.nn.softmax(ranked, axis=-1)
+        before = jnp.cumsum(probs, axis=-1) - probs
+        rank = jnp.arange(ranked.shape[-1])[None]
+        keep = (before < top_p) & ((top_k <= 0) | (rank < top_k))
+        keep = keep.at[:, 0].set(True)
+        choice = jax.vmap(jax.random.categorical)(keys, jnp.where(keep, ranked, -jnp.inf))
+        return jnp.take_along_axis(order, choice[:, None], axis=-1)[:, 0]
+
+    def stochastic(_):
+        return jax.lax.cond((top_k > 0) | (top_p < 1.0), truncated, plain, None).astype(jnp.int32)
+
+    token = jax.lax.cond(temperature > 0, stochastic, lambda _: greedy, None)
+    return token, jnp.take_along_axis(scaled, token[:, None], axis=-1)[:, 0] - log_norm
+
+
+@jax.jit
+def row_keys(seed, row_ids):
+    """Row b's random stream: fold_in(PRNGKey(seed), row_ids[b])."""
+    base = jax.random.PRNGKey(seed)
+    return jax.vmap(lambda r: jax.random.fold_in(base, r))(row_ids)
+
+
+class DecodeInputs(NamedTuple):
+    """What stays fixed over the segments of one decode (traced: other values reuse the program)."""
+    logits: jax.Array  # [B, V] float32: the prefill's, sampled from at step 0
+    budgets: jax.Array  # [B] int32 tokens each row may emit (0: the row sits the turn out)
+    row_keys: jax.Array  # [B, 2] each row's random stream (row_keys)
+    stop_ids: jax.Array  # [MAX_STOP_IDS] int32, -2 in unused slots
+    temperature: jax.Array  # [] float32
+    top_p: jax.Array  # [] float32
+    top_k: jax.Array  # [] int32
+    max_steps: jax.Array  # [] int32: tokens emitted at most (the carry's token columns)
+
+    @staticmethod
+    def of(logits, budgets: np.ndarray, keys, sampling: SamplingParams, max_steps: int) -> DecodeInputs:
+        stop = np.full(MAX_STOP_IDS, -2, np.int32)
+        stop[:len(sampling.stop_ids)] = sampling.stop_ids
+        return DecodeInputs(logits, budgets, keys, stop, np.float32(sampling.temperature),
+                            np.float32(sampling.top_p), np.int32(sampling.top_k), max_steps)
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeCarry:
+    """Decode progress that survives between the segments of one decode (see Sampler._decode)."""
+    step: jax.Array  # [] tokens emitted so far per row slot (0 = the prefill logits not used yet)
+    tokens: jax.Array  # [B, max_steps] int32, -1 where nothing was emitted
+    logps: jax.Array  # [B, max_steps] float32
+    n_gen: jax.Array  # [B]
+    done: jax.Array  # [B] stop id hit or budget used up
+    finished: jax.Array  # [B] stop id hit
+    write_index: jax.Array  # [] next free cache slot
+    next_position: jax.Array  # [B]
+
+    @staticmethod
+    def start(budgets: np.ndarray, max_steps: int, write_index: int, next_position: np.ndarray):
+        rows = budgets.shape[0]
+        return DecodeCarry(np.int32(0), np.full((rows, max_steps), -1, np.int32),
+                            np.zeros((rows, max_steps), np.float32), np.zeros(rows, np.int32),
+                            budgets <= 0, np.zeros(rows, bool), np.int32(write_index),
+                            next_position.astype(np.int32))
+
+
+jax.tree_util.register_dataclass(DecodeCarry, data_fields=[f.name for f in dataclasses.fields(DecodeCarry)],
+                                 meta_fields=[])
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodePlan:
+    """The static arguments of a decode: one compiled program per plan (and input shapes)."""
+    sharding: CacheShardings | None  # of the suffix cache's layers (None without a mesh)
+    backend: SamplerBackend
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "plan"), donate_argnames="cache")
+def decode(graphdef, params, weights, cache: KVCache, prefix: KVCache, inputs: DecodeInputs, carry: DecodeCarry,
+           plan: DecodePlan) -> tuple[DecodeCarry, KVCache]:
+    """Samples until every row is done, `inputs.max_steps` tokens were emitted, or the suffix
+    `cache` is full (the caller grows it and calls again with the returned carry); every step
+    attends to the row's prompt in `prefix` and to its own suffix. The first call (step 0)
+    samples from the prefill's logits; see the module docstring for the log-prob convention."""
+    lang = merge(graphdef, params).language
+    capacity = cache.capacity
+    backend, budgets = plan.backend, inputs.budgets
+
+    def keys_at(step):
+        return jax.vmap(lambda k: jax.random.fold_in(k, step))(inputs.row_keys)
+
+    def emit(c: DecodeCarry, logits, active) -> DecodeCarry:
+        token, logp = sample_logits(logits, keys_at(c.step), inputs.temperature, inputs.top_p, inputs.top_k)
+        n_gen = c.n_gen + active
+        hit = active & jnp.any(token[:, None] == inputs.stop_ids[None, :], axis=-1)
+        return dataclasses.replace(
+            c, step=c.step + 1, tokens=c.tokens.at[:, c.step].set(jnp.where(active, token, -1)),
+            logps=c.logps.at[:, c.step].set(jnp.where(active, logp, 0.0)), n_gen=n_gen,
+            done=c.done | hit | (n_gen >= budgets), finished=c.finished | hit)
+
+    carry = jax.lax.cond(carry.step == 0, lambda c: emit(c, inputs.logits, budgets > 0), lambda c: c, carry)
+
+    def cond(loop):
+        c = loop[0]
+        return (c.step < inputs.max_steps) & ~jnp.all(c.done) & (c.write_index < capacity)
+
+    def body(loop):
+        c, cache = loop
+        active = ~c.done
+        fed = jnp.maximum(c.tokens[:, c.step - 1], 0)[:, None]
+        positions = jnp.broadcast_to(c.next_position[None, :, None], (3, fed.shape[0], 1))
+        valid = jax.lax.dynamic_update_slice(cache.valid, active[:, None], (0, c.write_index))
+        view = CacheView(KVCache(cache.keys, cache.values, valid), c.write_index, prefix=prefix)
+        hidden, cache = lang.forward_cached(fed, positions, view, layers=weights.layers, project=backend.project)
+        new_logits = backend.logits(lang, hidden, weights)[:, 0].astype(jnp.float32)
+        c = dataclasses.replace(c, write_index=c.write_index + 1, next_position=c.next_position + active)
+        return emit(c, new_logits, active), constrain(cache, plan.sharding)
+
+    return jax.lax.while_loop(cond, body, (carry, cache))
