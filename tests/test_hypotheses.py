@@ -36,6 +36,9 @@ def test_differences_pair_seeds_use_a_single_run_for_every_seed_and_thresholds()
     assert H.differences(threshold, arms) == pytest.approx([0.5, 0.1])
     (result,) = H.verdicts([threshold], arms)
     assert result.verdict == "holds" and result.mean == pytest.approx(0.3)
+    # a group with one finished arm of several is no single run: only its own seed pairs
+    partial = arms + [ArmRun("w,seed=1", "w", "", False, {"acc": 0.1}, {}), arm("w,seed=0", "w", acc=0.5)]
+    assert H.differences(H.Hypothesis("f", "", "p", "acc", against_group="w"), partial) == pytest.approx([0.4])
     (missing,) = H.verdicts([H.Hypothesis("e", "", "q", "acc", threshold=0.0)], arms)
     assert missing.verdict == "not run" and missing.differences == ()
 

@@ -98,16 +98,19 @@ def differences(h: Hypothesis, arms: Sequence[ArmRun]) -> list[float]:
     """Per seed of h.group's finished arms (seed order): number - comparison; arms without the
     number, or without a partner of their seed, are left out."""
     mine = sorted((a for a in arms if a.group == h.group and a.finished), key=lambda a: seed_of(a.name))
-    partners = [a for a in arms if a.group == h.against_group and a.finished] if h.against_group else []
-    by_seed = {seed_of(a.name): a for a in partners}
+    others = [a for a in arms if a.group == h.against_group] if h.against_group else []
+    # a group of one run (the shared cold start) stands for every seed; else the same seed's
+    # finished arm (an unfinished one is no partner: its seed is left out)
+    single = others[0] if len(others) == 1 else None
+    by_seed = {seed_of(a.name): a for a in others if a.finished}
     out = []
     for arm in mine:
         value = _value(arm, h.metric)
         if h.threshold is not None:
             other = h.threshold
         else:
-            partner = arm if not h.against_group else (partners[0] if len(partners) == 1
-                                                       else by_seed.get(seed_of(arm.name)))
+            partner = arm if not h.against_group else single or by_seed.get(seed_of(arm.name))
+            partner = partner if partner is not None and partner.finished else None
             other = None if partner is None else _value(partner, h.against_metric or h.metric)
         if value is not None and other is not None:
             out.append(value - other)

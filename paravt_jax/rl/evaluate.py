@@ -61,20 +61,12 @@ def episode_config(rollout: RolloutConfig, *, tools: bool, max_new_tokens: int |
         mode=rollout.mode if mode is None else mode, final_answer=tools, final_answer_tokens=FINAL_ANSWER_TOKENS)
 
 
-def evaluate(model, tokenizer, rows, *, nframes: int, tools: bool, rollout: RolloutConfig | None = None,
-             dispatch: DispatchConfig | None = None, max_new_tokens: int | None = None,
-             max_turns: int | None = None, mode: str | None = None) -> EvalResult:
-    """Greedy episodes of `rows` at K = nframes: the episode `rollout` and `dispatch` describe
-    (the run's rl.rollout / rl.dispatch: crop frame sizes, calls per turn, ...; None: their
-    defaults), see episode_config."""
-    return evaluate_episodes(model, tokenizer, rows, nframes=nframes, tools=tools, rollout=rollout,
-                             dispatch=dispatch, max_new_tokens=max_new_tokens, max_turns=max_turns, mode=mode)[0]
-
-
 def evaluate_episodes(model, tokenizer, rows, *, nframes: int, tools: bool, rollout: RolloutConfig | None = None,
                       dispatch: DispatchConfig | None = None, max_new_tokens: int | None = None,
                       max_turns: int | None = None, mode: str | None = None) -> tuple[EvalResult, list]:
-    """`evaluate`'s result and the rollouts it scored (for the evaluation's episode log)."""
+    """Greedy episodes of `rows` at K = nframes (the episode `rollout` and `dispatch` describe:
+    the run's rl.rollout / rl.dispatch, None: their defaults; see episode_config): the scores
+    and the rollouts behind them (for the evaluation's episode log)."""
     rollout, dispatch = rollout or RolloutConfig(), dispatch or DispatchConfig()
     episodes = [Episode(f"eval{r.index}", r.question, r.answer, r.question_type, r.video_path, nframes)
                 for r in rows]
