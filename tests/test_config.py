@@ -29,11 +29,11 @@ CHOICES = {"AdvantageConfig.anchor_mode": "sequence", "OptimizerConfig.name": "a
            "SFTConfig.micro_batches": 3, "RLConfig.micro_batches": 3}
 
 
-def parse(*overrides):
+def parse(*overrides, config="paragrpo.py:tiny"):
     from absl import flags
     from ml_collections import config_flags
 
-    argv = ["prog", f"--config={ROOT}/configs/paragrpo.py:tiny", *overrides]
+    argv = ["prog", f"--config={ROOT}/configs/{config}", *overrides]
     values = flags.FlagValues()
     config_flags.DEFINE_config_file("config", "", "", flag_values=values, sys_argv=argv)
     values(argv)
@@ -319,14 +319,7 @@ def test_unknown_and_code_set_keys_under_the_driver_section_are_refused():
 
 
 def parse_eval(*overrides):
-    from absl import flags
-    from ml_collections import config_flags
-
-    argv = ["prog", f"--config={ROOT}/configs/eval.py:synthetic", *overrides]
-    values = flags.FlagValues()
-    config_flags.DEFINE_config_file("config", "", "", flag_values=values, sys_argv=argv)
-    values(argv)
-    return values.config
+    return parse(*overrides, config="eval.py:synthetic")
 
 
 DRIVER_CHOICES = {"prompt_mode": "direct", "dispatch": "sequential", "video_path_line": "newline",
