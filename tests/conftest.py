@@ -10,9 +10,49 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import shutil  # noqa: E402
 import socket  # noqa: E402
+import tempfile  # noqa: E402
 
 import pytest  # noqa: E402
+
+CACHE_ENV = "PARAVT_JAX_CACHE_DIR"  # paravt_jax.compile_cache.ENV_VAR (not imported: jax stays unloaded here)
+
+
+def pytest_configure(config):
+    """One persistent compilation cache for the whole session (this process, every xdist
+    worker and every command a test starts use $PARAVT_JAX_CACHE_DIR): the many commands that compile the
+    same tiny programs load them after the first compile. Loads are counted as compiles
+    (train/compiles.py), so compile counts do not depend on test order. Set the variable
+    yourself to keep a cache across sessions."""
+    if not hasattr(config, "workerinput") and not os.environ.get(CACHE_ENV):
+        config.paravt_cache_dir = tempfile.mkdtemp(prefix="paravt-test-jax-cache-")
+        os.environ[CACHE_ENV] = config.paravt_cache_dir
+    from paravt_jax import compile_cache
+
+    compile_cache.enable()  # the tests' own compiles too (programs of >= 1 s)
+
+
+def pytest_unconfigure(config):
+    directory = getattr(config, "paravt_cache_dir", None)
+    if directory:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Each test gets one tier marker, so `-m unit` or `-m integration` selects a tier:
+    `slow` (end to end, excluded by default; marked on the test), else `integration` (the test
+    is marked so, or its module says `TIER = "integration"`: it compiles real programs or
+    starts processes), else `unit`."""
+    for item in items:
+        if item.get_closest_marker("slow") is not None:
+            continue
+        module_tier = getattr(item.module, "TIER", "unit")
+        if module_tier not in ("unit", "integration"):
+            raise pytest.UsageError(f"{item.module.__file__}: TIER = {module_tier!r}, expected 'unit' or 'integration'")
+        if item.get_closest_marker("integration") is None:
+            item.add_marker(getattr(pytest.mark, module_tier))
+
 
 _LOOPBACK = ("127.0.0.1", "::1", "localhost")
 _real_connect = socket.socket.connect

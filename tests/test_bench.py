@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+TIER = "integration"  # every bench script in its own process
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

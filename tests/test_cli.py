@@ -5,6 +5,8 @@ from contextlib import redirect_stdout
 
 import pytest
 
+TIER = "integration"  # the commands end to end in processes
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

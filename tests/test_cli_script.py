@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+TIER = "integration"  # the installed script in processes
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(os.path.dirname(sys.executable), "paravt-jax")  # installed next to this python
 COMMANDS = ("run", "sft", "train", "export", "generate", "forward", "eval", "plan", "sweep", "report")

@@ -14,6 +14,8 @@ from paravt_jax.experiments import view
 from paravt_jax.rl import episode_log as L
 from test_episode_log import scripted_step
 
+TIER = "integration"  # a headless browser
+
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):

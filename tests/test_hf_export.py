@@ -14,6 +14,8 @@ from paravt_jax.text.hf_processor import IMAGE_PROCESSOR, VIDEO_PROCESSOR, proce
 from paravt_jax.text.inputs import encode
 from paravt_jax.text.tokenizer import Tokenizer, train_tokenizer
 
+TIER = "integration"  # the tiny model against transformers
+
 CORPUS = ["When does the red circle appear? <0.5 seconds> summary of the segment",
           'The answer is [12.0, 15.5]. A blue square appears. {"name": "crop_video"}'] * 30
 NEW = 8

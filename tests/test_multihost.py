@@ -19,6 +19,8 @@ import pytest
 
 from paravt_jax import distributed as dist
 
+TIER = "integration"  # two JAX processes
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "multihost_worker.py")
 DATA = dict(seed=0, num_train=4, num_eval=1, durations=(30.0,))

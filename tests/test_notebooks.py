@@ -39,6 +39,8 @@ from paravt_jax.data.builtin import ensure_builtin
 from paravt_jax.metrics_writer import MetricsWriter
 from paravt_jax.runtime import builtin_assets
 
+TIER = "integration"  # executes the notebooks
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOKS = os.path.join(REPO, "notebooks")
 NAMES = ("01_rewards.ipynb", "02_rollouts.ipynb", "03_training_curves.ipynb", "04_paradox.ipynb")

@@ -12,6 +12,8 @@ from paravt_jax.text.inputs import ModelInputs
 from paravt_jax.train.batch import micro_batches, pack, plan_rows, plan_token_budget, planned_micro_batches
 from paravt_jax.train.step import OptimizerConfig, TrainStep
 
+TIER = "integration"  # compiles train steps
+
 
 def sequence(rng, prompt: int, response: int, grid=None) -> ModelInputs:
     """A prompt (optionally with one image of `grid` patches) and a trained response."""

@@ -17,6 +17,8 @@ from paravt_jax.planner import time_plan as T
 from paravt_jax.planner import workload as W
 from paravt_jax.planner.memory import collective_bytes
 
+TIER = "integration"  # the TPU compiler
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -11,6 +11,8 @@ from paravt_jax.text.tokenizer import Tokenizer, train_tokenizer
 from paravt_jax.video.frames import patchify_image
 from paravt_jax.video.reader import resize_frames
 
+TIER = "integration"  # the model against transformers
+
 CORPUS = ["When does the red circle appear? <0.5 seconds> summary of the segment",
           "The answer is [12.0, 15.5]. A blue square appears."] * 30
 

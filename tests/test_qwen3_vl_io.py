@@ -13,6 +13,8 @@ from paravt_jax.models.qwen3_vl import CheckpointError, init_model, load_pretrai
 from paravt_jax.models.qwen3_vl import safetensors_io as st
 from test_qwen3_vl_parity import assert_close, hf_logits, mixed_batch, ours_on
 
+TIER = "integration"  # sharded forward passes and checkpoints
+
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory, torch_module):

@@ -16,6 +16,8 @@ from hf_tiny import (
 )
 from paravt_jax.models.qwen3_vl import load_pretrained
 
+TIER = "integration"  # the model against transformers
+
 TOL = 1e-4
 
 

@@ -14,6 +14,8 @@ from paravt_jax.sampling import Sampler, SamplerConfig, SamplingParams, generate
 from paravt_jax.text import chat
 from paravt_jax.text.inputs import ModelInputs, encode_ids
 
+TIER = "integration"  # compiles the sampler's programs
+
 NEW = 24
 
 

@@ -15,6 +15,8 @@ from paravt_jax.sampling.sampler import PromptShape
 from paravt_jax.text.inputs import ModelInputs, encode_ids
 from paravt_jax.train import compiles
 
+TIER = "integration"  # compiles the sampler's programs
+
 G = 3
 
 

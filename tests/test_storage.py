@@ -13,6 +13,8 @@ import pytest
 from paravt_jax import storage
 from paravt_jax.storage import write_json_atomic
 
+TIER = "integration"  # a Cloud Storage emulator and the main job
+
 
 def test_write_json_atomic_replaces_and_cleans_up(tmp_path):
     path = str(tmp_path / "summary.json")

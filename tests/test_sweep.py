@@ -15,6 +15,8 @@ from contextlib import redirect_stdout
 
 import pytest
 
+TIER = "integration"  # a sweep in a process
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ABLATIONS = f"{ROOT}/configs/ablations.py"
 # The cheapest honest main job: every stage runs, on one question, a few tokens each.

@@ -22,6 +22,8 @@ from paravt_jax.train.loop import LoopConfig, data_indices, run_loop
 from paravt_jax.train.step import OptimizerConfig, TrainStep
 from tfevents import read_events
 
+TIER = "integration"  # SFT and RL steps
+
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):

@@ -19,6 +19,8 @@ from paravt_jax.text.tokenizer import train_tokenizer
 from paravt_jax.video.frames import group_times, patchify_video, video_smart_resize
 from paravt_jax.video.reader import read_video_item
 
+TIER = "integration"  # the model and video code against transformers
+
 CORPUS = ["When does the person open the door? <0.2 seconds> 1.0 seconds", "crop_video start_time"] * 20
 PAD6 = "<|video_pad|>" * 6
 

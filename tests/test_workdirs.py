@@ -12,6 +12,8 @@ import pytest
 from paravt_jax import locking, workdirs
 from paravt_jax.locking import Holder, WorkdirLock, WorkdirLocked
 
+TIER = "integration"  # processes holding workdir locks
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOST = socket.gethostname()
 
