@@ -3,6 +3,8 @@ the real one, the evaluation driver's records over scripted answers, and the RL 
 collect -> score -> batch -> advantages phases over scripted episodes whose rewards are
 worked out by hand below."""
 import inspect
+import json
+import os
 
 import jax.numpy as jnp
 import numpy as np
@@ -11,6 +13,9 @@ import pytest
 from paravt_jax.agent.rollout import RolloutConfig
 from paravt_jax.data.paravt_parquet import RLRow
 from paravt_jax.data.synthetic import Event, write_video
+from paravt_jax.eval import driver, prompts
+from paravt_jax.eval import records as store
+from paravt_jax.eval.datasets import EvalSample, LoadedBenchmark
 from paravt_jax.models.qwen3_vl import preset
 from paravt_jax.models.qwen3_vl.hf_io import abstract_model
 from paravt_jax.rl.advantages import AdvantageConfig
@@ -157,3 +162,64 @@ def test_rl_collect_seeds_rows_by_step_and_share(video, tokenizer, tmp_path):
     assert [(c.kind, c.seed, c.row_ids) for c in sampler.calls] == [("policy", seed, (0, 1, 2, 3)),
                                                                    ("extend", seed + 1, (0, 1, 2, 3))]
     assert [c.rows for c in sampler.calls] == [4, 3]  # the skipped-tools row sits the round out
+
+
+# ----------------------------------------------------------------------------- the eval driver
+TWO_CALLS = "<think>two windows</think>" + "".join(
+    "<tool_call>\n" + json.dumps({"name": "crop_video", "arguments": {"video_path": "v.mp4", "start_time": start,
+                                                                     "end_time": end}}) + "\n</tool_call>"
+    for start, end in ((8, 12), (11, 15)))
+# question -> (answer, question type, span, the model's turns); the last turn is the one scored
+BENCHMARK = {
+    "Q1 What colour is the circle? A. red B. blue": ("B", "mcq", None, [TWO_CALLS, "B"]),  # right, tools
+    "Q2 What colour is the circle? A. red B. blue C. green": ("B", "mcq", None, ["<answer>C</answer>"]),  # wrong
+    "Q3 Which shape is it? A. square B. circle": ("B", "mcq", None, ["no idea, sorry."]),  # no letter
+    "Q4 When is the circle seen?": ("10.0-14.0", "tvg", (10.0, 14.0),
+                                   [TWO_CALLS, "The event happens in the 9.0 - 14.0 seconds."]),
+    "Q5 What colour is the circle?": ("blue", "oe", None, ["<answer>light blue</answer>"]),
+}
+
+
+def benchmark_of(video):
+    samples = tuple(EvalSample("synthetic", f"s{i}", video, question, answer, kind == "mcq", kind, span=span)
+                    for i, (question, (answer, kind, span, _)) in enumerate(BENCHMARK.items()))
+    return LoadedBenchmark("synthetic", samples, (), ())
+
+
+def eval_script(prompt_text: str, sample: int):
+    (turns,) = [turns for question, (*_, turns) in BENCHMARK.items() if question in prompt_text]
+    return turns
+
+
+@pytest.mark.parametrize("dispatch", ["parallel", "sequential"])
+def test_eval_driver_records_scripted_answers(video, tokenizer, tmp_path, dispatch):
+    """Right, wrong and letterless MCQ answers, a grounding span and an open answer, scored as the
+    reference scores them; a tool round runs both calls (parallel) or the first (sequential),
+    then the forced final answer at its question type's budget; a second run resumes to nothing."""
+    config = driver.DriverConfig(nframes=2, max_turns=1, max_parallel=2, batch_size=4, dispatch=dispatch)
+    sampler = ScriptedSampler(tokenizer, eval_script)
+    summary = driver.run_dataset(sampler, tokenizer, benchmark_of(video), config, str(tmp_path), log=lambda _: None)
+    records = store.read_records([store.shard_path(str(tmp_path), "synthetic", 0, 1)])
+    calls = 2 if dispatch == "parallel" else 1
+    got = {i: (r["correct"], round(r["score"], 4), r["pred"], r["calls_per_turn"], r["turns"])
+           for i, r in records.items()}
+    assert got == {0: (True, 1.0, "B", [calls], 2), 1: (False, 0.0, "C", [], 1), 2: (False, 0.0, "n", [], 1),
+                   3: (None, 0.8, "9.0-14.0", [calls], 2),  # IoU of 9-14 with 10-14
+                   4: (None, round(2 / 3, 4), "light blue", [], 1)}  # token F1
+    for i, kind in ((0, "mcq"), (3, "tvg")):  # a response per executed call, then the final-answer instruction
+        response = records[i]["response"]
+        assert response.count("<tool_response>") == calls and records[i]["tool_calls"] == calls
+        assert response.index(prompts.final_instruction(kind)) > response.rindex("</tool_response>")
+    # one batch per question type (mcq: 3 rows; tvg; oe); final answers after the tool rounds only
+    policy = [c.rows for c in sampler.calls if c.kind == "policy"]
+    finals = [c.max_new_tokens for c in sampler.calls if c.kind == "extend"]
+    assert policy == [3, 1, 1] and finals == [config.mcq_answer_tokens, config.grounding_answer_tokens]
+    assert summary["complete"] and summary["accuracy"] == pytest.approx(1 / 3)
+    assert summary["avg_tool_calls"] == pytest.approx(2 * calls / 5)
+    assert summary["by_question_type"]["tvg"] == {"miou": pytest.approx(0.8), "r@0.3": 1.0, "r@0.5": 1.0,
+                                                      "r@0.7": 1.0, "count": 1}
+    assert summary["mean_score"] == pytest.approx((1 + 0.8 + 2 / 3) / 5)
+    assert os.path.isfile(tmp_path / "synthetic.json")
+    again = ScriptedSampler(tokenizer, eval_script)
+    resumed = driver.run_dataset(again, tokenizer, benchmark_of(video), config, str(tmp_path), log=lambda _: None)
+    assert again.calls == [] and resumed["accuracy"] == summary["accuracy"]
