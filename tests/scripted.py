@@ -13,7 +13,7 @@ What it scripts:
     function of the sub-agent prompt's text.
 
 How it behaves like the real sampler (sampler.py): the call signatures are the real ones
-(tests/test_scripted_sampler.py compares them with `inspect.signature`, so a change of the
+(tests/test_orchestration.py compares them with `inspect.signature`, so a change of the
 real sampler's parameters breaks this fake loudly); each generated row is the script's text
 encoded, followed by the first of `sampling.stop_ids` (the turn's end), cut at
 `sampling.max_new_tokens` (then `finished` is False, as when the real decode runs out of its
@@ -119,25 +119,21 @@ class ScriptedSampler:
             raise ValueError(f"extend: {len(chunks)} chunks for {state.num_rows} rows")
         takes_part = np.array([c is not None for c in chunks])
         self._check_call(state.num_rows, seed, row_ids)
+        for b, chunk in enumerate(chunks):  # refused before anything is generated or recorded
+            if chunk is not None and chunk.length and int(chunk.position_ids.min()) != int(state.chunk_start[b]):
+                raise ValueError(f"extend: row {b} chunk starts at position {int(chunk.position_ids.min())}, "
+                                 f"expected {int(state.chunk_start[b])}")
+            if chunk is not None and state.turn[b] >= len(state.scripts[b]):
+                raise AssertionError(f"row {b}: turn {state.turn[b] + 1} asked, its script has "
+                                     f"{len(state.scripts[b])}")
         self.calls.append(Call("extend", int(takes_part.sum()), seed, None if row_ids is None else tuple(row_ids),
                                sampling.max_new_tokens, None))
-        texts, turn = [], list(state.turn)
-        starts = state.next_position.copy()
-        for b, chunk in enumerate(chunks):
-            if chunk is None:
-                texts.append(None)
-                continue
-            expected = int(state.chunk_start[b])
-            if chunk.length and int(chunk.position_ids.min()) != expected:
-                raise ValueError(f"extend: row {b} chunk starts at position {int(chunk.position_ids.min())}, "
-                                 f"expected {expected}")
-            if turn[b] >= len(state.scripts[b]):
-                raise AssertionError(f"row {b}: turn {turn[b] + 1} asked, its script has {len(state.scripts[b])}")
-            texts.append(state.scripts[b][turn[b]])
-            turn[b] += 1
-            starts[b] = chunk.next_position
+        texts = [None if chunk is None else state.scripts[b][state.turn[b]] for b, chunk in enumerate(chunks)]
+        turn = tuple(t + int(part) for t, part in zip(state.turn, takes_part))
+        starts = np.array([state.next_position[b] if chunk is None else chunk.next_position
+                           for b, chunk in enumerate(chunks)], np.int64)
         out = self._output(texts, sampling)
-        return out, self._state(starts, out, state.scripts, tuple(turn), state.pending, ~takes_part)
+        return out, self._state(starts, out, state.scripts, turn, state.pending, ~takes_part)
 
     # -- internals ------------------------------------------------------------------------
     def _turns(self, prompt_text: str, row: int, sample: int) -> Sequence[str]:

@@ -21,7 +21,8 @@ from paravt_jax.models.qwen3_vl.hf_io import abstract_model
 from paravt_jax.rl.advantages import AdvantageConfig
 from paravt_jax.rl.episode_stats import summarize
 from paravt_jax.rl.trainer import RLConfig, RLStep
-from paravt_jax.sampling import Sampler
+from paravt_jax.sampling import Sampler, SamplingParams
+from paravt_jax.text.inputs import encode_ids
 from paravt_jax.text.tokenizer import train_tokenizer
 from paravt_jax.train.step import TrainState
 from scripted import ScriptedSampler
@@ -62,6 +63,31 @@ def parameters(function):
 def test_the_scripted_sampler_takes_the_real_samplers_parameters(method):
     """Same names, kinds and defaults: a change to the real sampler's calls breaks the fake here."""
     assert parameters(getattr(ScriptedSampler, method)) == parameters(getattr(Sampler, method))
+
+
+def test_the_scripted_sampler_tracks_positions_and_budgets_as_the_real_one(tokenizer):
+    """As tests/test_sampler.py checks of the real sampler: a row's next chunk starts after its
+    generated tokens, a row without a chunk generates nothing and keeps its place, a chunk
+    elsewhere is refused; a turn cut at its budget has no stop token and is not finished."""
+    stop = tokenizer.special.im_end
+    sampling = SamplingParams(max_new_tokens=64, stop_ids=(stop,))
+    prompts = [encode_ids([5, 6, 7], 0), encode_ids([8, 9], 0)]
+    sampler = ScriptedSampler(tokenizer, [["The shape is a circle.", "blue"], ["red", "circle"]])
+    first, state = sampler.generate(prompts, sampling=sampling, seed=4)
+    assert first.tokens == [tokenizer.encode("The shape is a circle.") + [stop], tokenizer.encode("red") + [stop]]
+    assert state.chunk_start.tolist() == [3 + len(first.tokens[0]), 2 + len(first.tokens[1])]
+    second, state2 = sampler.extend(state, [encode_ids([1, 2], int(state.chunk_start[0])), None], sampling=sampling)
+    assert second.tokens[1] == [] and second.lengths[1] == 0 and state2.chunk_start[1] == state.chunk_start[1]
+    assert state2.chunk_start[0] == state.chunk_start[0] + 2 + len(second.tokens[0])
+    with pytest.raises(ValueError, match=f"extend: row 1 chunk starts at position 0, expected {state2.chunk_start[1]}"):
+        sampler.extend(state2, [None, encode_ids([1], 0)], sampling=sampling)
+    with pytest.raises(ValueError, match="extend: 1 chunks for 2 rows"):
+        sampler.extend(state2, [None], sampling=sampling)
+    third, _ = sampler.extend(state2, [None, encode_ids([1], int(state2.chunk_start[1]))],
+                              sampling=sampling.with_budget(1))
+    assert third.tokens[1] == tokenizer.encode("circle")[:1] and not third.finished[1]
+    assert [(c.kind, c.rows, c.max_new_tokens) for c in sampler.calls] == [("policy", 2, 64), ("extend", 1, 64),
+                                                                           ("extend", 1, 1)]
 
 
 def rl_script(prompt_text: str, sample: int):
@@ -147,7 +173,7 @@ def test_rl_step_collects_scores_and_batches_scripted_episodes(video, tokenizer,
                                   advantages[loss])
 
 
-def test_rl_collect_seeds_rows_by_step_and_share(video, tokenizer, tmp_path):
+def test_rl_collect_seeds_each_step_and_row(video, tokenizer, tmp_path):
     """collect's sampler calls: the step's seed (run seed * 100003 + step), every row its stream."""
     rows = [RLRow(0, "What colour is the circle?", video, "blue", "oe", {})]
     config = RLConfig(prompts_per_step=1, samples_per_prompt=4, nframes_gating=False, default_nframes=2, seed=3,
