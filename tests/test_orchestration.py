@@ -119,7 +119,6 @@ def test_rl_step_collects_scores_and_batches_scripted_episodes(video, tokenizer,
     rows = [RLRow(0, "What colour is the circle?", video, "blue", "oe", {}),
             RLRow(1, "What shape is it?", video, "circle", "oe", {})]
     config = RLConfig(prompts_per_step=2, samples_per_prompt=4, nframes_gating=False, default_nframes=2, seed=3,
-                      rollout=RolloutConfig(overview_max_pixels=64 * 96),
                       advantage=AdvantageConfig(kl_ctl=0.0, batch_norm=False))
     built = []
 
@@ -177,7 +176,7 @@ def test_rl_collect_seeds_each_step_and_row(video, tokenizer, tmp_path):
     """collect's sampler calls: the step's seed (run seed * 100003 + step), every row its stream."""
     rows = [RLRow(0, "What colour is the circle?", video, "blue", "oe", {})]
     config = RLConfig(prompts_per_step=1, samples_per_prompt=4, nframes_gating=False, default_nframes=2, seed=3,
-                      rollout=RolloutConfig(mode="frames", overview_max_pixels=64 * 96),
+                      rollout=RolloutConfig(mode="frames"),
                       advantage=AdvantageConfig(kl_ctl=0.0))  # no reference copy of the abstract model
     sampler = ScriptedSampler(tokenizer, rl_script)
     phases = RLStep.build(abstract_model(preset("tiny")), tokenizer, rows, str(tmp_path), config,
