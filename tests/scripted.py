@@ -101,7 +101,8 @@ class ScriptedSampler:
         self.calls.append(Call("subagent" if subagent[0] else "policy", rows, seed,
                                None if row_ids is None else tuple(row_ids), sampling.max_new_tokens, shape))
         if subagent[0]:
-            turns = [[self.summary(t) if callable(self.summary) else self.summary] for t in texts]
+            turns = [[self.summary(texts[b // num_samples]) if callable(self.summary) else self.summary]
+                     for b in range(rows)]
         else:
             turns = [list(self._turns(texts[b // num_samples], b, b % num_samples)) for b in range(rows)]
         for b, script in enumerate(turns):
