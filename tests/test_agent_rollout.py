@@ -1,5 +1,4 @@
 """Dispatcher concurrency and safety; a hand-checked scripted rollout; real tiny rollouts."""
-import dataclasses
 import json
 
 import numpy as np
@@ -12,8 +11,8 @@ from paravt_jax.agent.tools import ToolCall
 from paravt_jax.data.synthetic import Event, write_video
 from paravt_jax.models.qwen3_vl import init_model, preset
 from paravt_jax.sampling import Sampler, SamplerConfig
-from paravt_jax.sampling.sampler import SampleOutput
 from paravt_jax.text.tokenizer import train_tokenizer
+from scripted import ScriptedSampler
 
 CORPUS = ["<think>I will look at two windows.</think> the answer is blue", "crop_video start_time end_time",
           '{"name": "crop_video", "arguments": {"video_path": "v.mp4", "start_time": 1, "end_time": 5}}'] * 20
@@ -73,51 +72,6 @@ def test_timeout_becomes_error(video, monkeypatch):
     assert "timed out" in results[0].error and dispatcher.counters["timeouts"] == 1
 
 
-class ScriptedSampler:
-    """Returns scripted texts turn by turn (per row), tracking positions like the sampler."""
-
-    @dataclasses.dataclass
-    class State:
-        chunk_start: np.ndarray
-
-    def __init__(self, tokenizer, scripts, subagent_text="a blue circle from 10 to 14 seconds"):
-        self.tok, self.scripts, self.sub = tokenizer, scripts, subagent_text
-        self.turn = {}
-        self.subagent_calls = []
-
-    def _out(self, texts, ends=None):
-        tokens = [self.tok.encode(t) + [self.tok.special.im_end] for t in texts]
-        return SampleOutput(tokens, [np.full(len(t), -0.5, np.float32) for t in tokens],
-                            np.ones(len(tokens), bool), np.array([len(t) for t in tokens]))
-
-    def generate(self, prompts, num_samples=1, **kwargs):
-        if self.turn:  # after the first main call, generate() is only used by sub-agents
-            self.subagent_calls.append(len(prompts))
-            out = self._out([self.sub] * len(prompts))
-            return out, None
-        rows = len(prompts) * num_samples
-        texts = [self.scripts[b][0] for b in range(rows)]
-        self.turn = {b: 1 for b in range(rows)}
-        out = self._out(texts)
-        starts = np.array([prompts[b // num_samples].next_position + len(out.tokens[b]) for b in range(rows)])
-        return out, self.State(starts)
-
-    def extend(self, state, chunks, **kwargs):
-        texts, starts = [], state.chunk_start.copy()
-        for b, chunk in enumerate(chunks):
-            if chunk is None:
-                texts.append("")
-                continue
-            assert int(chunk.position_ids.min()) == state.chunk_start[b]
-            texts.append(self.scripts[b][self.turn[b]])
-            self.turn[b] += 1
-        out = self._out(texts)
-        for b, chunk in enumerate(chunks):
-            if chunk is not None:
-                starts[b] = chunk.next_position + len(out.tokens[b])
-        return out, self.State(starts)
-
-
 def calls_text(*windows):
     return "<think>check windows</think>\n" + "\n".join(
         "<tool_call>\n"
@@ -141,7 +95,8 @@ def test_scripted_rollout_masks_and_metadata(video, tokenizer):
     a, b = rollouts
     assert a.calls_per_turn == (2,) and a.turns == 2 and b.calls_per_turn == () and b.turns == 1
     assert any("at most 2 crop_video calls" in e for e in a.errors)
-    assert sampler.subagent_calls == [2]  # both crops of the turn in ONE sub-agent call
+    # both crops of the turn in ONE sub-agent call
+    assert [c.rows for c in sampler.calls if c.kind == "subagent"] == [2]
     assert len(a.subagents) == 2 and all(s.row == 0 for s in a.subagents)
     gen_a = tokenizer.encode(scripts[0][0]) + [tokenizer.special.im_end] + \
         tokenizer.encode(scripts[0][1]) + [tokenizer.special.im_end]
@@ -160,23 +115,6 @@ def test_scripted_rollout_masks_and_metadata(video, tokenizer):
     assert not a.truncated and a.nframes == 4
 
 
-class RecordingSampler(ScriptedSampler):
-    """ScriptedSampler that also keeps the random stream of every call: (kind, seed, row_ids)."""
-
-    def __init__(self, tokenizer, scripts):
-        super().__init__(tokenizer, scripts)
-        self.streams = []
-
-    def generate(self, prompts, num_samples=1, **kwargs):
-        kind = "subagent" if self.turn else "policy"
-        self.streams.append((kind, kwargs["seed"], list(kwargs["row_ids"])))
-        return super().generate(prompts, num_samples, **kwargs)
-
-    def extend(self, state, chunks, **kwargs):
-        self.streams.append(("extend", kwargs["seed"], list(kwargs["row_ids"])))
-        return super().extend(state, chunks, **kwargs)
-
-
 def test_random_streams_follow_each_rows_place_in_the_step(video, tokenizer, tmp_path):
     """Row streams are row_offset + episode * G + sample (an unreadable episode keeps its
     slots); turn t extends with seed + t + 1; the round's sub-agents draw seed + 1000 (t + 1)
@@ -184,7 +122,7 @@ def test_random_streams_follow_each_rows_place_in_the_step(video, tokenizer, tmp
     answer = "<think>done</think>\n<answer>blue</answer>"
     scripts = [[calls_text((1, 5), (9, 15)), calls_text((20, 25)), answer], [answer],
                [answer], [calls_text((30, 35)), answer]]
-    sampler = RecordingSampler(tokenizer, scripts)
+    sampler = ScriptedSampler(tokenizer, scripts)
     episodes = [Episode("e0", "What colour?", "blue", "oe", video, nframes=4),
                 Episode("e1", "Unreadable", "red", "oe", str(tmp_path / "missing.mp4"), nframes=4),
                 Episode("e2", "What shape?", "circle", "oe", video, nframes=4)]
@@ -193,7 +131,8 @@ def test_random_streams_follow_each_rows_place_in_the_step(video, tokenizer, tmp
         rollouts, skipped = run_rollouts(sampler, tokenizer, episodes, 2, config, dispatcher)
     assert len(skipped) == 1 and [r.episode.episode_id for r in rollouts] == ["e0", "e0", "e2", "e2"]
     rows = [10, 11, 14, 15]
-    assert sampler.streams == [("policy", 5, rows),
+    streams = [(call.kind, call.seed, list(call.row_ids)) for call in sampler.calls]
+    assert streams == [("policy", 5, rows),
                                ("subagent", 1005, [30, 31, 45]), ("extend", 6, rows),
                                ("subagent", 2005, [30]), ("extend", 7, rows)]
     assert [r.calls_per_turn for r in rollouts] == [(2, 1), (), (), (1,)]
@@ -234,21 +173,14 @@ def test_final_answer_round_forces_a_short_answer(video, tokenizer):
     final-answer instruction and one short turn (its own budget)."""
     scripts = [[calls_text((1, 5), (6, 9)), calls_text((10, 14)), "B"]]
     sampler = ScriptedSampler(tokenizer, scripts)
-    budgets = []
-    real_extend = sampler.extend
-
-    def extend(state, chunks, **kwargs):
-        budgets.append(kwargs["sampling"].max_new_tokens)
-        return real_extend(state, chunks, **kwargs)
-
-    sampler.extend = extend
     episode = Episode("e0", "Which option?", "B", "mcq", video, nframes=4)
-    config = RolloutConfig(mode="frames", max_turns=2, max_new_tokens=100, final_answer=True, final_answer_tokens=7,
+    config = RolloutConfig(mode="frames", max_turns=2, max_new_tokens=200, final_answer=True, final_answer_tokens=7,
                            final_answer_instruction="Reply with the letter only.", system_prompt="SYSTEM TEXT")
     with CropDispatcher() as dispatcher:
         rollouts, _ = run_rollouts(sampler, tokenizer, [episode], 1, config, dispatcher)
     r = rollouts[0]
-    assert r.turns == 3 and r.calls_per_turn == (2, 1) and budgets == [100, 7]
+    budgets = [call.max_new_tokens for call in sampler.calls if call.kind == "extend"]
+    assert r.turns == 3 and r.calls_per_turn == (2, 1) and budgets == [200, 7]
     assert r.completion.count("<tool_response>") == 3
     assert r.completion.count("Reply with the letter only.") == 1
     assert r.completion.index("Reply with the letter only.") > r.completion.rindex("</tool_response>")
@@ -349,21 +281,17 @@ def test_rl_prompt_layout_system_and_subagent(video, tokenizer):
 def test_subagent_summary_cut_at_the_budget_ends_with_the_marker(video, tokenizer):
     """A summary that reaches subagent_max_tokens without its stop token is cut there with the
     reference's ' [truncated]' marker; a finished one is kept as is."""
-    class Unfinished(ScriptedSampler):
-        def generate(self, prompts, num_samples=1, **kwargs):
-            out, state = super().generate(prompts, num_samples=num_samples, **kwargs)
-            if state is None:  # a sub-agent call: the budget ran out before the stop token
-                tokens = [t[:-1] for t in out.tokens]
-                out = SampleOutput(tokens, [l[:-1] for l in out.logprobs], np.zeros(len(tokens), bool),
-                                   np.array([len(t) for t in tokens]))
-            return out, state
-
-    for cls, marker in ((ScriptedSampler, False), (Unfinished, True)):
-        sampler = cls(tokenizer, [[calls_text((1, 5)), "<think>ok</think><answer>blue</answer>"]])
+    summary = "a blue circle from 10 to 14 seconds"
+    length = len(tokenizer.encode(summary))
+    for budget, marker in ((length + 1, False), (length, True)):  # + 1: room for the stop token
+        sampler = ScriptedSampler(tokenizer, [[calls_text((1, 5)), "<think>ok</think><answer>blue</answer>"]],
+                                  summary=summary)
         with CropDispatcher() as dispatcher:
             (r,), _ = run_rollouts(sampler, tokenizer, [Episode("e", "Q?", "blue", "oe", video, nframes=2)], 1,
-                                   RolloutConfig(mode="subagent", max_turns=1), dispatcher)
-        body = "a blue circle from 10 to 14 seconds" + (" [truncated]" if marker else "")
+                                   RolloutConfig(mode="subagent", max_turns=1, subagent_max_tokens=budget),
+                                   dispatcher)
+        assert [c.max_new_tokens for c in sampler.calls if c.kind == "subagent"] == [budget]
+        body = summary + (" [truncated]" if marker else "")
         assert f"<tool_response>\n{body}\n</tool_response>" in r.completion
 
 

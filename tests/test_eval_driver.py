@@ -13,9 +13,9 @@ import pytest
 from paravt_jax.data.builtin import ensure_builtin
 from paravt_jax.eval import datasets, driver, prompts
 from paravt_jax.eval import records as store
-from paravt_jax.sampling.sampler import SampleOutput
 from paravt_jax.text import chat
 from paravt_jax.text.tokenizer import Tokenizer
+from scripted import ScriptedSampler
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -35,54 +35,31 @@ def benchmark(assets):
     return datasets.load_benchmark("synthetic", os.path.join(assets.data_dir, "rl_eval.parquet"), assets.data_dir)
 
 
-class FakeSampler:
-    """Deterministic per prompt: half the prompts call crop_video twice, then answer; the rest
-    answer at once. Counts calls and rows so tests can see batching and skipping."""
+CALLS = "<think>look</think>" + "".join(
+    '<tool_call>\n{"name": "crop_video", "arguments": {"video_path": "v.mp4", '
+    f'"start_time": {s}, "end_time": {s + 3}}}}}\n</tool_call>' for s in (1, 6))
 
-    @dataclasses.dataclass
-    class State:
-        chunk_start: np.ndarray
 
-    def __init__(self, tokenizer):
-        self.tok = tokenizer
-        self.rows = 0
-        self.calls = 0
-        self.call_text = "<think>look</think>" + "".join(
-            '<tool_call>\n{"name": "crop_video", "arguments": {"video_path": "v.mp4", '
-            f'"start_time": {s}, "end_time": {s + 3}}}}}\n</tool_call>' for s in (1, 6))
+def half_call_tools(prompt_text: str, sample: int) -> list[str]:
+    """Deterministic per prompt: half the prompts call crop_video twice in each of the two tool
+    rounds, then answer C when forced; the rest answer at once with a letter of their own."""
+    digest = int(hashlib.sha1(prompt_text.encode()).hexdigest(), 16)
+    if digest % 2:
+        return [CALLS, CALLS, "C"]
+    return [f"<think>sure</think><answer>{'ABCD'[digest % 4]}</answer>"]
 
-    def _out(self, texts):
-        tokens = [self.tok.encode(t) + [self.tok.special.im_end] for t in texts]
-        return SampleOutput(tokens, [np.full(len(t), -0.1, np.float32) for t in tokens], np.ones(len(texts), bool),
-                            np.array([len(t) for t in tokens]))
 
-    def generate(self, prompts_, num_samples=1, **kwargs):
-        self.calls += 1
-        self.rows += len(prompts_)
-        texts = []
-        for p in prompts_:
-            digest = int(hashlib.sha1(p.input_ids.tobytes()).hexdigest(), 16)
-            if digest % 2:
-                texts.append(self.call_text)
-            else:
-                texts.append(f"<think>sure</think><answer>{'ABCD'[digest % 4]}</answer>")
-        out = self._out(texts)
-        return out, self.State(np.array([p.next_position + len(t) for p, t in zip(prompts_, out.tokens)]))
+def scripted(tokenizer):
+    return ScriptedSampler(tokenizer, half_call_tools)
 
-    def extend(self, state, chunks, **kwargs):
-        self.calls += 1
-        final = kwargs["sampling"].max_new_tokens <= 5  # the forced answer has its own small budget
-        texts = ["" if c is None else "C" if final else self.call_text for c in chunks]
-        out = self._out(texts)
-        starts = state.chunk_start.copy()
-        for b, chunk in enumerate(chunks):
-            if chunk is not None:
-                starts[b] = chunk.next_position + len(out.tokens[b])
-        return out, self.State(starts)
+
+def policy_rows(sampler) -> int:
+    """Rows the episodes' first turns were generated for (finished samples are never run)."""
+    return sum(call.rows for call in sampler.calls if call.kind == "policy")
 
 
 def config(**kw):
-    base = dict(nframes=4, max_turns=2, max_new_tokens=16, mcq_answer_tokens=4, grounding_answer_tokens=5,
+    base = dict(nframes=4, max_turns=2, max_new_tokens=128, mcq_answer_tokens=4, grounding_answer_tokens=5,
                 batch_size=4, overview_max_pixels=96 * 160, crop_max_pixels=96 * 160)
     base.update(kw)
     return driver.DriverConfig(**base)
@@ -108,15 +85,16 @@ def test_prompt_modes():
 
 
 def test_protocol_records_and_batching(benchmark, tokenizer, tmp_path):
-    sampler = FakeSampler(tokenizer)
+    sampler = scripted(tokenizer)
     summary = driver.run_dataset(sampler, tokenizer, benchmark, config(), str(tmp_path), log=lambda _: None)
     records = store.read_records([store.shard_path(str(tmp_path), "synthetic", 0, 1)])
     assert summary["complete"] and sorted(records) == list(range(len(benchmark.samples)))
     kinds = {s.question_type for s in benchmark.samples}
-    assert sampler.rows == len(benchmark.samples) and sampler.calls <= 3 * len(kinds)  # batched per type
+    assert policy_rows(sampler) == len(benchmark.samples) and len(sampler.calls) <= 3 * len(kinds)  # per type
+    assert 0 < sum(bool(r["tool_calls"]) for r in records.values()) < len(records)  # both kinds of episode
     for index, r in records.items():
         sample = benchmark.samples[index]
-        if r["tool_calls"]:  # two calls, one round, then the forced answer with the type's instruction
+        if r["tool_calls"]:  # two calls in each of the two rounds, then the forced answer with its instruction
             assert r["calls_per_turn"] == [2, 2] and r["turns"] == 3 and r["final_text"] == "C"
             assert prompts.final_instruction(sample.question_type) in r["response"]
         else:
@@ -129,22 +107,22 @@ def test_protocol_records_and_batching(benchmark, tokenizer, tmp_path):
 
 
 def test_resume_after_interruption_gives_the_same_summary(benchmark, tokenizer, tmp_path):
-    full = driver.run_dataset(FakeSampler(tokenizer), tokenizer, benchmark, config(batch_size=2), str(tmp_path / "a"),
+    full = driver.run_dataset(scripted(tokenizer), tokenizer, benchmark, config(batch_size=2), str(tmp_path / "a"),
                               log=lambda _: None)
     out = tmp_path / "b"
     path = store.shard_path(str(out), "synthetic", 0, 1)
-    driver.run_dataset(FakeSampler(tokenizer), tokenizer, benchmark, config(batch_size=2), str(out), log=lambda _: None)
+    driver.run_dataset(scripted(tokenizer), tokenizer, benchmark, config(batch_size=2), str(out), log=lambda _: None)
     lines = open(path).read().splitlines()
     with open(path, "w") as f:  # interrupted: two samples kept, a torn third line
         f.write("\n".join(lines[:2]) + "\n" + lines[2][: len(lines[2]) // 2])
     os.remove(out / "synthetic.json")
-    sampler = FakeSampler(tokenizer)
+    sampler = scripted(tokenizer)
     resumed = driver.run_dataset(sampler, tokenizer, benchmark, config(batch_size=2), str(out), log=lambda _: None)
-    assert sampler.rows == len(benchmark.samples) - 2  # finished samples are skipped
+    assert policy_rows(sampler) == len(benchmark.samples) - 2  # finished samples are skipped
     assert strip_timing(resumed) == strip_timing(full)
-    again = FakeSampler(tokenizer)
+    again = scripted(tokenizer)
     driver.run_dataset(again, tokenizer, benchmark, config(batch_size=2), str(out), log=lambda _: None)
-    assert again.rows == 0
+    assert policy_rows(again) == 0
 
 
 def test_records_and_summaries_on_gs_resume(benchmark, tokenizer, tmp_path, gcs_emulator):
@@ -153,17 +131,17 @@ def test_records_and_summaries_on_gs_resume(benchmark, tokenizer, tmp_path, gcs_
     to the same summary as a local run."""
     from paravt_jax import storage
 
-    local = driver.run_dataset(FakeSampler(tokenizer), tokenizer, benchmark, config(batch_size=2),
+    local = driver.run_dataset(scripted(tokenizer), tokenizer, benchmark, config(batch_size=2),
                                str(tmp_path / "local"), log=lambda _: None)
     out = f"{gcs_emulator}/eval-records"
     path = store.shard_path(out, "synthetic", 0, 1)
-    driver.run_dataset(FakeSampler(tokenizer), tokenizer, benchmark, config(batch_size=2), out, log=lambda _: None)
+    driver.run_dataset(scripted(tokenizer), tokenizer, benchmark, config(batch_size=2), out, log=lambda _: None)
     lines = storage.read_text(path).splitlines()
     storage.write_atomic(path, "\n".join(lines[:2]) + "\n" + lines[2][: len(lines[2]) // 2])
     storage.remove(f"{out}/synthetic.json")
-    sampler = FakeSampler(tokenizer)
+    sampler = scripted(tokenizer)
     resumed = driver.run_dataset(sampler, tokenizer, benchmark, config(batch_size=2), out, log=lambda _: None)
-    assert sampler.rows == len(benchmark.samples) - 2
+    assert policy_rows(sampler) == len(benchmark.samples) - 2
     assert strip_timing(resumed) == strip_timing(local)
     assert len(storage.read_text(path).splitlines()) == len(benchmark.samples)
     assert json.loads(storage.read_bytes(f"{out}/synthetic.json"))["summary"]["total"] == len(benchmark.samples)
@@ -176,12 +154,12 @@ def test_shards_cover_every_sample_once(benchmark, tokenizer, tmp_path):
     assert sorted(i for s in range(3) for i in driver.shard_indices(n, s, 3)) == list(range(n))
     with pytest.raises(ValueError, match="shard_id=3"):
         driver.shard_indices(n, 3, 3)
-    summaries = [driver.run_dataset(FakeSampler(tokenizer), tokenizer, benchmark, config(), str(tmp_path),
+    summaries = [driver.run_dataset(scripted(tokenizer), tokenizer, benchmark, config(), str(tmp_path),
                                     shard_id=s, num_shards=3, log=lambda _: None) for s in range(3)]
     assert [s["complete"] for s in summaries] == [False, False, True]
     ids = [json.loads(l)["index"] for p in glob.glob(str(tmp_path / "*.jsonl")) for l in open(p)]
     assert sorted(ids) == list(range(n))
-    single = driver.run_dataset(FakeSampler(tokenizer), tokenizer, benchmark, config(), str(tmp_path / "one"),
+    single = driver.run_dataset(scripted(tokenizer), tokenizer, benchmark, config(), str(tmp_path / "one"),
                                 log=lambda _: None)
     assert strip_timing(summaries[-1]) == strip_timing(single)
 
@@ -191,7 +169,7 @@ def test_unreadable_video_is_an_error_record(benchmark, tokenizer, tmp_path):
     broken.write_bytes(b"not a video")
     bad = dataclasses.replace(benchmark.samples[0], video_path=str(broken))
     bench = dataclasses.replace(benchmark, samples=(bad,) + benchmark.samples[1:2])
-    summary = driver.run_dataset(FakeSampler(tokenizer), tokenizer, bench, config(), str(tmp_path / "o"),
+    summary = driver.run_dataset(scripted(tokenizer), tokenizer, bench, config(), str(tmp_path / "o"),
                                  log=lambda _: None)
     records = store.read_records(glob.glob(str(tmp_path / "o" / "*.jsonl")))
     assert "broken.mp4" in records[0]["error"] and records[0]["score"] == 0.0
@@ -208,25 +186,25 @@ def test_records_are_keyed_by_checkpoint_and_settings(benchmark, tokenizer, tmp_
     evaluates everything again; the same producer resumes; unkeyed records are refused."""
     out = str(tmp_path / "o")
     quiet = dict(log=lambda _: None)
-    first = driver.run_dataset(FakeSampler(tokenizer), tokenizer, benchmark, config(), out, identity=IDENTITY_A,
+    first = driver.run_dataset(scripted(tokenizer), tokenizer, benchmark, config(), out, identity=IDENTITY_A,
                                **quiet)
     assert first["complete"] and first["producer"]["checkpoint"]["path"] == "/ckpt/a"
     with pytest.raises(store.ForeignRecords, match=r"6 synthetic record\(s\) of another evaluation "
                        r"\(checkpoint.files: '0123' -> '4567'; checkpoint.path: '/ckpt/a' -> '/ckpt/b'\).*--overwrite"):
-        driver.run_dataset(FakeSampler(tokenizer), tokenizer, benchmark, config(), out, identity=IDENTITY_B, **quiet)
+        driver.run_dataset(scripted(tokenizer), tokenizer, benchmark, config(), out, identity=IDENTITY_B, **quiet)
     with pytest.raises(store.ForeignRecords, match=r"settings.nframes: 4 -> 8"):
-        driver.run_dataset(FakeSampler(tokenizer), tokenizer, benchmark, config(nframes=8), out, identity=IDENTITY_A,
+        driver.run_dataset(scripted(tokenizer), tokenizer, benchmark, config(nframes=8), out, identity=IDENTITY_A,
                            **quiet)
     with pytest.raises(store.ForeignRecords, match=r"settings.prompt_mode: 'agentic_general' -> 'direct'"):
-        driver.run_dataset(FakeSampler(tokenizer), tokenizer, benchmark, config(prompt_mode="direct"), out,
+        driver.run_dataset(scripted(tokenizer), tokenizer, benchmark, config(prompt_mode="direct"), out,
                            identity=IDENTITY_A, **quiet)
-    same = FakeSampler(tokenizer)  # the same producer (another batch size) resumes: nothing to run
+    same = scripted(tokenizer)  # the same producer (another batch size) resumes: nothing to run
     driver.run_dataset(same, tokenizer, benchmark, config(batch_size=2), out, identity=IDENTITY_A, **quiet)
-    assert same.rows == 0
-    again = FakeSampler(tokenizer)
+    assert policy_rows(same) == 0
+    again = scripted(tokenizer)
     second = driver.run_dataset(again, tokenizer, benchmark, config(), out, identity=IDENTITY_B, overwrite=True,
                                 **quiet)
-    assert again.rows == len(benchmark.samples) and second["complete"]
+    assert policy_rows(again) == len(benchmark.samples) and second["complete"]
     assert second["producer"]["checkpoint"]["path"] == "/ckpt/b" and second["producer_id"] != first["producer_id"]
     records = store.read_records(glob.glob(os.path.join(out, "*.jsonl")))
     assert {r["producer"] for r in records.values()} == {second["producer_id"]}
@@ -238,7 +216,7 @@ def test_records_are_keyed_by_checkpoint_and_settings(benchmark, tokenizer, tmp_
     with open(path, "w") as f:
         f.writelines(json.dumps({k: v for k, v in r.items() if k != "producer"}) + "\n" for r in lines)
     with pytest.raises(store.ForeignRecords, match="written before records named their producer"):
-        driver.run_dataset(FakeSampler(tokenizer), tokenizer, benchmark, config(), out, identity=IDENTITY_B, **quiet)
+        driver.run_dataset(scripted(tokenizer), tokenizer, benchmark, config(), out, identity=IDENTITY_B, **quiet)
 
 
 # The producer ids of configs/eval.py's presets for one checkpoint, as the flat config (before its

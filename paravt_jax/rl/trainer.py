@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -177,9 +178,12 @@ class RLStep:
     episode_log: EpisodeLog  # sampled training episodes
     eval_log: EpisodeLog  # every episode of the periodic evaluation, when episodes are logged
     vision: object  # the model's vision config (the micro-batches' vision layout)
+    # (model, SamplerConfig) -> the sampler of a step's rollouts (tests: a scripted one)
+    make_sampler: Callable = Sampler
 
     @staticmethod
-    def build(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge=None) -> RLStep:
+    def build(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge=None,
+              make_sampler: Callable = Sampler) -> RLStep:
         share = dist.process_slice(config.prompts_per_step, "prompts_per_step")
         judge = judge if judge is not None else make_judge(config.reward)  # fails now, not at the first score
         step = TrainStep(model, config.optimizer, policy_loss(config.step), policy_head(config.step),
@@ -193,7 +197,7 @@ class RLStep:
                                  config.samples_per_prompt, rows)
         eval_log = EpisodeLog(os.path.join(workdir, "eval_episodes"), config.log_episodes, 1)
         return RLStep(config, tokenizer, rows, step, CropDispatcher(config.dispatch), shapes, rollout_config,
-                      sampler_config, share, judge, episode_log, eval_log, model.config.vision)
+                      sampler_config, share, judge, episode_log, eval_log, model.config.vision, make_sampler)
 
     def collect(self, state, index: int) -> tuple[list, list[str]]:
         """This process's rollouts of step `index` from the weights in `state` (and the episodes
@@ -202,7 +206,7 @@ class RLStep:
         chosen = [self.rows[i] for i in data_indices(index * config.prompts_per_step, config.prompts_per_step,
                                                       len(self.rows), config.seed)]
         episodes = [episode(r, config) for r in chosen[self.share]]
-        sampler = Sampler(dist.local_model(self.step.model(state)), self.sampler_config)
+        sampler = self.make_sampler(dist.local_model(self.step.model(state)), self.sampler_config)
         # rows are prompt-major: this share's rows start at share.start * G in the step's batch
         run_config = dataclasses.replace(self.rollout_config, seed=config.seed * 100_003 + index,
                                          row_offset=self.share.start * G)
