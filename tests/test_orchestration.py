@@ -27,8 +27,6 @@ from paravt_jax.text.tokenizer import train_tokenizer
 from paravt_jax.train.step import TrainState
 from scripted import ScriptedSampler
 
-pytestmark = pytest.mark.unit
-
 CALL = ('<tool_call>\n{"name": "crop_video", "arguments": {"video_path": "v.mp4", "start_time": 8, '
         '"end_time": 16}}\n</tool_call>')
 BROKEN_CALL = '<tool_call>\n{"name": "crop_video", "arguments": }\n</tool_call>'
