@@ -94,6 +94,15 @@ def builtin_root(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tokenizer():
+    """A small BPE tokenizer whose corpus holds the tool's words (a module whose tests need
+    other words defines its own `tokenizer`)."""
+    from paravt_jax.text.tokenizer import train_tokenizer
+
+    return train_tokenizer(["crop_video start_time end_time seconds frames", "What happens in the video?"] * 10)
+
+
+@pytest.fixture(scope="session")
 def torch_module():
     return require_torch()
 

@@ -60,7 +60,7 @@ NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
 
 
 @pytest.fixture(scope="module")
-def builtin_root(tmp_path_factory):
+def notebook_assets(tmp_path_factory):
     """A private copy of the built-in assets: reuses the repository's cache when present
     (ensure_builtin then finds its READY stamp), else generates them: the tiny set (about
     11 s) and the toy events set of 02's model (about 15 s of CPU)."""
@@ -201,8 +201,8 @@ def test_compare_outputs_fails_on_an_edited_number_and_passes_within_tolerance()
         compare_outputs("01", fewer, kept)
 
 
-def test_rewards_notebook(builtin_root):
-    nb, _ = execute("01_rewards.ipynb", kernel_env(builtin_root))
+def test_rewards_notebook(notebook_assets):
+    nb, _ = execute("01_rewards.ipynb", kernel_env(notebook_assets))
     compare_outputs("01_rewards.ipynb", nb, stored("01_rewards.ipynb"))
     text = printed(nb)
     assert "reward checks passed" in text and "anchor placement checks passed" in text
@@ -224,8 +224,8 @@ def test_rewards_notebook(builtin_root):
     assert figures(nb) == 2  # reward parts, anchor placement
 
 
-def test_rollouts_notebook(builtin_root):
-    nb, _ = execute("02_rollouts.ipynb", kernel_env(builtin_root))
+def test_rollouts_notebook(notebook_assets):
+    nb, _ = execute("02_rollouts.ipynb", kernel_env(notebook_assets))
     compare_outputs("02_rollouts.ipynb", nb, stored("02_rollouts.ipynb"))
     text = printed(nb)
     sparse, dense = text.split("=== K = ")[1:]
@@ -272,18 +272,18 @@ def write_metrics(workdir: str, rl_steps: int, sft_steps: int, seed: int = 0) ->
     return written
 
 
-def test_training_curves_notebook_on_the_stored_main_job_metrics(builtin_root):
-    nb, _ = execute("03_training_curves.ipynb", kernel_env(builtin_root))
+def test_training_curves_notebook_on_the_stored_main_job_metrics(notebook_assets):
+    nb, _ = execute("03_training_curves.ipynb", kernel_env(notebook_assets))
     compare_outputs("03_training_curves.ipynb", nb, stored("03_training_curves.ipynb"))
     assert "rl: 12 steps (0..11)" in printed(nb) and "sft: 600 steps (0..599)" in printed(nb)
 
 
-def test_training_curves_notebook_reads_and_plots_a_workdir(builtin_root, tmp_path):
+def test_training_curves_notebook_reads_and_plots_a_workdir(notebook_assets, tmp_path):
     workdir = str(tmp_path / "run")
     written = write_metrics(workdir, rl_steps=6, sft_steps=5)
     with open(os.path.join(workdir, "rl", "metrics.jsonl")) as f:  # the writer's line format
         assert json.loads(f.readline())["step"] == 0
-    nb, _ = execute("03_training_curves.ipynb", kernel_env(builtin_root, workdir))
+    nb, _ = execute("03_training_curves.ipynb", kernel_env(notebook_assets, workdir))
     text = printed(nb)
     assert "rl: 6 steps (0..5)" in text and "sft: 5 steps (0..4)" in text
     for key in ("rl/kappa", "rl/format_compliance", "rl/reward", "rl/tool_reward", "sft/loss"):
@@ -294,12 +294,12 @@ def test_training_curves_notebook_reads_and_plots_a_workdir(builtin_root, tmp_pa
     assert figures(nb) == 1
 
 
-def test_training_curves_notebook_names_a_workdir_without_metrics(builtin_root, tmp_path):
+def test_training_curves_notebook_names_a_workdir_without_metrics(notebook_assets, tmp_path):
     empty = tmp_path / "empty_run"
     (empty / "rl").mkdir(parents=True)
     (empty / "rl" / "metrics.jsonl").write_text("")  # present but empty counts as no metrics
     with pytest.raises(CellExecutionError) as failure:
-        execute("03_training_curves.ipynb", kernel_env(builtin_root, str(empty)))
+        execute("03_training_curves.ipynb", kernel_env(notebook_assets, str(empty)))
     message = str(failure.value)
     assert "FileNotFoundError" in message and "no metrics under workdir" in message and str(empty) in message
 
@@ -307,8 +307,8 @@ def test_training_curves_notebook_names_a_workdir_without_metrics(builtin_root, 
 ARMS = ("vanilla", "anchor_only", "gating_only", "paragrpo")
 
 
-def test_paradox_notebook(builtin_root):
-    nb, _ = execute("04_paradox.ipynb", kernel_env(builtin_root))
+def test_paradox_notebook(notebook_assets):
+    nb, _ = execute("04_paradox.ipynb", kernel_env(notebook_assets))
     compare_outputs("04_paradox.ipynb", nb, stored("04_paradox.ipynb"))
     text = printed(nb)
     assert all(f"strong,{arm}: 3 arms, 3 finished, 12 RL steps" in text for arm in ARMS)

@@ -26,23 +26,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MESH8 = dict(data=1, fsdp=8, tensor=1)
 
 
-@pytest.fixture(scope="module")
-def builtin_root(tmp_path_factory):
-    """The built-in assets (their tokenizer counts the prompts), made once for this module."""
-    root = str(tmp_path_factory.mktemp("builtin"))
-    config = paragrpo.get_config("tiny")
-    config.data.builtin_root = root
-    W.plan_tokenizer(config)  # creates them
-    return root
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    from paravt_jax.text.tokenizer import train_tokenizer
-
-    return train_tokenizer(["crop_video start_time end_time seconds frames", "What happens in the video?"] * 10)
-
-
 def plan_of(config, sizes, memory, activations, tokenizer):
     return P.plan(config, sizes, memory, activations=activations, tokenizer=tokenizer)
 

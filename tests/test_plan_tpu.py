@@ -22,13 +22,6 @@ TIER = "integration"  # the TPU compiler
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    from paravt_jax.text.tokenizer import train_tokenizer
-
-    return train_tokenizer(["crop_video start_time end_time seconds frames", "What happens in the video?"] * 10)
-
-
 def tpu_config():
     """The tiny recipe with a short workload: one tool round of one crop of two frames."""
     c = paragrpo.get_config("tiny")
