@@ -151,6 +151,7 @@ def test_max_turns_enforced(video, tokenizer):
     assert r.inputs.image_grid_thw.shape[0] == 4 + 2 * 4  # overview + two crops of 4 frames
 
 
+@pytest.mark.integration  # the tiny model
 @pytest.mark.parametrize("mode", ["subagent", "frames"])
 def test_full_tiny_rollout(video, tmp_path, mode):
     tok = train_tokenizer(CORPUS)

@@ -50,6 +50,7 @@ def sharded_tiny():
     return mesh, init_model(preset("tiny"), mesh=mesh)
 
 
+@pytest.mark.integration  # compiles
 def test_parameter_bytes_equal_the_initialised_sharded_model(sharded_tiny, tokenizer):
     config = paragrpo.get_config("tiny")
     result = plan_of(config, MESH8, 16, "estimate", tokenizer)
@@ -107,6 +108,7 @@ def test_preset_parameter_counts_from_eval_shape(name, billions, tokenizer):
         assert math.isclose(params.per_device_bytes, params.global_bytes / 4, rel_tol=1e-3)
 
 
+@pytest.mark.integration  # compiles
 def test_kv_cache_matches_the_samplers_own_cache(sharded_tiny, tokenizer):
     """The prompt cache (one per prompt) and the per-row cache after the prompt are the arrays
     the sampler allocates; the episode's cache is reserved up front (no growth copy row)."""
@@ -128,6 +130,7 @@ def test_kv_cache_matches_the_samplers_own_cache(sharded_tiny, tokenizer):
     assert not any("growth" in c.name for c in result.sampler.components)
 
 
+@pytest.mark.integration  # compiles
 def test_rollout_reserve_never_grows_the_cache():
     """The suffix the planner counts is the one the rollout reserves: a tiny model's rollout
     turns at their longest never outgrow it."""
@@ -146,6 +149,7 @@ def test_rollout_reserve_never_grows_the_cache():
         assert state.suffix.capacity == slots
 
 
+@pytest.mark.integration  # compiles
 def test_sampler_working_sets_come_from_xla(tokenizer):
     """xla mode: the sampler's working set is XLA's analysis of the real prefill/decode/vision
     programs (one per call, the largest counted); the per-call row groups follow the token budget."""
@@ -192,6 +196,7 @@ def test_fit_verdicts(tokenizer):
     assert tight.trainer.verdict() == f"does NOT fit (needs {needs:.2f} GiB, has 0.01)"
 
 
+@pytest.mark.integration  # compiles
 def test_xla_activations_agree_with_the_estimate(tokenizer):
     config = small_config()
     sizes = dict(data=1, fsdp=2, tensor=1)
@@ -203,6 +208,7 @@ def test_xla_activations_agree_with_the_estimate(tokenizer):
     assert 0.5 < guessed / measured < 2.0
 
 
+@pytest.mark.integration  # compiles
 def test_xla_on_more_devices_than_the_process_has_compiles_in_a_child(tokenizer):
     """16 devices from a process with 8: a child process with 16 fake CPU devices compiles the
     same programs; a failing child's traceback comes back in the error."""
@@ -285,6 +291,7 @@ def test_cli_mesh_preset_and_bad_mesh(builtin_root):
                    "--device_memory_gb=16"])
 
 
+@pytest.mark.integration  # compiles
 def test_plan_exits_0_and_prints_only_notes_after_the_table(builtin_root, tmp_path):
     """`python -m paravt_jax.cli plan` from a plain environment (no XLA_FLAGS: the xla compile
     for 2 devices runs in a child process): exit 0, nothing after the table but notes."""
@@ -311,6 +318,7 @@ def test_plan_exits_0_and_prints_only_notes_after_the_table(builtin_root, tmp_pa
     assert any("assumed question 40 tokens" in line for line in tail)
 
 
+@pytest.mark.integration  # compiles
 def test_gpu_preset_prints_the_time_plan_from_xla(tmp_path, builtin_root):
     """`--mesh=gpu8`: the programs compile with XLA (fake CPU devices planning GPU kernels) and
     the time plan uses the H100's peaks; --json names the compiler of each phase and holds it."""
