@@ -4,6 +4,8 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+from absl import logging
+
 from paravt_jax.experiments import report
 from paravt_jax.flags import HelpShown, UsageError, wants_help
 
@@ -34,5 +36,5 @@ def main(argv: Sequence[str]) -> dict:
     except report.ReportError as e:
         raise SystemExit(str(e)) from None
     print(result["text"])
-    print(f"[report] {result['markdown']} {result['csv']} " + " ".join(result["plots"]), flush=True)
+    logging.info(f"[report] {result['markdown']} {result['csv']} " + " ".join(result["plots"]))
     return result
