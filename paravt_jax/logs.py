@@ -6,7 +6,7 @@ Call sites write `from absl import logging` and `logging.info("[rl] resumed from
 on one line each, as
 
     I1203 05:21:52 [rl] resumed from runs/tiny/rl/checkpoints at step 2
-    W1203 05:21:58 [rl] step 3 compiled 1 program in 2.1 s: jit(grads) ...
+    W1203 05:21:58 [rl] step 3 compiled 1 programs in 2.1 s: jit(grads) ...
 
 (the level's letter as in absl/glog, month and day, local time, the message), and writes them to
 stderr. Stdout is left to what a command outputs: result tables, JSON, help, generated text.
