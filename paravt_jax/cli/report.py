@@ -35,6 +35,6 @@ def main(argv: Sequence[str]) -> dict:
         result = report.write_report(directories, prefix)
     except report.ReportError as e:
         raise SystemExit(str(e)) from None
-    print(result["text"])
+    print(result["text"], flush=True)
     logging.info(f"[report] {result['markdown']} {result['csv']} " + " ".join(result["plots"]))
     return result
