@@ -203,7 +203,7 @@ def main(argv=None) -> dict:
 
     import jax
 
-    from paravt_jax.models.qwen3_vl.attention import KERNEL_PLATFORMS
+    from paravt_jax.models.qwen3_vl.fused_attention import KERNEL_PLATFORMS
 
     device = jax.devices()[0]
     chip = chip_of(device)

@@ -8,10 +8,10 @@ import math
 import posixpath
 import socket
 import struct
-import sys
 import time
 
 import jax
+from absl import logging
 
 from paravt_jax import storage
 
@@ -119,7 +119,7 @@ class MetricsWriter:
                     if prefix + k in scalars]
             shown = "  ".join(f"{k} {scalars[prefix + k]:.4g}" for k in keys)
             total = f"/{self.total_steps}" if self.total_steps else ""
-            print(f"[{prefix or 'step'} {step}{total}] {shown}", file=sys.stdout, flush=True)
+            logging.info(f"[{prefix or 'step'} {step}{total}] {shown}")
 
     def close(self):
         for appender in (self._jsonl, self._events):

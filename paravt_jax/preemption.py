@@ -17,6 +17,8 @@ import contextlib
 import signal
 import threading
 
+from absl import logging
+
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
@@ -47,8 +49,8 @@ _state = _State()
 def _handler(signum, frame):
     if _state.deferred and _state.signum is None:
         _state.signum = signum
-        print(f"[paravt-jax] {signal.Signals(signum).name} received: finishing the current step, "
-              f"then checkpoint and stop (send it again to stop at once)", flush=True)
+        logging.warning(f"[paravt-jax] {signal.Signals(signum).name} received: finishing the current step, "
+                        f"then checkpoint and stop (send it again to stop at once)")
         return
     raise Preempted(signum)
 

@@ -15,6 +15,8 @@ import json
 import os
 import time
 
+from absl import logging
+
 from paravt_jax import distributed, storage
 from paravt_jax.flags import UsageError
 from paravt_jax.locking import WorkdirLock
@@ -81,8 +83,8 @@ def check_config(workdir: str, record: dict, config_changed: str = "refuse") -> 
         log = storage.Appender(storage.join(workdir, CHANGES_NAME))
         log.write(json.dumps({"time": time.strftime("%Y-%m-%d %H:%M:%S"), "changes": changes}) + "\n")
         log.close()
-        print(f"[workdir] continuing {workdir} under a changed config (--config_changed=ok): "
-              + "; ".join(changes), flush=True)
+        logging.warning(f"[workdir] continuing {workdir} under a changed config (--config_changed=ok): "
+                        + "; ".join(changes))
     if stored != record:
         storage.write_json_atomic(path, record)
     return changes
@@ -96,8 +98,8 @@ def claim(config, workdir: str, command: str, config_changed: str = "refuse"):
         try:
             lock = WorkdirLock(workdir, command=command).acquire()
             if lock.took_over is not None:
-                print(f"[workdir] took over the lock of pid {lock.took_over.pid} on {lock.took_over.host}, "
-                      f"which is gone", flush=True)
+                logging.warning(f"[workdir] took over the lock of pid {lock.took_over.pid} on "
+                                f"{lock.took_over.host}, which is gone")
             check_config(workdir, config_record(config, command), config_changed)
         except UsageError as e:
             error = e

@@ -1,4 +1,4 @@
-"""The attention op (models/qwen3_vl/attention.py): blockwise == dense for outputs and
+"""The attention op (models/qwen3_vl/attention.py, blockwise.py, fused_attention.py): blockwise == dense for outputs and
 gradients over every mask the codebase builds, no [T, T] array in the blockwise program, block
 skipping, the cuDNN and splash argument mapping, and the per-backend choice."""
 import re
@@ -9,7 +9,10 @@ import numpy as np
 import pytest
 
 from paravt_jax.models.qwen3_vl import attention as A
+from paravt_jax.models.qwen3_vl import blockwise as B
+from paravt_jax.models.qwen3_vl import fused_attention as F
 from paravt_jax.models.qwen3_vl import init_model, preset
+from paravt_jax.models.qwen3_vl.attention_mask import AttentionMask
 from paravt_jax.models.qwen3_vl.config import ConfigError
 
 
@@ -63,10 +66,10 @@ CASES = [  # (mask case, length, heads, kv heads, block)
 def test_blockwise_equals_dense(case, length, heads, kv_heads, block, dtype, tol):
     batch, head_dim = 2, 16
     q, k, v, weight = inputs(0, batch, length, heads, kv_heads, head_dim, dtype)
-    mask = A.AttentionMask.causal_segments(segments_for(case, batch, length), packed=case == "packed")
+    mask = AttentionMask.causal_segments(segments_for(case, batch, length), packed=case == "packed")
     seen = np.asarray(mask.query_segments > 0)
     dense = loss_and_grads(lambda q, k, v: A.dense_attention(q, k, v, mask.dense()), q, k, v, weight, seen)
-    blockwise = loss_and_grads(lambda q, k, v: A.blockwise_attention(q, k, v, mask, block=block),
+    blockwise = loss_and_grads(lambda q, k, v: B.blockwise_attention(q, k, v, mask, block=block),
                                q, k, v, weight, seen)
     np.testing.assert_allclose(blockwise[1], dense[1], atol=tol, rtol=tol)
     for a, b in zip(blockwise[2], dense[2]):
@@ -80,19 +83,19 @@ def test_blockwise_cache_mask_equals_dense(cache_layout):
     q, k, v, _ = inputs(1, batch, lq, heads, kv_heads, head_dim, jnp.float32, key_length=lk)
     valid = np.random.default_rng(1).random((batch, lk)) < 0.7
     valid[:, 0] = True
-    mask = A.AttentionMask.cache(jnp.asarray(valid), (lk - lq) + jnp.arange(lq))
+    mask = AttentionMask.cache(jnp.asarray(valid), (lk - lq) + jnp.arange(lq))
     if cache_layout:  # k [B, KV, hd, S], v [B, KV, S, hd]
         k, v = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
     dense = A.dense_attention(q, k, v, mask.dense(), cache_layout)
-    blockwise = A.blockwise_attention(q, k, v, mask, cache_layout, block=8)
+    blockwise = B.blockwise_attention(q, k, v, mask, cache_layout, block=8)
     np.testing.assert_allclose(np.asarray(blockwise), np.asarray(dense), atol=1e-5)
 
 
 def test_blockwise_full_mask_equals_dense():
     """The vision tower's mask: every query sees every key."""
     q, k, v, _ = inputs(2, 3, 50, 4, 4, 8, jnp.float32)
-    mask = A.AttentionMask.full(3, 50, 50)
-    np.testing.assert_allclose(np.asarray(A.blockwise_attention(q, k, v, mask, block=16)),
+    mask = AttentionMask.full(3, 50, 50)
+    np.testing.assert_allclose(np.asarray(B.blockwise_attention(q, k, v, mask, block=16)),
                                np.asarray(A.dense_attention(q, k, v, None)), atol=1e-5)
 
 
@@ -103,7 +106,7 @@ def test_blockwise_program_holds_no_square_score_array():
     array (a scan must not save every block's scores as residuals)."""
     length, heads = 1024, 2
     q, k, v, _ = inputs(3, 1, length, heads, 1, 16, jnp.float32)
-    mask = A.AttentionMask.causal_segments(jnp.ones((1, length), jnp.int32))
+    mask = AttentionMask.causal_segments(jnp.ones((1, length), jnp.int32))
 
     def compiled(fn):
         def layers(q, k, v):  # two layers whose inputs depend on the previous output
@@ -114,7 +117,7 @@ def test_blockwise_program_holds_no_square_score_array():
 
     square = re.compile(rf"\[[0-9,]*\b{length}\b[0-9,]*,{length}\b|\b{length}\b,[0-9,]*\b{length}\]")
     dense = compiled(lambda q, k, v: A.dense_attention(q, k, v, mask.dense()))
-    blockwise = compiled(lambda q, k, v: A.blockwise_attention(q, k, v, mask, block=128))
+    blockwise = compiled(lambda q, k, v: B.blockwise_attention(q, k, v, mask, block=128))
     assert square.search(dense.as_text())
     assert not square.search(blockwise.as_text())
     assert blockwise.memory_analysis().temp_size_in_bytes < heads * length * length * 4
@@ -125,8 +128,8 @@ def test_block_skipping():
     sequences, and empty cache slots; blocks with one visible pair are kept."""
     seg = np.array([[1] * 8 + [2] * 8 + [0] * 8], np.int32)
     pos = np.arange(24, dtype=np.int32)[None]
-    summary = A._block_summary(jnp.asarray(seg), jnp.asarray(pos), 8)
-    visible = lambda i, j, causal=True: bool(A._block_visible(summary, summary, i, j, causal))
+    summary = B._block_summary(jnp.asarray(seg), jnp.asarray(pos), 8)
+    visible = lambda i, j, causal=True: bool(B._block_visible(summary, summary, i, j, causal))
     assert visible(0, 0) and visible(1, 1)
     assert not visible(0, 1)  # above the diagonal
     assert not visible(1, 0, causal=False)  # segment 2 queries, segment 1 keys
@@ -140,14 +143,14 @@ def test_cudnn_mapping_equals_dense(case, monkeypatch):
     batch, length = 2, 48
     q, k, v, _ = inputs(4, batch, length, 4, 2, 16, jnp.float32)
     if case == "full":
-        mask = A.AttentionMask.full(batch, length, length)
+        mask = AttentionMask.full(batch, length, length)
         dense = A.dense_attention(q, k, v, None)
         seen = np.ones((batch, length), bool)
     else:
-        mask = A.AttentionMask.causal_segments(segments_for(case, batch, length))
+        mask = AttentionMask.causal_segments(segments_for(case, batch, length))
         dense = A.dense_attention(q, k, v, mask.dense())
         seen = np.asarray(mask.query_segments > 0)
-    out = A.cudnn_attention(q, k, v, mask, implementation="xla")
+    out = F.cudnn_attention(q, k, v, mask, implementation="xla")
     np.testing.assert_allclose(np.where(seen[..., None, None], np.asarray(out), 0),
                                np.where(seen[..., None, None], np.asarray(dense), 0), atol=1e-5)
     assert not np.asarray(out)[~seen].any()
@@ -161,10 +164,10 @@ def test_splash_interpret_equals_dense():
     seg = np.ones((batch, length), np.int32)
     seg[0, 100:200] = 2
     seg[0, 200:] = 0
-    mask = A.AttentionMask.causal_segments(seg, packed=True)
-    assert A.splash_accepts(q, k, mask, False, interpret=True) is None
+    mask = AttentionMask.causal_segments(seg, packed=True)
+    assert F.splash_accepts(q, k, mask, False, interpret=True) is None
     dense = np.asarray(A.dense_attention(q, k, v, mask.dense())) * (seg > 0)[..., None, None]
-    np.testing.assert_allclose(np.asarray(A.splash_attention(q, k, v, mask, interpret=True)), dense, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(F.splash_attention(q, k, v, mask, interpret=True)), dense, atol=1e-5)
 
 
 def test_resolve_per_backend_and_fallback():
@@ -174,15 +177,15 @@ def test_resolve_per_backend_and_fallback():
     the kernel takes the call and blockwise for a KV-cache mask, and every choice is recorded."""
     small = jnp.zeros((1, 16, 4, 8)), jnp.zeros((1, 16, 2, 8))
     large = jnp.zeros((1, 2048, 4, 8)), jnp.zeros((1, 2048, 2, 8))
-    mask = lambda n: A.AttentionMask.causal_segments(jnp.ones((1, n), jnp.int32))
+    mask = lambda n: AttentionMask.causal_segments(jnp.ones((1, n), jnp.int32))
     assert A.resolve("auto", *small, mask(16)) == "dense"
     assert A.resolve("auto", *large, mask(2048)) == "blockwise"
     for name, platform in (("cudnn", "gpu"), ("splash", "tpu")):
         with pytest.raises(ValueError, match=f"model.attention='{name}' runs on {platform} only"):
             A.resolve(name, *large, mask(2048))
-    cache = A.AttentionMask.cache(jnp.ones((1, 2048), bool), jnp.arange(2048))
+    cache = AttentionMask.cache(jnp.ones((1, 2048), bool), jnp.arange(2048))
     resolved = []
-    with A.compile_platform("tpu", resolved):
+    with F.compile_platform("tpu", resolved):
         assert A.resolve("auto", *large, mask(2048)) == "splash"
         assert A.resolve("splash", *large, mask(2048)) == "splash"
         assert A.resolve("splash", *large, cache) == "blockwise"
@@ -192,13 +195,13 @@ def test_resolve_per_backend_and_fallback():
         ("auto", "splash", "causal"), ("splash", "splash", "causal"), ("splash", "blockwise", "cache")]
     # causal self-attention: half of the 2048 x 2048 scores, 2 matmuls x 2 FLOPs, 4 heads x 8 dims
     assert resolved[0].flops == 4 * 4 * 8 * 2048 * 2048 / 2 and resolved[2].flops == 2 * resolved[0].flops
-    assert A.target_platform() == jax.default_backend()
-    assert "not gpu" in A.cudnn_accepts(*large, mask(2048), False)
-    assert "not tpu" in A.splash_accepts(*large, mask(2048), False)
-    packed = A.AttentionMask.causal_segments(jnp.ones((1, 2048), jnp.int32), packed=True)
-    assert "packed" in A.cudnn_accepts(large[0].astype(jnp.bfloat16), large[1], packed, False) or \
+    assert F.target_platform() == jax.default_backend()
+    assert "not gpu" in F.cudnn_accepts(*large, mask(2048), False)
+    assert "not tpu" in F.splash_accepts(*large, mask(2048), False)
+    packed = AttentionMask.causal_segments(jnp.ones((1, 2048), jnp.int32), packed=True)
+    assert "packed" in F.cudnn_accepts(large[0].astype(jnp.bfloat16), large[1], packed, False) or \
         jax.default_backend() != "gpu"
-    assert "cache" in A.splash_accepts(*large, A.AttentionMask.cache(jnp.ones((1, 2048), bool),
+    assert "cache" in F.splash_accepts(*large, AttentionMask.cache(jnp.ones((1, 2048), bool),
                                                                      jnp.arange(2048)), True, interpret=True)
     with pytest.raises(ValueError, match="model.attention='flash'"):
         A.resolve("flash", *small, mask(16))

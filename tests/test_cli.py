@@ -1,7 +1,8 @@
 import io
 import os
+import re
 import subprocess
-from contextlib import redirect_stdout
+from contextlib import redirect_stderr, redirect_stdout
 
 import pytest
 
@@ -10,14 +11,19 @@ TIER = "integration"  # the commands end to end in processes
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_cli(*args):
+def run_cli_logged(*args) -> tuple[str, str]:
+    """(stdout, stderr) of `paravt-jax ARGS`: the command's output, and its log lines."""
     from paravt_jax.cli import main
 
-    out = io.StringIO()
-    with redirect_stdout(out):
+    out, log = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(log):
         status = main(["paravt-jax", *args])
-    assert status == 0, out.getvalue()[-2000:]
-    return out.getvalue()
+    assert status == 0, (out.getvalue() + log.getvalue())[-2000:]
+    return out.getvalue(), log.getvalue()
+
+
+def run_cli(*args) -> str:
+    return run_cli_logged(*args)[0]
 
 
 def test_forward_main_job_with_overrides(builtin_root):
@@ -77,15 +83,19 @@ def test_main_job_end_to_end_then_export(builtin_root, tmp_path):
     workdir = str(tmp_path / "run")
     common = [f"--config={ROOT}/configs/paragrpo.py:tiny", f"--workdir={workdir}",
               f"--config.data.builtin_root={builtin_root}"]
-    text = run_cli("run", *common, "--config.sft.steps=2", "--config.sft.batch_size=2",
-                   "--config.sft.nframes=2", "--config.rl.steps=1", "--config.rl.samples_per_prompt=2",
-                   "--config.rl.prompts_per_step=1", "--config.rl.rollout.max_new_tokens=8",
-                   "--config.rl.rollout.max_turns=1",
-                   "--config.rl.rollout.subagent_max_tokens=8", "--config.rl.eval_every=1",
-                   "--config.eval.limit=1", "--config.eval.max_new_tokens=8", "--config.eval.max_turns=1",
-                   "--config.eval.after_sft=(4,)")
+    text, log = run_cli_logged("run", *common, "--config.sft.steps=2", "--config.sft.batch_size=2",
+                               "--config.sft.nframes=2", "--config.rl.steps=1", "--config.rl.samples_per_prompt=2",
+                               "--config.rl.prompts_per_step=1", "--config.rl.rollout.max_new_tokens=8",
+                               "--config.rl.rollout.max_turns=1",
+                               "--config.rl.rollout.subagent_max_tokens=8", "--config.rl.eval_every=1",
+                               "--config.eval.limit=1", "--config.eval.max_new_tokens=8", "--config.eval.max_turns=1",
+                               "--config.eval.after_sft=(4,)")
     assert "| tools | K | accuracy |" in text and "| yes | 64 |" in text
     assert "[run] after SFT:" in text and "[run] after RL:" in text
+    # the tables are the output (stdout); progress goes to the log (stderr), one format
+    assert "| tools |" not in log and "[rl/ 0/1]" not in text
+    assert re.search(r"^I\d{4} \d\d:\d\d:\d\d \[run\] done in .* min; final model", log, re.M), log[-2000:]
+    assert re.search(r"^I\d{4} \d\d:\d\d:\d\d \[rl/ 0/1\] loss ", log, re.M), log[-2000:]
     summary = json.load(open(f"{workdir}/summary.json"))
     assert [(r["tools"], r["nframes"]) for r in summary["eval_after_sft"]] == [(False, 4), (True, 4)]
     assert summary["eval_after_sft"] == json.load(open(f"{workdir}/sft/eval.json"))["results"]
@@ -101,10 +111,10 @@ def test_main_job_end_to_end_then_export(builtin_root, tmp_path):
     assert [(r["stage"], r["tools"], r["nframes"]) for r in evaluated] == [
         ("after_sft", False, 4), ("after_sft", True, 4), ("final", False, 4), ("final", False, 64),
         ("final", True, 4), ("final", True, 64)]
-    assert "[view] 8 episodes" in run_cli("view", workdir)
+    assert "[view] 8 episodes" in run_cli_logged("view", workdir)[1]
     assert os.path.isfile(f"{workdir}/view/step_000000.html") and os.path.isfile(f"{workdir}/view/eval.html")
-    out = run_cli("export", *common)
-    assert "export" in out and os.path.isfile(f"{workdir}/export/model.safetensors")
+    _, log = run_cli_logged("export", *common)
+    assert f"-> {workdir}/export" in log and os.path.isfile(f"{workdir}/export/model.safetensors")
 
 
 def test_mesh_preset_builds_the_named_mesh(builtin_root):

@@ -2,6 +2,7 @@
 refused at start; `run` stopped by SIGTERM, SIGINT and SIGKILL, then resumed."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -182,15 +183,19 @@ RUN = ["--config.sft.steps=3", "--config.sft.batch_size=2", "--config.sft.nframe
        "--config.eval.max_turns=1"]
 
 
+# A log line (paravt_jax/logs.py): level letter, month and day, time, message.
+LOG_LINE = re.compile(r"^[DIWEF]\d{4} \d\d:\d\d:\d\d (\[process \d+\] )?")
+
+
 def run_until(workdir, builtin_root, marker, signum, extra=()):
-    """Starts `paravt-jax run` (via `python -m paravt_jax.cli`), sends `signum` once a stdout
-    line contains `marker`, and returns (exit status, stdout, stderr)."""
+    """Starts `paravt-jax run` (via `python -m paravt_jax.cli`), sends `signum` once a line of
+    its log (stderr) contains `marker`, and returns (exit status, stdout, stderr)."""
     args = [sys.executable, "-m", "paravt_jax.cli", "run", f"--config={ROOT}/configs/paragrpo.py:tiny",
             f"--workdir={workdir}", f"--config.data.builtin_root={builtin_root}", *RUN, *extra]
     process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment())
     lines = []
     try:
-        for line in process.stdout:
+        for line in process.stderr:
             lines.append(line)
             if signum is not None and marker in line:
                 process.send_signal(signum)
@@ -199,7 +204,7 @@ def run_until(workdir, builtin_root, marker, signum, extra=()):
     finally:
         if process.poll() is None:
             process.kill()
-    return status, "".join(lines), process.stderr.read()
+    return status, process.stdout.read(), "".join(lines)
 
 
 def metric_steps(workdir, phase):
@@ -220,8 +225,8 @@ def test_sigterm_during_sft_checkpoints_and_stops_the_run(tmp_path, builtin_root
     assert sorted(os.listdir(os.path.join(workdir, "sft", "checkpoints"))) == ["2"]
     assert metric_steps(workdir, "sft") == [0, 1]
     assert not os.path.exists(os.path.join(workdir, "rl")) and not claims_completion(workdir)
-    assert "[rl]" not in out and "evaluation" not in out
-    assert "[sft] step 0/3: the first step of a run also compiles" in out  # no silent compilation
+    assert "[rl]" not in err and "evaluation" not in err + out
+    assert "[sft] step 0/3: the first step of a run also compiles" in err  # no silent compilation
 
 
 @pytest.mark.slow
@@ -233,18 +238,20 @@ def test_run_resumes_the_interrupted_phase_and_everything_after_it(tmp_path, bui
     assert status == 143 and not claims_completion(workdir)
     status, out, err = run_until(workdir, builtin_root, "[rl] step 0/2", signal.SIGINT)
     assert status == 128 + signal.SIGINT, err[-3000:]
-    assert "[sft] resumed" in out and "at step 2" in out and "SIGINT: checkpoint at step 1 of 2" in err
+    assert "[sft] resumed" in err and "at step 2" in err and "SIGINT: checkpoint at step 1 of 2" in err
     assert metric_steps(workdir, "sft") == [0, 1, 2] and metric_steps(workdir, "rl") == [0]
     assert not claims_completion(workdir)
     # SIGKILL right after RL step 1's metrics line, before or during its checkpoint
-    status, out, _ = run_until(workdir, builtin_root, "[rl/ 1/2]", signal.SIGKILL)
-    assert status == -signal.SIGKILL and "[rl] resumed" in out
+    status, _, err = run_until(workdir, builtin_root, "[rl/ 1/2]", signal.SIGKILL)
+    assert status == -signal.SIGKILL and "[rl] resumed" in err
     assert not os.path.exists(os.path.join(workdir, "summary.json"))
     status, out, err = run_until(workdir, builtin_root, "", None)
     assert status == 0, err[-3000:]
-    assert len(err) < 2000 and "'sft_loss'" not in err  # quiet: no return value dumped
-    assert "[rl] resumed" in out and "[run] evaluation 2/2 (tools yes, K = 4, 1 videos)" in out
-    assert "[run] the cold start's evaluation, from" in out  # evaluated once, before the SIGINT
+    # quiet: stderr holds log lines (and under 2,000 characters of anything else), no return value dumped
+    assert len("".join(line for line in err.splitlines(True) if not LOG_LINE.match(line))) < 2000, err[-3000:]
+    assert "'sft_loss'" not in err + out
+    assert "[rl] resumed" in err and "[run] evaluation 2/2 (tools yes, K = 4, 1 videos)" in err
+    assert "[run] the cold start's evaluation, from" in err  # evaluated once, before the SIGINT
     assert metric_steps(workdir, "sft") == [0, 1, 2] and metric_steps(workdir, "rl") == [0, 1]
     with open(os.path.join(workdir, "summary.json")) as f:
         summary = json.load(f)
@@ -252,6 +259,6 @@ def test_run_resumes_the_interrupted_phase_and_everything_after_it(tmp_path, bui
     assert len(summary["eval_after_sft"]) == 2
     assert summary["training_minutes"] > 0
     before = open(os.path.join(workdir, "summary.json")).read()
-    status, out, _ = run_until(workdir, builtin_root, "", None)
-    assert status == 0 and "has finished every phase" in out
+    status, _, err = run_until(workdir, builtin_root, "", None)
+    assert status == 0 and "has finished every phase" in err
     assert open(os.path.join(workdir, "summary.json")).read() == before

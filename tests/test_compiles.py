@@ -42,8 +42,8 @@ def test_loop_logs_compiles_and_warns_after_warmup(tmp_path, capsys):
     assert counts[0] >= 1 and counts[1:3] == [0, 0] and counts[3] >= 1 and counts[4] == 0
     assert lines[-1]["t/compiles_total"] >= sum(counts)
     assert all("t/compile_s" in line for line in lines)
-    out = capsys.readouterr().out
-    assert "warning: step 3 compiled" in out and "warning: step 0" not in out
+    warned = [line for line in capsys.readouterr().err.splitlines() if line.startswith("W")]
+    assert len(warned) == 1 and "[t] step 3 compiled" in warned[0], warned  # not step 0's, nor a warm-up step's
 
 
 def test_pad_frames_floor():

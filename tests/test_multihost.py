@@ -8,6 +8,7 @@ tests/test_train_step.py::test_sharded_step_equals_single_device, not repeated h
 """
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -185,6 +186,24 @@ def test_only_process_zero_writes_files(runs):
     assert files(work) == files(os.path.join(runs["single"], "work"))
     events = os.listdir(os.path.join(work, "rl", "tensorboard"))
     assert len(events) == 1, events
+
+
+def test_only_process_zero_logs_progress(runs):
+    """Progress is logged once (paravt_jax/logs.py): process 0's log has the per-step lines and the
+    run's notices; process 1's has no INFO line, and whatever it warns names it."""
+    def log_lines(index):
+        with open(os.path.join(runs["multi"], f"log_{index}.txt"), errors="replace") as f:
+            return f.read().splitlines()
+
+    line = re.compile(r"^([DIWEF])\d{4} \d\d:\d\d:\d\d (.*)")
+    zero = [m.groups() for m in map(line.match, log_lines(0)) if m]
+    one = [m.groups() for m in map(line.match, log_lines(1)) if m]
+    messages = [text for level, text in zero if level == "I"]
+    for step in range(STEPS):
+        assert sum(text.startswith(f"[rl/ {step}/{STEPS}] ") for text in messages) == 1, messages
+    assert any(text.startswith("[run] done in ") for text in messages), messages
+    assert [text for level, text in one if level == "I"] == []
+    assert all(text.startswith("[process 1] ") for _, text in one), one
 
 
 def test_checkpoint_written_by_two_processes_restores(runs):

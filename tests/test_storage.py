@@ -146,12 +146,12 @@ def test_a_killed_sft_run_on_gs_resumes_bit_exact(gcs_emulator, tmp_path):
             "--config.sft.nframes=2", "--config.sft.checkpoint_every=1"]
 
     def sft(workdir, kill_at=None):
-        process = subprocess.Popen([*args, f"--workdir={workdir}"], stdout=subprocess.PIPE,
+        process = subprocess.Popen([*args, f"--workdir={workdir}"], stdout=subprocess.DEVNULL,
                                    stderr=subprocess.PIPE, text=True, env=environment())
-        out = []
+        log = []  # the log lines (stderr), where the metrics line that triggers the kill appears
         try:
-            for line in process.stdout:
-                out.append(line)
+            for line in process.stderr:
+                log.append(line)
                 if kill_at and kill_at in line:
                     process.send_signal(signal.SIGKILL)
                     kill_at = None
@@ -159,17 +159,17 @@ def test_a_killed_sft_run_on_gs_resumes_bit_exact(gcs_emulator, tmp_path):
         finally:
             if process.poll() is None:
                 process.kill()
-        return status, "".join(out), process.stderr.read()
+        return status, "".join(log)
 
-    status, _, err = sft(str(tmp_path / "straight"))
+    status, err = sft(str(tmp_path / "straight"))
     assert status == 0, err[-3000:]
     remote = f"{gcs_emulator}/sft-killed"
-    status, _, err = sft(remote, kill_at="[sft/ 1/3]")
+    status, err = sft(remote, kill_at="[sft/ 1/3]")
     assert status == -signal.SIGKILL, err[-3000:]
     assert storage.exists(f"{remote}/checkpoints/1")
-    status, out, err = sft(remote)
+    status, err = sft(remote)
     assert status == 0, err[-3000:]
-    assert f"[sft] resumed from {remote}/checkpoints at step" in out
+    assert f"[sft] resumed from {remote}/checkpoints at step" in err
     lines = [json.loads(line) for line in storage.read_text(f"{remote}/metrics.jsonl").splitlines()]
     assert [line["step"] for line in lines] == [0, 1, 2]
 
@@ -189,18 +189,19 @@ def test_the_main_job_and_export_write_their_files_to_gs(gcs_emulator, tmp_path)
     summary, the curves, the final model (with its chat template and processor configs) and
     the export are in the bucket, and nothing is written to a local directory of that name."""
     from paravt_jax.models.qwen3_vl import load_pretrained
-    from test_cli import ROOT, run_cli
+    from test_cli import ROOT, run_cli, run_cli_logged
 
     workdir = f"{gcs_emulator}/main-job"
     common = [f"--config={ROOT}/configs/paragrpo.py:tiny", f"--workdir={workdir}",
               f"--config.data.builtin_root={tmp_path / 'builtin'}"]
-    text = run_cli("run", *common, "--config.sft.steps=2", "--config.sft.batch_size=2", "--config.sft.nframes=2",
-                   "--config.rl.steps=1", "--config.rl.samples_per_prompt=2", "--config.rl.prompts_per_step=1",
-                   "--config.rl.rollout.max_new_tokens=4", "--config.rl.rollout.max_turns=1",
-                   "--config.rl.rollout.subagent_max_tokens=4", "--config.rl.eval_every=0",
-                   "--config.eval.limit=1", "--config.eval.nframes=(4,)", "--config.eval.max_new_tokens=4",
-                   "--config.eval.max_turns=1", "--config.eval.after_sft=(4,)")
-    assert f"[run] workdir {workdir};" in text
+    _, log = run_cli_logged("run", *common, "--config.sft.steps=2", "--config.sft.batch_size=2",
+                            "--config.sft.nframes=2", "--config.rl.steps=1", "--config.rl.samples_per_prompt=2",
+                            "--config.rl.prompts_per_step=1", "--config.rl.rollout.max_new_tokens=4",
+                            "--config.rl.rollout.max_turns=1", "--config.rl.rollout.subagent_max_tokens=4",
+                            "--config.rl.eval_every=0", "--config.eval.limit=1", "--config.eval.nframes=(4,)",
+                            "--config.eval.max_new_tokens=4", "--config.eval.max_turns=1",
+                            "--config.eval.after_sft=(4,)")
+    assert f"[run] workdir {workdir};" in log
     summary = json.loads(storage.read_bytes(f"{workdir}/summary.json"))
     assert summary["workdir"] == workdir and len(summary["sft_loss"]) == 2 and len(summary["rl"]) == 1
     assert summary["curves"] == f"{workdir}/curves.png" and storage.read_bytes(summary["curves"])[:4] == b"\x89PNG"

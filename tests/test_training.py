@@ -374,8 +374,8 @@ def test_an_rl_step_with_no_readable_video_is_skipped_and_named(dataset, tmp_pat
     _, result = train_rl(init_model(preset("tiny"), seed=2), tok, rows, str(tmp_path / "run"), _rl_config(2))
     assert result.steps_done == 2 and result.history[0]["unreadable_step"] == 1.0
     assert result.history[1]["rollouts"] == 4 and np.isfinite(result.history[1]["loss"])
-    out = capsys.readouterr().out
-    assert "step 0 skipped" in out and all(f"gone{i}.mp4" in out for i in first_step)
+    warned = [line for line in capsys.readouterr().err.splitlines() if "[rl] step 0 skipped" in line]
+    assert len(warned) == 1 and warned[0].startswith("W") and all(f"gone{i}.mp4" in warned[0] for i in first_step)
 
 
 def test_a_whole_unreadable_epoch_stops_rl_with_a_clear_error(dataset, tmp_path):
@@ -414,6 +414,6 @@ def test_sft_skips_and_counts_unreadable_examples_and_checkpoints_periodically(d
     _, result = train_sft(init_model(preset("tiny"), seed=1), tok, rows, root, str(tmp_path / "sft"), config)
     assert [h["skipped_examples"] for h in result.history] == [1, 1]
     assert all(np.isfinite(h["loss"]) for h in result.history)
-    out = capsys.readouterr().out
-    assert "example 1 skipped" in out and "broken.mp4" in out
+    warned = [line for line in capsys.readouterr().err.splitlines() if "[sft] example 1 skipped" in line]
+    assert warned and all(line.startswith("W") and "broken.mp4" in line for line in warned)
     assert sorted(os.listdir(tmp_path / "sft" / "checkpoints")) == ["1", "2"]  # sft.checkpoint_every=1

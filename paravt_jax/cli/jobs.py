@@ -13,6 +13,7 @@ import time
 import jax
 import numpy as np
 import pyarrow.parquet as pq
+from absl import logging
 
 from paravt_jax import distributed, preemption, storage
 from paravt_jax.agent.dispatch import CropDispatcher
@@ -109,8 +110,8 @@ def evaluate_all(config, model, tokenizer, eval_rows, nframes=None, episodes: st
         if episodes:
             write_eval_episodes(episodes, stage, setting.rollouts, {"tools": setting.tools, "nframes": setting.nframes},
                                 rows)
-        print(f"[run] evaluation {number}/{len(held_out.settings)} (tools {'yes' if setting.tools else 'no'}, "
-              f"K = {setting.nframes}, {len(rows)} videos) in {time.perf_counter() - t0:.0f} s", flush=True)
+        logging.info(f"[run] evaluation {number}/{len(held_out.settings)} (tools {'yes' if setting.tools else 'no'}, "
+                     f"K = {setting.nframes}, {len(rows)} videos) in {time.perf_counter() - t0:.0f} s")
         t0 = time.perf_counter()
     return results
 
@@ -150,7 +151,7 @@ def evaluate_after_sft(config, model, tokenizer, eval_rows, workdir: str) -> lis
         try:
             stored = json.loads(storage.read_bytes(path))
             if stored.get("settings") == settings:
-                print(f"[run] the cold start's evaluation, from {path}", flush=True)
+                logging.info(f"[run] the cold start's evaluation, from {path}")
                 results = stored["results"]
         except (OSError, ValueError):
             pass
@@ -158,8 +159,8 @@ def evaluate_after_sft(config, model, tokenizer, eval_rows, workdir: str) -> lis
         return results
     local = distributed.local_model(model)
     if distributed.is_primary():
-        print(f"[run] evaluation of the cold start (SFT) on held-out synthetic videos (greedy, "
-              f"{len(e.after_sft) * 2} settings)", flush=True)
+        logging.info(f"[run] evaluation of the cold start (SFT) on held-out synthetic videos (greedy, "
+                     f"{len(e.after_sft) * 2} settings)")
         results = evaluate_all(config, local, tokenizer, eval_rows, nframes=e.after_sft,
                                episodes=eval_episodes_path(workdir), stage="after_sft")
         storage.makedirs(storage.join(workdir, "sft"))
@@ -235,14 +236,14 @@ def run_command(config, workdir: str = "") -> dict:
     summary_path = storage.join(workdir, "summary.json")
     finished = finished_summary(config, workdir)
     if finished is not None:
-        print(f"[run] {storage.absolute(workdir)} has finished every phase; its summary {summary_path} is "
-              f"kept (delete it to evaluate again)", flush=True)
+        logging.info(f"[run] {storage.absolute(workdir)} has finished every phase; its summary {summary_path} is "
+                     f"kept (delete it to evaluate again)")
         return finished
     t0 = time.perf_counter()
     inputs = setup(config, training=True)
     model, tokenizer, eval_rows = inputs.model, inputs.tokenizer, inputs.eval_rows  # model: each phase's output
-    print(f"[run] workdir {storage.absolute(workdir)}; {len(inputs.sft.rows)} SFT rows, {len(inputs.rl_rows)} RL rows, "
-          f"{len(eval_rows)} held-out rows", flush=True)
+    logging.info(f"[run] workdir {storage.absolute(workdir)}; {len(inputs.sft.rows)} SFT rows, "
+                 f"{len(inputs.rl_rows)} RL rows, {len(eval_rows)} held-out rows")
     if distributed.is_primary() and storage.exists(summary_path):
         storage.remove(summary_path)  # stale from an earlier, shorter run: it must not claim completion
     after_sft = None
@@ -265,8 +266,8 @@ def run_command(config, workdir: str = "") -> dict:
         save_export(model, tokenizer, final)
     preemption.raise_if_requested("[run] stopped after saving the final model, before evaluation; "
                                   "rerun to evaluate")
-    print(f"[run] evaluation on held-out synthetic videos (greedy, {len(eval_config(config).nframes) * 2} "
-          f"settings)", flush=True)
+    logging.info(f"[run] evaluation on held-out synthetic videos (greedy, {len(eval_config(config).nframes) * 2} "
+                 f"settings)")
     summary["eval"] = evaluate_all(config, model, tokenizer, eval_rows, episodes=eval_episodes_path(workdir),
                                    stage="final")
     if after_sft is not None:
@@ -276,17 +277,17 @@ def run_command(config, workdir: str = "") -> dict:
     trend = reward_trend([line["reward"] for line in summary["rl"]])
     if trend:
         summary["reward_trend"] = trend
-        print(f"[run] PARA-GRPO reward: {trend['first']:.3f} over the first {trend['per_third']} of "
-              f"{trend['steps']} steps, {trend['last']:.3f} over the last {trend['per_third']} "
-              f"({trend['change']:+.3f})", flush=True)
+        logging.info(f"[run] PARA-GRPO reward: {trend['first']:.3f} over the first {trend['per_third']} of "
+                     f"{trend['steps']} steps, {trend['last']:.3f} over the last {trend['per_third']} "
+                     f"({trend['change']:+.3f})")
     summary["minutes"] = round((time.perf_counter() - t0) / 60, 2)
 
     summary["curves"] = plot_run({p: storage.join(workdir, p, "metrics.jsonl") for p in ("sft", "rl")},
                                  storage.join(workdir, "curves.png"))
     with preemption.deferred():
         storage.write_json_atomic(summary_path, summary)
-    print(f"[run] done in {summary['minutes']} min; final model {final}; curves {summary['curves']}; "
-          f"metrics {storage.join(workdir, 'rl', 'metrics.jsonl')}", flush=True)
+    logging.info(f"[run] done in {summary['minutes']} min; final model {final}; curves {summary['curves']}; "
+                 f"metrics {storage.join(workdir, 'rl', 'metrics.jsonl')}")
     return summary
 
 
@@ -318,7 +319,7 @@ def export_command(config, workdir: str = ""):
             state, meta = Checkpointer(directory).restore_latest(step.init_state())
             out = storage.join(workdir, "export")
             save_export(step.model(state), tokenizer, out)
-            print(f"[export] {directory} step {meta['next_step']} -> {out}", flush=True)
+            logging.info(f"[export] {directory} step {meta['next_step']} -> {out}")
             return out
     raise SystemExit(f"export: no checkpoint under {workdir}/{{rl,sft}}/checkpoints")
 

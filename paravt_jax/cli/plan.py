@@ -5,7 +5,7 @@ import json
 import os
 
 import jax
-from absl import flags
+from absl import flags, logging
 
 from paravt_jax import meshes
 from paravt_jax import sharding as sh
@@ -80,5 +80,5 @@ def main(argv: list[str]) -> planner.MemoryPlan:
         os.makedirs(os.path.dirname(os.path.abspath(values.json)), exist_ok=True)
         with open(values.json, "w") as f:
             json.dump(result.to_json(), f, indent=2)
-        print(f"plan written to {values.json}")
+        logging.info(f"[plan] written to {values.json}")
     return result

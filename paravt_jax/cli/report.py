@@ -4,6 +4,8 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+from absl import logging
+
 from paravt_jax.experiments import report
 from paravt_jax.flags import HelpShown, UsageError, wants_help
 
@@ -33,6 +35,6 @@ def main(argv: Sequence[str]) -> dict:
         result = report.write_report(directories, prefix)
     except report.ReportError as e:
         raise SystemExit(str(e)) from None
-    print(result["text"])
-    print(f"[report] {result['markdown']} {result['csv']} " + " ".join(result["plots"]), flush=True)
+    print(result["text"], flush=True)
+    logging.info(f"[report] {result['markdown']} {result['csv']} " + " ".join(result["plots"]))
     return result

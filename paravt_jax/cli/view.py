@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from absl import logging
+
 from paravt_jax.experiments import view
 from paravt_jax.flags import HelpShown, UsageError, wants_help
 
@@ -33,7 +35,7 @@ def main(argv: Sequence[str]) -> dict:
         result = view.render(workdirs[0], out, step)
     except view.ViewError as e:
         raise SystemExit(str(e)) from None
-    print(f"[view] {result['episodes']} episodes, {result['thumbnails']} thumbnails: {result['index']}", flush=True)
+    logging.info(f"[view] {result['episodes']} episodes, {result['thumbnails']} thumbnails: {result['index']}")
     for video, reason in result["missing_videos"].items():
-        print(f"[view] warning: no thumbnails from {video}: {reason}", flush=True)
+        logging.warning(f"[view] no thumbnails from {video}: {reason}")
     return result

@@ -8,6 +8,8 @@ import hashlib
 import json
 import os
 
+from absl import logging
+
 VERSION = 1
 
 
@@ -64,8 +66,8 @@ def _generate(assets: BuiltinAssets, spec: dict, task: str, num_train: int, num_
     from paravt_jax.text.tokenizer import Tokenizer, train_tokenizer
 
     root, stamp = assets.root, os.path.join(assets.root, "READY")
-    print(f"[data] generating the built-in {task} set once ({num_train} + {num_eval} videos, tokenizer, "
-          f"{model_preset} model) in {root}", flush=True)
+    logging.info(f"[data] generating the built-in {task} set once ({num_train} + {num_eval} videos, tokenizer, "
+                 f"{model_preset} model) in {root}")
     if task == "events":
         from paravt_jax.data.events import corpus, write_events_dataset
 
@@ -91,4 +93,4 @@ def _generate(assets: BuiltinAssets, spec: dict, task: str, num_train: int, num_
     save_pretrained(model, assets.model_dir)
     with open(stamp, "w") as f:
         json.dump(spec, f)
-    print(f"[data] built-in set ready: {assets.data_dir}", flush=True)
+    logging.info(f"[data] built-in set ready: {assets.data_dir}")

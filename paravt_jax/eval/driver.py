@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
+from absl import logging
 
 from paravt_jax import storage
 from paravt_jax.agent.dispatch import CropDispatcher, DispatchConfig
@@ -201,7 +202,7 @@ def check_missing_videos(benchmark, max_share: float) -> None:
 
 
 def run_dataset(sampler, tokenizer, benchmark, config: DriverConfig, output_dir: str, *, shard_id: int = 0,
-                num_shards: int = 1, log: Callable[[str], None] = print, identity: dict | None = None,
+                num_shards: int = 1, log: Callable[[str], None] = logging.info, identity: dict | None = None,
                 overwrite: bool = False) -> dict:
     """Evaluates this shard's unfinished samples of one loaded benchmark; returns the
     dataset's summary (complete=False while other shards are missing). `identity` names the
@@ -342,7 +343,8 @@ def evaluate_command(config, output_dir: str, *, shard_id: int = 0, num_shards: 
             driver = driver_config(config, **benchmark_protocol(config, benchmark.name), dispatch=dispatch)
             directory = storage.join(output_dir, dispatch) if compare else output_dir
             storage.makedirs(directory)
-            store.claim_output(directory, benchmark.name, provenance.producer(identity, driver), overwrite, print)
+            store.claim_output(directory, benchmark.name, provenance.producer(identity, driver), overwrite,
+                               logging.info)
     model = build_model(config, default_dir=assets.model_dir)
     tokenizer = Tokenizer.from_directory(config.model.checkpoint or assets.model_dir)
     check_against_model(tokenizer, model.config)

@@ -40,6 +40,8 @@ import traceback
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from absl import logging
+
 from paravt_jax.config import config_file
 from paravt_jax.experiments import report
 from paravt_jax.experiments.report import SHARED_SFT_DIR
@@ -477,14 +479,14 @@ def run_plan(config, plan: SweepPlan, run: RunJob, write_report: bool = True) ->
         workdir = os.path.join(plan.root, arm.name)
         record = _record(arm, plan.config_argument, common, plan.shared_dir(arm))
         if is_finished(workdir):
-            print(f"[sweep] {number}/{len(runs)} {arm.name}: finished before, skipped", flush=True)
+            logging.info(f"[sweep] {number}/{len(runs)} {arm.name}: finished before, skipped")
             if _changed(workdir, record):
-                print(f"[sweep]   note: {workdir} ran with other settings than this sweep's "
-                      f"(see {ARM_RECORD}); delete it to run the arm again", flush=True)
+                logging.warning(f"[sweep] {workdir} ran with other settings than this sweep's "
+                                f"(see {ARM_RECORD}); delete it to run the arm again")
             statuses.append({"name": arm.name, "status": "skipped"})
             continue
-        print(f"[sweep] {number}/{len(runs)} {arm.name}: " + " ".join(f"{k}={flag_value(v)}" for k, v in arm.overrides),
-              flush=True)
+        logging.info(f"[sweep] {number}/{len(runs)} {arm.name}: "
+                     + " ".join(f"{k}={flag_value(v)}" for k, v in arm.overrides))
         try:
             statuses.append(run_arm(config, arm, workdir, record, run))
         except Exception as e:  # noqa: BLE001 - one arm's failure must not lose the others
@@ -492,12 +494,11 @@ def run_plan(config, plan: SweepPlan, run: RunJob, write_report: bool = True) ->
                 raise
             with open(os.path.join(workdir, "sweep_error.txt"), "w") as f:
                 f.write(traceback.format_exc())
-            print(f"[sweep] {arm.name} FAILED: {type(e).__name__}: {e} (traceback in {workdir}/sweep_error.txt)",
-                  flush=True)
+            logging.error(f"[sweep] {arm.name} FAILED: {type(e).__name__}: {e} "
+                          f"(traceback in {workdir}/sweep_error.txt)")
             statuses.append({"name": arm.name, "status": "failed", "error": f"{type(e).__name__}: {e}"})
     for s in statuses:
-        print(f"[sweep] {s['status']:>7}  {s['name']}" + (f"  ({s['seconds']:.0f} s)" if "seconds" in s else ""),
-              flush=True)
+        logging.info(f"[sweep] {s['status']:>7}  {s['name']}" + (f"  ({s['seconds']:.0f} s)" if "seconds" in s else ""))
     if write_report:
         report.write_report([plan.root], os.path.join(plan.root, "report"))
     failed = [s["name"] for s in statuses if s["status"] == "failed"]

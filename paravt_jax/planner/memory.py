@@ -10,7 +10,7 @@ allocated, so the 8B programs can be measured on a CPU with fake devices
 `xla_backend_optimization_level=0`: buffer assignment comes before code generation, so the
 numbers are the same and the compile takes half the time.
 
-The attention implementation is resolved for the devices compiled for (attention.compile_platform:
+The attention implementation is resolved for the devices compiled for (fused_attention.compile_platform:
 splash on TPU devices, the libtpu compiler running in this CPU process; blockwise or dense on fake
 CPU devices, where the cuDNN kernel a GPU picks is not compiled); the sampler backend policy
 (weight layouts, score-block budget, row groups) is the target platform's (`platform`; for fake
@@ -162,7 +162,7 @@ def compile_for(name: str, fn, args, kwargs, own_inputs, group: int, devices, ke
     """Lowers `fn` (a jitted function) on abstract `args` for `devices`, choosing attention
     kernels for their platform, compiles it and reads its numbers; with `keep`, (numbers, the
     compiled program)."""
-    from paravt_jax.models.qwen3_vl.attention import compile_platform, kernel_mesh
+    from paravt_jax.models.qwen3_vl.fused_attention import compile_platform, kernel_mesh
 
     platform = devices[0].platform
     options = {"xla_backend_optimization_level": 0} if platform == "cpu" else {}

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import jax
 import numpy as np
+from absl import logging
 
 from paravt_jax import distributed as dist
 from paravt_jax import sharding as sh
@@ -113,7 +114,7 @@ def unreadable_step(index: int, skipped: list[str], streak: dict, prompts_per_st
     if streak["prompts"] >= dataset_size:
         raise UnreadableDataError(f"[rl] no video could be read for {streak['prompts']} prompts in a row "
                                   f"(the dataset has {dataset_size}); the last step's: {names}")
-    print(f"[rl] warning: step {index} skipped, none of its videos could be read: {names}", flush=True)
+    logging.warning(f"[rl] step {index} skipped, none of its videos could be read: {names}")
     return {"unreadable_step": 1.0, "skipped_episodes": len(skipped), "rollouts": 0}
 
 

@@ -9,6 +9,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from absl import logging
 
 from paravt_jax import distributed as dist
 from paravt_jax import sharding as sh
@@ -117,7 +118,7 @@ def train_sft(model, tokenizer, rows: list, video_root: str, workdir: str, confi
         try:
             return sft_inputs(rows[i], tokenizer, video_root, example_nframes(i, config), config.max_pixels), None
         except (VideoError, ValueError, OSError) as e:
-            print(f"[sft] warning: example {i} skipped: {e}", flush=True)
+            logging.warning(f"[sft] example {i} skipped: {e}")
             return None, f"example {i}: {e}"
 
     step = TrainStep(model, config.optimizer, sft_loss, HEAD, mesh=dist.model_mesh(model))
@@ -135,7 +136,7 @@ def train_sft(model, tokenizer, rows: list, video_root: str, workdir: str, confi
                 raise UnreadableDataError(f"[sft] no example could be read for {unreadable['examples']} examples "
                                           f"in a row (the dataset has {len(rows)}); the last: "
                                           + "; ".join(error for _, error in gathered))
-            print(f"[sft] warning: step {index} skipped, none of its examples could be read", flush=True)
+            logging.warning(f"[sft] step {index} skipped, none of its examples could be read")
             return state, {"unreadable_step": 1.0, "skipped_examples": skipped}
         unreadable["examples"] = 0
         packed = pack(fill_batch(readable, config.batch_size), width=config.train_width)

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 
 import numpy as np
+from absl import logging
 
 from paravt_jax import distributed as dist
 from paravt_jax import preemption
@@ -84,14 +85,14 @@ def run_loop(name: str, workdir: str, state, step_fn: Callable, config: LoopConf
     if restored is not None:
         state, meta = restored
         start = int(meta["next_step"])
-        print(f"[{name}] resumed from {checkpoints.directory} at step {start}", flush=True)
+        logging.info(f"[{name}] resumed from {checkpoints.directory} at step {start}")
     writer = MetricsWriter(workdir, total_steps=config.steps)
     writer.resume(start)
     history, bad = [], 0
     with preemption.deferred():  # from here a signal means: finish the step, checkpoint, stop
         if start < config.steps:
-            print(f"[{name}] step {start}/{config.steps}: the first step of a run also compiles its programs "
-                  f"(minutes for large models)", flush=True)
+            logging.info(f"[{name}] step {start}/{config.steps}: the first step of a run also compiles its programs "
+                         f"(minutes for large models)")
         for index in range(start, config.steps):
             t0, cpu0 = time.perf_counter(), time.process_time()
             before = compiles.snapshot()
@@ -102,8 +103,8 @@ def run_loop(name: str, workdir: str, state, step_fn: Callable, config: LoopConf
             compiled = before.since()
             metrics.update(compile_metrics(compiled, compiles.total(), int(metrics.get("eval_compiles", 0))))
             if metrics["compiles"] and index >= start + config.warmup_steps:
-                print(f"[{name}] warning: step {index} compiled {compiled.summary()} "
-                      f"(shapes outside the run's buckets)", flush=True)
+                logging.warning(f"[{name}] step {index} compiled {compiled.summary()} "
+                                f"(shapes outside the run's buckets)")
             history.append(metrics)
             writer.write(index, metrics, prefix=f"{name}/")
             bad = bad + 1 if metrics.get("skipped") else 0

@@ -29,7 +29,7 @@ from flax import nnx
 
 from paravt_jax import sharding as sh
 from paravt_jax.config import checked, integer, non_negative, one_of, positive, validate
-from paravt_jax.models.qwen3_vl.attention import kernel_mesh
+from paravt_jax.models.qwen3_vl.fused_attention import kernel_mesh
 from paravt_jax.train import stats as S
 from paravt_jax.train.batch import TrainBatch
 

@@ -13,13 +13,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from paravt_jax.models.qwen3_vl import layers as L
-from paravt_jax.models.qwen3_vl.attention import (
-    AttentionMask,
-    attend,
-    attend_partial,
-    merge_partials,
-    shared_prefix_partial,
-)
+from paravt_jax.models.qwen3_vl.attention import attend, attend_partial, merge_partials, shared_prefix_partial
+from paravt_jax.models.qwen3_vl.attention_mask import AttentionMask
 from paravt_jax.models.qwen3_vl.config import Qwen3VLConfig
 from paravt_jax.models.qwen3_vl.rope import mrope_tables
 

@@ -20,7 +20,8 @@ import numpy as np
 from flax import nnx
 
 from paravt_jax.models.qwen3_vl import layers as L
-from paravt_jax.models.qwen3_vl.attention import AttentionMask, attend
+from paravt_jax.models.qwen3_vl.attention import attend
+from paravt_jax.models.qwen3_vl.attention_mask import AttentionMask
 from paravt_jax.models.qwen3_vl.config import Qwen3VLConfig, VisionConfig
 
 
