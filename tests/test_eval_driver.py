@@ -259,7 +259,7 @@ def test_producer_ids_of_the_presets_are_stable(preset, benchmark_name, dispatch
     identity = {"checkpoint": {"path": "/ckpt", "files": "0123456789abcdef"},
                 "model": {"preset": "8b", "param_dtype": "bfloat16", "dtype": "bfloat16"}}
     c = eval_config.get_config(preset)
-    settings = driver.driver_config(c, **driver.benchmark_protocol(c, benchmark_name), dispatch=dispatch)
+    settings = driver.driver_config(c, benchmark_name, dispatch=dispatch)
     key = provenance.producer(identity, settings)
     assert provenance.producer_id(key) == PRODUCER_IDS[preset, benchmark_name, dispatch], key
 
