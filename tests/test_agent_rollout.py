@@ -312,7 +312,8 @@ def test_rl_prompt_layout_system_and_subagent(video, tokenizer):
     frames, then the segment's range and duration."""
     from paravt_jax.agent.rollout import overview_prompts
 
-    def prompt_text(episode, prompt_format=PromptFormat.training()):
+    def prompt_text(episode, prompt_format=None):
+        prompt_format = prompt_format or PromptFormat.training()
         with CropDispatcher() as pool:
             (prompt,), _, _, _ = overview_prompts([episode], tokenizer, prompt_format, pool)
         return tokenizer.decode(prompt.input_ids)

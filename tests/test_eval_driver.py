@@ -10,6 +10,7 @@ from contextlib import redirect_stdout
 import numpy as np
 import pytest
 
+from paravt_jax.agent.protocol import PromptFormat
 from paravt_jax.data.builtin import ensure_builtin
 from paravt_jax.eval import datasets, driver, prompts
 from paravt_jax.eval import records as store
@@ -83,7 +84,8 @@ class FakeSampler:
 
 def config(**kw):
     base = dict(nframes=4, max_turns=2, max_new_tokens=16, mcq_answer_tokens=4, grounding_answer_tokens=5,
-                batch_size=4, overview_max_pixels=96 * 160, crop_max_pixels=96 * 160)
+                batch_size=4, crop_max_pixels=96 * 160,
+                prompt=dataclasses.replace(PromptFormat.reference_eval(), overview_max_pixels=96 * 160))
     base.update(kw)
     return driver.DriverConfig(**base)
 
