@@ -9,6 +9,10 @@ values it allows, the dataclass's `__post_init__` calls `validate(self)` (and ra
 for checks across its fields), and `build` prefixes every problem with the section's dotted
 path (`rl.rollout.max_turns=-1: must be an integer >= 0`). A config section is thus refused
 with every bad value named before any work starts (config_checks.check_config builds them all).
+A field made with `subsection(default, {name: what sets it})` leaves those fields of its nested
+dataclass out of the subsection (the evaluation driver's prompt format leaves out the system
+text its prompt mode decides); a key given one level above its dataclass is refused with its
+place (`rl.rollout.think_prefix: ...; it is rl.rollout.prompt.think_prefix`).
 
 The config files ship with the package as `paravt_jax.configs` (the repository's configs/
 folder; `from paravt_jax.configs import paragrpo`). `--config=FILE.py:ARG` names a config file by

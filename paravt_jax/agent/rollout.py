@@ -39,7 +39,7 @@ class Episode:
     answer: str
     question_type: str
     video_path: str  # the episode's own video: the only file any crop may open
-    nframes: int = 64  # K overview frames (nFrames gating decides it); 0: sampled at overview_fps
+    nframes: int = 64  # K overview frames (nFrames gating decides it); 0: sampled at PromptFormat.overview_fps
     system_prompt: str = ""  # the data row's own system message ("" = none)
 
 
