@@ -248,11 +248,12 @@ def build(cls, config, where: str, **given):
     its dotted path (`where` is the section's): every key that is not a field of `cls` or names
     a field set by the code, and every value a field's rule or the dataclass's own checks
     refuse (the nested sections' too)."""
-    return _build(cls, config, where, given, {})
+    return _build(cls, config, where, given, {}, {})
 
 
-def _build(cls, config, where: str, given: dict, left_out: dict[str, str]):
-    """`build`, with `left_out` (field -> what sets it) the fields a `subsection` leaves out."""
+def _build(cls, config, where: str, given: dict, left_out: dict[str, str], unset: dict):
+    """`build`, with `left_out` (field -> what sets it) the fields a `subsection` leaves out and
+    `unset` the values of the fields the section does not hold (a subsection's default's)."""
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     keys = list(config.keys())
@@ -263,7 +264,7 @@ def _build(cls, config, where: str, given: dict, left_out: dict[str, str]):
                         + _moved(hints, fields, key, where)) for key in keys if key not in fields]
     problems += [Problem(f"{where}.{key}", f": {cls.__name__}.{key} is set by the code ({setters[key]}), not by "
                          "the config") for key in keys if key in fields and key in setters]
-    values = dict(given)
+    values = {**unset, **given}
     for key in keys:
         if key not in fields or key in setters:
             continue
@@ -273,10 +274,8 @@ def _build(cls, config, where: str, given: dict, left_out: dict[str, str]):
             if not (isinstance(nested, type) and dataclasses.is_dataclass(nested)):
                 problems.append(Problem(f"{where}.{key}", f": {cls.__name__}.{key} is a value, not a section"))
                 continue
-            left_out = _left_out(fields[key])  # those keep the field's default's values
             try:
-                value = _build(nested, value, f"{where}.{key}",
-                               {name: getattr(fields[key].default, name) for name in left_out}, left_out)
+                value = _build(nested, value, f"{where}.{key}", {}, _left_out(fields[key]), _unset(fields[key], value))
             except ConfigValueError as e:  # its problems are named under where.key already
                 problems += e.problems
                 continue
@@ -292,6 +291,16 @@ def _build(cls, config, where: str, given: dict, left_out: dict[str, str]):
         raise e.within(where) from None
     except ValueError as e:  # a check of a dataclass that names no field
         raise ConfigValueError(problems=[Problem(where, f": {e}")]) from None
+
+
+def _unset(field: dataclasses.Field, config) -> dict:
+    """The values of the nested dataclass's fields the subsection `config` does not set: its
+    default's (`driver.prompt` without a key keeps the preset's value, not the class's)."""
+    default = field.default
+    if not dataclasses.is_dataclass(default):
+        return {}
+    return {f.name: getattr(default, f.name) for f in dataclasses.fields(default)
+            if f.name not in config and SET_BY not in f.metadata}
 
 
 def _moved(hints: dict, fields: dict, key: str, where: str) -> str:

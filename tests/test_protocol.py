@@ -2,6 +2,7 @@
 (the RL rollout's and the evaluation driver's), their checks and the driver's record key."""
 import dataclasses
 
+import ml_collections
 import pytest
 
 from paravt_jax.agent.protocol import PromptFormat, ToolProtocol
@@ -105,6 +106,10 @@ def test_driver_sections_leave_out_what_the_driver_sets():
     built = build(DriverConfig, keys, "driver")
     assert built == DriverConfig()  # the left-out fields keep the preset's values
     assert built.prompt.tool_layout == "object"
+    # a subsection holding only some keys: the others are the preset's, not the class defaults
+    keys.prompt = ml_collections.ConfigDict({"think_prefix": True})
+    assert build(DriverConfig, keys, "driver").prompt == dataclasses.replace(PromptFormat.reference_eval(),
+                                                                             think_prefix=True)
 
 
 def test_record_settings_keep_the_flat_names_and_key_new_knobs_when_set():
