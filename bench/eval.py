@@ -31,6 +31,7 @@ def main():
     parser.add_argument("--question-type", default="mcq", choices=("mcq", "tvg", "oe"))
     args = parser.parse_args()
 
+    from paravt_jax.agent.protocol import PromptFormat
     from paravt_jax.data.builtin import ensure_builtin
     from paravt_jax.eval import datasets, driver
     from paravt_jax.models.qwen3_vl import load_pretrained
@@ -50,9 +51,10 @@ def main():
           f"{args.max_new_tokens} new tokens per turn, prompt mode {args.prompt_mode}", flush=True)
     rows, speeds = [], {}
     for batch in (1, args.batch):
+        prompt = dataclasses.replace(PromptFormat.reference_eval(), overview_max_pixels=96 * 160)
         config = driver.DriverConfig(prompt_mode=args.prompt_mode, nframes=args.nframes, max_turns=3,
                                      max_new_tokens=args.max_new_tokens, batch_size=batch,
-                                     overview_max_pixels=96 * 160, crop_max_pixels=96 * 160)
+                                     crop_max_pixels=96 * 160, prompt=prompt)
         sampler = Sampler(model, SamplerConfig(min_chunk_bucket=64))
         with tempfile.TemporaryDirectory() as warm, tempfile.TemporaryDirectory() as timed:
             start = time.perf_counter()

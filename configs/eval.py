@@ -56,19 +56,20 @@ def get_config(arg: str = "synthetic") -> ml_collections.ConfigDict:
     c.max_missing_videos = 0.02
     # The protocol of every benchmark (paravt_jax.eval.settings.DriverConfig; its defaults are
     # the reference driver's, docs/eval.md): prompt mode, K, tool rounds and calls, token
-    # budgets, batch size, frame budgets, the prompt and tool-response layouts.
+    # budgets, batch size, crop budgets, and the rollout's prompt format and tool protocol at
+    # their reference_eval() presets (driver.prompt, driver.protocol: agent/protocol.py).
     c.driver = section(DriverConfig())
     # Charades-STA's own protocol, as the reference: its prompt mode, and its overview: "video" =
     # one Qwen3-VL video item (the reference sends the video file, which the server decodes to
-    # driver.video_frames frames resized within the checkpoint's video budget
-    # driver.video_min_pixels..driver.video_max_pixels) | "images" = K bare image items like
+    # driver.prompt.overview_video_frames frames resized within the checkpoint's video budget
+    # driver.prompt.overview_video_min_pixels..overview_video_max_pixels) | "images" = K bare image items like
     # the other benchmarks.
     c.grounding_prompt_mode = "agentic_minimal"
     c.grounding_visual = "video"  # video | images
     if preset == "synthetic":  # the tiny model was trained on 96x160 frames and short turns
         c.driver.nframes, c.driver.max_new_tokens, c.driver.batch_size = 16, 96, 4
-        c.driver.overview_min_pixels = c.driver.crop_min_pixels = 784
-        c.driver.overview_max_pixels = c.driver.crop_max_pixels = 96 * 160
+        c.driver.prompt.overview_min_pixels = c.driver.crop_min_pixels = 784
+        c.driver.prompt.overview_max_pixels = c.driver.crop_max_pixels = 96 * 160
     else:
         c.model.param_dtype = c.model.dtype = "bfloat16"
     c.benchmarks = benchmarks()

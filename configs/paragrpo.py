@@ -55,11 +55,11 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     c.rl.rollout.max_turns = 2  # tool rounds per episode
     c.rl.rollout.max_new_tokens = 256  # per assistant turn
     c.rl.rollout.subagent_max_tokens = 64
-    c.rl.rollout.overview_max_pixels = 96 * 160  # per overview frame
+    c.rl.rollout.prompt.overview_max_pixels = 96 * 160  # per overview frame
     c.rl.dispatch.max_pixels = 96 * 160  # per crop frame
     # one resize per frame (single) for the toy presets' small frames: the reference's two-stage
     # sizing (qwen-vl-utils, then the processor's >= 65,536 pixels) would make each frame 256x256
-    c.rl.rollout.overview_sizing = c.rl.dispatch.sizing = "single"
+    c.rl.rollout.prompt.overview_sizing = c.rl.dispatch.sizing = "single"
     c.rl.dispatch.max_parallel = 5  # crop calls executed per turn
     c.rl.advantage.anchor_mode = "token"  # token (masked anchor) | sequence (as released)
     c.rl.advantage.anchor_weight = 0.5
@@ -112,10 +112,10 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
         c.sft.optimizer.schedule, c.sft.optimizer.total_steps, c.sft.optimizer.warmup_steps = "cosine", 1500, 75
         c.rl.steps, c.rl.prompts_per_step, c.rl.samples_per_prompt = 54, 7, 8
         c.rl.optimizer.learning_rate, c.rl.rollout.max_turns, c.rl.rollout.max_new_tokens = 2e-6, 3, 2048
-        c.rl.rollout.subagent_max_tokens, c.rl.rollout.overview_max_pixels = 512, 50176
+        c.rl.rollout.subagent_max_tokens, c.rl.rollout.prompt.overview_max_pixels = 512, 50176
         c.rl.dispatch.max_pixels = 50176
         # the reference's frames: qwen-vl-utils to [784, 50,176] pixels, then the processor's resize
-        c.rl.rollout.overview_sizing = c.rl.dispatch.sizing = "two_stage"
+        c.rl.rollout.prompt.overview_sizing = c.rl.dispatch.sizing = "two_stage"
         c.rl.step.reference_temperature = 1.0  # the reference recipe's (AReaL default), see docs/deviations.md
         # 8 full-budget episodes (8 x 22,528 tokens with the reference's frame sizes) per
         # micro-batch: one row per device on the 8-device meshes (gpu8, v5p-16); docs/scale-out.md
@@ -133,9 +133,9 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
         c.sft.steps, c.sft.optimizer.learning_rate = 500, 2e-5
         c.rl.steps, c.rl.prompts_per_step, c.rl.samples_per_prompt = 100, 8, 8
         c.rl.optimizer.learning_rate, c.rl.rollout.max_turns, c.rl.rollout.max_new_tokens = 4e-6, 3, 2048
-        c.rl.rollout.subagent_max_tokens, c.rl.rollout.overview_max_pixels = 512, 50176
+        c.rl.rollout.subagent_max_tokens, c.rl.rollout.prompt.overview_max_pixels = 512, 50176
         c.rl.dispatch.max_pixels = 50176
-        c.rl.rollout.overview_sizing = c.rl.dispatch.sizing = "two_stage"
+        c.rl.rollout.prompt.overview_sizing = c.rl.dispatch.sizing = "two_stage"
         c.rl.shapes.subagent_width = 2048  # as qwen3vl_8b: 16 two-stage crop frames
         c.model.param_dtype = c.model.dtype = "bfloat16"
         c.model.remat = True

@@ -9,6 +9,6 @@ def get_config(arg: str = "tiny"):
     c.rl.advantage.anchor_weight = 0.0
     c.rl.advantage.anchor_mode = "sequence"
     c.rl.nframes_gating = False
-    c.rl.rollout.think_prefix = False
+    c.rl.rollout.prompt.think_prefix = False
     c.rl.reward.answer_suffix = False
     return c

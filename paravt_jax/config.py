@@ -9,6 +9,10 @@ values it allows, the dataclass's `__post_init__` calls `validate(self)` (and ra
 for checks across its fields), and `build` prefixes every problem with the section's dotted
 path (`rl.rollout.max_turns=-1: must be an integer >= 0`). A config section is thus refused
 with every bad value named before any work starts (config_checks.check_config builds them all).
+A field made with `subsection(default, {name: what sets it})` leaves those fields of its nested
+dataclass out of the subsection (the evaluation driver's prompt format leaves out the system
+text its prompt mode decides); a key given one level above its dataclass is refused with its
+place (`rl.rollout.think_prefix: ...; it is rl.rollout.prompt.think_prefix`).
 
 The config files ship with the package as `paravt_jax.configs` (the repository's configs/
 folder; `from paravt_jax.configs import paragrpo`). `--config=FILE.py:ARG` names a config file by
@@ -192,6 +196,22 @@ def set_by(default, where: str, rule: Rule | None = None):
     return dataclasses.field(default=default, metadata={SET_BY: where, **({RULE: rule} if rule else {})})
 
 
+# A nested-dataclass field whose metadata has SET_INSIDE leaves some of that dataclass's fields
+# out of its subsection: the metadata maps each to what sets it (the evaluation driver's prompt
+# mode sets its prompt format's system text).
+SET_INSIDE = "set_inside"
+
+
+def subsection(default, set_by: dict[str, str]):
+    """A field holding the dataclass `default` whose config subsection leaves out the fields
+    named in `set_by` (name -> what sets it), as `set_by` leaves out a whole field."""
+    return dataclasses.field(default=default, metadata={SET_INSIDE: dict(set_by)})
+
+
+def _left_out(field: dataclasses.Field) -> dict[str, str]:
+    return field.metadata.get(SET_INSIDE, {})
+
+
 def _optional(hint) -> type | None:
     """T for `T | None` (or Optional[T]); None otherwise."""
     args = typing.get_args(hint)
@@ -201,19 +221,19 @@ def _optional(hint) -> type | None:
     return None
 
 
-def section(instance) -> ml_collections.ConfigDict:
+def section(instance, left_out: Sequence[str] = ()) -> ml_collections.ConfigDict:
     """The config section shaped like the dataclass `instance`: one key per field (the
     instance's values as defaults), a nested dataclass as a subsection, a field that may be
     None as a typed placeholder (so that `--config.x.y=value` can set it). Fields marked
-    `set_by` are left out."""
+    `set_by`, and those named in `left_out` (a `subsection`'s), are left out."""
     hints = typing.get_type_hints(type(instance))
     out = ml_collections.ConfigDict()
     for field in dataclasses.fields(instance):
-        if SET_BY in field.metadata:
+        if SET_BY in field.metadata or field.name in left_out:
             continue
         value = getattr(instance, field.name)
         if dataclasses.is_dataclass(value):
-            out[field.name] = section(value)
+            out[field.name] = section(value, tuple(_left_out(field)))
         elif value is None:
             out[field.name] = config_dict.placeholder(_optional(hints[field.name]))
         else:
@@ -228,19 +248,25 @@ def build(cls, config, where: str, **given):
     its dotted path (`where` is the section's): every key that is not a field of `cls` or names
     a field set by the code, and every value a field's rule or the dataclass's own checks
     refuse (the nested sections' too)."""
+    return _build(cls, config, where, given, {}, {})
+
+
+def _build(cls, config, where: str, given: dict, left_out: dict[str, str], unset: dict):
+    """`build`, with `left_out` (field -> what sets it) the fields a `subsection` leaves out and
+    `unset` the values of the fields the section does not hold (a subsection's default's)."""
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     keys = list(config.keys())
-    settable = [name for name, f in fields.items() if SET_BY not in f.metadata]
-    set_elsewhere = set(given) | (set(fields) - set(settable))
-    problems = [Problem(f"{where}.{key}", f": not a field of {cls.__name__} (its fields: {', '.join(settable)})")
-                for key in keys if key not in fields]
-    problems += [Problem(f"{where}.{key}", f": {cls.__name__}.{key} is set by the code "
-                         f"({fields[key].metadata.get(SET_BY, 'the caller')}), not by the config")
-                 for key in keys if key in set_elsewhere]
-    values = dict(given)
+    setters = {**{name: "the caller" for name in given},
+               **{name: f.metadata[SET_BY] for name, f in fields.items() if SET_BY in f.metadata}, **left_out}
+    settable = [name for name in fields if name not in setters]
+    problems = [Problem(f"{where}.{key}", f": not a field of {cls.__name__} (its fields: {', '.join(settable)})"
+                        + _moved(hints, fields, key, where)) for key in keys if key not in fields]
+    problems += [Problem(f"{where}.{key}", f": {cls.__name__}.{key} is set by the code ({setters[key]}), not by "
+                         "the config") for key in keys if key in fields and key in setters]
+    values = {**unset, **given}
     for key in keys:
-        if key not in fields or key in set_elsewhere:
+        if key not in fields or key in setters:
             continue
         value = config[key]
         if isinstance(value, ml_collections.ConfigDict):
@@ -249,7 +275,7 @@ def build(cls, config, where: str, **given):
                 problems.append(Problem(f"{where}.{key}", f": {cls.__name__}.{key} is a value, not a section"))
                 continue
             try:
-                value = build(nested, value, f"{where}.{key}")
+                value = _build(nested, value, f"{where}.{key}", {}, _left_out(fields[key]), _unset(fields[key], value))
             except ConfigValueError as e:  # its problems are named under where.key already
                 problems += e.problems
                 continue
@@ -267,19 +293,40 @@ def build(cls, config, where: str, **given):
         raise ConfigValueError(problems=[Problem(where, f": {e}")]) from None
 
 
-def fields_and_keys(cls, where: str) -> list[tuple[str, str | None, str]]:
+def _unset(field: dataclasses.Field, config) -> dict:
+    """The values of the nested dataclass's fields the subsection `config` does not set: its
+    default's (`driver.prompt` without a key keeps the preset's value, not the class's)."""
+    default = field.default
+    if not dataclasses.is_dataclass(default):
+        return {}
+    return {f.name: getattr(default, f.name) for f in dataclasses.fields(default)
+            if f.name not in config and SET_BY not in f.metadata}
+
+
+def _moved(hints: dict, fields: dict, key: str, where: str) -> str:
+    """"; it is WHERE.SUB.KEY" when `key` is a field of one of the nested dataclasses (a key of
+    a config written before that subsection)."""
+    for name in (name for name, field in fields.items() if SET_BY not in field.metadata):
+        kind = typing.get_origin(hints[name]) or hints[name]
+        if isinstance(kind, type) and dataclasses.is_dataclass(kind) and key in {f.name for f in
+                                                                               dataclasses.fields(kind)}:
+            return f"; it is {where}.{name}.{key}"
+    return ""
+
+
+def fields_and_keys(cls, where: str, left_out: dict[str, str] | None = None) -> list[tuple[str, str | None, str]]:
     """(field "Class.name", its config key or None, where a key-less field is set) for every
     field of `cls` and of its nested dataclasses (the check that every knob is reachable)."""
     out = []
     hints = typing.get_type_hints(cls)
     for field in dataclasses.fields(cls):
         name = f"{cls.__name__}.{field.name}"
-        if SET_BY in field.metadata:
-            out.append((name, None, field.metadata[SET_BY]))
+        if SET_BY in field.metadata or field.name in (left_out or {}):
+            out.append((name, None, field.metadata.get(SET_BY) or left_out[field.name]))
             continue
         kind = typing.get_origin(hints[field.name]) or hints[field.name]
         if isinstance(kind, type) and dataclasses.is_dataclass(kind):
-            out += fields_and_keys(kind, f"{where}.{field.name}")
+            out += fields_and_keys(kind, f"{where}.{field.name}", _left_out(field))
         else:
             out.append((name, f"{where}.{field.name}", ""))
     return out

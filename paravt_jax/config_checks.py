@@ -13,7 +13,7 @@ import dataclasses
 
 from paravt_jax.config import SET_BY, ConfigValueError, Problem, Rule, build, integer, one_of, share
 from paravt_jax.eval.prompts import MODES as PROMPT_MODES
-from paravt_jax.eval.settings import DriverConfig
+from paravt_jax.eval.settings import RECORD_NAMES, DriverConfig
 from paravt_jax.rl.evaluate import EvalConfig
 from paravt_jax.rl.trainer import RLConfig
 from paravt_jax.sft.trainer import SFTConfig
@@ -35,7 +35,11 @@ RULES: dict[str, Rule] = {
 }
 
 _MISSING = object()
-DRIVER_FIELDS = {f.name for f in dataclasses.fields(DriverConfig) if SET_BY not in f.metadata}
+# The driver's settings in the flat layout configs/eval.py had before its driver section (and
+# the driver section before its prompt and protocol subsections) -> their keys now.
+DRIVER_KEYS = {**{f.name: f"driver.{f.name}" for f in dataclasses.fields(DriverConfig)
+                  if SET_BY not in f.metadata and f.name not in ("prompt", "protocol")},
+               **{flat: f"driver.{key}" for key, flat in RECORD_NAMES.items() if key != "prompt.overview_visual"}}
 
 
 def _get(config, path: str):
@@ -103,7 +107,7 @@ def check_config(config) -> None:
             except ConfigValueError as e:
                 problems += e.problems
     if "driver" in config:  # a config file in the flat layout configs/eval.py had before its driver section
-        problems += [Problem(key, f": a field of the driver section, not read at the top level; set driver.{key}")
-                     for key in config if key in DRIVER_FIELDS]
+        problems += [Problem(key, f": a field of the driver section, not read at the top level; set {DRIVER_KEYS[key]}")
+                     for key in config if key in DRIVER_KEYS]
     if problems:
         raise ConfigValueError(problems=problems)

@@ -1,4 +1,5 @@
 """Dispatcher concurrency and safety; a hand-checked scripted rollout; real tiny rollouts."""
+import dataclasses
 import json
 
 import numpy as np
@@ -6,6 +7,7 @@ import pytest
 
 from paravt_jax.agent import dispatch as dispatch_module
 from paravt_jax.agent.dispatch import CropDispatcher, CropTask, DispatchConfig
+from paravt_jax.agent.protocol import PromptFormat, ToolProtocol
 from paravt_jax.agent.rollout import Episode, RolloutConfig, run_rollouts
 from paravt_jax.agent.tools import ToolCall
 from paravt_jax.data.synthetic import Event, write_video
@@ -175,8 +177,10 @@ def test_final_answer_round_forces_a_short_answer(video, tokenizer):
     scripts = [[calls_text((1, 5), (6, 9)), calls_text((10, 14)), "B"]]
     sampler = ScriptedSampler(tokenizer, scripts)
     episode = Episode("e0", "Which option?", "B", "mcq", video, nframes=4)
-    config = RolloutConfig(mode="frames", max_turns=2, max_new_tokens=200, final_answer=True, final_answer_tokens=7,
-                           final_answer_instruction="Reply with the letter only.", system_prompt="SYSTEM TEXT")
+    config = RolloutConfig(mode="frames", max_turns=2, max_new_tokens=200,
+                           prompt=PromptFormat(system_prompt="SYSTEM TEXT"),
+                           protocol=ToolProtocol(final_answer=True, final_answer_tokens=7,
+                                                 final_answer_instruction="Reply with the letter only."))
     with CropDispatcher() as dispatcher:
         rollouts, _ = run_rollouts(sampler, tokenizer, [episode], 1, config, dispatcher)
     r = rollouts[0]
@@ -222,7 +226,7 @@ def test_turn_texts_carry_the_forced_prefix_and_the_anchor_lands_on_generated_ta
 
 
 def test_gating_off_overview_samples_one_fps_up_to_64(video, tokenizer, tmp_path):
-    """K = 0: the overview at rollout.overview_fps capped at overview_max_frames (the reference
+    """K = 0: the overview at rollout.prompt.overview_fps capped at overview_max_frames (the reference
     with gating off: 1 fps, at most 64), not a fixed 64 frames."""
     from paravt_jax.agent.rollout import overview_prompts
 
@@ -231,7 +235,7 @@ def test_gating_off_overview_samples_one_fps_up_to_64(video, tokenizer, tmp_path
     episodes = [Episode("a", "q?", "A", "mcq", video, nframes=0), Episode("b", "q?", "A", "mcq", long_video, nframes=0),
                 Episode("c", "q?", "A", "mcq", video, nframes=8)]
     with CropDispatcher() as pool:
-        prompts, errors, durations, _ = overview_prompts(episodes, tokenizer, RolloutConfig(), pool)
+        prompts, errors, durations, _ = overview_prompts(episodes, tokenizer, PromptFormat(), pool)
     assert errors == [None] * 3 and durations == pytest.approx([40.0, 100.0, 40.0], abs=0.5)
     assert [p.image_grid_thw.shape[0] for p in prompts] == [40, 64, 8]
 
@@ -242,10 +246,10 @@ def test_rl_prompt_layout_system_and_subagent(video, tokenizer):
     frames, then the segment's range and duration."""
     from paravt_jax.agent.rollout import overview_prompts
 
-    def prompt_text(episode, config=None):
-        config = config or RolloutConfig()
+    def prompt_text(episode, prompt_format=None):
+        prompt_format = prompt_format or PromptFormat.training()
         with CropDispatcher() as pool:
-            (prompt,), _, _, _ = overview_prompts([episode], tokenizer, config, pool)
+            (prompt,), _, _, _ = overview_prompts([episode], tokenizer, prompt_format, pool)
         return tokenizer.decode(prompt.input_ids)
 
     plain = prompt_text(Episode("a", "What colour?", "blue", "oe", video, nframes=2))
@@ -259,7 +263,7 @@ def test_rl_prompt_layout_system_and_subagent(video, tokenizer):
     assert own.startswith("<|im_start|>system\nYou are a video agent.\n<tools>\nX\n</tools><|im_end|>")
     assert own.count("<tools>") == 1
     bare = prompt_text(Episode("a", "Q?", "A", "mcq", video, nframes=2),
-                       RolloutConfig(overview_timestamps=False, video_path_line="space_if_absent", tools=False))
+                       PromptFormat(overview_timestamps=False, video_path_line="space_if_absent", tools=False))
     assert "seconds>" not in bare and "<|vision_end|>Q?<|im_end|>" in bare
     # the sub-agent prompt of one crop: frames without timestamps, then the instruction
     sampler = ScriptedSampler(tokenizer, [[calls_text((1, 5)), "<think>done</think><answer>blue</answer>"]])
@@ -299,12 +303,15 @@ def test_subagent_summary_cut_at_the_budget_ends_with_the_marker(video, tokenize
 IMG = "<|vision_start|><|image_pad|><|vision_end|>"
 
 
-def eval_rollout(video, tokenizer, scripts, question="Which colour?", max_turns=1, **driver_changes):
-    """One greedy episode under the evaluation protocol (driver defaults: the reference's)."""
+def eval_rollout(video, tokenizer, scripts, question="Which colour?", max_turns=1, **protocol_changes):
+    """One greedy episode under the evaluation protocol (driver defaults: the reference's;
+    `protocol_changes`: of its tool protocol)."""
     from paravt_jax.eval import driver
 
-    config = driver.DriverConfig(nframes=2, max_turns=max_turns, overview_min_pixels=784, overview_max_pixels=64 * 96,
-                                 crop_min_pixels=784, crop_max_pixels=64 * 96, **driver_changes)
+    prompt = dataclasses.replace(PromptFormat.reference_eval(), overview_min_pixels=784, overview_max_pixels=64 * 96)
+    protocol = dataclasses.replace(ToolProtocol.reference_eval(), **protocol_changes)
+    config = driver.DriverConfig(nframes=2, max_turns=max_turns, crop_min_pixels=784, crop_max_pixels=64 * 96,
+                                 prompt=prompt, protocol=protocol)
     with driver.crop_dispatcher(config) as dispatcher:
         (r,), _ = run_rollouts(ScriptedSampler(tokenizer, scripts), tokenizer,
                                [Episode("e", question, "B", "mcq", video, nframes=2)], 1,

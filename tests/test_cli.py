@@ -59,7 +59,8 @@ def test_configs_load_with_presets_and_overrides():
             c = module.get_config(preset)
             assert c.rl.samples_per_prompt >= 2
         if name == "vanilla_grpo":
-            assert c.rl.advantage.anchor_weight == 0.0 and not c.rl.nframes_gating and not c.rl.rollout.think_prefix
+            assert c.rl.advantage.anchor_weight == 0.0 and not c.rl.nframes_gating
+            assert not c.rl.rollout.prompt.think_prefix
     assert module.get_config("qwen3vl_8b").rl.steps == 0  # sft.py: RL off
 
 
@@ -188,16 +189,17 @@ def test_held_out_and_generate_episodes_are_the_configs():
     e, rl = eval_config(config), rl_config(config)
     tools = episode_config(rl.rollout, tools=True, max_new_tokens=e.max_new_tokens, max_turns=e.max_turns,
                            mode=e.mode)
-    assert (tools.subagent_max_tokens, tools.overview_max_pixels, tools.temperature) == (32, 96 * 160, 0.0)
+    assert (tools.subagent_max_tokens, tools.prompt.overview_max_pixels, tools.temperature) == (32, 96 * 160, 0.0)
     assert (tools.max_new_tokens, tools.max_turns, tools.mode) == (160, 2, "subagent")
-    assert tools.final_answer and tools.final_answer_tokens == FINAL_ANSWER_TOKENS and tools.think_prefix
+    assert tools.protocol.final_answer and tools.protocol.final_answer_tokens == FINAL_ANSWER_TOKENS
+    assert tools.prompt.think_prefix and tools.prompt.tools
     plain = episode_config(rl.rollout, tools=False)
-    assert plain.max_turns == 0 and not plain.tools and not plain.final_answer
+    assert plain.max_turns == 0 and not plain.prompt.tools and not plain.protocol.final_answer
     rollout, dispatch = generate_episode(config)
     assert dataclasses_equal_but_temperature(rollout, rl.rollout) and rollout.temperature == 0.0
     assert (dispatch.max_pixels, dispatch.max_parallel, dispatch.max_frames) == (96 * 160, 3, 6)
     baseline = rl_config(vanilla_grpo.get_config("tiny")).rollout  # no think prefix in the baseline's episodes
-    assert not episode_config(baseline, tools=True).think_prefix
+    assert not episode_config(baseline, tools=True).prompt.think_prefix
 
 
 def dataclasses_equal_but_temperature(a, b) -> bool:

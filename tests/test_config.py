@@ -20,10 +20,10 @@ SECTIONS = (("rl", RLConfig, runtime.rl_config), ("sft", SFTConfig, runtime.sft_
 CHOICES = {"AdvantageConfig.anchor_mode": "sequence", "OptimizerConfig.name": "adam",
            "OptimizerConfig.schedule": "cosine", "RolloutConfig.mode": "frames", "RewardConfig.mode": "exact",
            "RewardConfig.text": "completion", "DispatchConfig.arguments": "lenient",
-           "RolloutConfig.video_path_line": "none", "RolloutConfig.tool_layout": "object",
-           "RolloutConfig.frames_response": "images_first", "RolloutConfig.malformed": "ignore",
-           "RolloutConfig.extra_calls": "ignore", "RolloutConfig.overview_visual": "video",
-           "RolloutConfig.overview_sizing": "two_stage", "DispatchConfig.sizing": "two_stage",
+           "PromptFormat.video_path_line": "none", "PromptFormat.tool_layout": "object",
+           "ToolProtocol.frames_response": "images_first", "ToolProtocol.malformed": "ignore",
+           "ToolProtocol.extra_calls": "ignore", "PromptFormat.overview_visual": "video",
+           "PromptFormat.overview_sizing": "two_stage", "DispatchConfig.sizing": "two_stage",
            "ShapeConfig.policy": "per_call", "StepConfig.prox_logprobs": "recompute", "EvalConfig.mode": "subagent",
            # must divide the step's rows (tiny: 9 SFT rows, 3 x 5 RL rows once every int is one more)
            "SFTConfig.micro_batches": 3, "RLConfig.micro_batches": 3}
@@ -231,8 +231,14 @@ BAD_VALUES = [
     ("eval", "driver.max_turns", -1, "driver.max_turns=-1: must be an integer >= 0"),
     ("eval", "driver.prompt_mode", "agentic", "driver.prompt_mode='agentic': must be one of ('direct', 'reasoning', "
      "'agentic_general', 'agentic_minimal')"),
-    ("eval", "driver.frames_response", "frames", "driver.frames_response='frames': must be one of ('timestamped', "
-     "'images_first')"),
+    ("eval", "driver.protocol.frames_response", "frames", "driver.protocol.frames_response='frames': must be one of "
+     "('timestamped', 'images_first')"),
+    ("eval", "driver.prompt.overview_max_pixels", 100, "driver.prompt.overview_max_pixels=100: must be an integer "
+     ">= 784"),
+    ("paragrpo", "rl.rollout.prompt.video_path_line", "below", "rl.rollout.prompt.video_path_line='below': must be "
+     "one of ('newline', 'space_if_absent', 'none')"),
+    ("paragrpo", "rl.rollout.protocol.final_answer_tokens", 0, "rl.rollout.protocol.final_answer_tokens=0: must be "
+     "an integer >= 1"),
     ("eval", "driver.crop_arguments", "loose", "driver.crop_arguments='loose': must be one of ('strict', 'lenient')"),
     ("eval", "max_missing_videos", 1.5, "max_missing_videos=1.5: must be a number in [0, 1]"),
     ("eval", "grounding_prompt_mode", "agentic", "grounding_prompt_mode='agentic': must be one of ('direct', "),
@@ -298,22 +304,31 @@ def test_unknown_and_code_set_keys_under_the_driver_section_are_refused():
 
     config = eval_config.get_config("synthetic")
     config.driver.max_turn, config.driver.n_frames = 2, 4  # typos in a config file
-    config.driver.overview_visual = "video"  # set per benchmark (grounding_visual for charades)
+    config.driver.prompt.overview_visual = "video"  # set per benchmark (grounding_visual for charades)
+    config.driver.protocol.final_answer_tokens = 9  # set per question type (mcq_answer_tokens, ...)
+    config.driver.think_prefix = True  # a key of the driver section before its prompt subsection
     for check in (check_config, lambda c: driver.driver_config(c)):
         with pytest.raises(ConfigValueError) as err:
             check(config)
         message = str(err.value)
         assert "driver.max_turn: not a field of DriverConfig (its fields: prompt_mode, nframes, max_turns" in message
         assert "driver.n_frames: not a field of DriverConfig" in message
-        assert ("driver.overview_visual: DriverConfig.overview_visual is set by the code (the benchmark: "
+        assert ("driver.prompt.overview_visual: PromptFormat.overview_visual is set by the code (the benchmark: "
                 "grounding_visual for charades" in message)
+        assert ("driver.protocol.final_answer_tokens: ToolProtocol.final_answer_tokens is set by the code "
+                "(mcq_answer_tokens or grounding_answer_tokens, by question type)" in message)
+        assert "driver.think_prefix: not a field of DriverConfig" in message
+        assert message.count("; it is driver.prompt.think_prefix") == 1
+        assert len(err.value.problems) == 5
     flat = eval_config.get_config("synthetic")
-    flat.nframes, flat.batch_size = 8, 2  # a config file in the flat layout of before: keys no command reads
+    # a config file in the flat layout of before: keys no command reads
+    flat.nframes, flat.batch_size, flat.video_frames = 8, 2, 16
     with pytest.raises(ConfigValueError) as err:
         check_config(flat)
     assert [str(p) for p in err.value.problems] == [
-        f"{key}: a field of the driver section, not read at the top level; set driver.{key}"
-        for key in ("batch_size", "nframes")]  # ConfigDict keys, sorted
+        f"{key}: a field of the driver section, not read at the top level; set driver.{where}"
+        for key, where in (("batch_size", "batch_size"), ("nframes", "nframes"),
+                           ("video_frames", "prompt.overview_video_frames"))]  # ConfigDict keys, sorted
     with pytest.raises(Exception, match="nframes"):  # the command line adds no key
         parse_eval("--config.nframes=8")
 
@@ -322,33 +337,38 @@ def parse_eval(*overrides):
     return parse(*overrides, config="eval.py:synthetic")
 
 
-DRIVER_CHOICES = {"prompt_mode": "direct", "dispatch": "sequential", "video_path_line": "newline",
-                  "frames_response": "timestamped", "malformed": "respond", "extra_calls": "respond",
-                  "crop_arguments": "strict"}
+DRIVER_CHOICES = {"prompt_mode": "direct", "dispatch": "sequential", "prompt.video_path_line": "newline",
+                  "protocol.frames_response": "timestamped", "protocol.malformed": "respond",
+                  "protocol.extra_calls": "respond", "crop_arguments": "strict", "prompt.overview_sizing": "two_stage"}
 
 
 def test_every_driver_field_is_settable_from_the_command_line():
-    """Every DriverConfig field is a key of configs/eval.py's driver section that
-    `--config.driver.KEY=VALUE` sets and that reaches the built DriverConfig of a benchmark,
-    or a field marked `set_by` (overview_visual: the benchmark's)."""
+    """Every DriverConfig field (its prompt format's and tool protocol's too) is a key of
+    configs/eval.py's driver section that `--config.driver.KEY=VALUE` sets and that reaches the
+    built DriverConfig of a benchmark, or a field the driver sets (the system text, the
+    overview visual, the final-answer turn: what its prompt mode, benchmark and question type say)."""
     from paravt_jax.eval import driver
-    from paravt_jax.eval.settings import DriverConfig
+    from paravt_jax.eval.settings import PROMPT_SET_BY, PROTOCOL_SET_BY, DriverConfig
 
     default = driver.driver_config(parse_eval())
-    expected, overrides = {}, []
+    expected, overrides, set_by_driver = {}, [], []
     for name, key, set_by in fields_and_keys(DriverConfig, "driver"):
         if key is None:
-            assert name == "DriverConfig.overview_visual" and set_by
+            assert set_by
+            set_by_driver.append(name)
             continue
         field = key.split(".", 1)[1]
-        hint = typing.get_type_hints(DriverConfig)[field]
+        owner = type(field_of(default, field.rsplit(".", 1)[0])) if "." in field else DriverConfig
+        hint = typing.get_type_hints(owner)[field.rsplit(".", 1)[-1]]
         value, text = ((DRIVER_CHOICES[field],) * 2 if field in DRIVER_CHOICES
-                       else other_value(name, hint, getattr(default, field)))
+                       else other_value(name, hint, field_of(default, field)))
         overrides.append(f"--config.driver.{field}={text}")
         expected[field] = value
-    assert len(expected) == len(dataclasses.fields(DriverConfig)) - 1
+    assert sorted(set_by_driver) == sorted([f"PromptFormat.{f}" for f in PROMPT_SET_BY]
+                                           + [f"ToolProtocol.{f}" for f in PROTOCOL_SET_BY])
+    assert "prompt.overview_timestamps" in expected and "protocol.final_answer_prefix" in expected
     config = parse_eval(*overrides)
-    built = driver.driver_config(config, **driver.benchmark_protocol(config, "videomme"))
-    assert {k: getattr(built, k) for k in expected} == expected
-    charades = driver.driver_config(config, **driver.benchmark_protocol(config, "charades"))
-    assert (charades.prompt_mode, charades.overview_visual) == ("agentic_minimal", "video")
+    built = driver.driver_config(config, "videomme")
+    assert {k: field_of(built, k) for k in expected} == expected
+    charades = driver.driver_config(config, "charades")
+    assert (charades.prompt_mode, charades.prompt.overview_visual) == ("agentic_minimal", "video")

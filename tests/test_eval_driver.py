@@ -10,6 +10,7 @@ from contextlib import redirect_stdout
 import numpy as np
 import pytest
 
+from paravt_jax.agent.protocol import PromptFormat
 from paravt_jax.data.builtin import ensure_builtin
 from paravt_jax.eval import datasets, driver, prompts
 from paravt_jax.eval import records as store
@@ -60,7 +61,8 @@ def policy_rows(sampler) -> int:
 
 def config(**kw):
     base = dict(nframes=4, max_turns=2, max_new_tokens=128, mcq_answer_tokens=4, grounding_answer_tokens=5,
-                batch_size=4, overview_max_pixels=96 * 160, crop_max_pixels=96 * 160)
+                batch_size=4, crop_max_pixels=96 * 160,
+                prompt=dataclasses.replace(PromptFormat.reference_eval(), overview_max_pixels=96 * 160))
     base.update(kw)
     return driver.DriverConfig(**base)
 
@@ -237,7 +239,7 @@ def test_producer_ids_of_the_presets_are_stable(preset, benchmark_name, dispatch
     identity = {"checkpoint": {"path": "/ckpt", "files": "0123456789abcdef"},
                 "model": {"preset": "8b", "param_dtype": "bfloat16", "dtype": "bfloat16"}}
     c = eval_config.get_config(preset)
-    settings = driver.driver_config(c, **driver.benchmark_protocol(c, benchmark_name), dispatch=dispatch)
+    settings = driver.driver_config(c, benchmark_name, dispatch=dispatch)
     key = provenance.producer(identity, settings)
     assert provenance.producer_id(key) == PRODUCER_IDS[preset, benchmark_name, dispatch], key
 

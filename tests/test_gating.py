@@ -70,7 +70,7 @@ def test_custom_choices_and_keys():
 def test_rl_episodes_draw_one_k_per_video():
     """The trainer keys K on the row's video (the reference's key): every question on a video
     sees the same overview; over videos, K is uniform over the choices; gating off samples the
-    overview by fps (K = 0, rollout.overview_fps / overview_max_frames)."""
+    overview by fps (K = 0, rollout.prompt.overview_fps / overview_max_frames)."""
     from paravt_jax.data.paravt_parquet import RLRow
     from paravt_jax.rl.trainer import RLConfig, episode
 

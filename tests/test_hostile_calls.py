@@ -8,6 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from paravt_jax.agent.dispatch import CropDispatcher, CropTask, DispatchConfig
+from paravt_jax.agent.protocol import PromptFormat
 from paravt_jax.agent.rollout import Episode, RolloutConfig, run_rollouts
 from paravt_jax.agent.tools import QUOTE_CHARS, cap_errors, parse_tool_calls, quote, validate_crop
 from paravt_jax.data.synthetic import Event, write_video
@@ -135,7 +136,7 @@ def test_a_rollout_survives_every_hostile_turn(mode, video):
     scripts = [[text, "<answer>done</answer>"] for text in texts]
     sampler = ScriptedSampler(tokenizer, scripts)
     episode = Episode("e0", "What colour?", "red", "oe", video, nframes=2)
-    config = RolloutConfig(mode=mode, max_turns=1, overview_max_pixels=64 * 96)
+    config = RolloutConfig(mode=mode, max_turns=1, prompt=PromptFormat(overview_max_pixels=64 * 96))
     with CropDispatcher(DispatchConfig(max_workers=2, max_frames=2, max_pixels=64 * 96)) as dispatcher:
         rollouts, skipped = run_rollouts(sampler, tokenizer, [episode], len(texts), config, dispatcher)
     assert skipped == [] and len(rollouts) == len(texts)

@@ -34,8 +34,8 @@ OVERRIDES = [
     "--config.data.durations=(30.0,)", "--config.sft.steps=0", f"--config.rl.steps={STEPS}",
     "--config.rl.prompts_per_step=2", "--config.rl.samples_per_prompt=2", "--config.rl.rollout.max_new_tokens=4",
     "--config.rl.rollout.max_turns=0", "--config.rl.eval_every=0", "--config.rl.nframes_gating=False",
-    "--config.rl.default_nframes=2", "--config.rl.rollout.overview_max_pixels=3136", "--config.rl.advantage.kl_ctl=0.0",
-    "--config.eval.nframes=()",
+    "--config.rl.default_nframes=2", "--config.rl.rollout.prompt.overview_max_pixels=3136",
+    "--config.rl.advantage.kl_ctl=0.0", "--config.eval.nframes=()",
 ]
 TIMEOUT_S = 1200
 

@@ -77,7 +77,7 @@ def test_arms_ran_in_workdirs_named_by_their_overrides(swept):
         assert len(open(os.path.join(root, name, "rl", "metrics.jsonl")).read().splitlines()) == 1
     vanilla = json.load(open(f"{root}/vanilla,seed=0/sweep_arm.json"))["overrides"]
     assert vanilla["rl.advantage.anchor_weight"] == 0.0 and vanilla["rl.nframes_gating"] is False
-    assert vanilla["rl.rollout.think_prefix"] is False and vanilla["rl.advantage.anchor_mode"] == "sequence"
+    assert vanilla["rl.rollout.prompt.think_prefix"] is False and vanilla["rl.advantage.anchor_mode"] == "sequence"
     assert "rl.advantage.anchor_weight" not in json.load(open(f"{root}/paragrpo,seed=0/sweep_arm.json"))["overrides"]
     print(f"\n[test_sweep] real 2-arm sweep (+ shared SFT) took {swept['seconds']:.0f} s")
 
@@ -169,7 +169,7 @@ def test_dry_run_prints_one_command_per_arm_that_parses_to_the_arm_config(tmp_pa
     vanilla = shlex.split(lines[1])
     assert vanilla[:5] == ["python", "-m", "paravt_jax.cli", "run", f"--config={ABLATIONS}:qwen3vl_8b"]
     for flag in ("--config.rl.advantage.anchor_weight=0.0", "--config.rl.nframes_gating=False",
-                 "--config.rl.rollout.think_prefix=False", "--config.seed=1", "--config.rl.steps=7"):
+                 "--config.rl.rollout.prompt.think_prefix=False", "--config.seed=1", "--config.rl.steps=7"):
         assert flag in vanilla
     # The printed command, parsed as cli.main parses it, gives the config the sweep builds
     # for that arm from the preset and the command-line override.

@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from paravt_jax.agent.protocol import PromptFormat
 from paravt_jax.agent.rollout import RolloutConfig
 from paravt_jax.data import synthetic as syn
 from paravt_jax.data.paravt_parquet import SchemaError, load_rl_rows, load_sft_rows
@@ -224,7 +225,7 @@ def test_two_rl_steps(dataset, tmp_path, anchor_mode, gating, max_tokens):
     config = RLConfig(steps=2, prompts_per_step=2, samples_per_prompt=2, nframes_gating=gating,
                       default_nframes=4, nframes_choices=(2, 4),
                       rollout=RolloutConfig(max_turns=1, max_new_tokens=12, subagent_max_tokens=8,
-                                            overview_max_pixels=64 * 96),
+                                            prompt=PromptFormat(overview_max_pixels=64 * 96)),
                       reward=RewardConfig(), advantage=AdvantageConfig(anchor_mode=anchor_mode),
                       optimizer=OptimizerConfig(learning_rate=1e-4), max_tokens_per_micro_batch=max_tokens,
                       log_episodes=3)
@@ -346,7 +347,8 @@ def test_rl_step_logs_the_anchor_of_forced_think_turns(dataset, tmp_path):
     rows, _ = load_rl_rows(ds.rl_train, root)
     text = "The red square moves</think>"
     config = RLConfig(steps=1, prompts_per_step=2, samples_per_prompt=2, nframes_gating=False, default_nframes=2,
-                      rollout=RolloutConfig(max_turns=1, max_new_tokens=12, overview_max_pixels=64 * 96),
+                      rollout=RolloutConfig(max_turns=1, max_new_tokens=12,
+                                            prompt=PromptFormat(overview_max_pixels=64 * 96)),
                       reward=RewardConfig(), advantage=AdvantageConfig(anchor_mode="token"),
                       optimizer=OptimizerConfig(learning_rate=1e-4))
     _, result = train_rl(bigram_policy(tok, text), tok, rows, str(tmp_path), config)
@@ -359,7 +361,7 @@ def test_rl_step_logs_the_anchor_of_forced_think_turns(dataset, tmp_path):
 def _rl_config(steps):
     return RLConfig(steps=steps, prompts_per_step=2, samples_per_prompt=2, default_nframes=4, nframes_choices=(2, 4),
                     rollout=RolloutConfig(max_turns=1, max_new_tokens=12, subagent_max_tokens=8,
-                                          overview_max_pixels=64 * 96),
+                                          prompt=PromptFormat(overview_max_pixels=64 * 96)),
                     optimizer=OptimizerConfig(learning_rate=1e-4))
 
 

@@ -1,5 +1,6 @@
 """The Qwen3-VL video item: layout, patches, timestamps and positions against transformers'
 own video code, logits against its PyTorch model, and the Charades-STA request built with it."""
+import dataclasses
 import types
 
 import numpy as np
@@ -8,6 +9,7 @@ import pytest
 from conftest import require_torch
 from hf_tiny import build_hf_tiny
 from paravt_jax.agent.dispatch import CropDispatcher
+from paravt_jax.agent.protocol import PromptFormat
 from paravt_jax.agent.rollout import Episode, overview_prompts
 from paravt_jax.data.synthetic import Event, write_video
 from paravt_jax.eval import driver, prompts
@@ -137,20 +139,21 @@ def test_read_video_item_samples_and_resizes_as_a_server(video):
 
 def charades_prompt(tokenizer, video, visual):
     """The rendered Charades-STA request of the evaluation driver (agentic_minimal)."""
-    config = driver.DriverConfig(prompt_mode="agentic_minimal", overview_visual=visual, nframes=4, video_frames=4,
-                                 video_max_pixels=4 * 96 * 128, overview_min_pixels=784,
+    prompt = dataclasses.replace(PromptFormat.reference_eval(), overview_visual=visual, overview_video_frames=4,
+                                 overview_video_max_pixels=4 * 96 * 128, overview_min_pixels=784,
                                  overview_max_pixels=96 * 128)
+    config = driver.DriverConfig(prompt_mode="agentic_minimal", nframes=4, prompt=prompt)
     rollout = driver.rollout_config(config, "tvg")
     episode = Episode("0", "When does the blue circle appear?", "[3.0, 6.0]", "tvg", video, config.nframes)
     with CropDispatcher() as pool:
-        (inputs,), errors, _, _ = overview_prompts([episode], tokenizer, rollout, pool)
+        (inputs,), errors, _, _ = overview_prompts([episode], tokenizer, rollout.prompt, pool)
     assert errors == [None]
     return rollout, inputs
 
 
 def test_charades_request_sends_one_video_item(tokenizer, video):
     rollout, inputs = charades_prompt(tokenizer, video, "video")
-    assert rollout.overview_visual == "video" and driver.DriverConfig().overview_visual == "images"
+    assert rollout.prompt.overview_visual == "video" and driver.DriverConfig().prompt.overview_visual == "images"
     text = tokenizer.decode(inputs.input_ids)
     system = prompts.prompt_mode("agentic_minimal").system
     # 4 frames of 48 (indices 0, 15, 31, 47 at 4 fps): groups at 1.9 s and 9.8 s; 96x128 -> 12 pads
@@ -170,7 +173,7 @@ def test_charades_images_option_restores_image_items(tokenizer, video):
     assert f"<|im_start|>user\n{image * 4}When does the blue circle appear? The video path" in text
     assert "seconds>" not in text and len(inputs.video_grid_thw) == 0 and len(inputs.image_grid_thw) == 4
     with pytest.raises(ValueError, match=r"overview_visual='clip': must be one of \('images', 'video'\)"):
-        driver.DriverConfig(overview_visual="clip")
+        PromptFormat(overview_visual="clip")
 
 
 def test_driver_runs_a_charades_sample_on_the_tiny_model(video, tokenizer, tmp_path):
@@ -181,9 +184,10 @@ def test_driver_runs_a_charades_sample_on_the_tiny_model(video, tokenizer, tmp_p
     sample = EvalSample("charades", "0", video, "When does the blue circle appear?", "[3.0, 6.0]", False, "tvg",
                         span=(3.0, 6.0), key="charades.mp4>>>blue circle>>>[3.0, 6.0]")
     benchmark = LoadedBenchmark("charades", (sample,), (), ())
-    config = driver.DriverConfig(prompt_mode="agentic_minimal", overview_visual="video", video_frames=4,
-                                 video_max_pixels=4 * 96 * 128, max_turns=1, max_new_tokens=8,
-                                 grounding_answer_tokens=8, crop_max_pixels=96 * 128, batch_size=1)
+    prompt = dataclasses.replace(PromptFormat.reference_eval(), overview_visual="video", overview_video_frames=4,
+                                 overview_video_max_pixels=4 * 96 * 128)
+    config = driver.DriverConfig(prompt_mode="agentic_minimal", max_turns=1, max_new_tokens=8,
+                                 grounding_answer_tokens=8, crop_max_pixels=96 * 128, batch_size=1, prompt=prompt)
     sampler = Sampler(init_model(preset("tiny"), seed=0), SamplerConfig(min_chunk_bucket=64))
     summary = driver.run_dataset(sampler, tokenizer, benchmark, config, str(tmp_path), log=lambda _: None)
     (record,) = store.read_records([store.shard_path(str(tmp_path), "charades", 0, 1)]).values()
@@ -196,11 +200,13 @@ def test_charades_gets_the_video_item_by_default():
     from paravt_jax.configs import eval as eval_config
 
     c = eval_config.get_config("paravt_8b")
-    assert driver.benchmark_protocol(c, "charades") == {"prompt_mode": "agentic_minimal", "overview_visual": "video"}
-    assert driver.benchmark_protocol(c, "videomme") == {"prompt_mode": "agentic_general", "overview_visual": "images"}
+    charades, videomme = driver.driver_config(c, "charades"), driver.driver_config(c, "videomme")
+    assert (charades.prompt_mode, charades.prompt.overview_visual) == ("agentic_minimal", "video")
+    assert (videomme.prompt_mode, videomme.prompt.overview_visual) == ("agentic_general", "images")
     c.grounding_visual = "images"
-    built = driver.driver_config(c, **driver.benchmark_protocol(c, "charades"))
-    assert built.overview_visual == "images" and (built.video_frames, built.video_max_pixels) == (32, 25165824)
+    built = driver.driver_config(c, "charades")
+    assert built.prompt.overview_visual == "images"
+    assert (built.prompt.overview_video_frames, built.prompt.overview_video_max_pixels) == (32, 25165824)
 
 
 @pytest.mark.slow

@@ -167,7 +167,7 @@ def test_the_8b_recipe_sizes_frames_and_runs_sft_as_the_reference():
     assert (sft.optimizer.warmup_steps, sft.optimizer.total_steps) == (75, 1500)
 
     rl = rl_config(paragrpo.get_config("qwen3vl_8b"))
-    assert (rl.rollout.overview_sizing, rl.dispatch.sizing) == ("two_stage", "two_stage")
-    assert (rl.rollout.overview_max_pixels, rl.dispatch.max_pixels) == (50176, 50176)
+    assert (rl.rollout.prompt.overview_sizing, rl.dispatch.sizing) == ("two_stage", "two_stage")
+    assert (rl.rollout.prompt.overview_max_pixels, rl.dispatch.max_pixels) == (50176, 50176)
     tiny = rl_config(paragrpo.get_config("tiny"))
-    assert (tiny.rollout.overview_sizing, tiny.dispatch.sizing) == ("single", "single")
+    assert (tiny.rollout.prompt.overview_sizing, tiny.dispatch.sizing) == ("single", "single")

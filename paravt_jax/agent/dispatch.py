@@ -29,10 +29,10 @@ class DispatchConfig:
     max_frames: int = checked(16, integer(1))
     min_pixels: int = 784
     max_pixels: int = 50176
-    # single | two_stage: as RolloutConfig.overview_sizing, for crop frames
+    # single | two_stage: as PromptFormat.overview_sizing, for crop frames
     sizing: str = checked("single", one_of(SIZINGS))
     timeout_s: float = 60.0
-    max_parallel: int = checked(5, integer(1))  # calls executed per turn (the rest: see RolloutConfig.extra_calls)
+    max_parallel: int = checked(5, integer(1))  # calls executed per turn (the rest: see ToolProtocol.extra_calls)
     # error responses per turn (parse + not executed); the rest are counted in one
     max_error_responses: int = checked(10, integer(1))
     # strict: a call must name crop_video and give start and end (else an error response);

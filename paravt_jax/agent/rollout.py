@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from paravt_jax.agent.dispatch import CropDispatcher, CropResult, CropTask, DispatchConfig
+from paravt_jax.agent.protocol import THINK_PREFIX, PromptFormat, ToolProtocol
 from paravt_jax.agent.responses import frames_responses, images_first_messages, subagent_prompt, summary_text
 from paravt_jax.agent.tools import cap_errors, lenient_window, parse_tool_calls
 from paravt_jax.config import checked, integer, one_of, set_by, validate
@@ -24,14 +25,11 @@ from paravt_jax.sampling.sampler import PromptShape, SampleOutput, Sampler
 from paravt_jax.text import chat
 from paravt_jax.text.inputs import ModelInputs, encode, encode_ids
 from paravt_jax.text.tokenizer import Tokenizer
-from paravt_jax.video.frames import FACTOR, SIZINGS
+from paravt_jax.video.frames import FACTOR
 from paravt_jax.video.reader import Clip, VideoError, read_frames, read_video_item
 
 MODES = ("subagent", "frames", "sequential")
-FRAMES_RESPONSES = ("timestamped", "images_first")
-CALL_HANDLING = ("respond", "ignore")
 ANSWER_TAGS = ("<answer>", "</answer>")
-THINK_PREFIX = "<think>\n"  # the forced start of every assistant turn under think_prefix
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,67 +39,24 @@ class Episode:
     answer: str
     question_type: str
     video_path: str  # the episode's own video: the only file any crop may open
-    nframes: int = 64  # K overview frames (nFrames gating decides it); 0: sampled at overview_fps
+    nframes: int = 64  # K overview frames (nFrames gating decides it); 0: sampled at PromptFormat.overview_fps
     system_prompt: str = ""  # the data row's own system message ("" = none)
 
 
 @dataclasses.dataclass(frozen=True)
 class RolloutConfig:
+    """One episode: its mode, budgets and sampling, its prompt's layout (`prompt`) and its tool
+    protocol (`protocol`; agent/protocol.py, training() by default)."""
     mode: str = checked("subagent", one_of(MODES))
     max_turns: int = checked(3, integer(0))  # tool rounds
     max_new_tokens: int = checked(512, integer(1))  # per assistant turn
+    # the summary budget; a summary cut there ends in " [truncated]"
+    subagent_max_tokens: int = checked(512, integer(1))
     temperature: float = set_by(0.7, "rl.step.temperature: rollouts sample at the log-prob temperature")
     top_p: float = 1.0
     top_k: int = 0
-    think_prefix: bool = True
-    tools: bool = True  # False: no tool schema in the prompt, one turn
-    overview_min_pixels: int = 784
-    overview_max_pixels: int = checked(50176, integer(784))
-    # single: one resize of each overview frame to [overview_min_pixels, overview_max_pixels] at
-    # factor 32 (the evaluation driver's: the processor's budget); two_stage: the reference RL
-    # workflow's qwen-vl-utils resize (factor 28) then the Qwen3-VL processor's (factor 32, at
-    # least 65,536 pixels; video/frames.py `frame_sizes`)
-    overview_sizing: str = checked("single", one_of(SIZINGS))
-    # Episodes with nframes 0 sample the overview at this rate, at most overview_max_frames
-    # frames (the reference's overview when gating is off).
-    overview_fps: float = 1.0
-    overview_max_frames: int = checked(64, integer(1))
-    # "<t seconds>" text before each overview frame (the RL workflow); False: bare images
-    # (the evaluation driver).
-    overview_timestamps: bool = True
-    # How the overview is sent: "images" (image items; the above) or "video" (one Qwen3-VL video
-    # item of overview_video_frames frames whose total pixels lie in the video budget below;
-    # the reference's Charades-STA protocol).
-    overview_visual: str = checked("images", one_of(chat.VISUALS))
-    overview_video_frames: int = 32
-    overview_video_min_pixels: int = 4096
-    overview_video_max_pixels: int = 25165824
-    video_path_line: str = checked("newline", one_of(chat.VIDEO_PATH_LINES))  # chat.with_video_path
-    # the injected tool schema: flat (RL workflow) | object (eval, SFT data)
-    tool_layout: str = checked("flat", one_of(chat.TOOL_LAYOUTS))
-    # Frames-mode tool responses. timestamped: `<tool_response>\nN frames from S s to E s.\n`, the
-    # frames each after its `<t seconds>`, `\n</tool_response>`, errors as "Error: reason";
-    # images_first (the evaluation driver): the bare frames, then `<tool_response>\nN frames
-    # from S.Ss to E.Es.\n</tool_response>`, errors `[Error cropping S.Ss-E.Es]`.
-    frames_response: str = checked("timestamped", one_of(FRAMES_RESPONSES))
-    # malformed: respond = every malformed call block gets an error response, and a turn with
-    # malformed blocks only gets its responses and another turn; ignore = malformed blocks are
-    # skipped and a turn without a valid call ends the dialog (the evaluation driver, and the
-    # RL workflow's parser).
-    malformed: str = checked("respond", one_of(CALL_HANDLING))
-    # calls beyond max_parallel: respond (an error response) | ignore
-    extra_calls: str = checked("respond", one_of(CALL_HANDLING))
-    # the summary budget; a summary cut there ends in " [truncated]"
-    subagent_max_tokens: int = checked(512, integer(1))
-    # final_answer: the last of the max_turns tool rounds ends with its tool responses, then
-    # final_answer_instruction (a user message, if any) and one short turn of
-    # final_answer_tokens to answer (the evaluation protocol). Without it, calls made after
-    # the last round are left unanswered (training).
-    final_answer: bool = False
-    final_answer_tokens: int = 64
-    final_answer_prefix: str = ""
-    final_answer_instruction: str = ""
-    system_prompt: str | None = None  # replaces the default system message (tool envelope)
+    prompt: PromptFormat = PromptFormat.training()
+    protocol: ToolProtocol = ToolProtocol.training()
     seed: int = set_by(0, "the run's seed and the step index")
     # Index of this call's first row in the whole step's batch (multi-host: the rows of the
     # processes before this one). Random streams follow a row's place in the step's batch, not
@@ -276,21 +231,21 @@ class _Context:
 
 
 # ----------------------------------------------------------------------------- engine
-def prompt_inputs(episode: Episode, clip: Clip, tokenizer: Tokenizer, config: RolloutConfig) -> ModelInputs:
+def prompt_inputs(episode: Episode, clip: Clip, tokenizer: Tokenizer, prompt: PromptFormat) -> ModelInputs:
     """The episode's ParaVT prompt over its overview `clip`: system message (tool schema),
     the frames (timestamped or bare, or one video item), the question with the video-path
     line, and the generation prompt with the turn's forced prefix."""
-    tools = (chat.crop_video_tool(layout=config.tool_layout),) if config.tools else ()
-    if config.system_prompt is not None:
-        tools, system = (), config.system_prompt
+    tools = (chat.crop_video_tool(layout=prompt.tool_layout),) if prompt.tools else ()
+    if prompt.system_prompt is not None:
+        tools, system = (), prompt.system_prompt
     else:
         system = episode.system_prompt
-    video_name = os.path.basename(episode.video_path) if config.tools else None
-    stamped = config.overview_timestamps or config.overview_visual == "video"
+    video_name = os.path.basename(episode.video_path) if prompt.tools else None
+    stamped = prompt.overview_timestamps or prompt.overview_visual == "video"
     messages = chat.paravt_messages(episode.question, clip.frames, clip.timestamps if stamped else None,
                                     video_name=video_name, tools=tools, system_text=system,
-                                    video_path_line=config.video_path_line, visual=config.overview_visual)
-    return encode(chat.render(messages, add_generation_prompt=True, assistant_prefix=turn_prefix(config)),
+                                    video_path_line=prompt.video_path_line, visual=prompt.overview_visual)
+    return encode(chat.render(messages, add_generation_prompt=True, assistant_prefix=turn_prefix(prompt)),
                   tokenizer)
 
 
@@ -302,7 +257,7 @@ def response_chunk(bodies: Sequence, errors: Sequence[str], truncated: bool, pre
     executed call (`bodies`: sub-agent summaries, frames-mode bodies, or whole images_first
     messages) and per error, an optional user instruction, and the next generation prompt
     with its forced `prefix`."""
-    if config.mode != "subagent" and config.frames_response == "images_first":
+    if config.mode != "subagent" and config.protocol.frames_response == "images_first":
         messages = list(bodies) + chat.tool_response_messages(errors)
     else:
         messages = chat.tool_response_messages(list(bodies) + list(errors))
@@ -313,30 +268,30 @@ def response_chunk(bodies: Sequence, errors: Sequence[str], truncated: bool, pre
     return encode(segments, tokenizer, start_position=start_position)
 
 
-def overview_prompts(episodes: Sequence[Episode], tokenizer: Tokenizer, config: RolloutConfig,
+def overview_prompts(episodes: Sequence[Episode], tokenizer: Tokenizer, prompt: PromptFormat,
                      pool) -> tuple[list[ModelInputs | None], list[str | None], list[float], list[tuple]]:
     """Reads every episode's K overview frames concurrently and builds its ParaVT prompt.
     Returns the prompts, the read errors, the videos' durations and the overview frames'
     source timestamps (None / an error / 0 / () for an unreadable video)."""
     def build(ep: Episode):
-        pixels = dict(min_pixels=config.overview_min_pixels, max_pixels=config.overview_max_pixels,
-                      sizing=config.overview_sizing)
-        if config.overview_visual == "video":
-            clip = read_video_item(ep.video_path, config.overview_video_frames,
-                                   config.overview_video_min_pixels, config.overview_video_max_pixels)
+        pixels = dict(min_pixels=prompt.overview_min_pixels, max_pixels=prompt.overview_max_pixels,
+                      sizing=prompt.overview_sizing)
+        if prompt.overview_visual == "video":
+            clip = read_video_item(ep.video_path, prompt.overview_video_frames,
+                                   prompt.overview_video_min_pixels, prompt.overview_video_max_pixels)
         elif ep.nframes > 0:
             clip = read_frames(ep.video_path, nframes=ep.nframes, **pixels)
         else:
-            clip = read_frames(ep.video_path, fps=config.overview_fps, max_frames=config.overview_max_frames,
+            clip = read_frames(ep.video_path, fps=prompt.overview_fps, max_frames=prompt.overview_max_frames,
                                **pixels)
         times = tuple(round(float(t), 3) for t in clip.timestamps)
-        return prompt_inputs(ep, clip, tokenizer, config), clip.metadata.duration, times
+        return prompt_inputs(ep, clip, tokenizer, prompt), clip.metadata.duration, times
 
     prompts, errors, durations, timestamps = [], [], [], []
     for ep, future in [(ep, pool.submit(build, ep)) for ep in episodes]:
         try:
-            prompt, duration, times = future.result()
-            prompts.append(prompt)
+            inputs, duration, times = future.result()
+            prompts.append(inputs)
             errors.append(None)
             durations.append(duration)
             timestamps.append(times)
@@ -396,18 +351,18 @@ def response_tokens_bound(config: RolloutConfig, dispatch: DispatchConfig, max_p
 def episode_turns(config: RolloutConfig, dispatch: DispatchConfig, max_parallel: int) -> list[tuple[int, int]]:
     """(chunk tokens, new tokens) of each extend of one episode at its longest (the
     sampler's `reserve`)."""
-    if not config.tools:
+    if not config.prompt.tools:
         return []
     response = response_tokens_bound(config, dispatch, max_parallel)
     turns = [(response, config.max_new_tokens)] * config.max_turns
-    if config.final_answer and turns:
-        turns[-1] = (response, config.final_answer_tokens)
+    if config.protocol.final_answer and turns:
+        turns[-1] = (response, config.protocol.final_answer_tokens)
     return turns
 
 
-def turn_prefix(config: RolloutConfig) -> str:
+def turn_prefix(prompt: PromptFormat) -> str:
     """The forced start of every assistant turn (except the final-answer turn)."""
-    return THINK_PREFIX if config.think_prefix else ""
+    return THINK_PREFIX if prompt.think_prefix else ""
 
 
 def sampling_params(config: RolloutConfig, tokenizer: Tokenizer, max_new_tokens: int) -> SamplingParams:
@@ -436,15 +391,15 @@ def run_rollouts(sampler: Sampler, tokenizer: Tokenizer, episodes: Sequence[Epis
                                   shape=config.prompt_shape)
     for turn in range(config.max_turns + 1):
         _add_turn(rows, [b for b, row in enumerate(rows) if row.active], out, tokenizer)
-        if not config.tools:
+        if not config.prompt.tools:
             break
         asked = _parse_round(rows, out, context)
         if not asked or turn == config.max_turns:  # nothing asked, or no rounds left to answer it
             break
-        last_round = config.final_answer and turn == config.max_turns - 1
+        last_round = config.protocol.final_answer and turn == config.max_turns - 1
         answers = _answer_round(rows, asked, turn, context)
         chunks = _response_chunks(rows, asked, answers, state.chunk_start, last_round, context)
-        budget = config.final_answer_tokens if last_round else config.max_new_tokens
+        budget = config.protocol.final_answer_tokens if last_round else config.max_new_tokens
         out, state = sampler.extend(state, chunks, sampling=sampling.with_budget(budget),
                                     seed=config.seed + turn + 1, row_ids=row_ids)
         if last_round:  # the forced answer ends every row that was still asking
@@ -458,12 +413,12 @@ def _start_rows(episodes: Sequence[Episode], num_samples: int, context: _Context
     """The prompts of the readable episodes, their `num_samples` rows each (episode-major) and
     the read errors of the others."""
     config = context.config
-    prompts, errors, durations, overview_times = overview_prompts(episodes, context.tokenizer, config,
+    prompts, errors, durations, overview_times = overview_prompts(episodes, context.tokenizer, config.prompt,
                                                                   context.dispatcher)
     kept = [i for i, prompt in enumerate(prompts) if prompt is not None]
     rows = [_Row(episodes[i], g, prompts[i], [np.zeros(prompts[i].length, np.float32)], prompts[i].length,
                  stream=config.row_offset + i * num_samples + g, duration=durations[i],
-                 overview_times=overview_times[i], prefix=turn_prefix(config))
+                 overview_times=overview_times[i], prefix=turn_prefix(config.prompt))
             for i in kept for g in range(num_samples)]
     return [prompts[i] for i in kept], rows, [e for e in errors if e is not None]
 
@@ -495,10 +450,10 @@ def _row_calls(b: int, row: _Row, text: str, config: RolloutConfig, max_parallel
     and its errors (malformed blocks and calls beyond max_parallel, each unless ignored);
     None when there is nothing to respond to."""
     parsed = parse_tool_calls(text)
-    errors = list(parsed.errors) if config.malformed == "respond" else []
+    errors = list(parsed.errors) if config.protocol.malformed == "respond" else []
     if not parsed.calls and not errors:
         return None
-    if config.extra_calls == "respond":
+    if config.protocol.extra_calls == "respond":
         errors += [f"call {number} was not executed: at most {max_parallel} crop_video calls run per turn"
                    for number in range(max_parallel + 1, len(parsed.calls) + 1)]
     tasks = tuple(CropTask(b, k, row.episode.video_path, row.duration, call)
@@ -529,7 +484,8 @@ def _round_answers(results: list[CropResult], streams: Sequence[int], turn: int,
         texts, trajectories = _responses_subagent(results, context.sampler, context.tokenizer, config,
                                                   config.seed + 1000 * (turn + 1), stream_ids)
         return [_Answer(r, text, text, trajectory) for r, text, trajectory in zip(results, texts, trajectories)]
-    bodies = images_first_messages(results) if config.frames_response == "images_first" else frames_responses(results)
+    images_first = config.protocol.frames_response == "images_first"
+    bodies = images_first_messages(results) if images_first else frames_responses(results)
     return [_Answer(r, body, f"{len(r.clip.frames)} frames" if r.ok else f"Error: {r.error}")
             for r, body in zip(results, bodies)]
 
@@ -539,8 +495,8 @@ def _response_chunks(rows: list[_Row], asked: list[_RowCalls], answers: list[lis
     """Each asking row's next chunk (`response_chunk`: its answers, its capped error responses,
     the final-answer instruction after the last round) appended to it; None for the others."""
     config = context.config
-    prefix = config.final_answer_prefix if last_round else turn_prefix(config)
-    instruction = config.final_answer_instruction if last_round else ""
+    prefix = config.protocol.final_answer_prefix if last_round else turn_prefix(config.prompt)
+    instruction = config.protocol.final_answer_instruction if last_round else ""
     chunks: list[ModelInputs | None] = [None] * len(rows)
     for calls, row_answers in zip(asked, answers):
         row = rows[calls.row]

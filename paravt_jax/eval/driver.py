@@ -50,20 +50,18 @@ from paravt_jax.text.tokenizer import Tokenizer
 
 # ----------------------------------------------------------------------------- one batch
 def rollout_config(config: DriverConfig, question_type: str) -> RolloutConfig:
+    """The episode of one question type: the driver's prompt format and tool protocol with what
+    its prompt mode and the question type decide (system text, tool, final-answer turn),
+    greedy, in frames mode (sequential: one call per round)."""
     texts = prompts.load_prompt_texts(config.prompt_file)
     mode = prompts.prompt_mode(config.prompt_mode, texts)
     answer_tokens = config.grounding_answer_tokens if question_type == "tvg" else config.mcq_answer_tokens
     return RolloutConfig(
         mode="sequential" if config.dispatch == "sequential" else "frames",
-        max_turns=config.max_turns if mode.tools else 0, max_new_tokens=config.max_new_tokens,
-        temperature=0.0, think_prefix=config.think_prefix, tools=mode.tools,
-        overview_min_pixels=config.overview_min_pixels, overview_max_pixels=config.overview_max_pixels,
-        overview_timestamps=config.overview_timestamps, video_path_line=config.video_path_line,
-        overview_visual=config.overview_visual, overview_video_frames=config.video_frames,
-        overview_video_min_pixels=config.video_min_pixels, overview_video_max_pixels=config.video_max_pixels,
-        frames_response=config.frames_response, malformed=config.malformed, extra_calls=config.extra_calls,
-        final_answer=mode.tools, final_answer_tokens=answer_tokens,
-        final_answer_instruction=prompts.final_instruction(question_type, texts), system_prompt=mode.system)
+        max_turns=config.max_turns if mode.tools else 0, max_new_tokens=config.max_new_tokens, temperature=0.0,
+        prompt=dataclasses.replace(config.prompt, tools=mode.tools, system_prompt=mode.system),
+        protocol=dataclasses.replace(config.protocol, final_answer=mode.tools, final_answer_tokens=answer_tokens,
+                                     final_answer_instruction=prompts.final_instruction(question_type, texts)))
 
 
 def turn_texts(rollout: Rollout, tokenizer) -> list[str]:
@@ -276,19 +274,25 @@ def comparison_table(results: dict[str, dict[str, dict]]) -> str:
 
 
 # ----------------------------------------------------------------------------- command
-def driver_config(c, **override) -> DriverConfig:
+def driver_config(c, benchmark: str | None = None, **override) -> DriverConfig:
     """The `driver` section as a DriverConfig (a key that is not a field, or a bad value, is a
-    ConfigValueError naming it), with `override`'s values (a benchmark's protocol, one
-    dispatch of --compare)."""
-    return dataclasses.replace(build(DriverConfig, c.driver, "driver"), **override)
+    ConfigValueError naming it), with `override`'s values (one dispatch of --compare) and
+    the protocol of `benchmark` (`benchmark_protocol`), if named."""
+    config = dataclasses.replace(build(DriverConfig, c.driver, "driver"), **override)
+    return config if benchmark is None else benchmark_protocol(config, c, benchmark)
 
 
-def benchmark_protocol(c, name: str) -> dict:
-    """DriverConfig overrides of one benchmark: Charades-STA has its own prompt mode and overview
-    (`grounding_prompt_mode`, `grounding_visual`); the others use `driver.prompt_mode` and images."""
-    if name == "charades":
-        return dict(prompt_mode=c.grounding_prompt_mode, overview_visual=c.grounding_visual)
-    return dict(prompt_mode=c.driver.prompt_mode, overview_visual="images")
+def benchmark_prompt_mode(c, name: str) -> str:
+    """Charades-STA has its own prompt mode (`grounding_prompt_mode`); the others use `driver.prompt_mode`."""
+    return c.grounding_prompt_mode if name == "charades" else c.driver.prompt_mode
+
+
+def benchmark_protocol(config: DriverConfig, c, name: str) -> DriverConfig:
+    """`config` for one benchmark: its prompt mode (`benchmark_prompt_mode`) and overview visual
+    (Charades-STA: `grounding_visual`; the others: images)."""
+    visual = c.grounding_visual if name == "charades" else "images"
+    return dataclasses.replace(config, prompt_mode=benchmark_prompt_mode(c, name),
+                               prompt=dataclasses.replace(config.prompt, overview_visual=visual))
 
 
 def dataset_names(c) -> list[str]:
@@ -333,14 +337,14 @@ def evaluate_command(config, output_dir: str, *, shard_id: int = 0, num_shards: 
     directory holding another model's or other settings' records (store.ForeignRecords; `overwrite`
     drops them instead)."""
     assets = builtin_assets(config)
-    benchmarks = load_benchmarks(config, lambda name: benchmark_protocol(config, name)["prompt_mode"],
+    benchmarks = load_benchmarks(config, lambda name: benchmark_prompt_mode(config, name),
                                  limit or config.limit, assets.data_dir)
     for benchmark in benchmarks:
         check_missing_videos(benchmark, config.max_missing_videos)
     identity = provenance.model_identity(config, assets.model_dir)
     for benchmark in benchmarks:  # every directory checked before the model is loaded
         for dispatch in DISPATCH if compare else (config.driver.dispatch,):
-            driver = driver_config(config, **benchmark_protocol(config, benchmark.name), dispatch=dispatch)
+            driver = driver_config(config, benchmark.name, dispatch=dispatch)
             directory = storage.join(output_dir, dispatch) if compare else output_dir
             storage.makedirs(directory)
             store.claim_output(directory, benchmark.name, provenance.producer(identity, driver), overwrite,
@@ -359,13 +363,13 @@ def evaluate_command(config, output_dir: str, *, shard_id: int = 0, num_shards: 
             for batch in batches(list(enumerate(benchmark.samples)), config.driver.batch_size):
                 warm.setdefault(batch[0][1].question_type, batch)
             for dispatch in arms:
-                driver = driver_config(config, **benchmark_protocol(config, benchmark.name), dispatch=dispatch)
+                driver = driver_config(config, benchmark.name, dispatch=dispatch)
                 with crop_dispatcher(driver) as dispatcher:
                     for batch in warm.values():
                         evaluate_batch(sampler, tokenizer, batch, driver, dispatcher)
         for dispatch in arms:
             directory = storage.join(output_dir, dispatch) if compare else output_dir
-            driver = driver_config(config, **benchmark_protocol(config, benchmark.name), dispatch=dispatch)
+            driver = driver_config(config, benchmark.name, dispatch=dispatch)
             summary = run_dataset(sampler, tokenizer, benchmark, driver, directory, shard_id=shard_id,
                                   num_shards=num_shards, identity=identity)
             store.write_summary_all(directory, {benchmark.name: summary})

@@ -8,7 +8,6 @@ mixes two checkpoints, prompt modes, frame counts or protocols.
 """
 from __future__ import annotations
 
-import dataclasses
 import glob
 import hashlib
 import json
@@ -18,8 +17,6 @@ from typing import Any
 
 # Files of an HF checkpoint directory whose bytes decide the model's outputs.
 WEIGHT_PATTERNS = ("*.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json")
-# DriverConfig fields that change how the samples are batched, not what each one produces.
-NOT_PRODUCING = ("batch_size",)
 UNKEYED = "unknown (written before records named their producer)"
 
 
@@ -51,8 +48,7 @@ def model_identity(config, default_dir: str | None) -> dict[str, Any]:
 
 def producer(identity: Mapping[str, Any], driver_config) -> dict[str, Any]:
     """What keys a record: the model's identity (model_identity) and the evaluation settings."""
-    settings = {k: v for k, v in dataclasses.asdict(driver_config).items() if k not in NOT_PRODUCING}
-    return {**{k: dict(v) for k, v in identity.items()}, "settings": settings}
+    return {**{k: dict(v) for k, v in identity.items()}, "settings": driver_config.record_settings()}
 
 
 def producer_id(key: Mapping[str, Any]) -> str:

@@ -1,21 +1,53 @@
 """The benchmark driver's settings: `DriverConfig`, the `driver` section of configs/eval.py.
 
-Every field checks its own values (paravt_jax.config.checked), so a bad value is refused with
-its dotted name (`driver.max_parallel=0: must be an integer >= 1`) when the section is built,
-before any benchmark or model is loaded. The settings also key the driver's records
-(eval/provenance.py: every field but batch_size).
+The episode's prompt layout and tool protocol are the rollout's own dataclasses
+(agent/protocol.py) at their `reference_eval()` presets: `driver.prompt.*` and
+`driver.protocol.*` override them; what the driver decides itself per benchmark, prompt mode
+and question type (the system text, the overview visual, the final-answer budget and
+instruction) is left out of those subsections. Every field checks its own values
+(paravt_jax.config.checked), so a bad value is refused with its dotted name
+(`driver.max_parallel=0: must be an integer >= 1`, `driver.prompt.video_path_line='x': ...`)
+when the section is built, before any benchmark or model is loaded. The settings also key the
+driver's records (`DriverConfig.record_settings`, eval/provenance.py).
 """
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from paravt_jax.agent.dispatch import ARGUMENTS as CROP_ARGUMENTS
-from paravt_jax.agent.rollout import CALL_HANDLING, FRAMES_RESPONSES
-from paravt_jax.config import checked, integer, one_of, set_by, validate
+from paravt_jax.agent.protocol import PromptFormat, ToolProtocol
+from paravt_jax.config import checked, integer, one_of, subsection, validate
 from paravt_jax.eval.prompts import MODES as PROMPT_MODES
-from paravt_jax.text.chat import VIDEO_PATH_LINES, VISUALS
 
 DISPATCH = ("parallel", "sequential")
+
+# What the driver sets in its prompt format and tool protocol (field -> what decides it).
+PROMPT_SET_BY = {
+    "tools": "prompt_mode: the agentic modes offer the tool",
+    "system_prompt": "prompt_mode and prompt_file: the mode's system text",
+    "tool_layout": "prompt_mode: its system text holds the tool schema",
+    "overview_visual": "the benchmark: grounding_visual for charades, images for the others",
+    "overview_fps": "unused: every sample's overview has driver.nframes frames",
+    "overview_max_frames": "unused: every sample's overview has driver.nframes frames",
+}
+PROTOCOL_SET_BY = {
+    "final_answer": "prompt_mode: the agentic modes end in a forced answer",
+    "final_answer_tokens": "mcq_answer_tokens or grounding_answer_tokens, by question type",
+    "final_answer_instruction": "the question type's final instruction (prompt_file)",
+}
+# DriverConfig fields that change how the samples are batched, not what each one produces.
+NOT_PRODUCING = ("batch_size",)
+# The names the records' settings give the fields of driver.prompt and driver.protocol: the
+# flat config's (before those subsections), so the records written then keep their producer.
+RECORD_NAMES = {
+    "prompt.think_prefix": "think_prefix", "prompt.overview_min_pixels": "overview_min_pixels",
+    "prompt.overview_max_pixels": "overview_max_pixels", "prompt.overview_visual": "overview_visual",
+    "prompt.overview_video_frames": "video_frames", "prompt.overview_video_min_pixels": "video_min_pixels",
+    "prompt.overview_video_max_pixels": "video_max_pixels", "prompt.overview_timestamps": "overview_timestamps",
+    "prompt.video_path_line": "video_path_line", "protocol.frames_response": "frames_response",
+    "protocol.malformed": "malformed", "protocol.extra_calls": "extra_calls",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,35 +62,36 @@ class DriverConfig:
     batch_size: int = checked(8, integer(1))  # samples per sampler call
     # parallel | sequential (one call per round: the baseline)
     dispatch: str = checked("parallel", one_of(DISPATCH))
-    # Frame budgets. The reference's overview frames get the video defaults of qwen-vl-utils
-    # (128..768 tokens of 28 x 28 pixels for up to 300 frames) and its crops 784..50176 pixels,
-    # both then re-sized by the server's image processor (at least 65536 pixels, sides multiples
-    # of 32): these defaults are that result in one resize (docs/eval.md).
-    overview_min_pixels: int = checked(100352, integer(1))
-    overview_max_pixels: int = checked(602112, integer(784))  # as RolloutConfig.overview_max_pixels
+    # Crop frame budgets: the reference's crops get 784..50176 pixels from qwen-vl-utils, then
+    # the server's image processor's (at least 65536 pixels, sides multiples of 32); these
+    # defaults are that result in one resize (docs/eval.md).
     crop_min_pixels: int = checked(65536, integer(1))
     crop_max_pixels: int = checked(81920, integer(1))
-    think_prefix: bool = False  # the reference evaluates without a forced <think>
-    # How the overview is sent: images (K image items) | video (one Qwen3-VL video item of
-    # video_frames frames whose total T*H*W lies in [video_min_pixels, video_max_pixels]: what a
-    # serving engine makes of the video file the reference sends for Charades-STA, decoded
-    # with its default 32 frames and resized by the checkpoint's video processor budget).
-    overview_visual: str = set_by("images", "the benchmark: grounding_visual for charades, images for the others",
-                                  one_of(VISUALS))
-    video_frames: int = checked(32, integer(1))
-    video_min_pixels: int = checked(4096, integer(1))
-    video_max_pixels: int = checked(25165824, integer(1))
-    # The reference driver's protocol (docs/eval.md); the alternatives are this project's.
-    overview_timestamps: bool = False  # True: "<t seconds>" before every overview frame
-    video_path_line: str = checked("space_if_absent", one_of(VIDEO_PATH_LINES))
-    frames_response: str = checked("images_first", one_of(FRAMES_RESPONSES))
-    # ignore (a turn without a valid call is the answer) | respond
-    malformed: str = checked("ignore", one_of(CALL_HANDLING))
-    # calls beyond max_parallel: ignore | respond (error responses)
-    extra_calls: str = checked("ignore", one_of(CALL_HANDLING))
     # lenient (end defaults to start + 10 s) | strict
     crop_arguments: str = checked("lenient", one_of(CROP_ARGUMENTS))
     prompt_file: str = ""  # JSON file of exact prompt texts (prompts.PromptTexts), "" = ours
+    # The prompt layout (overview frame budget and visual, timestamps, video-path line, think
+    # prefix) and the tool protocol (tool-response layout, malformed blocks, extra calls): the
+    # reference driver's (docs/eval.md); the alternatives are this project's.
+    prompt: PromptFormat = subsection(PromptFormat.reference_eval(), PROMPT_SET_BY)
+    protocol: ToolProtocol = subsection(ToolProtocol.reference_eval(), PROTOCOL_SET_BY)
 
     def __post_init__(self):
         validate(self)
+
+    def record_settings(self) -> dict[str, Any]:
+        """The settings that key the driver's records: every field but NOT_PRODUCING; the
+        prompt's and protocol's fields in RECORD_NAMES under those names, the others that
+        the config sets (not the driver) under their dotted names when off their defaults
+        (a knob added later keys records only where it is used)."""
+        settings = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                    if f.name not in NOT_PRODUCING and f.name not in ("prompt", "protocol")}
+        default = DriverConfig()
+        for part, set_by in (("prompt", PROMPT_SET_BY), ("protocol", PROTOCOL_SET_BY)):
+            for field in dataclasses.fields(getattr(self, part)):
+                name, value = f"{part}.{field.name}", getattr(getattr(self, part), field.name)
+                if name in RECORD_NAMES:
+                    settings[RECORD_NAMES[name]] = value
+                elif field.name not in set_by and value != getattr(getattr(default, part), field.name):
+                    settings[name] = value
+        return settings

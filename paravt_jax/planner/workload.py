@@ -137,29 +137,31 @@ def episode_tokens(rl, tokenizer, assumptions: Assumptions = Assumptions()) -> E
     whole budget. The question text is empty here; `question_tokens` is added to the prompt."""
     from paravt_jax.agent.dispatch import CropResult, CropTask
     from paravt_jax.agent.responses import frames_responses, images_first_messages, subagent_prompt, summary_text
-    from paravt_jax.agent.rollout import THINK_PREFIX, Episode, prompt_inputs, response_chunk
+    from paravt_jax.agent.rollout import Episode, prompt_inputs, response_chunk, turn_prefix
     from paravt_jax.agent.tools import TOOL_NAME, CropRequest, ToolCall
 
     r, d = rl.rollout, rl.dispatch
-    if r.overview_visual != "images":
-        raise PlanError(f"rl.rollout.overview_visual={r.overview_visual!r}: the planner sizes image overviews only")
+    p, protocol = r.prompt, r.protocol
+    if p.overview_visual != "images":
+        raise PlanError(f"rl.rollout.prompt.overview_visual={p.overview_visual!r}: the planner sizes image overviews "
+                        "only")
     a = assumptions
     meta = VideoMetadata(a.video_name, a.source_fps, max(1, round(a.video_seconds * a.source_fps)), *a.source_frame)
-    pixels = dict(min_pixels=r.overview_min_pixels, max_pixels=r.overview_max_pixels, sizing=r.overview_sizing)
+    pixels = dict(min_pixels=p.overview_min_pixels, max_pixels=p.overview_max_pixels, sizing=p.overview_sizing)
     frames = max(rl.nframes_choices) if rl.nframes_gating else rl.default_nframes
     if frames > 0:
         overview = blank_clip(meta, nframes=frames, **pixels)
     else:
-        overview = blank_clip(meta, fps=r.overview_fps, max_frames=r.overview_max_frames, **pixels)
+        overview = blank_clip(meta, fps=p.overview_fps, max_frames=p.overview_max_frames, **pixels)
     episode = Episode("plan", "", "", "", a.video_name, nframes=frames)
-    prompt = prompt_inputs(episode, overview, tokenizer, r)
+    prompt = prompt_inputs(episode, overview, tokenizer, p)
     # One crop window of max_frames frames at the dispatcher's rate, at the video's end (the
     # longest timestamps).
     span = (d.max_frames + 1) / d.fps
     start, end = max(0.0, meta.duration - span - 1.0), meta.duration - 1.0
     crop = blank_clip(meta, fps=d.fps, start=start, end=end, min_frames=d.min_frames, max_frames=d.max_frames,
                       min_pixels=d.min_pixels, max_pixels=d.max_pixels, sizing=d.sizing)
-    calls = (1 if r.mode == "sequential" else d.max_parallel) if r.tools else 0
+    calls = (1 if r.mode == "sequential" else d.max_parallel) if p.tools else 0
     call = ToolCall(TOOL_NAME, {"video_path": a.video_name, "start_time": start, "end_time": end})
     results = [CropResult(CropTask(0, k, a.video_name, meta.duration, call), CropRequest(start, end), crop,
                           None, 0.0, 0.0) for k in range(calls)]
@@ -168,14 +170,13 @@ def episode_tokens(rl, tokenizer, assumptions: Assumptions = Assumptions()) -> E
         summary_tokens = r.subagent_max_tokens  # counted as generated; the text adds its marker
         bodies = [summary_text([], False, tokenizer)] * calls
         sub_prompt = subagent_prompt(crop, start, end, tokenizer) if calls else None
-    elif r.frames_response == "images_first":
+    elif protocol.frames_response == "images_first":
         bodies = images_first_messages(results)
     else:
         bodies = frames_responses(results)
-    think = THINK_PREFIX if r.think_prefix else ""
-    response = response_chunk(bodies, [], True, think, "", r, tokenizer, prompt.next_position)
-    final = (response_chunk(bodies, [], True, r.final_answer_prefix, r.final_answer_instruction, r, tokenizer,
-                            prompt.next_position) if r.final_answer else None)
+    response = response_chunk(bodies, [], True, turn_prefix(p), "", r, tokenizer, prompt.next_position)
+    final = (response_chunk(bodies, [], True, protocol.final_answer_prefix, protocol.final_answer_instruction, r,
+                            tokenizer, prompt.next_position) if protocol.final_answer else None)
     return EpisodeTokens(overview, crop, prompt, response, final, sub_prompt, summary_tokens, a.question_tokens)
 
 
@@ -199,18 +200,18 @@ def workload(rl, vision, tokenizer, assumptions: Assumptions = Assumptions(), ba
     crop_size = tuple(int(x) for x in tokens.crop.frames.shape[1:3])
     frame_tokens = (frame_size[0] // PATCH) * (frame_size[1] // PATCH) // merge_unit
     crop_tokens = (crop_size[0] // PATCH) * (crop_size[1] // PATCH) // merge_unit
-    calls = (1 if r.mode == "sequential" else rl.dispatch.max_parallel) if r.tools else 0
+    calls = (1 if r.mode == "sequential" else rl.dispatch.max_parallel) if r.prompt.tools else 0
 
     prompt = tokens.prompt_tokens
     response = tokens.response_tokens(calls) if calls else 0
     rounds = r.max_turns if calls else 0
-    final = calls and r.final_answer and rounds
+    final = calls and r.protocol.final_answer and rounds
     # rounds with tool responses and a full decode turn each; the final-answer round ends with
     # the last responses and a short turn instead
     full_rounds = rounds - 1 if final else rounds
     sequence = prompt + (full_rounds + 1) * r.max_new_tokens + full_rounds * response
     if final:
-        sequence += tokens.response_tokens(calls, final=True) + r.final_answer_tokens
+        sequence += tokens.response_tokens(calls, final=True) + r.protocol.final_answer_tokens
 
     # The rollout cache, grown exactly as Sampler.generate / Sampler.extend grow it.
     M = r.max_new_tokens
@@ -220,7 +221,7 @@ def workload(rl, vision, tokenizer, assumptions: Assumptions = Assumptions(), ba
     capacity, previous = capacity_after(prefill_capacity, prefill_width, M, sampler.cache_multiple)
     write = prefill_width + M - 1
     extend_width = bucket(1 + response, sampler.min_chunk_bucket) if calls else 0  # + the pending token
-    turns = [M] * full_rounds + ([r.final_answer_tokens] if final else [])
+    turns = [M] * full_rounds + ([r.protocol.final_answer_tokens] if final else [])
     for budget in turns:
         capacity, grew_from = capacity_after(capacity, write + extend_width, budget, sampler.cache_multiple)
         previous = grew_from or previous

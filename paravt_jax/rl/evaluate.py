@@ -56,9 +56,10 @@ def episode_config(rollout: RolloutConfig, *, tools: bool, max_new_tokens: int |
     rollout's) are the evaluation's own budget."""
     max_turns = rollout.max_turns if max_turns is None else max_turns
     return dataclasses.replace(
-        rollout, temperature=0.0, tools=tools, max_turns=max_turns if tools else 0,
+        rollout, temperature=0.0, max_turns=max_turns if tools else 0,
         max_new_tokens=rollout.max_new_tokens if max_new_tokens is None else max_new_tokens,
-        mode=rollout.mode if mode is None else mode, final_answer=tools, final_answer_tokens=FINAL_ANSWER_TOKENS)
+        mode=rollout.mode if mode is None else mode, prompt=dataclasses.replace(rollout.prompt, tools=tools),
+        protocol=dataclasses.replace(rollout.protocol, final_answer=tools, final_answer_tokens=FINAL_ANSWER_TOKENS))
 
 
 def evaluate_episodes(model, tokenizer, rows, *, nframes: int, tools: bool, rollout: RolloutConfig | None = None,

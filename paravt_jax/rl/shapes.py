@@ -90,8 +90,8 @@ def resolve(shapes: ShapeConfig, rollout: RolloutConfig, dispatch: DispatchConfi
     if shapes.policy == "per_call":
         return PER_CALL
     k = shapes.prompt_frames or largest_k
-    per_frame = frame_tokens(rollout.overview_max_pixels) + (FRAME_TEXT_TOKENS if rollout.overview_timestamps
-                                                             else 0)
+    prompt = rollout.prompt
+    per_frame = frame_tokens(prompt.overview_max_pixels) + (FRAME_TEXT_TOKENS if prompt.overview_timestamps else 0)
     prompt_width = shapes.prompt_width or bucket(k * per_frame + PROMPT_TEXT_TOKENS, chunk_bucket)
     crop_frames = dispatch.max_frames
     subagent_width = shapes.subagent_width or bucket(crop_frames * frame_tokens(dispatch.max_pixels)

@@ -44,8 +44,8 @@ class RLConfig:
     max_tokens_per_micro_batch: int = checked(0, integer(0))
     seed: int = set_by(0, "seed (the top of the config)")
     nframes_gating: bool = True
-    # K with gating off; 0 = the overview sampled at rollout.overview_fps, at most
-    # rollout.overview_max_frames frames (the reference recipe: 1 fps, 64 frames)
+    # K with gating off; 0 = the overview sampled at rollout.prompt.overview_fps, at most
+    # rollout.prompt.overview_max_frames frames (the reference recipe: 1 fps, 64 frames)
     default_nframes: int = checked(0, integer(0))
     nframes_choices: tuple[int, ...] = checked(gating.NFRAMES_CHOICES, integers(1))
     rollout: RolloutConfig = RolloutConfig()
@@ -122,7 +122,7 @@ def largest_nframes(config: RLConfig) -> int:
     """The most overview frames one of the run's prompts gets."""
     if config.nframes_gating:
         return max(config.nframes_choices)
-    return config.default_nframes or config.rollout.overview_max_frames
+    return config.default_nframes or config.rollout.prompt.overview_max_frames
 
 
 def step_shapes(config: RLConfig, prompts: int) -> StepShapes:
