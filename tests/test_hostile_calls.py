@@ -136,7 +136,9 @@ def test_a_rollout_survives_every_hostile_turn(mode, video):
     scripts = [[text, "<answer>done</answer>"] for text in texts]
     sampler = ScriptedSampler(tokenizer, scripts)
     episode = Episode("e0", "What colour?", "red", "oe", video, nframes=2)
-    config = RolloutConfig(mode=mode, max_turns=1, prompt=PromptFormat(overview_max_pixels=64 * 96))
+    # a budget the 2,000-call flood fits in (the scripted sampler cuts a turn at its budget)
+    config = RolloutConfig(mode=mode, max_turns=1, max_new_tokens=200_000,
+                           prompt=PromptFormat(overview_max_pixels=64 * 96))
     with CropDispatcher(DispatchConfig(max_workers=2, max_frames=2, max_pixels=64 * 96)) as dispatcher:
         rollouts, skipped = run_rollouts(sampler, tokenizer, [episode], len(texts), config, dispatcher)
     assert skipped == [] and len(rollouts) == len(texts)

@@ -149,13 +149,20 @@ def test_rollout_reserve_never_grows_the_cache():
         assert state.suffix.capacity == slots
 
 
-@pytest.mark.integration  # compiles
-def test_sampler_working_sets_come_from_xla(tokenizer):
-    """xla mode: the sampler's working set is XLA's analysis of the real prefill/decode/vision
-    programs (one per call, the largest counted); the per-call row groups follow the token budget."""
+@pytest.fixture(scope="module")
+def xla_plan(tokenizer):
+    """The tiny recipe's plan from XLA's analysis of its compiled programs on 8 devices (the
+    prefill token budget small enough to split the tool-response prefill into row groups)."""
     config = small_config()
     config.rl.sampler.prefill_tokens = 64
-    result = plan_of(config, MESH8, 16, "xla", tokenizer)
+    return config, plan_of(config, MESH8, 16, "xla", tokenizer)
+
+
+@pytest.mark.integration  # compiles
+def test_sampler_working_sets_come_from_xla(xla_plan):
+    """xla mode: the sampler's working set is XLA's analysis of the real prefill/decode/vision
+    programs (one per call, the largest counted); the per-call row groups follow the token budget."""
+    config, result = xla_plan
     row = next(c for c in result.sampler.components if c.name.startswith("prefill/decode working set (xla:cpu"))
     assert row.per_device_bytes > 0 and not row.estimate
     note = next(n for n in result.notes if n.startswith("sampler working sets"))
@@ -196,28 +203,21 @@ def test_fit_verdicts(tokenizer):
     assert tight.trainer.verdict() == f"does NOT fit (needs {needs:.2f} GiB, has 0.01)"
 
 
-@pytest.mark.integration  # compiles
-def test_xla_activations_agree_with_the_estimate(tokenizer):
-    config = small_config()
-    sizes = dict(data=1, fsdp=2, tensor=1)
-    xla = plan_of(config, sizes, 16, "xla", tokenizer)
-    estimate = plan_of(config, sizes, 16, "estimate", tokenizer)
+@pytest.mark.integration  # compiles (the xla plan shared with the sampler test)
+def test_xla_activations_agree_with_the_estimate(xla_plan, tokenizer):
+    config, xla = xla_plan
+    estimate = plan_of(config, MESH8, 16, "estimate", tokenizer)
     measured = leaf_bytes(xla, "activations (xla:cpu").per_device_bytes
     guessed = leaf_bytes(estimate, "activations (ESTIMATE").per_device_bytes
     assert xla.activations == "xla" and measured > 0
     assert 0.5 < guessed / measured < 2.0
 
 
-@pytest.mark.integration  # compiles
-def test_xla_on_more_devices_than_the_process_has_compiles_in_a_child(tokenizer):
-    """16 devices from a process with 8: a child process with 16 fake CPU devices compiles the
-    same programs; a failing child's traceback comes back in the error."""
-    config = small_config()
-    config.rl.samples_per_prompt = 8  # 16 rows: one per device on 16, two on 8
-    child = plan_of(config, dict(data=1, fsdp=16, tensor=1), 16, "xla", tokenizer)
-    assert any("16 fake CPU devices (child process)" in n for n in child.notes)
-    assert leaf_bytes(child, "activations (xla:cpu").per_device_bytes > 0
-    rl = W.rl_settings(config)[0]
+def test_a_failing_child_compile_returns_its_traceback(tokenizer):
+    """More devices than the process has: the programs compile in a child process with that many
+    fake CPU devices (test_plan_exits_0_and_prints_only_notes_after_the_table runs one that
+    succeeds); a failing child's traceback comes back in the error."""
+    rl = W.rl_settings(small_config())[0]
     bad = W.workload(rl, preset("tiny").vision, tokenizer)
     with pytest.raises(P.PlanError, match=r"failed with exit status 1:\n(?s:.*)AttributeError: 'NoneType' object"):
         P.on_fake_devices(P.compile_programs, (preset("tiny"), None, bad, None, dict(data=1, fsdp=16, tensor=1),

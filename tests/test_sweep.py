@@ -11,7 +11,7 @@ import statistics
 import subprocess
 import sys
 import time
-from contextlib import redirect_stdout
+from contextlib import redirect_stderr, redirect_stdout
 
 import pytest
 
@@ -30,12 +30,13 @@ TWO_ARMS = "^(vanilla|paragrpo),"  # two arms of the tiny grid (one seed in tiny
 
 
 def sweep_main(*args):
+    """(statuses, the command's output then its log lines) of an in-process sweep."""
     from paravt_jax.cli import sweep
 
-    out = io.StringIO()
-    with redirect_stdout(out):
+    out, log = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(log):
         result = sweep.main(["paravt-jax", *args])
-    return result, out.getvalue()
+    return result, out.getvalue() + log.getvalue()
 
 
 @pytest.fixture(scope="module")
