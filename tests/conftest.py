@@ -4,6 +4,13 @@ import os
 os.environ.setdefault("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
     os.environ["XLA_FLAGS"] += " --xla_force_host_platform_device_count=8"
+# The tests' programs are tiny and each compiles once or twice: compiling dominates the suite,
+# and XLA:CPU compiles about 25% faster without LLVM's optimisation passes (fast-math stays
+# off; results can differ from optimised code in the last bits, which no test depends on). The
+# benches drop the flag (tests/test_bench.py): they measure the code generation users run.
+FAST_COMPILE = "--xla_backend_optimization_level=0"
+if "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
+    os.environ["XLA_FLAGS"] += " " + FAST_COMPILE
 os.environ["JAX_PLATFORMS"] = os.environ.get("JAX_PLATFORMS", "cpu")
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -16,7 +23,6 @@ import tempfile  # noqa: E402
 
 import pytest  # noqa: E402
 
-FAST_COMPILE = "--xla_backend_optimization_level=0"
 CACHE_ENV = "PARAVT_JAX_CACHE_DIR"  # paravt_jax.compile_cache.ENV_VAR (not imported: jax stays unloaded here)
 
 
@@ -32,16 +38,6 @@ def pytest_configure(config):
     from paravt_jax import compile_cache
 
     compile_cache.enable()  # the tests' own compiles too (programs of >= 1 s)
-    import jax
-
-    jax.devices()  # this process's backend: XLA_FLAGS as set above (XLA reads them once)
-    if "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
-        # Only the commands the tests start (end-to-end runs, sweeps, the planner's children,
-        # notebooks) inherit this: their tiny programs compile about 25% faster without LLVM's
-        # optimisation passes, and what they check is behaviour, not the last bits of a float.
-        # The tests' own numerics (parity, equalities of two programs) keep the optimised code
-        # generation users run, and so do the benches (tests/test_bench.py drops the flag).
-        os.environ["XLA_FLAGS"] += " " + FAST_COMPILE
 
 
 def pytest_unconfigure(config):

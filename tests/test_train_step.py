@@ -259,8 +259,12 @@ def test_proximal_logprobs_from_the_gradient_pass_equal_a_separate_pass(sequence
     for key in ("loss", "grad_norm", "importance_ratio", "behaviour_weight", "clip_frac"):
         np.testing.assert_allclose(float(metrics_b[key]), float(metrics_a[key]), rtol=1e-5, atol=1e-6, err_msg=key)
     assert float(metrics_a["behaviour_weight"]) < 0.9  # the behaviour term is exercised
+    # Adam's first update divides each gradient element by its own size, so a last-bit difference
+    # in a near-zero element moves that weight by a visible part of a step (2.9e-6 seen with
+    # XLA:CPU's unoptimised code generation): the loss and clip metrics above carry the
+    # comparison, the weights are compared at 1e-5.
     for a, b in zip(params_a, params_b):
-        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-5)
 
 
 def test_proximal_logprobs_mode_is_checked():
