@@ -34,6 +34,7 @@ EXTRAS = {
         *TPU,
         "pytest>=8",
         "pytest-xdist>=3.6,<4",  # launch/test.sh runs the suite on every core (-n)
+        "pytest-cov>=7",  # line coverage: bash launch/test.sh --cov (.coveragerc)
         "hypothesis>=6",
         "torch==2.13.0",  # CPU wheel; pinned exactly so pip never pulls a CUDA build
         "transformers>=5.24.0,<6",
