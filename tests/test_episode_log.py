@@ -112,9 +112,10 @@ def test_a_resumed_run_drops_the_steps_it_repeats(tmp_path):
 def test_the_evaluation_log_keeps_one_copy_of_each_setting(tmp_path):
     rows, rollouts, _, _ = scripted_step(str(tmp_path / "rl"))
     path = str(tmp_path / "eval" / "episodes.jsonl")
-    L.write_eval_episodes(path, "after_sft", rollouts[:2], {"tools": True, "nframes": 4}, rows)
-    L.write_eval_episodes(path, "final", rollouts, {"tools": True, "nframes": 4}, rows)
-    L.write_eval_episodes(path, "final", rollouts[:1], {"tools": True, "nframes": 4}, rows)  # a rerun
+    setting = {"tools": True, "nframes": 4}
+    L.write_eval_episodes(path, "after_sft", L.eval_records(rollouts[:2], rows, **setting), setting)
+    L.write_eval_episodes(path, "final", L.eval_records(rollouts, rows, **setting), setting)
+    L.write_eval_episodes(path, "final", L.eval_records(rollouts[:1], rows, **setting), setting)  # a rerun
     records = L.read_jsonl(path)
     assert [(r["stage"], r["tools"], r["nframes"]) for r in records] == [("after_sft", True, 4)] * 2 + [
         ("final", True, 4)]

@@ -25,8 +25,9 @@ def workdir(tmp_path_factory):
     episodes = str(root / "rl" / "episodes")
     for step in (0, 1):
         rows, rollouts, _, _ = scripted_step(episodes, step=step)
-    L.write_eval_episodes(str(root / "eval" / "episodes.jsonl"), "final", rollouts[:2], {"tools": True, "nframes": 4},
-                          rows)
+    setting = {"tools": True, "nframes": 4}
+    L.write_eval_episodes(str(root / "eval" / "episodes.jsonl"), "final", L.eval_records(rollouts[:2], rows, **setting),
+                          setting)
     from PIL import Image
 
     Image.new("RGB", (40, 20), "white").save(root / "curves.png")

@@ -16,11 +16,12 @@ from paravt_jax.data.synthetic import Event, write_video
 from paravt_jax.eval import driver, prompts
 from paravt_jax.eval import records as store
 from paravt_jax.eval.datasets import EvalSample, LoadedBenchmark
+from paravt_jax.eval.evaluator import SAMPLER, evaluate
 from paravt_jax.models.qwen3_vl import preset
 from paravt_jax.models.qwen3_vl.hf_io import abstract_model
 from paravt_jax.rl.advantages import AdvantageConfig
 from paravt_jax.rl.episode_stats import summarize
-from paravt_jax.rl.trainer import RLConfig, RLStep
+from paravt_jax.rl.trainer import RLConfig, RLStep, periodic_evaluators
 from paravt_jax.sampling import Sampler, SamplingParams
 from paravt_jax.text.inputs import encode_ids
 from paravt_jax.text.tokenizer import train_tokenizer
@@ -246,3 +247,48 @@ def test_eval_driver_records_scripted_answers(video, tokenizer, tmp_path, dispat
     again = ScriptedSampler(tokenizer, eval_script)
     resumed = driver.run_dataset(again, tokenizer, benchmark_of(video), config, str(tmp_path), log=lambda _: None)
     assert again.calls == [] and resumed["accuracy"] == summary["accuracy"]
+
+
+def held_out_script(prompt_text: str, sample: int):
+    """The held-out policy: with the tool offered, a crop then the answer; without, the answer."""
+    if "crop_video" in prompt_text:
+        return [LOOK, "The crop shows it clearly.</think>\n<answer>blue</answer>"]
+    return ["The circle is clearly visible.</think>\n<answer>blue</answer>"]
+
+
+def test_the_periodic_evaluation_runs_a_list_of_evaluators_on_one_sampler(video, tokenizer, tmp_path):
+    """RL's periodic evaluation takes any evaluators (eval/evaluator.py): the held-out check and a
+    benchmark under the reference protocol, both decoded by one sampler built for the
+    evaluation; each outcome's metrics under its name, the held-out episodes in the eval log,
+    the benchmark's records in a directory of the step with the step in their producer."""
+    rows = [RLRow(0, "What colour is the circle?", video, "blue", "oe", {})]
+    config = RLConfig(prompts_per_step=1, samples_per_prompt=2, nframes_gating=False, default_nframes=2,
+                      eval_every=1, eval_nframes=(2,), eval_limit=1, log_episodes=2,
+                      advantage=AdvantageConfig(kl_ctl=0.0, batch_norm=False))
+    built = []
+
+    def scripted(model, sampler_config):
+        built.append(sampler_config)
+        return ScriptedSampler(tokenizer, lambda text, g: (eval_script(text, g) if any(q in text for q in BENCHMARK)
+                                                           else held_out_script(text, g)))
+
+    phases = RLStep.build(abstract_model(preset("tiny")), tokenizer, rows, str(tmp_path), config,
+                          make_sampler=scripted)
+    state = TrainState(jnp.zeros((), jnp.int32), phases.step.params, None, jnp.zeros((), jnp.int32))
+    benchmark = driver.BenchmarkEval(benchmark_of(video), driver.DriverConfig(nframes=2, max_turns=1, batch_size=4),
+                                     str(tmp_path / "bench"), identity={"model": {"name": "scripted"}})
+    evaluators = periodic_evaluators(config, rows) + [benchmark]
+    metrics = phases.evaluate(state, evaluators, 3)
+
+    assert built == [SAMPLER]  # one sampler for both evaluators
+    assert {k: v for k, v in metrics.items() if k.endswith(("/accuracy", "/calls_per_turn", "/samples"))} == {
+        "eval_notools/accuracy": 1.0, "eval_notools/calls_per_turn": 0.0, "eval_notools/samples": 1,
+        "eval_tools/accuracy": 1.0, "eval_tools/calls_per_turn": 1.0, "eval_tools/samples": 1}
+    summary = json.loads((tmp_path / "bench" / "step_000003" / "synthetic.json").read_text())["summary"]
+    assert metrics["synthetic/score"] == pytest.approx(summary["mean_score"]) == pytest.approx((1 + 0.8 + 2 / 3) / 5)
+    assert metrics["synthetic/complete"] == 1.0 and metrics["synthetic/avg_tool_calls"] == summary["avg_tool_calls"]
+    assert summary["producer"]["model"] == {"name": "scripted"} and summary["producer"]["policy"] == {"step": 3}
+    logged = [json.loads(line) for line in open(tmp_path / "eval_episodes" / "step_000003.jsonl")]
+    assert [(r["step"], r["stage"], r["tools"], r["nframes"], r["episode_id"]) for r in logged] == [
+        (3, "periodic", False, 2, "eval0"), (3, "periodic", True, 2, "eval0")]
+    assert not list(evaluate([], None, tokenizer, make_sampler=scripted)) and len(built) == 1  # nothing to run

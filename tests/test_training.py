@@ -16,7 +16,7 @@ from paravt_jax.data.paravt_parquet import SchemaError, load_rl_rows, load_sft_r
 from paravt_jax.models.qwen3_vl import init_model, preset
 from paravt_jax.rl.advantages import AdvantageConfig
 from paravt_jax.rl.rewards import RewardConfig
-from paravt_jax.rl.trainer import RLConfig, train_rl
+from paravt_jax.rl.trainer import RLConfig, periodic_evaluators, train_rl
 from paravt_jax.sft.trainer import HEAD, SFTConfig, sft_loss, train_sft
 from paravt_jax.text.tokenizer import train_tokenizer
 from paravt_jax.train.loop import LoopConfig, data_indices, run_loop
@@ -269,16 +269,17 @@ def test_periodic_evaluation_uses_the_rollout_mode_and_logs_its_episodes(dataset
     calls = []
     real = evaluate_module.evaluate_episodes
 
-    def recording(model, tokenizer, eval_rows, **kwargs):
+    def recording(sampler, tokenizer, eval_rows, **kwargs):
         calls.append((len(eval_rows), kwargs["tools"], kwargs["rollout"].mode, kwargs["nframes"]))
-        return real(model, tokenizer, eval_rows, **kwargs)
+        return real(sampler, tokenizer, eval_rows, **kwargs)
 
     monkeypatch.setattr(evaluate_module, "evaluate_episodes", recording)
     config = dataclasses.replace(_rl_config(1), eval_every=1, eval_limit=1, eval_nframes=(2, 4), log_episodes=1)
     config = dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, mode="subagent"))
     os.makedirs(tmp_path / "eval_episodes")
     (tmp_path / "eval_episodes" / "step_000003.jsonl").write_text("{}\n")  # left by an earlier, longer run
-    _, result = train_rl(init_model(preset("tiny"), seed=2), tok, rows, str(tmp_path), config, eval_rows=rows[-2:])
+    _, result = train_rl(init_model(preset("tiny"), seed=2), tok, rows, str(tmp_path), config,
+                         evaluators=periodic_evaluators(config, rows[-2:]))
     assert calls == [(1, False, "subagent", 2), (1, True, "subagent", 2), (1, False, "subagent", 4),
                      (1, True, "subagent", 4)]
     record = result.history[0]

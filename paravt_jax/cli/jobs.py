@@ -19,11 +19,12 @@ from paravt_jax import distributed, preemption, storage
 from paravt_jax.agent.dispatch import CropDispatcher
 from paravt_jax.agent.rollout import Episode, run_rollouts
 from paravt_jax.checkpointing import Checkpointer
+from paravt_jax.eval.evaluator import evaluate
 from paravt_jax.experiments.plots import plot_run, thirds
 from paravt_jax.rl.episode_log import write_eval_episodes
 from paravt_jax.rl.evaluate import HeldOut
 from paravt_jax.rl.rewards import extract_answer
-from paravt_jax.rl.trainer import train_rl
+from paravt_jax.rl.trainer import periodic_evaluators, train_rl
 from paravt_jax.runtime import build_model, builtin_assets, eval_config, rl_config, save_export, setup, sft_config
 from paravt_jax.sampling import Sampler
 from paravt_jax.sft.trainer import HEAD, sft_loss, train_sft
@@ -105,13 +106,13 @@ def evaluate_all(config, model, tokenizer, eval_rows, nframes=None, episodes: st
                             mode=e.mode)
     results = []
     t0 = time.perf_counter()
-    for number, setting in enumerate(held_out.run(model, tokenizer), 1):
-        results.append(setting.result.row())
+    for number, outcome in enumerate(evaluate([held_out], model, tokenizer), 1):
+        results.append(outcome.result.row())
         if episodes:
-            write_eval_episodes(episodes, stage, setting.rollouts, {"tools": setting.tools, "nframes": setting.nframes},
-                                rows)
-        logging.info(f"[run] evaluation {number}/{len(held_out.settings)} (tools {'yes' if setting.tools else 'no'}, "
-                     f"K = {setting.nframes}, {len(rows)} videos) in {time.perf_counter() - t0:.0f} s")
+            write_eval_episodes(episodes, stage, outcome.records, outcome.setting)
+        logging.info(f"[run] evaluation {number}/{len(held_out.settings)} (tools "
+                     f"{'yes' if outcome.setting['tools'] else 'no'}, K = {outcome.setting['nframes']}, "
+                     f"{len(rows)} videos) in {time.perf_counter() - t0:.0f} s")
         t0 = time.perf_counter()
     return results
 
@@ -256,7 +257,7 @@ def run_command(config, workdir: str = "") -> dict:
                 print_results(after_sft, "[run] after SFT:")
     if config.rl.steps:
         model, _ = train_rl(model, tokenizer, inputs.rl_rows, storage.join(workdir, "rl"), rl_config(config),
-                            eval_rows=eval_rows)
+                            evaluators=periodic_evaluators(rl_config(config), eval_rows))
     model = distributed.local_model(model)  # multi-process: a whole copy on this process's devices
     summary = {"workdir": storage.absolute(workdir), **phase_histories(workdir)}
     if not distributed.is_primary():  # process 0 alone saves, evaluates and writes the summary
@@ -302,7 +303,7 @@ def sft_command(config, workdir: str = ""):
 def train_command(config, workdir: str = ""):
     inputs = setup(config, training=True)
     return train_rl(inputs.model, inputs.tokenizer, inputs.rl_rows, workdir, rl_config(config),
-                    eval_rows=inputs.eval_rows)
+                    evaluators=periodic_evaluators(rl_config(config), inputs.eval_rows))
 
 
 def export_command(config, workdir: str = ""):

@@ -39,11 +39,12 @@ from paravt_jax.agent.rollout import Episode, Rollout, RolloutConfig, run_rollou
 from paravt_jax.config import ConfigValueError, build
 from paravt_jax.eval import prompts, provenance, scoring
 from paravt_jax.eval import records as store
+from paravt_jax.eval.evaluator import SAMPLER, Outcome
 from paravt_jax.eval.settings import DISPATCH, DriverConfig
 from paravt_jax.rl import rewards as R
 from paravt_jax.rl.episode_stats import calls_per_tool_turn
 from paravt_jax.runtime import build_model, builtin_assets
-from paravt_jax.sampling import Sampler, SamplerConfig
+from paravt_jax.sampling import Sampler
 from paravt_jax.text.inputs import check_against_model
 from paravt_jax.text.tokenizer import Tokenizer
 
@@ -248,6 +249,36 @@ def run_dataset(sampler, tokenizer, benchmark, config: DriverConfig, output_dir:
     return summary
 
 
+@dataclasses.dataclass(frozen=True)
+class BenchmarkEval:
+    """One loaded benchmark under the driver's protocol `config`, an Evaluator
+    (eval/evaluator.py): `run` evaluates this shard's unfinished samples into `output_dir`
+    (run_dataset; a periodic evaluation at step s into `output_dir/step_00000s`, with
+    `policy: {step: s}` in the records' producer) and yields one Outcome named after the benchmark: its headline score,
+    mean tool calls, turns and context tokens, and the whole summary as the result."""
+    benchmark: object  # datasets.Benchmark
+    config: DriverConfig
+    output_dir: str
+    identity: dict = dataclasses.field(default_factory=dict)  # provenance.model_identity
+    shard_id: int = 0
+    num_shards: int = 1
+    overwrite: bool = False
+
+    def run(self, sampler, tokenizer, step: int | None = None):
+        directory, identity = self.output_dir, self.identity
+        if step is not None:
+            directory, identity = storage.join(directory, f"step_{step:06d}"), {**identity, "policy": {"step": step}}
+        summary = run_dataset(sampler, tokenizer, self.benchmark, self.config, directory, shard_id=self.shard_id,
+                              num_shards=self.num_shards, identity=identity, overwrite=self.overwrite)
+        store.write_summary_all(directory, {self.benchmark.name: summary})
+        metrics = {"score": headline(summary), "complete": float(summary["complete"])}
+        metrics.update({key: float(summary[key]) for key in ("avg_tool_calls", "avg_turns", "avg_context_tokens",
+                                                             "calls_per_tool_turn")
+                        if isinstance(summary.get(key), (int, float))})
+        yield Outcome(self.benchmark.name, metrics, {"dataset": self.benchmark.name,
+                                                     "dispatch": self.config.dispatch}, summary)
+
+
 # ----------------------------------------------------------------------------- comparison
 COMPARE_COLUMNS = (("accuracy", "score"), ("avg_tool_calls", "tool calls"), ("avg_turns", "turns"),
                    ("avg_context_tokens", "context tokens"), ("elapsed", "wall s"),
@@ -352,32 +383,37 @@ def evaluate_command(config, output_dir: str, *, shard_id: int = 0, num_shards: 
     model = build_model(config, default_dir=assets.model_dir)
     tokenizer = Tokenizer.from_directory(config.model.checkpoint or assets.model_dir)
     check_against_model(tokenizer, model.config)
-    sampler = Sampler(model, SamplerConfig(min_chunk_bucket=64))
-
+    sampler = Sampler(model, SAMPLER)
+    arms = DISPATCH if compare else (config.driver.dispatch,)
+    if compare:  # compile each arm's shapes (a batch per question type) before timing
+        for benchmark in benchmarks:
+            warm_up(sampler, tokenizer, benchmark, [driver_config(config, benchmark.name, dispatch=d) for d in arms])
+    evaluators = [BenchmarkEval(benchmark, driver_config(config, benchmark.name, dispatch=dispatch),
+                                storage.join(output_dir, dispatch) if compare else output_dir, identity,
+                                shard_id, num_shards)
+                  for benchmark in benchmarks for dispatch in arms]
     summaries: dict[str, dict] = {}
     comparison: dict[str, dict[str, dict]] = {}
-    for benchmark in benchmarks:
-        arms = DISPATCH if compare else (config.driver.dispatch,)
-        if compare and benchmark.samples:  # compile each arm's shapes (a batch per question type) before timing
-            warm = {}
-            for batch in batches(list(enumerate(benchmark.samples)), config.driver.batch_size):
-                warm.setdefault(batch[0][1].question_type, batch)
-            for dispatch in arms:
-                driver = driver_config(config, benchmark.name, dispatch=dispatch)
-                with crop_dispatcher(driver) as dispatcher:
-                    for batch in warm.values():
-                        evaluate_batch(sampler, tokenizer, batch, driver, dispatcher)
-        for dispatch in arms:
-            directory = storage.join(output_dir, dispatch) if compare else output_dir
-            driver = driver_config(config, benchmark.name, dispatch=dispatch)
-            summary = run_dataset(sampler, tokenizer, benchmark, driver, directory, shard_id=shard_id,
-                                  num_shards=num_shards, identity=identity)
-            store.write_summary_all(directory, {benchmark.name: summary})
-            comparison.setdefault(benchmark.name, {})[dispatch] = summary
-            summaries[benchmark.name if not compare else f"{benchmark.name}/{dispatch}"] = summary
+    for evaluator in evaluators:  # one sampler for every benchmark and arm
+        for outcome in evaluator.run(sampler, tokenizer):
+            name, dispatch = outcome.setting["dataset"], outcome.setting["dispatch"]
+            comparison.setdefault(name, {})[dispatch] = outcome.result
+            summaries[f"{name}/{dispatch}" if compare else name] = outcome.result
     table = comparison_table(comparison)
     print(table, flush=True)
     if compare:
         storage.write_json_atomic(storage.join(output_dir, "compare.json"), comparison)
         storage.write_atomic(storage.join(output_dir, "compare.md"), table + "\n")
     return summaries
+
+
+def warm_up(sampler, tokenizer, benchmark, drivers: Sequence[DriverConfig]) -> None:
+    """Runs one batch per question type of `benchmark` under each driver config, unrecorded,
+    so that the timed runs of --compare do not pay for compiling."""
+    warm = {}
+    for batch in batches(list(enumerate(benchmark.samples)), drivers[0].batch_size):
+        warm.setdefault(batch[0][1].question_type, batch)
+    for driver in drivers:
+        with crop_dispatcher(driver) as dispatcher:
+            for batch in warm.values():
+                evaluate_batch(sampler, tokenizer, batch, driver, dispatcher)

@@ -194,15 +194,15 @@ class EpisodeLog:
         return path
 
 
-def write_eval_episodes(path: str, stage: str, rollouts: Sequence, settings: dict, rows: Sequence = ()) -> None:
-    """Adds one evaluation setting's episodes (`stage`, e.g. "final", and `settings`, e.g.
-    tools and K) to the evaluation log at `path`, replacing that stage and setting's earlier
-    records (a rerun evaluates again), atomically."""
+def write_eval_episodes(path: str, stage: str, records: Sequence[dict], settings: dict) -> None:
+    """Adds one evaluation setting's episode records (eval_records; `settings`, e.g. tools and
+    K, on each) to the evaluation log at `path` under `stage` (e.g. "final"), replacing that
+    stage and setting's earlier records (a rerun evaluates again), atomically."""
     kept = [r for r in read_jsonl(path)
             if not (r.get("stage") == stage and all(r.get(k) == v for k, v in settings.items()))] \
         if storage.isfile(path) else []
     storage.makedirs(posixpath.dirname(path) or ".")
-    storage.write_atomic(path, dumps(kept + eval_records(rollouts, rows, step=None, stage=stage, **settings)))
+    storage.write_atomic(path, dumps(kept + [{"step": None, "stage": stage, **r} for r in records]))
 
 
 def eval_records(rollouts: Sequence, rows: Sequence = (), **fields) -> list[dict]:

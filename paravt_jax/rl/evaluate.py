@@ -2,15 +2,17 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 
 import numpy as np
 
 from paravt_jax.agent.dispatch import CropDispatcher, DispatchConfig
 from paravt_jax.agent.rollout import MODES, Episode, RolloutConfig, run_rollouts
 from paravt_jax.config import checked, integer, integers, one_of, validate
+from paravt_jax.eval.evaluator import Outcome
 from paravt_jax.rl import rewards as R
+from paravt_jax.rl.episode_log import eval_records
 from paravt_jax.rl.episode_stats import tool_use
-from paravt_jax.sampling import Sampler, SamplerConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,17 +64,16 @@ def episode_config(rollout: RolloutConfig, *, tools: bool, max_new_tokens: int |
         protocol=dataclasses.replace(rollout.protocol, final_answer=tools, final_answer_tokens=FINAL_ANSWER_TOKENS))
 
 
-def evaluate_episodes(model, tokenizer, rows, *, nframes: int, tools: bool, rollout: RolloutConfig | None = None,
+def evaluate_episodes(sampler, tokenizer, rows, *, nframes: int, tools: bool, rollout: RolloutConfig | None = None,
                       dispatch: DispatchConfig | None = None, max_new_tokens: int | None = None,
                       max_turns: int | None = None, mode: str | None = None) -> tuple[EvalResult, list]:
-    """Greedy episodes of `rows` at K = nframes (the episode `rollout` and `dispatch` describe:
-    the run's rl.rollout / rl.dispatch, None: their defaults; see episode_config): the scores
-    and the rollouts behind them (for the evaluation's episode log)."""
+    """Greedy episodes of `rows` at K = nframes on `sampler` (the episode `rollout` and
+    `dispatch` describe: the run's rl.rollout / rl.dispatch, None: their defaults; see
+    episode_config): the scores and the rollouts behind them (for the evaluation's episode log)."""
     rollout, dispatch = rollout or RolloutConfig(), dispatch or DispatchConfig()
     episodes = [Episode(f"eval{r.index}", r.question, r.answer, r.question_type, r.video_path, nframes)
                 for r in rows]
     config = episode_config(rollout, tools=tools, max_new_tokens=max_new_tokens, max_turns=max_turns, mode=mode)
-    sampler = Sampler(model, SamplerConfig(min_chunk_bucket=64))
     with CropDispatcher(dispatch) as dispatcher:
         rollouts, _ = run_rollouts(sampler, tokenizer, episodes, 1, config, dispatcher)
     acc = [R.accuracy_reward(R.extract_answer(r.generated_text), r.episode.answer, r.episode.question_type)
@@ -82,21 +83,19 @@ def evaluate_episodes(model, tokenizer, rows, *, nframes: int, tools: bool, roll
                       use["kappa"], use["calls_per_tool_turn"], len(rollouts), call_validity(rollouts)), rollouts
 
 
-@dataclasses.dataclass(frozen=True)
-class Setting:
-    """One held-out setting's outcome: its scores and the episodes behind them."""
-    tools: bool
-    nframes: int
-    result: EvalResult
-    rollouts: list
+def setting_name(first_nframes: int, nframes: int, tools: bool) -> str:
+    """eval_tools / eval_notools for the evaluation's first K, with a _K{K} suffix for the others
+    (the metric prefixes of the RL trainer's periodic evaluation, which curves and reports read)."""
+    tag = "eval_tools" if tools else "eval_notools"
+    return tag if nframes == first_nframes else f"{tag}_K{nframes}"
 
 
 @dataclasses.dataclass(frozen=True)
 class HeldOut:
-    """The greedy held-out evaluation on `rows`, one setting (tools, K) after another: what the
-    main job runs after each phase (`settings` tools-major) and the RL trainer every
-    `rl.eval_every` steps (K-major). The episode is the run's (`rollout`, `dispatch`) with the
-    evaluation's own budget (episode_config)."""
+    """The greedy held-out evaluation on `rows`, one setting (tools, K) after another, an
+    Evaluator (eval/evaluator.py): what the main job runs after each phase (`settings`
+    tools-major) and the RL trainer every `rl.eval_every` steps (K-major). The episode is the
+    run's (`rollout`, `dispatch`) with the evaluation's own budget (episode_config)."""
     rows: tuple
     settings: tuple[tuple[bool, int], ...]
     rollout: RolloutConfig = RolloutConfig()
@@ -113,14 +112,18 @@ class HeldOut:
                     else [(tools, int(k)) for k in nframes for tools in (False, True)])
         return cls(tuple(rows), tuple(settings), **kwargs)
 
-    def run(self, model, tokenizer):
-        """Yields each setting's `Setting` as it finishes."""
+    def run(self, sampler, tokenizer, step: int | None = None) -> Iterator[Outcome]:
+        """Each setting's Outcome as it finishes: named by setting_name, its EvalResult as the
+        result and its episodes as records (tools and K on each)."""
         for tools, k in self.settings:
-            result, rollouts = evaluate_episodes(model, tokenizer, self.rows, nframes=k, tools=tools,
+            result, rollouts = evaluate_episodes(sampler, tokenizer, self.rows, nframes=k, tools=tools,
                                                  rollout=self.rollout, dispatch=self.dispatch,
                                                  max_new_tokens=self.max_new_tokens, max_turns=self.max_turns,
                                                  mode=self.mode)
-            yield Setting(tools, k, result, rollouts)
+            metrics = {key: value for key, value in result.row().items() if key not in ("tools", "nframes")}
+            setting = {"tools": tools, "nframes": k}
+            yield Outcome(setting_name(self.settings[0][1], k, tools), metrics, setting, result,
+                          tuple(eval_records(rollouts, self.rows, **setting)))
 
 
 def call_validity(rollouts) -> float:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import jax
 import numpy as np
@@ -18,8 +18,9 @@ from paravt_jax.agent.dispatch import CropDispatcher, DispatchConfig
 from paravt_jax.agent.rollout import Episode, RolloutConfig, run_rollouts
 from paravt_jax.config import checked, integer, integer_between, integers, refuse, set_by, validate
 from paravt_jax.data import gating
+from paravt_jax.eval.evaluator import Evaluator, evaluate
 from paravt_jax.rl.advantages import AdvantageConfig, compute_advantages
-from paravt_jax.rl.episode_log import MAX_LOGGED, EpisodeLog, eval_records
+from paravt_jax.rl.episode_log import MAX_LOGGED, EpisodeLog
 from paravt_jax.rl.episode_stats import summarize
 from paravt_jax.rl.evaluate import HeldOut
 from paravt_jax.rl.objective import StepConfig, policy_head, policy_loss
@@ -75,10 +76,15 @@ class RLConfig:
                          f"must divide the {rows} rows of a step (prompts_per_step x samples_per_prompt)")
 
 
-def periodic_tag(nframes: tuple[int, ...], k: int, tools: bool) -> str:
-    """eval_tools / eval_notools for the first K, with a _K{K} suffix for the others."""
-    tag = "eval_tools" if tools else "eval_notools"
-    return tag if k == nframes[0] else f"{tag}_K{k}"
+def periodic_evaluators(config: RLConfig, eval_rows) -> list:
+    """The periodic evaluation of `rl.eval_*`: the greedy held-out check on the first
+    `eval_limit` rows of `eval_rows`, K-major, metrics as eval_tools/... and eval_notools/...
+    for the first K of `eval_nframes` and eval_tools_K{K}/... for the others (none when
+    `eval_every` is 0 or there are no rows)."""
+    if not (config.eval_every and eval_rows):
+        return []
+    return [HeldOut.grid(eval_rows[:config.eval_limit], config.eval_nframes, tools_major=False,
+                         rollout=config.rollout, dispatch=config.dispatch)]
 
 
 def episode(row, config: RLConfig) -> Episode:
@@ -270,27 +276,27 @@ class RLStep:
         state, metrics = self.step.step(state, batches)
         return state, metrics, prox_s
 
-    def evaluate(self, state, eval_rows: list, index: int) -> dict:
-        """The periodic greedy held-out evaluation after step `index` (process 0 runs it), its
-        compiles apart; every episode it ran goes to the eval log (stage "periodic")."""
-        config, metrics, records = self.config, {}, []
+    def evaluate(self, state, evaluators: Sequence[Evaluator], index: int) -> dict:
+        """The periodic evaluation after step `index` (process 0 runs the evaluators), its
+        compiles apart; each outcome's metrics as `<name>/<metric>`, and every held-out episode
+        it ran to the eval log (stage "periodic")."""
+        metrics, records = {}, []
         evaluation = compiles.snapshot()  # the evaluation's own shapes: reported apart
         current = dist.local_model(self.step.model(state))
-        held_out = HeldOut.grid(eval_rows[:config.eval_limit], config.eval_nframes if dist.is_primary() else (),
-                                tools_major=False, rollout=config.rollout, dispatch=config.dispatch)
-        for setting in held_out.run(current, self.tokenizer):
-            tag = periodic_tag(config.eval_nframes, setting.nframes, setting.tools)
-            metrics.update({f"{tag}/{k}": v for k, v in setting.result.row().items() if k not in ("tools", "nframes")})
-            records += eval_records(setting.rollouts, held_out.rows, step=index, stage="periodic", tools=setting.tools,
-                                    nframes=setting.nframes)
+        for outcome in evaluate(evaluators if dist.is_primary() else (), current, self.tokenizer, index,
+                                make_sampler=self.make_sampler):
+            metrics.update({f"{outcome.name}/{key}": value for key, value in outcome.metrics.items()})
+            records += [{"step": index, "stage": "periodic", **record} for record in outcome.records]
         self.eval_log.write_records(index, records)
         metrics["eval_compiles"] = evaluation.since().count
         return metrics
 
 
-def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge=None, eval_rows=None):
-    """rows: RLRow list (eval_rows: held-out rows for periodic evaluation). Returns (model with
-    trained weights, LoopResult).
+def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge=None,
+             evaluators: Sequence[Evaluator] = ()):
+    """rows: RLRow list; evaluators: what runs every `eval_every` steps (periodic_evaluators:
+    the held-out check of `rl.eval_*`; eval/evaluator.py). Returns (model with trained weights,
+    LoopResult).
 
     Multi-process: each process rolls out and scores its contiguous share of the step's prompts
     on its own devices; the scored rollouts are gathered so that every process builds the same
@@ -324,8 +330,8 @@ def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge
                        rollouts=len(scored.rollouts), padding_fraction=data.plan.padding_fraction())
         if scored.judge_fallbacks is not None:  # judge failures this step: those answers were scored by F1
             metrics["judge_f1_fallbacks"] = scored.judge_fallbacks
-        if config.eval_every and eval_rows and (index + 1) % config.eval_every == 0:
-            metrics.update(phases.evaluate(state, eval_rows, index))
+        if config.eval_every and evaluators and (index + 1) % config.eval_every == 0:
+            metrics.update(phases.evaluate(state, evaluators, index))
         return state, metrics
 
     try:
