@@ -181,6 +181,9 @@ def test_dry_run_prints_one_command_per_arm_that_parses_to_the_arm_config(tmp_pa
     anchor = (parsed.rl.advantage.anchor_weight, base.rl.advantage.anchor_weight)
     assert (parsed.seed, base.seed, *anchor) == (1, 0, 0.0, 0.5)
     assert parsed.rl.steps == 7 and workdir == f"{root}/vanilla,seed=1"
+    changed, _ = sweep_main(f"--config={ABLATIONS}:qwen3vl_8b", f"--workdir={root}", "--dry_run",
+                            "--config_changed=ok")
+    assert all(shlex.split(line)[-1] == "--config_changed=ok" for line in changed)
 
 
 def _parse_config(argv):

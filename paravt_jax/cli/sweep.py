@@ -2,6 +2,7 @@
 runs the main job (`paravt_jax.cli.jobs.run_command`) in this process."""
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Sequence
 
@@ -15,7 +16,7 @@ from paravt_jax.flags import UsageError, define_config, parse_flags
 
 def main(argv: Sequence[str]) -> list[dict] | list[str]:
     """`paravt-jax sweep --config=FILE[:ARG] --workdir=DIR [--dry_run] [--shared_sft]
-    [--only=REGEX] [--config.x=y ...]` (--config.* overrides apply to every arm)."""
+    [--only=REGEX] [--config_changed=ok] [--config.x=y ...]` (--config.* overrides apply to every arm)."""
     argv = list(argv)
     values = flags.FlagValues()
     define_config(values, None, argv, "config file[:arg] that defines sweep()")
@@ -26,6 +27,9 @@ def main(argv: Sequence[str]) -> list[dict] | list[str]:
                       "from its exported model", flag_values=values)
     flags.DEFINE_string("only", "", "run only the arms whose name matches this regular expression",
                         flag_values=values)
+    flags.DEFINE_enum("config_changed", "refuse", ["refuse", "ok"], "an unfinished arm whose workdir holds "
+                      "another config than the arm's: refuse (default; the arm fails) | ok (continue it under the "
+                      "arm's config, as `paravt-jax run --config_changed=ok` does)", flag_values=values)
     parse_flags(values, argv, "usage: " + main.__doc__.strip().strip("`"))
     if values["config"].value is None:
         raise UsageError("sweep: --config=FILE[:ARG] is required")
@@ -38,7 +42,7 @@ def main(argv: Sequence[str]) -> list[dict] | list[str]:
     except sweep.SweepError as e:
         raise UsageError(f"sweep: {e}") from None
     if values.dry_run:
-        lines = sweep.commands(plan)
+        lines = sweep.commands(plan, values.config_changed)
         if plan.shared_sfts:
             print(f"# the first {len(plan.shared_sfts)} command(s) (shared SFT) must finish before the other "
                   f"{len(plan.arms)} start", file=sys.stderr)
@@ -46,6 +50,6 @@ def main(argv: Sequence[str]) -> list[dict] | list[str]:
             print(line, flush=True)
         return lines
     try:
-        return sweep.run_plan(values.config, plan, run_command)
+        return sweep.run_plan(values.config, plan, functools.partial(run_command, config_changed=values.config_changed))
     except sweep.SweepError as e:
         raise SystemExit(f"sweep: {e}") from None

@@ -455,11 +455,13 @@ def make_plan(config, config_argument: str, root: str, common: Mapping[str, Any]
     return SweepPlan(config_argument, root, tuple(common.items()), tuple(arms), tuple(sft_runs))
 
 
-def commands(plan: SweepPlan) -> list[str]:
+def commands(plan: SweepPlan, config_changed: str = "refuse") -> list[str]:
     """One shell command per run; the shared SFT runs (if any) come first and must finish
-    before the others start."""
+    before the others start. `config_changed="ok"` adds `--config_changed=ok` to each."""
+    extra = ["--config_changed=ok"] if config_changed == "ok" else []
     return [shlex.join(["python", "-m", "paravt_jax.cli",
-                        *run_args(plan.config_argument, os.path.join(plan.root, arm.name), dict(plan.common), arm)])
+                        *run_args(plan.config_argument, os.path.join(plan.root, arm.name), dict(plan.common), arm),
+                        *extra])
             for arm in plan.runs()]
 
 
