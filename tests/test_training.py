@@ -420,3 +420,24 @@ def test_sft_skips_and_counts_unreadable_examples_and_checkpoints_periodically(d
     warned = [line for line in capsys.readouterr().err.splitlines() if "[sft] example 1 skipped" in line]
     assert warned and all(line.startswith("W") and "broken.mp4" in line for line in warned)
     assert sorted(os.listdir(tmp_path / "sft" / "checkpoints")) == ["1", "2"]  # sft.checkpoint_every=1
+
+
+def test_precompile_compiles_the_first_step_ahead_and_changes_no_result(dataset, tmp_path):
+    """rl.precompile: the first step's programs are compiled before it (decoded rollouts dropped,
+    gradients run, the donated update compiled ahead of time), so the step itself compiles
+    nothing, and every metric of the run is the one it has without precompiling (same seed)."""
+    import dataclasses
+
+    root, ds, tok = dataset
+    rows, _ = load_rl_rows(ds.rl_train, root)
+    timing = ("_s", "compiles", "compiles_total", "tokens_per_s", "precompiles")
+    runs = {}
+    for precompile in (True, False):  # precompiling first: its compiles are not the other run's
+        config = dataclasses.replace(_rl_config(2), precompile=precompile)
+        _, result = train_rl(init_model(preset("tiny"), seed=2), tok, rows, str(tmp_path / f"{precompile}"), config)
+        runs[precompile] = result.history
+    first = runs[True][0]
+    assert first["precompiles"] > 0 and first["precompile_s"] > 0 and first["compiles"] == 0, first
+    assert "precompiles" not in runs[True][1] and "precompiles" not in runs[False][0]
+    strip = lambda history: [{k: v for k, v in h.items() if not k.endswith(timing)} for h in history]
+    assert strip(runs[True]) == strip(runs[False])

@@ -59,6 +59,9 @@ class RLConfig:
     checkpoint_every: int = checked(0, integer(0))
     max_bad_steps: int = checked(3, integer(1))
     shapes: ShapeConfig = ShapeConfig()  # the compiled programs' shapes (rl/shapes.py)
+    # compile the first step's programs before it runs (RLStep.precompile), so that its time
+    # is that of any other step; the compiles and seconds are logged as precompiles / precompile_s
+    precompile: bool = False
     eval_every: int = checked(0, integer(0))  # greedy held-out evaluation every N steps (0 = off)
     # its overview budgets K: the first logs as eval_tools/... and eval_notools/... (what the
     # curves and the sweep report read), each further K as eval_tools_K{K}/...
@@ -263,18 +266,40 @@ class RLStep:
             structural_mask=packed.extras["structural_mask"] if advantage.token_anchor else None)
         return np.asarray(values, np.float32), {k: float(v) for k, v in metrics.items()}
 
-    def update(self, state, data: StepBatch, advantages: np.ndarray):
-        """One optimizer step over the micro-batches; returns (state, its metrics, the seconds of
-        the separate proximal pass under prox_logprobs="recompute")."""
+    def update_batches(self, state, data: StepBatch, advantages: np.ndarray) -> tuple[list, float]:
+        """The micro-batches with their advantages (and, under prox_logprobs="recompute", PPO's
+        "old" log-probs from a pass of their own) and the seconds of that pass."""
         split = data.plan.split(advantages)
         batches = [b.with_extras(advantages=split[i]) for i, b in enumerate(data.batches)]
         start = time.perf_counter()
-        if self.config.step.prox_logprobs == "recompute":  # PPO's "old" policy in a pass of its own
+        if self.config.step.prox_logprobs == "recompute":
             prox = jax.block_until_ready([self.step.logprobs(state.params, b) for b in batches])
             batches = [b.with_extras(prox_logp=prox[i]) for i, b in enumerate(batches)]
-        prox_s = time.perf_counter() - start
+        return batches, time.perf_counter() - start
+
+    def update(self, state, data: StepBatch, advantages: np.ndarray):
+        """One optimizer step over the micro-batches; returns (state, its metrics, the seconds of
+        the separate proximal pass under prox_logprobs="recompute")."""
+        batches, prox_s = self.update_batches(state, data, advantages)
         state, metrics = self.step.step(state, batches)
         return state, metrics, prox_s
+
+    def precompile(self, state, index: int) -> dict:
+        """Compiles the programs of step `index` before it runs (`rl.precompile`): its rollouts
+        are decoded and dropped, the reference (and proximal) log-prob passes and the gradients
+        run over its micro-batches with zero rewards, and the update is compiled ahead of time
+        (TrainStep.compile_step): nothing is scored, logged, written or applied, and the step
+        itself then runs on compiled programs with the same results."""
+        rollouts, skipped = self.collect(state, index)
+        zeros = np.zeros(len(rollouts), np.float32)
+        scored = Scored(*gather_scored(rollouts, [{} for _ in rollouts], zeros, zeros, skipped), judge_fallbacks=None)
+        if not scored.rollouts:
+            return {}
+        data = self.batch(scored)
+        advantages, _ = self.advantages(scored, data, self.reference_logprobs(data))
+        batches, _ = self.update_batches(state, data, advantages)
+        self.step.compile_step(state, batches)
+        return {}
 
     def evaluate(self, state, evaluators: Sequence[Evaluator], index: int) -> dict:
         """The periodic evaluation after step `index` (process 0 runs the evaluators), its
@@ -337,7 +362,8 @@ def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge
     try:
         result = run_loop("rl", workdir, phases.step.init_state(), step_fn,
                           LoopConfig(config.steps, config.checkpoint_every, max_bad_steps=config.max_bad_steps),
-                          meta_fn=lambda i: {"cursor": i * config.prompts_per_step, "seed": config.seed})
+                          meta_fn=lambda i: {"cursor": i * config.prompts_per_step, "seed": config.seed},
+                          prepare_fn=phases.precompile if config.precompile else None)
     finally:
         phases.dispatcher.close()
     return phases.step.model(result.state), result

@@ -72,12 +72,24 @@ def compile_metrics(step: compiles.Compiles, run: compiles.Compiles, evaluation:
     return {"compiles": step.count - evaluation, "compile_s": round(step.seconds, 3), "compiles_total": run.count}
 
 
+def prepare(prepare_fn: Callable, state, start: int) -> dict:
+    """Runs `prepare_fn(state, start)`; its metrics with the compiles and seconds it took."""
+    t0, before = time.perf_counter(), compiles.snapshot()
+    metrics = dict(prepare_fn(state, start) or {})
+    compiled = before.since()
+    logging.info(f"[loop] compiled {compiled.count} programs before step {start} in {time.perf_counter() - t0:.1f} s")
+    return {**metrics, "precompiles": compiled.count, "precompile_s": round(time.perf_counter() - t0, 3)}
+
+
 def run_loop(name: str, workdir: str, state, step_fn: Callable, config: LoopConfig,
-             meta_fn: Callable[[int], dict] = lambda i: {}) -> LoopResult:
+             meta_fn: Callable[[int], dict] = lambda i: {}, prepare_fn: Callable | None = None) -> LoopResult:
     """Runs steps [start, config.steps) where start comes from the latest checkpoint in
     workdir/checkpoints (if any); metrics an interrupted run logged for steps >= start are
-    dropped first. On SIGTERM or SIGINT the current step finishes, a checkpoint is written and
-    `preemption.Preempted` is raised (the rerun resumes from that checkpoint)."""
+    dropped first. `prepare_fn(state, start)`, if given, runs once before the first step
+    (outside its timing; e.g. compiling its programs ahead): its compiles and seconds go into
+    the first step's metrics as `precompiles` and `precompile_s`. On SIGTERM or SIGINT the
+    current step finishes, a checkpoint is written and `preemption.Preempted` is raised (the
+    rerun resumes from that checkpoint)."""
     checkpoints = Checkpointer(f"{workdir}/checkpoints", keep=config.keep_checkpoints,
                                async_save=config.async_checkpoints)
     start = 0
@@ -93,6 +105,7 @@ def run_loop(name: str, workdir: str, state, step_fn: Callable, config: LoopConf
         if start < config.steps:
             logging.info(f"[{name}] step {start}/{config.steps}: the first step of a run also compiles its programs "
                          f"(minutes for large models)")
+        prepared = prepare(prepare_fn, state, start) if prepare_fn is not None and start < config.steps else {}
         for index in range(start, config.steps):
             t0, cpu0 = time.perf_counter(), time.process_time()
             before = compiles.snapshot()
@@ -105,6 +118,8 @@ def run_loop(name: str, workdir: str, state, step_fn: Callable, config: LoopConf
             if metrics["compiles"] and index >= start + config.warmup_steps:
                 logging.warning(f"[{name}] step {index} compiled {compiled.summary()} "
                                 f"(shapes outside the run's buckets)")
+            if index == start:
+                metrics.update(prepared)
             history.append(metrics)
             writer.write(index, metrics, prefix=f"{name}/")
             bad = bad + 1 if metrics.get("skipped") else 0

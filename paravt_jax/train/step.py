@@ -277,15 +277,21 @@ class TrainStep:
             raise ValueError("TrainStep was built with keep_reference=False")
         return self.logprobs(self.reference_params, batch, temperature)
 
+    def _gradients(self, params, batches: Sequence[TrainBatch]) -> tuple[tuple, dict]:
+        """The summed (gradients, loss sum, token count) of the micro-batches, on device, and
+        their merged statistics."""
+        acc, stats = None, {}
+        for b in batches:
+            g, total, n, metrics = self._grads(params, self._place(b))
+            acc = (g, total, n) if acc is None else self._add(acc, (g, total, n))
+            stats = metrics if not stats else S.merge_stats(stats, metrics)
+        return acc, stats
+
     def step(self, state: TrainState, batches: Sequence[TrainBatch]) -> tuple[TrainState, dict]:
         """One optimizer step over the micro-batches (their gradients summed exactly). Sums stay
         on device across micro-batches; the host reads the results once, at the end."""
         start = time.perf_counter()
-        acc, stats = None, {}
-        for b in batches:
-            g, total, n, metrics = self._grads(state.params, self._place(b))
-            acc = (g, total, n) if acc is None else self._add(acc, (g, total, n))
-            stats = metrics if not stats else S.merge_stats(stats, metrics)
+        acc, stats = self._gradients(state.params, batches)
         total_g, loss_sum, count = jax.block_until_ready(acc)  # the timings' boundary, nothing more
         grads_done = time.perf_counter()
         state, grad_norm, finite = jax.block_until_ready(self._apply(state, total_g, count.astype(jnp.float32)))
@@ -296,3 +302,11 @@ class TrainStep:
                    skipped=not bool(finite) or not np.isfinite(loss), grads_s=grads_done - start,
                    update_s=time.perf_counter() - grads_done)
         return state, out
+
+    def compile_step(self, state: TrainState, batches: Sequence[TrainBatch]) -> None:
+        """Compiles every program `step(state, batches)` runs, leaving `state` as it is: the
+        gradient passes run (their results dropped) and the update, which donates the state, is
+        compiled ahead of time."""
+        (total_g, _, count), stats = self._gradients(state.params, batches)
+        S.finalize_stats(stats)
+        self._apply.lower(state, total_g, count.astype(jnp.float32)).compile()
