@@ -7,7 +7,7 @@ if "xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
 # The tests' programs are tiny and each compiles once or twice: compiling dominates the suite,
 # and XLA:CPU compiles about 25% faster without LLVM's optimisation passes (fast-math stays
 # off; results can differ from optimised code in the last bits, which no test depends on). The
-# benches drop the flag (tests/test_bench.py): they measure the code generation users run.
+# bench scripts inherit it in the suite, where only their running is checked.
 FAST_COMPILE = "--xla_backend_optimization_level=0"
 if "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
     os.environ["XLA_FLAGS"] += " " + FAST_COMPILE
