@@ -26,6 +26,7 @@ import time
 
 import jax
 import jax.numpy as jnp
+from absl import logging
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
@@ -173,6 +174,9 @@ def compile_for(name: str, fn, args, kwargs, own_inputs, group: int, devices, ke
     compiled = lowered.compile(compiler_options=options)
     stats = compiled_stats(name, compiled, own_inputs, group, time.perf_counter() - start, compiler_name(devices),
                            tuple(resolved))
+    # a large plan compiles for many minutes: one line per program shows where it is
+    logging.info(f"[plan] {name}: compiled by {stats.compiler} for {len(devices)} devices in {stats.seconds:.1f} s, "
+                 f"{stats.temp_bytes / 2**30:.2f} GiB of temporaries per device")
     return (stats, compiled) if keep else stats
 
 
