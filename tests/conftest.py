@@ -24,6 +24,7 @@ import tempfile  # noqa: E402
 import pytest  # noqa: E402
 
 CACHE_ENV = "PARAVT_JAX_CACHE_DIR"  # paravt_jax.compile_cache.ENV_VAR (not imported: jax stays unloaded here)
+BUILTIN_ENV = "PARAVT_TEST_BUILTIN_ROOT"  # the session's built-in assets, shared by the xdist workers
 
 
 def pytest_configure(config):
@@ -35,15 +36,19 @@ def pytest_configure(config):
     if not hasattr(config, "workerinput") and not os.environ.get(CACHE_ENV):
         config.paravt_cache_dir = tempfile.mkdtemp(prefix="paravt-test-jax-cache-")
         os.environ[CACHE_ENV] = config.paravt_cache_dir
+    if not hasattr(config, "workerinput") and not os.environ.get(BUILTIN_ENV):
+        config.paravt_builtin_dir = tempfile.mkdtemp(prefix="paravt-test-builtin-")
+        os.environ[BUILTIN_ENV] = config.paravt_builtin_dir
     from paravt_jax import compile_cache
 
     compile_cache.enable()  # the tests' own compiles too (programs of >= 1 s)
 
 
 def pytest_unconfigure(config):
-    directory = getattr(config, "paravt_cache_dir", None)
-    if directory:
-        shutil.rmtree(directory, ignore_errors=True)
+    for name in ("paravt_cache_dir", "paravt_builtin_dir"):
+        directory = getattr(config, name, None)
+        if directory:
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -93,11 +98,12 @@ def require_torch():
 
 
 @pytest.fixture(scope="session")
-def builtin_root(tmp_path_factory):
-    """One directory for the built-in assets of a test session (each pytest-xdist worker has
-    its own): the commands under test generate each set in it on first use, the later tests
-    find it READY (ensure_builtin's lock keeps concurrent generation safe)."""
-    return str(tmp_path_factory.mktemp("builtin"))
+def builtin_root():
+    """One directory for the built-in assets of a test session, shared by every pytest-xdist
+    worker ($PARAVT_TEST_BUILTIN_ROOT, made by pytest_configure): the commands under test
+    generate each set in it on first use, the later tests, in any worker, find it READY
+    (ensure_builtin's lock keeps concurrent generation safe)."""
+    return os.environ[BUILTIN_ENV]
 
 
 @pytest.fixture(scope="session")
