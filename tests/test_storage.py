@@ -132,7 +132,7 @@ def test_a_stopped_loop_resumes_from_gs_bit_exact(gcs_emulator, tmp_path):
 
 
 @pytest.mark.slow  # three `sft` processes (minutes); the loop-level test above runs by default
-def test_a_killed_sft_run_on_gs_resumes_bit_exact(gcs_emulator, tmp_path):
+def test_a_killed_sft_run_on_gs_resumes_bit_exact(gcs_emulator, tmp_path, builtin_root):
     """`paravt-jax sft --workdir=gs://...` killed (SIGKILL) after step 1's metrics line, rerun
     to the end: its checkpoint holds the same parameters as an uninterrupted local run's."""
     import orbax.checkpoint as ocp
@@ -140,9 +140,8 @@ def test_a_killed_sft_run_on_gs_resumes_bit_exact(gcs_emulator, tmp_path):
     from paravt_jax.checkpointing import Checkpointer
     from test_cli_script import ROOT, environment
 
-    builtin = str(tmp_path / "builtin")
     args = [sys.executable, "-m", "paravt_jax.cli", "sft", f"--config={ROOT}/configs/paragrpo.py:tiny",
-            f"--config.data.builtin_root={builtin}", "--config.sft.steps=3", "--config.sft.batch_size=2",
+            f"--config.data.builtin_root={builtin_root}", "--config.sft.steps=3", "--config.sft.batch_size=2",
             "--config.sft.nframes=2", "--config.sft.checkpoint_every=1"]
 
     def sft(workdir, kill_at=None):
@@ -184,7 +183,7 @@ def test_a_killed_sft_run_on_gs_resumes_bit_exact(gcs_emulator, tmp_path):
     assert leaves and all(np.array_equal(a, b) for a, b in zip(leaves, jax.tree.leaves(resumed), strict=True))
 
 
-def test_the_main_job_and_export_write_their_files_to_gs(gcs_emulator, tmp_path):
+def test_the_main_job_and_export_write_their_files_to_gs(gcs_emulator, tmp_path, builtin_root):
     """`run` and `export` with --workdir=gs://...: the metrics, the cold start's table, the
     summary, the curves, the final model (with its chat template and processor configs) and
     the export are in the bucket, and nothing is written to a local directory of that name."""
@@ -193,7 +192,7 @@ def test_the_main_job_and_export_write_their_files_to_gs(gcs_emulator, tmp_path)
 
     workdir = f"{gcs_emulator}/main-job"
     common = [f"--config={ROOT}/configs/paragrpo.py:tiny", f"--workdir={workdir}",
-              f"--config.data.builtin_root={tmp_path / 'builtin'}"]
+              f"--config.data.builtin_root={builtin_root}"]
     _, log = run_cli_logged("run", *common, "--config.sft.steps=2", "--config.sft.batch_size=2",
                             "--config.sft.nframes=2", "--config.rl.steps=1", "--config.rl.samples_per_prompt=2",
                             "--config.rl.prompts_per_step=1", "--config.rl.rollout.max_new_tokens=4",
