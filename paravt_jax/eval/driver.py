@@ -254,9 +254,10 @@ class BenchmarkEval:
     """One loaded benchmark under the driver's protocol `config`, an Evaluator
     (eval/evaluator.py): `run` evaluates this shard's unfinished samples into `output_dir`
     (run_dataset; a periodic evaluation at step s into `output_dir/step_00000s`, with
-    `policy: {step: s}` in the records' producer) and yields one Outcome named after the benchmark: its headline score,
-    mean tool calls, turns and context tokens, and the whole summary as the result."""
-    benchmark: object  # datasets.Benchmark
+    `policy: {step: s}` in the records' producer) and yields one Outcome named after the
+    benchmark: its headline score, mean tool calls, turns and context tokens, and the whole
+    summary as the result."""
+    benchmark: object  # datasets.LoadedBenchmark
     config: DriverConfig
     output_dir: str
     identity: dict = dataclasses.field(default_factory=dict)  # provenance.model_identity
@@ -373,25 +374,23 @@ def evaluate_command(config, output_dir: str, *, shard_id: int = 0, num_shards: 
     for benchmark in benchmarks:
         check_missing_videos(benchmark, config.max_missing_videos)
     identity = provenance.model_identity(config, assets.model_dir)
-    for benchmark in benchmarks:  # every directory checked before the model is loaded
-        for dispatch in DISPATCH if compare else (config.driver.dispatch,):
-            driver = driver_config(config, benchmark.name, dispatch=dispatch)
-            directory = storage.join(output_dir, dispatch) if compare else output_dir
-            storage.makedirs(directory)
-            store.claim_output(directory, benchmark.name, provenance.producer(identity, driver), overwrite,
-                               logging.info)
-    model = build_model(config, default_dir=assets.model_dir)
-    tokenizer = Tokenizer.from_directory(config.model.checkpoint or assets.model_dir)
-    check_against_model(tokenizer, model.config)
-    sampler = Sampler(model, SAMPLER)
     arms = DISPATCH if compare else (config.driver.dispatch,)
-    if compare:  # compile each arm's shapes (a batch per question type) before timing
-        for benchmark in benchmarks:
-            warm_up(sampler, tokenizer, benchmark, [driver_config(config, benchmark.name, dispatch=d) for d in arms])
     evaluators = [BenchmarkEval(benchmark, driver_config(config, benchmark.name, dispatch=dispatch),
                                 storage.join(output_dir, dispatch) if compare else output_dir, identity,
                                 shard_id, num_shards)
                   for benchmark in benchmarks for dispatch in arms]
+    for evaluator in evaluators:  # every directory checked before the model is loaded
+        storage.makedirs(evaluator.output_dir)
+        store.claim_output(evaluator.output_dir, evaluator.benchmark.name,
+                           provenance.producer(identity, evaluator.config), overwrite, logging.info)
+    model = build_model(config, default_dir=assets.model_dir)
+    tokenizer = Tokenizer.from_directory(config.model.checkpoint or assets.model_dir)
+    check_against_model(tokenizer, model.config)
+    sampler = Sampler(model, SAMPLER)
+    if compare:  # compile each arm's shapes (a batch per question type) before timing
+        for benchmark in benchmarks:
+            warm_up(sampler, tokenizer, benchmark,
+                    [e.config for e in evaluators if e.benchmark is benchmark])
     summaries: dict[str, dict] = {}
     comparison: dict[str, dict[str, dict]] = {}
     for evaluator in evaluators:  # one sampler for every benchmark and arm

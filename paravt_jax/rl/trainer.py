@@ -284,7 +284,7 @@ class RLStep:
         state, metrics = self.step.step(state, batches)
         return state, metrics, prox_s
 
-    def precompile(self, state, index: int) -> dict:
+    def precompile(self, state, index: int) -> None:
         """Compiles the programs of step `index` before it runs (`rl.precompile`): its rollouts
         are decoded and dropped, the reference (and proximal) log-prob passes and the gradients
         run over its micro-batches with zero rewards, and the update is compiled ahead of time
@@ -294,12 +294,11 @@ class RLStep:
         zeros = np.zeros(len(rollouts), np.float32)
         scored = Scored(*gather_scored(rollouts, [{} for _ in rollouts], zeros, zeros, skipped), judge_fallbacks=None)
         if not scored.rollouts:
-            return {}
+            return
         data = self.batch(scored)
         advantages, _ = self.advantages(scored, data, self.reference_logprobs(data))
         batches, _ = self.update_batches(state, data, advantages)
         self.step.compile_step(state, batches)
-        return {}
 
     def evaluate(self, state, evaluators: Sequence[Evaluator], index: int) -> dict:
         """The periodic evaluation after step `index` (process 0 runs the evaluators), its

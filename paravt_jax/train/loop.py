@@ -73,12 +73,12 @@ def compile_metrics(step: compiles.Compiles, run: compiles.Compiles, evaluation:
 
 
 def prepare(prepare_fn: Callable, state, start: int) -> dict:
-    """Runs `prepare_fn(state, start)`; its metrics with the compiles and seconds it took."""
+    """Runs `prepare_fn(state, start)`; the compiles and seconds it took."""
     t0, before = time.perf_counter(), compiles.snapshot()
-    metrics = dict(prepare_fn(state, start) or {})
-    compiled = before.since()
-    logging.info(f"[loop] compiled {compiled.count} programs before step {start} in {time.perf_counter() - t0:.1f} s")
-    return {**metrics, "precompiles": compiled.count, "precompile_s": round(time.perf_counter() - t0, 3)}
+    prepare_fn(state, start)
+    seconds, compiled = time.perf_counter() - t0, before.since()
+    logging.info(f"[loop] compiled {compiled.count} programs before step {start} in {seconds:.1f} s")
+    return {"precompiles": compiled.count, "precompile_s": round(seconds, 3)}
 
 
 def run_loop(name: str, workdir: str, state, step_fn: Callable, config: LoopConfig,
