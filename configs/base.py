@@ -39,6 +39,11 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     c.model.attention = "auto"
     c.model.attention_block = 512
     c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))
+    # Asynchronous RL (docs/scale-out.md): the last N devices sample rollouts while the others
+    # train (config.mesh above is then the training mesh over the rest); 0 = colocated: every
+    # device samples, then every device trains. rollout_axes lays the N out (AXIS=SIZE pairs).
+    c.mesh.rollout_devices = 0
+    c.mesh.rollout_axes = "tensor=-1"
     # A named layout from paravt_jax/meshes.py (e.g. v5p-32, 2xv5p-128, gpu8, gpu16_tp2): ICI
     # axes within a slice/host, DCN axes across them. Empty = the `mesh` sizes above.
     c.mesh_preset = ""

@@ -178,8 +178,8 @@ def mesh_shape(preset: str | Mapping[str, Any]) -> dict[str, int]:
 def apply_mesh_preset(config, name: str):
     """Sets config.mesh.{data,fsdp,tensor} to the totals of preset `name`; returns config.
 
-    Only those three fields are written because `make_mesh(dict(config.mesh))` checks every
-    field of config.mesh as a mesh axis (`paravt_jax.sharding.mesh_sizes`).
+    Only those three fields are written: the others of config.mesh (rollout_devices,
+    rollout_axes) describe the rollout side of a split run (runtime.build_rollout_mesh).
     """
     for axis, size in mesh_shape(name).items():
         config.mesh[axis] = size

@@ -24,13 +24,64 @@ from paravt_jax.text.inputs import check_against_model
 from paravt_jax.text.tokenizer import Tokenizer
 
 
+def mesh_axes(config) -> dict[str, int]:
+    """The (data, fsdp, tensor) sizes of config.mesh (its other fields configure the rollout mesh)."""
+    return {axis: config.mesh[axis] for axis in sh.MESH_AXES if axis in config.mesh}
+
+
+def rollout_devices(config) -> int:
+    """config.mesh.rollout_devices: devices kept apart for rollouts (0 = colocated)."""
+    return int(config.mesh.get("rollout_devices", 0))
+
+
 def build_mesh(config):
-    """config.mesh_preset (a named TPU slice / GPU host layout, paravt_jax/meshes.py), else the
-    axis sizes of config.mesh."""
+    """The training mesh: config.mesh_preset (a named TPU slice / GPU host layout,
+    paravt_jax/meshes.py), else the axis sizes of config.mesh; with mesh.rollout_devices = R,
+    the sizes of config.mesh over every device but the last R (build_rollout_mesh)."""
+    held = rollout_devices(config)
+    if held:
+        devices = _split_devices(config, held)[0]
+        try:
+            return sh.make_mesh(mesh_axes(config), devices)
+        except ValueError as e:
+            raise ConfigValueError(f"mesh (the training mesh of {len(devices)} devices beside "
+                                   f"mesh.rollout_devices={held}): {e}") from None
     if config.get("mesh_preset", ""):
         entry = meshes.get_mesh(config.mesh_preset)
         return sh.make_hybrid_mesh(entry["ici"], entry["dcn"])
-    return sh.make_mesh(dict(config.mesh))
+    return sh.make_mesh(mesh_axes(config))
+
+
+def build_rollout_mesh(config):
+    """The rollout mesh of a split run (mesh.rollout_devices = R > 0): the last R devices, laid
+    out as mesh.rollout_axes (default tensor=-1: the sampler's weights split over heads and MLP
+    for decode, where the trainer shards them FSDP-style); None when colocated."""
+    held = rollout_devices(config)
+    if not held:
+        return None
+    devices = _split_devices(config, held)[1]
+    text = config.mesh.get("rollout_axes", "tensor=-1")
+    try:
+        return sh.make_mesh(sh.parse_mesh(text), devices)
+    except ValueError as e:
+        raise ConfigValueError(f"mesh.rollout_axes={text!r} over mesh.rollout_devices={held}: {e}") from None
+
+
+def _split_devices(config, held: int) -> tuple[list, list]:
+    """(training devices, rollout devices): every device but the last `held`, and those."""
+    import jax
+
+    devices = jax.devices()
+    if held < 0 or held >= len(devices):
+        raise ConfigValueError(f"mesh.rollout_devices={held}: must be 0 (colocated) or fewer than the "
+                               f"{len(devices)} devices, leaving some to train")
+    if distributed.process_count() > 1:
+        raise ConfigValueError(f"mesh.rollout_devices={held}: a split mesh runs in one process (one host) "
+                               f"here; this run has {distributed.process_count()} processes")
+    if config.get("mesh_preset", ""):
+        raise ConfigValueError(f"mesh.rollout_devices={held} with mesh_preset={config.mesh_preset!r}: give the "
+                               "training mesh as config.mesh sizes (a preset describes every device)")
+    return devices[:-held], devices[-held:]
 
 
 def build_model(config, default_dir: str | None = None):

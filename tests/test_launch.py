@@ -479,14 +479,14 @@ def test_preset_reaches_the_config_and_builds_a_mesh_on_fake_devices():
     from absl import flags
     from ml_collections import config_flags
 
-    from paravt_jax import sharding as sh
-
-    assert jax.device_count() == 8
+    from paravt_jax import runtime
     from paravt_jax.configs import base
 
+    assert jax.device_count() == 8
+
     config = meshes.apply_mesh_preset(base.get_config("tiny"), "gpu8_tp2")
-    assert dict(config.mesh) == {"data": 1, "fsdp": 4, "tensor": 2}
-    mesh = sh.make_mesh(dict(config.mesh))
+    assert runtime.mesh_axes(config) == {"data": 1, "fsdp": 4, "tensor": 2}
+    mesh = runtime.build_mesh(config)
     assert dict(mesh.shape) == {"data": 1, "fsdp": 4, "tensor": 2}
 
     # The overrides the launch scripts append parse in the real config flag system.
@@ -494,7 +494,7 @@ def test_preset_reaches_the_config_and_builds_a_mesh_on_fake_devices():
     flag_values = flags.FlagValues()
     config_flags.DEFINE_config_file("config", None, "", flag_values=flag_values, sys_argv=argv)
     flag_values(argv)
-    assert dict(flag_values.config.mesh) == meshes.mesh_shape("gpu8_tp4")
+    assert runtime.mesh_axes(flag_values.config) == meshes.mesh_shape("gpu8_tp4")
 
 
 def test_hybrid_mesh_single_slice_on_fake_devices():

@@ -25,7 +25,16 @@ from paravt_jax.rl.episode_log import write_eval_episodes
 from paravt_jax.rl.evaluate import HeldOut
 from paravt_jax.rl.rewards import extract_answer
 from paravt_jax.rl.trainer import periodic_evaluators, train_rl
-from paravt_jax.runtime import build_model, builtin_assets, eval_config, rl_config, save_export, setup, sft_config
+from paravt_jax.runtime import (
+    build_model,
+    build_rollout_mesh,
+    builtin_assets,
+    eval_config,
+    rl_config,
+    save_export,
+    setup,
+    sft_config,
+)
 from paravt_jax.sampling import Sampler
 from paravt_jax.sft.trainer import HEAD, sft_loss, train_sft
 from paravt_jax.text import chat
@@ -257,7 +266,8 @@ def run_command(config, workdir: str = "") -> dict:
                 print_results(after_sft, "[run] after SFT:")
     if config.rl.steps:
         model, _ = train_rl(model, tokenizer, inputs.rl_rows, storage.join(workdir, "rl"), rl_config(config),
-                            evaluators=periodic_evaluators(rl_config(config), eval_rows))
+                            evaluators=periodic_evaluators(rl_config(config), eval_rows),
+                            rollout_mesh=build_rollout_mesh(config))
     model = distributed.local_model(model)  # multi-process: a whole copy on this process's devices
     summary = {"workdir": storage.absolute(workdir), **phase_histories(workdir)}
     if not distributed.is_primary():  # process 0 alone saves, evaluates and writes the summary
@@ -303,7 +313,8 @@ def sft_command(config, workdir: str = ""):
 def train_command(config, workdir: str = ""):
     inputs = setup(config, training=True)
     return train_rl(inputs.model, inputs.tokenizer, inputs.rl_rows, workdir, rl_config(config),
-                    evaluators=periodic_evaluators(rl_config(config), inputs.eval_rows))
+                    evaluators=periodic_evaluators(rl_config(config), inputs.eval_rows),
+                    rollout_mesh=build_rollout_mesh(config))
 
 
 def export_command(config, workdir: str = ""):

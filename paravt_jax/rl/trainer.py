@@ -9,8 +9,11 @@ import time
 from collections.abc import Callable, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from absl import logging
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 
 from paravt_jax import distributed as dist
 from paravt_jax import sharding as sh
@@ -24,6 +27,7 @@ from paravt_jax.rl.episode_log import MAX_LOGGED, EpisodeLog
 from paravt_jax.rl.episode_stats import summarize
 from paravt_jax.rl.evaluate import HeldOut
 from paravt_jax.rl.objective import StepConfig, policy_head, policy_loss
+from paravt_jax.rl.pipeline import Pipeline, Policy, Taken
 from paravt_jax.rl.rewards import RewardConfig, make_judge, score
 from paravt_jax.rl.shapes import ShapeConfig, StepShapes, resolve
 from paravt_jax.sampling import Sampler, SamplerConfig
@@ -62,6 +66,11 @@ class RLConfig:
     # compile the first step's programs before it runs (RLStep.precompile), so that its time
     # is that of any other step; the compiles and seconds are logged as precompiles / precompile_s
     precompile: bool = False
+    # asynchronous rollouts (rl/pipeline.py): step j's episodes may be sampled by the policy of
+    # up to this many updates before j while the trainer updates on earlier steps' (the
+    # reference's max_head_offpolicyness is 2); 0 = synchronous. With mesh.rollout_devices the
+    # sampling runs on devices of its own; colocated, it shares the trainer's.
+    max_staleness: int = checked(0, integer(0))
     eval_every: int = checked(0, integer(0))  # greedy held-out evaluation every N steps (0 = off)
     # its overview budgets K: the first logs as eval_tools/... and eval_notools/... (what the
     # curves and the sweep report read), each further K as eval_tools_K{K}/...
@@ -190,10 +199,11 @@ class RLStep:
     vision: object  # the model's vision config (the micro-batches' vision layout)
     # (model, SamplerConfig) -> the sampler of a step's rollouts (tests: a scripted one)
     make_sampler: Callable = Sampler
+    rollout_mesh: object = None  # the devices that sample (None: the trainer's)
 
     @staticmethod
     def build(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge=None,
-              make_sampler: Callable = Sampler) -> RLStep:
+              make_sampler: Callable = Sampler, rollout_mesh=None) -> RLStep:
         share = dist.process_slice(config.prompts_per_step, "prompts_per_step")
         judge = judge if judge is not None else make_judge(config.reward)  # fails now, not at the first score
         step = TrainStep(model, config.optimizer, policy_loss(config.step), policy_head(config.step),
@@ -207,29 +217,54 @@ class RLStep:
                                  config.samples_per_prompt, rows)
         eval_log = EpisodeLog(os.path.join(workdir, "eval_episodes"), config.log_episodes, 1)
         return RLStep(config, tokenizer, rows, step, CropDispatcher(config.dispatch), shapes, rollout_config,
-                      sampler_config, share, judge, episode_log, eval_log, model.config.vision, make_sampler)
+                      sampler_config, share, judge, episode_log, eval_log, model.config.vision, make_sampler,
+                      rollout_mesh)
+
+    def policy(self, state, version: int) -> Policy:
+        """The weights in `state` as the rollout side samples them: a copy on the rollout mesh,
+        laid out by its rules (device to device), or, colocated, a copy on the trainer's devices
+        (the update donates `state`'s buffers while the producer may still sample)."""
+        if self.rollout_mesh is None:
+            params = jax.jit(lambda p: jax.tree.map(jnp.copy, p))(state.params)
+            return Policy(version, nnx.merge(self.step.graphdef, params, self.step.rest))
+        shardings = sh.param_shardings(state.params, self.rollout_mesh)
+        params = jax.device_put(state.params, shardings)
+        rest = jax.device_put(self.step.rest, NamedSharding(self.rollout_mesh, PartitionSpec()))
+        return Policy(version, nnx.merge(self.step.graphdef, jax.block_until_ready(params), rest))
 
     def collect(self, state, index: int) -> tuple[list, list[str]]:
         """This process's rollouts of step `index` from the weights in `state` (and the episodes
         skipped for an unreadable video)."""
+        return self.collect_with(dist.local_model(self.step.model(state)), index)
+
+    def collect_with(self, model, index: int) -> tuple[list, list[str]]:
+        """This process's rollouts of step `index` sampled by `model` (on this process's devices)."""
         config, G = self.config, self.config.samples_per_prompt
         chosen = [self.rows[i] for i in data_indices(index * config.prompts_per_step, config.prompts_per_step,
                                                       len(self.rows), config.seed)]
         episodes = [episode(r, config) for r in chosen[self.share]]
-        sampler = self.make_sampler(dist.local_model(self.step.model(state)), self.sampler_config)
+        sampler = self.make_sampler(model, self.sampler_config)
         # rows are prompt-major: this share's rows start at share.start * G in the step's batch
         run_config = dataclasses.replace(self.rollout_config, seed=config.seed * 100_003 + index,
                                          row_offset=self.share.start * G)
         return run_rollouts(sampler, self.tokenizer, episodes, G, run_config, self.dispatcher)
 
     def score(self, rollouts: list, skipped: list[str]) -> Scored:
+        """This process's rollouts scored (`gather` then joins every process's)."""
         usage = getattr(self.judge, "usage", None)
         failures = usage.failures if usage is not None else 0
         advantage = self.config.advantage
         rewards, seq_rewards, anchor_rewards = score(rollouts, self.config.reward, advantage.anchor_weight,
                                                      advantage.token_anchor, self.judge)
-        gathered = gather_scored(rollouts, rewards, seq_rewards, anchor_rewards, skipped)
-        return Scored(*gathered, judge_fallbacks=None if usage is None else usage.failures - failures)
+        return Scored(rollouts, rewards, seq_rewards, anchor_rewards, skipped,
+                      judge_fallbacks=None if usage is None else usage.failures - failures)
+
+    @staticmethod
+    def gather(scored: Scored) -> Scored:
+        """Every process's scored rollouts, in the step's row order (collective)."""
+        parts = gather_scored(scored.rollouts, scored.rewards, scored.seq_rewards, scored.anchor_rewards,
+                              scored.skipped)
+        return Scored(*parts, judge_fallbacks=scored.judge_fallbacks)
 
     def batch(self, scored: Scored) -> StepBatch:
         """Micro-batches (with their vision inputs) built once, for the reference pass and the
@@ -284,13 +319,14 @@ class RLStep:
         state, metrics = self.step.step(state, batches)
         return state, metrics, prox_s
 
-    def precompile(self, state, index: int) -> None:
+    def precompile(self, state, index: int, model=None) -> None:
         """Compiles the programs of step `index` before it runs (`rl.precompile`): its rollouts
         are decoded and dropped, the reference (and proximal) log-prob passes and the gradients
         run over its micro-batches with zero rewards, and the update is compiled ahead of time
         (TrainStep.compile_step): nothing is scored, logged, written or applied, and the step
-        itself then runs on compiled programs with the same results."""
-        rollouts, skipped = self.collect(state, index)
+        itself then runs on compiled programs with the same results. `model`: the weights that
+        sample (default: `state`'s; a split run's on the rollout mesh)."""
+        rollouts, skipped = self.collect(state, index) if model is None else self.collect_with(model, index)
         zeros = np.zeros(len(rollouts), np.float32)
         scored = Scored(*gather_scored(rollouts, [{} for _ in rollouts], zeros, zeros, skipped), judge_fallbacks=None)
         if not scored.rollouts:
@@ -317,22 +353,31 @@ class RLStep:
 
 
 def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge=None,
-             evaluators: Sequence[Evaluator] = ()):
+             evaluators: Sequence[Evaluator] = (), rollout_mesh=None, make_sampler: Callable = Sampler):
     """rows: RLRow list; evaluators: what runs every `eval_every` steps (periodic_evaluators:
-    the held-out check of `rl.eval_*`; eval/evaluator.py). Returns (model with trained weights,
-    LoopResult).
+    the held-out check of `rl.eval_*`; eval/evaluator.py); rollout_mesh: the devices that
+    sample, apart from the trainer's (runtime.build_rollout_mesh; None: colocated). Returns
+    (model with trained weights, LoopResult).
+
+    Synchronous (rl.max_staleness = 0, colocated): each step samples from the current weights,
+    then trains. Otherwise a producer thread samples ahead (rl/pipeline.py) from weights the
+    trainer publishes after each update, at most max_staleness versions old when trained on.
 
     Multi-process: each process rolls out and scores its contiguous share of the step's prompts
     on its own devices; the scored rollouts are gathered so that every process builds the same
     global batch, and the update runs over all devices (see paravt_jax.distributed)."""
-    phases = RLStep.build(model, tokenizer, rows, workdir, config, judge)
+    asynchronous = rollout_mesh is not None or config.max_staleness > 0
+    if asynchronous and dist.process_count() > 1:
+        raise refuse("max_staleness", config.max_staleness,
+                     "asynchronous rollouts (or mesh.rollout_devices) run in one process here; "
+                     f"this run has {dist.process_count()}")
+    phases = RLStep.build(model, tokenizer, rows, workdir, config, judge, make_sampler, rollout_mesh)
     unreadable = {"prompts": 0}  # prompts in a row whose videos could not be read
+    pipeline: list[Pipeline] = []  # the asynchronous run's, started by its first step
 
-    def step_fn(state, index):
-        t0 = time.perf_counter()
-        rollouts, skipped = phases.collect(state, index)
-        t1 = time.perf_counter()
-        scored = phases.score(rollouts, skipped)
+    def train_on(state, index: int, scored: Scored, timings: dict):
+        """The rest of a step once its episodes are scored: batch, reference log-probs,
+        advantages, the update, metrics (`timings`: the rollout side's), the evaluation."""
         t2 = time.perf_counter()
         if not scored.rollouts:
             return state, unreadable_step(index, scored.skipped, unreadable, config.prompts_per_step, len(rows))
@@ -347,22 +392,76 @@ def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge
         t3 = time.perf_counter()
         metrics.update(summarize(scored.rollouts, scored.rewards))
         metrics.update(adv_metrics)
-        tokens = int(data.packed.loss_mask.sum())
-        metrics.update(rollout_s=t1 - t0, reward_s=t2 - t1, train_s=t3 - t2, batch_s=t_batch - t2,
-                       ref_logprobs_s=t_ref - t_batch, prox_logprobs_s=prox_s,
-                       skipped_episodes=len(scored.skipped), tokens_per_s=tokens / max(t3 - t0, 1e-9),
+        metrics.update(timings, train_s=t3 - t2, batch_s=t_batch - t2, ref_logprobs_s=t_ref - t_batch,
+                       prox_logprobs_s=prox_s, skipped_episodes=len(scored.skipped),
                        rollouts=len(scored.rollouts), padding_fraction=data.plan.padding_fraction())
+        metrics["tokens"] = int(data.packed.loss_mask.sum())
         if scored.judge_fallbacks is not None:  # judge failures this step: those answers were scored by F1
             metrics["judge_f1_fallbacks"] = scored.judge_fallbacks
-        if config.eval_every and evaluators and (index + 1) % config.eval_every == 0:
-            metrics.update(phases.evaluate(state, evaluators, index))
         return state, metrics
 
+    def evaluate(state, index: int, metrics: dict) -> dict:
+        if config.eval_every and evaluators and (index + 1) % config.eval_every == 0:
+            metrics.update(phases.evaluate(state, evaluators, index))
+        return metrics
+
+    def synchronous_step(state, index):
+        t0 = time.perf_counter()
+        rollouts, skipped = phases.collect(state, index)
+        t1 = time.perf_counter()
+        scored = phases.gather(phases.score(rollouts, skipped))
+        state, metrics = train_on(state, index, scored, {"rollout_s": t1 - t0, "reward_s": time.perf_counter() - t1})
+        throughput(metrics, t0)
+        return state, evaluate(state, index, metrics)
+
+    def produce(policy_model, index: int) -> tuple[Scored, dict]:  # the producer thread's work
+        t0 = time.perf_counter()
+        rollouts, skipped = phases.collect_with(policy_model, index)
+        t1 = time.perf_counter()
+        scored = phases.score(rollouts, skipped)
+        return scored, {"rollout_s": t1 - t0, "reward_s": time.perf_counter() - t1}
+
+    def asynchronous_step(state, index):
+        t0 = time.perf_counter()
+        if not pipeline:  # this invocation's first step: sample from the weights it starts with
+            pipeline.append(Pipeline(produce, phases.policy(state, index), index, config.steps,
+                                     config.max_staleness))
+        taken = pipeline[0].take(index)
+        scored, timings = taken.produced.value
+        state, metrics = train_on(state, index, phases.gather(scored), {**timings, **pipeline_metrics(taken)})
+        if index + 1 < config.steps:
+            t_publish = time.perf_counter()
+            pipeline[0].publish(phases.policy(state, index + 1))
+            metrics["publish_s"] = time.perf_counter() - t_publish
+        throughput(metrics, t0)
+        return state, evaluate(state, index, metrics)
+
+    def precompile(state, index):
+        model_ = phases.policy(state, index).model if rollout_mesh is not None else None
+        phases.precompile(state, index, model_)
+
     try:
-        result = run_loop("rl", workdir, phases.step.init_state(), step_fn,
+        result = run_loop("rl", workdir, phases.step.init_state(),
+                          asynchronous_step if asynchronous else synchronous_step,
                           LoopConfig(config.steps, config.checkpoint_every, max_bad_steps=config.max_bad_steps),
                           meta_fn=lambda i: {"cursor": i * config.prompts_per_step, "seed": config.seed},
-                          prepare_fn=phases.precompile if config.precompile else None)
+                          prepare_fn=precompile if config.precompile else None)
     finally:
+        if pipeline:
+            pipeline[0].close()
         phases.dispatcher.close()
     return phases.step.model(result.state), result
+
+
+def pipeline_metrics(taken: Taken) -> dict:
+    """An asynchronous step's staleness and waits (every rollout of a step comes from one policy
+    version, so the mean and the max agree within a process)."""
+    return {"staleness": taken.staleness, "staleness_max": taken.staleness, "policy_version": taken.produced.version,
+            "queue_depth": taken.queue_depth, "data_wait_s": taken.data_wait_s,
+            "weights_wait_s": taken.produced.weights_wait_s}
+
+
+def throughput(metrics: dict, start: float) -> None:
+    """tokens_per_s: the step's loss tokens over its seconds so far (an unreadable step has none)."""
+    if "tokens" in metrics:
+        metrics["tokens_per_s"] = metrics.pop("tokens") / max(time.perf_counter() - start, 1e-9)

@@ -1,0 +1,206 @@
+"""Asynchronous rollouts (rl/pipeline.py, rl.max_staleness, mesh.rollout_devices) on 8 fake
+CPU devices: a split mesh at staleness 0 reproduces the colocated synchronous run; at 1 and 2
+every consumed step is within its bound, the metrics say how stale, and a SIGTERM / rerun
+repeats and loses no step; a slow crop does not stall the trainer while steps are queued."""
+import dataclasses
+import json
+import os
+import signal
+import threading
+import time
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from paravt_jax import sharding as sh
+from paravt_jax.agent import dispatch
+from paravt_jax.agent.protocol import PromptFormat
+from paravt_jax.agent.rollout import RolloutConfig
+from paravt_jax.data import synthetic as syn
+from paravt_jax.data.paravt_parquet import RLRow, load_rl_rows
+from paravt_jax.models.qwen3_vl import init_model, preset
+from paravt_jax.preemption import Preempted
+from paravt_jax.rl.advantages import AdvantageConfig
+from paravt_jax.rl.pipeline import Pipeline, PipelineError, Policy
+from paravt_jax.rl.trainer import RLConfig, train_rl
+from paravt_jax.sampling import Sampler
+from paravt_jax.text.tokenizer import train_tokenizer
+from paravt_jax.train.step import OptimizerConfig
+
+TIER = "integration"  # RL steps on fake devices
+TIMING = ("_s", "compiles", "compiles_total", "tokens_per_s", "staleness", "staleness_max", "policy_version",
+          "queue_depth")
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("data"))
+    ds = syn.write_dataset(root, num_train=4, num_eval=1, durations=(30.0,), seed=2, height=96, width=160)
+    tok = train_tokenizer(syn.corpus(list(ds.questions) + list(ds.eval_questions)))
+    return load_rl_rows(ds.rl_train, root)[0], tok
+
+
+def rl_config(steps: int, **changes) -> RLConfig:
+    config = RLConfig(steps=steps, prompts_per_step=2, samples_per_prompt=2, default_nframes=4,
+                      nframes_choices=(2, 4),
+                      rollout=RolloutConfig(max_turns=1, max_new_tokens=12, subagent_max_tokens=8,
+                                            prompt=PromptFormat(overview_max_pixels=64 * 96)),
+                      optimizer=OptimizerConfig(learning_rate=1e-4))
+    return dataclasses.replace(config, **changes)
+
+
+def meshes(rollout: int):
+    """(training mesh, rollout mesh): fsdp over the first 8 - rollout devices, tensor over the
+    rest (colocated: fsdp over all 8, no rollout mesh)."""
+    devices = jax.devices()
+    if not rollout:
+        return sh.make_mesh({"fsdp": -1}, devices), None
+    return sh.make_mesh({"fsdp": -1}, devices[:-rollout]), sh.make_mesh({"tensor": -1}, devices[-rollout:])
+
+
+def run(rows, tok, workdir, config, rollout: int, **kwargs):
+    train_mesh, rollout_mesh = meshes(rollout)
+    model = init_model(preset("tiny"), seed=2, mesh=train_mesh)
+    return train_rl(model, tok, rows, str(workdir), config, rollout_mesh=rollout_mesh, **kwargs)
+
+
+def without_timing(history):
+    return [{k: v for k, v in h.items() if not k.endswith(TIMING)} for h in history]
+
+
+def test_a_split_mesh_at_staleness_0_is_the_colocated_synchronous_run(dataset, tmp_path):
+    """Same seed, 2 steps: colocated on fsdp=8 vs training on fsdp=4 and sampling on tensor=4.
+    The sampled episodes are the same (every turn's text); metrics and parameters agree up to
+    float reduction order (the meshes sum in different orders): metrics within rel 5e-3 / abs
+    5e-3 (step 0's rewards are all equal, so its advantages and gradients are float noise, 1e-11
+    and 3e-3), parameters within 5e-4 (Adam turns that noise into learning-rate-sized moves:
+    2 steps at 1e-4)."""
+    rows, tok = dataset
+    config = rl_config(2, log_episodes=4)
+    model_a, colocated = run(rows, tok, tmp_path / "colocated", config, 0)
+    model_b, split = run(rows, tok, tmp_path / "split", config, 4)
+    for step in (0, 1):
+        name = f"step_{step:06d}.jsonl"
+        assert turns(tmp_path / "colocated" / "episodes" / name) == turns(tmp_path / "split" / "episodes" / name)
+    a, b = without_timing(colocated.history), without_timing(split.history)
+    assert [sorted(h) for h in a] == [sorted(h) for h in b]
+    for step_a, step_b in zip(a, b):
+        for key, value in step_a.items():
+            assert step_b[key] == pytest.approx(value, rel=5e-3, abs=5e-3), key
+    assert [h["staleness"] for h in split.history] == [0, 0] and "staleness" not in colocated.history[0]
+    leaves = [jax.tree.leaves(jax.tree.map(np.asarray, nnx.state(m, nnx.Param))) for m in (model_a, model_b)]
+    assert max(float(np.abs(x - y).max()) for x, y in zip(*leaves, strict=True)) < 5e-4
+
+
+def turns(path):
+    return [json.loads(line)["turns"] for line in open(path)]
+
+
+def lines(workdir):
+    return [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
+
+
+@pytest.mark.parametrize("bound", [1, 2])
+def test_bounded_staleness_on_4_plus_4_devices_and_a_sigterm_rerun_repeats_nothing(dataset, tmp_path, bound):
+    """Every consumed step is at most `bound` versions behind (staleness = step - the version
+    that sampled it, the producer never more than `bound` steps ahead). SIGTERM while the
+    producer samples step 2: the trainer finishes its step, checkpoints and stops; the rerun
+    resumes there, so metrics.jsonl holds each of the 5 steps once."""
+    rows, tok = dataset
+    config = rl_config(5, max_staleness=bound)
+    built = []
+
+    def stop_at_third(model, sampler_config):  # the producer builds one sampler a step
+        built.append(threading.current_thread().name)
+        if len(built) == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return Sampler(model, sampler_config)
+
+    with pytest.raises(Preempted, match="SIGTERM: checkpoint at step"):
+        run(rows, tok, tmp_path, config, 4, make_sampler=stop_at_third)
+    assert set(built) == {"rollout-producer"}
+    first = lines(tmp_path)
+    stopped_at = len(first)
+    assert 1 <= stopped_at < 5 and os.path.isdir(tmp_path / "checkpoints" / str(stopped_at))
+    _, resumed = run(rows, tok, tmp_path, config, 4)
+    assert resumed.steps_done == 5 and len(resumed.history) == 5 - stopped_at
+    logged = lines(tmp_path)
+    assert [line["step"] for line in logged] == [0, 1, 2, 3, 4]
+    for line in logged:
+        step, version = line["step"], line["rl/policy_version"]
+        assert line["rl/staleness"] == line["rl/staleness_max"] == step - version
+        assert 0 <= step - version <= bound, line
+        assert np.isfinite(line["rl/loss"]) and line["rl/rollouts"] == 4
+    # the rerun starts from the checkpoint's weights: its first step is sampled by them
+    assert logged[stopped_at]["rl/policy_version"] == stopped_at
+    assert logged[0]["rl/staleness"] == 0
+
+
+def test_pipeline_gates_the_producer_and_hands_its_failure_to_the_trainer():
+    """The producer starts step j only once version >= j - bound is published; a failure in
+    produce() reaches take() as PipelineError with the cause chained."""
+    made = []
+
+    def produce(model, index):
+        made.append((index, model))
+        if index == 3:
+            raise ValueError("broken step 3")
+        return index
+
+    pipe = Pipeline(produce, Policy(0, "v0"), 0, 5, max_staleness=1)
+    deadline = time.time() + 10
+    while len(made) < 2 and time.time() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.1)
+    assert made == [(0, "v0"), (1, "v0")]  # step 2 waits for version 1
+    taken = pipe.take(0)
+    assert (taken.produced.value, taken.staleness, taken.queue_depth) == (0, 0, 2)
+    pipe.publish(Policy(1, "v1"))
+    assert pipe.take(1).staleness == 1 and pipe.take(2).produced.version == 1
+    with pytest.raises(ValueError, match="not newer"):
+        pipe.publish(Policy(1, "again"))
+    pipe.publish(Policy(2, "v2"))
+    with pytest.raises(PipelineError, match="failed before step 3") as failed:
+        pipe.take(3)
+    assert isinstance(failed.value.__cause__, ValueError)
+    assert pipe.close() == 0 and made[2:] == [(2, "v1"), (3, "v2")]
+
+
+def test_a_slow_crop_does_not_stall_the_trainer_while_steps_are_queued(tmp_path, monkeypatch):
+    """Scripted turns that call crop_video, each crop 1.5 s slower: at staleness 2 the trainer
+    takes the later steps from the queue without waiting for their crops (the time it waited
+    is less than their rollouts took by at least one crop's sleep), where the synchronous run
+    waits for every crop inside its step."""
+    from paravt_jax.data.events import Event
+    from paravt_jax.data.synthetic import write_video
+    from scripted import ScriptedSampler
+    from test_orchestration import rl_script
+
+    video = write_video(str(tmp_path / "circle.mp4"), 40.0, [Event(10.0, 14.0, "blue", "circle")], fps=4.0,
+                        height=96, width=128, seed=1)
+    texts = [t for s in [rl_script("What colour", g) for g in range(4)] + [rl_script("shape", 0)] for t in s]
+    tok = train_tokenizer((texts + ["What colour is the circle? What shape is it?"]) * 10)
+    rows = [RLRow(0, "What colour is the circle?", video, "blue", "oe", {}),
+            RLRow(1, "What shape is it?", video, "circle", "oe", {})]
+    read = dispatch.read_frames
+    sleep = 1.5
+
+    def slow_read(*args, **kwargs):
+        time.sleep(sleep)
+        return read(*args, **kwargs)
+
+    monkeypatch.setattr(dispatch, "read_frames", slow_read)
+    config = RLConfig(steps=4, prompts_per_step=2, samples_per_prompt=4, nframes_gating=False, default_nframes=2,
+                      seed=3, advantage=AdvantageConfig(kl_ctl=0.0), optimizer=OptimizerConfig(learning_rate=1e-4))
+    scripted = lambda model, sampler_config: ScriptedSampler(tok, rl_script)
+    histories = {}
+    for bound in (0, 2):
+        _, result = train_rl(init_model(preset("tiny"), seed=2), tok, rows, str(tmp_path / f"s{bound}"),
+                             dataclasses.replace(config, max_staleness=bound), make_sampler=scripted)
+        histories[bound] = result.history
+    assert all(h["rollout_s"] >= sleep for b in (0, 2) for h in histories[b])  # every step ran a slow crop
+    queued = histories[2][1:]
+    assert sum(h["data_wait_s"] for h in queued) <= sum(h["rollout_s"] for h in queued) - sleep, queued
+    assert any(h["queue_depth"] >= 1 and h["data_wait_s"] < 0.05 for h in queued), queued
