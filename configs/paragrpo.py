@@ -8,7 +8,9 @@ task of paravt_jax/data/events.py with the `toy` model, docs/toy_task.md; about 
 2-core CPU), tiny (the `shapes` set and the 2-layer `tiny` model; every stage in a few minutes,
 nothing learned), qwen3vl_2b, qwen3vl_8b
 (the reference hyper-parameters of paragrpo_8b.yaml), qwen3vl_32b (the same recipe on the
-Qwen3-VL-32B shapes: planned for v5p-64 and gpu16_tp2, docs/scale-out.md).
+Qwen3-VL-32B shapes: planned for v5p-64 and gpu16_tp2, docs/scale-out.md), and the 8B recipe
+with asynchronous rollouts on devices of their own: qwen3vl_8b_async_gpu8 (one host of 8 GPUs)
+and qwen3vl_8b_async_v5p16 (ASYNC_PRESETS; docs/scale-out.md).
 """
 
 import ml_collections
@@ -19,8 +21,14 @@ from paravt_jax.rl.evaluate import EvalConfig
 from paravt_jax.rl.trainer import RLConfig
 from paravt_jax.sft.trainer import SFTConfig
 
+# Asynchronous variants of the 8B recipe (docs/scale-out.md): rollout devices of their own (each
+# host samples on its share, laid out as given), up to 2 policy versions stale (the reference's
+# max_head_offpolicyness):
+# preset -> (the mesh preset it is planned for, mesh.rollout_devices, mesh.rollout_axes)
+ASYNC_PRESETS = {"qwen3vl_8b_async_gpu8": ("gpu8", 4, "tensor=-1"),
+                 "qwen3vl_8b_async_v5p16": ("v5p-16", 4, "tensor=-1")}
 MODEL_PRESETS = {"tiny": "tiny", "toy": "toy", "qwen3vl_2b": "2b", "qwen3vl_8b": "8b",
-                 "qwen3vl_32b": "32b"}  # preset -> model preset
+                 "qwen3vl_32b": "32b", **{name: "8b" for name in ASYNC_PRESETS}}  # preset -> model preset
 
 
 def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
@@ -106,7 +114,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
         # a packed row holds ~2-4 episodes: 128-token attention blocks skip more of the other
         # episodes' keys than 512 (one toy training micro-batch's gradients ~3x faster)
         c.model.attention_block = 128
-    elif preset in ("qwen3vl_8b", "qwen3vl_32b"):  # reference recipe (paragrpo_8b.yaml); 32B: the same recipe
+    elif preset in ("qwen3vl_8b", "qwen3vl_32b", *ASYNC_PRESETS):  # the reference recipe (paragrpo_8b.yaml)
         # the released cold-start SFT script: 1,500 steps, lr 2e-5, cosine decay, 5% warm-up
         c.sft.steps, c.sft.optimizer.learning_rate = 1500, 2e-5
         c.sft.optimizer.schedule, c.sft.optimizer.total_steps, c.sft.optimizer.warmup_steps = "cosine", 1500, 75
@@ -129,6 +137,9 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
         c.model.param_dtype = c.model.dtype = "bfloat16"
         c.model.remat = True
         c.eval.max_new_tokens, c.eval.max_turns, c.eval.limit = 2048, 3, 0
+        if preset in ASYNC_PRESETS:  # the training mesh: fsdp over the devices the rollouts leave
+            _, c.mesh.rollout_devices, c.mesh.rollout_axes = ASYNC_PRESETS[preset]
+            c.rl.max_staleness = 2
     elif preset == "qwen3vl_2b":
         c.sft.steps, c.sft.optimizer.learning_rate = 500, 2e-5
         c.rl.steps, c.rl.prompts_per_step, c.rl.samples_per_prompt = 100, 8, 8

@@ -53,9 +53,11 @@ def build_mesh(config):
 
 
 def build_rollout_mesh(config):
-    """The rollout mesh of a split run (mesh.rollout_devices = R > 0): the last R devices, laid
-    out as mesh.rollout_axes (default tensor=-1: the sampler's weights split over heads and MLP
-    for decode, where the trainer shards them FSDP-style); None when colocated."""
+    """The rollout mesh of a split run (mesh.rollout_devices = R > 0): this process's share of
+    the R devices (R / processes, its last local devices), laid out as mesh.rollout_axes
+    (default tensor=-1: the sampler's weights split over heads and MLP for decode, where the
+    trainer shards them FSDP-style); None when colocated. Each process samples its share of a
+    step's prompts on its own rollout devices."""
     held = rollout_devices(config)
     if not held:
         return None
@@ -64,24 +66,29 @@ def build_rollout_mesh(config):
     try:
         return sh.make_mesh(sh.parse_mesh(text), devices)
     except ValueError as e:
-        raise ConfigValueError(f"mesh.rollout_axes={text!r} over mesh.rollout_devices={held}: {e}") from None
+        raise ConfigValueError(f"mesh.rollout_axes={text!r} over this process's {len(devices)} of "
+                               f"mesh.rollout_devices={held}: {e}") from None
 
 
 def _split_devices(config, held: int) -> tuple[list, list]:
-    """(training devices, rollout devices): every device but the last `held`, and those."""
+    """(training devices, this process's rollout devices): each process keeps its last
+    held / processes local devices for rollouts; every other device trains."""
     import jax
 
-    devices = jax.devices()
+    devices, processes = jax.devices(), distributed.process_count()
     if held < 0 or held >= len(devices):
         raise ConfigValueError(f"mesh.rollout_devices={held}: must be 0 (colocated) or fewer than the "
                                f"{len(devices)} devices, leaving some to train")
-    if distributed.process_count() > 1:
-        raise ConfigValueError(f"mesh.rollout_devices={held}: a split mesh runs in one process (one host) "
-                               f"here; this run has {distributed.process_count()} processes")
+    if held % processes:
+        raise ConfigValueError(f"mesh.rollout_devices={held}: must be a multiple of the {processes} processes "
+                               "(each samples on its own share)")
     if config.get("mesh_preset", ""):
         raise ConfigValueError(f"mesh.rollout_devices={held} with mesh_preset={config.mesh_preset!r}: give the "
                                "training mesh as config.mesh sizes (a preset describes every device)")
-    return devices[:-held], devices[-held:]
+    per_process = held // processes
+    rollout = {p: [d for d in devices if d.process_index == p][-per_process:] for p in range(processes)}
+    apart = {d.id for part in rollout.values() for d in part}
+    return [d for d in devices if d.id not in apart], rollout[distributed.process_index()]
 
 
 def build_model(config, default_dir: str | None = None):

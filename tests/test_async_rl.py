@@ -204,3 +204,38 @@ def test_a_slow_crop_does_not_stall_the_trainer_while_steps_are_queued(tmp_path,
     queued = histories[2][1:]
     assert sum(h["data_wait_s"] for h in queued) <= sum(h["rollout_s"] for h in queued) - sleep, queued
     assert any(h["queue_depth"] >= 1 and h["data_wait_s"] < 0.05 for h in queued), queued
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(rollout_devices=8), r"mesh.rollout_devices=8: must be 0 \(colocated\) or fewer than the 8 devices"),
+    (dict(rollout_devices=-2), r"mesh.rollout_devices=-2"),
+    (dict(rollout_devices=4, rollout_axes="tensor=3"), r"mesh.rollout_axes='tensor=3' over this process's 4"),
+    (dict(rollout_devices=4, rollout_axes="pipeline=4"), r"unknown axis 'pipeline'"),
+    (dict(rollout_devices=4, fsdp=3), r"the training mesh of 4 devices beside mesh.rollout_devices=4"),
+])
+def test_a_bad_split_names_the_field(changes, message):
+    from paravt_jax import runtime
+    from paravt_jax.config import ConfigValueError
+    from paravt_jax.configs import base
+
+    config = base.get_config("tiny")
+    config.mesh.update(changes)
+    with pytest.raises(ConfigValueError, match=message):
+        runtime.build_mesh(config)
+        runtime.build_rollout_mesh(config)
+
+
+def test_a_split_with_a_mesh_preset_is_refused_and_the_default_splits_4_plus_4():
+    from paravt_jax import runtime
+    from paravt_jax.config import ConfigValueError
+    from paravt_jax.configs import base
+
+    config = base.get_config("tiny")
+    config.mesh.rollout_devices = 4
+    train, rollout = runtime.build_mesh(config), runtime.build_rollout_mesh(config)
+    assert dict(train.shape) == {"data": 1, "fsdp": 4, "tensor": 1}
+    assert dict(rollout.shape) == {"data": 1, "fsdp": 1, "tensor": 4}
+    assert not set(train.devices.flat) & set(rollout.devices.flat)
+    config.mesh_preset = "gpu8"
+    with pytest.raises(ConfigValueError, match="mesh_preset='gpu8'"):
+        runtime.build_mesh(config)

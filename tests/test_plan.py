@@ -327,11 +327,43 @@ def test_gpu_preset_prints_the_time_plan_from_xla(tmp_path, builtin_root):
                     "--config.rl.nframes_gating=False", "--config.rl.default_nframes=4",
                     "--config.rl.rollout.max_new_tokens=32", "--config.rl.rollout.max_turns=1",
                     "--config.rl.dispatch.max_parallel=1", "--config.rl.dispatch.max_frames=2",
-                    "--mesh=gpu8", "--target=cpu-fake", f"--json={path}")
+                    "--config.mesh.rollout_devices=4", "--mesh=gpu8", "--target=cpu-fake", f"--json={path}")
     assert "TRAINER: one optimizer step [xla:cpu" in text and "TIME PLAN: one RL step, lower bound on h100" in text
+    assert "SPLIT MESHES" in text and "<- config" in text and "suggested: mesh.rollout_devices=" in text
     saved = json.loads(path.read_text())
     assert saved["target"] == "cpu-fake" and saved["trainer"]["compiler"] == "xla:cpu"
     timing = saved["time_plan"]
     assert timing["chip"] == "h100" and timing["step_seconds"] > 0
     assert timing["bounding_phase"] in {p["name"] for p in timing["phases"]}
     assert timing["reference_step_seconds"] == 250.0
+    split = timing["split"]  # colocated against split, for the divisions that keep the shards whole
+    assert split["given"] == 4 and [d["rollout_devices"] for d in split["divisions"]] == [4, 6, 7]
+    assert split["colocated_step_seconds"] == pytest.approx(timing["step_seconds"])
+    assert split["suggested"] in (None, *[d["rollout_devices"] for d in split["divisions"] if d["fits"]])
+
+
+def test_split_plan_scales_each_side_by_its_devices():
+    """split_plan: the rollout stages over R devices, the training stages over N - R, the weight
+    copy over the interconnect, the step the slower side; memory grows as the side's devices
+    shrink; the suggestion is the fastest division that fits."""
+    from paravt_jax.planner.time_plan import CHIPS, PhaseTime, TimePlan, divisions, split_plan
+
+    def phase(stage, seconds):
+        return PhaseTime(stage, stage, 1.0, 0.0, 0.0, 0.0, 0.0, seconds, 0.0, 0.0)
+
+    colocated = TimePlan("h100", "xla:cpu", (phase("rollout", 6.0), phase("refresh", 1.0),
+                                             phase("gradients", 3.0), phase("update", 1.0)))
+    assert divisions(8) == [4, 6, 7] and divisions(16) == [8, 12, 14, 15]
+    gib = 2**30
+    split = split_plan(colocated, 8, trainer_bytes=20 * gib, rollout_bytes=10 * gib, param_bytes=16 * gib,
+                       device_memory_bytes=80 * gib, given=2)
+    assert split.colocated_seconds == 11.0 and [d.rollout_devices for d in split.divisions] == [2, 4, 6, 7]
+    half = split.divisions[1]
+    assert (half.rollout_seconds, half.train_seconds) == (14.0, 8.0)  # 7 s x 8/4, 4 s x 8/4
+    assert half.transfer_seconds == pytest.approx(4 * gib / CHIPS["h100"].interconnect_bytes_per_s)
+    assert half.step_seconds == 14.0 and half.bound == "rollout"
+    assert (half.trainer_bytes, half.rollout_bytes) == (40 * gib, 24 * gib)  # 20 x 2; 10 x 2 + 16 / 4
+    six = split.divisions[2]
+    assert six.rollout_seconds == pytest.approx(7 * 8 / 6) and six.train_seconds == 16.0
+    assert not split.divisions[3].fits  # 1 trainer: 160 GiB
+    assert split.best is half  # 14 s; R=6 trains for 16 s, R=2 samples for 28 s, R=7 does not fit

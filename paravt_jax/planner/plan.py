@@ -73,7 +73,7 @@ from paravt_jax.planner.programs import (
     TargetError,
     compile_programs,
 )
-from paravt_jax.planner.time_plan import TimePlan, format_time_plan, time_plan
+from paravt_jax.planner.time_plan import TimePlan, format_time_plan, split_plan, time_plan
 from paravt_jax.planner.workload import (
     Assumptions,
     PlanError,
@@ -407,6 +407,11 @@ def plan(config, mesh_sizes: Mapping[str, int], device_memory_gb: float,
     timing = None
     if programs is not None and chip:
         timing = time_plan(programs, rl, work, sampler_layout(rl, work), model, chip, sizes, per_device_rows)
+        devices = math.prod(sizes.values())
+        if devices > 1:
+            given = int(config.mesh.get("rollout_devices", 0)) if "mesh" in config else 0
+            timing = dataclasses.replace(timing, split=split_plan(timing, devices, trainer.total_bytes,
+                                                                  sampler.total_bytes, p.total, memory, given))
     return MemoryPlan(
         preset=name, parameters=count, param_dtype=model.param_dtype, compute_dtype=model.dtype,
         remat=model.remat, mesh=sizes, devices=math.prod(sizes.values()), device_memory_gb=float(device_memory_gb),

@@ -99,6 +99,7 @@ class TimePlan:
     compiler: str
     phases: tuple[PhaseTime, ...]
     notes: tuple[str, ...] = ()
+    split: SplitPlan | None = None  # the same step on split meshes (split_plan)
 
     @property
     def step_seconds(self) -> float:
@@ -119,7 +120,7 @@ class TimePlan:
                     stages=self.stage_seconds(), bounding_phase=self.bounding.name,
                     reference_step_seconds=REFERENCE_STEP_SECONDS, reference_setup=REFERENCE_SETUP,
                     phases=[dict(dataclasses.asdict(p), seconds=p.seconds, bound=p.bound) for p in self.phases],
-                    notes=list(self.notes))
+                    notes=list(self.notes), split=self.split.to_json() if self.split else None)
 
 
 def step_calls(rl, work, layout) -> dict[str, tuple[str, float]]:
@@ -218,4 +219,109 @@ def format_time_plan(plan: TimePlan) -> list[str]:
               f"  bounded by: {plan.bounding.name} ({plan.bounding.seconds:.2f} s, {plan.bounding.bound})",
               f"  reference: about {REFERENCE_STEP_SECONDS:.0f} s per step on {REFERENCE_SETUP} (reported, measured)"]
     lines += [f"  note: {n}" for n in plan.notes]
+    if plan.split is not None:
+        lines += format_split_plan(plan.split)
+    return lines
+
+
+# ----------------------------------------------------------------------------- split meshes
+ROLLOUT_STAGES = ("rollout", "refresh")  # the sampler's side of a split run; the rest trains
+
+
+@dataclasses.dataclass(frozen=True)
+class Division:
+    """One way to split the devices (mesh.rollout_devices = rollout_devices) and its estimate."""
+    rollout_devices: int
+    train_devices: int
+    rollout_seconds: float  # the rollout stages spread over rollout_devices
+    train_seconds: float  # the training stages spread over train_devices
+    transfer_seconds: float  # publishing the weights across the meshes, on the trainer's side
+    trainer_bytes: int  # per training device
+    rollout_bytes: int  # per rollout device (parameters, caches, and the next weights arriving)
+    device_memory_bytes: int
+
+    @property
+    def step_seconds(self) -> float:
+        """A pipelined step (max_staleness >= 1): the slower side."""
+        return max(self.rollout_seconds, self.train_seconds + self.transfer_seconds)
+
+    @property
+    def fits(self) -> bool:
+        return max(self.trainer_bytes, self.rollout_bytes) <= self.device_memory_bytes
+
+    @property
+    def bound(self) -> str:
+        return "rollout" if self.rollout_seconds >= self.train_seconds + self.transfer_seconds else "training"
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitPlan:
+    """Colocated against split (asynchronous rollouts on devices of their own), scaled from the
+    colocated programs: a side's seconds grow as the devices it has shrink (N / its devices),
+    and so do its per-device bytes (parameters, optimizer state, rows and caches spread over
+    fewer devices). A first-order estimate, not a compile of the split meshes."""
+    devices: int
+    colocated_seconds: float
+    divisions: tuple[Division, ...]
+    given: int  # the config's mesh.rollout_devices (0: none given)
+
+    @property
+    def best(self) -> Division | None:
+        fitting = [d for d in self.divisions if d.fits]
+        return min(fitting, key=lambda d: d.step_seconds) if fitting else None
+
+    def to_json(self) -> dict:
+        best = self.best
+        return dict(devices=self.devices, colocated_step_seconds=self.colocated_seconds, given=self.given,
+                    suggested=best.rollout_devices if best else None,
+                    divisions=[dict(dataclasses.asdict(d), step_seconds=d.step_seconds, fits=d.fits, bound=d.bound,
+                                    speedup=self.colocated_seconds / d.step_seconds if d.step_seconds else None)
+                               for d in self.divisions])
+
+
+def divisions(devices: int) -> list[int]:
+    """The rollout device counts whose training side divides the devices evenly (N / 2, 3N / 4,
+    ...): the FSDP shards then stay whole; a training mesh of, say, 7 devices would replicate
+    every dimension 7 does not divide."""
+    return [devices - t for t in range(devices - 1, 0, -1) if devices % t == 0]
+
+
+def split_plan(plan: TimePlan, devices: int, trainer_bytes: int, rollout_bytes: int, param_bytes: int,
+               device_memory_bytes: int, given: int = 0) -> SplitPlan:
+    """`plan` (colocated, on `devices`) re-estimated for every division of the devices; see
+    SplitPlan. trainer_bytes / rollout_bytes: the colocated plan's per-device memory of the
+    trainer and of a rollout on its own; param_bytes: the whole model's parameters (the copy
+    that crosses to the rollout side, one shard a rollout device, over the interconnect)."""
+    stages = plan.stage_seconds()
+    rollout = sum(v for k, v in stages.items() if k in ROLLOUT_STAGES)
+    train = sum(v for k, v in stages.items() if k not in ROLLOUT_STAGES)
+    link = CHIPS[plan.chip].interconnect_bytes_per_s
+    out = []
+    for r in sorted(set(divisions(devices)) | ({given} if 0 < given < devices else set())):
+        t = devices - r
+        shard = param_bytes / min(r, t)  # the larger of a sender's and a receiver's share
+        out.append(Division(r, t, rollout * devices / r, train * devices / t, shard / link,
+                            int(trainer_bytes * devices / t),
+                            int(rollout_bytes * devices / r + param_bytes / r), device_memory_bytes))
+    return SplitPlan(devices, plan.step_seconds, tuple(out), given)
+
+
+def format_split_plan(split: SplitPlan) -> list[str]:
+    lines = ["", f"SPLIT MESHES: asynchronous rollouts (rl.max_staleness >= 1) on mesh.rollout_devices of the "
+                 f"{split.devices} devices, scaled from the colocated programs (first order, not compiled)",
+             f"  {'rollout':>8}{'train':>7}{'rollout s':>11}{'train s':>9}{'copy s':>8}{'step s':>9}{'vs colo':>9}"
+             f"{'trainer GiB':>13}{'rollout GiB':>13}  fits"]
+    for d in split.divisions:
+        mark = "  <- config" if d.rollout_devices == split.given else ""
+        speedup = split.colocated_seconds / d.step_seconds
+        lines.append(f"  {d.rollout_devices:>8}{d.train_devices:>7}{d.rollout_seconds:>11.2f}{d.train_seconds:>9.2f}"
+                     f"{d.transfer_seconds:>8.2f}{d.step_seconds:>9.2f}{speedup:>8.2f}x"
+                     f"{d.trainer_bytes / 2**30:>13.2f}{d.rollout_bytes / 2**30:>13.2f}  "
+                     f"{'yes' if d.fits else 'NO'} ({d.bound}-bound){mark}")
+    best = split.best
+    lines.append(f"  colocated: {split.colocated_seconds:.2f} s per step; "
+                 + (f"suggested: mesh.rollout_devices={best.rollout_devices} ({best.step_seconds:.2f} s, "
+                    f"{split.colocated_seconds / best.step_seconds:.2f}x)" if best else "no division fits"))
+    lines.append("  note: a side's time and per-device memory scale as N / its devices; the rollout side also "
+                 "holds the next weights while they arrive; at max_staleness = 0 the two sides add up instead")
     return lines

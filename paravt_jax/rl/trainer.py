@@ -221,15 +221,16 @@ class RLStep:
                       rollout_mesh)
 
     def policy(self, state, version: int) -> Policy:
-        """The weights in `state` as the rollout side samples them: a copy on the rollout mesh,
-        laid out by its rules (device to device), or, colocated, a copy on the trainer's devices
-        (the update donates `state`'s buffers while the producer may still sample)."""
+        """The weights in `state` as the rollout side samples them: a copy on this process's
+        rollout mesh, laid out by its rules (device to device), or, colocated, a copy on the
+        trainer's devices (the update donates `state`'s buffers while the producer may still
+        sample). Collective in a multi-process run: the trainer's thread calls it."""
         if self.rollout_mesh is None:
             params = jax.jit(lambda p: jax.tree.map(jnp.copy, p))(state.params)
-            return Policy(version, nnx.merge(self.step.graphdef, params, self.step.rest))
-        shardings = sh.param_shardings(state.params, self.rollout_mesh)
-        params = jax.device_put(state.params, shardings)
-        rest = jax.device_put(self.step.rest, NamedSharding(self.rollout_mesh, PartitionSpec()))
+            return Policy(version, dist.local_model(nnx.merge(self.step.graphdef, params, self.step.rest)))
+        params, rest = dist.to_local(state.params), dist.to_local(self.step.rest)
+        params = jax.device_put(params, sh.param_shardings(params, self.rollout_mesh))
+        rest = jax.device_put(rest, NamedSharding(self.rollout_mesh, PartitionSpec()))
         return Policy(version, nnx.merge(self.step.graphdef, jax.block_until_ready(params), rest))
 
     def collect(self, state, index: int) -> tuple[list, list[str]]:
@@ -367,10 +368,6 @@ def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge
     on its own devices; the scored rollouts are gathered so that every process builds the same
     global batch, and the update runs over all devices (see paravt_jax.distributed)."""
     asynchronous = rollout_mesh is not None or config.max_staleness > 0
-    if asynchronous and dist.process_count() > 1:
-        raise refuse("max_staleness", config.max_staleness,
-                     "asynchronous rollouts (or mesh.rollout_devices) run in one process here; "
-                     f"this run has {dist.process_count()}")
     phases = RLStep.build(model, tokenizer, rows, workdir, config, judge, make_sampler, rollout_mesh)
     unreadable = {"prompts": 0}  # prompts in a row whose videos could not be read
     pipeline: list[Pipeline] = []  # the asynchronous run's, started by its first step
@@ -424,6 +421,9 @@ def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge
     def asynchronous_step(state, index):
         t0 = time.perf_counter()
         if not pipeline:  # this invocation's first step: sample from the weights it starts with
+            where = "the training devices" if rollout_mesh is None else (
+                f"{rollout_mesh.size} devices of their own ({dict(rollout_mesh.shape)})")
+            logging.info(f"[rl] asynchronous rollouts on {where}, up to {config.max_staleness} policy versions stale")
             pipeline.append(Pipeline(produce, phases.policy(state, index), index, config.steps,
                                      config.max_staleness))
         taken = pipeline[0].take(index)
@@ -454,11 +454,15 @@ def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge
 
 
 def pipeline_metrics(taken: Taken) -> dict:
-    """An asynchronous step's staleness and waits (every rollout of a step comes from one policy
-    version, so the mean and the max agree within a process)."""
-    return {"staleness": taken.staleness, "staleness_max": taken.staleness, "policy_version": taken.produced.version,
-            "queue_depth": taken.queue_depth, "data_wait_s": taken.data_wait_s,
-            "weights_wait_s": taken.produced.weights_wait_s}
+    """An asynchronous step's staleness (versions behind: the mean and the max over the
+    processes, each of which sampled its share with one version; its oldest version) and the
+    waits of this process. Collective in a multi-process run."""
+    stale = [taken.staleness]
+    if dist.process_count() > 1:
+        stale = dist.allgather_objects(taken.staleness)
+    return {"staleness": float(np.mean(stale)), "staleness_max": max(stale),
+            "policy_version": taken.produced.index - max(stale), "queue_depth": taken.queue_depth,
+            "data_wait_s": taken.data_wait_s, "weights_wait_s": taken.produced.weights_wait_s}
 
 
 def throughput(metrics: dict, start: float) -> None:
