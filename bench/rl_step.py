@@ -4,13 +4,19 @@ seed, each arm in its own process (no compiled program is shared between the two
 
 Prints per arm the median step seconds (wall, and the process's CPU seconds, which other jobs
 on a shared machine disturb less), the XLA compilations of every step, and the median
-time split (rollout, rewards, batch building, reference and proximal log-probs, gradients,
-optimizer update), then whether the two arms logged the same metrics step by step (rewards
-exactly, losses to a tolerance: padding and packing change the float reduction order).
+time split (rollout, rewards, an asynchronous trainer's wait for episodes, batch building,
+reference and proximal log-probs, gradients, optimizer update), then whether the two arms
+logged the same metrics step by step (rewards exactly, losses to a tolerance: padding and
+packing change the float reduction order).
 
     python bench/rl_step.py [--phase rl|sft] [--config configs/paragrpo.py:toy]
         [--checkpoint runs/toy/final] [--steps 6] [--before=OVERRIDES] [--after=OVERRIDES]
-        [--extra=--config.rl.eval_every=0] [--parallel] [--workdir DIR]
+        [--extra=--config.rl.eval_every=0] [--parallel] [--workdir DIR] [--title TEXT]
+
+Synchronous against asynchronous rollouts (docs/scale-out.md), on 8 fake CPU devices:
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 python bench/rl_step.py --before= \
+        --after="--config.mesh.rollout_devices=4 --config.rl.max_staleness=1" --title="sync vs async"
+(the arms then sample different policies from step 1 on: the metrics table says so).
 
 --before defaults to the phase's previous behaviour: rl `--config.rl.shapes.policy=per_call
 --config.rl.max_tokens_per_micro_batch=0 --config.rl.step.prox_logprobs=recompute
@@ -38,8 +44,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # alike (exactly, and to a tolerance: padding and packing change the float reduction order)
 PHASES = {
     "rl": dict(command="train", steps="rl.steps",
-               split=("rollout_s", "reward_s", "batch_s", "ref_logprobs_s", "prox_logprobs_s", "grads_s",
-                      "update_s"),
+               split=("rollout_s", "reward_s", "data_wait_s", "batch_s", "ref_logprobs_s", "prox_logprobs_s",
+                      "grads_s", "update_s"),
                exact=("reward", "acc_reward", "format_compliance", "kappa", "rollouts", "loss_tokens"),
                close=("loss", "grad_norm"),
                before="--config.rl.shapes.policy=per_call --config.rl.max_tokens_per_micro_batch=0 "
@@ -118,6 +124,7 @@ def main(argv=None) -> int:
     parser.add_argument("--before", default=None, help="overrides that select the previous behaviour "
                                                        "(default: the phase's)")
     parser.add_argument("--after", default="", help="overrides of the new arm")
+    parser.add_argument("--title", default="previous shapes vs fixed shapes", help="what the arms compare")
     parser.add_argument("--extra", default="--config.rl.eval_every=0", help="overrides of both arms")
     parser.add_argument("--warmup", type=int, default=2, help="steps left out of the medians")
     # losses and gradient norms of an on-policy PPO step sum terms near the clip boundary, where
@@ -146,7 +153,7 @@ def main(argv=None) -> int:
         arms[arm[0]] = finish_arm(*arm)
     print(f"\n{machine()}; {args.config}, {args.steps} {phase} steps, medians over steps >= {args.warmup}"
           f"{', arms run at once' if args.parallel else ''}")
-    print_table(f"{phase.upper()} step: previous shapes vs fixed shapes",
+    print_table(f"{phase.upper()} step: {args.title}",
                 ["arm", "step s", "step CPU s", "compiles per step", "compile s", *PHASES[phase]["split"]],
                 [arm_row(name, lines, args.warmup, phase) for name, lines in arms.items()])
     for key, what in (("step_s", "step"), ("step_cpu_s", "step's CPU time")):
