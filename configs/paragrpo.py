@@ -9,8 +9,8 @@ task of paravt_jax/data/events.py with the `toy` model, docs/toy_task.md; about 
 nothing learned), qwen3vl_2b, qwen3vl_8b
 (the reference hyper-parameters of paragrpo_8b.yaml), qwen3vl_32b (the same recipe on the
 Qwen3-VL-32B shapes: planned for v5p-64 and gpu16_tp2, docs/scale-out.md), and the 8B recipe
-with asynchronous rollouts on devices of their own: qwen3vl_8b_async_gpu8 (one host of 8 GPUs)
-and qwen3vl_8b_async_v5p16 (ASYNC_PRESETS; docs/scale-out.md).
+with asynchronous rollouts on devices of their own: qwen3vl_8b_async_gpu8_h200 (one host of 8
+H200s) and qwen3vl_8b_async_v5p16 (ASYNC_PRESETS; docs/scale-out.md).
 """
 
 import ml_collections
@@ -21,12 +21,13 @@ from paravt_jax.rl.evaluate import EvalConfig
 from paravt_jax.rl.trainer import RLConfig
 from paravt_jax.sft.trainer import SFTConfig
 
-# Asynchronous variants of the 8B recipe (docs/scale-out.md): rollout devices of their own (each
-# host samples on its share, laid out as given), up to 2 policy versions stale (the reference's
-# max_head_offpolicyness):
-# preset -> (the mesh preset it is planned for, mesh.rollout_devices, mesh.rollout_axes)
-ASYNC_PRESETS = {"qwen3vl_8b_async_gpu8": ("gpu8", 4, "tensor=-1"),
-                 "qwen3vl_8b_async_v5p16": ("v5p-16", 4, "tensor=-1")}
+# Asynchronous variants of the 8B recipe (docs/scale-out.md): half the devices sample (each host
+# its share, tensor parallel), half train (FSDP, a micro-batch of one row per training device),
+# up to 2 policy versions stale (the reference's max_head_offpolicyness). The planner's split
+# estimate (`paravt-jax plan ... --mesh=<preset>`) fits the even split on 141 GB H200s and 95
+# GiB v5p chips, not on 80 GB H100s (the rollout side's whole-episode KV caches: keep those
+# colocated). preset -> (the mesh preset it is planned for, mesh.rollout_devices)
+ASYNC_PRESETS = {"qwen3vl_8b_async_gpu8_h200": ("gpu8-h200", 4), "qwen3vl_8b_async_v5p16": ("v5p-16", 4)}
 MODEL_PRESETS = {"tiny": "tiny", "toy": "toy", "qwen3vl_2b": "2b", "qwen3vl_8b": "8b",
                  "qwen3vl_32b": "32b", **{name: "8b" for name in ASYNC_PRESETS}}  # preset -> model preset
 
@@ -138,7 +139,9 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
         c.model.remat = True
         c.eval.max_new_tokens, c.eval.max_turns, c.eval.limit = 2048, 3, 0
         if preset in ASYNC_PRESETS:  # the training mesh: fsdp over the devices the rollouts leave
-            _, c.mesh.rollout_devices, c.mesh.rollout_axes = ASYNC_PRESETS[preset]
+            _, c.mesh.rollout_devices = ASYNC_PRESETS[preset]
+            c.mesh.rollout_axes = "tensor=-1"
+            c.rl.max_tokens_per_micro_batch = 4 * 22528  # one row per training device
             c.rl.max_staleness = 2
     elif preset == "qwen3vl_2b":
         c.sft.steps, c.sft.optimizer.learning_rate = 500, 2e-5

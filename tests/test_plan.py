@@ -337,33 +337,37 @@ def test_gpu_preset_prints_the_time_plan_from_xla(tmp_path, builtin_root):
     assert timing["bounding_phase"] in {p["name"] for p in timing["phases"]}
     assert timing["reference_step_seconds"] == 250.0
     split = timing["split"]  # colocated against split, for the divisions that keep the shards whole
-    assert split["given"] == 4 and [d["rollout_devices"] for d in split["divisions"]] == [4, 6, 7]
+    assert split["given"] == 4 and [d["rollout_devices"] for d in split["divisions"]] == [4]
     assert split["colocated_step_seconds"] == pytest.approx(timing["step_seconds"])
     assert split["suggested"] in (None, *[d["rollout_devices"] for d in split["divisions"] if d["fits"]])
 
 
 def test_split_plan_scales_each_side_by_its_devices():
     """split_plan: the rollout stages over R devices, the training stages over N - R, the weight
-    copy over the interconnect, the step the slower side; memory grows as the side's devices
-    shrink; the suggestion is the fastest division that fits."""
-    from paravt_jax.planner.time_plan import CHIPS, PhaseTime, TimePlan, divisions, split_plan
+    copy over the interconnect, the step the slower side; the spread bytes grow as a side's
+    devices shrink, the fixed ones do not; the suggestion is the fastest division that leaves
+    10% of the memory on both sides."""
+    from paravt_jax.planner.time_plan import CHIPS, PhaseTime, SideBytes, TimePlan, divisions, split_plan
 
     def phase(stage, seconds):
         return PhaseTime(stage, stage, 1.0, 0.0, 0.0, 0.0, 0.0, seconds, 0.0, 0.0)
 
     colocated = TimePlan("h100", "xla:cpu", (phase("rollout", 6.0), phase("refresh", 1.0),
                                              phase("gradients", 3.0), phase("update", 1.0)))
-    assert divisions(8) == [4, 6, 7] and divisions(16) == [8, 12, 14, 15]
+    assert divisions(8) == [4] and divisions(16) == [8] and divisions(12) == [6]
     gib = 2**30
-    split = split_plan(colocated, 8, trainer_bytes=20 * gib, rollout_bytes=10 * gib, param_bytes=16 * gib,
-                       device_memory_bytes=80 * gib, given=2)
-    assert split.colocated_seconds == 11.0 and [d.rollout_devices for d in split.divisions] == [2, 4, 6, 7]
-    half = split.divisions[1]
+    sides = dict(trainer=SideBytes(10 * gib, 10 * gib), rollout=SideBytes(8 * gib, 2 * gib), param_bytes=16 * gib)
+    split = split_plan(colocated, 8, device_memory_bytes=80 * gib, given=2, **sides)
+    assert split.colocated_seconds == 11.0 and [d.rollout_devices for d in split.divisions] == [2, 4]
+    given, half = split.divisions
     assert (half.rollout_seconds, half.train_seconds) == (14.0, 8.0)  # 7 s x 8/4, 4 s x 8/4
     assert half.transfer_seconds == pytest.approx(4 * gib / CHIPS["h100"].interconnect_bytes_per_s)
     assert half.step_seconds == 14.0 and half.bound == "rollout"
-    assert (half.trainer_bytes, half.rollout_bytes) == (40 * gib, 24 * gib)  # 20 x 2; 10 x 2 + 16 / 4
-    six = split.divisions[2]
-    assert six.rollout_seconds == pytest.approx(7 * 8 / 6) and six.train_seconds == 16.0
-    assert not split.divisions[3].fits  # 1 trainer: 160 GiB
-    assert split.best is half  # 14 s; R=6 trains for 16 s, R=2 samples for 28 s, R=7 does not fit
+    assert (half.trainer_bytes, half.rollout_bytes) == (30 * gib, 22 * gib)  # 10 x 2 + 10; 8 x 2 + 2 + 16 / 4
+    assert given.rollout_seconds == 28.0 and given.train_seconds == pytest.approx(4 * 8 / 6)
+    assert given.rollout_bytes == 42 * gib  # 8 x 4 + 2 + 16 / 2
+    assert split.best is half  # 14 s against 28 s
+    # the bound conserves device seconds: no division beats the colocated 11 s
+    assert min(d.step_seconds for d in split.divisions) >= split.colocated_seconds
+    tight = split_plan(colocated, 8, device_memory_bytes=32 * gib, given=2, **sides)
+    assert not any(d.fits for d in tight.divisions) and tight.best is None  # 30 and 42 GiB over 28.8

@@ -73,7 +73,7 @@ from paravt_jax.planner.programs import (
     TargetError,
     compile_programs,
 )
-from paravt_jax.planner.time_plan import TimePlan, format_time_plan, split_plan, time_plan
+from paravt_jax.planner.time_plan import SideBytes, TimePlan, format_time_plan, split_plan, time_plan
 from paravt_jax.planner.workload import (
     Assumptions,
     PlanError,
@@ -410,8 +410,14 @@ def plan(config, mesh_sizes: Mapping[str, int], device_memory_gb: float,
         devices = math.prod(sizes.values())
         if devices > 1:
             given = int(config.mesh.get("rollout_devices", 0)) if "mesh" in config else 0
-            timing = dataclasses.replace(timing, split=split_plan(timing, devices, trainer.total_bytes,
-                                                                  sampler.total_bytes, p.total, memory, given))
+            # what spreads over a side's devices: the trainer's state; the sampler's all but a
+            # prefill group's working set (see time_plan.SideBytes)
+            state = sum(r.per_device_bytes for r in (param_row, grad_row, opt_row, reference_row) if r.counted)
+            working = prefill_row.per_device_bytes if prefill_row.counted else 0
+            trainer_bytes = SideBytes(state, trainer.total_bytes - state)
+            rollout_bytes = SideBytes(sampler.total_bytes - working, working)
+            timing = dataclasses.replace(timing, split=split_plan(timing, devices, trainer_bytes, rollout_bytes,
+                                                                  p.total, memory, given))
     return MemoryPlan(
         preset=name, parameters=count, param_dtype=model.param_dtype, compute_dtype=model.dtype,
         remat=model.remat, mesh=sizes, devices=math.prod(sizes.values()), device_memory_gb=float(device_memory_gb),

@@ -226,6 +226,7 @@ def format_time_plan(plan: TimePlan) -> list[str]:
 
 # ----------------------------------------------------------------------------- split meshes
 ROLLOUT_STAGES = ("rollout", "refresh")  # the sampler's side of a split run; the rest trains
+SPLIT_HEADROOM = 0.10  # a division fits when each side leaves this share of the device's memory
 
 
 @dataclasses.dataclass(frozen=True)
@@ -247,7 +248,8 @@ class Division:
 
     @property
     def fits(self) -> bool:
-        return max(self.trainer_bytes, self.rollout_bytes) <= self.device_memory_bytes
+        """Both sides within SPLIT_HEADROOM of the device's memory."""
+        return max(self.trainer_bytes, self.rollout_bytes) <= (1 - SPLIT_HEADROOM) * self.device_memory_bytes
 
     @property
     def bound(self) -> str:
@@ -255,11 +257,27 @@ class Division:
 
 
 @dataclasses.dataclass(frozen=True)
+class SideBytes:
+    """A side's per-device bytes on the colocated mesh: `spread` grows as N / its devices
+    (parameters, gradients, optimizer state, the reference, the sampler's weight copies and KV
+    caches), `fixed` does not (a micro-batch's inputs and activations when the micro-batch keeps
+    its rows per device, a prefill group's working set, generated code)."""
+    spread: int
+    fixed: int
+
+    def on(self, devices: int, own: int) -> int:
+        return int(self.spread * devices / own) + self.fixed
+
+
+@dataclasses.dataclass(frozen=True)
 class SplitPlan:
     """Colocated against split (asynchronous rollouts on devices of their own), scaled from the
-    colocated programs: a side's seconds grow as the devices it has shrink (N / its devices),
-    and so do its per-device bytes (parameters, optimizer state, rows and caches spread over
-    fewer devices). A first-order estimate, not a compile of the split meshes."""
+    colocated programs: a side's seconds grow as N / its devices (its share of the work spread
+    over fewer devices), and its per-device bytes as SideBytes says. In this bound the device
+    seconds are conserved, so a split at best matches colocated (at the division that balances
+    the sides); what it buys in practice lies outside the bound (host work and the decode's
+    long tail overlapped with training). A first-order estimate, not a compile of the split
+    meshes."""
     devices: int
     colocated_seconds: float
     divisions: tuple[Division, ...]
@@ -280,29 +298,31 @@ class SplitPlan:
 
 
 def divisions(devices: int) -> list[int]:
-    """The rollout device counts whose training side divides the devices evenly (N / 2, 3N / 4,
-    ...): the FSDP shards then stay whole; a training mesh of, say, 7 devices would replicate
-    every dimension 7 does not divide."""
-    return [devices - t for t in range(devices - 1, 0, -1) if devices % t == 0]
+    """The rollout device counts R for which both sides divide the devices (R | N and N - R | N):
+    the model's power-of-two dimensions then shard evenly on both meshes, where a side of, say,
+    6 or 7 devices would replicate every dimension it does not divide. For N a power of two
+    that is the even split."""
+    return [r for r in range(1, devices) if devices % r == 0 and devices % (devices - r) == 0]
 
 
-def split_plan(plan: TimePlan, devices: int, trainer_bytes: int, rollout_bytes: int, param_bytes: int,
+def split_plan(plan: TimePlan, devices: int, trainer: SideBytes, rollout: SideBytes, param_bytes: int,
                device_memory_bytes: int, given: int = 0) -> SplitPlan:
     """`plan` (colocated, on `devices`) re-estimated for every division of the devices; see
-    SplitPlan. trainer_bytes / rollout_bytes: the colocated plan's per-device memory of the
-    trainer and of a rollout on its own; param_bytes: the whole model's parameters (the copy
-    that crosses to the rollout side, one shard a rollout device, over the interconnect)."""
+    SplitPlan. trainer / rollout: the colocated plan's per-device memory of the trainer and of
+    a rollout on its own; param_bytes: the whole model's parameters (the copy that crosses to
+    the rollout side, one shard a rollout device, over the interconnect, and held there beside
+    the weights being sampled while it arrives)."""
     stages = plan.stage_seconds()
-    rollout = sum(v for k, v in stages.items() if k in ROLLOUT_STAGES)
+    sampling = sum(v for k, v in stages.items() if k in ROLLOUT_STAGES)
     train = sum(v for k, v in stages.items() if k not in ROLLOUT_STAGES)
     link = CHIPS[plan.chip].interconnect_bytes_per_s
     out = []
     for r in sorted(set(divisions(devices)) | ({given} if 0 < given < devices else set())):
         t = devices - r
         shard = param_bytes / min(r, t)  # the larger of a sender's and a receiver's share
-        out.append(Division(r, t, rollout * devices / r, train * devices / t, shard / link,
-                            int(trainer_bytes * devices / t),
-                            int(rollout_bytes * devices / r + param_bytes / r), device_memory_bytes))
+        out.append(Division(r, t, sampling * devices / r, train * devices / t, shard / link,
+                            trainer.on(devices, t), rollout.on(devices, r) + int(param_bytes / r),
+                            device_memory_bytes))
     return SplitPlan(devices, plan.step_seconds, tuple(out), given)
 
 
@@ -321,7 +341,13 @@ def format_split_plan(split: SplitPlan) -> list[str]:
     best = split.best
     lines.append(f"  colocated: {split.colocated_seconds:.2f} s per step; "
                  + (f"suggested: mesh.rollout_devices={best.rollout_devices} ({best.step_seconds:.2f} s, "
-                    f"{split.colocated_seconds / best.step_seconds:.2f}x)" if best else "no division fits"))
-    lines.append("  note: a side's time and per-device memory scale as N / its devices; the rollout side also "
-                 "holds the next weights while they arrive; at max_staleness = 0 the two sides add up instead")
+                    f"{split.colocated_seconds / best.step_seconds:.2f}x)" if best else
+                    f"no division fits with {SPLIT_HEADROOM:.0%} headroom"))
+    lines.append("  note: a side's time scales as N / its devices, and so do its weights, optimizer state and KV "
+                 "caches per device (the micro-batch keeps its rows per device: rl.max_tokens_per_micro_batch x "
+                 "train / N); the rollout side also holds the next weights while they arrive; at max_staleness = 0 "
+                 "the two sides add up instead")
+    lines.append("  note: device seconds are conserved in this bound, so a split at best matches colocated; its "
+                 "gain lies in what the bound leaves out: host work (crops, rewards, a judge) and the decode's "
+                 "long tail overlapped with training")
     return lines
