@@ -329,7 +329,7 @@ def test_gpu_preset_prints_the_time_plan_from_xla(tmp_path, builtin_root):
                     "--config.rl.dispatch.max_parallel=1", "--config.rl.dispatch.max_frames=2",
                     "--config.mesh.rollout_devices=4", "--mesh=gpu8", "--target=cpu-fake", f"--json={path}")
     assert "TRAINER: one optimizer step [xla:cpu" in text and "TIME PLAN: one RL step, lower bound on h100" in text
-    assert "SPLIT MESHES" in text and "<- config" in text and "suggested: mesh.rollout_devices=" in text
+    assert "ASYNCHRONOUS ROLLOUTS" in text and "<- config" in text and "suggested: mesh.rollout_devices=" in text
     saved = json.loads(path.read_text())
     assert saved["target"] == "cpu-fake" and saved["trainer"]["compiler"] == "xla:cpu"
     timing = saved["time_plan"]
@@ -337,16 +337,16 @@ def test_gpu_preset_prints_the_time_plan_from_xla(tmp_path, builtin_root):
     assert timing["bounding_phase"] in {p["name"] for p in timing["phases"]}
     assert timing["reference_step_seconds"] == 250.0
     split = timing["split"]  # colocated against split, for the divisions that keep the shards whole
-    assert split["given"] == 4 and [d["rollout_devices"] for d in split["divisions"]] == [4]
+    assert split["given"] == 4 and [d["rollout_devices"] for d in split["divisions"]] == [0, 4]
     assert split["colocated_step_seconds"] == pytest.approx(timing["step_seconds"])
     assert split["suggested"] in (None, *[d["rollout_devices"] for d in split["divisions"] if d["fits"]])
 
 
 def test_split_plan_scales_each_side_by_its_devices():
     """split_plan: the rollout stages over R devices, the training stages over N - R, the weight
-    copy over the interconnect, the step the slower side; the spread bytes grow as a side's
-    devices shrink, the fixed ones do not; the suggestion is the fastest division that leaves
-    10% of the memory on both sides."""
+    copy over the interconnect, the step the slower side (shared devices: the sum); the spread
+    bytes grow as a side's devices shrink, the fixed ones do not; the suggestion is the fastest
+    placement that leaves 10% of the memory on both sides."""
     from paravt_jax.planner.time_plan import CHIPS, PhaseTime, SideBytes, TimePlan, divisions, split_plan
 
     def phase(stage, seconds):
@@ -358,16 +358,20 @@ def test_split_plan_scales_each_side_by_its_devices():
     gib = 2**30
     sides = dict(trainer=SideBytes(10 * gib, 10 * gib), rollout=SideBytes(8 * gib, 2 * gib), param_bytes=16 * gib)
     split = split_plan(colocated, 8, device_memory_bytes=80 * gib, given=2, **sides)
-    assert split.colocated_seconds == 11.0 and [d.rollout_devices for d in split.divisions] == [2, 4]
-    given, half = split.divisions
+    assert split.colocated_seconds == 11.0 and [d.rollout_devices for d in split.divisions] == [0, 2, 4]
+    shared, given, half = split.divisions
+    assert shared.step_seconds == 11.0 and shared.bound == "shared"  # the sides share the devices' time
+    assert shared.trainer_bytes == shared.rollout_bytes == 32 * gib  # 20 + 10 + 16 / 8: all at once
     assert (half.rollout_seconds, half.train_seconds) == (14.0, 8.0)  # 7 s x 8/4, 4 s x 8/4
     assert half.transfer_seconds == pytest.approx(4 * gib / CHIPS["h100"].interconnect_bytes_per_s)
     assert half.step_seconds == 14.0 and half.bound == "rollout"
     assert (half.trainer_bytes, half.rollout_bytes) == (30 * gib, 22 * gib)  # 10 x 2 + 10; 8 x 2 + 2 + 16 / 4
     assert given.rollout_seconds == 28.0 and given.train_seconds == pytest.approx(4 * 8 / 6)
     assert given.rollout_bytes == 42 * gib  # 8 x 4 + 2 + 16 / 2
-    assert split.best is half  # 14 s against 28 s
+    assert split.best is shared  # 11 s against 14 s and 28 s
     # the bound conserves device seconds: no division beats the colocated 11 s
     assert min(d.step_seconds for d in split.divisions) >= split.colocated_seconds
     tight = split_plan(colocated, 8, device_memory_bytes=32 * gib, given=2, **sides)
-    assert not any(d.fits for d in tight.divisions) and tight.best is None  # 30 and 42 GiB over 28.8
+    assert not any(d.fits for d in tight.divisions) and tight.best is None  # 32, 42 and 30 GiB over 28.8
+    roomy = split_plan(colocated, 8, device_memory_bytes=34 * gib, given=2, **sides)
+    assert roomy.best is roomy.divisions[2]  # only the even split fits 30.6 GiB: 30 and 22 GiB

@@ -231,19 +231,27 @@ SPLIT_HEADROOM = 0.10  # a division fits when each side leaves this share of the
 
 @dataclasses.dataclass(frozen=True)
 class Division:
-    """One way to split the devices (mesh.rollout_devices = rollout_devices) and its estimate."""
+    """One way to place the rollouts of an asynchronous run (mesh.rollout_devices =
+    rollout_devices; 0: on the training devices, shared) and its estimate."""
     rollout_devices: int
     train_devices: int
-    rollout_seconds: float  # the rollout stages spread over rollout_devices
+    rollout_seconds: float  # the rollout stages spread over rollout_devices (shared: all of them)
     train_seconds: float  # the training stages spread over train_devices
     transfer_seconds: float  # publishing the weights across the meshes, on the trainer's side
-    trainer_bytes: int  # per training device
-    rollout_bytes: int  # per rollout device (parameters, caches, and the next weights arriving)
+    trainer_bytes: int  # per training device (shared: both sides at once)
+    rollout_bytes: int  # per rollout device, with the next weights arriving (shared: as trainer_bytes)
     device_memory_bytes: int
 
     @property
+    def shared(self) -> bool:
+        return self.rollout_devices == 0
+
+    @property
     def step_seconds(self) -> float:
-        """A pipelined step (max_staleness >= 1): the slower side."""
+        """A pipelined step (max_staleness >= 1): the slower side; on shared devices the two
+        add up (the bound counts device time, which they split)."""
+        if self.shared:
+            return self.rollout_seconds + self.train_seconds
         return max(self.rollout_seconds, self.train_seconds + self.transfer_seconds)
 
     @property
@@ -253,6 +261,8 @@ class Division:
 
     @property
     def bound(self) -> str:
+        if self.shared:
+            return "shared"
         return "rollout" if self.rollout_seconds >= self.train_seconds + self.transfer_seconds else "training"
 
 
@@ -271,22 +281,24 @@ class SideBytes:
 
 @dataclasses.dataclass(frozen=True)
 class SplitPlan:
-    """Colocated against split (asynchronous rollouts on devices of their own), scaled from the
-    colocated programs: a side's seconds grow as N / its devices (its share of the work spread
-    over fewer devices), and its per-device bytes as SideBytes says. In this bound the device
-    seconds are conserved, so a split at best matches colocated (at the division that balances
-    the sides); what it buys in practice lies outside the bound (host work and the decode's
-    long tail overlapped with training). A first-order estimate, not a compile of the split
-    meshes."""
+    """Where an asynchronous run's rollouts go: on the training devices (shared, the first
+    division) or on devices of their own, scaled from the colocated programs: a side's seconds
+    grow as N / its devices (its share of the work spread over fewer devices), its per-device
+    bytes as SideBytes says; shared, every device holds the trainer's step and a sampler at
+    once. In this bound the device seconds are conserved, so no placement beats the
+    synchronous step, and a split at best matches it (at the division that balances the sides);
+    what asynchrony buys lies outside the bound (host work and the decode's long tail
+    overlapped with training). A first-order estimate, not a compile of the split meshes."""
     devices: int
-    colocated_seconds: float
+    colocated_seconds: float  # the synchronous colocated step
     divisions: tuple[Division, ...]
-    given: int  # the config's mesh.rollout_devices (0: none given)
+    given: int  # the config's mesh.rollout_devices
 
     @property
     def best(self) -> Division | None:
+        """The fastest placement that fits (shared first among equals)."""
         fitting = [d for d in self.divisions if d.fits]
-        return min(fitting, key=lambda d: d.step_seconds) if fitting else None
+        return min(fitting, key=lambda d: (d.step_seconds, d.rollout_devices)) if fitting else None
 
     def to_json(self) -> dict:
         best = self.best
@@ -307,16 +319,18 @@ def divisions(devices: int) -> list[int]:
 
 def split_plan(plan: TimePlan, devices: int, trainer: SideBytes, rollout: SideBytes, param_bytes: int,
                device_memory_bytes: int, given: int = 0) -> SplitPlan:
-    """`plan` (colocated, on `devices`) re-estimated for every division of the devices; see
-    SplitPlan. trainer / rollout: the colocated plan's per-device memory of the trainer and of
-    a rollout on its own; param_bytes: the whole model's parameters (the copy that crosses to
-    the rollout side, one shard a rollout device, over the interconnect, and held there beside
-    the weights being sampled while it arrives)."""
+    """`plan` (colocated, on `devices`) re-estimated for rollouts on the training devices and on
+    every division of the devices; see SplitPlan. trainer / rollout: the colocated plan's
+    per-device memory of the trainer and of a rollout on its own (its own weights: the policy
+    copy); param_bytes: the whole model's parameters (the copy that crosses to the rollout
+    side, one shard a rollout device, over the interconnect, and held there beside the weights
+    being sampled while it arrives)."""
     stages = plan.stage_seconds()
     sampling = sum(v for k, v in stages.items() if k in ROLLOUT_STAGES)
     train = sum(v for k, v in stages.items() if k not in ROLLOUT_STAGES)
     link = CHIPS[plan.chip].interconnect_bytes_per_s
-    out = []
+    both = trainer.on(devices, devices) + rollout.on(devices, devices) + int(param_bytes / devices)
+    out = [Division(0, devices, sampling, train, 0.0, both, both, device_memory_bytes)]
     for r in sorted(set(divisions(devices)) | ({given} if 0 < given < devices else set())):
         t = devices - r
         shard = param_bytes / min(r, t)  # the larger of a sender's and a receiver's share
@@ -327,9 +341,10 @@ def split_plan(plan: TimePlan, devices: int, trainer: SideBytes, rollout: SideBy
 
 
 def format_split_plan(split: SplitPlan) -> list[str]:
-    lines = ["", f"SPLIT MESHES: asynchronous rollouts (rl.max_staleness >= 1) on mesh.rollout_devices of the "
-                 f"{split.devices} devices, scaled from the colocated programs (first order, not compiled)",
-             f"  {'rollout':>8}{'train':>7}{'rollout s':>11}{'train s':>9}{'copy s':>8}{'step s':>9}{'vs colo':>9}"
+    lines = ["", f"ASYNCHRONOUS ROLLOUTS (rl.max_staleness >= 1): on the training devices (0) or on "
+                 f"mesh.rollout_devices of the {split.devices}, scaled from the colocated programs (first order, "
+                 "not compiled)",
+             f"  {'rollout':>8}{'train':>7}{'rollout s':>11}{'train s':>9}{'copy s':>8}{'step s':>9}{'vs sync':>9}"
              f"{'trainer GiB':>13}{'rollout GiB':>13}  fits"]
     for d in split.divisions:
         mark = "  <- config" if d.rollout_devices == split.given else ""
@@ -337,17 +352,16 @@ def format_split_plan(split: SplitPlan) -> list[str]:
         lines.append(f"  {d.rollout_devices:>8}{d.train_devices:>7}{d.rollout_seconds:>11.2f}{d.train_seconds:>9.2f}"
                      f"{d.transfer_seconds:>8.2f}{d.step_seconds:>9.2f}{speedup:>8.2f}x"
                      f"{d.trainer_bytes / 2**30:>13.2f}{d.rollout_bytes / 2**30:>13.2f}  "
-                     f"{'yes' if d.fits else 'NO'} ({d.bound}-bound){mark}")
+                     f"{'yes' if d.fits else 'NO'} ({d.bound}){mark}")
     best = split.best
-    lines.append(f"  colocated: {split.colocated_seconds:.2f} s per step; "
-                 + (f"suggested: mesh.rollout_devices={best.rollout_devices} ({best.step_seconds:.2f} s, "
-                    f"{split.colocated_seconds / best.step_seconds:.2f}x)" if best else
-                    f"no division fits with {SPLIT_HEADROOM:.0%} headroom"))
+    lines.append(f"  synchronous, colocated: {split.colocated_seconds:.2f} s per step; "
+                 + (f"suggested: mesh.rollout_devices={best.rollout_devices} ({best.step_seconds:.2f} s)" if best else
+                    f"no placement fits with {SPLIT_HEADROOM:.0%} headroom: stay synchronous"))
     lines.append("  note: a side's time scales as N / its devices, and so do its weights, optimizer state and KV "
                  "caches per device (the micro-batch keeps its rows per device: rl.max_tokens_per_micro_batch x "
-                 "train / N); the rollout side also holds the next weights while they arrive; at max_staleness = 0 "
-                 "the two sides add up instead")
-    lines.append("  note: device seconds are conserved in this bound, so a split at best matches colocated; its "
-                 "gain lies in what the bound leaves out: host work (crops, rewards, a judge) and the decode's "
-                 "long tail overlapped with training")
+                 "train / N); a rollout side also holds the next weights while they arrive; shared (0), every "
+                 "device holds the trainer's step and a sampler with its own weights at once")
+    lines.append("  note: device seconds are conserved in this bound: no placement beats the synchronous step, a "
+                 "split at best matches it; asynchrony's gain lies in what the bound leaves out: host work (crops, "
+                 "rewards, a judge) and the decode's long tail overlapped with training")
     return lines

@@ -374,10 +374,11 @@ def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge
 
     def train_on(state, index: int, scored: Scored, timings: dict):
         """The rest of a step once its episodes are scored: batch, reference log-probs,
-        advantages, the update, metrics (`timings`: the rollout side's), the evaluation."""
+        advantages, the update and its metrics (with `timings`, the rollout side's)."""
         t2 = time.perf_counter()
         if not scored.rollouts:
-            return state, unreadable_step(index, scored.skipped, unreadable, config.prompts_per_step, len(rows))
+            return state, {**timings, **unreadable_step(index, scored.skipped, unreadable, config.prompts_per_step,
+                                                        len(rows))}
         unreadable["prompts"] = 0
         data = phases.batch(scored)
         t_batch = time.perf_counter()
