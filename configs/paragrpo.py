@@ -15,6 +15,7 @@ H200s) and qwen3vl_8b_async_v5p16 (ASYNC_PRESETS; docs/scale-out.md).
 
 import ml_collections
 
+from paravt_jax import meshes
 from paravt_jax.config import section
 from paravt_jax.configs import base
 from paravt_jax.rl.evaluate import EvalConfig
@@ -139,9 +140,10 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
         c.model.remat = True
         c.eval.max_new_tokens, c.eval.max_turns, c.eval.limit = 2048, 3, 0
         if preset in ASYNC_PRESETS:  # the training mesh: fsdp over the devices the rollouts leave
-            _, c.mesh.rollout_devices = ASYNC_PRESETS[preset]
+            mesh_name, c.mesh.rollout_devices = ASYNC_PRESETS[preset]
             c.mesh.rollout_axes = "tensor=-1"
-            c.rl.max_tokens_per_micro_batch = 4 * 22528  # one row per training device
+            train_devices = meshes.get_mesh(mesh_name)["devices"] - c.mesh.rollout_devices
+            c.rl.max_tokens_per_micro_batch = train_devices * 22528  # one row per training device
             c.rl.max_staleness = 2
     elif preset == "qwen3vl_2b":
         c.sft.steps, c.sft.optimizer.learning_rate = 500, 2e-5
