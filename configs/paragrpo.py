@@ -22,13 +22,16 @@ from paravt_jax.rl.evaluate import EvalConfig
 from paravt_jax.rl.trainer import RLConfig
 from paravt_jax.sft.trainer import SFTConfig
 
-# Asynchronous variants of the 8B recipe (docs/scale-out.md): half the devices sample (each host
-# its share, tensor parallel), half train (FSDP, a micro-batch of one row per training device),
-# up to 2 policy versions stale (the reference's max_head_offpolicyness). The planner's split
-# estimate (`paravt-jax plan ... --mesh=<preset>`) fits the even split on 141 GB H200s and 95
-# GiB v5p chips, not on 80 GB H100s (the rollout side's whole-episode KV caches: keep those
-# colocated). preset -> (the mesh preset it is planned for, mesh.rollout_devices)
-ASYNC_PRESETS = {"qwen3vl_8b_async_gpu8_h200": ("gpu8-h200", 4), "qwen3vl_8b_async_v5p16": ("v5p-16", 4)}
+# Asynchronous variants of the 8B recipe (docs/scale-out.md): up to 2 policy versions stale (the
+# reference's max_head_offpolicyness), the rollouts where the planner's estimate puts them
+# (`paravt-jax plan --config=configs/paragrpo.py:<preset> --mesh=<its mesh preset>`): on the
+# training devices (0) on both meshes, where an even split (4 + 4) is 0.54x as fast, the
+# recipe's decode bounding the step. On 80 GB H100s neither fits with 10% headroom (the shared
+# devices hold a trainer's step and a sampler's caches at once): they stay synchronous.
+# A non-zero count splits: each host samples on its share (tensor parallel), the others train
+# (FSDP, a micro-batch of one row per training device).
+# preset -> (the mesh preset it is planned for, mesh.rollout_devices)
+ASYNC_PRESETS = {"qwen3vl_8b_async_gpu8_h200": ("gpu8-h200", 0), "qwen3vl_8b_async_v5p16": ("v5p-16", 0)}
 MODEL_PRESETS = {"tiny": "tiny", "toy": "toy", "qwen3vl_2b": "2b", "qwen3vl_8b": "8b",
                  "qwen3vl_32b": "32b", **{name: "8b" for name in ASYNC_PRESETS}}  # preset -> model preset
 
