@@ -155,6 +155,8 @@ def step_shapes(config: RLConfig, prompts: int) -> StepShapes:
 
 # one compiled program per batch shape (run eagerly, each jnp operation compiled on its own)
 ADVANTAGES = jax.jit(compute_advantages, static_argnames=("cfg", "group_size"))
+# a copy of the parameters in new buffers (one program, compiled once)
+COPY = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))
 
 
 @dataclasses.dataclass
@@ -226,7 +228,7 @@ class RLStep:
         trainer's devices (the update donates `state`'s buffers while the producer may still
         sample). Collective in a multi-process run: the trainer's thread calls it."""
         if self.rollout_mesh is None:
-            params = jax.jit(lambda p: jax.tree.map(jnp.copy, p))(state.params)
+            params = COPY(state.params)
             return Policy(version, dist.local_model(nnx.merge(self.step.graphdef, params, self.step.rest)))
         params, rest = dist.to_local(state.params), dist.to_local(self.step.rest)
         params = jax.device_put(params, sh.param_shardings(params, self.rollout_mesh))
