@@ -84,6 +84,7 @@ from paravt_jax.planner.workload import (
     sampler_layout,
     workload,
 )
+from paravt_jax.runtime import rollout_devices
 from paravt_jax.sampling.kv_cache import (
     CacheSpec,
     cache_sharding,
@@ -409,7 +410,7 @@ def plan(config, mesh_sizes: Mapping[str, int], device_memory_gb: float,
         timing = time_plan(programs, rl, work, sampler_layout(rl, work), model, chip, sizes, per_device_rows)
         devices = math.prod(sizes.values())
         if devices > 1:
-            given = int(config.mesh.get("rollout_devices", 0)) if "mesh" in config else 0
+            given = rollout_devices(config) if "mesh" in config else 0
             # what spreads over a side's devices: the trainer's state; the sampler's all but a
             # prefill group's working set (see time_plan.SideBytes)
             state = sum(r.per_device_bytes for r in (param_row, grad_row, opt_row, reference_row) if r.counted)

@@ -4,6 +4,7 @@ advantages, runs the train step and logs."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -230,10 +231,17 @@ class RLStep:
         if self.rollout_mesh is None:
             params = COPY(state.params)
             return Policy(version, dist.local_model(nnx.merge(self.step.graphdef, params, self.step.rest)))
-        params, rest = dist.to_local(state.params), dist.to_local(self.step.rest)
-        params = jax.device_put(params, sh.param_shardings(params, self.rollout_mesh))
-        rest = jax.device_put(rest, NamedSharding(self.rollout_mesh, PartitionSpec()))
+        shardings, rest = self._rollout_layout
+        params = jax.device_put(dist.to_local(state.params), shardings)
         return Policy(version, nnx.merge(self.step.graphdef, jax.block_until_ready(params), rest))
+
+    @functools.cached_property
+    def _rollout_layout(self):
+        """(the parameters' shardings on the rollout mesh, the model's other state placed there):
+        what every publish reuses (the non-parameter state never changes)."""
+        shardings = sh.param_shardings(self.step.params, self.rollout_mesh)
+        rest = jax.device_put(dist.to_local(self.step.rest), NamedSharding(self.rollout_mesh, PartitionSpec()))
+        return shardings, rest
 
     def collect(self, state, index: int) -> tuple[list, list[str]]:
         """This process's rollouts of step `index` from the weights in `state` (and the episodes
@@ -373,6 +381,7 @@ def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge
     phases = RLStep.build(model, tokenizer, rows, workdir, config, judge, make_sampler, rollout_mesh)
     unreadable = {"prompts": 0}  # prompts in a row whose videos could not be read
     pipeline: list[Pipeline] = []  # the asynchronous run's, started by its first step
+    precompiled: dict[int, Policy] = {}  # the rollout-mesh weights rl.precompile sampled with
 
     def train_on(state, index: int, scored: Scored, timings: dict):
         """The rest of a step once its episodes are scored: batch, reference log-probs,
@@ -427,8 +436,8 @@ def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge
             where = "the training devices" if rollout_mesh is None else (
                 f"{rollout_mesh.size} devices of their own ({dict(rollout_mesh.shape)})")
             logging.info(f"[rl] asynchronous rollouts on {where}, up to {config.max_staleness} policy versions stale")
-            pipeline.append(Pipeline(produce, phases.policy(state, index), index, config.steps,
-                                     config.max_staleness))
+            first = precompiled.pop(index, None) or phases.policy(state, index)
+            pipeline.append(Pipeline(produce, first, index, config.steps, config.max_staleness))
         taken = pipeline[0].take(index)
         scored, timings = taken.produced.value
         state, metrics = train_on(state, index, phases.gather(scored), {**timings, **pipeline_metrics(taken)})
@@ -440,8 +449,10 @@ def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge
         return state, evaluate(state, index, metrics)
 
     def precompile(state, index):
-        model_ = phases.policy(state, index).model if rollout_mesh is not None else None
-        phases.precompile(state, index, model_)
+        if rollout_mesh is None:  # the training weights themselves
+            return phases.precompile(state, index)
+        precompiled[index] = phases.policy(state, index)  # the first step's, not copied twice
+        phases.precompile(state, index, precompiled[index].model)
 
     try:
         result = run_loop("rl", workdir, phases.step.init_state(),
