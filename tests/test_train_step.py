@@ -168,6 +168,36 @@ def test_sharded_step_equals_single_device(sequences):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
 
 
+def test_vision_in_shards_equals_one_replicated_pass(sequences):
+    """A micro-batch's frames encoded per shard of rows (each batch device its own rows' frames,
+    shards without frames padded with blank ones) give the log-probs, loss and gradients of one
+    replicated vision pass over every frame."""
+    mesh = sh.make_mesh({"data": 1, "fsdp": 4, "tensor": 2})
+    model = init_model(preset("tiny"), seed=5, mesh=mesh)
+    step = policy_step(model, mesh=mesh)
+    state = step.init_state()
+    packed = pack(sequences)
+    adv = (np.linspace(-1, 1, 8)[:, None] * packed.loss_mask).astype(np.float32)
+    extras = {"advantages": adv, "behaviour_logp": np.zeros(packed.input_ids.shape, np.float32)}
+    flat = micro_batches(packed, 2, model.config.vision, extras)
+    sharded = micro_batches(packed, 2, model.config.vision, extras, vision_shards=4)
+    assert flat[0].pixel_values.ndim == 2 and sharded[0].pixel_values.shape[0] == 4
+    # rows 1 and 3 of each micro-batch hold frames: shards 0 and 2 encode blank frames only
+    assert (sharded[0].visual_index[0] < 0).all() and (sharded[0].visual_index[1] >= 0).any()
+    encoded = step._place(sharded[0])["pixel_values"]
+    assert encoded.sharding.shard_shape(encoded.shape)[0] == 1  # one shard of frames per batch device
+    for a, b in zip(flat, sharded):
+        np.testing.assert_allclose(np.asarray(step.logprobs(state.params, a)),
+                                   np.asarray(step.logprobs(state.params, b)), atol=1e-5)
+    with_prox = lambda batches: [b.with_extras(prox_logp=step.logprobs(state.params, b)) for b in batches]
+    (g1, t1, n1), _ = step._gradients(state.params, with_prox(flat))
+    (g2, t2, n2), _ = step._gradients(state.params, with_prox(sharded))
+    assert int(n1) == int(n2)
+    np.testing.assert_allclose(float(t1), float(t2), atol=1e-5)
+    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+
+
 def test_non_finite_update_is_skipped(sequences):
     model = init_model(preset("tiny"), seed=5)
     step = policy_step(model)

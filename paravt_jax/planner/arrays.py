@@ -217,8 +217,9 @@ def activation_estimate(config: Qwen3VLConfig, work: Workload, mesh_sizes: Mappi
       head:             3 x rows x chunk x vocab x 4 (one chunk's f32 logits, softmax and
                         gradient: the chunked log-prob scan recomputes each chunk's logits in
                         its backward pass and keeps only its hidden inputs)
-      vision:           the same rule over depth blocks, over ALL patches of the micro-batch
-                        (the vision inputs are replicated, not split by rows), + its outputs
+      vision:           the same rule over depth blocks, over the patches of a device's rows
+                        (every row's when the batch devices do not divide the rows: the
+                        vision pass is then replicated), + its outputs
     """
     mesh = abstract_mesh(mesh_sizes)
     tensor = mesh_sizes["tensor"]
@@ -233,7 +234,8 @@ def activation_estimate(config: Qwen3VLConfig, work: Workload, mesh_sizes: Mappi
         text = t.num_hidden_layers * layer(12 + c) + layer(8)
     chunk = min(logprob_chunk, length)
     head = 3 * chunk * rows * _divided(t.vocab_size, tensor) * 4
-    patches = work.micro_batch_rows * work.patches_per_row
+    shards = sh.batch_devices(mesh) if work.micro_batch_rows % sh.batch_devices(mesh) == 0 else 1
+    patches = work.micro_batch_rows // shards * work.patches_per_row
     image = (work.frame_size[0] // PATCH) * (work.frame_size[1] // PATCH)
     block = _vision_block_bytes(config, patches, image, tensor)
     saved = patches * v.hidden_size * c if config.remat else block
@@ -282,27 +284,38 @@ def prefill_estimate(config: Qwen3VLConfig, rl, work: Workload, mesh_sizes: Mapp
 
 def train_batch_spec(config: Qwen3VLConfig, work: Workload, mesh) -> dict:
     """The abstract micro-batch TrainStep.grads receives for the policy loss: token arrays and
-    per-token extras split over the batch
-    axis as TrainStep._place splits them, vision inputs replicated, the vision layout with
-    the shapes vision_layout gives for frames of one size."""
+    per-token extras split over the batch axis as TrainStep._place splits them; the vision
+    inputs as train/batch.py `shard_vision` builds them: in one shard per batch device when
+    they divide the rows (each device's rows' frames, padded per size to a power of two), else
+    one replicated pass; the vision layout with the shapes vision_layout gives for frames of
+    one size."""
+    from paravt_jax.models.qwen3_vl.vision import frame_buckets
+
     rows, length = work.micro_batch_rows, work.train_length
-    replicated = NamedSharding(mesh, PartitionSpec())
+    shards = sh.batch_devices(mesh) if rows % sh.batch_devices(mesh) == 0 else 1
+    per = rows // shards
 
     def tokens(shape, dtype, axis=0):
         return jax.ShapeDtypeStruct(shape, dtype, sharding=sh.batch_sharding(mesh, len(shape), axis,
                                                                               batch_size=rows))
 
-    def host(shape, dtype):
-        return jax.ShapeDtypeStruct(shape, dtype, sharding=replicated)
+    def host(shape, dtype):  # one shard's array: stacked over the shards when there are several
+        if shards == 1:
+            return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, PartitionSpec()))
+        return jax.ShapeDtypeStruct((shards, *shape), dtype,
+                                    sharding=sh.batch_sharding(mesh, len(shape) + 1, 0, batch_size=shards))
 
-    patches = rows * work.patches_per_row
-    image = (work.frame_size[0] // PATCH) * (work.frame_size[1] // PATCH)
-    crop = (work.crop_frame_size[0] // PATCH) * (work.crop_frame_size[1] // PATCH)
-    overview_images = rows * work.overview_frames
-    crop_images = (patches - overview_images * image) // crop if patches > overview_images * image else 0
-    counts = {image: overview_images}
-    if crop_images:
-        counts[crop] = counts.get(crop, 0) + crop_images
+    image = (work.frame_size[0] // PATCH, work.frame_size[1] // PATCH)
+    crop = (work.crop_frame_size[0] // PATCH, work.crop_frame_size[1] // PATCH)
+    overview_images = per * work.overview_frames
+    crop_patches = per * work.patches_per_row - overview_images * math.prod(image)
+    frames = {image: overview_images}
+    if crop_patches > 0:
+        frames[crop] = frames.get(crop, 0) + crop_patches // math.prod(crop)
+    counts: dict[int, int] = {}  # segment length (patches of a frame) -> frames
+    for size, n in frame_buckets(frames).items():
+        counts[math.prod(size)] = counts.get(math.prod(size), 0) + n
+    patches = sum(length_ * n for length_, n in counts.items())
     groups = tuple(host((counts[size], size), jnp.int32) for size in sorted(counts))
     meta = (host((patches, 4), jnp.int32), host((patches, 4), jnp.float32), host((patches, 2), jnp.int32),
             groups, host((patches,), jnp.int32))

@@ -343,7 +343,8 @@ def plan(config, mesh_sizes: Mapping[str, int], device_memory_gb: float,
     batch = train_batch_spec(model, work, mesh)
     b = tree_bytes([(leaf, leaf.sharding) for leaf in jax.tree.leaves(batch)])
     batch_row = Component(f"micro-batch inputs ({work.micro_batch_rows} rows x {work.train_length})",
-                          b.per_device, b.total, "tokens over batch axes; pixels replicated")
+                          b.per_device, b.total, "tokens over batch axes; pixels "
+                          + ("by rows" if batch["pixel_values"].ndim == 3 else "replicated"))
     mode = activations
     if mode == "auto":
         local = jax.devices()

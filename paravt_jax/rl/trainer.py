@@ -290,7 +290,7 @@ class RLStep:
                                 sh.batch_devices(self.step.mesh), full_rows=shapes.train_width > 0)
         batches = planned_micro_batches(packed, plan, self.vision,
                                         {"behaviour_logp": packed.extras["behaviour_logp"]},
-                                        min_frames=shapes.train_frames)
+                                        min_frames=shapes.train_frames, vision_shards=sh.batch_devices(self.step.mesh))
         return StepBatch(packed, plan, batches)
 
     def reference_logprobs(self, data: StepBatch) -> np.ndarray:

@@ -144,7 +144,8 @@ def train_sft(model, tokenizer, rows: list, video_root: str, workdir: str, confi
         plan = micro_batch_plan(packed, config.micro_batches, config.max_tokens_per_micro_batch,
                                 sh.batch_devices(step.mesh))
         state, metrics = step.step(state, planned_micro_batches(packed, plan, model.config.vision,
-                                                                min_frames=config.train_frames))
+                                                                min_frames=config.train_frames,
+                                                                vision_shards=sh.batch_devices(step.mesh)))
         return state, {**metrics, "skipped_examples": skipped, "padding_fraction": plan.padding_fraction()}
 
     result = run_loop("sft", workdir, step.init_state(), step_fn,

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from paravt_jax.buckets import bucket
-from paravt_jax.models.qwen3_vl.vision import pad_frames_to_buckets, vision_layout
+from paravt_jax.models.qwen3_vl.vision import frame_buckets, frame_counts, pad_frames_to, vision_layout
 from paravt_jax.text.inputs import ModelInputs, collate_vision_placed
 
 # Fields of every batch; an extra may not reuse one of these names.
@@ -100,12 +100,13 @@ class TrainBatch:
 
 
 def micro_batches(packed: Packed, num_micro: int, vision_config,
-                  extras: Mapping[str, np.ndarray] | None = None) -> list[TrainBatch]:
+                  extras: Mapping[str, np.ndarray] | None = None, vision_shards: int = 1) -> list[TrainBatch]:
     """Splits rows into `num_micro` equal micro-batches (rows must divide evenly). extras:
     name -> [N, T] per-token arrays for the loss (not `packed.extras` implicitly: the caller
-    chooses what goes to the device), split by rows like the tokens."""
+    chooses what goes to the device), split by rows like the tokens. vision_shards: see
+    `planned_micro_batches`."""
     plan = plan_rows([s.length for s in packed.sequences], packed.input_ids.shape[1], num_micro)
-    return planned_micro_batches(packed, plan, vision_config, extras)
+    return planned_micro_batches(packed, plan, vision_config, extras, vision_shards=vision_shards)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,13 +221,18 @@ def plan_micro_batches(lengths: Sequence[int], width: int, num_micro: int, max_t
 
 
 def planned_micro_batches(packed: Packed, plan: MicroBatchPlan, vision_config,
-                          extras: Mapping[str, np.ndarray] | None = None, min_frames: int = 0) -> list[TrainBatch]:
+                          extras: Mapping[str, np.ndarray] | None = None, min_frames: int = 0,
+                          vision_shards: int = 1) -> list[TrainBatch]:
     """The micro-batches of `plan`: token arrays, extras ([N, T] in the Packed layout) and
     vision inputs moved to each sequence's (row, offset); with plan.packed, segment ids number
     the sequences of each row and every sequence keeps its own positions (its 3-D MRoPE
     positions start again at its first token) and its own loss mask (its first token, which
     has no prediction within the sequence, excluded). Each micro-batch's vision pass is padded
-    to a power of two of frames, and to at least `min_frames` (`pad_frames_to_buckets`)."""
+    to a power of two of frames, and to at least `min_frames` (`pad_frames_to_buckets`).
+
+    vision_shards S > 1 (the batch devices a mesh splits the rows over, `sharding.vision_shards`):
+    a micro-batch whose rows S divides gets its vision inputs per shard of rows (`shard_vision`),
+    so that each device encodes only its own rows' frames."""
     extras = dict(extras or {})
     _check_extra_names(extras)
     for name, array in extras.items():
@@ -248,15 +254,52 @@ def planned_micro_batches(packed: Packed, plan: MicroBatchPlan, vision_config,
             for row, start, index in placements:
                 seen[row] = seen.get(row, 0) + 1
                 segment_ids[row, start:start + lengths[index]] = seen[row]
-        visual_index, pixels, grids = collate_vision_placed(
-            [(row, start, packed.sequences[index]) for row, start, index in placements], plan.rows[m], plan.width)
-        meta = None
-        if pixels is not None:
-            pixels, grids = pad_frames_to_buckets(pixels, grids, min_frames)
-            meta = vision_layout(grids, vision_config).device_arrays()
+        visual_index, pixels, meta = shard_vision(
+            [(row, start, packed.sequences[index]) for row, start, index in placements], plan.rows[m], plan.width,
+            vision_config, min_frames, vision_shards if plan.rows[m] % vision_shards == 0 else 1)
         out.append(TrainBatch(
             input_ids=split["input_ids"][m], attention_mask=split["attention_mask"][m],
             position_ids=positions[m], loss_mask=split["loss_mask"][m], visual_index=visual_index,
             pixel_values=pixels, vision_meta=meta,
             extras={name: split[name][m] for name in extras}, segment_ids=segment_ids))
     return out
+
+
+def shard_vision(placements, rows: int, width: int, vision_config, min_frames: int = 0,
+                 shards: int = 1) -> tuple[np.ndarray | None, np.ndarray | None, tuple | None]:
+    """(visual_index [rows, width], pixel_values, vision meta) of sequences placed at (row,
+    offset). shards = 1: one vision pass over every frame (pixel_values [N, patch_dim], meta of
+    `vision_layout`), each size's frames padded to a power of two and at least `min_frames`.
+    shards = S > 1: rows split into S blocks of rows / S (as a mesh splits the batch axis); each
+    block's frames padded to the same counts (the largest block's, per size; at least
+    min_frames / S), pixel_values [S, N, patch_dim] and every meta array with the leading S axis;
+    a token's visual_index counts within its own block's frames."""
+    if rows % shards:
+        raise ValueError(f"{rows} rows do not split into {shards} vision shards")
+    per = rows // shards
+    blocks = [collate_vision_placed([(row - s * per, start, seq) for row, start, seq in placements
+                                     if s * per <= row < (s + 1) * per], per, width) for s in range(shards)]
+    if all(pixels is None for _, pixels, _ in blocks):
+        return None, None, None
+    floor = -(-int(min_frames) // shards)
+    targets: dict[tuple[int, int], int] = {}
+    for _, _, grid in blocks:
+        if grid is not None:
+            for size, n in frame_buckets(frame_counts(grid), floor).items():
+                targets[size] = max(targets.get(size, 0), n)
+    visual_index = np.concatenate([np.full((per, width), -1, np.int32) if index is None else index
+                                   for index, _, _ in blocks])
+    padded = [pad_frames_to(pixels, grid, targets, vision_config.patch_dim) for _, pixels, grid in blocks]
+    metas = [vision_layout(grid, vision_config).device_arrays() for _, grid in padded]
+    if shards == 1:
+        return visual_index, padded[0][0], metas[0]
+    stacked = _stack_meta(metas)
+    return visual_index, np.stack([pixels for pixels, _ in padded]), stacked
+
+
+def _stack_meta(trees: Sequence) -> tuple:
+    """Equal-shaped nested tuples of numpy arrays stacked along a new leading axis."""
+    first = trees[0]
+    if isinstance(first, tuple):
+        return tuple(_stack_meta([t[i] for t in trees]) for i in range(len(first)))
+    return np.stack(trees)

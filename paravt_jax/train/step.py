@@ -136,6 +136,8 @@ def token_scores(model: nnx.Module, batch: Mapping[str, Any], head: HeadConfig, 
     embeds = deepstack = None
     if batch["pixel_values"] is not None:
         embeds, deepstack = model.encode_vision(batch["pixel_values"], *batch["vision_meta"])
+        if embeds.ndim == 3:  # vision shards (train/batch.py shard_vision): each on its rows' devices
+            embeds, deepstack = sh.row_constraint(mesh)(embeds), sh.row_constraint(mesh, batch_axis=1)(deepstack)
     # packed rows (several sequences each) attend within their segment ids
     packed = batch.get("segment_ids") is not None
     hidden = model.language(batch["input_ids"], batch["segment_ids"] if packed else batch["attention_mask"],
@@ -252,11 +254,18 @@ class TrainStep:
 
     def _place(self, batch: TrainBatch) -> dict:
         """Token arrays and extras split along the batch over (data, fsdp) when a mesh is set;
-        vision inputs replicated. Without a mesh, the host arrays go as they are."""
+        vision inputs in shards (pixel_values [S, N, patch_dim]) split the same way, shard s with
+        rows s * B/S ... on the same devices; a flat vision pass replicated. Without a mesh, the
+        host arrays go as they are."""
         tree = batch.device_tree()
         if self.mesh is None:
             return tree
         rows = batch.input_ids.shape[0]
+        if batch.pixel_values is not None and batch.pixel_values.ndim == 3:
+            shards = batch.pixel_values.shape[0]
+            tree["pixel_values"], tree["vision_meta"] = jax.tree.map(
+                lambda x: jax.device_put(x, sh.batch_sharding(self.mesh, x.ndim, 0, batch_size=shards)),
+                (tree["pixel_values"], tree["vision_meta"]))
         for key in ("input_ids", "attention_mask", "segment_ids", "loss_mask", "visual_index", "position_ids",
                     *batch.extras):
             if tree.get(key) is not None:

@@ -27,6 +27,21 @@ def dense_projections(x: jax.Array, params: dict, names: tuple[str, ...],
     return tuple(L.dense(x, params[name]) for name in names)
 
 
+def visual_rows(table: jax.Array, index: jax.Array) -> jax.Array:
+    """Vision features for each token: table [Nv, D] indexed by index [B, L] -> [B, L, D]. A
+    sharded table [S, Nv, D] (a training micro-batch whose rows are split over S shards, shard
+    s holding rows s * B/S ... (s + 1) * B/S - 1 and their frames' features) is indexed shard by
+    shard, each row within its own shard's features: the gather stays on the devices of a shard."""
+    if table.ndim == 2:
+        return table[index]
+    shards = table.shape[0]
+    rows, length = index.shape
+    if rows % shards:
+        raise ValueError(f"{rows} rows do not split over {shards} vision shards")
+    local = index.reshape(shards, rows // shards, length)
+    return jax.vmap(lambda t, i: t[i])(table, local).reshape(rows, length, table.shape[-1])
+
+
 @dataclasses.dataclass(frozen=True)
 class KVCache:
     """Cached keys and values of B rows, one array per layer (a layer's attention then reads
@@ -113,11 +128,12 @@ class TextDecoder(nnx.Module):
               visual_embeds: jax.Array | None) -> jax.Array:
         """Token embeddings with visual placeholders replaced by vision tokens.
 
-        visual_index [B, L]: row into visual_embeds [Nv, D] for vision pads, -1 elsewhere.
+        visual_index [B, L]: row into visual_embeds [Nv, D] for vision pads, -1 elsewhere (or
+        into its shard's rows of a sharded visual_embeds [S, Nv, D], see `visual_rows`).
         """
         x = self.embed_tokens[...].astype(self.dtype)[input_ids]
         if visual_embeds is not None and visual_index is not None:
-            rows = visual_embeds.astype(self.dtype)[jnp.maximum(visual_index, 0)]
+            rows = visual_rows(visual_embeds.astype(self.dtype), jnp.maximum(visual_index, 0))
             x = jnp.where((visual_index >= 0)[..., None], rows, x)
         return x
 
@@ -195,9 +211,9 @@ class TextDecoder(nnx.Module):
             if isinstance(i, int):
                 if i >= num_ds:
                     return x
-                return x + jnp.where(is_visual, deepstack[i].astype(x.dtype)[gather], 0)
+                return x + jnp.where(is_visual, visual_rows(deepstack[i].astype(x.dtype), gather), 0)
             j = jnp.minimum(i, num_ds - 1)
-            return x + jnp.where(is_visual & (i < num_ds), deepstack[j].astype(x.dtype)[gather], 0)
+            return x + jnp.where(is_visual & (i < num_ds), visual_rows(deepstack[j].astype(x.dtype), gather), 0)
 
         return add
 

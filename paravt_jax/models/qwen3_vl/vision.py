@@ -105,6 +105,39 @@ def vision_layout(grid_thw, config: VisionConfig, pad_to: int | None = None) -> 
     )
 
 
+def frame_counts(grid_thw) -> dict[tuple[int, int], int]:
+    """Frames per frame size (h, w) of a grid [n, 3] (t frames per item)."""
+    frames: dict[tuple[int, int], int] = {}
+    for t, h, w in np.asarray(grid_thw, np.int64).reshape(-1, 3):
+        frames[(int(h), int(w))] = frames.get((int(h), int(w)), 0) + int(t)
+    return frames
+
+
+def frame_buckets(frames: dict[tuple[int, int], int], min_frames: int = 0) -> dict[tuple[int, int], int]:
+    """Each size's frame count rounded up to a power of two, and to at least `min_frames`."""
+    return {size: max(1 << (n - 1).bit_length(), int(min_frames)) for size, n in frames.items()}
+
+
+def pad_frames_to(pixel_values: np.ndarray | None, grid_thw, targets: dict[tuple[int, int], int],
+                  patch_dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """Appends blank single-frame items until every frame size (h, w) of `targets` has that
+    many frames (a size absent from the grid gets only blank frames); the blank items'
+    embeddings come last and no token points at them. pixel_values [N, patch_dim] (or None
+    with an empty grid), grid_thw [n, 3] -> the padded pair."""
+    grid = np.asarray(grid_thw if grid_thw is not None else np.zeros((0, 3)), np.int64).reshape(-1, 3)
+    pixels = pixel_values if pixel_values is not None else np.zeros((0, patch_dim), np.float32)
+    have = frame_counts(grid)
+    extra = [(h, w, k - have.get((h, w), 0)) for (h, w), k in targets.items()]
+    if any(k < 0 for _, _, k in extra):
+        raise ValueError(f"frames {have} exceed the padding targets {targets}")
+    extra = [(h, w, k) for h, w, k in extra if k]
+    if not extra:
+        return pixels, grid
+    blank = [np.array([[1, h, w]] * k, np.int64) for h, w, k in extra]
+    rows = sum(h * w * k for h, w, k in extra)
+    return np.concatenate([pixels, np.zeros((rows, pixels.shape[1]), pixels.dtype)]), np.concatenate([grid, *blank])
+
+
 def pad_frames_to_buckets(pixel_values: np.ndarray, grid_thw, min_frames: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Appends blank single-frame items so that, for every frame size (h, w), the number of
     frames is a power of two, and at least `min_frames`. The vision tower's shapes (and the
@@ -112,19 +145,8 @@ def pad_frames_to_buckets(pixel_values: np.ndarray, grid_thw, min_frames: int = 
     counts (one, when every call's frames fit under `min_frames`), so jitted callers stop
     recompiling; the blank items' embeddings come last and no token points at them.
     pixel_values [N, C*T*p*p], grid_thw [n, 3] -> the padded pair."""
-    grid = np.asarray(grid_thw, np.int64).reshape(-1, 3)
-    frames: dict[tuple[int, int], int] = {}
-    for t, h, w in grid:
-        frames[(int(h), int(w))] = frames.get((int(h), int(w)), 0) + int(t)
-    target = lambda n: max(1 << (n - 1).bit_length(), int(min_frames))
-    extra = [(h, w, target(n) - n) for (h, w), n in frames.items()]
-    extra = [(h, w, k) for h, w, k in extra if k]
-    if not extra:
-        return pixel_values, grid
-    blank = [np.array([[1, h, w]] * k, np.int64) for h, w, k in extra]
-    rows = sum(h * w * k for h, w, k in extra)
-    pad = np.zeros((rows, pixel_values.shape[1]), pixel_values.dtype)
-    return np.concatenate([pixel_values, pad]), np.concatenate([grid, *blank])
+    targets = frame_buckets(frame_counts(grid_thw), min_frames)
+    return pad_frames_to(pixel_values, grid_thw, targets, pixel_values.shape[1])
 
 
 def attention_groups(lengths: list[int]) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
@@ -146,11 +168,12 @@ def attention_groups(lengths: list[int]) -> tuple[tuple[np.ndarray, ...], np.nda
 
 
 def vision_rotary(rotary_pos: jax.Array, config: VisionConfig) -> tuple[jax.Array, jax.Array]:
-    """Axial 2-D rotary tables [N, head_dim] in float32: [rows*inv, cols*inv] twice."""
+    """Axial 2-D rotary tables [..., N, head_dim] in float32 ([..., N, 2] coordinates): [rows*inv,
+    cols*inv] twice."""
     half = config.head_dim // 2
     inv = 1.0 / (config.rope_theta ** (jnp.arange(0, half, 2, dtype=jnp.float32) / half))
-    freqs = rotary_pos.astype(jnp.float32)[:, :, None] * inv  # [N, 2, hd/4]
-    freqs = freqs.reshape(freqs.shape[0], -1)
+    freqs = rotary_pos.astype(jnp.float32)[..., None] * inv  # [..., N, 2, hd/4]
+    freqs = freqs.reshape(*freqs.shape[:-2], -1)
     emb = jnp.concatenate([freqs, freqs], axis=-1)
     return jnp.cos(emb), jnp.sin(emb)
 
@@ -204,25 +227,33 @@ class VisionTower(nnx.Module):
         )
 
     def _block(self, x, params, cos, sin, groups, inverse):
+        """One ViT block over x [S, n, d]: S shards of n patches, each shard's attention groups
+        index its own patches."""
         v = self.config
-        n, d = x.shape
+        shards, n, d = x.shape
         h = L.layer_norm(x, params["norm1_scale"], params["norm1_bias"])
-        qkv = L.dense(h, params["qkv_kernel"], params["qkv_bias"]).reshape(n, 3, v.num_heads, v.head_dim)
-        q, k, val = qkv[:, 0], qkv[:, 1], qkv[:, 2]
+        qkv = L.dense(h, params["qkv_kernel"], params["qkv_bias"]).reshape(shards, n, 3, v.num_heads, v.head_dim)
+        q, k, val = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
         q = L.apply_rotary(q.astype(jnp.float32), cos, sin).astype(x.dtype)
         k = L.apply_rotary(k.astype(jnp.float32), cos, sin).astype(x.dtype)
-        # each group: [segments, segment length] patch indices, one attention per segment
-        outputs = [attend(q[g], k[g], val[g], AttentionMask.full(*g.shape, g.shape[1]),
-                          self.attention_impl, block=self.attention_block).reshape(-1, v.num_heads, v.head_dim)
-                   for g in groups]
-        attn = jnp.concatenate(outputs, axis=0)[inverse].reshape(n, d)
+        take = jax.vmap(lambda a, index: a[index])  # per shard: its own patches, no cross-shard gather
+
+        def one_group(g):  # g [S, segments, length]: one attention per segment, shards side by side
+            segments, length = g.shape[1:]
+            qg, kg, vg = (take(a, g).reshape(shards * segments, length, v.num_heads, v.head_dim)
+                          for a in (q, k, val))
+            out = attend(qg, kg, vg, AttentionMask.full(shards * segments, length, length), self.attention_impl,
+                         block=self.attention_block)
+            return out.reshape(shards, segments * length, v.num_heads, v.head_dim)
+
+        attn = take(jnp.concatenate([one_group(g) for g in groups], axis=1), inverse).reshape(shards, n, d)
         x = x + L.dense(attn, params["proj_kernel"], params["proj_bias"])
         h = L.layer_norm(x, params["norm2_scale"], params["norm2_bias"])
         h = L.gelu_tanh(L.dense(h, params["fc1_kernel"], params["fc1_bias"]))
         return x + L.dense(h, params["fc2_kernel"], params["fc2_bias"])
 
     def _deepstack_merge(self, x, params):
-        y = x.reshape(-1, x.shape[-1] * self.config.merge_unit)
+        y = x.reshape(x.shape[0], -1, x.shape[-1] * self.config.merge_unit)
         y = L.layer_norm(y, params["norm_scale"], params["norm_bias"])
         y = L.gelu_exact(L.dense(y, params["fc1_kernel"], params["fc1_bias"]))
         return L.dense(y, params["fc2_kernel"], params["fc2_bias"])
@@ -230,18 +261,28 @@ class VisionTower(nnx.Module):
     def __call__(self, pixel_values: jax.Array, pos_index: jax.Array, pos_weight: jax.Array,
                  rotary_pos: jax.Array, groups: tuple[jax.Array, ...],
                  inverse: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """pixel_values [N, patch_dim] -> (merged tokens [N/4, out], DeepStack [n_ds, N/4, out])."""
+        """pixel_values [N, patch_dim] -> (merged tokens [N/4, out], DeepStack [n_ds, N/4, out]).
+
+        Sharded (a training micro-batch split over the batch devices, train/batch.py): every
+        input with a leading shard axis (pixel_values [S, N, patch_dim], each shard's metadata
+        from its own `vision_layout`) -> ([S, N/4, out], [n_ds, S, N/4, out]); each shard's
+        frames are encoded apart, so a mesh that splits S runs each shard on its own devices."""
+        flat = pixel_values.ndim == 2
+        if flat:
+            pixel_values, pos_index, pos_weight, rotary_pos, groups, inverse = jax.tree.map(
+                lambda a: a[None], (pixel_values, pos_index, pos_weight, rotary_pos, groups, inverse))
         v = self.config
         dtype = self.dtype
         x = L.dense(pixel_values.astype(dtype), self.patch_kernel[...], self.patch_bias[...])
-        corners = self.pos_embed[...].astype(jnp.float32)[pos_index]  # [N, 4, D]
-        x = x + jnp.sum(corners * pos_weight[..., None], axis=1).astype(dtype)
+        corners = self.pos_embed[...].astype(jnp.float32)[pos_index]  # [S, N, 4, D]
+        x = x + jnp.sum(corners * pos_weight[..., None], axis=-2).astype(dtype)
         cos, sin = vision_rotary(rotary_pos, v)
-        cos, sin = cos[:, None, :], sin[:, None, :]
+        cos, sin = cos[:, :, None, :], sin[:, :, None, :]
         ds_params = {k: val[...] for k, val in self.deepstack.items()}
         indexes = jnp.asarray(v.deepstack_visual_indexes, jnp.int32)
         n_ds = len(v.deepstack_visual_indexes)
-        features = jnp.zeros((n_ds, x.shape[0] // v.merge_unit, v.out_hidden_size), dtype)
+        shards, n = x.shape[:2]
+        features = jnp.zeros((n_ds, shards, n // v.merge_unit, v.out_hidden_size), dtype)
 
         def layer(carry, params, i):
             x, features = carry
@@ -270,7 +311,7 @@ class VisionTower(nnx.Module):
                                    scan=self.scan, remat=self.remat)
         m = self.merger
         y = L.layer_norm(x, m["norm_scale"][...], m["norm_bias"][...])
-        y = y.reshape(-1, v.hidden_size * v.merge_unit)
+        y = y.reshape(shards, -1, v.hidden_size * v.merge_unit)
         y = L.gelu_exact(L.dense(y, m["fc1_kernel"][...], m["fc1_bias"][...]))
         y = L.dense(y, m["fc2_kernel"][...], m["fc2_bias"][...])
-        return y, features
+        return (y[0], features[:, 0]) if flat else (y, features)
