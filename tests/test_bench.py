@@ -92,3 +92,13 @@ def test_accelerator_bench_smallest(tmp_path):
     ran = [r for r in saved["train"] if "tokens_per_s" in r]
     assert {r["attention"] for r in ran} == {"dense", "blockwise"} and all(r["planned_gradient_bytes"] > 0 for r in ran)
     assert any(r.get("skipped") == "cudnn runs on gpu only" for r in saved["train"])
+
+
+def test_vision_shards_bench_smallest(tmp_path):
+    """bench/vision_shards.py on the suite's 8 fake devices: both layouts compiled and timed, and
+    the per-shard pass holds fewer temporaries per device than the replicated one."""
+    out = run_bench(tmp_path, "vision_shards.py", "--frames", "2", "--repeats", "0")
+    assert "vision replicated vs per shard" in out
+    row = next(line for line in out.splitlines() if line.startswith("| 2 "))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert float(cells[3].replace(",", "")) < float(cells[2].replace(",", "")), row
