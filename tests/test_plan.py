@@ -178,17 +178,25 @@ def test_sampler_working_sets_come_from_xla(xla_plan):
 
 
 def test_batch_spec_vision_layout_matches_vision_layout(tokenizer):
-    from paravt_jax.models.qwen3_vl.vision import vision_layout
+    """The spec's vision inputs have the shapes train/batch.py gives them: per shard of rows
+    when the batch devices divide the rows (each shard's frames padded to a power of two),
+    one replicated pass when they do not."""
+    from paravt_jax.models.qwen3_vl.vision import frame_buckets, vision_layout
 
     config = small_config()
     model = preset("tiny")
     work = W.workload(W.rl_settings(config)[0], model.vision, tokenizer)
-    spec = A.train_batch_spec(model, work, A.abstract_mesh(MESH8))
     h, w = (s // 16 for s in work.frame_size)
-    grids = np.array([[1, h, w]] * (work.micro_batch_rows * work.overview_frames))
-    real = vision_layout(grids, model.vision).device_arrays()
-    assert [x.shape for x in jax.tree.leaves(spec["vision_meta"])] == [x.shape for x in jax.tree.leaves(real)]
-    assert spec["pixel_values"].shape == (int(grids.prod(1).sum()), model.vision.patch_dim)
+    for sizes, shards in ((MESH8, 8), ({"data": 1, "fsdp": 3, "tensor": 1}, 1)):
+        assert work.micro_batch_rows % 8 == 0 and work.micro_batch_rows % 3
+        spec = A.train_batch_spec(model, work, A.abstract_mesh(sizes))
+        frames = frame_buckets({(h, w): work.micro_batch_rows // shards * work.overview_frames})[(h, w)]
+        grids = np.array([[1, h, w]] * frames)
+        real = vision_layout(grids, model.vision).device_arrays()
+        lead = (shards,) if shards > 1 else ()
+        expected = [lead + x.shape for x in jax.tree.leaves(real)]
+        assert [x.shape for x in jax.tree.leaves(spec["vision_meta"])] == expected
+        assert spec["pixel_values"].shape == lead + (int(grids.prod(1).sum()), model.vision.patch_dim)
 
 
 def test_fit_verdicts(tokenizer):

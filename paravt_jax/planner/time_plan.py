@@ -160,8 +160,11 @@ def _kernel_share(program, work, mesh: dict, rows_per_device: int, config) -> tu
     heads = config.text.num_attention_heads
     head_split = tensor if heads % tensor == 0 else 1
     batch = mesh.get("data", 1) * mesh.get("fsdp", 1)
+    vision_split = 1  # a sampler's vision pass is computed on every device for its row group
     if program.name in ("gradients", "log-probs"):
         row_split = max(work.micro_batch_rows // max(rows_per_device, 1), 1)
+        # a micro-batch's frames in one shard per batch device (train/batch.py shard_vision)
+        vision_split = batch if work.micro_batch_rows % batch == 0 else 1
     elif "decode" in program.name:  # the cache rows are split over the batch axes (kv_cache.cache_sharding)
         row_split = batch if program.group_rows % batch == 0 else 1
     else:  # a prefill group is computed on every device for all its rows (sampler.prefill_group)
@@ -170,8 +173,8 @@ def _kernel_share(program, work, mesh: dict, rows_per_device: int, config) -> tu
     if program.name == "gradients":
         factor = 1.0 + BACKWARD_FACTOR + (1.0 if config.remat else 0.0)
     text = (program.kernel_text_flops, program.kernel_text_bytes)
-    vision = (program.kernel_vision_flops, program.kernel_vision_bytes)  # vision inputs are replicated
-    return tuple(factor * (t / (row_split * head_split) + v) for t, v in zip(text, vision))
+    vision = (program.kernel_vision_flops, program.kernel_vision_bytes)
+    return tuple(factor * (t / (row_split * head_split) + v / vision_split) for t, v in zip(text, vision))
 
 
 def time_plan(programs, rl, work, layout, config, chip: str, mesh: dict | None = None,
