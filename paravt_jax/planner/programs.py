@@ -262,15 +262,21 @@ def sampler_programs(config: Qwen3VLConfig, rl, work, layout, mesh, platform: st
     return out
 
 
-def _programs_at(config, rl, work, layout, mesh_sizes, devices, platform) -> tuple[list, list]:
-    mesh = sh.make_mesh(dict(mesh_sizes), devices)
-    return trainer_programs(config, rl, work, mesh), sampler_programs(config, rl, work, layout, mesh, platform)
+def _trainer_at(config, rl, work, mesh_sizes, devices) -> list:
+    return trainer_programs(config, rl, work, sh.make_mesh(dict(mesh_sizes), devices))
+
+
+def _sampler_at(config, rl, work, layout, mesh_sizes, devices, platform) -> list:
+    return sampler_programs(config, rl, work, layout, sh.make_mesh(dict(mesh_sizes), devices), platform)
 
 
 def compile_programs(config: Qwen3VLConfig, rl, work, layout, mesh_sizes: Mapping[str, int], target: Target,
                      depth: str = "auto", costs: bool = True) -> ProgramSet:
     """Every program of one RL step compiled for `target`, at the model's depth (see the module
-    docstring for `depth`). costs=False: memory only (no unrolled compiles, cost fields 0)."""
+    docstring for `depth`). The sampler's programs are compiled whole whatever `depth` says: it
+    unrolls the decoder's layers in every run (TextDecoder.forward_cached), so the whole program
+    is what runs and its cost analysis counts every layer. costs=False: no unrolled trainer
+    programs (the trainer's cost fields 0)."""
     from paravt_jax.planner.plan import on_fake_devices
 
     if depth not in DEPTHS:
@@ -285,44 +291,41 @@ def compile_programs(config: Qwen3VLConfig, rl, work, layout, mesh_sizes: Mappin
         # a scanned program compiles in about the same time at any depth: compile it whole
         depth = "full" if config.scan_layers or layers <= AUTO_FULL_MAX_LAYERS else "extrapolate"
 
-    def at(layers_, scan) -> tuple[list, list]:  # (the trainer's programs, the sampler's)
-        return _programs_at(with_depth(config, layers_, scan), rl, work, layout, mesh_sizes, devices,
-                            target.platform)
+    def trainer_at(layers_, scan) -> list:
+        return _trainer_at(with_depth(config, layers_, scan), rl, work, mesh_sizes, devices)
 
-    def both(f, *sets) -> tuple[list, list]:  # f over the same program of each set, trainer and sampler
-        return tuple([f(*programs) for programs in zip(*halves)] for halves in zip(*sets))
+    def extrapolated(a: list, b: list) -> list:
+        return [extrapolate(x, y, low, high, layers) for x, y in zip(a, b)]
 
-    def extrapolated(a, b):
-        return extrapolate(a, b, low, high, layers)
-
+    sampler = _sampler_at(config, rl, work, layout, mesh_sizes, devices, target.platform)
     if not config.scan_layers:  # unrolled as the run has them: every layer counted
         if depth == "full" or layers <= low:
-            (trainer, sampler), how = at(layers, False), f"full ({layers} unrolled layers)"
+            trainer, how = trainer_at(layers, False), f"full ({layers} unrolled layers)"
         else:
-            trainer, sampler = both(extrapolated, at(low, False), at(high, False))
-            how = f"extrapolated from {low} and {high} unrolled layers to {layers}"
+            trainer = extrapolated(trainer_at(low, False), trainer_at(high, False))
+            how = f"trainer extrapolated from {low} and {high} unrolled layers to {layers}"
     else:
         # memory: the scanned programs a run compiles, whole (full) or at two reduced depths
         # (extrapolate: per-layer memory is their difference); costs: from the unrolled programs
         # (a scanned program's cost analysis counts one layer)
         if depth == "full" or layers <= high:
-            memory, how = at(layers, True), f"full ({layers} scanned layers)"
+            memory, how = trainer_at(layers, True), f"full ({layers} scanned layers)"
         else:
-            memory = both(extrapolated, at(low, True), at(high, True))
+            memory = extrapolated(trainer_at(low, True), trainer_at(high, True))
             how = f"memory extrapolated from {low} and {high} scanned layers to {layers}"
         if not costs:  # a scanned program's counts hold one layer: none rather than a wrong one
-            trainer, sampler = both(lambda m: dataclasses.replace(m, **{k: 0.0 for k in _COST_FIELDS}), memory)
-            how += "; no costs"
+            trainer = [dataclasses.replace(m, **{k: 0.0 for k in _COST_FIELDS}) for m in memory]
+            how += "; no trainer costs"
         else:
             if layers == low:
-                unrolled, source = at(low, False), f"{low} unrolled layers"
+                unrolled, source = trainer_at(low, False), f"{low} unrolled layers"
             else:
-                unrolled = both(extrapolated, at(low, False), at(high, False))
+                unrolled = extrapolated(trainer_at(low, False), trainer_at(high, False))
                 source = f"{low} and {high} unrolled layers"
-            trainer, sampler = both(lambda m, c: dataclasses.replace(m, **{k: getattr(c, k) for k in _COST_FIELDS},
-                                                                     seconds=m.seconds + c.seconds),
-                                    memory, unrolled)
-            how += "; costs from " + source
+            trainer = [dataclasses.replace(m, **{k: getattr(c, k) for k in _COST_FIELDS}, seconds=m.seconds + c.seconds)
+                       for m, c in zip(memory, unrolled)]
+            how += "; trainer costs from " + source
+    how += f"; the sampler's programs whole ({layers} layers, unrolled as it runs them)"
     seconds = sum(p.seconds for p in (*trainer, *sampler))
     return ProgramSet(tuple(trainer), tuple(sampler), target.compiler, how, seconds)
 
