@@ -32,8 +32,9 @@ def main(argv: list[str]) -> planner.MemoryPlan:
     flags.DEFINE_enum("target", "auto", list(programs.TARGETS), "where the programs compile: cpu-fake (XLA:CPU on fake "
                       "devices), tpu (libtpu for the preset's TPU topology, from this CPU process), local (the "
                       "devices present); auto: tpu for TPU presets when libtpu is importable", flag_values=values)
-    flags.DEFINE_enum("depth", "auto", list(programs.DEPTHS), "memory of the full-depth scanned programs, or "
-                      "extrapolated per layer from two reduced scanned depths (auto: full for scanned layers)",
+    flags.DEFINE_enum("depth", "auto", list(programs.DEPTHS), "the trainer's memory from its full-depth scanned "
+                      "programs, or extrapolated per layer from two reduced scanned depths (auto: full for "
+                      "scanned layers); the sampler's programs are always compiled whole",
                       flag_values=values)
     flags.DEFINE_string("chip", "", "accelerator of the time plan (v5p, v5e, v6e, v4, h100, h200, a100); "
                         "default: the mesh preset's", flag_values=values)

@@ -17,23 +17,26 @@ Targets:
   local     the devices this process has (an accelerator host planning its own mesh);
   auto      tpu for a TPU preset when libtpu is importable, else cpu-fake.
 
-Depth: a run compiles the decoder's layers as one scanned loop, and a scanned program compiles
-in about the same time at any depth (the 8B's 36-layer gradient program for 16 v5p chips: about
-3 minutes on a quiet 2-core machine), so `full` (and `auto` for scanned models) takes every
-program's memory from the scanned program at the model's depth. `extrapolate` compiles the
-scanned programs at two reduced depths (d and 2d, d = max(2, DeepStack layers)) and extends each
-memory number linearly to the full depth (per-layer memory is the difference of the two). Costs
-cannot come from a scanned program: XLA's cost analysis counts a loop body once, whatever its
-trip count. They come from the programs with the layers unrolled at d and 2d layers, extended
-linearly to the full depth (per-layer FLOPs, bytes and collectives are the difference of the
-two). A scanned program's count is not "outside + one unrolled layer": for small125m's gradient
-on v5p:2x2x2, 2 unrolled layers minus the scanned program says 4.9e10 FLOPs a layer, 2 and 4
-unrolled layers 3.6e10 (about four forward passes of a layer, as remat makes it). Unrolled
-layers are not used for memory: XLA keeps an unrolled program's per-layer temporaries apart
-where the loop reuses one buffer, so extending them overstates a run's memory (the 8B gradient:
-67 GiB of temporaries extrapolated from 3 and 6 unrolled layers, 15.5 GiB compiled scanned). A
-model configured without scan (`model.scan_layers=False`) is compiled unrolled, whole (`full`,
-or `auto` up to AUTO_FULL_MAX_LAYERS layers) or extrapolated from d and 2d unrolled layers.
+Depth: the sampler unrolls the decoder's layers in every run (TextDecoder.forward_cached), so
+its programs are always compiled whole: their memory and their cost analysis (every layer
+counted) are what runs. The trainer's programs run the layers as one scanned loop, and a scanned
+program compiles in about the same time at any depth (the 8B's 36-layer gradient program for 16
+v5p chips: about 3 minutes on a quiet 2-core machine), so `full` (and `auto` for scanned
+models) takes their memory from the scanned program at the model's depth. `extrapolate`
+compiles the trainer's scanned programs at two reduced depths (d and 2d, d = max(2, DeepStack
+layers)) and extends each memory number linearly to the full depth (per-layer memory is the
+difference of the two). Costs cannot come from a scanned program: XLA's cost analysis counts a
+loop body once, whatever its trip count. The trainer's come from its programs with the layers
+unrolled at d and 2d layers, extended linearly to the full depth (per-layer FLOPs, bytes and
+collectives are the difference of the two). A scanned program's count is not "outside + one
+unrolled layer": for small125m's gradient on v5p:2x2x2, 2 unrolled layers minus the scanned
+program says 4.9e10 FLOPs a layer, 2 and 4 unrolled layers 3.6e10 (about four forward passes of
+a layer, as remat makes it). Unrolled layers are not used for the trainer's memory: XLA keeps an
+unrolled program's per-layer temporaries apart where the loop reuses one buffer, so extending
+them overstates a run's memory (the 8B gradient: 67 GiB of temporaries extrapolated from 3 and
+6 unrolled layers, 15.5 GiB compiled scanned). A model configured without scan
+(`model.scan_layers=False`) has its trainer compiled unrolled, whole (`full`, or `auto` up to
+AUTO_FULL_MAX_LAYERS layers) or extrapolated from d and 2d unrolled layers.
 """
 from __future__ import annotations
 
