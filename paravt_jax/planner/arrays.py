@@ -18,6 +18,7 @@ from paravt_jax.models.qwen3_vl.attention import DENSE_MAX_SCORE_BYTES
 from paravt_jax.models.qwen3_vl.config import Qwen3VLConfig
 from paravt_jax.models.qwen3_vl.hf_io import abstract_model
 from paravt_jax.planner.workload import PlanError, Workload, sampler_calls, sampler_layout
+from paravt_jax.train.batch import vision_shard_count
 from paravt_jax.video.frames import PATCH
 
 GIB = 2**30
@@ -234,8 +235,8 @@ def activation_estimate(config: Qwen3VLConfig, work: Workload, mesh_sizes: Mappi
         text = t.num_hidden_layers * layer(12 + c) + layer(8)
     chunk = min(logprob_chunk, length)
     head = 3 * chunk * rows * _divided(t.vocab_size, tensor) * 4
-    shards = sh.batch_devices(mesh) if work.micro_batch_rows % sh.batch_devices(mesh) == 0 else 1
-    patches = work.micro_batch_rows // shards * work.patches_per_row
+    patches = work.micro_batch_rows // vision_shard_count(sh.batch_devices(mesh), work.micro_batch_rows) \
+        * work.patches_per_row
     image = (work.frame_size[0] // PATCH) * (work.frame_size[1] // PATCH)
     block = _vision_block_bytes(config, patches, image, tensor)
     saved = patches * v.hidden_size * c if config.remat else block
@@ -292,7 +293,7 @@ def train_batch_spec(config: Qwen3VLConfig, work: Workload, mesh) -> dict:
     from paravt_jax.models.qwen3_vl.vision import frame_buckets
 
     rows, length = work.micro_batch_rows, work.train_length
-    shards = sh.batch_devices(mesh) if rows % sh.batch_devices(mesh) == 0 else 1
+    shards = vision_shard_count(sh.batch_devices(mesh), rows)
     per = rows // shards
 
     def tokens(shape, dtype, axis=0):

@@ -160,11 +160,13 @@ def _kernel_share(program, work, mesh: dict, rows_per_device: int, config) -> tu
     heads = config.text.num_attention_heads
     head_split = tensor if heads % tensor == 0 else 1
     batch = mesh.get("data", 1) * mesh.get("fsdp", 1)
+    from paravt_jax.train.batch import vision_shard_count
+
     vision_split = 1  # a sampler's vision pass is computed on every device for its row group
     if program.name in ("gradients", "log-probs"):
         row_split = max(work.micro_batch_rows // max(rows_per_device, 1), 1)
         # a micro-batch's frames in one shard per batch device (train/batch.py shard_vision)
-        vision_split = batch if work.micro_batch_rows % batch == 0 else 1
+        vision_split = vision_shard_count(batch, work.micro_batch_rows)
     elif "decode" in program.name:  # the cache rows are split over the batch axes (kv_cache.cache_sharding)
         row_split = batch if program.group_rows % batch == 0 else 1
     else:  # a prefill group is computed on every device for all its rows (sampler.prefill_group)

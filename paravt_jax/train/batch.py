@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
+import jax
 import numpy as np
 
 from paravt_jax.buckets import bucket
@@ -256,7 +257,7 @@ def planned_micro_batches(packed: Packed, plan: MicroBatchPlan, vision_config,
                 segment_ids[row, start:start + lengths[index]] = seen[row]
         visual_index, pixels, meta = shard_vision(
             [(row, start, packed.sequences[index]) for row, start, index in placements], plan.rows[m], plan.width,
-            vision_config, min_frames, vision_shards if plan.rows[m] % vision_shards == 0 else 1)
+            vision_config, min_frames, vision_shard_count(vision_shards, plan.rows[m]))
         out.append(TrainBatch(
             input_ids=split["input_ids"][m], attention_mask=split["attention_mask"][m],
             position_ids=positions[m], loss_mask=split["loss_mask"][m], visual_index=visual_index,
@@ -293,13 +294,11 @@ def shard_vision(placements, rows: int, width: int, vision_config, min_frames: i
     metas = [vision_layout(grid, vision_config).device_arrays() for _, grid in padded]
     if shards == 1:
         return visual_index, padded[0][0], metas[0]
-    stacked = _stack_meta(metas)
+    stacked = jax.tree.map(lambda *arrays: np.stack(arrays), *metas)
     return visual_index, np.stack([pixels for pixels, _ in padded]), stacked
 
 
-def _stack_meta(trees: Sequence) -> tuple:
-    """Equal-shaped nested tuples of numpy arrays stacked along a new leading axis."""
-    first = trees[0]
-    if isinstance(first, tuple):
-        return tuple(_stack_meta([t[i] for t in trees]) for i in range(len(first)))
-    return np.stack(trees)
+def vision_shard_count(batch_devices: int, rows: int) -> int:
+    """The vision shards of a micro-batch of `rows` rows over `batch_devices` batch devices: one
+    per device when they divide the rows (as the token arrays split), else 1 (replicated)."""
+    return batch_devices if batch_devices > 1 and rows % batch_devices == 0 else 1
