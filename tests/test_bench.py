@@ -1,5 +1,6 @@
 """Every bench script runs here with its smallest arguments, so a bench cannot crash unnoticed.
 Each runs in a fresh directory (benches that build the built-in assets write them there)."""
+import ast
 import os
 import subprocess
 import sys
@@ -75,11 +76,16 @@ def test_rl_step_bench_smallest(tmp_path, builtin_root):
     assert "RL step: previous shapes vs fixed shapes" in out and "speed-up of the median step" in out
     for metric in ("reward", "kappa", "loss_tokens", "loss"):
         assert f"| {metric}" in out
-    # grad_norm is left out: with the vision pass in shards of rows the two arms pad each shard's
-    # frames to different counts (their min_frames differ), and step 1's gradient norm has moved
-    # by more than 1% between them (2026-12-03, unexplained: noted for the next session)
-    differing = [line for line in out.splitlines() if "differs" in line and "grad_norm" not in line]
-    assert not differing, out
+    # grad_norm is compared where both arms hold the same parameters, step 0. Every group here
+    # scores alike (the tiny model earns the format reward only), so step 0's gradient is float
+    # noise (|g| ~2e-3, inside the floor); Adam's first update moves every weight by the learning
+    # rate in the sign of that noise, which differs between the arms (their vision shards pad
+    # differently), so step 1's policies differ, their KL-shaped rewards spread by ~1e-3, and the
+    # batch normalisation turns that into unit advantages: grad norms ~3 that differ by a few
+    # percent. With a learning rate of 1e-12 the arms agree at every step (2026-12-03).
+    for line in (line for line in out.splitlines() if "differs" in line):
+        steps = ast.literal_eval(line.split("differs at steps")[1].strip(" |"))
+        assert line.startswith("| grad_norm") and steps and 0 not in steps, out
 
 
 def test_accelerator_bench_smallest(tmp_path):
