@@ -8,7 +8,7 @@ task of paravt_jax/data/events.py with the `toy` model, docs/toy_task.md; about 
 2-core CPU), tiny (the `shapes` set and the 2-layer `tiny` model; every stage in a few minutes,
 nothing learned), qwen3vl_2b, qwen3vl_8b
 (the reference hyper-parameters of paragrpo_8b.yaml), qwen3vl_32b (the same recipe on the
-Qwen3-VL-32B shapes: planned for v5p-64 and gpu16_tp2, docs/scale-out.md), and the 8B recipe
+Qwen3-VL-32B shapes: planned for v5p-64 and gpu16_tp2-h200, docs/scale-out.md), and the 8B recipe
 with asynchronous rollouts on devices of their own: qwen3vl_8b_async_gpu8_h200 (one host of 8
 H200s) and qwen3vl_8b_async_v5p16 (ASYNC_PRESETS; docs/scale-out.md).
 """

@@ -11,6 +11,12 @@ if "xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
 FAST_COMPILE = "--xla_backend_optimization_level=0"
 if "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
     os.environ["XLA_FLAGS"] += " " + FAST_COMPILE
+# the planner's cpu-fake compiles run under XLA:CPU's memory-minimizing scheduler
+# (paravt_jax/planner/programs.py CPU_FAKE_XLA_FLAGS): set here, its compiles on the suite's
+# 8 fake devices stay in this process instead of a child's
+MEMORY_SCHEDULER = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
+if "xla_cpu_enable_concurrency_optimized_scheduler" not in os.environ["XLA_FLAGS"]:
+    os.environ["XLA_FLAGS"] += " " + MEMORY_SCHEDULER
 os.environ["JAX_PLATFORMS"] = os.environ.get("JAX_PLATFORMS", "cpu")
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"

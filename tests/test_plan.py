@@ -232,6 +232,23 @@ def test_a_failing_child_compile_returns_its_traceback(tokenizer):
                                                P.Target("cpu-fake", "gpu"), "full"), 16)
 
 
+def test_cpu_fake_compiles_run_under_the_memory_scheduler(monkeypatch):
+    """Every cpu-fake compile runs under CPU_FAKE_XLA_FLAGS: a child gets them in place of the
+    parent's values; this process compiles for the mesh itself only when its XLA has them (the
+    suite's conftest sets them)."""
+    from paravt_jax.planner import programs as G
+
+    flags = P.child_xla_flags("--xla_force_host_platform_device_count=8 --xla_dump_to=/tmp/x "
+                              "--xla_cpu_enable_concurrency_optimized_scheduler=true", 16).split()
+    assert flags.count("--xla_cpu_enable_concurrency_optimized_scheduler=false") == 1
+    assert "--xla_cpu_enable_concurrency_optimized_scheduler=true" not in flags
+    assert "--xla_force_host_platform_device_count=16" in flags and "--xla_dump_to=/tmp/x" in flags
+    target = P.Target("cpu-fake", "gpu")
+    assert G.target_devices(target, 8) == jax.devices()[:8]
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+    assert G.target_devices(target, 8) is None  # this process' XLA schedules otherwise: a child compiles
+
+
 def test_token_budget_micro_batches_and_rows_per_device(tokenizer):
     config = small_config()
     config.rl.prompts_per_step, config.rl.samples_per_prompt = 2, 8

@@ -68,6 +68,7 @@ from paravt_jax.planner.arrays import (
     tree_bytes,
 )
 from paravt_jax.planner.programs import (
+    CPU_FAKE_XLA_FLAGS,
     ProgramSet,
     Target,
     TargetError,
@@ -183,9 +184,17 @@ CHILD_TIMEOUT_S = 3600
 CHILD_FUNCTIONS = ("compile_programs",)  # what on_fake_devices may run
 
 
+def child_xla_flags(xla_flags: str, devices: int) -> str:
+    """The child's XLA_FLAGS: this process' own, with CPU_FAKE_XLA_FLAGS and `devices` fake
+    devices in place of any values of theirs."""
+    own = {f.split("=")[0] for f in CPU_FAKE_XLA_FLAGS} | {"--xla_force_host_platform_device_count"}
+    flags = [f for f in xla_flags.split() if f.split("=")[0] not in own]
+    return " ".join(flags + [*CPU_FAKE_XLA_FLAGS, f"--xla_force_host_platform_device_count={devices}"])
+
+
 def on_fake_devices(function, args: tuple, devices: int):
-    """`function(*args)` in a child Python process with `devices` fake CPU devices (XLA fixes
-    the device count when a process starts). `function` is one of this module's XLA
+    """`function(*args)` in a child Python process with `devices` fake CPU devices and
+    CPU_FAKE_XLA_FLAGS (XLA fixes both when a process starts). `function` is one of this module's XLA
     measurements (CHILD_FUNCTIONS); the arguments (the very config objects, overrides applied)
     go over a pipe as a pickle and the result comes back through a temporary file."""
     import pickle
@@ -196,8 +205,7 @@ def on_fake_devices(function, args: tuple, devices: int):
     if function.__name__ not in CHILD_FUNCTIONS:
         raise ValueError(f"on_fake_devices: {function.__name__} is not one of {CHILD_FUNCTIONS}")
     env = dict(os.environ)
-    flags = [f for f in env.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")]
-    env["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={devices}"])
+    env["XLA_FLAGS"] = child_xla_flags(env.get("XLA_FLAGS", ""), devices)
     env["JAX_PLATFORMS"] = "cpu"
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)

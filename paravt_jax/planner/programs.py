@@ -130,8 +130,22 @@ def tpu_devices(topology: str, slices: int = 1) -> list:
     return list(topologies.get_topology_desc(topology_name=topology, platform="tpu", **options).devices)
 
 
+# XLA:CPU flags of every cpu-fake compile. Its concurrency-optimized scheduler (the default)
+# starts independent work as early as it can for the CPU's threads: in an fsdp program every
+# layer's weight all-gather up front, all live at once (the 32B's sub-agent prefill on 16 fake
+# devices: 76 GiB of temporaries, 0.71 GiB under the memory-minimizing scheduler). No
+# accelerator compiler schedules that way (theirs bound the memory of overlapped collectives).
+CPU_FAKE_XLA_FLAGS = ("--xla_cpu_enable_concurrency_optimized_scheduler=false",)
+
+
+def cpu_fake_flags_set(xla_flags: str) -> bool:
+    """Whether XLA_FLAGS hold CPU_FAKE_XLA_FLAGS (fixed when a process starts XLA)."""
+    return all(flag in xla_flags.split() for flag in CPU_FAKE_XLA_FLAGS)
+
+
 def target_devices(target: Target, devices: int) -> list | None:
-    """The devices to compile for; None: fake CPU devices in a child process (too few here)."""
+    """The devices to compile for; None: fake CPU devices in a child process (too few here, or
+    this process' XLA lacks CPU_FAKE_XLA_FLAGS)."""
     if target.name == "tpu":
         found = tpu_devices(target.topology, target.slices)
         if len(found) != devices:
@@ -144,7 +158,7 @@ def target_devices(target: Target, devices: int) -> list | None:
             raise TargetError(f"--target=local: the mesh has {devices} devices, this process "
                               f"{len(local)} ({local[0].platform})")
         return local[:devices]
-    if local[0].platform == "cpu" and len(local) >= devices:
+    if local[0].platform == "cpu" and len(local) >= devices and cpu_fake_flags_set(os.environ.get("XLA_FLAGS", "")):
         return local[:devices]
     return None
 
