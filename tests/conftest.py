@@ -11,12 +11,6 @@ if "xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
 FAST_COMPILE = "--xla_backend_optimization_level=0"
 if "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
     os.environ["XLA_FLAGS"] += " " + FAST_COMPILE
-# the planner's cpu-fake compiles run under XLA:CPU's memory-minimizing scheduler
-# (paravt_jax/planner/programs.py CPU_FAKE_XLA_FLAGS): set here, its compiles on the suite's
-# 8 fake devices stay in this process instead of a child's
-MEMORY_SCHEDULER = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
-if "xla_cpu_enable_concurrency_optimized_scheduler" not in os.environ["XLA_FLAGS"]:
-    os.environ["XLA_FLAGS"] += " " + MEMORY_SCHEDULER
 os.environ["JAX_PLATFORMS"] = os.environ.get("JAX_PLATFORMS", "cpu")
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -31,6 +25,7 @@ import pytest  # noqa: E402
 
 CACHE_ENV = "PARAVT_JAX_CACHE_DIR"  # paravt_jax.compile_cache.ENV_VAR (not imported: jax stays unloaded here)
 BUILTIN_ENV = "PARAVT_TEST_BUILTIN_ROOT"  # the session's built-in assets, shared by the xdist workers
+SHARED_ENV = "PARAVT_TEST_SHARED_DIR"  # the session's costly fixtures' outputs, shared by the xdist workers
 
 
 def pytest_configure(config):
@@ -45,13 +40,16 @@ def pytest_configure(config):
     if not hasattr(config, "workerinput") and not os.environ.get(BUILTIN_ENV):
         config.paravt_builtin_dir = tempfile.mkdtemp(prefix="paravt-test-builtin-")
         os.environ[BUILTIN_ENV] = config.paravt_builtin_dir
+    if not hasattr(config, "workerinput") and not os.environ.get(SHARED_ENV):
+        config.paravt_shared_dir = tempfile.mkdtemp(prefix="paravt-test-shared-")
+        os.environ[SHARED_ENV] = config.paravt_shared_dir
     from paravt_jax import compile_cache
 
     compile_cache.enable()  # the tests' own compiles too (programs of >= 1 s)
 
 
 def pytest_unconfigure(config):
-    for name in ("paravt_cache_dir", "paravt_builtin_dir"):
+    for name in ("paravt_cache_dir", "paravt_builtin_dir", "paravt_shared_dir"):
         directory = getattr(config, name, None)
         if directory:
             shutil.rmtree(directory, ignore_errors=True)
@@ -110,6 +108,24 @@ def builtin_root():
     generate each set in it on first use, the later tests, in any worker, find it READY
     (ensure_builtin's lock keeps concurrent generation safe)."""
     return os.environ[BUILTIN_ENV]
+
+
+def once_per_session(name: str, make) -> str:
+    """The directory `name` in the session's shared directory, filled by `make(directory)` in
+    whichever pytest-xdist worker asks first; the others wait on its lock and reuse it (a module
+    fixture would otherwise run once in every worker that takes one of the module's tests). A
+    failed `make` leaves nothing: the next asker runs it again."""
+    import fcntl
+
+    directory = os.path.join(os.environ[SHARED_ENV], name)
+    with open(directory + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not os.path.exists(directory + ".done"):
+            shutil.rmtree(directory, ignore_errors=True)
+            os.makedirs(directory)
+            make(directory)
+            open(directory + ".done", "w").close()
+    return directory
 
 
 @pytest.fixture(scope="session")

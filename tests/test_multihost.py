@@ -18,6 +18,7 @@ import jax
 import numpy as np
 import pytest
 
+from conftest import FAST_COMPILE, once_per_session
 from paravt_jax import distributed as dist
 
 TIER = "integration"  # two JAX processes
@@ -49,7 +50,7 @@ def _free_port() -> int:
 
 def _env(devices: int, **extra) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PARAVT_", "JAX_COORDINATOR"))}
-    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} {FAST_COMPILE}",
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", **extra)
     return env
 
@@ -59,21 +60,28 @@ def _tail(path: str, lines: int = 30) -> str:
         return "".join(f.readlines()[-lines:])
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def _single_and_multi(root: str) -> None:
+    """One process on 8 devices and two processes on 4 each, the same run (`paravt-jax run`)."""
     from paravt_jax.data.builtin import ensure_builtin
 
-    root = str(tmp_path_factory.mktemp("multihost"))
     builtin = os.path.join(root, "builtin")
-    assets = ensure_builtin(builtin, **DATA)  # once, before any worker could race to create it
+    ensure_builtin(builtin, **DATA)  # once, before any worker could race to create it
     coordinator = f"localhost:{_free_port()}"
     layout = {"single": (os.path.join(root, "single"), 8, [{}]),
               "multi": (os.path.join(root, "multi"), 4, [
                   {"PARAVT_COORDINATOR": coordinator, "PARAVT_NUM_PROCESSES": "2", "PARAVT_PROCESS_ID": str(i)}
                   for i in range(2)])}
     _run_workers(layout, "run", [f"--config.data.builtin_root={builtin}"])
+
+
+@pytest.fixture(scope="module")
+def runs():
+    """The runs, made once per session whichever pytest-xdist workers take this module's tests."""
+    from paravt_jax.data.builtin import ensure_builtin
+
+    root = once_per_session("multihost", _single_and_multi)
     return {"single": os.path.join(root, "single"), "multi": os.path.join(root, "multi"),
-            "model_dir": assets.model_dir}
+            "model_dir": ensure_builtin(os.path.join(root, "builtin"), **DATA).model_dir}
 
 
 def _run_workers(layout: dict, command: str, extra_flags: list[str]) -> None:
