@@ -135,6 +135,8 @@ def tpu_devices(topology: str, slices: int = 1) -> list:
 # layer's weight all-gather up front, all live at once (the 32B's sub-agent prefill on 16 fake
 # devices: 76 GiB of temporaries, 0.71 GiB under the memory-minimizing scheduler). No
 # accelerator compiler schedules that way (theirs bound the memory of overlapped collectives).
+# Only for compiling: a multi-device program run under it deadlocked XLA:CPU's collectives once
+# (bench/vision_shards.py), so processes that run programs keep the default.
 CPU_FAKE_XLA_FLAGS = ("--xla_cpu_enable_concurrency_optimized_scheduler=false",)
 
 
