@@ -239,7 +239,7 @@ def test_cpu_fake_compiles_run_under_the_memory_scheduler(monkeypatch):
     seen in bench/vision_shards.py; the planner only compiles)."""
     from paravt_jax.planner import programs as G
 
-    flags = P.child_xla_flags("--xla_force_host_platform_device_count=8 --xla_dump_to=/tmp/x "
+    flags = G.child_xla_flags("--xla_force_host_platform_device_count=8 --xla_dump_to=/tmp/x "
                               "--xla_cpu_enable_concurrency_optimized_scheduler=true", 16).split()
     assert flags.count("--xla_cpu_enable_concurrency_optimized_scheduler=false") == 1
     assert "--xla_cpu_enable_concurrency_optimized_scheduler=true" not in flags

@@ -68,10 +68,10 @@ from paravt_jax.planner.arrays import (
     tree_bytes,
 )
 from paravt_jax.planner.programs import (
-    CPU_FAKE_XLA_FLAGS,
     ProgramSet,
     Target,
     TargetError,
+    child_xla_flags,
     compile_programs,
 )
 from paravt_jax.planner.time_plan import SideBytes, TimePlan, format_time_plan, split_plan, time_plan
@@ -182,14 +182,6 @@ class MemoryPlan:
 # ----------------------------------------------------------------------------- XLA on fake devices
 CHILD_TIMEOUT_S = 3600
 CHILD_FUNCTIONS = ("compile_programs",)  # what on_fake_devices may run
-
-
-def child_xla_flags(xla_flags: str, devices: int) -> str:
-    """The child's XLA_FLAGS: this process' own, with CPU_FAKE_XLA_FLAGS and `devices` fake
-    devices in place of any values of theirs."""
-    own = {f.split("=")[0] for f in CPU_FAKE_XLA_FLAGS} | {"--xla_force_host_platform_device_count"}
-    flags = [f for f in xla_flags.split() if f.split("=")[0] not in own]
-    return " ".join(flags + [*CPU_FAKE_XLA_FLAGS, f"--xla_force_host_platform_device_count={devices}"])
 
 
 def on_fake_devices(function, args: tuple, devices: int):

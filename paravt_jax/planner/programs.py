@@ -145,6 +145,14 @@ def cpu_fake_flags_set(xla_flags: str) -> bool:
     return all(flag in xla_flags.split() for flag in CPU_FAKE_XLA_FLAGS)
 
 
+def child_xla_flags(xla_flags: str, devices: int) -> str:
+    """The child's XLA_FLAGS: this process' own, with CPU_FAKE_XLA_FLAGS and `devices` fake
+    devices in place of any values of theirs."""
+    own = {f.split("=")[0] for f in CPU_FAKE_XLA_FLAGS} | {"--xla_force_host_platform_device_count"}
+    flags = [f for f in xla_flags.split() if f.split("=")[0] not in own]
+    return " ".join(flags + [*CPU_FAKE_XLA_FLAGS, f"--xla_force_host_platform_device_count={devices}"])
+
+
 def target_devices(target: Target, devices: int) -> list | None:
     """The devices to compile for; None: fake CPU devices in a child process (too few here, or
     this process' XLA lacks CPU_FAKE_XLA_FLAGS)."""

@@ -156,12 +156,12 @@ def step_calls(rl, work, layout) -> dict[str, tuple[str, float]]:
 
 def _kernel_share(program, work, mesh: dict, rows_per_device: int, config) -> tuple[float, float]:
     """(FLOPs, bytes) per device of one call's attention kernels that XLA did not count."""
+    from paravt_jax.train.batch import vision_shard_count  # here: this module imports no jax at load
+
     tensor = mesh.get("tensor", 1)
     heads = config.text.num_attention_heads
     head_split = tensor if heads % tensor == 0 else 1
     batch = mesh.get("data", 1) * mesh.get("fsdp", 1)
-    from paravt_jax.train.batch import vision_shard_count
-
     vision_split = 1  # a sampler's vision pass is computed on every device for its row group
     if program.name in ("gradients", "log-probs"):
         row_split = max(work.micro_batch_rows // max(rows_per_device, 1), 1)
