@@ -1,15 +1,22 @@
 #!/usr/bin/env bash
 # Creates (or completes) the project's virtual environment in .venv when it is missing, when
-# setup.py changed since it was built, or when it lacks a requested extra. Source it or run
-# it; it prints the python to use.
+# setup.py or requirements.lock changed since it was built, or when it lacks a requested extra.
+# Source it or run it; it prints the python to use. Packages are installed at the exact
+# versions of requirements.lock (pip constraints; launch/lock.sh writes it), so two fresh
+# clones get the same packages; packages of extras the lock does not cover (gpu) resolve from
+# setup.py's ranges.
 #   PARAVT_VENV   where the environment lives (default: <repo>/.venv)
 #   PARAVT_EXTRAS comma-separated pip extras to install (default: test; empty: the runtime
 #                 alone, what launch/local.sh asks for)
+#   PARAVT_LOCK   0: install from setup.py's version ranges, without the lock
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${PARAVT_VENV:-$ROOT/.venv}"
 EXTRAS="${PARAVT_EXTRAS-test}"
-HASH="$(sha256sum "$ROOT/setup.py" | cut -c1-16)"
+LOCK="$ROOT/requirements.lock"
+CONSTRAINTS=()
+if [[ "${PARAVT_LOCK:-1}" != 0 ]]; then CONSTRAINTS=(-c "$LOCK"); fi
+HASH="$(cat "$ROOT/setup.py" "${CONSTRAINTS[@]:+$LOCK}" | sha256sum | cut -c1-16)"
 # One stamp per completed install of this setup.py: .paravt-setup-<hash>-<extras or none>.
 # A request is met when one stamp's extras include every requested extra.
 satisfied() {
@@ -30,7 +37,7 @@ if ! satisfied; then
   [[ -x "$VENV/bin/python" ]] || "${PYTHON:-python3}" -m venv "$VENV"
   "$VENV/bin/pip" install -q --upgrade pip >&2
   # torch is pinned to the CPU wheel in the test extra; never let pip pick a CUDA build.
-  "$VENV/bin/pip" install -q -e "$ROOT${EXTRAS:+[$EXTRAS]}" >&2
+  "$VENV/bin/pip" install -q -e "$ROOT${EXTRAS:+[$EXTRAS]}" "${CONSTRAINTS[@]}" >&2
   find "$VENV" -maxdepth 1 -name '.paravt-setup-*' ! -name ".paravt-setup-$HASH-*" -delete
   touch "$VENV/.paravt-setup-$HASH-${EXTRAS:-none}"
 fi

@@ -1,4 +1,7 @@
 """paravt-jax: ParaVT (parallel crop_video tool calls, PARA-GRPO) on Qwen3-VL in JAX/Flax NNX."""
-from paravt_jax import logs
+from paravt_jax import logs, reproducibility
 
 logs.install()  # log lines: one format, on stderr, from process 0 (paravt_jax/logs.py)
+# XLA:CPU's thread count fixed before JAX starts its CPU client: numbers independent of the
+# machine's core count (paravt_jax/reproducibility.py)
+reproducibility.fix_cpu_threads()

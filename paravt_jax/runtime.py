@@ -7,6 +7,7 @@ build through these functions, and every one returns plain data or a dataclass.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 
 from paravt_jax import distributed, meshes, storage
@@ -151,6 +152,24 @@ class RunInputs:
     rl_rows: list[RLRow]
     eval_rows: list[RLRow]  # held out
     video_root: str
+    data: dict = dataclasses.field(default_factory=dict)  # the data's identity (data_identity)
+
+
+def file_digest(path: str) -> str:
+    """sha256 (16 hex digits) of a data file's bytes (local or gs://)."""
+    return hashlib.sha256(storage.read_bytes(path)).hexdigest()[:16]
+
+
+def data_identity(assets: BuiltinAssets, paths: dict, video_root: str) -> dict:
+    """What a run's manifest records of its data: each table's content hash, and the built-in
+    set's content hash when the run reads it (its videos and model included). Videos given by
+    `data.video_root` are not hashed (the tables name them; hashing terabytes would take hours)."""
+    identity = {name: file_digest(path) for name, path in sorted(paths.items())}
+    if video_root == assets.data_dir or any(path.startswith(assets.data_dir + os.sep) for path in paths.values()):
+        identity.update(assets.identity())
+    else:
+        identity["video_root"] = video_root
+    return identity
 
 
 def _rl_rows(config, paths: dict, root: str) -> tuple[list[RLRow], list[RLRow]]:
@@ -185,7 +204,8 @@ def setup(config, training: bool = False) -> RunInputs:
              for name in ("sft", "rl_train", "rl_eval")}
     sft_messages, sft_report = load_sft_rows(paths["sft"], root)
     rl_rows, eval_rows = _rl_rows(config, paths, root)
-    return RunInputs(model, tokenizer, SFTData(sft_messages, sft_report.kinds), rl_rows, eval_rows, root)
+    return RunInputs(model, tokenizer, SFTData(sft_messages, sft_report.kinds), rl_rows, eval_rows, root,
+                     data_identity(assets, paths, root))
 
 
 def save_export(model, tokenizer, directory: str) -> None:

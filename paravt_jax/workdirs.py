@@ -1,7 +1,10 @@
 """A run's claim on its workdir: the lock (one run at a time, paravt_jax/locking.py) and the
 config it runs under (`run_config.json`). A rerun whose config differs from the stored one in
 anything but run length and placement (RESUMABLE) is refused with the differing fields
-(`ConfigChanged`), unless `config_changed="ok"`, which records the change and continues.
+(`ConfigChanged`), unless `config_changed="ok"`, which records the change and continues. The
+stored record also holds the run's manifest (`record_manifest`: commit, packages, CPU, data;
+paravt_jax/reproducibility.py); a resume under another environment is allowed, logged and
+appended to config_changes.jsonl with the fields that differ.
 
 Multi-process: process 0 alone takes the lock and reads and writes the stored config; every
 process gets its verdict, so all of them stop or none does.
@@ -17,7 +20,7 @@ import time
 
 from absl import logging
 
-from paravt_jax import distributed, storage
+from paravt_jax import distributed, reproducibility, storage
 from paravt_jax.flags import UsageError
 from paravt_jax.locking import WorkdirLock
 
@@ -27,6 +30,7 @@ CHANGES_NAME = "config_changes.jsonl"
 # (another mesh on requeued hardware); none of them changes what a step computes.
 RESUMABLE = ("sft.steps", "rl.steps", "workdir", "mesh.*", "mesh_preset", "compilation_cache_dir")
 CONFIG_CHANGED = ("refuse", "ok")
+MANIFEST = "manifest"  # the stored record's key for the run's manifest (not compared as config)
 
 
 class ConfigChanged(UsageError):
@@ -73,6 +77,7 @@ def check_config(workdir: str, record: dict, config_changed: str = "refuse") -> 
         stored = None
     except ValueError as e:
         raise UsageError(f"{path} is not readable JSON ({e}); restore or delete it") from None
+    manifest = stored.pop(MANIFEST, None) if isinstance(stored, dict) else None
     changes = changed_fields(stored, record) if stored is not None else []
     if changes and config_changed != "ok":
         shown = "; ".join(changes[:10]) + (f"; and {len(changes) - 10} more" if len(changes) > 10 else "")
@@ -86,7 +91,32 @@ def check_config(workdir: str, record: dict, config_changed: str = "refuse") -> 
         logging.warning(f"[workdir] continuing {workdir} under a changed config (--config_changed=ok): "
                         + "; ".join(changes))
     if stored != record:
-        storage.write_json_atomic(path, record)
+        storage.write_json_atomic(path, {**record, **({MANIFEST: manifest} if manifest else {})})
+    return changes
+
+
+def record_manifest(workdir: str, manifest: dict) -> list[str]:
+    """Stores the run's manifest in run_config.json (process 0; after `check_config`). A stored
+    manifest that differs (a resume on another machine or commit) is replaced, and the
+    differences, numeric fields first (reproducibility.differences), are logged and appended to
+    config_changes.jsonl. Returns them."""
+    if not distributed.is_primary():
+        return []
+    path = storage.join(workdir, CONFIG_NAME)
+    try:
+        record = json.loads(storage.read_bytes(path))
+    except (FileNotFoundError, ValueError):
+        record = {}
+    previous = record.get(MANIFEST)
+    changes = reproducibility.differences(previous, manifest) if previous else []
+    if changes:
+        logging.warning(f"[workdir] {workdir} continues a run made under another environment: " + "; ".join(changes[:8])
+                        + (f"; and {len(changes) - 8} more" if len(changes) > 8 else ""))
+        log = storage.Appender(storage.join(workdir, CHANGES_NAME))
+        log.write(json.dumps({"time": time.strftime("%Y-%m-%d %H:%M:%S"), "manifest_changes": changes}) + "\n")
+        log.close()
+    if previous != manifest:
+        storage.write_json_atomic(path, {**record, MANIFEST: manifest})
     return changes
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow.parquet as pq
 from absl import logging
 
-from paravt_jax import distributed, preemption, storage
+from paravt_jax import distributed, preemption, reproducibility, storage
 from paravt_jax.agent.dispatch import CropDispatcher
 from paravt_jax.agent.rollout import Episode, run_rollouts
 from paravt_jax.checkpointing import Checkpointer
@@ -42,7 +42,15 @@ from paravt_jax.text.inputs import check_against_model, encode
 from paravt_jax.text.tokenizer import Tokenizer
 from paravt_jax.train.step import OptimizerConfig, TrainStep
 from paravt_jax.video import read_frames
-from paravt_jax.workdirs import claims_workdir
+from paravt_jax.workdirs import claims_workdir, record_manifest
+
+
+def run_manifest(config, inputs, workdir: str) -> dict:
+    """The run's manifest (reproducibility.manifest: commit, packages, CPU, data, seed), stored in
+    the workdir's run_config.json (a resume under another environment is logged there)."""
+    manifest = reproducibility.manifest(seed=int(config.seed), data=inputs.data)
+    record_manifest(workdir, manifest)
+    return manifest
 
 
 def first_prompt(config, tokenizer, data_dir: str):
@@ -143,7 +151,8 @@ def print_results(results: list[dict], title: str = "") -> str:
     return text
 
 
-def evaluate_after_sft(config, model, tokenizer, eval_rows, workdir: str) -> list[dict] | None:
+def evaluate_after_sft(config, model, tokenizer, eval_rows, workdir: str,
+                       manifest: dict | None = None) -> list[dict] | None:
     """The cold start's held-out table (`eval.after_sft` K values, with and without tools),
     evaluated once between SFT and RL and kept in sft/eval.json with the settings it was made
     under (the SFT step count and the evaluation's), so a resumed run reads it back and a run
@@ -175,7 +184,7 @@ def evaluate_after_sft(config, model, tokenizer, eval_rows, workdir: str) -> lis
                                episodes=eval_episodes_path(workdir), stage="after_sft")
         storage.makedirs(storage.join(workdir, "sft"))
         with preemption.deferred():
-            storage.write_json_atomic(path, {"settings": settings, "results": results})
+            storage.write_json_atomic(path, {"settings": settings, "results": results, "manifest": manifest or {}})
     distributed.barrier("after-sft-eval")
     return results
 
@@ -197,9 +206,9 @@ def phase_histories(workdir: str) -> dict:
 
     sft, rl = lines("sft"), lines("rl")
     rl_keys = ("reward", "format_compliance", "kappa", "loss")
-    return {
-        "sft_loss": [round(line["sft/loss"], 4) for line in sft if "sft/loss" in line],
-        "rl": [{k: round(float(line[f"rl/{k}"]), 4) for k in rl_keys} for line in rl if "rl/reward" in line],
+    return {  # at full precision: two runs' histories compare bit for bit
+        "sft_loss": [line["sft/loss"] for line in sft if "sft/loss" in line],
+        "rl": [{k: float(line[f"rl/{k}"]) for k in rl_keys} for line in rl if "rl/reward" in line],
         "training_minutes": round(sum(line.get(f"{phase}/step_s", 0.0)
                                       for phase, phase_lines in (("sft", sft), ("rl", rl))
                                       for line in phase_lines) / 60, 2),
@@ -252,6 +261,7 @@ def run_command(config, workdir: str = "") -> dict:
     t0 = time.perf_counter()
     inputs = setup(config, training=True)
     model, tokenizer, eval_rows = inputs.model, inputs.tokenizer, inputs.eval_rows  # model: each phase's output
+    manifest = run_manifest(config, inputs, workdir)
     logging.info(f"[run] workdir {storage.absolute(workdir)}; {len(inputs.sft.rows)} SFT rows, "
                  f"{len(inputs.rl_rows)} RL rows, {len(eval_rows)} held-out rows")
     if distributed.is_primary() and storage.exists(summary_path):
@@ -261,7 +271,7 @@ def run_command(config, workdir: str = "") -> dict:
         model, _ = train_sft(model, tokenizer, inputs.sft.rows, inputs.video_root, storage.join(workdir, "sft"),
                              sft_config(config), kinds=inputs.sft.kinds)
         if config.rl.steps and eval_config(config).after_sft:  # without RL the final table is this one
-            after_sft = evaluate_after_sft(config, model, tokenizer, eval_rows, workdir)
+            after_sft = evaluate_after_sft(config, model, tokenizer, eval_rows, workdir, manifest)
             if after_sft is not None:
                 print_results(after_sft, "[run] after SFT:")
     if config.rl.steps:
@@ -269,7 +279,7 @@ def run_command(config, workdir: str = "") -> dict:
                             evaluators=periodic_evaluators(rl_config(config), eval_rows),
                             rollout_mesh=build_rollout_mesh(config))
     model = distributed.local_model(model)  # multi-process: a whole copy on this process's devices
-    summary = {"workdir": storage.absolute(workdir), **phase_histories(workdir)}
+    summary = {"workdir": storage.absolute(workdir), "manifest": manifest, **phase_histories(workdir)}
     if not distributed.is_primary():  # process 0 alone saves, evaluates and writes the summary
         return summary
     final = storage.join(workdir, "final")
@@ -305,6 +315,7 @@ def run_command(config, workdir: str = "") -> dict:
 @claims_workdir("sft")
 def sft_command(config, workdir: str = ""):
     inputs = setup(config, training=True)
+    run_manifest(config, inputs, workdir)
     return train_sft(inputs.model, inputs.tokenizer, inputs.sft.rows, inputs.video_root, workdir, sft_config(config),
                      kinds=inputs.sft.kinds)
 
@@ -312,6 +323,7 @@ def sft_command(config, workdir: str = ""):
 @claims_workdir("train")
 def train_command(config, workdir: str = ""):
     inputs = setup(config, training=True)
+    run_manifest(config, inputs, workdir)
     return train_rl(inputs.model, inputs.tokenizer, inputs.rl_rows, workdir, rl_config(config),
                     evaluators=periodic_evaluators(rl_config(config), inputs.eval_rows),
                     rollout_mesh=build_rollout_mesh(config))

@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from absl import logging
 
-from paravt_jax import storage
+from paravt_jax import reproducibility, storage
 from paravt_jax.agent.dispatch import CropDispatcher, DispatchConfig
 from paravt_jax.agent.rollout import Episode, Rollout, RolloutConfig, run_rollouts
 from paravt_jax.config import ConfigValueError, build
@@ -202,7 +202,7 @@ def check_missing_videos(benchmark, max_share: float) -> None:
 
 def run_dataset(sampler, tokenizer, benchmark, config: DriverConfig, output_dir: str, *, shard_id: int = 0,
                 num_shards: int = 1, log: Callable[[str], None] = logging.info, identity: dict | None = None,
-                overwrite: bool = False) -> dict:
+                overwrite: bool = False, manifest: dict | None = None) -> dict:
     """Evaluates this shard's unfinished samples of one loaded benchmark; returns the
     dataset's summary (complete=False while other shards are missing). `identity` names the
     model (provenance.model_identity); with the settings it keys every record, and records of
@@ -212,6 +212,8 @@ def run_dataset(sampler, tokenizer, benchmark, config: DriverConfig, output_dir:
     samples = list(benchmark.samples)
     key = provenance.producer(identity or {}, config)
     producer_id = store.claim_output(output_dir, name, key, overwrite, log)
+    if manifest:  # the environment these records are written in (reproducibility.manifest)
+        store.record_manifest(output_dir, name, producer_id, manifest, log)
     mine = store.shard_path(output_dir, name, shard_id, num_shards)
     done = store.read_records([mine])
     if storage.isfile(mine) and not store.ends_with_newline(mine):
@@ -238,7 +240,7 @@ def run_dataset(sampler, tokenizer, benchmark, config: DriverConfig, output_dir:
     summary = summarize(name, records, config.nframes)
     summary.update(complete=len(records) == len(samples), samples=len(samples),
                    missing_videos=len(benchmark.missing_videos), prompt_mode=config.prompt_mode,
-                   dispatch=config.dispatch, producer_id=producer_id, producer=key)
+                   dispatch=config.dispatch, producer_id=producer_id, producer=key, manifest=manifest or {})
     if summary["complete"]:
         is_mcq = all(r["question_type"] == "mcq" for r in records)
         output = scoring.dataset_output(name, records, is_mcq=is_mcq, nframes=config.nframes,
@@ -264,13 +266,15 @@ class BenchmarkEval:
     shard_id: int = 0
     num_shards: int = 1
     overwrite: bool = False
+    manifest: dict = dataclasses.field(default_factory=dict)  # reproducibility.manifest
 
     def run(self, sampler, tokenizer, step: int | None = None):
         directory, identity = self.output_dir, self.identity
         if step is not None:
             directory, identity = storage.join(directory, f"step_{step:06d}"), {**identity, "policy": {"step": step}}
         summary = run_dataset(sampler, tokenizer, self.benchmark, self.config, directory, shard_id=self.shard_id,
-                              num_shards=self.num_shards, identity=identity, overwrite=self.overwrite)
+                              num_shards=self.num_shards, identity=identity, overwrite=self.overwrite,
+                              manifest=self.manifest)
         store.write_summary_all(directory, {self.benchmark.name: summary})
         metrics = {"score": headline(summary), "complete": float(summary["complete"])}
         metrics.update({key: float(summary[key]) for key in ("avg_tool_calls", "avg_turns", "avg_context_tokens",
@@ -374,10 +378,11 @@ def evaluate_command(config, output_dir: str, *, shard_id: int = 0, num_shards: 
     for benchmark in benchmarks:
         check_missing_videos(benchmark, config.max_missing_videos)
     identity = provenance.model_identity(config, assets.model_dir)
+    manifest = reproducibility.manifest(seed=int(config.get("seed", 0)), data=assets.identity())
     arms = DISPATCH if compare else (config.driver.dispatch,)
     evaluators = [BenchmarkEval(benchmark, driver_config(config, benchmark.name, dispatch=dispatch),
                                 storage.join(output_dir, dispatch) if compare else output_dir, identity,
-                                shard_id, num_shards)
+                                shard_id, num_shards, manifest=manifest)
                   for benchmark in benchmarks for dispatch in arms]
     for evaluator in evaluators:  # every directory checked before the model is loaded
         storage.makedirs(evaluator.output_dir)

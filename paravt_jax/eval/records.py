@@ -1,14 +1,16 @@
 """The evaluation driver's record store: one JSONL file per dataset shard of finished samples
 (`<dataset>.shard-IIIII-of-NNNNN.jsonl`, one record per line, appended as samples finish, so a
 killed evaluation resumes), the producers manifest (`<dataset>.producers.json`: which model and
-settings wrote which records) and `summary_all.json`. Paths may be gs://."""
+settings wrote which records), the environments they were written in (`<dataset>.manifests.json`:
+producer id -> the manifest of each process that wrote some, paravt_jax/reproducibility.py) and
+`summary_all.json`. Paths may be gs://."""
 from __future__ import annotations
 
 import fnmatch
 import json
 from collections.abc import Callable, Sequence
 
-from paravt_jax import storage
+from paravt_jax import reproducibility, storage
 from paravt_jax.config import ConfigValueError
 from paravt_jax.eval import provenance
 
@@ -88,6 +90,27 @@ def claim_output(output_dir: str, name: str, key: dict, overwrite: bool, log: Ca
     if known.get(me) != json.loads(json.dumps(key, default=str)):
         storage.write_json_atomic(manifest_path, {**known, me: key})
     return me
+
+
+def record_manifest(output_dir: str, name: str, producer_id: str, manifest: dict,
+                    log: Callable[[str], None]) -> list[str]:
+    """Adds `manifest` to the environments that wrote producer_id's `name` records; when records
+    of that producer were written under another environment (a resume on another machine, commit
+    or package set), logs the fields that differ and returns them."""
+    path = storage.join(output_dir, f"{name}.manifests.json")
+    try:
+        known = json.loads(storage.read_bytes(path))
+    except (OSError, ValueError):
+        known = {}
+    earlier = known.get(producer_id, [])
+    if manifest in earlier:
+        return []
+    changes = reproducibility.differences(earlier[-1], manifest) if earlier else []
+    if changes:
+        log(f"[eval] {name}: resuming records written under another environment: " + "; ".join(changes[:8])
+            + ("; ..." if len(changes) > 8 else ""))
+    storage.write_json_atomic(path, {**known, producer_id: [*earlier, manifest]})
+    return changes
 
 
 def write_summary_all(output_dir: str, summaries: dict[str, dict]) -> str:

@@ -16,7 +16,10 @@ Markdown shows mean ± sample std, the CSV mean, std, min and max). Written:
               band spans min to max): reward, accuracy reward, format compliance, kappa,
               calls per tool turn, and the periodic held-out accuracy with and without tools.
 The training table also gives each RL metric's mean over the first and the last third of the
-steps (early, late): the trend, less noisy than one step.
+steps (early, late): the trend, less noisy than one step. An "Environment" section compares the
+arms' manifests (summary.json or run_config.json; paravt_jax/reproducibility.py) and names every
+field in which they differ besides the seed (commit, packages, XLA:CPU threads, data, ...): arms
+compared across environments are flagged, not silently averaged.
 Default PREFIX: DIR/report for one DIR, else ./report.
 """
 from __future__ import annotations
@@ -29,6 +32,7 @@ import os
 import re
 from collections.abc import Sequence
 
+from paravt_jax import reproducibility
 from paravt_jax.experiments import hypotheses
 from paravt_jax.experiments.plots import read_jsonl, thirds
 
@@ -63,6 +67,7 @@ class ArmRun:
     finished: bool
     numbers: dict
     curves: dict
+    manifest: dict = dataclasses.field(default_factory=dict)  # reproducibility.manifest ({} if none)
 
 
 def is_arm_dir(directory: str) -> bool:
@@ -167,7 +172,55 @@ def load_arm(directory: str) -> ArmRun:
             trend = thirds([v for _, v in points]) if metric in TRAIN_METRICS else None
             if trend is not None:
                 numbers[f"{column}_early"], numbers[f"{column}_late"] = trend
-    return ArmRun(name, group, directory, "eval" in summary, numbers, curves)
+    return ArmRun(name, group, directory, "eval" in summary, numbers, curves, arm_manifest(directory, summary))
+
+
+def arm_manifest(directory: str, summary: dict) -> dict:
+    """The arm's manifest: summary.json's, else run_config.json's (a run still going), else {}."""
+    if summary.get("manifest"):
+        return summary["manifest"]
+    try:
+        with open(os.path.join(directory, "run_config.json")) as f:
+            return json.load(f).get("manifest") or {}
+    except (OSError, ValueError):
+        return {}
+
+
+# Manifest fields that differ between arms by design, or that only describe the host.
+UNCOMPARED = ("seed", "cpu.usable", "cpu.model", "lock.mismatched")
+
+
+def environment(arms: Sequence[ArmRun]) -> list[str]:
+    """Markdown lines: whether the arms ran under one environment, else each differing field
+    with its value per arm (reproducibility.differences against the first arm)."""
+    known = [arm for arm in arms if arm.manifest]
+    lines = ["## Environment", ""]
+    missing = [arm.name for arm in arms if not arm.manifest]
+    if missing:
+        lines.append(f"No manifest (run before runs recorded one): {', '.join(missing)}.")
+    if not known:
+        return lines
+    first = known[0]
+    fields = []
+    for arm in known[1:]:
+        for change in reproducibility.differences(first.manifest, arm.manifest):
+            field = change.split(":", 1)[0]
+            if field not in fields and not any(field == u or field.startswith(u + ".") for u in UNCOMPARED):
+                fields.append(field)
+    if not fields:
+        m = first.manifest
+        lines.append(f"All {len(known)} arms with a manifest ran under one environment: commit "
+                     f"{str(m.get('commit', '?'))[:12]}{' (dirty)' if m.get('dirty') else ''}, lock "
+                     f"{m.get('lock', {}).get('sha256')}, {m.get('device', {}).get('kind')}, XLA:CPU threads "
+                     f"{m.get('cpu', {}).get('xla_threads')}.")
+        return lines
+    lines += [f"**The arms ran under different environments** in {len(fields)} field(s); numbers may differ "
+              "for that reason alone:", "", "| field | " + " | ".join(a.name for a in known) + " |",
+              "|---|" + "---|" * len(known)]
+    for field in fields:
+        values = [reproducibility.flatten(a.manifest).get(field, "<absent>") for a in known]
+        lines.append(f"| {field} | " + " | ".join(str(v) for v in values) + " |")
+    return lines
 
 
 @dataclasses.dataclass(frozen=True)
@@ -349,6 +402,7 @@ def write_report(directories: Sequence[str], prefix: str) -> dict:
     claims = hypotheses.from_sweep_roots(directories)
     if claims:
         text += "\n" + hypotheses.markdown(hypotheses.verdicts(claims, arms))
+    text += "\n" + "\n".join(environment(arms)) + "\n"
     with open(f"{prefix}.md", "w") as f:
         f.write(text)
     return {"markdown": f"{prefix}.md", "csv": write_csv(groups, f"{prefix}.csv"),

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Writes requirements.lock: the exact version of every package that setup.py's runtime and the
+# test extra resolve to today, from a fresh virtual environment built without the lock.
+# launch/env.sh installs through it (pip constraints), so two fresh clones get the same packages.
+#   bash launch/lock.sh            # rewrite requirements.lock (then commit it)
+# A local build label is dropped (torch 2.13.0+cpu -> torch==2.13.0, which the CPU wheel
+# satisfies). Versions only, no hashes: the CPU torch wheel comes from a local file, not the index.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+TMP="$(mktemp -d)"
+trap 'rm -rf "$TMP"' EXIT
+"${PYTHON:-python3}" -m venv "$TMP/venv"
+"$TMP/venv/bin/pip" install -q --upgrade pip >&2
+"$TMP/venv/bin/pip" install -q "$ROOT[test]" >&2
+{
+  echo "# Exact versions of the runtime and the test extra (x86_64 Linux, Python $("$TMP/venv/bin/python" -c 'import platform; print(platform.python_version())')),"
+  echo "# written by launch/lock.sh; launch/env.sh installs through it (pip -c). Regenerate, do not edit."
+  "$TMP/venv/bin/pip" freeze --exclude-editable | grep -iv '^paravt[-_]jax' | sed -E 's/^([^=]+==[^+]+)\+.*$/\1/' | LC_ALL=C sort -f
+} > "$ROOT/requirements.lock"
+echo "wrote $ROOT/requirements.lock ($(grep -c '==' "$ROOT/requirements.lock") packages)"

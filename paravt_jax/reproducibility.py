@@ -1,0 +1,182 @@
+"""Same commit, config, seed and packages, same numbers: XLA:CPU's thread count fixed, and the
+manifest every run records so that two runs' environments can be told apart.
+
+**The CPU thread count.** XLA:CPU splits reductions and matrix products over the threads of its
+intra-op pool (YNNPACK's reduce and dot kernels and Eigen's contractions partition the work by
+the pool's size), and the pool is as large as the CPUs the process may use. A float32 sum over
+1M values therefore differs in its last bits between a 1-core and a 2-core process, and 600
+steps of the toy SFT grow that into different models (held-out accuracy 0.625 vs 0.938, same
+commit, config, seed, data and packages). The pool's size is read from `PJRT_NPROC` when the
+CPU client starts; `fix_cpu_threads` (called when the package is imported) sets it to
+CPU_THREADS unless the environment already names a count. Two threads are what the reference
+2-core machine always ran with, so its numbers stay as they were; on 1 core the two threads
+share it (measured in docs/benchmarks.md#reproducibility), on a larger machine set
+`PJRT_NPROC=<cores>` for speed, knowing that numbers then match only runs with the same value
+(the manifest records it, and `paravt-jax report` names the difference). Accelerator programs do
+not run on that pool: GPU and TPU runs are unaffected.
+
+**The manifest** (`manifest()`): commit and dirty flag, the lock file's hash and whether the
+installed packages match it, the numeric packages' versions, Python, platform, the JAX device
+kind and count, the CPU model, the usable CPU count and XLA:CPU's thread count, XLA_FLAGS, the
+data's content hash and the seed. `differences()` lists the fields in which two manifests differ,
+those that may change a number first.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import platform
+import subprocess
+import sys
+from collections.abc import Mapping
+from importlib import metadata
+from typing import Any
+
+CPU_THREADS_ENV = "PJRT_NPROC"  # XLA's PJRT CPU client sizes its intra-op pool by it
+CPU_THREADS = 2
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LOCK_FILE = "requirements.lock"  # exact versions of every package, written by launch/lock.sh
+# The packages whose versions can change a number (compilers, kernels, decoders, tokenizers).
+NUMERIC_PACKAGES = ("jax", "jaxlib", "libtpu", "jax-cuda12-plugin", "jax-cuda12-pjrt", "flax", "optax",
+                    "orbax-checkpoint", "numpy", "ml_dtypes", "scipy", "transformers", "tokenizers", "safetensors",
+                    "decord", "av", "pillow", "pyarrow", "grain", "tensorflow-datasets", "torch")
+# Fields whose difference may change a metric; the rest (paths, hostnames) only describe.
+NUMERIC_FIELDS = ("commit", "dirty", "lock.sha256", "lock.matches", "packages.", "device.", "cpu.xla_threads",
+                  "xla_flags", "data.", "seed", "python")
+
+
+def fix_cpu_threads(environ: dict | None = None) -> str:
+    """Sets PJRT_NPROC to CPU_THREADS unless the environment names a count; returns the count.
+    Effective only before JAX starts its CPU client (the first use of a device)."""
+    environ = os.environ if environ is None else environ
+    value = environ.setdefault(CPU_THREADS_ENV, str(CPU_THREADS))
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{CPU_THREADS_ENV}={value!r}: expected a positive thread count")
+    return value
+
+
+def git_state(directory: str = REPOSITORY) -> dict[str, Any]:
+    """{"commit", "dirty"} of the checkout holding this package; commit "unknown" outside one
+    (an installed wheel). Dirty: tracked files differ from the commit (untracked files such as
+    runs/ are not counted)."""
+    def git(*args):
+        return subprocess.run(["git", "-C", directory, *args], capture_output=True, text=True, timeout=30)
+    try:
+        head = git("rev-parse", "HEAD")
+        if head.returncode != 0:
+            return {"commit": "unknown", "dirty": None}
+        status = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.TimeoutExpired):
+        return {"commit": "unknown", "dirty": None}
+    return {"commit": head.stdout.strip(), "dirty": bool(status.stdout.strip())}
+
+
+def read_lock(path: str) -> dict[str, str]:
+    """name (lower case, '_' as '-') -> version of a lock file's `name==version` lines."""
+    pins = {}
+    with open(path) as f:
+        for number, line in enumerate(f, 1):
+            line = line.split("#", 1)[0].strip()
+            if not line:
+                continue
+            name, sep, version = line.partition("==")
+            if not sep or not name.strip() or not version.strip():
+                raise ValueError(f"{path}:{number}: expected NAME==VERSION, got {line!r}")
+            pins[normal_name(name)] = version.strip()
+    return pins
+
+
+def normal_name(name: str) -> str:
+    return name.strip().lower().replace("_", "-").replace(".", "-")
+
+
+def installed_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def version_matches(pinned: str, installed: str) -> bool:
+    """A pin without a local label matches any local build of it (2.13.0 matches 2.13.0+cpu)."""
+    return installed == pinned or ("+" not in pinned and installed.split("+", 1)[0] == pinned)
+
+
+def lock_state(directory: str = REPOSITORY) -> dict[str, Any]:
+    """The lock file's hash and whether every locked package that is installed has its version
+    (packages of extras not installed are not counted)."""
+    path = os.path.join(directory, LOCK_FILE)
+    if not os.path.isfile(path):
+        return {"file": None, "sha256": None, "matches": None}
+    with open(path, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()[:16]
+    mismatched = []
+    for name, version in sorted(read_lock(path).items()):
+        have = installed_version(name)
+        if have is not None and not version_matches(version, have):
+            mismatched.append(f"{name} {have} (locked {version})")
+    return {"file": LOCK_FILE, "sha256": digest, "matches": not mismatched, "mismatched": mismatched}
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def device_state() -> dict[str, Any]:
+    import jax
+
+    devices = jax.devices()
+    return {"platform": devices[0].platform, "kind": devices[0].device_kind, "count": len(devices),
+            "processes": jax.process_count()}
+
+
+def manifest(seed: int | None = None, data: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """What produced a run's numbers (see the module's docstring). Starts JAX's backend."""
+    return {
+        **git_state(),
+        "lock": lock_state(),
+        "packages": {name: version for name in NUMERIC_PACKAGES if (version := installed_version(name))},
+        "python": platform.python_version(),
+        "platform": f"{sys.platform} {platform.machine()}",
+        "device": device_state(),
+        "cpu": {"model": cpu_model(), "usable": usable_cpus(),
+                "xla_threads": os.environ.get(CPU_THREADS_ENV, "unset (one per usable CPU)")},
+        "xla_flags": " ".join(sorted(os.environ.get("XLA_FLAGS", "").split())),
+        "data": dict(data or {}),
+        "seed": seed,
+    }
+
+
+def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, Mapping):
+        out = {}
+        for key, item in value.items():
+            out.update(flatten(item, f"{prefix}{key}."))
+        return out
+    return {prefix.rstrip("."): value}
+
+
+def differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    """`field: a -> b` for every field two manifests differ in; the fields that may change a
+    number (NUMERIC_FIELDS) first."""
+    x, y = flatten(a), flatten(b)
+    keys = [k for k in sorted(set(x) | set(y)) if x.get(k, "<absent>") != y.get(k, "<absent>")]
+    numeric = [k for k in keys if any(k == f or (f.endswith(".") and k.startswith(f)) for f in NUMERIC_FIELDS)]
+    ordered = numeric + [k for k in keys if k not in numeric]
+    return [f"{k}: {x.get(k, '<absent>')!r} -> {y.get(k, '<absent>')!r}" for k in ordered]
