@@ -17,9 +17,11 @@ not run on that pool: GPU and TPU runs are unaffected.
 
 **The manifest** (`manifest()`): commit and dirty flag, the lock file's hash and whether the
 installed packages match it, the numeric packages' versions, Python, platform, the JAX device
-kind and count, the CPU model, the usable CPU count and XLA:CPU's thread count, XLA_FLAGS, the
-data's content hash and the seed. `differences()` lists the fields in which two manifests differ,
-those that may change a number first.
+kind and count, the CPU model and vector extension, the usable CPU count and XLA:CPU's thread
+count, XLA_FLAGS, the data's content hash and the seed. `differences()` lists the fields in which
+two manifests differ, those that may change a number first. Not fixed, only recorded: another CPU
+architecture or vector extension (SSE-only code rounds otherwise; `cpu.isa`), another package set
+(`lock`, `packages`), another PJRT_NPROC (`cpu.xla_threads`).
 """
 from __future__ import annotations
 
@@ -43,7 +45,10 @@ NUMERIC_PACKAGES = ("jax", "jaxlib", "libtpu", "jax-cuda12-plugin", "jax-cuda12-
                     "decord", "av", "pillow", "pyarrow", "grain", "tensorflow-datasets", "torch")
 # Fields whose difference may change a metric; the rest (paths, hostnames) only describe.
 NUMERIC_FIELDS = ("commit", "dirty", "lock.sha256", "lock.matches", "packages.", "device.", "cpu.xla_threads",
-                  "xla_flags", "data.", "seed", "python")
+                  "cpu.isa", "xla_flags", "data.", "seed", "python")
+# x86 vector extensions, widest first: XLA:CPU compiles for the host's, and SSE-only code gives
+# other bits than AVX2's (AVX2 and AVX-512 agreed on every program measured)
+ISA_FLAGS = ("avx512f", "avx2", "avx", "sse4_2")
 
 
 def fix_cpu_threads(environ: dict | None = None) -> str:
@@ -131,6 +136,20 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+@functools.lru_cache(maxsize=1)
+def cpu_isa() -> str:
+    """The widest x86 vector extension the CPU has (ISA_FLAGS), else the machine's name."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return next((isa for isa in ISA_FLAGS if isa in flags), platform.machine())
+    except OSError:
+        pass
+    return platform.machine()
+
+
 def usable_cpus() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -155,7 +174,7 @@ def manifest(seed: int | None = None, data: Mapping[str, Any] | None = None) -> 
         "python": platform.python_version(),
         "platform": f"{sys.platform} {platform.machine()}",
         "device": device_state(),
-        "cpu": {"model": cpu_model(), "usable": usable_cpus(),
+        "cpu": {"model": cpu_model(), "isa": cpu_isa(), "usable": usable_cpus(),
                 "xla_threads": os.environ.get(CPU_THREADS_ENV, "unset (one per usable CPU)")},
         "xla_flags": " ".join(sorted(os.environ.get("XLA_FLAGS", "").split())),
         "data": dict(data or {}),

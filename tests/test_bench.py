@@ -112,3 +112,14 @@ def test_vision_shards_bench_smallest(tmp_path):
     row = next(line for line in out.splitlines() if line.startswith("| 2 "))
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert float(cells[3].replace(",", "")) < float(cells[2].replace(",", "")), row
+
+
+def test_cpu_threads_bench_smallest(tmp_path, builtin_root):
+    """Four arms (1 core and every core, the machine-sized pool and the fixed count) of 2 tiny
+    SFT steps: the table, and the fixed count's arms agree with each other bit for bit."""
+    out = run_bench(tmp_path, "cpu_threads.py", "--config", os.path.join(ROOT, "configs/paragrpo.py:tiny"),
+                    "--steps", "2", f"--extra=--config.data.builtin_root={builtin_root} --config.sft.batch_size=2",
+                    fast_compile=False)
+    assert "XLA:CPU thread count" in out
+    fixed = [line for line in out.splitlines() if "(fixed)" in line]
+    assert len(fixed) == 2 and all(line.rstrip(" |").endswith("yes") for line in fixed), out

@@ -258,3 +258,29 @@ def test_dispatch_and_subagent_batches_do_not_depend_on_completion_order(tmp_pat
     assert len(runs[0]["prompts"]) == 6  # 3 + 2 + 1 crops: one sub-agent batch
     for other in runs[1:]:
         assert other == runs[0]
+
+
+# ---------------------------------------------------------------- report
+def test_report_names_the_fields_in_which_the_arms_environments_differ(tmp_path):
+    """Arms run under another commit or XLA:CPU thread count are flagged with those fields (the
+    seed, which differs by design, and the host's core count, which no longer changes a number,
+    are not); an arm without a manifest is named."""
+    from paravt_jax.experiments import report
+
+    base = {"commit": "a" * 40, "dirty": False, "lock": {"sha256": "1" * 16}, "packages": {"jax": "0.10.2"},
+            "device": {"kind": "cpu"}, "cpu": {"usable": 2, "xla_threads": "2", "model": "X"}, "seed": 0}
+    arms = {"paragrpo,seed=0": base, "paragrpo,seed=1": {**base, "seed": 1, "cpu": {**base["cpu"], "usable": 1}},
+            "vanilla,seed=0": {**base, "commit": "b" * 40, "cpu": {**base["cpu"], "xla_threads": "8"}},
+            "old,seed=0": None}
+    for name, manifest in arms.items():
+        (tmp_path / "root" / name).mkdir(parents=True)
+        summary = {"eval": [], **({"manifest": manifest} if manifest else {})}
+        (tmp_path / "root" / name / "summary.json").write_text(json.dumps(summary))
+    text = report.write_report([str(tmp_path / "root")], str(tmp_path / "out"))["text"]
+    section = text[text.index("## Environment"):]
+    assert "No manifest (run before runs recorded one): old,seed=0." in section
+    assert "**The arms ran under different environments** in 2 field(s)" in section
+    rows = [line.split(" | ")[0].strip("| ") for line in section.splitlines() if line.startswith("| ")][1:]
+    assert rows == ["commit", "cpu.xla_threads"]
+    same = report.write_report([str(tmp_path / "root" / n) for n in list(arms)[:2]], str(tmp_path / "same"))
+    assert "All 2 arms with a manifest ran under one environment: commit aaaaaaaaaaaa" in same["text"]

@@ -132,6 +132,7 @@ def test_report_table_and_plots(swept, tmp_path):
     for group in ("_sft", "vanilla", "paragrpo"):
         assert f"| {group} |" in text
     assert "no tools K=4 acc" in text and "kappa final" in text
+    assert "arms with a manifest ran under one environment" in text  # one machine, one commit
     for metric in ("format_compliance", "kappa", "reward"):
         path = f"{prefix}_{metric}.png"
         assert os.path.getsize(path) > 1000 and open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
