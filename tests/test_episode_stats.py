@@ -1,5 +1,7 @@
 """Format compliance, kappa and calls per tool turn: one definition, hand-counted cases."""
-from paravt_jax.rl.episode_stats import calls_per_tool_turn, tool_use
+import pytest
+
+from paravt_jax.rl.episode_stats import calls_per_tool_turn, format_compliant, tool_use, turn_problems
 
 CALL = ('<tool_call>{"name": "crop_video", "arguments": {"video_path": "v.mp4", "start_time": 1, "end_time": 5}}'
         "</tool_call>")
@@ -31,7 +33,7 @@ def test_summarize_splits_the_tool_call_rate_and_accuracy_by_overview_budget():
     from paravt_jax.rl.episode_stats import summarize
 
     def rollout(text, k):
-        return SimpleNamespace(generated_text=text, nframes=k, calls_per_turn=(), turns=1, errors=(),
+        return SimpleNamespace(turn_texts=(text,), nframes=k, calls_per_turn=(), turns=1, errors=(),
                                inputs=SimpleNamespace(loss_mask=np.ones(3)))
 
     rollouts = [rollout(COMPLIANT_WITH_CALL, 4), rollout(COMPLIANT_NO_CALL, 4), rollout(COMPLIANT_NO_CALL, 64),
@@ -43,3 +45,33 @@ def test_summarize_splits_the_tool_call_rate_and_accuracy_by_overview_budget():
     assert got["rl/kappa_at_4"] == 0.5 and got["rl/kappa_at_64"] == 0.0 and got["rl/kappa_at_fps"] == 1.0
     assert got["rl/acc_reward_at_4"] == 0.5 and got["rl/acc_reward_at_64"] == 0.0
     assert "rl/acc_reward_at_4" not in summarize(rollouts, [], prefix="rl/")  # no rewards: no accuracy
+
+
+# Turns the episode log flags, each with the problem it names: none of them counts as compliant,
+# alone or as one turn of an otherwise well-formed episode.
+MALFORMED = {
+    "<think>a</think></think><answer>A</answer>": "unbalanced tags",  # a second </think>
+    "<think>a</think><answer>A</answer></answer>": "unbalanced tags",
+    "<think>a<answer>A</answer>": "<think> is never closed",
+    f"<think>a</think>{CALL}</tool_call>": "unbalanced tags",
+    "<think>a</think><tool_call>{not json</tool_call>": "not valid JSON",
+    "<think>a</think>": "neither a tool call nor an answer",
+}
+
+
+@pytest.mark.parametrize("turn", sorted(MALFORMED))
+def test_a_turn_the_log_flags_is_never_compliant(turn):
+    from paravt_jax.rl.episode_log import turn_problems as logged
+
+    assert logged is turn_problems  # the log shows the metric's own definition
+    assert any(MALFORMED[turn] in problem for problem in turn_problems(turn))
+    assert not format_compliant(turn)
+    assert not format_compliant([f"<think>a</think>{CALL}", turn])
+    assert tool_use([[turn]], [()])["format_compliance"] == 0.0
+
+
+def test_a_well_formed_episode_of_two_turns_is_compliant():
+    turns = [f"<think>\nlook</think>\n{CALL}\n{CALL}", "<think>\nseen</think>\n<answer>B</answer>"]
+    assert [turn_problems(t) for t in turns] == [[], []]
+    assert format_compliant(turns) and tool_use([turns], [(2,)])["format_compliance"] == 1.0
+    assert not format_compliant(turns[:1])  # no answer yet

@@ -313,3 +313,23 @@ def test_cli_eval_twice_with_two_checkpoints(assets, tmp_path, capsys):
     second = json.load(open(out / "summary_all.json"))["synthetic"]
     assert second["producer"]["checkpoint"]["path"] == str(copy) and second["producer_id"] != first["producer_id"]
     assert second["total"] == 1 and second["complete"]
+
+
+def test_a_checkpoint_is_known_by_its_content_not_its_path_or_times(assets, tmp_path):
+    """A copy elsewhere (new path, new modification times) is the same model; other bytes in a
+    weight file are another; a directory without checkpoint files is refused by name."""
+    import shutil
+
+    from paravt_jax.config import ConfigValueError
+    from paravt_jax.eval import provenance
+
+    original = provenance.checkpoint_identity(assets.model_dir, "tiny", 0)
+    copy = shutil.copytree(assets.model_dir, tmp_path / "copy")
+    os.utime(copy / "model.safetensors", (1, 1))
+    assert provenance.checkpoint_identity(str(copy), "tiny", 0) == original and set(original) == {"content"}
+    with open(copy / "model.safetensors", "r+b") as f:
+        f.seek(-4, os.SEEK_END)
+        f.write(b"\x01\x02\x03\x04")
+    assert provenance.checkpoint_identity(str(copy), "tiny", 0) != original
+    with pytest.raises(ConfigValueError, match=r"model.checkpoint=.*empty.*no checkpoint files"):
+        provenance.checkpoint_identity(str(tmp_path / "empty"), "tiny", 0)

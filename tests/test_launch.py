@@ -591,16 +591,16 @@ cd {hosts}/"$host" && exec env -i PATH=/usr/bin:/bin FAIL_ID="$FAKE_FAIL_ID" bas
 # ----------------------------------------------------------------------------- env.sh
 def test_env_builds_only_what_a_request_lacks(tmp_path):
     """env.sh keeps a venv whose stamps cover the requested extras (the main job asks for none,
-    the tests for `test`), installs into it when they do not, and drops stamps of an older
-    setup.py. pip is a fake that records its arguments."""
+    the tests for `test`), installs into it through requirements.lock when they do not, and
+    drops stamps of an older setup.py or lock. pip is a fake that records its arguments."""
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
     write_tool(venv / "bin", "python", "exit 0\n")
     log = tmp_path / "pip.log"
     write_tool(venv / "bin", "pip", f'echo "$*" >> {log}\n')
 
-    def env(extras=None):
-        environ = {**os.environ, "PARAVT_VENV": str(venv)}
+    def env(extras=None, **more):
+        environ = {**os.environ, "PARAVT_VENV": str(venv), **more}
         environ.pop("PARAVT_EXTRAS", None)
         if extras is not None:
             environ["PARAVT_EXTRAS"] = extras
@@ -617,13 +617,17 @@ def test_env_builds_only_what_a_request_lacks(tmp_path):
     (venv / ".paravt-setup-0123456789abcdef-test").touch()  # a build of another setup.py
     python, err = env("")  # the main job: the runtime alone
     assert python == f"{venv}/bin/python" and "extras: none" in err
-    assert installs() == [f"install -q -e {ROOT}"] and stamps() == ["none"]
+    lock = f"-c {ROOT}/requirements.lock"
+    assert installs() == [f"install -q -e {ROOT} {lock}"] and stamps() == ["none"]
     assert env("") == (python, "")  # met: nothing built
     _, err = env()  # the tests: the test extra, installed into the same venv
-    assert "extras: test" in err and installs()[-1] == f"install -q -e {ROOT}[test]"
+    assert "extras: test" in err and installs()[-1] == f"install -q -e {ROOT}[test] {lock}"
     assert stamps() == ["none", "test"]
     count = len(installs())
     assert env("")[1] == "" and env("test")[1] == "" and len(installs()) == count
     env("test,gpu")
-    assert installs()[-1] == f"install -q -e {ROOT}[test,gpu]" and "test,gpu" in stamps()
+    assert installs()[-1] == f"install -q -e {ROOT}[test,gpu] {lock}" and "test,gpu" in stamps()
     assert env("gpu")[1] == "" and len(installs()) == count + 1  # covered by test,gpu
+    # without the lock: setup.py's ranges, under a stamp of their own (a locked build does not meet it)
+    _, err = env("", PARAVT_LOCK="0")
+    assert "extras: none" in err and installs()[-1] == f"install -q -e {ROOT}" and stamps() == ["none"]

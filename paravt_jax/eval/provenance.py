@@ -15,23 +15,36 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from paravt_jax.config import ConfigValueError
+
 # Files of an HF checkpoint directory whose bytes decide the model's outputs.
 WEIGHT_PATTERNS = ("*.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json")
 UNKEYED = "unknown (written before records named their producer)"
 
 
+def file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def checkpoint_identity(directory: str | None, preset: str, seed: int) -> dict[str, Any]:
-    """The identity of a local HF checkpoint: its absolute path and a fingerprint of its weight,
-    config and tokenizer files (names, sizes, modification times; hashing gigabytes of weights
-    would cost minutes). A directory copied or rewritten is another checkpoint. Without a
-    directory: the randomly initialised preset and its seed."""
+    """The identity of a local HF checkpoint by its content: a hash of its weight, config and
+    tokenizer files' names and bytes (WEIGHT_PATTERNS; about 10 s per 16 GB here), so a copy
+    elsewhere is the same model and a rewrite with other weights is another, whatever the
+    paths and modification times. Without a directory: the randomly initialised preset and its
+    seed."""
     if not directory:
         return {"random_init": preset, "seed": int(seed)}
     directory = os.path.abspath(directory)
     files = sorted({p for pattern in WEIGHT_PATTERNS for p in glob.glob(os.path.join(directory, pattern))})
-    listing = [(os.path.relpath(p, directory), os.stat(p).st_size, os.stat(p).st_mtime_ns) for p in files]
-    digest = hashlib.sha256(json.dumps(listing).encode()).hexdigest()[:16]
-    return {"path": directory, "files": digest}
+    if not files:
+        raise ConfigValueError(f"model.checkpoint={directory!r}: no checkpoint files there "
+                               f"({', '.join(WEIGHT_PATTERNS)})")
+    listing = [(os.path.relpath(p, directory), file_sha256(p)) for p in files]
+    return {"content": hashlib.sha256(json.dumps(listing).encode()).hexdigest()[:16]}
 
 
 def model_identity(config, default_dir: str | None) -> dict[str, Any]:

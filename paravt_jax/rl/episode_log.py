@@ -34,9 +34,8 @@ import numpy as np
 
 from paravt_jax import distributed as dist
 from paravt_jax import storage
-from paravt_jax.agent.tools import parse_tool_calls
 from paravt_jax.rl import rewards as R
-from paravt_jax.rl.episode_stats import format_compliant
+from paravt_jax.rl.episode_stats import format_compliant, turn_problems
 
 MAX_TEXT = 4000  # characters kept of one assistant turn
 MAX_RESPONSE = 1000  # characters kept of one tool response
@@ -57,21 +56,6 @@ def finite(x: float) -> float | None:
     return round(x, 3) if math.isfinite(x) else None
 
 
-def turn_problems(text: str) -> list[str]:
-    """Why one assistant turn is not well formed (empty: it is): an unclosed think, unbalanced
-    tags, malformed call blocks, or neither a call nor an answer."""
-    problems = []
-    if "<think>" in text and "</think>" not in text:
-        problems.append("<think> is never closed")
-    if not R.tags_balanced(text):
-        problems.append("unbalanced tags")
-    parsed = parse_tool_calls(text)
-    problems += parsed.errors
-    if not parsed.calls and not R.has_answer_body(text):
-        problems.append("neither a tool call nor an answer")
-    return problems[:MAX_PROBLEMS]
-
-
 def truth_windows(extra: dict | None) -> list[list[float]]:
     """The question's ground-truth windows from its row's `extra_info` (`windows`: [[start,
     end], ...], as the built-in events task writes them); [] where the data has none."""
@@ -90,7 +74,7 @@ def episode_record(rollout, rewards: dict | None = None, advantages: np.ndarray 
     calls = list(rollout.calls)
     turns = []
     for t, text in enumerate(rollout.turn_texts):
-        problems = turn_problems(text)
+        problems = turn_problems(text)[:MAX_PROBLEMS]
         turns.append({
             "text": cut(text, MAX_TEXT), "well_formed": not problems, "problems": problems,
             "calls": [{"asked": [finite(c.asked[0]), finite(c.asked[1])],
@@ -109,7 +93,7 @@ def episode_record(rollout, rewards: dict | None = None, advantages: np.ndarray 
         "truth_windows": [list(w) for w in truth], "turns": turns,
         "predicted": cut(R.extract_answer(rollout.generated_text), MAX_RESPONSE),
         "rewards": {k: finite(v) for k, v in (rewards or {}).items()},
-        "advantage": advantage, "format_compliant": format_compliant(rollout.generated_text),
+        "advantage": advantage, "format_compliant": format_compliant(rollout.turn_texts),
         "truncated": bool(rollout.truncated), "errors": [cut(e, MAX_RESPONSE) for e in rollout.errors[:MAX_PROBLEMS]],
         "length": int(mask.sum()),
     }

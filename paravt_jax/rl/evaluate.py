@@ -78,7 +78,7 @@ def evaluate_episodes(sampler, tokenizer, rows, *, nframes: int, tools: bool, ro
         rollouts, _ = run_rollouts(sampler, tokenizer, episodes, 1, config, dispatcher)
     acc = [R.accuracy_reward(R.extract_answer(r.generated_text), r.episode.answer, r.episode.question_type)
            for r in rollouts]
-    use = tool_use([r.generated_text for r in rollouts], [r.calls_per_turn for r in rollouts])
+    use = tool_use([r.turn_texts for r in rollouts], [r.calls_per_turn for r in rollouts])
     return EvalResult(tools, nframes, float(np.mean(acc)) if acc else 0.0, use["format_compliance"],
                       use["kappa"], use["calls_per_tool_turn"], len(rollouts), call_validity(rollouts)), rollouts
 
