@@ -124,30 +124,27 @@ def lock_state(directory: str = REPOSITORY) -> dict[str, Any]:
     return {"file": LOCK_FILE, "sha256": digest, "matches": not mismatched, "mismatched": mismatched}
 
 
-@functools.lru_cache(maxsize=1)
-def cpu_model() -> str:
+@functools.cache
+def cpuinfo(field: str) -> str | None:
+    """The first value of `field` in /proc/cpuinfo (None where there is none: not Linux)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
+                if line.startswith(field):
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return None
 
 
-@functools.lru_cache(maxsize=1)
+def cpu_model() -> str:
+    return cpuinfo("model name") or platform.processor() or platform.machine()
+
+
 def cpu_isa() -> str:
     """The widest x86 vector extension the CPU has (ISA_FLAGS), else the machine's name."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    return next((isa for isa in ISA_FLAGS if isa in flags), platform.machine())
-    except OSError:
-        pass
-    return platform.machine()
+    flags = set((cpuinfo("flags") or "").split())
+    return next((isa for isa in ISA_FLAGS if isa in flags), platform.machine())
 
 
 def usable_cpus() -> int:

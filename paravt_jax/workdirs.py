@@ -37,15 +37,6 @@ class ConfigChanged(UsageError):
     """The workdir holds a run of another config; the message lists the differing fields."""
 
 
-def flat(value, prefix: str = "") -> dict:
-    if isinstance(value, dict):
-        out = {}
-        for key, item in value.items():
-            out.update(flat(item, f"{prefix}{key}."))
-        return out
-    return {prefix.rstrip("."): value}
-
-
 def config_record(config, command: str) -> dict:
     """The stored form of a run's config: JSON types only (tuples become lists)."""
     return {"command": command, "config": json.loads(config.to_json())}
@@ -53,7 +44,7 @@ def config_record(config, command: str) -> dict:
 
 def changed_fields(stored: dict, current: dict) -> list[str]:
     """`field: stored -> current` for every field that differs, RESUMABLE ones aside."""
-    a, b = flat(stored), flat(current)
+    a, b = reproducibility.flatten(stored), reproducibility.flatten(current)
     out = []
     for key in sorted(set(a) | set(b)):
         name = key.removeprefix("config.")

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from paravt_jax.config import ConfigValueError
+from paravt_jax.reproducibility import flatten
 
 # Files of an HF checkpoint directory whose bytes decide the model's outputs.
 WEIGHT_PATTERNS = ("*.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json")
@@ -66,15 +67,6 @@ def producer(identity: Mapping[str, Any], driver_config) -> dict[str, Any]:
 
 def producer_id(key: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(value, Mapping):
-        out = {}
-        for k, v in value.items():
-            out.update(flatten(v, f"{prefix}{k}."))
-        return out
-    return {prefix.rstrip("."): value}
 
 
 def differences(stored: Mapping[str, Any] | None, mine: Mapping[str, Any]) -> list[str]:
