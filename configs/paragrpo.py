@@ -130,6 +130,8 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
         # the reference's frames: qwen-vl-utils to [784, 50,176] pixels, then the processor's resize
         c.rl.rollout.prompt.overview_sizing = c.rl.dispatch.sizing = "two_stage"
         c.rl.step.reference_temperature = 1.0  # the reference recipe's (AReaL default), see docs/deviations.md
+        # the reference workflow's parser: one malformed call block drops the turn's calls, ending the episode
+        c.rl.rollout.protocol.malformed = "reference"
         # 8 full-budget episodes (8 x 22,528 tokens with the reference's frame sizes) per
         # micro-batch: one row per device on the 8-device meshes (gpu8, v5p-16); docs/scale-out.md
         # says why 8 (batch sharding). A mesh with more batch devices rounds it up to one row
@@ -156,6 +158,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
         c.rl.dispatch.max_pixels = 50176
         c.rl.rollout.prompt.overview_sizing = c.rl.dispatch.sizing = "two_stage"
         c.rl.shapes.subagent_width = 2048  # as qwen3vl_8b: 16 two-stage crop frames
+        c.rl.rollout.protocol.malformed = "reference"  # as qwen3vl_8b
         c.model.param_dtype = c.model.dtype = "bfloat16"
         c.model.remat = True
         c.eval.max_new_tokens, c.eval.max_turns, c.eval.limit = 2048, 3, 0

@@ -23,6 +23,7 @@ from paravt_jax.video.frames import SIZINGS
 
 FRAMES_RESPONSES = ("timestamped", "images_first")
 CALL_HANDLING = ("respond", "ignore")
+MALFORMED_HANDLING = (*CALL_HANDLING, "reference")
 THINK_PREFIX = "<think>\n"  # the forced start of every assistant turn under think_prefix
 
 
@@ -86,9 +87,11 @@ class ToolProtocol:
     frames_response: str = checked("timestamped", one_of(FRAMES_RESPONSES))
     # malformed: respond = every malformed call block gets an error response, and a turn with
     # malformed blocks only gets its responses and another turn; ignore = malformed blocks are
-    # skipped and a turn without a valid call ends the dialog (the evaluation driver, and the
-    # RL workflow's parser).
-    malformed: str = checked("respond", one_of(CALL_HANDLING))
+    # skipped and a turn without a valid call ends the dialog (the evaluation driver);
+    # reference = the RL workflow's parser: one malformed <tool_call> block discards every
+    # <tool_call> call of the turn (its <tool_code> calls, if any, still run), no error
+    # response, and a turn left without a call ends the episode.
+    malformed: str = checked("respond", one_of(MALFORMED_HANDLING))
     # calls beyond the dispatcher's max_parallel: respond (an error response) | ignore
     extra_calls: str = checked("respond", one_of(CALL_HANDLING))
     # final_answer: the last of the max_turns tool rounds ends with its tool responses, then

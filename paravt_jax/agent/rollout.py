@@ -449,7 +449,7 @@ def _row_calls(b: int, row: _Row, text: str, config: RolloutConfig, max_parallel
     """Row b's tool round from its turn's `text`: crop tasks for its first max_parallel calls
     and its errors (malformed blocks and calls beyond max_parallel, each unless ignored);
     None when there is nothing to respond to."""
-    parsed = parse_tool_calls(text)
+    parsed = parse_tool_calls(text, all_or_nothing=config.protocol.malformed == "reference")
     errors = list(parsed.errors) if config.protocol.malformed == "respond" else []
     if not parsed.calls and not errors:
         return None

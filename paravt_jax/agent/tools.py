@@ -1,9 +1,11 @@
 """The crop_video tool: Hermes-style call parsing (with the `<tool_code>` Python fallback) and
 argument validation.
 
-Parsing reproduces the reference parser's output whenever every block is well-formed;
-unlike it, one malformed block does not discard the valid ones: it becomes an entry of
-`.errors` (which the dispatcher reports back to the model). Python calls are read with
+Parsing reproduces the reference parser's output whenever every block is well-formed. By
+default, unlike it, one malformed block does not discard the valid ones: it becomes an entry of
+`.errors` (which the dispatcher reports back to the model); `all_or_nothing=True` is the
+reference's reading, where one malformed `<tool_call>` block discards every `<tool_call>` call of
+the turn (the `<tool_code>` fallback is then read, as the reference's parser does). Python calls are read with
 `ast` and `ast.literal_eval` only; nothing the model writes is ever executed, and the
 `video_path` argument is never opened (the episode's own video is always used).
 """
@@ -173,11 +175,12 @@ def _python_line(line: str) -> tuple[ToolCall | None, str | None]:
     return ToolCall(name, arguments), None
 
 
-def parse_tool_calls(text: str) -> ParsedCalls:
+def parse_tool_calls(text: str, all_or_nothing: bool = False) -> ParsedCalls:
     """All tool calls of one assistant turn, in order.
 
     `<tool_call>{json}</tool_call>` blocks first (an unclosed last block runs to the end);
-    if none of them is valid, the `<tool_code>` Python fallback (one call per line).
+    if none of them is valid (all_or_nothing: if any of them is not), the `<tool_code>` Python
+    fallback (one call per line). The errors name every malformed block either way.
     """
     errors: list[str] = []
     if "<tool_call>" in text:
@@ -188,7 +191,7 @@ def parse_tool_calls(text: str) -> ParsedCalls:
                 calls.append(call)
             if error:
                 errors.append(error)
-        if calls:
+        if calls and not (all_or_nothing and errors):
             return ParsedCalls(calls, errors)
     if "<tool_code>" in text:
         calls = []
