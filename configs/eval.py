@@ -70,6 +70,8 @@ def get_config(arg: str = "synthetic") -> ml_collections.ConfigDict:
         c.driver.nframes, c.driver.max_new_tokens, c.driver.batch_size = 16, 96, 4
         c.driver.prompt.overview_min_pixels = c.driver.crop_min_pixels = 784
         c.driver.prompt.overview_max_pixels = c.driver.crop_max_pixels = 96 * 160
+        # one resize: two stages would scale the tiny frames up to >= 65,536 pixels each
+        c.driver.prompt.overview_sizing = c.driver.crop_sizing = "single"
     else:
         c.model.param_dtype = c.model.dtype = "bfloat16"
     c.benchmarks = benchmarks()

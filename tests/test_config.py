@@ -339,7 +339,8 @@ def parse_eval(*overrides):
 
 DRIVER_CHOICES = {"prompt_mode": "direct", "dispatch": "sequential", "prompt.video_path_line": "newline",
                   "protocol.frames_response": "timestamped", "protocol.malformed": "respond",
-                  "protocol.extra_calls": "respond", "crop_arguments": "strict", "prompt.overview_sizing": "two_stage"}
+                  "protocol.extra_calls": "respond", "crop_arguments": "strict", "prompt.overview_sizing": "single",
+                  "crop_sizing": "single"}
 
 
 def test_every_driver_field_is_settable_from_the_command_line():

@@ -221,14 +221,16 @@ def test_records_are_keyed_by_checkpoint_and_settings(benchmark, tokenizer, tmp_
         driver.run_dataset(scripted(tokenizer), tokenizer, benchmark, config(), out, identity=IDENTITY_B, **quiet)
 
 
-# The producer ids of configs/eval.py's presets for one checkpoint, as the flat config (before its
-# driver section) gave them: records written then are still this evaluation's own.
-PRODUCER_IDS = {("synthetic", "videomme", "parallel"): "773d6a2c5f106677",
-                ("synthetic", "videomme", "sequential"): "334b7b25d5bb8dcf",
-                ("synthetic", "charades", "parallel"): "9d2c16700d70021e",
-                ("paravt_8b", "videomme", "parallel"): "23cf4a8cda05bd62",
-                ("paravt_8b", "charades", "parallel"): "2588d2a8052a9797",
-                ("paravt_8b", "charades", "sequential"): "c5ab5935723a4587"}
+# The producer ids of configs/eval.py's presets for one checkpoint: a change means records written
+# before it are another evaluation's. Since 2026-12-04 the frame sizing (overview_sizing,
+# crop_sizing: the reference's two stages by default, one resize for the synthetic preset) and
+# the reference's crop budget are part of the key.
+PRODUCER_IDS = {("synthetic", "videomme", "parallel"): "818bf46016a5be35",
+                ("synthetic", "videomme", "sequential"): "7e03daa41ce80f1b",
+                ("synthetic", "charades", "parallel"): "a50c01c03a4ba5e3",
+                ("paravt_8b", "videomme", "parallel"): "282554b3608c6897",
+                ("paravt_8b", "charades", "parallel"): "70620627bac3523a",
+                ("paravt_8b", "charades", "sequential"): "8ffaa7c48539a18f"}
 
 
 @pytest.mark.parametrize("preset,benchmark_name,dispatch", sorted(PRODUCER_IDS))

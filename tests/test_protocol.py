@@ -15,19 +15,23 @@ from paravt_jax.eval.settings import DriverConfig
 from paravt_jax.rl.trainer import RLConfig
 
 # The protocol fields of the RolloutConfig the driver built from the flat DriverConfig (before
-# the prompt and protocol subsections): agentic_general, a multiple-choice question.
+# the prompt and protocol subsections): agentic_general, a multiple-choice question; since
+# 2026-12-04 with the reference's two-stage frame sizing (it was one resize).
 FLAT_DRIVER_PROMPT = dict(tools=True, think_prefix=False, overview_min_pixels=100352, overview_max_pixels=602112,
-                          overview_sizing="single", overview_fps=1.0, overview_max_frames=64,
+                          overview_sizing="two_stage", overview_fps=1.0, overview_max_frames=64,
                           overview_timestamps=False, video_path_line="space_if_absent", overview_visual="images",
                           overview_video_frames=32, overview_video_min_pixels=4096,
                           overview_video_max_pixels=25165824)
 FLAT_DRIVER_PROTOCOL = dict(frames_response="images_first", malformed="ignore", extra_calls="ignore",
                             final_answer=True, final_answer_tokens=64, final_answer_prefix="")
-# DriverConfig()'s record settings as the flat DriverConfig's fields gave them.
+# DriverConfig()'s record settings as the flat DriverConfig's fields gave them, with the frames
+# sized in two stages (overview_sizing, crop_sizing: keyed since 2026-12-04) at the reference's
+# crop budget.
 FLAT_SETTINGS = dict(prompt_mode="agentic_general", nframes=64, max_turns=3, max_parallel=5, max_new_tokens=2048,
                      mcq_answer_tokens=64, grounding_answer_tokens=128, dispatch="parallel",
-                     overview_min_pixels=100352, overview_max_pixels=602112, crop_min_pixels=65536,
-                     crop_max_pixels=81920, think_prefix=False, overview_visual="images", video_frames=32,
+                     overview_min_pixels=100352, overview_max_pixels=602112, crop_min_pixels=784,
+                     crop_max_pixels=50176, crop_sizing="two_stage", overview_sizing="two_stage", think_prefix=False,
+                     overview_visual="images", video_frames=32,
                      video_min_pixels=4096, video_max_pixels=25165824, overview_timestamps=False,
                      video_path_line="space_if_absent", frames_response="images_first", malformed="ignore",
                      extra_calls="ignore", crop_arguments="lenient", prompt_file="")
@@ -81,7 +85,7 @@ def test_a_bad_nested_value_names_its_dotted_path():
         build(RLConfig, config.rl, "rl", seed=0)
     assert sorted(str(p) for p in err.value.problems) == [
         "rl.rollout.prompt.overview_max_pixels=10: must be an integer >= 784",
-        "rl.rollout.protocol.malformed='skip': must be one of ('respond', 'ignore')"]
+        "rl.rollout.protocol.malformed='skip': must be one of ('respond', 'ignore', 'reference')"]
     with pytest.raises(ConfigValueError, match=r"^invalid config value: video_path_line='below': must be one of"):
         PromptFormat(video_path_line="below")
     with pytest.raises(ConfigValueError, match=r"final_answer_tokens=0: must be an integer >= 1"):
@@ -116,9 +120,32 @@ def test_record_settings_keep_the_flat_names_and_key_new_knobs_when_set():
     assert DriverConfig().record_settings() == FLAT_SETTINGS
     identity = {"checkpoint": {"random_init": "tiny", "seed": 0}, "model": {"preset": "tiny"}}
     base = provenance.producer_id(provenance.producer(identity, DriverConfig()))
-    two_stage = dataclasses.replace(DriverConfig(), prompt=dataclasses.replace(PromptFormat.reference_eval(),
-                                                                                overview_sizing="two_stage"))
-    assert two_stage.record_settings() == {**FLAT_SETTINGS, "prompt.overview_sizing": "two_stage"}
-    assert provenance.producer_id(provenance.producer(identity, two_stage)) != base
+    single = dataclasses.replace(DriverConfig(), prompt=dataclasses.replace(PromptFormat.reference_eval(),
+                                                                             overview_sizing="single"))
+    assert single.record_settings() == {**FLAT_SETTINGS, "overview_sizing": "single"}
+    assert provenance.producer_id(provenance.producer(identity, single)) != base
     batched = dataclasses.replace(DriverConfig(), batch_size=2)
     assert provenance.producer_id(provenance.producer(identity, batched)) == base
+
+
+@pytest.mark.parametrize("source,overview,crop", [((480, 854), 390, 72), ((720, 1280), None, 77),
+                                                  ((240, 320), None, 70)])
+def test_the_evaluation_sizes_frames_in_two_stages_as_the_reference(source, overview, crop):
+    """The reference driver's frames: qwen-vl-utils' resize (factor 28) then the server's image
+    processor's (>= 65,536 pixels, factor 32). Visual tokens per frame as the reference gets
+    them (one resize gave an 854x480 overview 405, 16:9 crop frames 66, a 320x240 crop frame 80)."""
+    from paravt_jax.video.frames import FACTOR, frame_sizes
+
+    config = DriverConfig()
+    prompt = driver.rollout_config(config, "mcq").prompt
+    with driver.crop_dispatcher(config) as dispatcher:
+        crops = dispatcher.config
+    tokens = lambda size: (size[0] // FACTOR) * (size[1] // FACTOR)  # noqa: E731
+    if overview is not None:
+        assert tokens(frame_sizes(*source, prompt.overview_min_pixels, prompt.overview_max_pixels,
+                                  prompt.overview_sizing)[-1]) == overview
+    assert tokens(frame_sizes(*source, crops.min_pixels, crops.max_pixels, crops.sizing)[-1]) == crop
+    # one resize stays an option
+    single = dataclasses.replace(config, crop_sizing="single", crop_min_pixels=65536, crop_max_pixels=81920)
+    with driver.crop_dispatcher(single) as dispatcher:
+        assert dispatcher.config.sizing == "single"

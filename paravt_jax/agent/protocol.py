@@ -71,11 +71,12 @@ class PromptFormat:
     @classmethod
     def reference_eval(cls) -> PromptFormat:
         """The reference evaluation driver's prompt: bare overview frames of the server's frame
-        budget (qwen-vl-utils' video defaults then the image processor's, in one resize), the
+        budget (qwen-vl-utils' resize to its video defaults, then the image processor's), the
         video path after a space, the object tool schema, no forced `<think>`. The driver sets
         the system text (its prompt mode) and the overview visual (its benchmark)."""
         return cls(tool_layout="object", think_prefix=False, video_path_line="space_if_absent",
-                   overview_min_pixels=100352, overview_max_pixels=602112, overview_timestamps=False)
+                   overview_min_pixels=100352, overview_max_pixels=602112, overview_timestamps=False,
+                   overview_sizing="two_stage")
 
 
 @dataclasses.dataclass(frozen=True)

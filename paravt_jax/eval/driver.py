@@ -134,7 +134,8 @@ def evaluate_batch(sampler, tokenizer, batch: Sequence[tuple[int, object]], conf
 
 def crop_dispatcher(config: DriverConfig) -> CropDispatcher:
     return CropDispatcher(DispatchConfig(max_parallel=config.max_parallel, min_pixels=config.crop_min_pixels,
-                                         max_pixels=config.crop_max_pixels, arguments=config.crop_arguments))
+                                         max_pixels=config.crop_max_pixels, sizing=config.crop_sizing,
+                                         arguments=config.crop_arguments))
 
 
 def batches(pending: Sequence[tuple[int, object]], batch_size: int) -> list[list[tuple[int, object]]]:

@@ -19,6 +19,7 @@ from paravt_jax.agent.dispatch import ARGUMENTS as CROP_ARGUMENTS
 from paravt_jax.agent.protocol import PromptFormat, ToolProtocol
 from paravt_jax.config import checked, integer, one_of, subsection, validate
 from paravt_jax.eval.prompts import MODES as PROMPT_MODES
+from paravt_jax.video.frames import SIZINGS
 
 DISPATCH = ("parallel", "sequential")
 
@@ -47,6 +48,9 @@ RECORD_NAMES = {
     "prompt.overview_video_max_pixels": "video_max_pixels", "prompt.overview_timestamps": "overview_timestamps",
     "prompt.video_path_line": "video_path_line", "protocol.frames_response": "frames_response",
     "protocol.malformed": "malformed", "protocol.extra_calls": "extra_calls",
+    # keyed always since its default became two_stage (2026-12-04): records sized in one resize
+    # before then carry no key and are refused, not resumed as two-stage ones
+    "prompt.overview_sizing": "overview_sizing",
 }
 
 
@@ -62,11 +66,13 @@ class DriverConfig:
     batch_size: int = checked(8, integer(1))  # samples per sampler call
     # parallel | sequential (one call per round: the baseline)
     dispatch: str = checked("parallel", one_of(DISPATCH))
-    # Crop frame budgets: the reference's crops get 784..50176 pixels from qwen-vl-utils, then
-    # the server's image processor's (at least 65536 pixels, sides multiples of 32); these
-    # defaults are that result in one resize (docs/eval.md).
-    crop_min_pixels: int = checked(65536, integer(1))
-    crop_max_pixels: int = checked(81920, integer(1))
+    # Crop frames as the reference's: 784..50176 pixels from qwen-vl-utils (factor 28), then the
+    # server's image processor's resize (at least 65536 pixels, sides multiples of 32):
+    # crop_sizing two_stage. single: one resize to crop_min..max_pixels (65536 / 81920 come
+    # close to the reference's sizes; docs/eval.md).
+    crop_min_pixels: int = checked(784, integer(1))
+    crop_max_pixels: int = checked(50176, integer(1))
+    crop_sizing: str = checked("two_stage", one_of(SIZINGS))
     # lenient (end defaults to start + 10 s) | strict
     crop_arguments: str = checked("lenient", one_of(CROP_ARGUMENTS))
     prompt_file: str = ""  # JSON file of exact prompt texts (prompts.PromptTexts), "" = ours
