@@ -72,18 +72,26 @@ def without_timing(history):
 
 def test_a_split_mesh_at_staleness_0_is_the_colocated_synchronous_run(dataset, tmp_path):
     """Same seed, 2 steps: colocated on fsdp=8 vs training on fsdp=4 and sampling on tensor=4.
-    The sampled episodes are the same (every turn's text); metrics and parameters agree up to
-    float reduction order (the meshes sum in different orders): metrics within rel 5e-3 / abs
-    5e-3 (step 0's rewards are all equal, so its advantages and gradients are float noise, 1e-11
-    and 3e-3), parameters within 5e-4 (Adam turns that noise into learning-rate-sized moves:
-    2 steps at 1e-4)."""
+    The same episodes are sampled (ids, samples, turns) and most of their texts are the same;
+    metrics and parameters agree up to float reduction order (the meshes sum in different
+    orders): metrics within rel 5e-3 / abs 5e-3 (step 0's rewards are all equal, so its
+    advantages and gradients are float noise, 1e-11 and 3e-3), parameters within 5e-4 (Adam
+    turns that noise into learning-rate-sized moves: 2 steps at 1e-4). Texts are not all equal:
+    the random tiny model's next-token distribution is nearly flat, so the tensor-parallel
+    logits' other summation order can change a sampled token (seen with the packages of
+    2026-12-04's lock, at the same commit that passed with the day before's)."""
     rows, tok = dataset
     config = rl_config(2, log_episodes=4)
     model_a, colocated = run(rows, tok, tmp_path / "colocated", config, 0)
     model_b, split = run(rows, tok, tmp_path / "split", config, 4)
+    same = total = 0
     for step in (0, 1):
         name = f"step_{step:06d}.jsonl"
-        assert turns(tmp_path / "colocated" / "episodes" / name) == turns(tmp_path / "split" / "episodes" / name)
+        ours, theirs = (logged(tmp_path / arm / "episodes" / name) for arm in ("colocated", "split"))
+        assert [key for key, _ in ours] == [key for key, _ in theirs]
+        same += sum(a == b for (_, a), (_, b) in zip(ours, theirs))
+        total += len(ours)
+    assert total == 8 and same >= total - 2, f"{same} of {total} logged episodes sampled the same text"
     a, b = without_timing(colocated.history), without_timing(split.history)
     assert [sorted(h) for h in a] == [sorted(h) for h in b]
     for step_a, step_b in zip(a, b):
@@ -94,8 +102,10 @@ def test_a_split_mesh_at_staleness_0_is_the_colocated_synchronous_run(dataset, t
     assert max(float(np.abs(x - y).max()) for x, y in zip(*leaves, strict=True)) < 5e-4
 
 
-def turns(path):
-    return [json.loads(line)["turns"] for line in open(path)]
+def logged(path):
+    """((episode id, sample, turn count), the turns' texts) of each logged episode."""
+    records = [json.loads(line) for line in open(path)]
+    return [((r["episode_id"], r["sample"], len(r["turns"])), [t["text"] for t in r["turns"]]) for r in records]
 
 
 def lines(workdir):
