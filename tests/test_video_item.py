@@ -141,7 +141,7 @@ def charades_prompt(tokenizer, video, visual):
     """The rendered Charades-STA request of the evaluation driver (agentic_minimal)."""
     prompt = dataclasses.replace(PromptFormat.reference_eval(), overview_visual=visual, overview_video_frames=4,
                                  overview_video_max_pixels=4 * 96 * 128, overview_min_pixels=784,
-                                 overview_max_pixels=96 * 128)
+                                 overview_max_pixels=96 * 128, overview_sizing="single")  # tiny frames: one resize
     config = driver.DriverConfig(prompt_mode="agentic_minimal", nframes=4, prompt=prompt)
     rollout = driver.rollout_config(config, "tvg")
     episode = Episode("0", "When does the blue circle appear?", "[3.0, 6.0]", "tvg", video, config.nframes)
