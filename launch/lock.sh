@@ -8,7 +8,9 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 TMP="$(mktemp -d)"
-trap 'rm -rf "$TMP"' EXIT
+# a non-editable install builds in the checkout's build/: removed afterwards unless it was there
+KEEP_BUILD=0; [[ -e "$ROOT/build" ]] && KEEP_BUILD=1
+trap 'rm -rf "$TMP"; [[ $KEEP_BUILD == 1 ]] || rm -rf "$ROOT/build"' EXIT
 "${PYTHON:-python3}" -m venv "$TMP/venv"
 "$TMP/venv/bin/pip" install -q --upgrade pip >&2
 "$TMP/venv/bin/pip" install -q "$ROOT[test]" >&2
