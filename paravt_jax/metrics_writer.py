@@ -9,6 +9,7 @@ import posixpath
 import socket
 import struct
 import time
+import uuid
 
 import jax
 from absl import logging
@@ -89,7 +90,10 @@ class MetricsWriter:
         self._start = time.time()
         if self.enabled:
             storage.makedirs(self.events_dir)
-            name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}"
+            # the second, the host and a random suffix: a writer opened in the same second as an
+            # interrupted run's (a fast resume) gets a file of its own, so resume() truncates the
+            # earlier one instead of appending to it
+            name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{uuid.uuid4().hex[:8]}"
             self._events = storage.Appender(storage.join(self.events_dir, name))
             self._events.write(record(event_bytes(time.time(), 0, file_version="brain.Event:2")))
             self._jsonl = storage.Appender(self.jsonl_path)

@@ -180,6 +180,28 @@ def test_resume_drops_metrics_logged_past_the_restored_step(tmp_path):
     assert all(l["toy/loss"] != 9.0 for l in lines)
 
 
+def test_a_resume_in_the_same_second_truncates_the_earlier_event_file(tmp_path, monkeypatch):
+    """Event files were named by the second and the host: a writer opened in the same second as
+    the interrupted run's appended to its file, and resume() (which truncates the other files)
+    left the stale steps there (seen as a flaky duplicate in the test above)."""
+    from paravt_jax import metrics_writer
+    from paravt_jax.metrics_writer import MetricsWriter
+
+    monkeypatch.setattr(metrics_writer.time, "time", lambda: 1796400000.0)
+    stale = MetricsWriter(str(tmp_path), console=False)
+    stale.write(2, {"loss": 9.0}, prefix="toy/")
+    stale.close()
+    resumed = MetricsWriter(str(tmp_path), console=False)
+    resumed.resume(2)
+    resumed.write(2, {"loss": 1.0}, prefix="toy/")
+    resumed.close()
+    files = sorted(os.listdir(tmp_path / "tensorboard"))
+    assert len(files) == 2
+    values = [v["toy/loss"] for f in files for _, v in read_events(str(tmp_path / "tensorboard" / f))
+              if "toy/loss" in v]
+    assert values == [1.0]
+
+
 def test_short_sft_lowers_its_loss(dataset, tmp_path):
     root, ds, tok = dataset
     rows, _ = load_sft_rows(ds.sft, root)
