@@ -188,11 +188,16 @@ def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix.rstrip("."): value}
 
 
-def differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
-    """`field: a -> b` for every field two manifests differ in; the fields that may change a
-    number (NUMERIC_FIELDS) first."""
+def differing_fields(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    """The dotted fields two manifests differ in; those that may change a number
+    (NUMERIC_FIELDS) first."""
     x, y = flatten(a), flatten(b)
     keys = [k for k in sorted(set(x) | set(y)) if x.get(k, "<absent>") != y.get(k, "<absent>")]
     numeric = [k for k in keys if any(k == f or (f.endswith(".") and k.startswith(f)) for f in NUMERIC_FIELDS)]
-    ordered = numeric + [k for k in keys if k not in numeric]
-    return [f"{k}: {x.get(k, '<absent>')!r} -> {y.get(k, '<absent>')!r}" for k in ordered]
+    return numeric + [k for k in keys if k not in numeric]
+
+
+def differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    """`field: a -> b` for every field of `differing_fields`."""
+    x, y = flatten(a), flatten(b)
+    return [f"{k}: {x.get(k, '<absent>')!r} -> {y.get(k, '<absent>')!r}" for k in differing_fields(a, b)]

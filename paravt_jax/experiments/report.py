@@ -203,8 +203,7 @@ def environment(arms: Sequence[ArmRun]) -> list[str]:
     first = known[0]
     fields = []
     for arm in known[1:]:
-        for change in reproducibility.differences(first.manifest, arm.manifest):
-            field = change.split(":", 1)[0]
+        for field in reproducibility.differing_fields(first.manifest, arm.manifest):
             if field not in fields and not any(field == u or field.startswith(u + ".") for u in UNCOMPARED):
                 fields.append(field)
     if not fields:
