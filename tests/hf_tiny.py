@@ -80,12 +80,12 @@ def image_tokens(grid):
 
 
 def video_tokens(rng, grid):
-    """5.24 layout: outer start/end pair, per group `<t seconds>` text + start/pads/end."""
+    """Per temporal group `<t seconds>` text + start/pads/end (transformers 5.25's layout)."""
     t, h, w = grid
-    out = [VISION_START]
+    out = []
     for _ in range(t):
         out += text_ids(rng, 3) + [VISION_START] + [VIDEO] * (h * w // 4) + [VISION_END]
-    return out + [VISION_END]
+    return out
 
 
 def pad_batch(rows, left=True):

@@ -44,13 +44,13 @@ def three_frames():
 
 def test_layout_with_concrete_tokens(tokenizer):
     """3 frames (odd: the last is repeated) at 0, 0.5, 1 s: two groups at (0+0.5)/2 and 1 s,
-    each 64x96 group = (64/32)*(96/32) = 6 pads, inside the template's outer start/end pair."""
+    each 64x96 group = (64/32)*(96/32) = 6 pads, in place of the template's whole placeholder."""
     segments = chat.render([chat.Message("user", (chat.Video(three_frames(), np.array([0.0, 0.5, 1.0])),
                                                   chat.Text("When?")))], add_generation_prompt=True)
     inputs = encode(segments, tokenizer)
     assert tokenizer.decode(inputs.input_ids) == (
-        "<|im_start|>user\n<|vision_start|><0.2 seconds><|vision_start|>" + PAD6 + "<|vision_end|>"
-        "<1.0 seconds><|vision_start|>" + PAD6 + "<|vision_end|><|vision_end|>When?<|im_end|>\n"
+        "<|im_start|>user\n<0.2 seconds><|vision_start|>" + PAD6 + "<|vision_end|>"
+        "<1.0 seconds><|vision_start|>" + PAD6 + "<|vision_end|>When?<|im_end|>\n"
         "<|im_start|>assistant\n")
     assert chat.placeholder_text(segments) == (
         "<|im_start|>user\n<|vision_start|><|video_pad|><|vision_end|>When?<|im_end|>\n<|im_start|>assistant\n")
@@ -93,7 +93,7 @@ def test_patches_and_timestamps_match_transformers(torch_module):
 
 def test_ids_and_logits_match_transformers(tokenizer, tmp_path, torch_module):
     """Our encoded video prompt equals the one transformers' Qwen3VLProcessor expands (its
-    `replace_video_token` with the template's outer pair kept), and the tiny model's logits
+    `replace_video_token` in place of the template's whole placeholder), and the tiny model's logits
     over it equal transformers' PyTorch Qwen3-VL's (fp32)."""
     torch = require_torch()
     from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
@@ -111,8 +111,7 @@ def test_ids_and_logits_match_transformers(tokenizer, tmp_path, torch_module):
     metadata = types.SimpleNamespace(fps=fps, frames_indices=indices)
     expanded = Qwen3VLProcessor.replace_video_token(
         processor, {"video_grid_thw": torch.tensor([[3, 4, 4]]), "video_metadata": [metadata]}, 0)
-    prompt = ("<|im_start|>user\n<|vision_start|>" + expanded + "<|vision_end|>When?<|im_end|>\n"
-              "<|im_start|>assistant\n")
+    prompt = "<|im_start|>user\n" + expanded + "When?<|im_end|>\n<|im_start|>assistant\n"
     assert inputs.input_ids.tolist() == tokenizer.encode(prompt)
 
     directory = str(tmp_path / "tiny")
@@ -158,9 +157,9 @@ def test_charades_request_sends_one_video_item(tokenizer, video):
     system = prompts.prompt_mode("agentic_minimal").system
     # 4 frames of 48 (indices 0, 15, 31, 47 at 4 fps): groups at 1.9 s and 9.8 s; 96x128 -> 12 pads
     pads = "<|video_pad|>" * 12
-    assert text == (f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n<|vision_start|>"
+    assert text == (f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n"
                     f"<1.9 seconds><|vision_start|>{pads}<|vision_end|><9.8 seconds><|vision_start|>{pads}"
-                    "<|vision_end|><|vision_end|>When does the blue circle appear? The video path for this video "
+                    "<|vision_end|>When does the blue circle appear? The video path for this video "
                     "is: charades.mp4<|im_end|>\n<|im_start|>assistant\n")
     np.testing.assert_array_equal(inputs.video_grid_thw, [[2, 6, 8]])
     assert len(inputs.image_grid_thw) == 0

@@ -2,9 +2,9 @@
 
 Messages render to a list of segments: `Text` (may contain special-token strings), `Image`
 (one frame) and `Video` (frames with their timestamps: Qwen3-VL's video item). Adjacent text
-is merged before tokenisation, and every image and video is bounded by
-`<|vision_start|>`/`<|vision_end|>`, so encoding segment by segment gives the same ids as
-tokenising the whole expanded prompt string.
+is merged before tokenisation (a video's first `<t seconds>` with the text before it), and
+every image and every temporal group of a video is bounded by `<|vision_start|>`/`<|vision_end|>`,
+so encoding gives the same ids as tokenising the whole expanded prompt string.
 """
 from __future__ import annotations
 

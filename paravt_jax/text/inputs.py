@@ -77,9 +77,15 @@ class ModelInputs:
         return kwargs
 
 
-def _merge_text(segments: Sequence[Segment]) -> list[Segment]:
+@dataclasses.dataclass(frozen=True)
+class _VideoGroup:
+    """One temporal group of a video item: `tokens` video pads between a start/end pair."""
+    tokens: int
+
+
+def _merge_text(segments: Sequence[Segment | _VideoGroup]) -> list[Segment | _VideoGroup]:
     """Joins adjacent Text segments with the same trainable flag."""
-    out: list[Segment] = []
+    out: list[Segment | _VideoGroup] = []
     for seg in segments:
         if isinstance(seg, Text) and out and isinstance(out[-1], Text) and out[-1].trainable == seg.trainable:
             out[-1] = Text(out[-1].text + seg.text, seg.trainable)
@@ -92,15 +98,28 @@ def encode(segments: Sequence[Segment], tokenizer: Tokenizer, start_position: in
            spatial_merge_size: int = 2) -> ModelInputs:
     """Segments -> ModelInputs. Images become `<|vision_start|>` + pads + `<|vision_end|>`
     (the template's placeholder expanded to (h/32)*(w/32) pads) and merge-block patches.
-    A video becomes the template's `<|vision_start|>...<|vision_end|>` around, per temporal
-    group of two frames, `<t seconds>` (one decimal) + `<|vision_start|>` + (h/32)*(w/32)
-    video pads + `<|vision_end|>`: the Qwen3-VL processor's layout (transformers >= 5.10
-    expands only the video pad, keeping the outer pair), each group one row of rope grid."""
+    A video becomes, per temporal group of two frames, `<t seconds>` (one decimal) +
+    `<|vision_start|>` + (h/32)*(w/32) video pads + `<|vision_end|>`, each group one row of
+    rope grid: the Qwen3-VL processor's layout, which replaces the template's whole
+    `<|vision_start|><|video_pad|><|vision_end|>` (transformers 4.57 and 5.25; 5.10-5.24
+    kept that outer pair). The first group's time is tokenised together with the text before
+    it, as a processor tokenises the whole expanded prompt."""
     sp = tokenizer.special
     ids, types, loss = [], [], []
     pixels, grids = [], []
     video_pixels, video_grids = [], []
-    for seg in _merge_text(segments):
+    expanded: list[Segment | _VideoGroup] = []  # each video as its groups' times (text) and pads
+    for seg in segments:
+        if isinstance(seg, Video):
+            pv, grid = patchify_video(seg.frames)
+            video_pixels.append(pv)
+            video_grids.append(grid)
+            n = llm_tokens((1, *grid[1:]), spatial_merge_size)
+            for seconds in group_times(seg.timestamps):
+                expanded += [Text(f"<{seconds:.1f} seconds>"), _VideoGroup(n)]
+        else:
+            expanded.append(seg)
+    for seg in _merge_text(expanded):
         if isinstance(seg, Text):
             piece = tokenizer.encode(seg.text)
             ids += piece
@@ -114,22 +133,10 @@ def encode(segments: Sequence[Segment], tokenizer: Tokenizer, start_position: in
             loss += [0] * (n + 2)
             pixels.append(pv)
             grids.append(grid)
-        elif isinstance(seg, Video):
-            pv, grid = patchify_video(seg.frames)
-            n = llm_tokens((1, *grid[1:]), spatial_merge_size)
-            piece = [sp.vision_start]
-            kinds = [TEXT]
-            for seconds in group_times(seg.timestamps):
-                stamp = tokenizer.encode(f"<{seconds:.1f} seconds>")
-                piece += stamp + [sp.vision_start] + [sp.video_pad] * n + [sp.vision_end]
-                kinds += [TEXT] * (len(stamp) + 1) + [VIDEO] * n + [TEXT]
-            piece.append(sp.vision_end)
-            kinds.append(TEXT)
-            ids += piece
-            types += kinds
-            loss += [0] * len(piece)
-            video_pixels.append(pv)
-            video_grids.append(grid)
+        elif isinstance(seg, _VideoGroup):
+            ids += [sp.vision_start] + [sp.video_pad] * seg.tokens + [sp.vision_end]
+            types += [TEXT] + [VIDEO] * seg.tokens + [TEXT]
+            loss += [0] * (seg.tokens + 2)
         else:
             raise TypeError(f"segment of type {type(seg).__name__}")
     types_arr = np.asarray(types, np.int32)
