@@ -36,8 +36,13 @@ EXTRAS = {
         "pytest-xdist>=3.6,<4",  # launch/test.sh runs the suite on every core (-n)
         "pytest-cov>=7",  # line coverage: bash launch/test.sh --cov (.coveragerc)
         "hypothesis>=6",
-        "torch==2.13.0",  # CPU wheel; pinned exactly so pip never pulls a CUDA build
-        "transformers>=5.24.0,<6",
+        # torch + torchvision for the parity tests and transformers' Qwen3-VL video processor
+        # (AutoProcessor). torchvision exists on the package index only as a CUDA build, which
+        # needs the matching CUDA torch (and its nvidia-* wheels); both run on CPU without a GPU.
+        "torch==2.14.1",
+        "torchvision==0.29.1",
+        # 5.25 lays a video item out as Qwen3-VL's release did (no outer start/end pair), as we do
+        "transformers>=5.25.0,<6",
         # tests/test_notebooks.py executes notebooks/*.ipynb on a python3 kernel
         "nbclient>=0.10",
         "nbformat>=5.10",

@@ -36,7 +36,7 @@ if ! satisfied; then
   echo "[env] building $VENV (extras: ${EXTRAS:-none})" >&2
   [[ -x "$VENV/bin/python" ]] || "${PYTHON:-python3}" -m venv "$VENV"
   "$VENV/bin/pip" install -q --upgrade pip >&2
-  # torch is pinned to the CPU wheel in the test extra; never let pip pick a CUDA build.
+  # the test extra pins torch and torchvision exactly (CUDA builds that run on CPU; setup.py)
   "$VENV/bin/pip" install -q -e "$ROOT${EXTRAS:+[$EXTRAS]}" "${CONSTRAINTS[@]}" >&2
   find "$VENV" -maxdepth 1 -name '.paravt-setup-*' ! -name ".paravt-setup-$HASH-*" -delete
   touch "$VENV/.paravt-setup-$HASH-${EXTRAS:-none}"

@@ -3,8 +3,8 @@
 # test extra resolve to today, from a fresh virtual environment built without the lock.
 # launch/env.sh installs through it (pip constraints), so two fresh clones get the same packages.
 #   bash launch/lock.sh            # rewrite requirements.lock (then commit it)
-# A local build label is dropped (torch 2.13.0+cpu -> torch==2.13.0, which the CPU wheel
-# satisfies). Versions only, no hashes: the CPU torch wheel comes from a local file, not the index.
+# A local build label is dropped (2.13.0+cpu -> ==2.13.0, which the local build satisfies).
+# Versions only, no hashes: a local wheel's hash is not the index's.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 TMP="$(mktemp -d)"

@@ -88,15 +88,21 @@ def in_ci() -> bool:
     return os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
-def require_torch():
-    """Imports torch + transformers for parity tests: skip locally if absent, fail in CI."""
+def require_torch(*modules: str):
+    """Imports torch + transformers (and `modules`, e.g. "torchvision") for parity tests: skip
+    locally if absent, fail in CI."""
+    import importlib
+
     try:
         import torch  # noqa: F401
         import transformers  # noqa: F401
+
+        for module in modules:
+            importlib.import_module(module)
     except ImportError as e:  # pragma: no cover - depends on the environment
         if in_ci():
-            pytest.fail(f"torch parity tests must run under CI, but torch is missing: {e}")
-        pytest.skip(f"torch/transformers not installed: {e}")
+            pytest.fail(f"torch parity tests must run under CI, but a module they need is missing: {e}")
+        pytest.skip(f"torch/transformers{''.join('/' + m for m in modules)} not installed: {e}")
     torch.set_num_threads(2)
     return torch
 

@@ -25,23 +25,15 @@ def tokenizer(tmp_path_factory):
 
 
 def hf_processor(tokenizer_dir):
-    require_torch()
-    from transformers import PreTrainedTokenizerFast, Qwen2VLImageProcessorPil, Qwen3VLProcessor
-    from transformers.processing_utils import ProcessorMixin
+    require_torch("torchvision")  # transformers' Qwen3-VL video processor needs it
+    from transformers import PreTrainedTokenizerFast, Qwen2VLImageProcessorPil, Qwen3VLProcessor, Qwen3VLVideoProcessor
 
     tok = PreTrainedTokenizerFast(tokenizer_file=f"{tokenizer_dir}/tokenizer.json",
                                   pad_token="<|endoftext|>", eos_token="<|im_end|>")
     images = Qwen2VLImageProcessorPil(patch_size=16, merge_size=2, temporal_patch_size=2,
                                       image_mean=[0.5] * 3, image_std=[0.5] * 3,
                                       size={"shortest_edge": 784, "longest_edge": 50176})
-    # Qwen3VLProcessor insists on a video processor class that needs torchvision (absent
-    # here); skip only that class check, everything we compare is HF's own code.
-    original = ProcessorMixin.check_argument_for_proper_class
-    ProcessorMixin.check_argument_for_proper_class = lambda self, name, arg: None
-    try:
-        return Qwen3VLProcessor(image_processor=images, tokenizer=tok, video_processor=None)
-    finally:
-        ProcessorMixin.check_argument_for_proper_class = original
+    return Qwen3VLProcessor(image_processor=images, tokenizer=tok, video_processor=Qwen3VLVideoProcessor())
 
 
 def random_frames(rng, n, h, w):

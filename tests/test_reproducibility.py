@@ -163,7 +163,8 @@ def test_manifest_differences_put_the_numeric_fields_first():
 
 def test_the_lock_file_is_read_and_checked(tmp_path):
     pins = reproducibility.read_lock(os.path.join(ROOT, reproducibility.LOCK_FILE))
-    assert pins["jax"] == "0.10.2" and pins["torch"] == "2.13.0" and "paravt-jax" not in pins
+    assert pins["jax"] == "0.10.2" and pins["torch"] == "2.14.1" and "paravt-jax" not in pins
+    assert pins["torchvision"] == "0.29.1"
     assert reproducibility.version_matches("2.13.0", "2.13.0+cpu")
     assert not reproducibility.version_matches("2.13.0", "2.14.0")
     bad = tmp_path / "bad.lock"
