@@ -171,3 +171,20 @@ def test_fixed_prompt_shape_and_window_keep_outputs_and_compile_nothing_new(mode
     before = compiles.snapshot()
     episode(fixed_sampler, 1.0, reserve, prompt_list=other, shape=shape)
     assert before.since().count == 0, before.since().summary()
+
+
+def test_a_first_two_piece_extend_compiles_nothing_new(model):
+    """Tool responses written in pieces: an extend whose chunks need two pieces, after extends
+    that needed one, compiles no program (the rows' logits are picked from the first piece on)."""
+    sampler = Sampler(model, SamplerConfig(prefill_window="capacity", extend_width=8, min_chunk_bucket=64))
+    rng = np.random.default_rng(0)
+    sampling = SamplingParams(max_new_tokens=6, temperature=1.0)
+    _, state = sampler.generate(prompts()[:2], num_samples=2, seed=1, reserve=[(40, 6)] * 2, sampling=sampling,
+                                shape=PromptShape(rows=2, width=64, frames_per_row=2))
+    for turn, lengths in enumerate(([3, 5, 7, 2], [12, 4, 4, 4])):
+        chunks = [encode_ids(rng.integers(0, 900, n).tolist(), int(state.chunk_start[b]))
+                  for b, n in enumerate(lengths)]
+        before = compiles.snapshot()
+        _, state = sampler.extend(state, chunks, seed=3 + turn, sampling=sampling)
+        if turn == 1:
+            assert before.since().count == 0, before.since().summary()

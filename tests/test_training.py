@@ -16,7 +16,7 @@ from paravt_jax.data.paravt_parquet import SchemaError, load_rl_rows, load_sft_r
 from paravt_jax.models.qwen3_vl import init_model, preset
 from paravt_jax.rl.advantages import AdvantageConfig
 from paravt_jax.rl.rewards import RewardConfig
-from paravt_jax.rl.trainer import RLConfig, periodic_evaluators, train_rl
+from paravt_jax.rl.trainer import RLConfig, periodic_evaluators, step_shapes, train_rl
 from paravt_jax.sft.trainer import HEAD, SFTConfig, sft_loss, train_sft
 from paravt_jax.text.tokenizer import train_tokenizer
 from paravt_jax.train.loop import LoopConfig, data_indices, run_loop
@@ -318,6 +318,31 @@ def test_periodic_evaluation_uses_the_rollout_mode_and_logs_its_episodes(dataset
     # one question: its reward is the accuracy
     assert [r["rewards"]["acc_reward"] for r in records] == [
         record[f"{tag}/accuracy"] for tag in ("eval_notools", "eval_tools", "eval_notools_K4", "eval_tools_K4")]
+
+
+def test_no_program_compiles_after_the_second_step_nor_in_later_evaluations(dataset, tmp_path):
+    """16 RL steps whose tool responses sometimes need two prefill pieces (a piece of 16 tokens)
+    and a held-out check every 4 steps: the steps compile nothing after step 1 and the checks
+    nothing after the first (each once reused the rollouts' fixed shapes, the other picked
+    its own buckets and compiled when a longer episode came)."""
+    import dataclasses
+
+    from paravt_jax.rl.shapes import ShapeConfig
+
+    root, ds, tok = dataset
+    rows, _ = load_rl_rows(ds.rl_train, root)
+    config = dataclasses.replace(_rl_config(16), eval_every=4, eval_limit=2, eval_nframes=(4,),
+                                 shapes=ShapeConfig(extend_width=16))
+    check = periodic_evaluators(config, rows[-2:])[0]  # the held-out check: the rollouts' shapes
+    assert check.rollout.prompt_shape == step_shapes(config, 2).prompt and check.rollout.prompt_shape.width
+    config = dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, max_turns=2))
+    _, result = train_rl(init_model(preset("tiny"), seed=2), tok, rows, str(tmp_path), config,
+                         evaluators=periodic_evaluators(config, rows[-2:]))
+    steps = result.history
+    assert len(steps) == 16 and steps[0]["compiles"] > 0
+    assert [h["compiles"] for h in steps[2:]] == [0] * 14, [h["compiles"] for h in steps]
+    checks = [h["eval_compiles"] for h in steps if "eval_compiles" in h]
+    assert len(checks) == 4 and checks[0] > 0 and checks[1:] == [0, 0, 0], checks
 
 
 def test_consecutive_non_finite_steps_stop_the_run(tmp_path):

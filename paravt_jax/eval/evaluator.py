@@ -47,11 +47,11 @@ class Evaluator(Protocol):
 
 
 def evaluate(evaluators: Sequence[Evaluator], model, tokenizer, step: int | None = None, *,
-             make_sampler: Callable = Sampler) -> Iterator[Outcome]:
+             make_sampler: Callable = Sampler, sampler_config: SamplerConfig = SAMPLER) -> Iterator[Outcome]:
     """Every evaluator's outcomes in order, all decoded by one sampler of `model`
-    (`make_sampler(model, SAMPLER)`; tests: a scripted one)."""
+    (`make_sampler(model, sampler_config)`; tests: a scripted one)."""
     if not evaluators:
         return
-    sampler = make_sampler(model, SAMPLER)
+    sampler = make_sampler(model, sampler_config)
     for evaluator in evaluators:
         yield from evaluator.run(sampler, tokenizer, step)

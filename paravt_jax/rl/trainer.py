@@ -96,8 +96,12 @@ def periodic_evaluators(config: RLConfig, eval_rows) -> list:
     `eval_every` is 0 or there are no rows)."""
     if not (config.eval_every and eval_rows):
         return []
+    # the rollouts' fixed prompt and sub-agent shapes (with RLStep.evaluate's sampler config):
+    # the first evaluation compiles its programs, the later ones none
+    shapes = step_shapes(config, config.prompts_per_step)
+    rollout = dataclasses.replace(config.rollout, prompt_shape=shapes.prompt, subagent_shape=shapes.subagent)
     return [HeldOut.grid(eval_rows[:config.eval_limit], config.eval_nframes, tools_major=False,
-                         rollout=config.rollout, dispatch=config.dispatch)]
+                         rollout=rollout, dispatch=config.dispatch)]
 
 
 def episode(row, config: RLConfig) -> Episode:
@@ -355,7 +359,7 @@ class RLStep:
         evaluation = compiles.snapshot()  # the evaluation's own shapes: reported apart
         current = dist.local_model(self.step.model(state))
         for outcome in evaluate(evaluators if dist.is_primary() else (), current, self.tokenizer, index,
-                                make_sampler=self.make_sampler):
+                                make_sampler=self.make_sampler, sampler_config=self.sampler_config):
             metrics.update({f"{outcome.name}/{key}": value for key, value in outcome.metrics.items()})
             records += [{"step": index, "stage": "periodic", **record} for record in outcome.records]
         self.eval_log.write_records(index, records)

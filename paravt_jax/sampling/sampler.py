@@ -240,7 +240,9 @@ class Sampler:
                 out, suffix = self._prefill(suffix, state.prefix, state.write_index + start, part, piece)
                 ends_here = np.array([c is not None and start < c.length <= start + piece for c in full]
                                      + [False] * (rows - len(full)))
-                logits = out if logits is None else programs.pick_rows(ends_here, out, logits)
+                # picked from the first piece on, so that the program compiles on a run's first
+                # extend, not on the first one whose responses need two pieces
+                logits = programs.pick_rows(ends_here, out, out if logits is None else logits)
         else:
             logits, suffix = self._prefill(suffix, state.prefix, state.write_index, full, width)
         takes_part = np.array([c is not None for c in full] + [False] * (rows - len(full)))
