@@ -32,6 +32,31 @@ from paravt_jax.sft.trainer import SFTConfig
 # (FSDP, a micro-batch of one row per training device).
 # preset -> (the mesh preset it is planned for, mesh.rollout_devices)
 ASYNC_PRESETS = {"qwen3vl_8b_async_gpu8_h200": ("gpu8-h200", 0), "qwen3vl_8b_async_v5p16": ("v5p-16", 0)}
+# The released cold-start SFT recipe (the reference's paravt/sft/configs/qwen3vl_8b.yaml, run
+# by lmms-engine on 8 GPUs), field by field; docs/deviations.md "Cold-start SFT" lists what
+# differs. The reference ships no other SFT recipe: the 2B and 32B presets take this one as is.
+RELEASED_SFT = {
+    "steps": 1500,  # trainer_args.max_steps
+    # 32 packs a step (per_device_train_batch_size 4 x 8 GPUs) of examples packed in order into
+    # 8,192 tokens; 1,500 steps are one pass over the 96.5k-example mix of the data manifest,
+    # about 2 examples a pack: 64 examples a step (our steps draw examples, not packs)
+    "batch_size": 64,
+    "train_width": 8192,  # dataset_config.packing_length: the packed rows' width
+    # 4 packed rows a device per forward/backward on 8 devices (gradient_accumulation_steps 1)
+    "max_tokens_per_micro_batch": 32 * 8192,
+    "filter_overlong": True,  # dataset_config.filter_overlong: examples over 8,192 tokens dropped
+    "frame_sampling": "fps", "fps": 1.0, "max_frames": 64,  # video_sampling_strategy fps, fps 1, video_max_frames 64
+    # video_min_pixels / video_max_pixels through qwen-vl-utils (factor 28), then the Qwen3-VL
+    # video processor; every video a video item (Qwen3VLIterableDataset)
+    "min_pixels": 784, "max_pixels": 50176, "sizing": "two_stage", "visual": "video",
+    "checkpoint_every": 100,  # save_steps
+}
+RELEASED_SFT_OPTIMIZER = {  # adamw_torch_fused with the HF Trainer's defaults for the rest
+    "name": "adamw", "learning_rate": 2e-5, "weight_decay": 0.01, "b1": 0.9, "b2": 0.999, "eps": 1e-8,
+    "grad_clip": 1.0,  # max_grad_norm
+    "schedule": "cosine", "total_steps": 1500, "warmup_steps": 75,  # lr_scheduler_type cosine, warmup_ratio 0.05
+    "frozen": (),  # every parameter trained
+}
 MODEL_PRESETS = {"tiny": "tiny", "toy": "toy", "qwen3vl_2b": "2b", "qwen3vl_8b": "8b",
                  "qwen3vl_32b": "32b", **{name: "8b" for name in ASYNC_PRESETS}}  # preset -> model preset
 
@@ -120,9 +145,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
         # episodes' keys than 512 (one toy training micro-batch's gradients ~3x faster)
         c.model.attention_block = 128
     elif preset in ("qwen3vl_8b", "qwen3vl_32b", *ASYNC_PRESETS):  # the reference recipe (paragrpo_8b.yaml)
-        # the released cold-start SFT script: 1,500 steps, lr 2e-5, cosine decay, 5% warm-up
-        c.sft.steps, c.sft.optimizer.learning_rate = 1500, 2e-5
-        c.sft.optimizer.schedule, c.sft.optimizer.total_steps, c.sft.optimizer.warmup_steps = "cosine", 1500, 75
+        released_sft(c.sft)
         c.rl.steps, c.rl.prompts_per_step, c.rl.samples_per_prompt = 54, 7, 8
         c.rl.optimizer.learning_rate, c.rl.rollout.max_turns, c.rl.rollout.max_new_tokens = 2e-6, 3, 2048
         c.rl.rollout.subagent_max_tokens, c.rl.rollout.prompt.overview_max_pixels = 512, 50176
@@ -151,7 +174,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
             c.rl.max_tokens_per_micro_batch = train_devices * 22528  # one row per training device
             c.rl.max_staleness = 2
     elif preset == "qwen3vl_2b":
-        c.sft.steps, c.sft.optimizer.learning_rate = 500, 2e-5
+        released_sft(c.sft)  # no 2B SFT recipe is released: the 8B's
         c.rl.steps, c.rl.prompts_per_step, c.rl.samples_per_prompt = 100, 8, 8
         c.rl.optimizer.learning_rate, c.rl.rollout.max_turns, c.rl.rollout.max_new_tokens = 4e-6, 3, 2048
         c.rl.rollout.subagent_max_tokens, c.rl.rollout.prompt.overview_max_pixels = 512, 50176
@@ -163,3 +186,9 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
         c.model.remat = True
         c.eval.max_new_tokens, c.eval.max_turns, c.eval.limit = 2048, 3, 0
     return c
+
+
+def released_sft(sft: ml_collections.ConfigDict) -> None:
+    """Sets the `sft` section to the released cold-start recipe (RELEASED_SFT)."""
+    sft.update(RELEASED_SFT)
+    sft.optimizer.update(RELEASED_SFT_OPTIMIZER)

@@ -24,7 +24,8 @@ CHOICES = {"AdvantageConfig.anchor_mode": "sequence", "OptimizerConfig.name": "a
            "ToolProtocol.frames_response": "images_first", "ToolProtocol.malformed": "ignore",
            "ToolProtocol.extra_calls": "ignore", "PromptFormat.overview_visual": "video",
            "PromptFormat.overview_sizing": "two_stage", "DispatchConfig.sizing": "two_stage",
-           "ShapeConfig.policy": "per_call", "StepConfig.prox_logprobs": "recompute", "EvalConfig.mode": "subagent",
+           "ShapeConfig.policy": "per_call", "SFTConfig.frame_sampling": "fps", "SFTConfig.sizing": "two_stage",
+           "SFTConfig.visual": "video", "StepConfig.prox_logprobs": "recompute", "EvalConfig.mode": "subagent",
            # must divide the step's rows (tiny: 9 SFT rows, 3 x 5 RL rows once every int is one more)
            "SFTConfig.micro_batches": 3, "RLConfig.micro_batches": 3}
 

@@ -86,7 +86,7 @@ def test_sft_curriculum_draws_the_first_steps_from_the_named_kinds(tmp_path):
 
 def test_sft_overview_budget_per_row_follows_the_choices(tmp_path):
     from paravt_jax.data import events as ev
-    from paravt_jax.data.sft_examples import sft_inputs
+    from paravt_jax.data.sft_examples import FrameSpec, sft_inputs
     from paravt_jax.sft.trainer import example_nframes
 
     assert {example_nframes(i, SFTConfig(nframes=6)) for i in range(20)} == {6}  # no choices: nframes
@@ -99,7 +99,7 @@ def test_sft_overview_budget_per_row_follows_the_choices(tmp_path):
     rows, report = load_sft_rows(ds.sft, str(tmp_path))
     main = rows[report.kinds.index("main_subagent")]
     tok = train_tokenizer(["<think> a b c </think>"])
-    images = {k: len(sft_inputs(main, tok, str(tmp_path), k).image_grid_thw) for k in (2, 8)}
+    images = {k: len(sft_inputs(main, tok, str(tmp_path), FrameSpec(nframes=k)).image_grid_thw) for k in (2, 8)}
     assert images[8] - images[2] == 6  # the overview's frames are images; the crops' counts are fixed
 
 
@@ -220,9 +220,9 @@ def test_sft_reads_each_row_at_its_drawn_overview_budget(dataset, tmp_path, monk
     rows, _ = load_sft_rows(ds.sft, root)
     seen = {}
 
-    def recording(row, tokenizer, video_root, nframes, max_pixels):
-        seen[next(i for i, r in enumerate(rows) if r is row)] = nframes
-        return real(row, tokenizer, video_root, nframes, max_pixels)
+    def recording(row, tokenizer, video_root, frames):
+        seen[next(i for i, r in enumerate(rows) if r is row)] = frames.nframes
+        return real(row, tokenizer, video_root, frames)
 
     real = trainer.sft_inputs
     monkeypatch.setattr(trainer, "sft_inputs", recording)

@@ -13,16 +13,19 @@ from absl import logging
 
 from paravt_jax import distributed as dist
 from paravt_jax import sharding as sh
-from paravt_jax.config import checked, integer, integers, refuse, set_by, validate
+from paravt_jax.config import checked, integer, integers, one_of, positive, refuse, set_by, validate
 from paravt_jax.data import gating
-from paravt_jax.data.sft_examples import sft_inputs
+from paravt_jax.data.sft_examples import FrameSpec, sft_inputs
+from paravt_jax.text.chat import VISUALS
 from paravt_jax.train.batch import micro_batch_plan, pack, planned_micro_batches
 from paravt_jax.train.loop import LoopConfig, UnreadableDataError, data_indices, run_loop
 from paravt_jax.train.stats import WeightedMean
 from paravt_jax.train.step import HeadConfig, OptimizerConfig, TokenScores, TrainStep
+from paravt_jax.video.frames import SIZINGS
 from paravt_jax.video.reader import VideoError
 
 HEAD = HeadConfig(temperature=1.0)  # plain next-token cross-entropy
+FRAME_SAMPLING = ("count", "fps")
 
 
 def sft_loss(scores: TokenScores, batch) -> tuple[jax.Array, jax.Array, dict]:
@@ -46,13 +49,31 @@ class SFTConfig:
     # micro-batch) and the frames every micro-batch's vision pass is padded to (0 = powers of two)
     train_width: int = checked(0, integer(0))
     train_frames: int = checked(0, integer(0))
+    # examples longer than train_width tokens are dropped (counted in skipped_examples), as the
+    # reference's packing drops them (filter_overlong); off: they get a wider bucket of their own
+    filter_overlong: bool = False
     seed: int = set_by(0, "seed (the top of the config)")
+    # How an example's overview (a whole-video item) is sampled: count = `nframes` frames (or a
+    # draw from nframes_choices) spread over the video; fps = `fps` frames a second, at most
+    # `max_frames` (the reference's SFT loader: qwen-vl-utils at 1 fps, up to 64; nframes and
+    # nframes_choices unused)
+    frame_sampling: str = checked("count", one_of(FRAME_SAMPLING))
     nframes: int = checked(8, integer(1))
     # non-empty: each example's overview has K frames, K drawn per row from these choices (the
     # stable hash of nFrames gating, keyed on the row index), so the cold start sees tool use
     # at every overview budget the RL gating draws; empty: `nframes` for every row
     nframes_choices: tuple[int, ...] = checked((), integers(1, empty=True))
+    fps: float = checked(1.0, positive())
+    max_frames: int = checked(64, integer(1))
+    # every frame (overview, crops, images) resized to [min_pixels, max_pixels] pixels: single =
+    # one resize at factor 32; two_stage = qwen-vl-utils' (factor 28), then the processor's
+    # (video/frames.py). visual: the overview as timestamped image items (as the RL prompts
+    # send it) or as one Qwen3-VL video item (as the reference's SFT loader does; two_stage's
+    # second resize is then the video processor's, not the image processor's)
+    min_pixels: int = checked(784, integer(1))
     max_pixels: int = checked(50176, integer(784))
+    sizing: str = checked("single", one_of(SIZINGS))
+    visual: str = checked("images", one_of(VISUALS))
     optimizer: OptimizerConfig = OptimizerConfig(learning_rate=1e-3, weight_decay=0.0)
     checkpoint_every: int = checked(0, integer(0))
     # a curriculum: the first `first_steps` steps draw their rows from those whose SFT-table
@@ -65,6 +86,10 @@ class SFTConfig:
         if self.batch_size % self.micro_batches:
             raise refuse("micro_batches", self.micro_batches,
                          f"must divide the {self.batch_size} rows of a step (batch_size)")
+        if self.min_pixels > self.max_pixels:
+            raise refuse("min_pixels", self.min_pixels, f"must be <= max_pixels ({self.max_pixels})")
+        if self.filter_overlong and not self.train_width:
+            raise refuse("filter_overlong", self.filter_overlong, "needs train_width (the longest example kept)")
 
 
 def curriculum_rows(kinds, config: SFTConfig) -> list[int] | None:
@@ -95,6 +120,14 @@ def example_nframes(index: int, config: SFTConfig) -> int:
                                      config.nframes, config.nframes_choices)
 
 
+def example_frames(index: int, config: SFTConfig) -> FrameSpec:
+    """How SFT row `index`'s videos are read: its overview K (`example_nframes`) under count
+    sampling, the config's rate and cap under fps sampling; the config's sizes."""
+    nframes = example_nframes(index, config) if config.frame_sampling == "count" else 0
+    return FrameSpec(nframes, config.fps, config.max_frames, config.min_pixels, config.max_pixels, config.sizing,
+                     config.visual)
+
+
 def fill_batch(readable: list, size: int) -> list:
     """`size` examples: the readable ones, repeated in order where unreadable ones were dropped,
     so the batch keeps its shape (and its micro-batches their size)."""
@@ -114,12 +147,18 @@ def train_sft(model, tokenizer, rows: list, video_root: str, workdir: str, confi
 
     @functools.cache
     def example(i: int) -> tuple[object | None, str | None]:
-        """(inputs, None), or (None, the reason) for an example whose video cannot be read."""
+        """(inputs, None), or (None, the reason) for an example whose video cannot be read (or
+        that is longer than train_width under filter_overlong)."""
         try:
-            return sft_inputs(rows[i], tokenizer, video_root, example_nframes(i, config), config.max_pixels), None
+            inputs = sft_inputs(rows[i], tokenizer, video_root, example_frames(i, config))
         except (VideoError, ValueError, OSError) as e:
             logging.warning(f"[sft] example {i} skipped: {e}")
             return None, f"example {i}: {e}"
+        if config.filter_overlong and inputs.length > config.train_width:
+            logging.warning(f"[sft] example {i} skipped: {inputs.length} tokens, longer than train_width "
+                            f"{config.train_width} (filter_overlong)")
+            return None, f"example {i}: {inputs.length} tokens > train_width {config.train_width}"
+        return inputs, None
 
     step = TrainStep(model, config.optimizer, sft_loss, HEAD, mesh=dist.model_mesh(model))
     unreadable = {"examples": 0}  # examples in a row that could not be read

@@ -61,6 +61,19 @@ def frame_sizes(height: int, width: int, min_pixels: int, max_pixels: int,
     raise ValueError(f"frame sizing {sizing!r}: expected one of {SIZINGS}")
 
 
+def video_frame_sizes(num_frames: int, height: int, width: int, min_pixels: int, max_pixels: int,
+                      sizing: str = "single") -> list[tuple[int, int]]:
+    """The (h, w) each of the `num_frames` frames of a video item is resized to, in turn: the
+    frame's own resize to [min_pixels, max_pixels] (single: at factor 32; two_stage:
+    qwen-vl-utils' at factor 28), then the Qwen3-VL video processor's (factor 32, the item's
+    T*h*w within its stock budget: `video_smart_resize`). The reference's SFT videos take the
+    two_stage path: 854x480 -> 280x140 -> 288x128 (18 tokens a frame, 36 a temporal group)."""
+    if sizing not in SIZINGS:
+        raise ValueError(f"frame sizing {sizing!r}: expected one of {SIZINGS}")
+    first = smart_resize(height, width, FACTOR if sizing == "single" else UTILS_FACTOR, min_pixels, max_pixels)
+    return [first, video_smart_resize(num_frames, *first)]
+
+
 def video_smart_resize(num_frames: int, height: int, width: int, factor: int = FACTOR,
                        min_pixels: int = 4096, max_pixels: int = 25165824,
                        temporal: int = TEMPORAL) -> tuple[int, int]:

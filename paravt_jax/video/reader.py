@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 
-from paravt_jax.video.frames import frame_sizes, video_smart_resize
+from paravt_jax.video.frames import frame_sizes, video_frame_sizes, video_smart_resize
 
 FRAME_FACTOR = 2  # frame counts are rounded to the temporal patch size, as the reference does
 DEFAULT_FPS = 2.0
@@ -162,9 +162,14 @@ def resize_frames(frames: np.ndarray, min_pixels: int | None, max_pixels: int | 
 
 
 def _sizes(height: int, width: int, min_pixels: int | None, max_pixels: int | None,
-           sizing: str) -> list[tuple[int, int]]:
-    return frame_sizes(height, width, DEFAULT_MIN_PIXELS if min_pixels is None else min_pixels,
-                       DEFAULT_MAX_PIXELS if max_pixels is None else max_pixels, sizing)
+           sizing: str, video_frames: int = 0) -> list[tuple[int, int]]:
+    """frames.frame_sizes, or with video_frames > 0 frames.video_frame_sizes for a video item
+    of that many frames."""
+    low = DEFAULT_MIN_PIXELS if min_pixels is None else min_pixels
+    high = DEFAULT_MAX_PIXELS if max_pixels is None else max_pixels
+    if video_frames:
+        return video_frame_sizes(video_frames, height, width, low, high, sizing)
+    return frame_sizes(height, width, low, high, sizing)
 
 
 def _resize_to(frames: np.ndarray, h: int, w: int) -> np.ndarray:
@@ -180,19 +185,22 @@ def read_frames(path, nframes: int | None = None, fps: float | None = None,
                 start: float | None = None, end: float | None = None,
                 min_frames: int | None = None, max_frames: int | None = None,
                 min_pixels: int | None = None, max_pixels: int | None = None,
-                num_threads: int = 1, sizing: str = "single") -> Clip:
+                num_threads: int = 1, sizing: str = "single", video_item: bool = False) -> Clip:
     """Samples frames from `path` (whole video or [start, end] seconds).
 
     nframes: a fixed count spread uniformly; otherwise `fps` (default 2) with min/max frame
     counts. Frames are resized so H*W lies in [min_pixels, max_pixels] (defaults 784 and
     50176) with both sides multiples of 32; under sizing "two_stage" that resize is at factor
-    28 and the Qwen3-VL processor's follows (frames.frame_sizes). Returns uint8 frames [N, H, W, 3] and the source
-    timestamps in seconds (frame index / fps).
+    28 and the Qwen3-VL processor's follows (frames.frame_sizes). video_item: the frames are one
+    Qwen3-VL video item, the second stage the video processor's (frames.video_frame_sizes).
+    Returns uint8 frames [N, H, W, 3] and the source timestamps in seconds (frame index / fps).
     """
     reader = VideoReader(path, num_threads=num_threads)
     meta = reader.metadata
     indices = clip_indices(meta, nframes, fps, start, end, min_frames, max_frames)
-    frames = resize_frames(reader.get(indices), min_pixels, max_pixels, sizing)
+    frames = reader.get(indices)
+    for h, w in _sizes(*frames.shape[1:3], min_pixels, max_pixels, sizing, len(indices) if video_item else 0):
+        frames = _resize_to(frames, h, w)
     return Clip(frames=frames, timestamps=indices / meta.fps, indices=indices, metadata=meta)
 
 
@@ -208,12 +216,12 @@ def clip_indices(meta: VideoMetadata, nframes: int | None = None, fps: float | N
 def blank_clip(meta: VideoMetadata, nframes: int | None = None, fps: float | None = None,
                start: float | None = None, end: float | None = None, min_frames: int | None = None,
                max_frames: int | None = None, min_pixels: int | None = None,
-               max_pixels: int | None = None, sizing: str = "single") -> Clip:
+               max_pixels: int | None = None, sizing: str = "single", video_item: bool = False) -> Clip:
     """The clip `read_frames` would return from a video with metadata `meta` (same frame count,
     timestamps and resized frame size), with black frames and no decoding: for sizing prompts
     (the memory planner) without a video file."""
     indices = clip_indices(meta, nframes, fps, start, end, min_frames, max_frames)
-    h, w = _sizes(meta.height, meta.width, min_pixels, max_pixels, sizing)[-1]
+    h, w = _sizes(meta.height, meta.width, min_pixels, max_pixels, sizing, len(indices) if video_item else 0)[-1]
     frames = np.zeros((len(indices), h, w, 3), np.uint8)
     return Clip(frames=frames, timestamps=indices / meta.fps, indices=indices, metadata=meta)
 
