@@ -8,8 +8,10 @@ itself (etils epath and gcsfs for metadata, tensorstore for arrays).
 Atomicity: a reader (a resumed run, a sweep polling `summary.json`, another host) sees either
 the old file or the whole new one. A local write goes to a temporary file beside the target,
 is fsynced and renamed over it; a `gs://` write is a single-object upload, which Cloud Storage
-publishes whole or not at all. Cloud Storage cannot append: `Appender` rewrites the whole
-object on each write (metrics and event files are small; each rewrite is one upload).
+publishes whole or not at all. Cloud Storage cannot append: `Appender` uploads each write as a
+part object beside the file and composes the file with it (the Cloud Storage compose
+operation, which publishes the concatenation whole), so a run's appends cost bytes and
+requests linear in what it writes (three requests per write), not a re-upload of the file.
 
 The interface, for local paths and `gs://` alike:
     is_remote(path)       whether path is a gs:// URL
@@ -24,6 +26,9 @@ The interface, for local paths and `gs://` alike:
     remove(path)          one file; a missing one is fine
     rmtree(path)          everything under path; a missing one is fine
     Appender(path)        an append-only file (write, sync, close)
+    read_versioned(path)  (bytes, generation): what write_if_generation / remove_if_generation
+                          take to change exactly that version (gs:// only; the workdir lock)
+    write_if_generation(path, data, generation) / remove_if_generation(path, generation)
     staged_directory(path)  a local directory whose files are published to path on exit
 
 Cloud Storage credentials are gcsfs's (application default credentials, a service account
@@ -40,6 +45,7 @@ import os
 import posixpath
 import shutil
 import tempfile
+import uuid
 from typing import Any
 
 SCHEME = "gs://"
@@ -198,30 +204,175 @@ def rmtree(path: str) -> None:
         fs.rm(_key(path), recursive=True)
 
 
+# ----------------------------------------------------------------------------- generations
+# Every version of a Cloud Storage object has a generation number; a request that carries
+# ifGenerationMatch=G takes effect only while the object's generation is G (0: while it does not
+# exist), else it fails with 412 (gcsfs: FileExistsError) and changes nothing. The workdir lock's
+# compare-and-swap and the Appender's compose go through these.
+
+def _bucket_object(path: str) -> tuple[str, str]:
+    if not is_remote(path):
+        raise ValueError(f"{path}: object generations are a Cloud Storage thing; expected a {SCHEME} path")
+    bucket, _, name = _key(path).partition("/")
+    if not bucket or not name:
+        raise ValueError(f"{path}: expected gs://BUCKET/OBJECT")
+    return bucket, name
+
+
+def _upload_url(fs, bucket: str) -> str:
+    from gcsfs.core import quote
+
+    # fs.base is LOCATION/storage/v1/ (the JSON API); uploads go to LOCATION/upload/storage/v1/
+    return fs.base[:-len("storage/v1/")] + f"upload/storage/v1/b/{quote(bucket)}/o"
+
+
+def _upload(path: str, data: bytes, if_generation_match: int | None = None) -> dict:
+    """One upload of `data` to `path` (multipart: the object's name, then its bytes, as gcsfs
+    uploads); the new object's resource (its generation, size, CRC32C)."""
+    fs = filesystem()
+    bucket, name = _bucket_object(path)
+    conditions = {} if if_generation_match is None else {"ifGenerationMatch": str(if_generation_match)}
+    boundary = f"paravt-{uuid.uuid4().hex}".encode()  # a random boundary: no write holds it
+    body = (b"--" + boundary + b"\nContent-Type: application/json; charset=UTF-8\n\n"
+            + json.dumps({"name": name}).encode() + b"\n--" + boundary
+            + b"\nContent-Type: application/octet-stream\n\n" + data + b"\n--" + boundary + b"--")
+    return fs.call("POST", _upload_url(fs, bucket), uploadType="multipart", data=body, json_out=True,
+                   headers={"Content-Type": f'multipart/related; boundary="{boundary.decode()}"'}, **conditions)
+
+
+def read_versioned(path: str) -> tuple[bytes, int]:
+    """The bytes of the gs:// object at `path` and their generation, from one download (Cloud
+    Storage names the generation it sent in x-goog-generation). FileNotFoundError if absent."""
+    _bucket_object(path)
+    fs = filesystem()
+    headers, data = fs.call("GET", fs.url(_key(path)))
+    generation = headers.get("x-goog-generation")
+    if generation is None:  # a store that leaves the header out: ask, then download that version only
+        generation = filesystem().info(_key(path))["generation"]
+        _, data = fs.call("GET", fs.url(_key(path), generation=generation))
+    return data, int(generation)
+
+
+def write_if_generation(path: str, data: bytes | str, generation: int) -> int | None:
+    """Uploads `data` to the gs:// object at `path` if its generation is still `generation` (0:
+    if it does not exist), in one request; the new generation, or None if the object changed
+    meanwhile (nothing is written then)."""
+    data = data.encode() if isinstance(data, str) else data
+    try:
+        return int(_upload(path, data, if_generation_match=generation)["generation"])
+    except FileExistsError:  # 412: the precondition failed
+        return None
+
+
+def remove_if_generation(path: str, generation: int) -> bool:
+    """Deletes the gs:// object at `path` if its generation is still `generation`; False if it
+    changed or is gone."""
+    bucket, name = _bucket_object(path)
+    try:
+        filesystem().call("DELETE", "b/{}/o/{}", bucket, name, ifGenerationMatch=str(generation))
+        return True
+    except (FileExistsError, FileNotFoundError):
+        return False
+
+
+# ----------------------------------------------------------------------------- appending
 class Appender:
-    """An append-only file. Local: opened for appending, each write flushed (`sync` fsyncs).
-    gs://: the whole object (read once at the first write, then kept) is uploaded again on
-    each write, since Cloud Storage objects cannot grow; a reader sees every whole write up
-    to some point, as with a local file read between writes. One writer per file."""
+    """An append-only file; one writer per file. Local: opened for appending, each write
+    flushed (`sync` fsyncs).
+
+    gs://: Cloud Storage objects cannot grow, so each write is uploaded as a part object
+    (`.NAME.append-TOKEN` beside the file, holding that write only) and the file is replaced by
+    the composition of itself and the part (one compose request, published whole), after which
+    the part is deleted: three requests and the write's own bytes per write, linear in the
+    run's length (re-uploading the file at each write, as before, is quadratic). A reader sees
+    every whole write up to some point, and the same bytes as the local file would hold.
+
+    The compose carries the file's generation as a precondition, so a compose that gcsfs
+    retries after a lost reply cannot append the part twice: on a failed precondition the file
+    is taken to hold our write when its size and CRC32C are those of the file with it, and
+    anything else is an error naming the path. The first write of an Appender reads the file's
+    generation, size and CRC32C (a later writer continues the file) and removes the parts a
+    writer killed mid-write left behind."""
 
     def __init__(self, path: str):
         self.path = path
         self.remote = is_remote(path)
         self._file = None
-        self._data: bytes | None = None
+        # gs://: the file as our last write left it (generation 0: no file yet)
+        self._generation: int | None = None
+        self._size = 0
+        self._crc32c: int | None = 0  # None: the store gives no CRC32C
+        if self.remote:
+            directory, name = posixpath.split(path)
+            self._part_prefix = f"{directory}/.{name}.append-"
+            self._part = f"{self._part_prefix}{uuid.uuid4().hex[:12]}"
 
     def write(self, data: bytes | str) -> None:
         data = data.encode() if isinstance(data, str) else data
         if self.remote:
-            if self._data is None:
-                self._data = read_bytes(self.path) if isfile(self.path) else b""
-            self._data += data
-            write_atomic(self.path, self._data)
+            self._append_remote(data)
             return
         if self._file is None:
             self._file = open(self.path, "ab")
         self._file.write(data)
         self._file.flush()
+
+    def _append_remote(self, data: bytes) -> None:
+        fs = filesystem()
+        if self._generation is None:
+            self._open_remote(fs)
+        if self._generation == 0:  # no file yet: the first write creates it whole
+            self._guarded(lambda: _upload(self.path, data, if_generation_match=0), data)
+            return
+        if not data:
+            return
+        _upload(self._part, data)
+        bucket, name = _bucket_object(self.path)
+        _, part = _bucket_object(self._part)
+        compose = {"kind": "storage#composeRequest", "sourceObjects": [{"name": name}, {"name": part}],
+                   "destination": {"name": name, "bucket": bucket}}
+        try:
+            self._guarded(lambda: fs.call("POST", "b/{}/o/{}/compose", bucket, name,
+                                          ifGenerationMatch=str(self._generation), json=compose,
+                                          headers={"Content-Type": "application/json"}, json_out=True), data)
+        finally:
+            _remove_key(fs, _key(self._part))
+
+    def _open_remote(self, fs) -> None:
+        try:
+            info = fs.info(_key(self.path))
+        except FileNotFoundError:
+            self._generation, self._size, self._crc32c = 0, 0, 0
+        else:
+            if info.get("type") != "file":
+                raise IsADirectoryError(f"{self.path}: is a directory, not a file to append to")
+            self._generation, self._size, self._crc32c = int(info["generation"]), int(info["size"]), _crc(info)
+        try:
+            entries = fs.ls(posixpath.dirname(_key(self.path)), detail=False)
+        except FileNotFoundError:
+            entries = []
+        for entry in entries:
+            if entry.rstrip("/").startswith(_key(self._part_prefix)):
+                _remove_key(fs, entry)
+
+    def _guarded(self, request, data: bytes) -> None:
+        """Runs a request conditioned on the file's generation and records the file it leaves.
+        On 412 (the generation is not the one our last write left): fine when the file is
+        exactly the old one with `data` appended (gcsfs retried a request whose reply was
+        lost), else an error naming the path."""
+        import google_crc32c
+
+        size = self._size + len(data)
+        crc = None if self._crc32c is None else google_crc32c.extend(self._crc32c, data)
+        try:
+            resource = request()
+        except FileExistsError:
+            resource = filesystem().info(_key(self.path))
+            if int(resource["size"]) != size or (crc is not None and _crc(resource) != crc):
+                raise RuntimeError(f"{self.path}: changed under its appender: it holds {resource['size']} bytes, not "
+                                   f"the {self._size} bytes of its last write plus this write's {len(data)} (one "
+                                   f"writer per file)") from None
+        self._generation, self._size, self._crc32c = int(resource["generation"]), size, crc
 
     def sync(self) -> None:
         if self._file is not None:
@@ -231,6 +382,21 @@ class Appender:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def _crc(resource: dict) -> int | None:
+    """An object's CRC32C as an integer (Cloud Storage gives it base64-encoded, big-endian)."""
+    import base64
+
+    value = resource.get("crc32c")
+    return int.from_bytes(base64.b64decode(value), "big") if value else None
+
+
+def _remove_key(fs, key: str) -> None:
+    try:
+        fs.rm_file(key)
+    except FileNotFoundError:
+        pass
 
 
 @contextlib.contextmanager

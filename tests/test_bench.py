@@ -123,3 +123,21 @@ def test_cpu_threads_bench_smallest(tmp_path, builtin_root):
     assert "XLA:CPU thread count" in out
     fixed = [line for line in out.splitlines() if "(fixed)" in line]
     assert len(fixed) == 2 and all(line.rstrip(" |").endswith("yes") for line in fixed), out
+
+
+def test_append_bench_smallest(tmp_path):
+    """bench/append.py at 20 and 80 appends: both arms read back as the local file with nothing
+    left beside it; the Appender's requests per append and bytes sent per file byte stay flat
+    as the file grows (linear), where re-uploading the file grows with it (quadratic)."""
+    out = run_bench(tmp_path, "append.py", "--appends", "20,80", "--line-bytes", "100")
+    assert "gs:// appends" in out
+    rows = {}
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| ") and cells[0].isdigit():
+            rows[(int(cells[0]), cells[1].split(" ")[0])] = cells
+    assert len(rows) == 4 and all(r[7] == "yes" and r[8] == "0" for r in rows.values()), out
+    compose = [float(rows[(n, "part")][5]) for n in (20, 80)]
+    rewrite = [float(rows[(n, "whole")][5]) for n in (20, 80)]
+    assert all(float(rows[(n, "part")][3]) <= 3.2 for n in (20, 80)), out
+    assert abs(compose[1] - compose[0]) < 0.1 * compose[0] and rewrite[1] > 3 * rewrite[0], out

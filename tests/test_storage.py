@@ -103,6 +103,69 @@ def test_a_gs_upload_that_fails_leaves_the_old_object(gcs_emulator):
     assert storage.read_bytes(f"{path}/config.json") == b"old"
 
 
+def test_gs_appends_read_back_as_the_local_file_and_leave_no_parts(gcs_emulator, tmp_path):
+    """Many appends of mixed sizes (an empty one, one without a newline, binary) to gs:// and to a local
+    file: after every write the object holds the same bytes as the local file; a later writer
+    continues the file; no part object is left beside it. (Their cost: bench/append.py, run by
+    tests/test_bench.py: requests and bytes per append constant, where re-uploading grew.)"""
+    writes = [json.dumps({"step": i, "pad": "x" * (i * 37 % 300)}).encode() + b"\n" for i in range(40)]
+    writes[5:5] = [b"", "caf\u00e9 \u2603\n", b"no newline yet", b" ... now\n", bytes(range(256)) + b"\r\n\r\n"]
+    directory = f"{gcs_emulator}/appends"
+    local, remote = storage.Appender(str(tmp_path / "metrics.jsonl")), storage.Appender(f"{directory}/metrics.jsonl")
+    for i, data in enumerate(writes):
+        if i == 30:  # a later writer (a resumed run) continues both files
+            local.close(), remote.close()
+            local, remote = storage.Appender(local.path), storage.Appender(remote.path)
+        local.write(data)
+        remote.write(data)
+        assert storage.read_bytes(remote.path) == storage.read_bytes(local.path), i
+    local.close(), remote.close()
+    assert storage.read_bytes(remote.path) == b"".join(w.encode() if isinstance(w, str) else w for w in writes)
+    assert storage.listdir(directory) == ["metrics.jsonl"]
+
+    empty = storage.Appender(f"{directory}/empty.log")  # an empty first write creates the file, as locally
+    empty.write(b"")
+    assert storage.read_bytes(f"{directory}/empty.log") == b""
+
+
+def test_a_gs_append_is_neither_lost_nor_doubled(gcs_emulator):
+    """The compose is conditioned on the file's generation: a file that already holds the write
+    (a compose that gcsfs retried after its reply was lost) is taken as written, once; a file
+    changed by someone else is an error naming it, and the file is left as it was. Parts a killed
+    writer left behind are removed by the next writer."""
+    path = f"{gcs_emulator}/append-retry/log.jsonl"
+    storage.write_atomic(f"{gcs_emulator}/append-retry/.log.jsonl.append-deadbeef0000", b"a killed writer's part\n")
+    appender = storage.Appender(path)
+    appender.write("1\n")
+    assert storage.listdir(f"{gcs_emulator}/append-retry") == ["log.jsonl"]
+    storage.write_atomic(path, "1\n2\n")  # what the first, lost-reply attempt of the next write did
+    appender.write("2\n")
+    appender.write("3\n")
+    assert storage.read_text(path) == "1\n2\n3\n"
+    storage.write_atomic(path, "1\n2\nX\n")  # another writer: the same size as ours would be
+    with pytest.raises(RuntimeError, match=f"{path}: changed under its appender"):
+        appender.write("4\n")
+    assert storage.read_text(path) == "1\n2\nX\n"
+    assert storage.listdir(f"{gcs_emulator}/append-retry") == ["log.jsonl"]
+
+
+def test_generation_preconditions_on_gs(gcs_emulator):
+    """write_if_generation / remove_if_generation act only on the version read (0: absent)."""
+    path = f"{gcs_emulator}/generations/object"
+    first = storage.write_if_generation(path, b"one", 0)
+    assert first and storage.write_if_generation(path, b"two", 0) is None  # something is there
+    assert storage.read_versioned(path) == (b"one", first)
+    second = storage.write_if_generation(path, "two", first)
+    assert second and second != first and storage.write_if_generation(path, b"three", first) is None
+    assert not storage.remove_if_generation(path, first) and storage.read_bytes(path) == b"two"
+    assert storage.remove_if_generation(path, second) and not storage.exists(path)
+    assert not storage.remove_if_generation(path, second)
+    with pytest.raises(FileNotFoundError):
+        storage.read_versioned(path)
+    with pytest.raises(ValueError, match="runs/x: object generations .* expected a gs:// path"):
+        storage.write_if_generation("runs/x", b"", 0)
+
+
 def test_a_stopped_loop_resumes_from_gs_bit_exact(gcs_emulator, tmp_path):
     """The training loop with its workdir on gs://: orbax checkpoints, metrics.jsonl and the
     TensorBoard events go to the bucket; stopped after step 1 and resumed, it ends with the
