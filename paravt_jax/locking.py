@@ -8,9 +8,10 @@ hard kill.
 
 All of the lock's I/O goes through a `LockStore`: create-if-absent, read, and replace or delete
 only if the file still holds what the caller read (compare and swap). `LocalStore` does that on a
-POSIX filesystem (O_EXCL creation, an flock-guarded compare and swap); an object store gives the
-same four operations through its preconditions (Cloud Storage: `ifGenerationMatch=0` to create,
-the read generation to replace or delete), so another store is one class with no change here.
+POSIX filesystem (O_EXCL creation, an flock-guarded compare and swap); `BucketStore` on Cloud
+Storage through its generation preconditions (`ifGenerationMatch=0` to create, the generation
+read to replace or delete: each step one request that fails if another host got there first), so
+two runs started at the same moment on two hosts cannot both take a gs:// workdir.
 """
 from __future__ import annotations
 
@@ -102,43 +103,82 @@ class LocalStore:
 
 
 class BucketStore:
-    """LockStore on Cloud Storage (gs:// workdirs) through paravt_jax.storage: each write is one
-    whole-object upload. Best effort: the check and the write are two requests (the GCS API's
-    generation preconditions would close that window, and the emulator the tests run against
-    does not enforce them), so two runs started within the same second could both win; a
-    requeued job meeting a live or a stale run, the case this lock is for, is decided right."""
+    """LockStore on Cloud Storage (gs:// workdirs), through Cloud Storage's generation
+    preconditions: each step is one request that takes effect only if the object is still the
+    version the caller saw, so two hosts cannot both take the lock.
+
+    create   one upload with ifGenerationMatch=0 (only if no object is there);
+    read     one download, with the generation of the bytes it returns;
+    replace  one upload with ifGenerationMatch=<the generation read or last written>;
+    delete   one delete with ifGenerationMatch=<the same>.
+
+    The store remembers, per path, the generation of the bytes it last read or wrote; `replace`
+    and `delete` use it when `expected` is those bytes (else they read again). A failed
+    precondition is a lost race (False), except when the object now holds exactly what this
+    call wrote: gcsfs retries a request whose reply was lost, and a record (host, pid, token,
+    heartbeat) is never written twice, so that is our own write."""
+
+    def __init__(self):
+        self._seen: dict[str, tuple[bytes, int]] = {}
+        self._lock = threading.Lock()
+
+    def _remember(self, path: str, data: bytes | None, generation: int | None) -> None:
+        with self._lock:
+            if data is None or generation is None:
+                self._seen.pop(path, None)
+            else:
+                self._seen[path] = (data, generation)
+
+    def _generation(self, path: str, expected: bytes) -> int | None:
+        """The generation of `expected` at `path`, None when the object no longer holds it."""
+        with self._lock:
+            seen = self._seen.get(path)
+        if seen is not None and seen[0] == expected:
+            return seen[1]
+        data, generation = self._read(path)
+        return generation if data == expected else None
+
+    def _read(self, path: str) -> tuple[bytes | None, int | None]:
+        from paravt_jax import storage
+
+        try:
+            data, generation = storage.read_versioned(path)
+        except FileNotFoundError:
+            data, generation = None, None
+        self._remember(path, data, generation)
+        return data, generation
+
+    def _won(self, path: str, data: bytes, generation: int | None) -> bool:
+        if generation is None:  # the precondition failed: ours only if it holds what we wrote
+            return self._read(path)[0] == data
+        self._remember(path, data, generation)
+        return True
 
     def create(self, path: str, data: bytes) -> bool:
         from paravt_jax import storage
 
-        if storage.exists(path):
-            return False
-        storage.write_atomic(path, data)
-        return True
+        return self._won(path, data, storage.write_if_generation(path, data, 0))
 
     def read(self, path: str) -> bytes | None:
-        from paravt_jax import storage
-
-        try:
-            return storage.read_bytes(path)
-        except FileNotFoundError:
-            return None
+        return self._read(path)[0]
 
     def replace(self, path: str, data: bytes, expected: bytes) -> bool:
         from paravt_jax import storage
 
-        if self.read(path) != expected:
+        generation = self._generation(path, expected)
+        if generation is None:
             return False
-        storage.write_atomic(path, data)
-        return True
+        return self._won(path, data, storage.write_if_generation(path, data, generation))
 
     def delete(self, path: str, expected: bytes) -> bool:
         from paravt_jax import storage
 
-        if self.read(path) != expected:
+        generation = self._generation(path, expected)
+        if generation is None:
             return False
-        storage.remove(path)
-        return True
+        removed = storage.remove_if_generation(path, generation)
+        self._remember(path, None, None)
+        return removed
 
 
 def store_for(workdir: str) -> LockStore:

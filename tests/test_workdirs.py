@@ -82,6 +82,113 @@ def test_the_heartbeat_keeps_a_lock_fresh_and_a_lost_lock_is_not_claimed(tmp_pat
     assert Holder.decode((tmp_path / locking.LOCK_NAME).read_bytes()).host == "other-host"  # not deleted
 
 
+# A process taking a workdir's lock at a set moment: prints "won" (then holds the lock until its
+# stdin closes) or "locked", and how late it started.
+TAKER = """
+import sys, time
+from paravt_jax.locking import WorkdirLock, WorkdirLocked
+workdir, start = sys.argv[1], float(sys.argv[2])
+time.sleep(max(0.0, start - time.time()))
+late = time.time() - start
+try:
+    lock = WorkdirLock(workdir, command="take").acquire()
+except WorkdirLocked:
+    print("locked", late, flush=True)
+else:
+    print("won" if lock.took_over is None else "took-over", late, flush=True)
+    sys.stdin.read()
+    lock.release()
+"""
+
+
+def race(workdir: str, takers: int = 6) -> list[str]:
+    """`takers` processes taking the lock of `workdir` at the same moment; their outcomes."""
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    start = time.time() + 6  # every process imported and waiting by then
+    processes = [subprocess.Popen([sys.executable, "-c", TAKER, workdir, str(start)], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True, env=env) for _ in range(takers)]
+    try:
+        lines = [p.stdout.readline().split() for p in processes]
+    finally:
+        for p in processes:
+            p.stdin.close()
+            p.wait(timeout=60)
+    assert all(len(line) == 2 for line in lines), lines
+    assert max(float(late) for _, late in lines) < 1.0, lines  # they did race
+    return sorted(outcome for outcome, _ in lines)
+
+
+def test_processes_taking_a_gs_workdir_at_once_one_wins(gcs_emulator):
+    """The lock end to end on gs://: of six processes taking a free workdir at the same moment
+    one wins, and of six taking over a stale lock (another host, silent too long) one does; the
+    others are refused. (Processes start too far apart on two cores to catch check-then-write
+    out; the threads of the next test do.)"""
+    from paravt_jax import storage
+
+    workdir = f"{gcs_emulator}/raced"
+    assert race(workdir) == ["locked"] * 5 + ["won"]
+    assert not storage.exists(f"{workdir}/{locking.LOCK_NAME}")  # the winner let go
+    stale = Holder("other-host", 4242, "run", 0.0, time.time() - locking.STALE_AFTER_S - 1, "t0")
+    storage.write_atomic(f"{workdir}/{locking.LOCK_NAME}", stale.encode())
+    assert race(workdir) == ["locked"] * 5 + ["took-over"]
+
+
+def test_the_bucket_stores_compare_and_swap_has_one_winner(gcs_emulator):
+    """Eight threads, each with its own BucketStore, creating one absent lock at the same moment,
+    then replacing the same version of it, in five rounds: each time exactly one succeeds. (Check,
+    then write, as before, let two or three win in the first round.)"""
+    import threading
+
+    path = f"{gcs_emulator}/cas/{locking.LOCK_NAME}"
+
+    def at_once(step, name: str) -> list[bool]:
+        barrier, results = threading.Barrier(8), [None] * 8
+
+        def take(i):
+            store = locking.BucketStore()
+            barrier.wait()
+            results[i] = step(store, f"{name} {i}".encode())  # records are never written twice
+
+        threads = [threading.Thread(target=take, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return results
+
+    store = locking.BucketStore()
+    for n in range(5):
+        created = at_once(lambda s, data: s.create(path, data), f"create {n}")
+        current = store.read(path)
+        assert created.count(True) == 1 and current == f"create {n} {created.index(True)}".encode()
+        replaced = at_once(lambda s, data, current=current: s.replace(path, data, expected=current), f"replace {n}")
+        assert replaced.count(True) == 1 and store.read(path) == f"replace {n} {replaced.index(True)}".encode()
+        assert store.delete(path, expected=store.read(path))
+
+
+def test_a_gs_lock_taken_over_is_not_claimed_by_its_stalled_holder(gcs_emulator):
+    """The heartbeat and the release are generation-matched: once another host has replaced a
+    lock, the old holder's heartbeat stops and its release deletes nothing."""
+    from paravt_jax import storage
+
+    workdir = f"{gcs_emulator}/stalled"
+    lock = WorkdirLock(workdir, heartbeat_s=0.05).acquire()
+    assert isinstance(lock.store, locking.BucketStore)
+    first = Holder.decode(lock.held)
+    time.sleep(0.5)
+    beat = Holder.decode(storage.read_bytes(lock.path))
+    assert beat.heartbeat > first.heartbeat and beat.token == first.token
+    other, store = Holder("other-host", 7, "", 0, 0, "x"), locking.BucketStore()
+    while not store.replace(lock.path, other.encode(), expected=store.read(lock.path)):
+        pass
+    time.sleep(0.5)
+    assert lock.held is None  # the heartbeat saw the replacement and stopped
+    lock.release()
+    assert Holder.decode(storage.read_bytes(lock.path)).host == "other-host"  # not deleted
+    assert not store.replace(lock.path, b"{}", expected=first.encode())  # an old version changes nothing
+    assert store.delete(lock.path, expected=other.encode()) and not storage.exists(lock.path)
+
+
 def test_the_command_line_refuses_a_locked_workdir(tmp_path, live_process, capsys):
     from paravt_jax.cli import main
 
