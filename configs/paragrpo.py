@@ -120,6 +120,10 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
         c.data.sft_modes = ("subagent",)
         c.sft.steps, c.sft.batch_size, c.sft.nframes = 600, 16, 4
         c.sft.max_tokens_per_micro_batch = 1024  # packed rows: a quarter less padding
+        # one compiled step for the whole SFT: every micro-batch 2 rows of 512 tokens (the longest
+        # K = 4 example is 270), its vision pass padded to 32 frames (at most 28 at K = 4; more
+        # uses its own bucket, a compile the loop reports)
+        c.sft.train_width, c.sft.train_frames = 512, 32
         c.sft.optimizer.learning_rate = 2e-3  # constant after 20 warm-up steps
         c.sft.optimizer.warmup_steps = 20
         # main trajectories alone first: beside the sub-agent and tool-free rows from the start,

@@ -233,6 +233,21 @@ def test_sft_reads_each_row_at_its_drawn_overview_budget(dataset, tmp_path, monk
     assert len(set(seen.values())) > 1  # seed 3 draws more than one K for these rows
 
 
+def test_sft_with_fixed_shapes_compiles_one_step_program(dataset, tmp_path):
+    """train_width + train_frames with token-budget micro-batches: every micro-batch has as many
+    rows as the budget holds and the same padded frames, whatever each step's examples (here
+    overviews of 1 to 3 frames), so no step after the first compiles (without full rows the steps
+    whose rows or frames fall in another bucket compile)."""
+    root, ds, tok = dataset
+    rows, _ = load_sft_rows(ds.sft, root)
+    config = SFTConfig(steps=8, batch_size=8, nframes=2, nframes_choices=(1, 2, 3), max_pixels=64 * 96, seed=1,
+                       max_tokens_per_micro_batch=2 * 1024, train_width=1024, train_frames=64,
+                       optimizer=OptimizerConfig(learning_rate=1e-3, weight_decay=0.0))
+    _, result = train_sft(init_model(preset("tiny"), seed=1), tok, rows, root, str(tmp_path), config)
+    assert result.history[0]["compiles"] > 0
+    assert [h["compiles"] for h in result.history[1:]] == [0] * 7, [h["compiles"] for h in result.history]
+
+
 # by default only the token-budget variant runs end to end (the other RL-step tests here and the
 # multi-host tests cover the rest); sequence anchors and gating off are unit-tested
 # (test_advantages, test_gating)

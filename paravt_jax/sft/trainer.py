@@ -46,7 +46,8 @@ class SFTConfig:
     max_tokens_per_micro_batch: int = checked(0, integer(0))
     # fixed shapes (one compiled step for the whole run): the packed width of every batch (0 =
     # each batch's own bucket; with token budgets, the budget itself packs one row per
-    # micro-batch) and the frames every micro-batch's vision pass is padded to (0 = powers of two)
+    # micro-batch; set, every token-budget micro-batch gets as many rows as the budget holds) and
+    # the frames every micro-batch's vision pass is padded to (0 = powers of two)
     train_width: int = checked(0, integer(0))
     train_frames: int = checked(0, integer(0))
     # examples longer than train_width tokens are dropped (counted in skipped_examples), as the
@@ -181,7 +182,7 @@ def train_sft(model, tokenizer, rows: list, video_root: str, workdir: str, confi
         packed = pack(fill_batch(readable, config.batch_size), width=config.train_width)
         # token-budget micro-batches get a multiple of the batch's devices as rows (else replicated)
         plan = micro_batch_plan(packed, config.micro_batches, config.max_tokens_per_micro_batch,
-                                sh.batch_devices(step.mesh))
+                                sh.batch_devices(step.mesh), full_rows=config.train_width > 0)
         state, metrics = step.step(state, planned_micro_batches(packed, plan, model.config.vision,
                                                                 min_frames=config.train_frames,
                                                                 vision_shards=sh.batch_devices(step.mesh)))
