@@ -289,7 +289,7 @@ def test_cli_prints_the_table_and_writes_json(tmp_path, builtin_root):
     text = run_plan(f"--config={ROOT}/configs/paragrpo.py:tiny", "--config.rl.samples_per_prompt=8",
                     f"--config.data.builtin_root={builtin_root}",
                     "--mesh=data=2,fsdp=4,tensor=1", "--device_memory_gb=16", "--activations=estimate",
-                    f"--json={path}")
+                    f"--json={path}", "--stage=rl")
     for phase in ("TRAINER", "SAMPLER", "ROLLOUT"):
         assert phase in text
     assert "mesh data=2 fsdp=4 tensor=1 (8 devices)" in text
@@ -326,7 +326,7 @@ def test_plan_exits_0_and_prints_only_notes_after_the_table(builtin_root, tmp_pa
     done = subprocess.run([sys.executable, "-m", "paravt_jax.cli", "plan", f"--config={ROOT}/configs/paragrpo.py:tiny",
                            f"--config.data.builtin_root={builtin_root}", "--config.rl.rollout.max_new_tokens=32",
                            "--config.rl.rollout.max_turns=1", "--mesh=data=1,fsdp=2,tensor=1", "--device_memory_gb=16",
-                           "--activations=xla", "--question_tokens=40"],
+                           "--activations=xla", "--question_tokens=40", "--stage=rl"],
                           capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "MemoryPlan(" not in done.stderr and "Traceback" not in done.stderr
@@ -353,7 +353,8 @@ def test_gpu_preset_prints_the_time_plan_from_xla(tmp_path, builtin_root):
                     "--config.rl.nframes_gating=False", "--config.rl.default_nframes=4",
                     "--config.rl.rollout.max_new_tokens=32", "--config.rl.rollout.max_turns=1",
                     "--config.rl.dispatch.max_parallel=1", "--config.rl.dispatch.max_frames=2",
-                    "--config.mesh.rollout_devices=4", "--mesh=gpu8", "--target=cpu-fake", f"--json={path}")
+                    "--config.mesh.rollout_devices=4", "--mesh=gpu8", "--target=cpu-fake", f"--json={path}",
+                    "--stage=rl")
     assert "TRAINER: one optimizer step [xla:cpu" in text and "TIME PLAN: one RL step, lower bound on h100" in text
     assert "ASYNCHRONOUS ROLLOUTS" in text and "<- config" in text and "suggested: mesh.rollout_devices=" in text
     saved = json.loads(path.read_text())

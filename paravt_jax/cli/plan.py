@@ -10,14 +10,18 @@ from absl import flags, logging
 from paravt_jax import meshes
 from paravt_jax import sharding as sh
 from paravt_jax.flags import UsageError, define_config, parse_flags
-from paravt_jax.planner import arrays, programs, workload
+from paravt_jax.planner import arrays, programs, sft_plan, workload
 from paravt_jax.planner import plan as planner
 
+STAGES = ("all", "rl", "sft")
 
-def main(argv: list[str]) -> planner.MemoryPlan:
+
+def main(argv: list[str]) -> planner.MemoryPlan | sft_plan.SFTPlan:
     """`paravt-jax plan --config=FILE[:ARG] [--config.x=y] [--mesh=...] [--devices=N]
     [--device_memory_gb=G] [--activations=auto|xla|estimate] [--target=auto|cpu-fake|tpu|local]
-    [--depth=auto|extrapolate|full] [--chip=NAME] [--json=PATH] [--question_tokens=N] [--video_seconds=S]`."""
+    [--depth=auto|extrapolate|full] [--chip=NAME] [--stage=all|rl|sft] [--json=PATH]
+    [--question_tokens=N] [--video_seconds=S]`. Returns the RL plan, or the SFT plan under
+    --stage=sft (--json holds both under --stage=all: the SFT plan as its `sft`)."""
     argv = list(argv)
     values = flags.FlagValues()
     define_config(values, planner.DEFAULT_CONFIG, argv)
@@ -38,6 +42,9 @@ def main(argv: list[str]) -> planner.MemoryPlan:
                       flag_values=values)
     flags.DEFINE_string("chip", "", "accelerator of the time plan (v5p, v5e, v6e, v4, h100, h200, a100); "
                         "default: the mesh preset's", flag_values=values)
+    flags.DEFINE_enum("stage", "all", list(STAGES), "what to plan: the RL step (rl), the cold-start SFT step "
+                      "(sft; no sampler programs), or both (all; SFT when the config has SFT steps)",
+                      flag_values=values)
     flags.DEFINE_integer("question_tokens", workload.Assumptions.question_tokens, "assumed tokens of one question",
                          flag_values=values)
     flags.DEFINE_float("video_seconds", workload.Assumptions.video_seconds, "assumed video length (the digits of "
@@ -72,14 +79,24 @@ def main(argv: list[str]) -> planner.MemoryPlan:
         if values.target == "tpu" and values.activations == "estimate":
             raise workload.PlanError("--target=tpu compiles the programs: drop --activations=estimate")
         chip = values.chip or (entry["accelerator"] if entry else "")
-        result = planner.plan(values.config, sizes, memory, values.activations, assumptions, target=target,
-                      depth=values.depth, chip=chip)
+        result = sft = None
+        if values.stage in ("all", "rl"):
+            result = planner.plan(values.config, sizes, memory, values.activations, assumptions, target=target,
+                                  depth=values.depth, chip=chip)
+            print(planner.format_plan(result), flush=True)
+        if values.stage == "sft" or (values.stage == "all" and sft_plan.sft_settings(values.config)):
+            sft = sft_plan.plan_sft(values.config, sizes, memory, values.activations, assumptions, target=target,
+                                    depth=values.depth)
+            print(("\n" if result else "") + sft_plan.format_sft_plan(sft), flush=True)
+            print("\n".join(["", *(f"note: {n}" for n in sft.notes)]), flush=True)
     except workload.PlanError as e:
         raise UsageError(f"plan: {e}") from None
-    print(planner.format_plan(result), flush=True)
     if values.json:
         os.makedirs(os.path.dirname(os.path.abspath(values.json)), exist_ok=True)
+        saved = result.to_json() if result else {}
+        if sft:
+            saved["sft"] = sft.to_json()
         with open(values.json, "w") as f:
-            json.dump(result.to_json(), f, indent=2)
+            json.dump(saved, f, indent=2)
         logging.info(f"[plan] written to {values.json}")
-    return result
+    return result if result is not None else sft

@@ -283,8 +283,12 @@ def prefill_estimate(config: Qwen3VLConfig, rl, work: Workload, mesh_sizes: Mapp
     return best, label
 
 
-def train_batch_spec(config: Qwen3VLConfig, work: Workload, mesh) -> dict:
-    """The abstract micro-batch TrainStep.grads receives for the policy loss: token arrays and
+POLICY_EXTRAS = (("advantages", jnp.float32), ("behaviour_logp", jnp.float32), ("prox_logp", jnp.float32))
+
+
+def train_batch_spec(config: Qwen3VLConfig, work: Workload, mesh, extras=POLICY_EXTRAS) -> dict:
+    """The abstract micro-batch TrainStep.grads receives for a loss reading `extras` (name,
+    dtype: the policy loss's by default; SFT's reads none): token arrays and
     per-token extras split over the batch axis as TrainStep._place splits them; the vision
     inputs as train/batch.py `shard_vision` builds them: in one shard per batch device when
     they divide the rows (each device's rows' frames, padded per size to a power of two), else
@@ -324,9 +328,7 @@ def train_batch_spec(config: Qwen3VLConfig, work: Workload, mesh) -> dict:
                 attention_mask=tokens((rows, length), jnp.int32),
                 position_ids=tokens((3, rows, length), jnp.int32, axis=1),
                 loss_mask=tokens((rows, length), jnp.int32),
-                advantages=tokens((rows, length), jnp.float32),
-                behaviour_logp=tokens((rows, length), jnp.float32),
-                prox_logp=tokens((rows, length), jnp.float32),
+                **{name: tokens((rows, length), dtype) for name, dtype in extras},
                 visual_index=tokens((rows, length), jnp.int32),
                 pixel_values=host((patches, config.vision.patch_dim), jnp.float32),
                 vision_meta=meta, **({"segment_ids": tokens((rows, length), jnp.int32)} if work.packed else {}))

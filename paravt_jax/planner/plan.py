@@ -73,6 +73,7 @@ from paravt_jax.planner.programs import (
     TargetError,
     child_xla_flags,
     compile_programs,
+    compile_sft_programs,  # noqa: F401  (run by name in the child process: _xla_child)
 )
 from paravt_jax.planner.time_plan import SideBytes, TimePlan, format_time_plan, split_plan, time_plan
 from paravt_jax.planner.workload import (
@@ -181,7 +182,7 @@ class MemoryPlan:
 
 # ----------------------------------------------------------------------------- XLA on fake devices
 CHILD_TIMEOUT_S = 3600
-CHILD_FUNCTIONS = ("compile_programs",)  # what on_fake_devices may run
+CHILD_FUNCTIONS = ("compile_programs", "compile_sft_programs")  # what on_fake_devices may run
 
 
 def on_fake_devices(function, args: tuple, devices: int):

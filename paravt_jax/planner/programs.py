@@ -262,6 +262,21 @@ def trainer_programs(config: Qwen3VLConfig, rl, work, mesh) -> list[ProgramMemor
     return [grads, logprobs, update]
 
 
+def sft_programs(config: Qwen3VLConfig, sft, work, mesh) -> list[ProgramMemory]:
+    """The cold-start SFT step's gradient program (sft/trainer.py's TrainStep: the masked
+    cross-entropy, HEAD) on abstract sharded inputs of its largest micro-batch (planner/workload.py
+    `sft_workload`)."""
+    from paravt_jax.planner.arrays import train_batch_spec
+    from paravt_jax.sft.trainer import HEAD, sft_loss
+    from paravt_jax.train.step import TrainStep
+
+    step = TrainStep(abstract_model(config), sft.optimizer, sft_loss, HEAD, mesh=mesh)
+    params = _abstract_params(step.params, mesh)
+    batch = train_batch_spec(config, work, mesh, extras=())
+    return [compile_for("SFT gradients", step._grads, (params, batch), {}, batch, work.micro_batch_rows,
+                        list(mesh.devices.flat))]
+
+
 def sampler_programs(config: Qwen3VLConfig, rl, work, layout, mesh, platform: str) -> list[ProgramMemory]:
     """The sampler's programs of one rollout (planner/memory.py SamplerPrograms)."""
     from paravt_jax.planner.workload import sampler_calls
@@ -357,5 +372,40 @@ def compile_programs(config: Qwen3VLConfig, rl, work, layout, mesh_sizes: Mappin
     return ProgramSet(tuple(trainer), tuple(sampler), target.compiler, how, seconds)
 
 
+def compile_sft_programs(config: Qwen3VLConfig, sft, work, mesh_sizes: Mapping[str, int], target: Target,
+                         depth: str = "auto") -> ProgramSet:
+    """The SFT step's gradient program compiled for `target` (ProgramSet.trainer; no sampler),
+    its memory at the model's depth as `compile_programs` takes the trainer's: the scanned
+    program whole (full, and auto for scanned models), or extrapolated from two reduced depths.
+    No costs (the SFT step has no time plan): the cost fields are 0."""
+    from paravt_jax.planner.plan import on_fake_devices
+
+    if depth not in DEPTHS:
+        raise TargetError(f"--depth={depth!r}: expected one of {', '.join(DEPTHS)}")
+    devices = target_devices(target, math.prod(mesh_sizes.values()))
+    if devices is None:
+        return on_fake_devices(compile_sft_programs, (config, sft, work, dict(mesh_sizes), target, depth),
+                               math.prod(mesh_sizes.values()))
+    layers = config.text.num_hidden_layers
+    low, high = reduced_depths(config)
+    if depth == "auto":
+        depth = "full" if config.scan_layers or layers <= AUTO_FULL_MAX_LAYERS else "extrapolate"
+    kind = "scanned" if config.scan_layers else "unrolled"
+
+    def at(layers_: int) -> list:
+        mesh = sh.make_mesh(dict(mesh_sizes), devices)
+        return sft_programs(with_depth(config, layers_, config.scan_layers), sft, work, mesh)
+
+    if depth == "full" or layers <= high:
+        programs, how = at(layers), f"full ({layers} {kind} layers)"
+    else:
+        programs = [extrapolate(a, b, low, high, layers) for a, b in zip(at(low), at(high))]
+        how = f"memory extrapolated from {low} and {high} {kind} layers to {layers}"
+    programs = [dataclasses.replace(p, **{k: 0.0 for k in _COST_FIELDS}) for p in programs]
+    return ProgramSet(tuple(programs), (), target.compiler, how + "; no costs",
+                      sum(p.seconds for p in programs))
+
+
 __all__ = ["PrefillCall", "ProgramMemory", "ProgramSet", "Target", "TargetError", "compile_programs",
+           "compile_sft_programs",
            "extrapolate", "resolve_target", "tpu_topology"]

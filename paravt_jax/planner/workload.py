@@ -262,6 +262,81 @@ def workload(rl, vision, tokenizer, assumptions: Assumptions = Assumptions(), ba
         subagent_rows=sub_rows, subagent_prompt_tokens=sub_prompt, subagent_capacity=sub_capacity)
 
 
+# ----------------------------------------------------------------------------- SFT
+@dataclasses.dataclass(frozen=True)
+class SFTWorkload:
+    """Shapes of one cold-start SFT step's largest micro-batch: rows of `train_length` tokens
+    packed with as many of the largest-vision examples as fit (the overview at its most frames
+    and the question, no other text: the most frames a row can hold under the recipe)."""
+    examples: int  # examples a step (sft.batch_size)
+    frames_per_example: int  # sampled video frames of one overview (the fps cap or the largest K)
+    visual: str  # images | video
+    frame_size: tuple[int, int]  # (h, w) after the recipe's sizing
+    frame_tokens: int  # LLM tokens of one vision frame (an image, or a video item's temporal group)
+    example_tokens: int  # one example: its overview and the question
+    examples_per_row: int
+    micro_batches: int
+    micro_batch_rows: int  # rows of the largest micro-batch
+    packed: bool
+    max_tokens_per_micro_batch: int
+    train_length: int
+    row_frames: int  # vision frames of one row (every row as full as the largest micro-batch's fullest)
+    patches_per_row: int
+
+    # what train_batch_spec and activation_estimate read: one frame size, the row's frames
+    @property
+    def overview_frames(self) -> int:
+        return self.row_frames
+
+    @property
+    def crop_frame_size(self) -> tuple[int, int]:
+        return self.frame_size
+
+
+def sft_workload(sft, vision, tokenizer, assumptions: Assumptions = Assumptions(),
+                 batch_devices: int = 1) -> SFTWorkload:
+    """The rows and micro-batches of one SFT step (`sft`: an SFTConfig). One example is
+    sft_examples' own overview (black frames of the recipe's sampling and sizing, from the
+    assumed video) and the question, encoded as sft_inputs encodes it; the step's examples are
+    packed by train/batch.py's own plan (`plan_micro_batches`, as sft/trainer.py calls it). Each
+    row of the largest micro-batch is counted with the most examples a row holds, their frames
+    in its vision pass: an upper bound on a micro-batch's vision inputs (a row of any data holds
+    at most `train_length` tokens, and shorter text only packs more overviews into it)."""
+    from paravt_jax.data.sft_examples import blank_overview
+    from paravt_jax.sft.trainer import example_frames
+    from paravt_jax.text import chat
+    from paravt_jax.text.inputs import encode
+    from paravt_jax.train.batch import plan_micro_batches
+
+    a = assumptions
+    meta = VideoMetadata(a.video_name, a.source_fps, max(1, round(a.video_seconds * a.source_fps)), *a.source_frame)
+    spec = example_frames(0, sft)
+    if sft.frame_sampling == "count" and sft.nframes_choices:
+        spec = dataclasses.replace(spec, nframes=max(sft.nframes_choices))
+    clip = blank_overview(meta, spec)
+    messages = [chat.Message("user", (*spec.overview(clip), chat.Text(""))), chat.Message.of("assistant", "")]
+    inputs = encode(chat.render(messages), tokenizer)
+    example = inputs.length + a.question_tokens
+    grid = inputs.video_grid_thw if spec.visual == "video" else inputs.image_grid_thw
+    frames = int(sum(t for t, _, _ in grid))  # vision frames: images, or a video item's temporal groups
+    size = tuple(int(x) for x in clip.frames.shape[1:3])
+    frame_tokens = (size[0] // PATCH) * (size[1] // PATCH) // vision.spatial_merge_size**2
+    width = sft.train_width if sft.train_width >= example else bucket(example, PACK_MIN_LENGTH, PACK_MULTIPLE)
+    try:
+        micro = plan_micro_batches([example] * sft.batch_size, width, sft.micro_batches,
+                                   sft.max_tokens_per_micro_batch, batch_devices, full_rows=sft.train_width > 0)
+    except ValueError as e:
+        raise PlanError(f"sft.micro_batches={sft.micro_batches} / sft.max_tokens_per_micro_batch="
+                        f"{sft.max_tokens_per_micro_batch}: {e}") from None
+    per_row = max(1, micro.width // example) if micro.packed else 1
+    return SFTWorkload(
+        examples=sft.batch_size, frames_per_example=len(clip.frames), visual=spec.visual, frame_size=size,
+        frame_tokens=frame_tokens, example_tokens=example, examples_per_row=per_row,
+        micro_batches=len(micro.rows), micro_batch_rows=max(micro.rows), packed=micro.packed,
+        max_tokens_per_micro_batch=sft.max_tokens_per_micro_batch, train_length=micro.width,
+        row_frames=per_row * frames, patches_per_row=per_row * _patches(inputs))
+
+
 # ----------------------------------------------------------------------------- sampler calls
 @dataclasses.dataclass(frozen=True)
 class SamplerLayout:
