@@ -248,6 +248,32 @@ def test_sft_with_fixed_shapes_compiles_one_step_program(dataset, tmp_path):
     assert [h["compiles"] for h in result.history[1:]] == [0] * 7, [h["compiles"] for h in result.history]
 
 
+def test_sft_trains_dense_tool_rows_as_direct_answers_when_asked(dataset, tmp_path, monkeypatch):
+    """sft.direct_from_nframes: the rows drawn at K >= 3 that call the tool are read in their
+    direct form, the others as they are."""
+    from paravt_jax.data.sft_examples import direct_answer
+    from paravt_jax.sft import trainer
+
+    root, ds, tok = dataset
+    rows, _ = load_sft_rows(ds.sft, root)
+    seen = {}
+
+    def recording(messages, tokenizer, video_root, frames):
+        index = next(i for i, r in enumerate(rows) if r is messages or r[:2] == messages[:2])
+        seen[index] = (frames.nframes, messages)
+        return real(messages, tokenizer, video_root, frames)
+
+    real = trainer.sft_inputs
+    monkeypatch.setattr(trainer, "sft_inputs", recording)
+    config = SFTConfig(steps=2, batch_size=8, nframes=2, nframes_choices=(1, 3), max_pixels=64 * 96, seed=3,
+                       direct_from_nframes=3, optimizer=OptimizerConfig(learning_rate=1e-3, weight_decay=0.0))
+    train_sft(init_model(preset("tiny"), seed=1), tok, rows, root, str(tmp_path), config)
+    dense = [i for i, (k, _) in seen.items() if k == 3 and direct_answer(rows[i]) is not None]
+    assert dense and any(k == 1 for k, _ in seen.values())
+    for i, (_, messages) in seen.items():
+        assert messages == (direct_answer(rows[i]) if i in dense else rows[i])
+
+
 # by default only the token-budget variant runs end to end (the other RL-step tests here and the
 # multi-host tests cover the rest); sequence anchors and gating off are unit-tested
 # (test_advantages, test_gating)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import numpy as np
 
@@ -83,6 +84,33 @@ def _content(item: dict, video_root: str, frames: FrameSpec) -> list:
         frame = np.asarray(Image.open(resolve_path(item["image_url"]["url"], video_root)).convert("RGB"))
         return [chat.Image(resize_frames(frame[None], **pixels)[0])]
     raise SchemaError(f"unsupported content item type {kind!r}")
+
+
+DIRECT_THINK = "<think>\nI answer from the overview frames.\n</think>\n"
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
+
+
+def _text_of(message: dict) -> str:
+    content = message.get("content", "")
+    if isinstance(content, str):
+        return content
+    return "".join(str(item.get("text", "")) for item in content if item.get("type") == "text")
+
+
+def direct_answer(messages: list[dict]) -> list[dict] | None:
+    """A tool-calling trajectory answered without the tool: its messages before the first
+    assistant turn (system, the user's overview and question), then one assistant turn that
+    gives the trajectory's final answer straight away. None when the first assistant turn
+    calls no tool or the last one has no `<answer>`."""
+    turns = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
+    if len(turns) < 2 or "<tool_call>" not in _text_of(messages[turns[0]]):
+        return None
+    first = turns[0]
+    found = _ANSWER.search(_text_of(messages[turns[-1]]))
+    if found is None:
+        return None
+    reply = DIRECT_THINK + f"<answer>{found.group(1).strip()}</answer>"
+    return [*messages[:first], {"role": "assistant", "content": [{"type": "text", "text": reply}]}]
 
 
 def sft_inputs(messages: list[dict], tokenizer: Tokenizer, video_root: str,

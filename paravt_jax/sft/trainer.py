@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 
 import jax
 import jax.numpy as jnp
@@ -13,9 +14,9 @@ from absl import logging
 
 from paravt_jax import distributed as dist
 from paravt_jax import sharding as sh
-from paravt_jax.config import checked, integer, integers, one_of, positive, refuse, set_by, validate
+from paravt_jax.config import checked, integer, integers, one_of, positive, refuse, set_by, share, validate
 from paravt_jax.data import gating
-from paravt_jax.data.sft_examples import FrameSpec, sft_inputs
+from paravt_jax.data.sft_examples import FrameSpec, direct_answer, sft_inputs
 from paravt_jax.text.chat import VISUALS
 from paravt_jax.train.batch import micro_batch_plan, pack, planned_micro_batches
 from paravt_jax.train.loop import LoopConfig, UnreadableDataError, data_indices, run_loop
@@ -81,6 +82,12 @@ class SFTConfig:
     # `kind` is one of `first_kinds` only, the rest from every row
     first_steps: int = checked(0, integer(0))
     first_kinds: tuple[str, ...] = ()
+    # a shortcut prior (the cold start skips the tool on dense overviews, as the paper's does):
+    # a tool-calling row whose overview has at least `direct_from_nframes` frames (count sampling)
+    # answers straight away instead (data/sft_examples.direct_answer) with probability
+    # `direct_share`, drawn per row (stable in the seed); 0 = off
+    direct_from_nframes: int = checked(0, integer(0))
+    direct_share: float = checked(1.0, share())
 
     def __post_init__(self):
         validate(self)
@@ -129,6 +136,15 @@ def example_frames(index: int, config: SFTConfig) -> FrameSpec:
                      config.visual)
 
 
+def answers_directly(index: int, frames: FrameSpec, config: SFTConfig) -> bool:
+    """Whether SFT row `index`, read with `frames`, is trained as a direct answer if it is a
+    tool-calling trajectory (the shortcut prior: `direct_from_nframes`, `direct_share`)."""
+    if not config.direct_from_nframes or frames.nframes < config.direct_from_nframes:
+        return False
+    digest = hashlib.sha256(f"paravt-sft-direct\x1f{config.seed}\x1f{index}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < config.direct_share
+
+
 def fill_batch(readable: list, size: int) -> list:
     """`size` examples: the readable ones, repeated in order where unreadable ones were dropped,
     so the batch keeps its shape (and its micro-batches their size)."""
@@ -150,8 +166,12 @@ def train_sft(model, tokenizer, rows: list, video_root: str, workdir: str, confi
     def example(i: int) -> tuple[object | None, str | None]:
         """(inputs, None), or (None, the reason) for an example whose video cannot be read (or
         that is longer than train_width under filter_overlong)."""
+        frames = example_frames(i, config)
+        messages = rows[i]
+        if answers_directly(i, frames, config):  # rows without a tool call stay as they are
+            messages = direct_answer(messages) or messages
         try:
-            inputs = sft_inputs(rows[i], tokenizer, video_root, example_frames(i, config))
+            inputs = sft_inputs(messages, tokenizer, video_root, frames)
         except (VideoError, ValueError, OSError) as e:
             logging.warning(f"[sft] example {i} skipped: {e}")
             return None, f"example {i}: {e}"
