@@ -222,14 +222,53 @@ def test_xla_activations_agree_with_the_estimate(xla_plan, tokenizer):
 
 
 def test_a_failing_child_compile_returns_its_traceback(tokenizer):
-    """More devices than the process has: the programs compile in a child process with that many
-    fake CPU devices (test_plan_exits_0_and_prints_only_notes_after_the_table runs one that
-    succeeds); a failing child's traceback comes back in the error."""
+    """Each program compiles in a child process (with 16 fake CPU devices here); a failing child's
+    traceback comes back in a PlanError naming the program; a child runs only CHILD_FUNCTIONS."""
+    from paravt_jax.planner import child as C
+    from paravt_jax.planner import programs as G
+
     rl = W.rl_settings(small_config())[0]
     bad = W.workload(rl, preset("tiny").vision, tokenizer)
-    with pytest.raises(P.PlanError, match=r"failed with exit status 1:\n(?s:.*)AttributeError: 'NoneType' object"):
-        P.on_fake_devices(P.compile_programs, (preset("tiny"), None, bad, None, dict(data=1, fsdp=16, tensor=1),
-                                               P.Target("cpu-fake", "gpu"), "full"), 16)
+    target = P.Target("cpu-fake", "gpu")
+    with pytest.raises(P.PlanError, match=r"compiling gradients \[test\] in a child process failed with exit status 1:"
+                                          r"\n(?s:.*)AttributeError: 'NoneType' object"):
+        C.run_in_child(G.program_job, ("trainer", preset("tiny"), None, bad, None, dict(data=1, fsdp=16, tensor=1),
+                                       target, ("gradients",)), G.target_env(target, 16), "gradients [test]")
+    with pytest.raises(ValueError, match="is not one of"):
+        C.run_in_child(P.plan, (), {}, "plan")
+
+
+@pytest.mark.integration  # compiles
+def test_each_program_in_its_own_child_gives_the_numbers_of_one_process(xla_plan, tokenizer):
+    """compile_in=children (the default: each program in a child process of its own, with its peak
+    memory recorded) and compile_in=process (every program in one process: one child with the 8
+    fake devices) give the same plan, but for compile seconds and host memory."""
+    config, children = xla_plan
+    one = P.plan(config, MESH8, 16, "xla", tokenizer=tokenizer, compile_in="process")
+    programs = children.programs
+    # the sampler's programs, then the trainer's: scanned (memory) and unrolled (costs), 2 layers
+    trainer = [p.name for p in programs.trainer]
+    assert [run.label for run in programs.children] == (
+        [f"{p.name} [sampler, 2 layers]" for p in programs.sampler]
+        + [f"{name} [2 scanned layers]" for name in trainer] + [f"{name} [2 unrolled layers]" for name in trainer])
+    assert all(run.peak_bytes > 0 and run.seconds > 0 for run in programs.children)
+    assert len(one.programs.children) == 1 and children.host_peak_bytes > 0
+    note = next(n for n in children.notes if n.startswith("host memory:"))
+    assert f"{len(programs.children)} child processes compiled the programs, one each" in note
+    assert plan_numbers(children.to_json()) == plan_numbers(one.to_json())
+
+
+def plan_numbers(saved: dict) -> dict:
+    """A plan's JSON without what depends on the host (compile seconds, child processes, host
+    memory): what children and one process must agree on."""
+    out = json.loads(json.dumps(saved))
+    del out["host_peak_bytes"], out["programs"]["children"], out["programs"]["compile_seconds"]
+    for program in out["programs"]["trainer"] + out["programs"]["sampler"]:
+        del program["seconds"]
+    for phase in ("trainer", "sampler", "rollout"):
+        del out[phase]["compile_seconds"]
+    out["notes"] = [n for n in out["notes"] if not n.startswith(("programs: compiled", "host memory:"))]
+    return out
 
 
 def test_cpu_fake_compiles_run_under_the_memory_scheduler(monkeypatch):
@@ -340,7 +379,8 @@ def test_plan_exits_0_and_prints_only_notes_after_the_table(builtin_root, tmp_pa
     assert all(line.startswith(("  ", "TIME PLAN")) for line in after[1:first_note]), after[:first_note]
     tail = after[first_note:]
     assert tail and all(line.startswith("note: ") for line in tail), tail
-    assert any("2 fake CPU devices (child process)" in line for line in tail)
+    assert any("2 fake CPU devices" in line and "each program in a child process of its own" in line for line in tail)
+    assert any(line.startswith("note: host memory: ") for line in tail)
     assert any("assumed question 40 tokens" in line for line in tail)
 
 

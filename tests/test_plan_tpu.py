@@ -59,14 +59,20 @@ def test_collective_bytes_reads_the_hlo_ops():
     assert collective_bytes(hlo) == pytest.approx(expected)
 
 
-def test_tiny_plan_compiled_by_the_tpu_compiler(tokenizer, tmp_path):
+@pytest.fixture(scope="module")
+def tiny_tpu_plans(tokenizer):
+    """The tiny recipe's plan for v5p-16 by the TPU compiler: {compile_in: plan} with each program
+    in a child process of its own (the default) and with all of them in this process."""
+    target = G.resolve_target("tpu", meshes.get_mesh("v5p-16"))
+    return {where: P.plan(tpu_config(), meshes.mesh_shape("v5p-16"), 95, "xla", tokenizer=tokenizer, target=target,
+                          depth="extrapolate", chip="v5p", compile_in=where) for where in ("children", "process")}
+
+
+def test_tiny_plan_compiled_by_the_tpu_compiler(tiny_tpu_plans):
     """CI's TPU check: the tiny recipe's programs compile for v5p:2x2x2 (8 chips, v5p-16), the
     training attention is the splash kernel, every phase names the TPU compiler, and the time
     plan is built from the TPU compiler's cost analysis."""
-    config = tpu_config()
-    target = G.resolve_target("tpu", meshes.get_mesh("v5p-16"))
-    result = P.plan(config, meshes.mesh_shape("v5p-16"), 95, "xla", tokenizer=tokenizer, target=target,
-                    depth="extrapolate", chip="v5p")
+    result = tiny_tpu_plans["children"]
     assert result.target == "tpu" and result.activations == "xla"
     for phase in result.phases:
         assert phase.compiler == "tpu" and phase.compile_seconds > 0 and phase.fits
@@ -98,6 +104,19 @@ def test_tiny_plan_compiled_by_the_tpu_compiler(tokenizer, tmp_path):
     json.dumps(saved)  # plain JSON
     text = P.format_plan(result)
     assert "PROGRAMS: compiled by tpu" in text and "TIME PLAN" in text and "bounded by:" in text
+
+
+def test_children_and_one_process_give_the_same_tpu_plan(tiny_tpu_plans):
+    """Each program compiled by the TPU compiler in a child process of its own (libtpu's topology
+    made in each child) gives the numbers of the same programs compiled in this process."""
+    from test_plan import plan_numbers
+
+    children, here = tiny_tpu_plans["children"], tiny_tpu_plans["process"]
+    assert here.programs.children == () and len(children.programs.children) > len(children.programs.sampler)
+    assert all(run.peak_bytes > 0 for run in children.programs.children)
+    assert any(n.startswith("host memory: ") and "child processes" in n for n in children.notes)
+    assert any(n.startswith("host memory: this process peaked at") for n in here.notes)
+    assert plan_numbers(children.to_json()) == plan_numbers(here.to_json())
 
 
 def test_requested_kernel_off_its_platform_is_an_error(tokenizer):

@@ -19,7 +19,7 @@ STAGES = ("all", "rl", "sft")
 def main(argv: list[str]) -> planner.MemoryPlan | sft_plan.SFTPlan:
     """`paravt-jax plan --config=FILE[:ARG] [--config.x=y] [--mesh=...] [--devices=N]
     [--device_memory_gb=G] [--activations=auto|xla|estimate] [--target=auto|cpu-fake|tpu|local]
-    [--depth=auto|extrapolate|full] [--chip=NAME] [--stage=all|rl|sft] [--json=PATH]
+    [--depth=auto|extrapolate|full] [--chip=NAME] [--stage=all|rl|sft] [--compile_in=children|process] [--json=PATH]
     [--question_tokens=N] [--video_seconds=S]`. Returns the RL plan, or the SFT plan under
     --stage=sft (--json holds both under --stage=all: the SFT plan as its `sft`)."""
     argv = list(argv)
@@ -44,6 +44,11 @@ def main(argv: list[str]) -> planner.MemoryPlan | sft_plan.SFTPlan:
                         "default: the mesh preset's", flag_values=values)
     flags.DEFINE_enum("stage", "all", list(STAGES), "what to plan: the RL step (rl), the cold-start SFT step "
                       "(sft; no sampler programs), or both (all; SFT when the config has SFT steps)",
+                      flag_values=values)
+    flags.DEFINE_enum("compile_in", "children", list(programs.COMPILE_IN), "children: each program compiles in a "
+                      "child process of its own, which returns its numbers and its memory (the host's memory stays "
+                      "one program's); process: all in one process (this one, or one child with the fake CPU "
+                      "devices this one lacks); target local always compiles in this process",
                       flag_values=values)
     flags.DEFINE_integer("question_tokens", workload.Assumptions.question_tokens, "assumed tokens of one question",
                          flag_values=values)
@@ -82,11 +87,11 @@ def main(argv: list[str]) -> planner.MemoryPlan | sft_plan.SFTPlan:
         result = sft = None
         if values.stage in ("all", "rl"):
             result = planner.plan(values.config, sizes, memory, values.activations, assumptions, target=target,
-                                  depth=values.depth, chip=chip)
+                                  depth=values.depth, chip=chip, compile_in=values.compile_in)
             print(planner.format_plan(result), flush=True)
         if values.stage == "sft" or (values.stage == "all" and sft_plan.sft_settings(values.config)):
             sft = sft_plan.plan_sft(values.config, sizes, memory, values.activations, assumptions, target=target,
-                                    depth=values.depth)
+                                    depth=values.depth, compile_in=values.compile_in)
             print(("\n" if result else "") + sft_plan.format_sft_plan(sft), flush=True)
             print("\n".join(["", *(f"note: {n}" for n in sft.notes)]), flush=True)
     except workload.PlanError as e:

@@ -20,6 +20,7 @@ collectives move, for the time plan (planner/time_plan.py).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 import time
@@ -168,6 +169,9 @@ def compile_for(name: str, fn, args, kwargs, own_inputs, group: int, devices, ke
     platform = devices[0].platform
     options = {"xla_backend_optimization_level": 0} if platform == "cpu" else {}
     resolved: list = []
+    # a trace cached from an earlier program of the same shapes (two vision towers of the same
+    # frames) would record no attention calls: trace afresh
+    fn.clear_cache()
     start = time.perf_counter()
     with compile_platform(platform, resolved), kernel_mesh(mesh):
         lowered = fn.lower(*args, **kwargs)
@@ -228,13 +232,27 @@ class SamplerPrograms:
                 sharding=sh.named_sharding(mesh, sh.param_axes(v), v.get_value().shape))),
             state, is_leaf=lambda x: isinstance(x, nnx.Variable))
         q_proj = next(v for path, v in nnx.to_flat_state(self.params) if path[-1] == "q_proj").get_value()
-        fuse = q_proj.sharding.shard_shape(q_proj.shape)[2] == q_proj.shape[2]
-        # the weight refresh: Sampler.weights' per-layer copies, made after every optimizer step
-        self.refresh, compiled = self._compile_with("weight refresh", P.decode_weights_program,
-                                                    (self.graphdef, self.params, fuse), {}, (), 0)
-        shapes = jax.eval_shape(lambda p: P.decode_weights_program(self.graphdef, p, fuse), self.params)
-        self.weights = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                                    shapes, compiled.output_shardings)
+        self.fuse = q_proj.sharding.shard_shape(q_proj.shape)[2] == q_proj.shape[2]
+
+    # the weight refresh: Sampler.weights' per-layer copies, made after every optimizer step.
+    # Compiled when first needed (a prefill, a decode or the refresh's own numbers): the copies'
+    # shardings are the compiled program's output shardings; a vision tower needs neither.
+    @functools.cached_property
+    def _refresh(self) -> tuple[ProgramMemory, object]:
+        stats, compiled = self._compile_with("weight refresh", P.decode_weights_program,
+                                             (self.graphdef, self.params, self.fuse), {}, (), 0)
+        shapes = jax.eval_shape(lambda p: P.decode_weights_program(self.graphdef, p, self.fuse), self.params)
+        weights = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                               shapes, compiled.output_shardings)
+        return stats, weights
+
+    @property
+    def refresh(self) -> ProgramMemory:
+        return self._refresh[0]
+
+    @property
+    def weights(self):
+        return self._refresh[1]
 
     # -- abstract inputs ---------------------------------------------------------------------
     def _host(self, shape, dtype):
@@ -267,16 +285,24 @@ class SamplerPrograms:
         return self._compile(name, P.vision, (self.graphdef, self.params, pixels, meta), {}, (pixels, meta),
                              sum(images.values()))
 
-    # -- programs ----------------------------------------------------------------------------
-    def prefill(self, call: PrefillCall) -> ProgramMemory:
-        """One row group of `call` through the real jitted prefill."""
-        prompts = call.prompts or call.rows
-        cache, shardings = self.cache(call.rows, call.capacity)
+    def _row_group(self, call: PrefillCall, shardings) -> tuple[int, int]:
+        """(row shards of the call's cache, rows per prefill call) as the sampler splits `call`."""
         t = self.config.text
         spec = CacheSpec(t.num_hidden_layers, call.rows, call.capacity, t.num_key_value_heads, t.head_dim,
                          self.cache_dtype.name)
+        prompts = call.prompts or call.rows
         shards = row_shards(shardings, spec, prompts)
-        group = prefill_group(call.rows, call.rows // prompts, call.width, shards, self.backend.prefill_tokens)
+        return shards, prefill_group(call.rows, call.rows // prompts, call.width, shards, self.backend.prefill_tokens)
+
+    def prefill_rows(self, call: PrefillCall) -> int:
+        """Rows of one prefill call of `call` (its ProgramMemory.group_rows), without compiling."""
+        return self._row_group(call, self.cache(call.rows, call.capacity)[1])[1]
+
+    # -- programs ----------------------------------------------------------------------------
+    def prefill(self, call: PrefillCall) -> ProgramMemory:
+        """One row group of `call` through the real jitted prefill."""
+        cache, shardings = self.cache(call.rows, call.capacity)
+        shards, group = self._row_group(call, shardings)
         prefix = self.cache(call.prompts, call.prefix_slots)[0] if call.prompts else None
         scalar = self._host((), jnp.int32)
         chunk = (self._host((group, call.width), jnp.int32), self._host((3, group, call.width), jnp.int32),

@@ -24,8 +24,8 @@ question length and the source video are stated assumptions (`Assumptions`). The
 micro-batches are train/batch.py's own plan (`plan_micro_batches`) of those episodes.
 Activations of the largest micro-batch come either from XLA (`--activations=xla`: the real
 `TrainStep` gradient function lowered on abstract sharded inputs and compiled;
-`memory_analysis().temp_size_in_bytes`; on a CPU machine with fewer devices than the mesh, in
-a child process with fake CPU devices) or from a per-layer estimate from the shapes
+`memory_analysis().temp_size_in_bytes`; each program in a child process of its own, with fake
+CPU devices for cpu-fake: planner/child.py) or from a per-layer estimate from the shapes
 (`--activations=estimate`, labelled as such; see `activation_estimate`).
 
 Three phases are checked against the device memory:
@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from collections.abc import Mapping
 
 import jax
@@ -67,13 +66,12 @@ from paravt_jax.planner.arrays import (
     train_batch_spec,
     tree_bytes,
 )
+from paravt_jax.planner.child import peak_rss_bytes
 from paravt_jax.planner.programs import (
     ProgramSet,
     Target,
     TargetError,
-    child_xla_flags,
     compile_programs,
-    compile_sft_programs,  # noqa: F401  (run by name in the child process: _xla_child)
 )
 from paravt_jax.planner.time_plan import SideBytes, TimePlan, format_time_plan, split_plan, time_plan
 from paravt_jax.planner.workload import (
@@ -161,6 +159,7 @@ class MemoryPlan:
     notes: tuple[str, ...] = ()
     programs: ProgramSet | None = None
     time_plan: TimePlan | None = None
+    host_peak_bytes: int = 0  # this process' peak resident memory when the plan was made
 
     @property
     def phases(self) -> tuple[Phase, ...]:
@@ -180,58 +179,17 @@ class MemoryPlan:
         return out
 
 
-# ----------------------------------------------------------------------------- XLA on fake devices
-CHILD_TIMEOUT_S = 3600
-CHILD_FUNCTIONS = ("compile_programs", "compile_sft_programs")  # what on_fake_devices may run
-
-
-def on_fake_devices(function, args: tuple, devices: int):
-    """`function(*args)` in a child Python process with `devices` fake CPU devices and
-    CPU_FAKE_XLA_FLAGS (XLA fixes both when a process starts). `function` is one of this module's XLA
-    measurements (CHILD_FUNCTIONS); the arguments (the very config objects, overrides applied)
-    go over a pipe as a pickle and the result comes back through a temporary file."""
-    import pickle
-    import subprocess
-    import sys
-    import tempfile
-
-    if function.__name__ not in CHILD_FUNCTIONS:
-        raise ValueError(f"on_fake_devices: {function.__name__} is not one of {CHILD_FUNCTIONS}")
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = child_xla_flags(env.get("XLA_FLAGS", ""), devices)
-    env["JAX_PLATFORMS"] = "cpu"
-    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
-    with tempfile.TemporaryDirectory() as tmp:
-        answer = os.path.join(tmp, "result.pickle")
-        try:
-            done = subprocess.run([sys.executable, "-m", "paravt_jax.planner.plan", "--xla-child", answer],
-                                  input=pickle.dumps((function.__name__, args)), capture_output=True, env=env,
-                                  timeout=CHILD_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            raise PlanError(f"--activations=xla: the compile on {devices} fake CPU devices ran past "
-                            f"{CHILD_TIMEOUT_S} s; use --activations=estimate") from None
-        if done.returncode != 0 or not os.path.exists(answer):
-            tail = done.stderr.decode(errors="replace").strip().splitlines()[-15:]
-            raise PlanError(f"--activations=xla: the compile on {devices} fake CPU devices (a child process with "
-                            f"XLA_FLAGS=--xla_force_host_platform_device_count={devices}) failed with exit status "
-                            f"{done.returncode}:\n" + "\n".join(tail))
-        with open(answer, "rb") as f:
-            return pickle.load(f)
-
-
-def _xla_child(answer: str) -> None:
-    """The child side of `on_fake_devices`: (function name, args) pickled on stdin, the result
-    pickled to `answer`."""
-    import pickle
-    import sys
-
-    name, args = pickle.loads(sys.stdin.buffer.read())
-    if name not in CHILD_FUNCTIONS:
-        raise SystemExit(f"child process: {name!r} is not one of {CHILD_FUNCTIONS}")
-    result = globals()[name](*args)
-    with open(answer, "wb") as f:
-        pickle.dump(result, f)
+# ----------------------------------------------------------------------------- host memory
+def host_note(programs: ProgramSet | None, own_peak: int) -> str:
+    """Where the programs compiled and the peak resident memory of this process and its children."""
+    here = f"this process peaked at {own_peak / GIB:.2f} GiB resident"
+    if programs is None or not programs.children:
+        return "host memory: " + here + (" (the programs compiled in it)" if programs else "")
+    largest = max(programs.children, key=lambda run: run.peak_bytes)
+    count = len(programs.children)
+    return (f"host memory: {count} child process{'es' if count > 1 else ''} compiled the programs"
+            + (", one each" if count > 1 else "") + f"; the largest peaked at {largest.peak_bytes / GIB:.2f} GiB "
+            f"resident ({largest.label}), {sum(r.seconds for r in programs.children):.1f} s in all; " + here)
 
 
 # ----------------------------------------------------------------------------- sampler phase
@@ -284,7 +242,8 @@ def sampler_components(config: Qwen3VLConfig, rl, work: Workload, mesh_sizes: Ma
 # ----------------------------------------------------------------------------- the plan
 def plan(config, mesh_sizes: Mapping[str, int], device_memory_gb: float,
          activations: str = "estimate", assumptions: Assumptions | None = None, tokenizer=None,
-         target: Target | None = None, depth: str = "auto", chip: str = "") -> MemoryPlan:
+         target: Target | None = None, depth: str = "auto", chip: str = "",
+         compile_in: str = "children") -> MemoryPlan:
     """Per-device memory of the trainer, the sampler and the co-located rollout phase.
 
     config: an ml_collections config as `paravt-jax train` takes (model, rl sections);
@@ -295,7 +254,8 @@ def plan(config, mesh_sizes: Mapping[str, int], device_memory_gb: float,
     tokenizer: counts the prompt text (default: the run's, `plan_tokenizer`); target: where the
     programs compile (programs.py; default XLA:CPU on fake CPU devices planning gpu kernels);
     depth: full or extrapolated programs (programs.py); chip: the accelerator whose peaks the
-    time plan uses (time_plan.CHIPS; "" = no time plan).
+    time plan uses (time_plan.CHIPS; "" = no time plan); compile_in: each program in a child
+    process of its own ("children") or all in one process ("process"; programs.py COMPILE_IN).
     """
     if activations not in ACTIVATION_MODES:
         raise PlanError(f"--activations={activations!r}: expected one of {', '.join(ACTIVATION_MODES)}")
@@ -356,7 +316,8 @@ def plan(config, mesh_sizes: Mapping[str, int], device_memory_gb: float,
     if mode == "xla":
         target = target or Target("cpu-fake", "gpu")
         try:
-            programs = compile_programs(model, rl, work, sampler_layout(rl, work), sizes, target, depth)
+            programs = compile_programs(model, rl, work, sampler_layout(rl, work), sizes, target, depth,
+                                        compile_in=compile_in)
         except TargetError as e:
             raise PlanError(str(e)) from None
         except ValueError as e:  # a kernel the target platform has not (attention.resolve)
@@ -364,12 +325,13 @@ def plan(config, mesh_sizes: Mapping[str, int], device_memory_gb: float,
                 raise PlanError(str(e)) from None
             raise
         need = math.prod(sizes.values())
-        where = (f" on {need} fake CPU devices (child process)" if target.name == "cpu-fake" and (
-            need > jax.device_count() or jax.devices()[0].platform != "cpu") else "")
+        where = f" on {need} fake CPU devices" if target.name == "cpu-fake" else ""
+        process = ("each program in a child process of its own" if len(programs.children) > 1 else
+                   "in one child process" if programs.children else "in this process")
         notes.append(f"programs: compiled by {programs.compiler}{where} ({target.name}"
                      + (f", topology {target.topology}" + (f" x {target.slices} slices" if target.slices > 1 else "")
                         if target.topology else "")
-                     + f"), {programs.depth}; {programs.compile_seconds:.1f} s to compile")
+                     + f"), {programs.depth}; {programs.compile_seconds:.1f} s to compile, {process}")
         busiest = max(programs.trainer, key=lambda p: p.temp_bytes)
         temp = busiest.temp_bytes
         act_row = Component(f"activations ({programs.compiler} temp of {busiest.name}, largest micro-batch)", temp,
@@ -421,11 +383,15 @@ def plan(config, mesh_sizes: Mapping[str, int], device_memory_gb: float,
             rollout_bytes = SideBytes(sampler.total_bytes - working, working)
             timing = dataclasses.replace(timing, split=split_plan(timing, devices, trainer_bytes, rollout_bytes,
                                                                   p.total, memory, given))
+    own_peak = peak_rss_bytes()
+    if programs is not None:
+        notes.append(host_note(programs, own_peak))
     return MemoryPlan(
         preset=name, parameters=count, param_dtype=model.param_dtype, compute_dtype=model.dtype,
         remat=model.remat, mesh=sizes, devices=math.prod(sizes.values()), device_memory_gb=float(device_memory_gb),
         activations=mode, target=target.name if programs else "", workload=work, rows_per_device=per_device_rows,
-        trainer=trainer, sampler=sampler, rollout=rollout, notes=tuple(notes), programs=programs, time_plan=timing)
+        trainer=trainer, sampler=sampler, rollout=rollout, notes=tuple(notes), programs=programs, time_plan=timing,
+        host_peak_bytes=own_peak)
 
 
 # ----------------------------------------------------------------------------- output
@@ -506,12 +472,3 @@ def local_device_memory() -> float | None:
     if stats and stats.get("bytes_limit"):
         return stats["bytes_limit"] / GIB
     return None
-
-
-if __name__ == "__main__":  # the child process of `on_fake_devices`
-    import sys
-
-    if sys.argv[1:2] != ["--xla-child"]:
-        raise SystemExit("paravt_jax.planner.plan runs as `--xla-child ANSWER` only; the command is "
-                         "`paravt-jax plan`")
-    _xla_child(sys.argv[2])

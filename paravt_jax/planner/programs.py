@@ -9,13 +9,18 @@ each one's `memory_analysis()` and `cost_analysis()` (planner/memory.py `Program
            loops, the vision tower of each prefill's frames, the weight refresh (Sampler.weights).
 
 Targets:
-  cpu-fake  XLA:CPU on fake CPU devices (a child process with
-            --xla_force_host_platform_device_count when this process has too few);
+  cpu-fake  XLA:CPU on fake CPU devices (--xla_force_host_platform_device_count, fixed when a
+            process starts: `target_env`);
   tpu       the TPU compiler (libtpu, `pip install 'paravt_jax[tpu]'`) for the mesh preset's TPU
             topology (`v5p-16` -> `v5p:2x2x2`, multi-slice presets with their slice count), all
-            hosts' devices from this one CPU process: nothing runs, no TPU is needed;
+            hosts' devices from one CPU process: nothing runs, no TPU is needed;
   local     the devices this process has (an accelerator host planning its own mesh);
   auto      tpu for a TPU preset when libtpu is importable, else cpu-fake.
+
+Processes (COMPILE_IN): each program compiles in a child process of its own (`Jobs`,
+planner/child.py), which returns its ProgramMemory and its peak memory, so the host's memory is
+one program's, not the sum of a plan's; `process` compiles them all in one process (this one,
+or one child with the fake CPU devices this one lacks). Target local compiles in this process.
 
 Depth: the sampler unrolls the decoder's layers in every run (TextDecoder.forward_cached), so
 its programs are always compiled whole: their memory and their cost analysis (every layer
@@ -44,19 +49,25 @@ import dataclasses
 import importlib.util
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import jax
 import jax.numpy as jnp
+from absl import logging
 from flax import nnx
 
 from paravt_jax import sharding as sh
 from paravt_jax.models.qwen3_vl.config import Qwen3VLConfig
 from paravt_jax.models.qwen3_vl.hf_io import abstract_model
+from paravt_jax.planner.child import ChildRun, run_in_child
 from paravt_jax.planner.memory import PrefillCall, ProgramMemory, SamplerPrograms, compile_for
 
 TARGETS = ("auto", "cpu-fake", "tpu", "local")
 DEPTHS = ("auto", "extrapolate", "full")
+# where the programs compile: each in a child process of its own (children), or all in one
+# process (process: this one, or one child with fake CPU devices when this one has too few)
+COMPILE_IN = ("children", "process")
+TRAINER_PROGRAMS = ("gradients", "log-probs", "optimizer update")
 # `depth=auto` extrapolates unscanned models deeper than this (full compiles stay affordable below it)
 AUTO_FULL_MAX_LAYERS = 8
 # Chips per side of a TPU torus: v4 / v5p slices are 3-D (gcloud's topologies), v5e / v6e 2-D.
@@ -173,6 +184,22 @@ def target_devices(target: Target, devices: int) -> list | None:
     return None
 
 
+def target_env(target: Target, devices: int) -> dict[str, str]:
+    """The environment of a child process compiling for `target`: this process' own, with
+    fake CPU devices and CPU_FAKE_XLA_FLAGS for cpu-fake (XLA fixes both when a process starts);
+    for tpu the child makes the topology's devices as `tpu_devices` does here."""
+    env = dict(os.environ)
+    if target.name == "cpu-fake":
+        env["XLA_FLAGS"] = child_xla_flags(env.get("XLA_FLAGS", ""), devices)
+        env["JAX_PLATFORMS"] = "cpu"
+    elif target.name == "tpu":
+        env.setdefault("TPU_SKIP_MDS_QUERY", "1")
+        env.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    else:
+        raise TargetError(f"--target={target.name} compiles in this process (its own devices), not in a child")
+    return env
+
+
 # ----------------------------------------------------------------------------- programs
 @dataclasses.dataclass(frozen=True)
 class ProgramSet:
@@ -182,6 +209,7 @@ class ProgramSet:
     compiler: str
     depth: str  # "full (36 layers)" | "extrapolated from 3 and 6 unrolled layers to 36"
     compile_seconds: float
+    children: tuple[ChildRun, ...] = ()  # the child processes that compiled them (none: this process)
 
     def get(self, name: str) -> ProgramMemory:
         return next(p for p in self.trainer + self.sampler if p.name == name)
@@ -233,9 +261,19 @@ def _abstract_params(tree, mesh):
         tree, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
-def trainer_programs(config: Qwen3VLConfig, rl, work, mesh) -> list[ProgramMemory]:
+def _pick(jobs: dict, only, what: str) -> list:
+    """The jobs named in `only` (None: all), in that order."""
+    names = list(jobs) if only is None else list(only)
+    unknown = [n for n in names if n not in jobs]
+    if unknown:
+        raise ValueError(f"no {what} program named {unknown}; known: {list(jobs)}")
+    return [jobs[n] for n in names]
+
+
+def trainer_programs(config: Qwen3VLConfig, rl, work, mesh, only=None) -> list[ProgramMemory]:
     """TrainStep's gradient, log-prob and update programs (the very jitted functions a run calls)
-    on abstract sharded inputs of the largest micro-batch."""
+    on abstract sharded inputs of the largest micro-batch; only: the names of those to compile
+    (TRAINER_PROGRAMS; None: all)."""
     from paravt_jax.planner.arrays import train_batch_spec
     from paravt_jax.rl.objective import policy_head, policy_loss
     from paravt_jax.train.step import TrainState, TrainStep
@@ -245,24 +283,29 @@ def trainer_programs(config: Qwen3VLConfig, rl, work, mesh) -> list[ProgramMemor
     params = _abstract_params(step.params, mesh)
     batch = train_batch_spec(config, work, mesh)
     rows = work.micro_batch_rows
+
     # TrainStep keeps its jitted functions private; lowering those very functions is the point
     # (same loss, chunked log-probs, remat and scan as a run).
-    grads = compile_for("gradients", step._grads, (params, batch), {}, batch, rows, devices)
-    logprobs = compile_for("log-probs", step._logprobs, (params, batch), dict(temperature=rl.step.temperature),
-                           batch, rows, devices)
-    opt = jax.eval_shape(step.tx.init, params)
-    opt = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), opt,
-                       sh.optimizer_shardings(opt, params, mesh))
-    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated)
-    state = TrainState(scalar, params, opt, scalar)
-    count = jax.ShapeDtypeStruct((), jnp.float32, sharding=scalar.sharding)
-    # the summed gradients have the parameters' tree, shapes and shardings
-    update = compile_for("optimizer update", step._apply, (state, params, count), {}, (), 0, devices)
-    return [grads, logprobs, update]
+    def update():
+        opt = jax.eval_shape(step.tx.init, params)
+        opt = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), opt,
+                           sh.optimizer_shardings(opt, params, mesh))
+        replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+        scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated)
+        state = TrainState(scalar, params, opt, scalar)
+        count = jax.ShapeDtypeStruct((), jnp.float32, sharding=scalar.sharding)
+        # the summed gradients have the parameters' tree, shapes and shardings
+        return compile_for("optimizer update", step._apply, (state, params, count), {}, (), 0, devices)
+
+    jobs = {"gradients": lambda: compile_for("gradients", step._grads, (params, batch), {}, batch, rows, devices),
+            "log-probs": lambda: compile_for("log-probs", step._logprobs, (params, batch),
+                                             dict(temperature=rl.step.temperature), batch, rows, devices),
+            "optimizer update": update}
+    assert tuple(jobs) == TRAINER_PROGRAMS
+    return [job() for job in _pick(jobs, only, "trainer")]
 
 
-def sft_programs(config: Qwen3VLConfig, sft, work, mesh) -> list[ProgramMemory]:
+def sft_programs(config: Qwen3VLConfig, sft, work, mesh, only=None) -> list[ProgramMemory]:
     """The cold-start SFT step's gradient program (sft/trainer.py's TrainStep: the masked
     cross-entropy, HEAD) on abstract sharded inputs of its largest micro-batch (planner/workload.py
     `sft_workload`)."""
@@ -270,63 +313,153 @@ def sft_programs(config: Qwen3VLConfig, sft, work, mesh) -> list[ProgramMemory]:
     from paravt_jax.sft.trainer import HEAD, sft_loss
     from paravt_jax.train.step import TrainStep
 
-    step = TrainStep(abstract_model(config), sft.optimizer, sft_loss, HEAD, mesh=mesh)
-    params = _abstract_params(step.params, mesh)
-    batch = train_batch_spec(config, work, mesh, extras=())
-    return [compile_for("SFT gradients", step._grads, (params, batch), {}, batch, work.micro_batch_rows,
-                        list(mesh.devices.flat))]
+    def gradients():
+        step = TrainStep(abstract_model(config), sft.optimizer, sft_loss, HEAD, mesh=mesh)
+        params = _abstract_params(step.params, mesh)
+        batch = train_batch_spec(config, work, mesh, extras=())
+        return compile_for("SFT gradients", step._grads, (params, batch), {}, batch, work.micro_batch_rows,
+                           list(mesh.devices.flat))
+
+    return [job() for job in _pick({"SFT gradients": gradients}, only, "SFT")]
 
 
-def sampler_programs(config: Qwen3VLConfig, rl, work, layout, mesh, platform: str) -> list[ProgramMemory]:
-    """The sampler's programs of one rollout (planner/memory.py SamplerPrograms)."""
+def _sampler_jobs(rl, work, layout) -> list[tuple[str, Callable[[SamplerPrograms], ProgramMemory]]]:
+    """(name, how SamplerPrograms compiles it) of each of the sampler's programs of one rollout,
+    in the plan's order; nothing is compiled here."""
     from paravt_jax.planner.workload import sampler_calls
     from paravt_jax.video.frames import PATCH
 
-    programs = SamplerPrograms(config, rl.sampler, mesh, platform)
     calls, decode = sampler_calls(layout, work, rl)
-    out = [programs.prefill(call) for call in calls] + [programs.decode(**decode)]
+    jobs = [(call.name, lambda programs, call=call: programs.prefill(call)) for call in calls]
+    jobs.append(("decode", lambda programs: programs.decode(**decode)))
     if layout.subagent_rows:
-        out.append(programs.decode(layout.subagent_rows, layout.subagent_suffix_slots, layout.subagent_rows,
-                                   layout.subagent_prefix_slots, rl.rollout.subagent_max_tokens,
-                                   name="sub-agent decode"))
+        jobs.append(("sub-agent decode", lambda programs: programs.decode(
+            layout.subagent_rows, layout.subagent_suffix_slots, layout.subagent_rows, layout.subagent_prefix_slots,
+            rl.rollout.subagent_max_tokens, name="sub-agent decode")))
     # the vision tower runs once per prefill row group, on the group's frames padded to
     # frames_per_row each (Sampler._prefill, pad_frames_to_buckets)
     frames = {"first prompt prefill": (work.frame_size, layout.prompt_frames),
               "tool-response prefill": (work.crop_frame_size, work.calls_per_turn * work.crop_frames),
               "sub-agent prefill": (work.crop_frame_size, layout.subagent_frames)}
-    for call, prefill in zip(calls, out):
+    for call in calls:
         if not call.visual_tokens_per_row:
             continue
         size, per_row = frames[call.name]
         patches = tuple(s // PATCH for s in size)
-        out.append(programs.vision(f"vision tower ({call.name})", {patches: prefill.group_rows * per_row}))
-    out.append(programs.refresh)
-    return out
+        name = f"vision tower ({call.name})"
+        jobs.append((name, lambda programs, call=call, name=name, patches=patches, per_row=per_row: programs.vision(
+            name, {patches: programs.prefill_rows(call) * per_row})))
+    jobs.append(("weight refresh", lambda programs: programs.refresh))
+    return jobs
 
 
-def _trainer_at(config, rl, work, mesh_sizes, devices) -> list:
-    return trainer_programs(config, rl, work, sh.make_mesh(dict(mesh_sizes), devices))
+def sampler_program_names(rl, work, layout) -> tuple[str, ...]:
+    """The names of the sampler's programs of one rollout, in the plan's order."""
+    return tuple(name for name, _ in _sampler_jobs(rl, work, layout))
 
 
-def _sampler_at(config, rl, work, layout, mesh_sizes, devices, platform) -> list:
-    return sampler_programs(config, rl, work, layout, sh.make_mesh(dict(mesh_sizes), devices), platform)
+def sampler_programs(config: Qwen3VLConfig, rl, work, layout, mesh, platform: str, only=None) -> list[ProgramMemory]:
+    """The sampler's programs of one rollout (planner/memory.py SamplerPrograms); only: the names
+    of those to compile (None: all)."""
+    programs = SamplerPrograms(config, rl.sampler, mesh, platform)
+    return [job(programs) for job in _pick(dict(_sampler_jobs(rl, work, layout)), only, "sampler")]
+
+
+def _programs_of(kind: str, config, settings, work, layout, mesh, platform: str, names) -> list[ProgramMemory]:
+    if kind == "trainer":
+        return trainer_programs(config, settings, work, mesh, names)
+    if kind == "sampler":
+        return sampler_programs(config, settings, work, layout, mesh, platform, names)
+    if kind == "sft":
+        return sft_programs(config, settings, work, mesh, names)
+    raise ValueError(f"no programs of kind {kind!r}")
+
+
+def program_job(kind: str, config, settings, work, layout, mesh_sizes: Mapping[str, int], target: Target,
+                names) -> list[ProgramMemory]:
+    """The programs `names` of one kind ("trainer", "sampler", "sft"; settings: the rl or sft
+    section) compiled for `target` by this process, as a child process of `Jobs` runs it."""
+    devices = target_devices(target, math.prod(mesh_sizes.values()))
+    if devices is None:
+        raise TargetError(f"this process cannot host the {target.name} mesh {dict(mesh_sizes)} (XLA_FLAGS: "
+                          f"{os.environ.get('XLA_FLAGS', '')!r})")
+    return _programs_of(kind, config, settings, work, layout, sh.make_mesh(dict(mesh_sizes), devices),
+                        target.platform, names)
+
+
+class Jobs:
+    """Compiles the planner's programs for one target and mesh: in this process on `devices`, or
+    (devices None) each program in a child process of its own (planner/child.py), which returns
+    the program's ProgramMemory and its peak resident memory (`children`). One line is logged per
+    program compiled in a child: its compile seconds, the child's wall seconds and peak memory."""
+
+    def __init__(self, target: Target, mesh_sizes: Mapping[str, int], devices: list | None):
+        self.target, self.mesh_sizes, self.devices = target, dict(mesh_sizes), devices
+        self.children: list[ChildRun] = []
+
+    def __call__(self, kind: str, config, settings, work, layout, names, where: str) -> list[ProgramMemory]:
+        """The programs `names` of `kind` (program_job); where: the depth they are compiled at,
+        for the progress lines and errors ("gradients [36 scanned layers]")."""
+        if self.devices is not None:
+            return _programs_of(kind, config, settings, work, layout, sh.make_mesh(self.mesh_sizes, self.devices),
+                                self.target.platform, names)
+        env = target_env(self.target, math.prod(self.mesh_sizes.values()))
+        out = []
+        for name in names:
+            label = f"{name} [{where}]"
+            (program,), run = run_in_child(program_job, (kind, config, settings, work, layout, self.mesh_sizes,
+                                                         self.target, (name,)), env, label)
+            self.children.append(run)
+            log_child(run, program)
+            out.append(program)
+        return out
+
+
+def log_child(run: ChildRun, program: ProgramMemory | None = None) -> None:
+    """The progress line of one child process."""
+    compiled = (f"compiled by {program.compiler} in {program.seconds:.1f} s, {program.temp_bytes / 2**30:.2f} GiB "
+                "of temporaries per device; " if program else "")
+    logging.info(f"[plan] {run.label}: {compiled}child process {run.seconds:.1f} s, peak "
+                 f"{run.peak_bytes / 2**30:.2f} GiB resident")
+
+
+def _jobs(target: Target, mesh_sizes: Mapping[str, int], compile_in: str) -> Jobs | None:
+    """Jobs for `compile_in`; None: cpu-fake with too few devices (or other XLA flags) in this
+    process under compile_in=process (every program in one child)."""
+    if compile_in not in COMPILE_IN:
+        raise TargetError(f"--compile_in={compile_in!r}: expected one of {', '.join(COMPILE_IN)}")
+    if compile_in == "children" and target.name != "local":  # local: this process' own devices
+        return Jobs(target, mesh_sizes, None)
+    devices = target_devices(target, math.prod(mesh_sizes.values()))
+    return None if devices is None else Jobs(target, mesh_sizes, devices)
+
+
+def _in_one_child(function, args: tuple, target: Target, mesh_sizes: Mapping[str, int]) -> ProgramSet:
+    """compile_programs / compile_sft_programs (compile_in=process) in one child with fake devices."""
+    result, run = run_in_child(function, args, target_env(target, math.prod(mesh_sizes.values())),
+                               "every program (one process)")
+    log_child(run)
+    return dataclasses.replace(result, children=(run,))
+
+
+def _layers(layers: int, scan: bool) -> str:
+    return f"{layers} {'scanned' if scan else 'unrolled'} layers"
 
 
 def compile_programs(config: Qwen3VLConfig, rl, work, layout, mesh_sizes: Mapping[str, int], target: Target,
-                     depth: str = "auto", costs: bool = True) -> ProgramSet:
+                     depth: str = "auto", costs: bool = True, compile_in: str = "children") -> ProgramSet:
     """Every program of one RL step compiled for `target`, at the model's depth (see the module
     docstring for `depth`). The sampler's programs are compiled whole whatever `depth` says: it
     unrolls the decoder's layers in every run (TextDecoder.forward_cached), so the whole program
     is what runs and its cost analysis counts every layer. costs=False: no unrolled trainer
-    programs (the trainer's cost fields 0)."""
-    from paravt_jax.planner.plan import on_fake_devices
-
+    programs (the trainer's cost fields 0). compile_in: each program in a child process of its
+    own ("children"; not for target local), or all in one process ("process"; see `Jobs`)."""
     if depth not in DEPTHS:
         raise TargetError(f"--depth={depth!r}: expected one of {', '.join(DEPTHS)}")
-    devices = target_devices(target, math.prod(mesh_sizes.values()))
-    if devices is None:
-        return on_fake_devices(compile_programs, (config, rl, work, layout, dict(mesh_sizes), target, depth, costs),
-                               math.prod(mesh_sizes.values()))
+    jobs = _jobs(target, mesh_sizes, compile_in)
+    if jobs is None:
+        return _in_one_child(compile_programs, (config, rl, work, layout, dict(mesh_sizes), target, depth, costs,
+                                                "process"), target, mesh_sizes)
     layers = config.text.num_hidden_layers
     low, high = reduced_depths(config)
     if depth == "auto":
@@ -334,12 +467,14 @@ def compile_programs(config: Qwen3VLConfig, rl, work, layout, mesh_sizes: Mappin
         depth = "full" if config.scan_layers or layers <= AUTO_FULL_MAX_LAYERS else "extrapolate"
 
     def trainer_at(layers_, scan) -> list:
-        return _trainer_at(with_depth(config, layers_, scan), rl, work, mesh_sizes, devices)
+        return jobs("trainer", with_depth(config, layers_, scan), rl, work, None, TRAINER_PROGRAMS,
+                    _layers(layers_, scan))
 
     def extrapolated(a: list, b: list) -> list:
         return [extrapolate(x, y, low, high, layers) for x, y in zip(a, b)]
 
-    sampler = _sampler_at(config, rl, work, layout, mesh_sizes, devices, target.platform)
+    sampler = jobs("sampler", config, rl, work, layout, sampler_program_names(rl, work, layout),
+                   f"sampler, {layers} layers")
     if not config.scan_layers:  # unrolled as the run has them: every layer counted
         if depth == "full" or layers <= low:
             trainer, how = trainer_at(layers, False), f"full ({layers} unrolled layers)"
@@ -369,23 +504,22 @@ def compile_programs(config: Qwen3VLConfig, rl, work, layout, mesh_sizes: Mappin
             how += "; trainer costs from " + source
     how += f"; the sampler's programs whole ({layers} layers, unrolled as it runs them)"
     seconds = sum(p.seconds for p in (*trainer, *sampler))
-    return ProgramSet(tuple(trainer), tuple(sampler), target.compiler, how, seconds)
+    return ProgramSet(tuple(trainer), tuple(sampler), target.compiler, how, seconds, tuple(jobs.children))
 
 
 def compile_sft_programs(config: Qwen3VLConfig, sft, work, mesh_sizes: Mapping[str, int], target: Target,
-                         depth: str = "auto") -> ProgramSet:
+                         depth: str = "auto", compile_in: str = "children") -> ProgramSet:
     """The SFT step's gradient program compiled for `target` (ProgramSet.trainer; no sampler),
     its memory at the model's depth as `compile_programs` takes the trainer's: the scanned
     program whole (full, and auto for scanned models), or extrapolated from two reduced depths.
-    No costs (the SFT step has no time plan): the cost fields are 0."""
-    from paravt_jax.planner.plan import on_fake_devices
-
+    No costs (the SFT step has no time plan): the cost fields are 0. compile_in: as
+    `compile_programs`."""
     if depth not in DEPTHS:
         raise TargetError(f"--depth={depth!r}: expected one of {', '.join(DEPTHS)}")
-    devices = target_devices(target, math.prod(mesh_sizes.values()))
-    if devices is None:
-        return on_fake_devices(compile_sft_programs, (config, sft, work, dict(mesh_sizes), target, depth),
-                               math.prod(mesh_sizes.values()))
+    jobs = _jobs(target, mesh_sizes, compile_in)
+    if jobs is None:
+        return _in_one_child(compile_sft_programs, (config, sft, work, dict(mesh_sizes), target, depth, "process"),
+                             target, mesh_sizes)
     layers = config.text.num_hidden_layers
     low, high = reduced_depths(config)
     if depth == "auto":
@@ -393,8 +527,8 @@ def compile_sft_programs(config: Qwen3VLConfig, sft, work, mesh_sizes: Mapping[s
     kind = "scanned" if config.scan_layers else "unrolled"
 
     def at(layers_: int) -> list:
-        mesh = sh.make_mesh(dict(mesh_sizes), devices)
-        return sft_programs(with_depth(config, layers_, config.scan_layers), sft, work, mesh)
+        return jobs("sft", with_depth(config, layers_, config.scan_layers), sft, work, None, ("SFT gradients",),
+                    _layers(layers_, config.scan_layers))
 
     if depth == "full" or layers <= high:
         programs, how = at(layers), f"full ({layers} {kind} layers)"
@@ -403,9 +537,8 @@ def compile_sft_programs(config: Qwen3VLConfig, sft, work, mesh_sizes: Mapping[s
         how = f"memory extrapolated from {low} and {high} {kind} layers to {layers}"
     programs = [dataclasses.replace(p, **{k: 0.0 for k in _COST_FIELDS}) for p in programs]
     return ProgramSet(tuple(programs), (), target.compiler, how + "; no costs",
-                      sum(p.seconds for p in programs))
+                      sum(p.seconds for p in programs), tuple(jobs.children))
 
 
-__all__ = ["PrefillCall", "ProgramMemory", "ProgramSet", "Target", "TargetError", "compile_programs",
-           "compile_sft_programs",
-           "extrapolate", "resolve_target", "tpu_topology"]
+__all__ = ["ChildRun", "PrefillCall", "ProgramMemory", "ProgramSet", "Target", "TargetError", "compile_programs",
+           "compile_sft_programs", "extrapolate", "program_job", "resolve_target", "tpu_topology"]

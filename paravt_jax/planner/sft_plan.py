@@ -43,6 +43,7 @@ class SFTPlan:
     phase: Phase
     programs: ProgramSet | None = None
     notes: tuple[str, ...] = ()
+    host_peak_bytes: int = 0  # this process' peak resident memory when the plan was made
 
     def to_json(self) -> dict:
         out = dataclasses.asdict(self)
@@ -64,13 +65,14 @@ def sft_settings(config):
 
 def plan_sft(config, mesh_sizes: Mapping[str, int], device_memory_gb: float, activations: str = "estimate",
              assumptions: Assumptions | None = None, tokenizer=None, target: Target | None = None,
-             depth: str = "auto") -> SFTPlan:
+             depth: str = "auto", compile_in: str = "children") -> SFTPlan:
     """Per-device memory of one SFT optimizer step: parameters, gradients, the SFT optimizer's
     state, the largest micro-batch's inputs and activations (no frozen reference, no sampler).
     activations: "xla" compiles the SFT gradient program for `target` (default XLA:CPU on fake
     CPU devices), "estimate" uses the per-layer formula (arrays.activation_estimate); "auto" as
-    plan.plan decides it."""
-    from paravt_jax.planner.plan import ACTIVATION_MODES, AUTO_XLA_MAX_PARAMETERS
+    plan.plan decides it; compile_in: as plan.plan's."""
+    from paravt_jax.planner.child import peak_rss_bytes
+    from paravt_jax.planner.plan import ACTIVATION_MODES, AUTO_XLA_MAX_PARAMETERS, host_note
     from paravt_jax.train.step import make_optimizer
 
     if activations not in ACTIVATION_MODES:
@@ -120,7 +122,7 @@ def plan_sft(config, mesh_sizes: Mapping[str, int], device_memory_gb: float, act
     if mode == "xla":
         target = target or Target("cpu-fake", "gpu")
         try:
-            programs = compile_sft_programs(model, sft, work, sizes, target, depth)
+            programs = compile_sft_programs(model, sft, work, sizes, target, depth, compile_in=compile_in)
         except TargetError as e:
             raise PlanError(str(e)) from None
         grads = programs.trainer[0]
@@ -138,9 +140,12 @@ def plan_sft(config, mesh_sizes: Mapping[str, int], device_memory_gb: float, act
     phase = Phase("sft", "one cold-start SFT optimizer step", tuple(rows), memory,
                   compiler=programs.compiler if programs else "estimate",
                   compile_seconds=programs.compile_seconds if programs else 0.0)
+    own_peak = peak_rss_bytes()
+    if programs is not None:
+        notes.append(host_note(programs, own_peak))
     return SFTPlan(name, sizes, math.prod(sizes.values()), float(device_memory_gb), mode,
                    target.name if programs else "", work, _rows_per_device(work.micro_batch_rows, mesh), phase,
-                   programs, tuple(notes))
+                   programs, tuple(notes), own_peak)
 
 
 def format_sft_plan(result: SFTPlan) -> str:
