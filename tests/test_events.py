@@ -124,7 +124,7 @@ def test_trajectories_crop_the_named_windows():
 
 
 def test_written_dataset_and_frames_mode_rows_render_as_rollouts_do(tmp_path):
-    from paravt_jax.data.sft_examples import sft_inputs
+    from paravt_jax.data.sft_examples import FrameSpec, sft_inputs
     from paravt_jax.text.tokenizer import train_tokenizer
 
     ds = ev.write_events_dataset(str(tmp_path), num_train=3, num_eval=2, seed=3, duration=24.0)
@@ -142,7 +142,7 @@ def test_written_dataset_and_frames_mode_rows_render_as_rollouts_do(tmp_path):
     q = ds.questions[0]
     row = json.loads(next(r["messages"] for r in rows if r["kind"] == "main_frames"))
     tokenizer = train_tokenizer(ev.corpus(list(ds.questions)), split="json")
-    inputs = sft_inputs(row, tokenizer, str(tmp_path), nframes=4, max_pixels=96 * 160)
+    inputs = sft_inputs(row, tokenizer, str(tmp_path), FrameSpec(nframes=4, max_pixels=96 * 160))
     text = tokenizer.decode(inputs.input_ids)
     start, end = q.windows[0]
     assert f"<tool_response>\n4 frames from {start:.1f} s to {end:.1f} s.\n<{start:.1f} seconds>" in text

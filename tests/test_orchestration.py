@@ -16,7 +16,7 @@ from paravt_jax.data.synthetic import Event, write_video
 from paravt_jax.eval import driver, prompts
 from paravt_jax.eval import records as store
 from paravt_jax.eval.datasets import EvalSample, LoadedBenchmark
-from paravt_jax.eval.evaluator import SAMPLER, evaluate
+from paravt_jax.eval.evaluator import evaluate
 from paravt_jax.models.qwen3_vl import preset
 from paravt_jax.models.qwen3_vl.hf_io import abstract_model
 from paravt_jax.rl.advantages import AdvantageConfig
@@ -280,7 +280,7 @@ def test_the_periodic_evaluation_runs_a_list_of_evaluators_on_one_sampler(video,
     evaluators = periodic_evaluators(config, rows) + [benchmark]
     metrics = phases.evaluate(state, evaluators, 3)
 
-    assert built == [SAMPLER]  # one sampler for both evaluators
+    assert built == [phases.sampler_config]  # one sampler for both evaluators: the rollouts' settings
     assert {k: v for k, v in metrics.items() if k.endswith(("/accuracy", "/calls_per_turn", "/samples"))} == {
         "eval_notools/accuracy": 1.0, "eval_notools/calls_per_turn": 0.0, "eval_notools/samples": 1,
         "eval_tools/accuracy": 1.0, "eval_tools/calls_per_turn": 1.0, "eval_tools/samples": 1}

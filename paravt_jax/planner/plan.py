@@ -239,6 +239,25 @@ def sampler_components(config: Qwen3VLConfig, rl, work: Workload, mesh_sizes: Ma
     return tuple(rows), working, notes
 
 
+def batch_component(work, batch) -> Component:
+    """The plan's row for one micro-batch's input arrays (`batch`: their abstract, sharded spec)."""
+    b = tree_bytes([(leaf, leaf.sharding) for leaf in jax.tree.leaves(batch)])
+    return Component(f"micro-batch inputs ({work.micro_batch_rows} rows x {work.train_length})", b.per_device,
+                     b.total, "tokens over batch axes; pixels "
+                     + ("by rows" if batch["pixel_values"].ndim == 3 else "replicated"))
+
+
+def activation_mode(activations: str, sizes: Mapping[str, int], target: Target | None, parameters: int) -> str:
+    """"xla" or "estimate": `activations`, with "auto" resolved (xla for a TPU target, or when
+    this process's devices can host the mesh, or are CPUs, and the model is small enough)."""
+    if activations != "auto":
+        return activations
+    local = jax.devices()
+    fits_locally = math.prod(sizes.values()) <= len(local) or local[0].platform == "cpu"
+    return "xla" if (target is not None and target.name == "tpu") or (
+        fits_locally and parameters <= AUTO_XLA_MAX_PARAMETERS) else "estimate"
+
+
 # ----------------------------------------------------------------------------- the plan
 def plan(config, mesh_sizes: Mapping[str, int], device_memory_gb: float,
          activations: str = "estimate", assumptions: Assumptions | None = None, tokenizer=None,
@@ -301,17 +320,8 @@ def plan(config, mesh_sizes: Mapping[str, int], device_memory_gb: float,
     if per_device_rows == work.micro_batch_rows and sizes["data"] * sizes["fsdp"] > 1:
         notes.append(f"the micro-batch's {work.micro_batch_rows} rows do not divide data x fsdp = "
                      f"{sizes['data'] * sizes['fsdp']}: every device holds all rows (replicated batch)")
-    batch = train_batch_spec(model, work, mesh)
-    b = tree_bytes([(leaf, leaf.sharding) for leaf in jax.tree.leaves(batch)])
-    batch_row = Component(f"micro-batch inputs ({work.micro_batch_rows} rows x {work.train_length})",
-                          b.per_device, b.total, "tokens over batch axes; pixels "
-                          + ("by rows" if batch["pixel_values"].ndim == 3 else "replicated"))
-    mode = activations
-    if mode == "auto":
-        local = jax.devices()
-        fits_locally = math.prod(sizes.values()) <= len(local) or local[0].platform == "cpu"
-        mode = "xla" if (target is not None and target.name == "tpu") or (
-            fits_locally and count <= AUTO_XLA_MAX_PARAMETERS) else "estimate"
+    batch_row = batch_component(work, train_batch_spec(model, work, mesh))
+    mode = activation_mode(activations, sizes, target, count)
     programs = None
     if mode == "xla":
         target = target or Target("cpu-fake", "gpu")

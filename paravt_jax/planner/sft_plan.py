@@ -25,7 +25,7 @@ from paravt_jax.planner.arrays import (
     train_batch_spec,
     tree_bytes,
 )
-from paravt_jax.planner.plan import GIB, Component, Phase, _size
+from paravt_jax.planner.plan import GIB, Component, Phase, _size, activation_mode, batch_component
 from paravt_jax.planner.programs import ProgramSet, Target, TargetError, compile_sft_programs
 from paravt_jax.planner.workload import Assumptions, PlanError, SFTWorkload, model_config, plan_tokenizer, sft_workload
 
@@ -72,7 +72,7 @@ def plan_sft(config, mesh_sizes: Mapping[str, int], device_memory_gb: float, act
     CPU devices), "estimate" uses the per-layer formula (arrays.activation_estimate); "auto" as
     plan.plan decides it; compile_in: as plan.plan's."""
     from paravt_jax.planner.child import peak_rss_bytes
-    from paravt_jax.planner.plan import ACTIVATION_MODES, AUTO_XLA_MAX_PARAMETERS, host_note
+    from paravt_jax.planner.plan import ACTIVATION_MODES, host_note
     from paravt_jax.train.step import make_optimizer
 
     if activations not in ACTIVATION_MODES:
@@ -107,17 +107,8 @@ def plan_sft(config, mesh_sizes: Mapping[str, int], device_memory_gb: float, act
                       copies * p.total, "as parameters"),
             Component(f"optimizer state ({sft.optimizer.name}: mu, nu, counts)", o.per_device, o.total,
                       "as parameters; counts replicated")]
-    batch = train_batch_spec(model, work, mesh, extras=())
-    b = tree_bytes([(leaf, leaf.sharding) for leaf in jax.tree.leaves(batch)])
-    rows.append(Component(f"micro-batch inputs ({work.micro_batch_rows} rows x {work.train_length})", b.per_device,
-                          b.total, "tokens over batch axes; pixels "
-                          + ("by rows" if batch["pixel_values"].ndim == 3 else "replicated")))
-    mode = activations
-    if mode == "auto":
-        local = jax.devices()
-        fits_locally = math.prod(sizes.values()) <= len(local) or local[0].platform == "cpu"
-        mode = "xla" if (target is not None and target.name == "tpu") or (
-            fits_locally and count <= AUTO_XLA_MAX_PARAMETERS) else "estimate"
+    rows.append(batch_component(work, train_batch_spec(model, work, mesh, extras=())))
+    mode = activation_mode(activations, sizes, target, count)
     programs = None
     if mode == "xla":
         target = target or Target("cpu-fake", "gpu")
