@@ -4,7 +4,7 @@ With JAX_PLATFORMS unset, JAX initialises every backend it can load, libtpu's in
 `tpu` extra is installed (the `test` extra pulls it in for the planner's TPU compiler). On a
 machine without TPU chips libtpu then runs its start-up anyway: it prints `WARNING: could not
 determine TPU accelerator type ...` and `... TPU worker hostnames ...` (and an `E0000 ...
-common_lib.cc` error) on stderr, takes /tmp/libtpu_lockfile, and fails, after which JAX falls
+common_lib.cc` error) on stderr, takes its lock file in the temporary directory, and fails, after which JAX falls
 back to the CPU. `skip_absent_tpu` (called by paravt_jax/__init__.py, before JAX starts a
 backend) sets JAX_PLATFORMS=cpu when nothing asked for a platform and the machine has neither
 TPU chips nor a GPU, so such runs start the CPU backend only, quietly.
