@@ -1,6 +1,8 @@
-"""The parallel crop dispatcher: every crop of a turn, across all episodes of the batch, is
-decoded concurrently on a host thread pool; results keep call order; each failure (bad
-arguments, unreadable video, timeout) becomes error text for that call's tool response.
+"""The parallel tool dispatcher: every call of a turn, across all episodes of the batch, runs
+concurrently on a host thread pool (for crop_video: the window's frames decoded); results keep
+call order; each failure (unknown tool, bad arguments, unreadable video, timeout) becomes error
+text for that call's tool response. The tools are `agent.toolbox.Tool`s, crop_video
+(`CropVideo`, built from the config) by default.
 
 Only the episode's own video file is ever opened (the path comes from the dataset row, never
 from the model's arguments).
@@ -13,8 +15,10 @@ import threading
 import time
 from collections.abc import Sequence
 
-from paravt_jax.agent.tools import TOOL_NAME, CropRequest, ToolCall, lenient_window, validate_crop
+from paravt_jax.agent.toolbox import Observation, Tool, find_tool
+from paravt_jax.agent.tools import TOOL_NAME, CropRequest, ToolCall, crop_window, lenient_window
 from paravt_jax.config import checked, integer, one_of, validate
+from paravt_jax.text import chat
 from paravt_jax.video.frames import SIZINGS
 from paravt_jax.video.reader import Clip, VideoError, read_frames
 
@@ -55,49 +59,88 @@ class CropTask:
 
 @dataclasses.dataclass(frozen=True)
 class CropResult:
+    """One call's outcome: its checked request (None when refused), and the tool's answer
+    (frames in `clip`, or `text`) or the `error` text."""
     task: CropTask
     request: CropRequest | None
     clip: Clip | None
     error: str | None
     started: float  # perf_counter stamps, for concurrency checks and profiling
     finished: float
+    text: str | None = None  # a text tool's answer
 
     @property
     def ok(self) -> bool:
         return self.error is None
 
 
-def _crop(task: CropTask, config: DispatchConfig) -> CropResult:
+@dataclasses.dataclass(frozen=True)
+class CropVideo:
+    """crop_video(video_path, start_time, end_time): the window's frames at `fps` (between
+    `min_frames` and `max_frames` of them), each resized within [min_pixels, max_pixels] by
+    `sizing`."""
+    fps: float = 1.0
+    min_frames: int = 1
+    max_frames: int = 16
+    min_pixels: int = 784
+    max_pixels: int = 50176
+    sizing: str = "single"
+    description: str = chat.CROP_VIDEO_SUMMARY
+    name: str = TOOL_NAME
+
+    def schema(self, layout: str) -> dict:
+        return chat.crop_video_tool(self.description, layout=layout)
+
+    def request(self, call: ToolCall, duration: float, lenient: bool) -> CropRequest:
+        if lenient:  # any name; start 0 and end start + 10 s by default; unreadable times 0
+            start, end = lenient_window(call)
+            return crop_window({"start_time": start, "end_time": end}, duration)
+        return crop_window(call.arguments, duration)
+
+    def run(self, request: CropRequest, video_path: str) -> Observation:
+        return Observation(clip=read_frames(video_path, fps=self.fps, start=request.start, end=request.end,
+                                            min_frames=self.min_frames, max_frames=self.max_frames,
+                                            min_pixels=self.min_pixels, max_pixels=self.max_pixels,
+                                            sizing=self.sizing))
+
+
+def crop_tool(config: DispatchConfig) -> CropVideo:
+    """crop_video as the config reads its frames."""
+    return CropVideo(fps=config.fps, min_frames=config.min_frames, max_frames=config.max_frames,
+                     min_pixels=config.min_pixels, max_pixels=config.max_pixels, sizing=config.sizing)
+
+
+def _run_call(task: CropTask, tools: tuple[Tool, ...], lenient: bool) -> CropResult:
     started = time.perf_counter()
-    call = task.call
-    if config.arguments == "lenient":
-        start, end = lenient_window(call)
-        call = ToolCall(TOOL_NAME, {"start_time": start, "end_time": end})
     try:
-        request = validate_crop(call, task.duration)
+        tool = find_tool(tools, task.call, lenient)
+        request = tool.request(task.call, task.duration, lenient)
     except ValueError as e:
         return CropResult(task, None, None, f"invalid arguments: {e}", started, time.perf_counter())
     except Exception as e:  # validation is meant to raise ValueError only; a model-written call never crashes
         return CropResult(task, None, None, f"invalid arguments: {type(e).__name__}", started,
                           time.perf_counter())
     try:
-        clip = read_frames(task.video_path, fps=config.fps, start=request.start, end=request.end,
-                           min_frames=config.min_frames, max_frames=config.max_frames,
-                           min_pixels=config.min_pixels, max_pixels=config.max_pixels, sizing=config.sizing)
+        observation = tool.run(request, task.video_path)
     except (VideoError, ValueError) as e:
         return CropResult(task, request, None, f"could not read the video segment: {e}", started,
                           time.perf_counter())
     except Exception as e:  # never let one crop take the batch down
         return CropResult(task, request, None, f"crop failed: {type(e).__name__}: {e}", started,
                           time.perf_counter())
-    return CropResult(task, request, clip, None, started, time.perf_counter())
+    return CropResult(task, request, observation.clip, None, started, time.perf_counter(), observation.text)
 
 
 class CropDispatcher:
-    """Runs crop tasks on a shared thread pool. Use as a context manager or call close()."""
+    """Runs tool calls on a shared thread pool. Use as a context manager or call close().
+    `tools`: what the policy may call (default: crop_video as `config` reads frames)."""
 
-    def __init__(self, config: DispatchConfig = DispatchConfig()):
+    def __init__(self, config: DispatchConfig = DispatchConfig(), tools: tuple[Tool, ...] | None = None):
         self.config = config
+        self.tools = (crop_tool(config),) if tools is None else tuple(tools)
+        if not self.tools or len({tool.name for tool in self.tools}) != len(self.tools):
+            raise ValueError(f"CropDispatcher: tools must be at least one, each name once; got "
+                             f"{[tool.name for tool in self.tools]}")
         self._pool = futures.ThreadPoolExecutor(max_workers=config.max_workers,
                                                 thread_name_prefix="crop")
         self._lock = threading.Lock()
@@ -105,7 +148,8 @@ class CropDispatcher:
 
     def run(self, tasks: Sequence[CropTask]) -> list[CropResult]:
         """All tasks concurrently; results in the order of `tasks`."""
-        submitted = [(task, self._pool.submit(_crop, task, self.config)) for task in tasks]
+        lenient = self.config.arguments == "lenient"
+        submitted = [(task, self._pool.submit(_run_call, task, self.tools, lenient)) for task in tasks]
         deadline = time.perf_counter() + self.config.timeout_s
         results = []
         for task, future in submitted:
@@ -122,6 +166,10 @@ class CropDispatcher:
             self.counters["calls"] += len(results)
             self.counters["errors"] += sum(not r.ok for r in results)
         return results
+
+    def schemas(self, layout: str) -> list[dict]:
+        """The tools' function schemas, in order, for the prompt's system message."""
+        return [tool.schema(layout) for tool in self.tools]
 
     def submit(self, fn, *args) -> futures.Future:
         """Runs other host work (e.g. overview decoding) on the same pool."""

@@ -29,11 +29,15 @@ def summary_text(tokens: Sequence[int], finished: bool, tokenizer: Tokenizer) ->
 
 
 def frames_responses(results: list[CropResult]) -> list:
-    """Timestamped layout: each call's response body (text, or text and frames)."""
+    """Timestamped layout: each call's response body (text, or text and frames; a text
+    tool's answer as it is)."""
     out = []
     for r in results:
         if not r.ok:
             out.append(f"Error: {r.error}")
+            continue
+        if r.clip is None:  # a text tool's answer
+            out.append(r.text)
             continue
         clip = r.clip
         out.append([chat.Text(f"{len(clip.frames)} frames from {r.request.start:.1f} s to "
@@ -46,11 +50,14 @@ def images_first_messages(results: list[CropResult]) -> list[chat.Message]:
     """The evaluation driver's layout: one user turn per call, the crop's bare frames BEFORE
     `<tool_response>\nN frames from S.Ss to E.Es.\n</tool_response>`; a failed crop is
     `<tool_response>\n[Error cropping S.Ss-E.Es]\n</tool_response>`. S and E are the window as
-    the driver reads the call (`tools.lenient_window`), before clamping to the video."""
+    the driver reads the call (`tools.lenient_window`), before clamping to the video. A text
+    tool's answer is its own `<tool_response>` turn."""
     out = []
     for r in results:
         start, end = lenient_window(r.task.call)
-        if r.ok:
+        if r.ok and r.clip is None:  # a text tool's answer
+            out.append(chat.Message.of("user", f"<tool_response>\n{r.text}\n</tool_response>"))
+        elif r.ok:
             text = f"<tool_response>\n{len(r.clip.frames)} frames from {start:.1f}s to {end:.1f}s.\n</tool_response>"
             out.append(chat.Message("user", (*chat.frames_as_images(r.clip.frames, None), chat.Text(text))))
         else:

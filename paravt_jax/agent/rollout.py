@@ -17,7 +17,7 @@ import numpy as np
 from paravt_jax.agent.dispatch import CropDispatcher, CropResult, CropTask, DispatchConfig
 from paravt_jax.agent.protocol import THINK_PREFIX, PromptFormat, ToolProtocol
 from paravt_jax.agent.responses import frames_responses, images_first_messages, subagent_prompt, summary_text
-from paravt_jax.agent.tools import cap_errors, lenient_window, parse_tool_calls
+from paravt_jax.agent.tools import CropRequest, cap_errors, lenient_window, parse_tool_calls
 from paravt_jax.config import checked, integer, one_of, set_by, validate
 from paravt_jax.models.qwen3_vl.rope import IMAGE, VIDEO
 from paravt_jax.sampling.params import SamplingParams
@@ -81,11 +81,12 @@ class SubTrajectory:
 
 @dataclasses.dataclass(frozen=True)
 class CallRecord:
-    """One executed crop call as the episode log keeps it: the assistant turn that made it, the
+    """One executed call as the episode log keeps it: the assistant turn that made it, the
     window as the call reads (`tools.lenient_window`; the model's numbers, any size), the window
-    the dispatcher cut (validated and clamped; None when the call was refused), the source
-    timestamps of the crop's frames (references into the episode's video, not pixels) and the
-    tool response's text (the sub-agent summary, the frames' caption, or the error)."""
+    the dispatcher cut (validated and clamped; None when the call was refused or named another
+    tool than crop_video), the source timestamps of the crop's frames (references into the
+    episode's video, not pixels) and the tool response's text (the sub-agent summary, the
+    frames' caption, a text tool's answer, or the error)."""
     turn: int
     asked: tuple[float, float]
     window: tuple[float, float] | None
@@ -231,11 +232,15 @@ class _Context:
 
 
 # ----------------------------------------------------------------------------- engine
-def prompt_inputs(episode: Episode, clip: Clip, tokenizer: Tokenizer, prompt: PromptFormat) -> ModelInputs:
-    """The episode's ParaVT prompt over its overview `clip`: system message (tool schema),
-    the frames (timestamped or bare, or one video item), the question with the video-path
-    line, and the generation prompt with the turn's forced prefix."""
-    tools = (chat.crop_video_tool(layout=prompt.tool_layout),) if prompt.tools else ()
+def prompt_inputs(episode: Episode, clip: Clip, tokenizer: Tokenizer, prompt: PromptFormat,
+                  schemas: Sequence[dict] | None = None) -> ModelInputs:
+    """The episode's ParaVT prompt over its overview `clip`: system message (the tools'
+    `schemas`; None: crop_video's in the prompt's layout), the frames (timestamped or bare, or
+    one video item), the question with the video-path line, and the generation prompt with the
+    turn's forced prefix."""
+    if schemas is None:
+        schemas = (chat.crop_video_tool(layout=prompt.tool_layout),)
+    tools = tuple(schemas) if prompt.tools else ()
     if prompt.system_prompt is not None:
         tools, system = (), prompt.system_prompt
     else:
@@ -269,10 +274,12 @@ def response_chunk(bodies: Sequence, errors: Sequence[str], truncated: bool, pre
 
 
 def overview_prompts(episodes: Sequence[Episode], tokenizer: Tokenizer, prompt: PromptFormat,
-                     pool) -> tuple[list[ModelInputs | None], list[str | None], list[float], list[tuple]]:
-    """Reads every episode's K overview frames concurrently and builds its ParaVT prompt.
-    Returns the prompts, the read errors, the videos' durations and the overview frames'
-    source timestamps (None / an error / 0 / () for an unreadable video)."""
+                     pool, schemas: Sequence[dict] | None = None
+                     ) -> tuple[list[ModelInputs | None], list[str | None], list[float], list[tuple]]:
+    """Reads every episode's K overview frames concurrently and builds its ParaVT prompt
+    (`prompt_inputs`, listing the tools' `schemas`). Returns the prompts, the read errors, the
+    videos' durations and the overview frames' source timestamps (None / an error / 0 / ()
+    for an unreadable video)."""
     def build(ep: Episode):
         pixels = dict(min_pixels=prompt.overview_min_pixels, max_pixels=prompt.overview_max_pixels,
                       sizing=prompt.overview_sizing)
@@ -285,7 +292,7 @@ def overview_prompts(episodes: Sequence[Episode], tokenizer: Tokenizer, prompt: 
             clip = read_frames(ep.video_path, fps=prompt.overview_fps, max_frames=prompt.overview_max_frames,
                                **pixels)
         times = tuple(round(float(t), 3) for t in clip.timestamps)
-        return prompt_inputs(ep, clip, tokenizer, prompt), clip.metadata.duration, times
+        return prompt_inputs(ep, clip, tokenizer, prompt, schemas), clip.metadata.duration, times
 
     prompts, errors, durations, timestamps = [], [], [], []
     for ep, future in [(ep, pool.submit(build, ep)) for ep in episodes]:
@@ -306,13 +313,14 @@ def overview_prompts(episodes: Sequence[Episode], tokenizer: Tokenizer, prompt: 
 def _responses_subagent(results: list[CropResult], sampler: Sampler, tokenizer: Tokenizer,
                         config: RolloutConfig, seed: int, stream_ids: Sequence[int] | None = None
                         ) -> tuple[list, list[SubTrajectory | None]]:
-    """All sub-agent prompts of the turn in one batched sampler call (same weights), or in
-    calls of config.subagent_shape.rows rows when set; stream_ids[i]: the random stream of
-    results[i]'s summary (default: its place in the turn's crops), so the summaries do not
-    depend on how the calls split them."""
+    """All sub-agent prompts of the turn (one per call answered with frames) in one batched
+    sampler call (same weights), or in calls of config.subagent_shape.rows rows when set;
+    stream_ids[i]: the random stream of results[i]'s summary (default: its place in the turn's
+    crops), so the summaries do not depend on how the calls split them. A text tool's answer
+    is its own response."""
     texts: list = [None] * len(results)
     trajectories: list[SubTrajectory | None] = [None] * len(results)
-    ok = [i for i, r in enumerate(results) if r.ok]
+    ok = [i for i, r in enumerate(results) if r.ok and r.clip is not None]
     streams = list(range(len(results))) if stream_ids is None else list(stream_ids)
     size = config.subagent_shape.rows or max(len(ok), 1)
     for start in range(0, len(ok), size):
@@ -330,6 +338,8 @@ def _responses_subagent(results: list[CropResult], sampler: Sampler, tokenizer: 
     for i, r in enumerate(results):
         if not r.ok:
             texts[i] = f"Error: {r.error}"
+        elif r.clip is None:
+            texts[i] = r.text
     return texts, trajectories
 
 
@@ -413,8 +423,9 @@ def _start_rows(episodes: Sequence[Episode], num_samples: int, context: _Context
     """The prompts of the readable episodes, their `num_samples` rows each (episode-major) and
     the read errors of the others."""
     config = context.config
-    prompts, errors, durations, overview_times = overview_prompts(episodes, context.tokenizer, config.prompt,
-                                                                  context.dispatcher)
+    prompts, errors, durations, overview_times = overview_prompts(
+        episodes, context.tokenizer, config.prompt, context.dispatcher,
+        context.dispatcher.schemas(config.prompt.tool_layout))
     kept = [i for i, prompt in enumerate(prompts) if prompt is not None]
     rows = [_Row(episodes[i], g, prompts[i], [np.zeros(prompts[i].length, np.float32)], prompts[i].length,
                  stream=config.row_offset + i * num_samples + g, duration=durations[i],
@@ -486,8 +497,15 @@ def _round_answers(results: list[CropResult], streams: Sequence[int], turn: int,
         return [_Answer(r, text, text, trajectory) for r, text, trajectory in zip(results, texts, trajectories)]
     images_first = config.protocol.frames_response == "images_first"
     bodies = images_first_messages(results) if images_first else frames_responses(results)
-    return [_Answer(r, body, f"{len(r.clip.frames)} frames" if r.ok else f"Error: {r.error}")
-            for r, body in zip(results, bodies)]
+    return [_Answer(r, body, answer_caption(r)) for r, body in zip(results, bodies)]
+
+
+def answer_caption(result: CropResult) -> str:
+    """A frames-mode answer as the episode log keeps it: the frame count, the text tool's
+    answer, or the error."""
+    if not result.ok:
+        return f"Error: {result.error}"
+    return result.text if result.clip is None else f"{len(result.clip.frames)} frames"
 
 
 def _response_chunks(rows: list[_Row], asked: list[_RowCalls], answers: list[list[_Answer]],
@@ -511,8 +529,9 @@ def _response_chunks(rows: list[_Row], asked: list[_RowCalls], answers: list[lis
 def call_record(result: CropResult, turn: int, response: str) -> CallRecord:
     """The episode log's record of one executed call (`CallRecord`)."""
     request = result.request
+    cut = isinstance(request, CropRequest)  # another tool's request is no window
     return CallRecord(turn=turn, asked=lenient_window(result.task.call),
-                      window=None if request is None else (float(request.start), float(request.end)),
+                      window=(float(request.start), float(request.end)) if cut else None,
                       frame_times=() if result.clip is None else tuple(round(float(t), 3)
                                                                       for t in result.clip.timestamps),
                       response=response)

@@ -26,7 +26,7 @@ _TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", re.DOTA
 _TOOL_CODE = re.compile(r"<tool_code>(.*?)</tool_code>|<tool_code>(.*)", re.DOTALL)
 
 __all__ = ["CROP_VIDEO_TOOL", "ToolCall", "ParsedCalls", "CropRequest", "parse_tool_calls",
-           "parse_time", "validate_crop", "quote", "cap_errors"]
+           "parse_time", "validate_crop", "crop_window", "quote", "cap_errors"]
 
 QUOTE_CHARS = 60  # model-written text quoted back in an error response is cut to this length
 # Python refuses int<->str conversions above 4300 digits (sys.int_info.str_digits_check_threshold):
@@ -249,7 +249,12 @@ def validate_crop(call: ToolCall, duration: float) -> CropRequest:
     """Checks one call against the episode's video; raises ValueError with the reason."""
     if call.name != TOOL_NAME:
         raise ValueError(f"unknown tool {quote(call.name)}; the only tool is {TOOL_NAME}")
-    args = call.arguments
+    return crop_window(call.arguments, duration)
+
+
+def crop_window(args: dict, duration: float) -> CropRequest:
+    """A crop's window from its arguments (start_time or start, end_time or end), checked
+    against a video of `duration` seconds and clamped to it; raises ValueError with the reason."""
     raw_start = args.get("start_time", args.get("start"))
     raw_end = args.get("end_time", args.get("end"))
     if raw_start is None:
