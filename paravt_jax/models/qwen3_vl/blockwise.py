@@ -53,10 +53,11 @@ def _slice(x, start, size, axis):
     return jax.lax.dynamic_slice_in_dim(x, start, size, axis)
 
 
-def _scores(qi, kj, q_seg, q_pos, k_seg, k_pos, causal, scale):
-    """qi [B, KV, G, bq, hd], kj [B, KV, bk, hd] -> (scores [B, KV, G, bq, bk] f32, mask
-    [B, 1, 1, bq, bk])."""
-    s = jnp.einsum("bkgqd,bksd->bkgqs", qi, kj, preferred_element_type=jnp.float32) * scale
+def _scores(qi, kj, q_seg, q_pos, k_seg, k_pos, causal, scale, keys_t: bool = False):
+    """qi [B, KV, G, bq, hd], kj [B, KV, bk, hd] (with keys_t the KV cache's [B, KV, hd, bk])
+    -> (scores [B, KV, G, bq, bk] f32, mask [B, 1, 1, bq, bk])."""
+    form = "bkgqd,bkds->bkgqs" if keys_t else "bkgqd,bksd->bkgqs"
+    s = jnp.einsum(form, qi, kj, preferred_element_type=jnp.float32) * scale
     allowed = visible(q_seg, q_pos, k_seg, k_pos, causal)[:, None, None]
     return jnp.where(allowed, s, MASK_VALUE), allowed
 
@@ -66,12 +67,13 @@ def _flash(q, k, v, q_seg, q_pos, k_seg, k_pos, causal, block_q, block_k):
     return _flash_forward(q, k, v, q_seg, q_pos, k_seg, k_pos, causal, block_q, block_k)[0]
 
 
-def _flash_forward(q, k, v, q_seg, q_pos, k_seg, k_pos, causal, block_q, block_k):
-    """q [B, KV, G, Lq, hd], k/v [B, KV, Lk, hd] (lengths multiples of the blocks) ->
+def _flash_forward(q, k, v, q_seg, q_pos, k_seg, k_pos, causal, block_q, block_k, keys_t: bool = False):
+    """q [B, KV, G, Lq, hd], k/v [B, KV, Lk, hd] (lengths multiples of the blocks; with keys_t
+    k in the KV cache's layout [B, KV, hd, Lk], read in place, block by block) ->
     (out [B, KV, G, Lq, hd] in q.dtype, log-sum-exp [B, KV, G, Lq] f32; MASK_VALUE and a zero
     output where a query sees no key)."""
     batch, kv_heads, groups, q_len, head_dim = q.shape
-    k_len = k.shape[2]
+    k_len = v.shape[2]
     scale = head_dim**-0.5
     q_sum = _block_summary(q_seg, q_pos, block_q)
     k_sum = _block_summary(k_seg, k_pos, block_k)
@@ -85,9 +87,9 @@ def _flash_forward(q, k, v, q_seg, q_pos, k_seg, k_pos, causal, block_q, block_k
             def compute(carry):
                 m, l, acc = carry
                 kstart = j * block_k
-                kj, vj = _slice(k, kstart, block_k, 2), _slice(v, kstart, block_k, 2)
+                kj, vj = _slice(k, kstart, block_k, 3 if keys_t else 2), _slice(v, kstart, block_k, 2)
                 s, allowed = _scores(qi, kj, qs, qp, _slice(k_seg, kstart, block_k, 1),
-                                     _slice(k_pos, kstart, block_k, 1), causal, scale)
+                                     _slice(k_pos, kstart, block_k, 1), causal, scale, keys_t)
                 m_new = jnp.maximum(m, jnp.max(s, -1))
                 p = jnp.where(allowed, jnp.exp(s - m_new[..., None]), 0.0)
                 correction = jnp.exp(m - m_new)
@@ -192,27 +194,33 @@ def blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: Attentio
     Lengths that are not a multiple of the block are padded with segment 0 (never seen, and
     their outputs are dropped). Memory: one [B, H, block, block] float32 score block per pass,
     plus O(L) residuals (the output and a log-sum-exp per query) for the backward pass.
+    With cache_layout (the sampler's KV cache) the keys are read in place block by block and
+    only the forward is defined (the sampler differentiates nothing).
     """
     batch, q_len, heads, head_dim = q.shape
-    out = _flash(*_flash_inputs(q, k, v, mask, cache_layout, block), mask.causal,
-                 *block_sizes(q_len, k.shape[-1] if cache_layout else k.shape[1], block))
+    blocks = block_sizes(q_len, k.shape[-1] if cache_layout else k.shape[1], block)
+    inputs = _flash_inputs(q, k, v, mask, cache_layout, block)
+    if cache_layout:
+        out = _flash_forward(*inputs, mask.causal, *blocks, keys_t=True)[0]
+    else:
+        out = _flash(*inputs, mask.causal, *blocks)
     out = out[:, :, :, :q_len].transpose(0, 3, 1, 2, 4)
     return out.reshape(batch, q_len, heads, head_dim)
 
 
 def _flash_inputs(q, k, v, mask: AttentionMask, cache_layout: bool, block: int):
-    """The blockwise kernels' operands: q [B, KV, G, Lq', hd], k/v [B, KV, Lk', hd] and the
-    mask's segments and positions, padded to multiples of the blocks (block_sizes)."""
+    """The blockwise kernels' operands: q [B, KV, G, Lq', hd], k/v [B, KV, Lk', hd] (with
+    cache_layout k stays [B, KV, hd, Lk']: a transpose here would copy a layer's whole key
+    cache at every decode step) and the mask's segments and positions, padded to multiples of
+    the blocks (block_sizes; a cache whose capacity the block divides is never copied)."""
     batch, q_len, heads, head_dim = q.shape
-    if cache_layout:
-        k = k.transpose(0, 1, 3, 2)  # [B, KV, hd, Lk] -> [B, KV, Lk, hd]
-    else:
+    if not cache_layout:
         k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
-    kv_heads, k_len = k.shape[1], k.shape[2]
+    kv_heads, k_len = v.shape[1], v.shape[2]
     block_q, block_k = block_sizes(q_len, k_len, block)
     qg = q.reshape(batch, q_len, kv_heads, heads // kv_heads, head_dim).transpose(0, 2, 3, 1, 4)
     qg = _pad_to(qg, 3, block_q)
-    k, v = _pad_to(k, 2, block_k), _pad_to(v, 2, block_k)
+    k, v = _pad_to(k, 3 if cache_layout else 2, block_k), _pad_to(v, 2, block_k)
     q_seg, q_pos = (_pad_to(x, 1, block_q) for x in (mask.query_segments, mask.query_positions))
     k_seg, k_pos = (_pad_to(x, 1, block_k) for x in (mask.key_segments, mask.key_positions))
     return qg, k, v, q_seg, q_pos, k_seg, k_pos
@@ -225,7 +233,7 @@ def blockwise_partial(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionM
     batch, q_len, heads, head_dim = q.shape
     key_len = k.shape[-1] if cache_layout else k.shape[1]
     out, lse = _flash_forward(*_flash_inputs(q, k, v, mask, cache_layout, block), mask.causal,
-                              *block_sizes(q_len, key_len, block))
+                              *block_sizes(q_len, key_len, block), keys_t=cache_layout)
     out = out[:, :, :, :q_len].transpose(0, 3, 1, 2, 4).reshape(batch, q_len, heads, head_dim).astype(jnp.float32)
     lse = lse[:, :, :, :q_len].transpose(0, 3, 1, 2).reshape(batch, q_len, heads)
     return out, lse
