@@ -29,6 +29,9 @@ RUNTIME = [
 # else imports it: the runtime runs on CPU and GPU without it.
 TPU = ["jax[tpu]>=0.10.2,<0.11"]
 
+# The CUDA runtime (jax[cuda12]: the plugin, its NVIDIA wheels, nvcc's ptxas).
+GPU = ["jax[cuda12]>=0.10.2,<0.11"]
+
 EXTRAS = {
     "test": [
         *TPU,
@@ -50,7 +53,13 @@ EXTRAS = {
         "ruff>=0.17.5,<0.18",  # `ruff check .` in CI (.ci/run) and the pre-commit hook
         "gcp-storage-emulator>=2026.7.19",  # a Cloud Storage API on 127.0.0.1 for the gs:// workdir tests
     ],
-    "gpu": ["jax[cuda12]>=0.10.2,<0.11"],
+    "gpu": GPU,
+    # the planner's GPU compiler on a machine without a GPU (`paravt-jax plan --target=gpu`): the
+    # CUDA plugin, cuDNN and ptxas (nvidia-cuda-nvcc-cu12, which jax finds itself), as `gpu`
+    # installs them. Not in the test extra: 4.4 GB of NVIDIA wheels (about 3 minutes to install
+    # here) and about 5 minutes for the tiny plan on 2 H100s; tests/test_plan_gpu.py skips its
+    # compiles, with the reason, where it is missing.
+    "gpu-plan": GPU,
     "tpu": TPU,
 }
 

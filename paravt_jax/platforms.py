@@ -11,10 +11,12 @@ TPU chips nor a GPU, so such runs start the CPU backend only, quietly.
 
 Left alone: JAX_PLATFORMS set to anything (`JAX_PLATFORMS=` asks for JAX's own choice among
 every backend), JAX_FORCE_TPU_INIT, a Cloud TPU environment (its variables, /dev/accel*,
-/dev/vfio groups, TPU chips on the PCI bus), a GPU (NVIDIA or AMD device nodes), libtpu not
-installed. The planner's TPU target (`paravt-jax plan --target=tpu`) needs no backend: it loads
-libtpu itself to compile for a TPU topology (planner/programs.py `tpu_devices`), whatever
-JAX_PLATFORMS says.
+/dev/vfio groups, TPU chips on the PCI bus), a GPU (NVIDIA or AMD device nodes), neither libtpu
+nor a CUDA plugin installed. A CUDA plugin (jax[cuda12], the planner's GPU target) counts as
+libtpu does: on a machine without a GPU its start-up fails and prints a traceback (`Jax plugin
+configuration error ... cuInit(0) failed`). The planner's TPU target (`paravt-jax plan
+--target=tpu`) needs no backend: it loads libtpu itself to compile for a TPU topology
+(planner/programs.py `tpu_devices`), whatever JAX_PLATFORMS says.
 """
 from __future__ import annotations
 
@@ -63,12 +65,23 @@ def accelerator_present(environ: MutableMapping[str, str]) -> bool:
     return tpu_chips_on_pci() > 0
 
 
+# Accelerator runtimes JAX would start in every process when installed: libtpu (the tpu extra)
+# and the CUDA plugins (jax[cuda12] / jax[cuda13]: the gpu and gpu-plan extras; on a machine
+# without a GPU its start-up fails with `Jax plugin configuration error ... cuInit(0) failed`).
+ACCELERATOR_PLUGINS = ("libtpu", "jax_cuda12_plugin", "jax_cuda13_plugin")
+
+
+def accelerator_plugins() -> list[str]:
+    """The ACCELERATOR_PLUGINS installed here."""
+    return [name for name in ACCELERATOR_PLUGINS if importlib.util.find_spec(name) is not None]
+
+
 def skip_absent_tpu(environ: MutableMapping[str, str] | None = None) -> bool:
-    """Sets JAX_PLATFORMS=cpu when it is unset, libtpu is installed and the machine has no TPU
-    chips and no GPU (see the module's docstring); whether it did. Effective before JAX starts
+    """Sets JAX_PLATFORMS=cpu when it is unset, libtpu or a CUDA plugin is installed and the
+    machine has no TPU chips and no GPU (see the module's docstring); whether it did. Effective before JAX starts
     a backend (JAX imported already gets the setting through its config)."""
     environ = os.environ if environ is None else environ
-    if "JAX_PLATFORMS" in environ or importlib.util.find_spec("libtpu") is None or accelerator_present(environ):
+    if "JAX_PLATFORMS" in environ or not accelerator_plugins() or accelerator_present(environ):
         return False
     environ["JAX_PLATFORMS"] = "cpu"
     if environ is os.environ and "jax" in sys.modules:  # JAX read JAX_PLATFORMS when it was imported

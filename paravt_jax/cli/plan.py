@@ -18,7 +18,7 @@ STAGES = ("all", "rl", "sft")
 
 def main(argv: list[str]) -> planner.MemoryPlan | sft_plan.SFTPlan:
     """`paravt-jax plan --config=FILE[:ARG] [--config.x=y] [--mesh=...] [--devices=N]
-    [--device_memory_gb=G] [--activations=auto|xla|estimate] [--target=auto|cpu-fake|tpu|local]
+    [--device_memory_gb=G] [--activations=auto|xla|estimate] [--target=auto|cpu-fake|tpu|gpu|local]
     [--depth=auto|extrapolate|full] [--chip=NAME] [--stage=all|rl|sft] [--compile_in=children|process] [--json=PATH]
     [--question_tokens=N] [--video_seconds=S]`. Returns the RL plan, or the SFT plan under
     --stage=sft (--json holds both under --stage=all: the SFT plan as its `sft`)."""
@@ -34,8 +34,11 @@ def main(argv: list[str]) -> planner.MemoryPlan | sft_plan.SFTPlan:
                       "memory analysis or the shape estimate", flag_values=values)
     flags.DEFINE_string("json", "", "also write the plan as JSON to this path", flag_values=values)
     flags.DEFINE_enum("target", "auto", list(programs.TARGETS), "where the programs compile: cpu-fake (XLA:CPU on fake "
-                      "devices), tpu (libtpu for the preset's TPU topology, from this CPU process), local (the "
-                      "devices present); auto: tpu for TPU presets when libtpu is importable", flag_values=values)
+                      "devices), tpu (libtpu for the preset's TPU topology, from this CPU process), gpu (XLA:GPU "
+                      "for the preset's GPUs, compile-only devices of the CUDA plugin in this CPU process; an axis "
+                      "list on --chip's GPU, h100 by default), local (the devices present); auto: tpu for TPU "
+                      "presets when libtpu is importable, gpu for GPU presets when the CUDA plugin and ptxas are",
+                      flag_values=values)
     flags.DEFINE_enum("depth", "auto", list(programs.DEPTHS), "the trainer's memory from its full-depth scanned "
                       "programs, or extrapolated per layer from two reduced scanned depths (auto: full for "
                       "scanned layers); the sampler's programs are always compiled whole",
@@ -78,11 +81,11 @@ def main(argv: list[str]) -> planner.MemoryPlan | sft_plan.SFTPlan:
                             f"--video_seconds={values.video_seconds} > 0")
         assumptions = workload.Assumptions(question_tokens=values.question_tokens, video_seconds=values.video_seconds)
         try:
-            target = programs.resolve_target(values.target, entry)
+            target = programs.resolve_target(values.target, entry, values.chip)
         except programs.TargetError as e:
             raise workload.PlanError(str(e)) from None
-        if values.target == "tpu" and values.activations == "estimate":
-            raise workload.PlanError("--target=tpu compiles the programs: drop --activations=estimate")
+        if values.target in ("tpu", "gpu") and values.activations == "estimate":
+            raise workload.PlanError(f"--target={values.target} compiles the programs: drop --activations=estimate")
         chip = values.chip or (entry["accelerator"] if entry else "")
         result = sft = None
         if values.stage in ("all", "rl"):

@@ -11,11 +11,14 @@ allocated, so the 8B programs can be measured on a CPU with fake devices
 numbers are the same and the compile takes half the time.
 
 The attention implementation is resolved for the devices compiled for (fused_attention.compile_platform:
-splash on TPU devices, the libtpu compiler running in this CPU process; blockwise or dense on fake
-CPU devices, where the cuDNN kernel a GPU picks is not compiled); the sampler backend policy
-(weight layouts, score-block budget, row groups) is the target platform's (`platform`; for fake
-CPU devices gpu by default). Each program also reports its `cost_analysis()` and the bytes its
-collectives move, for the time plan (planner/time_plan.py).
+splash on TPU devices, the libtpu compiler running in this CPU process; cuDNN's fused attention
+on the GPU target's compile-only devices (planner/gpu_target.py), where it takes the call;
+blockwise or dense on fake CPU devices, where the cuDNN kernel a GPU picks is not compiled); a
+fused kernel the compiler refuses is an error naming it. The sampler backend policy (weight
+layouts, score-block budget, row groups) is the target platform's (`platform`; for fake CPU
+devices gpu by default). Each program also reports its cost analysis (`cost_analysis()`, or
+XLA:CPU's analysis of the optimised module where the compiler has none: `module_costs`) and the
+bytes its collectives move, for the time plan (planner/time_plan.py).
 """
 from __future__ import annotations
 
@@ -80,7 +83,11 @@ class ProgramMemory:
     flops: float = 0.0
     bytes_accessed: float = 0.0
     collective_bytes: float = 0.0
-    compiler: str = ""  # "tpu" | "xla:cpu" | "xla:gpu"
+    compiler: str = ""  # "tpu" | "gpu" | "xla:cpu"
+    # where flops / bytes_accessed come from: the compiler's own cost analysis ("tpu", "xla:cpu"),
+    # or XLA:CPU's cost analysis of the compiled module (MODULE_COSTS: XLA:GPU without a device
+    # has none of its own)
+    cost_source: str = ""
     attention: tuple[str, ...] = ()  # the kernels the program's attention calls resolved to
     # forward FLOPs / bytes of the attention calls XLA does not count (fused kernels, blockwise
     # loops), whole calls: text (causal, cache, prefix masks) and vision (per-frame full masks)
@@ -135,6 +142,20 @@ def collective_bytes(hlo_text: str) -> float:
     return total
 
 
+MODULE_COSTS = "xla:cpu cost analysis of the optimised module"
+
+
+def module_costs(compiled) -> dict:
+    """XLA's HloCostAnalysis (the CPU backend's) over a compiled program's optimised HLO module:
+    for executables whose backend has no cost analysis (XLA:GPU compiling without a device).
+    Fusions, layouts and collectives are the compiled program's; a custom call (cuDNN attention,
+    a cuBLAS GEMM) counts no FLOPs (the time plan adds attention kernels analytically)."""
+    from jax._src.lib import _jax  # no public entry point: jax's own Lowered.cost_analysis uses it
+
+    modules = compiled.runtime_executable().hlo_modules()
+    return dict(_jax.hlo_module_cost_analysis(jax.devices("cpu")[0].client, modules[0]))
+
+
 def compiled_stats(name: str, compiled, own_inputs, group: int, seconds: float, compiler: str,
                    attention: tuple = ()) -> ProgramMemory:
     """ProgramMemory of a compiled program (jax.stages.Compiled); attention: the AttentionCalls
@@ -142,12 +163,15 @@ def compiled_stats(name: str, compiled, own_inputs, group: int, seconds: float, 
     memory = compiled.memory_analysis()
     cost = compiled.cost_analysis()
     cost = (cost[0] if cost else {}) if isinstance(cost, (list, tuple)) else (cost or {})
+    source = compiler
+    if not cost:
+        cost, source = module_costs(compiled), MODULE_COSTS
     return ProgramMemory(
         name, int(memory.temp_size_in_bytes), _bytes_per_device(own_inputs), group, seconds,
         argument_bytes=int(memory.argument_size_in_bytes), output_bytes=int(memory.output_size_in_bytes),
         alias_bytes=int(memory.alias_size_in_bytes), code_bytes=int(memory.generated_code_size_in_bytes),
         flops=float(cost.get("flops", 0.0)), bytes_accessed=float(cost.get("bytes accessed", 0.0)),
-        collective_bytes=collective_bytes(compiled.as_text()), compiler=compiler,
+        collective_bytes=collective_bytes(compiled.as_text()), compiler=compiler, cost_source=source,
         attention=tuple(sorted({c.chosen for c in attention})),
         **{f"kernel_{part}_{what}": float(sum(getattr(c, what) for c in attention if c.chosen != "dense"
                                               and (c.kind == "full") == (part == "vision")))
@@ -155,16 +179,17 @@ def compiled_stats(name: str, compiled, own_inputs, group: int, seconds: float, 
 
 
 def compiler_name(devices) -> str:
-    """The compiler a program for these devices goes through: "tpu" (libtpu), else "xla:<platform>"."""
+    """The compiler a program for these devices goes through: "tpu" (libtpu), "gpu" (XLA:GPU),
+    else "xla:<platform>"."""
     platform = devices[0].platform
-    return "tpu" if platform == "tpu" else f"xla:{platform}"
+    return platform if platform in ("tpu", "gpu") else f"xla:{platform}"
 
 
 def compile_for(name: str, fn, args, kwargs, own_inputs, group: int, devices, keep: bool = False, mesh=None):
     """Lowers `fn` (a jitted function) on abstract `args` for `devices`, choosing attention
     kernels for their platform, compiles it and reads its numbers; with `keep`, (numbers, the
     compiled program)."""
-    from paravt_jax.models.qwen3_vl.fused_attention import compile_platform, kernel_mesh
+    from paravt_jax.models.qwen3_vl.fused_attention import KERNEL_PLATFORMS, compile_platform, kernel_mesh
 
     platform = devices[0].platform
     options = {"xla_backend_optimization_level": 0} if platform == "cpu" else {}
@@ -173,9 +198,17 @@ def compile_for(name: str, fn, args, kwargs, own_inputs, group: int, devices, ke
     # frames) would record no attention calls: trace afresh
     fn.clear_cache()
     start = time.perf_counter()
-    with compile_platform(platform, resolved), kernel_mesh(mesh):
-        lowered = fn.lower(*args, **kwargs)
-    compiled = lowered.compile(compiler_options=options)
+    try:
+        with compile_platform(platform, resolved), kernel_mesh(mesh):
+            lowered = fn.lower(*args, **kwargs)
+        compiled = lowered.compile(compiler_options=options)
+    except Exception as e:  # a fused kernel the compiler refuses is named (attention.resolve chose it)
+        fused = sorted({(c.requested, c.chosen) for c in resolved if c.chosen in KERNEL_PLATFORMS})
+        if not fused:
+            raise
+        kernels = ", ".join(f"{chosen} (model.attention={requested!r})" for requested, chosen in fused)
+        raise ValueError(f"model.attention={fused[0][0]!r}: the {compiler_name(devices)} compiler refused "
+                         f"{name} with the attention kernel {kernels}: {type(e).__name__}: {e}") from e
     stats = compiled_stats(name, compiled, own_inputs, group, time.perf_counter() - start, compiler_name(devices),
                            tuple(resolved))
     # a large plan compiles for many minutes: one line per program shows where it is

@@ -51,6 +51,7 @@ from flax import nnx
 from paravt_jax import sharding as sh
 from paravt_jax.config import config_path
 from paravt_jax.models.qwen3_vl.config import Qwen3VLConfig
+from paravt_jax.planner import gpu_target
 from paravt_jax.planner.arrays import (
     _param_leaves,
     _rows_per_device,
@@ -72,6 +73,7 @@ from paravt_jax.planner.programs import (
     Target,
     TargetError,
     compile_programs,
+    gpu_topology_of,
 )
 from paravt_jax.planner.time_plan import SideBytes, TimePlan, format_time_plan, split_plan, time_plan
 from paravt_jax.planner.workload import (
@@ -248,13 +250,13 @@ def batch_component(work, batch) -> Component:
 
 
 def activation_mode(activations: str, sizes: Mapping[str, int], target: Target | None, parameters: int) -> str:
-    """"xla" or "estimate": `activations`, with "auto" resolved (xla for a TPU target, or when
+    """"xla" or "estimate": `activations`, with "auto" resolved (xla for a TPU or GPU target, or when
     this process's devices can host the mesh, or are CPUs, and the model is small enough)."""
     if activations != "auto":
         return activations
     local = jax.devices()
     fits_locally = math.prod(sizes.values()) <= len(local) or local[0].platform == "cpu"
-    return "xla" if (target is not None and target.name == "tpu") or (
+    return "xla" if (target is not None and target.name in ("tpu", "gpu")) or (
         fits_locally and parameters <= AUTO_XLA_MAX_PARAMETERS) else "estimate"
 
 
@@ -340,7 +342,10 @@ def plan(config, mesh_sizes: Mapping[str, int], device_memory_gb: float,
                    "in one child process" if programs.children else "in this process")
         notes.append(f"programs: compiled by {programs.compiler}{where} ({target.name}"
                      + (f", topology {target.topology}" + (f" x {target.slices} slices" if target.slices > 1 else "")
-                        if target.topology else "")
+                        if target.topology and target.name == "tpu" else "")
+                     + (f", {gpu_target.GPUS[target.accelerator].name} x {need}, topology "
+                        f"{target.topology or gpu_topology_of(need)} (slices x hosts x devices)"
+                        if target.name == "gpu" else "")
                      + f"), {programs.depth}; {programs.compile_seconds:.1f} s to compile, {process}")
         busiest = max(programs.trainer, key=lambda p: p.temp_bytes)
         temp = busiest.temp_bytes

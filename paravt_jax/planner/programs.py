@@ -14,8 +14,13 @@ Targets:
   tpu       the TPU compiler (libtpu, `pip install 'paravt_jax[tpu]'`) for the mesh preset's TPU
             topology (`v5p-16` -> `v5p:2x2x2`, multi-slice presets with their slice count), all
             hosts' devices from one CPU process: nothing runs, no TPU is needed;
+  gpu       XLA:GPU (the CUDA plugin, `pip install 'paravt_jax[gpu-plan]'`) for the mesh preset's
+            GPUs (`gpu8` -> 8 H100 80 GB, topology `1x1x8`; `gpu16*` -> `2x1x8`, two hosts), from
+            a GpuTargetConfig of the GPU model (planner/gpu_target.py): compile-only devices in a
+            CPU process, no GPU needed;
   local     the devices this process has (an accelerator host planning its own mesh);
-  auto      tpu for a TPU preset when libtpu is importable, else cpu-fake.
+  auto      tpu for a TPU preset when libtpu is importable, gpu for a GPU preset when the CUDA
+            plugin and ptxas are installed, else cpu-fake.
 
 Processes (COMPILE_IN): each program compiles in a child process of its own (`Jobs`,
 planner/child.py), which returns its ProgramMemory and its peak memory, so the host's memory is
@@ -59,15 +64,17 @@ from flax import nnx
 from paravt_jax import sharding as sh
 from paravt_jax.models.qwen3_vl.config import Qwen3VLConfig
 from paravt_jax.models.qwen3_vl.hf_io import abstract_model
+from paravt_jax.planner import gpu_target
 from paravt_jax.planner.child import ChildRun, run_in_child
 from paravt_jax.planner.memory import PrefillCall, ProgramMemory, SamplerPrograms, compile_for
 
-TARGETS = ("auto", "cpu-fake", "tpu", "local")
+TARGETS = ("auto", "cpu-fake", "tpu", "gpu", "local")
 DEPTHS = ("auto", "extrapolate", "full")
 # where the programs compile: each in a child process of its own (children), or all in one
 # process (process: this one, or one child with fake CPU devices when this one has too few)
 COMPILE_IN = ("children", "process")
 TRAINER_PROGRAMS = ("gradients", "log-probs", "optimizer update")
+GPUS_PER_HOST = 8  # an axis list planned for GPUs: hosts of 8 (meshes.GPUS_PER_HOST)
 # `depth=auto` extrapolates unscanned models deeper than this (full compiles stay affordable below it)
 AUTO_FULL_MAX_LAYERS = 8
 # Chips per side of a TPU torus: v4 / v5p slices are 3-D (gcloud's topologies), v5e / v6e 2-D.
@@ -82,17 +89,24 @@ class TargetError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Target:
-    """Where the planner's programs are compiled. name: cpu-fake | tpu | local (resolved);
-    topology: the TPU topology (tpu); slices: TPU slices; platform: the platform whose kernels
-    and sampler policy are planned (tpu, gpu)."""
+    """Where the planner's programs are compiled. name: cpu-fake | tpu | gpu | local (resolved);
+    topology: the TPU topology (tpu), the CUDA plugin's "slices x hosts x devices" (gpu);
+    slices: TPU slices; platform: the platform whose kernels and sampler policy are planned
+    (tpu, gpu); accelerator: the GPU model compiled for (gpu: a gpu_target.GPUS key)."""
     name: str
     platform: str
     topology: str = ""
     slices: int = 1
+    accelerator: str = ""
 
     @property
     def compiler(self) -> str:
-        return {"tpu": "tpu", "cpu-fake": "xla:cpu"}.get(self.name, f"xla:{self.platform}")
+        return {"tpu": "tpu", "gpu": "gpu", "cpu-fake": "xla:cpu"}.get(self.name, compiler_of(self.platform))
+
+
+def compiler_of(platform: str) -> str:
+    """The compiler's name in plans: "tpu" (libtpu), "gpu" (XLA:GPU), else "xla:<platform>"."""
+    return platform if platform in ("tpu", "gpu") else f"xla:{platform}"
 
 
 def libtpu_available() -> bool:
@@ -109,14 +123,17 @@ def tpu_topology(accelerator: str, chips_per_slice: int) -> str:
     return f"{accelerator}:" + "x".join(str(n) for n in table[chips_per_slice])
 
 
-def resolve_target(target: str, preset: Mapping | None) -> Target:
+def resolve_target(target: str, preset: Mapping | None, accelerator: str = "") -> Target:
     """The Target of `--target` for a mesh preset (paravt_jax/meshes.py entry; None for an explicit
-    axis list, which plans for gpu's kernels)."""
+    axis list, which plans for gpu's kernels; under --target=gpu on `accelerator`, default h100)."""
     if target not in TARGETS:
         raise TargetError(f"--target={target!r}: expected one of {', '.join(TARGETS)}")
     platform = preset["platform"] if preset else "gpu"
     if target == "auto":
-        target = "tpu" if platform == "tpu" and libtpu_available() else "cpu-fake"
+        target = ("tpu" if platform == "tpu" and libtpu_available() else
+                  "gpu" if platform == "gpu" and preset is not None and gpu_target.missing() is None else "cpu-fake")
+    if target == "gpu":
+        return resolve_gpu(preset, accelerator)
     if target == "tpu":
         if preset is None or platform != "tpu":
             raise TargetError("--target=tpu needs a TPU mesh preset (--mesh=v5p-16, ...), not "
@@ -128,6 +145,30 @@ def resolve_target(target: str, preset: Mapping | None) -> Target:
     if target == "local":
         return Target("local", jax.devices()[0].platform)
     return Target("cpu-fake", platform)
+
+
+def resolve_gpu(preset: Mapping | None, accelerator: str = "") -> Target:
+    """The gpu Target of a GPU mesh preset (its GPU model and hosts) or, for an axis list, of
+    one host of `accelerator` GPUs (h100 by default) per 8 devices."""
+    if preset is not None and preset["platform"] != "gpu":
+        raise TargetError(f"--target=gpu needs a GPU mesh preset (--mesh=gpu8, ...), not the {preset['platform']} "
+                          "preset")
+    accelerator = preset["accelerator"] if preset else (accelerator or "h100")
+    if accelerator not in gpu_target.GPUS:
+        raise TargetError(f"--target=gpu: no target config for GPU {accelerator!r}; known: "
+                          f"{', '.join(gpu_target.GPUS)}")
+    why = gpu_target.missing()
+    if why:
+        raise TargetError(f"--target=gpu needs XLA:GPU here: {why}")
+    topology = gpu_target.gpu_topology(preset["hosts"], preset["devices"], preset["slices"]) if preset else ""
+    return Target("gpu", "gpu", topology, accelerator=accelerator)
+
+
+def gpu_topology_of(devices: int) -> str:
+    """The topology of an axis list's `devices` GPUs: hosts of GPUS_PER_HOST (one host below
+    that or when they do not divide), each an NVLink domain of its own."""
+    hosts = devices // GPUS_PER_HOST if devices % GPUS_PER_HOST == 0 else 1
+    return gpu_target.gpu_topology(max(hosts, 1), devices)
 
 
 def tpu_devices(topology: str, slices: int = 1) -> list:
@@ -173,6 +214,12 @@ def target_devices(target: Target, devices: int) -> list | None:
             raise TargetError(f"topology {target.topology} x {target.slices} has {len(found)} devices, "
                               f"the mesh {devices}")
         return found
+    if target.name == "gpu":
+        topology = target.topology or gpu_topology_of(devices)
+        found = gpu_target.gpu_devices(target.accelerator, topology)
+        if len(found) != devices:
+            raise TargetError(f"GPU topology {topology} has {len(found)} devices, the mesh {devices}")
+        return found
     local = jax.devices()
     if target.name == "local":
         if len(local) < devices:
@@ -195,6 +242,9 @@ def target_env(target: Target, devices: int) -> dict[str, str]:
     elif target.name == "tpu":
         env.setdefault("TPU_SKIP_MDS_QUERY", "1")
         env.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    elif target.name == "gpu":
+        # the CUDA plugin makes its compile-only devices without a CUDA runtime only so
+        env["JAX_PLATFORMS"] = "cpu"
     else:
         raise TargetError(f"--target={target.name} compiles in this process (its own devices), not in a child")
     return env

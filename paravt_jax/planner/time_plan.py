@@ -100,6 +100,9 @@ class TimePlan:
     phases: tuple[PhaseTime, ...]
     notes: tuple[str, ...] = ()
     split: SplitPlan | None = None  # the same step on split meshes (split_plan)
+    # where the programs' FLOPs and bytes come from: "<compiler>'s cost_analysis", or XLA:CPU's
+    # cost analysis of the compiler's optimised modules (XLA:GPU without a device has none)
+    costs: str = ""
 
     @property
     def step_seconds(self) -> float:
@@ -116,7 +119,7 @@ class TimePlan:
         return max(self.phases, key=lambda p: p.seconds)
 
     def to_json(self) -> dict:
-        return dict(chip=self.chip, compiler=self.compiler, step_seconds=self.step_seconds,
+        return dict(chip=self.chip, compiler=self.compiler, costs=self.costs, step_seconds=self.step_seconds,
                     stages=self.stage_seconds(), bounding_phase=self.bounding.name,
                     reference_step_seconds=REFERENCE_STEP_SECONDS, reference_setup=REFERENCE_SETUP,
                     phases=[dict(dataclasses.asdict(p), seconds=p.seconds, bound=p.bound) for p in self.phases],
@@ -208,12 +211,22 @@ def time_plan(programs, rl, work, layout, config, chip: str, mesh: dict | None =
              f"{peak.interconnect_bytes_per_s / 1e9:,.0f} GB/s interconnect per chip",
              "each phase: max(compute, memory, network) per call x calls per step; host work (crops' video "
              "decoding, tokenization, rewards) not counted")
-    return TimePlan(peak.name, programs.compiler, tuple(phases), notes)
+    return TimePlan(peak.name, programs.compiler, tuple(phases), notes, costs=cost_sources(programs))
+
+
+def cost_sources(programs) -> str:
+    """Where a ProgramSet's FLOPs and bytes come from, in words (ProgramMemory.cost_source)."""
+    from paravt_jax.planner.memory import MODULE_COSTS
+
+    sources = sorted({p.cost_source or programs.compiler for p in programs.trainer + programs.sampler})
+    return "; ".join(f"XLA:CPU's cost analysis of {programs.compiler}'s optimised modules" if s == MODULE_COSTS
+                     else f"{s}'s cost_analysis" for s in sources)
 
 
 def format_time_plan(plan: TimePlan) -> list[str]:
-    lines = ["", f"TIME PLAN: one RL step, lower bound on {plan.chip} (costs from {plan.compiler}'s "
-                 "cost_analysis + attention kernels analytically)",
+    costs = plan.costs or f"{plan.compiler}'s cost_analysis"
+    lines = ["", f"TIME PLAN: one RL step, lower bound on {plan.chip} (costs from {costs} + attention kernels "
+                 "analytically)",
              f"  {'program':<38}{'stage':<11}{'calls':>7}{'TFLOP/call':>12}{'GB/call':>9}{'coll GB':>9}"
              f"{'seconds':>10}  bound"]
     for p in plan.phases:
