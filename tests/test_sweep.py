@@ -1,7 +1,9 @@
 """`paravt-jax sweep` and `paravt-jax report`: one real two-arm sweep of configs/ablations.py
 (shared SFT of one step, one RL step per arm) run once for the module, then checks of its
 workdirs, re-run skipping, the report, and the refusals."""
+import contextlib
 import csv
+import fcntl
 import io
 import json
 import os
@@ -14,6 +16,8 @@ import time
 from contextlib import redirect_stderr, redirect_stdout
 
 import pytest
+
+from conftest import once_per_session
 
 TIER = "integration"  # a sweep in a process
 
@@ -39,23 +43,56 @@ def sweep_main(*args):
     return result, out.getvalue() + log.getvalue()
 
 
-@pytest.fixture(scope="module")
-def swept(tmp_path_factory):
-    """The real sweep, as a user runs it: `python -m paravt_jax.cli sweep` in a subprocess on
-    one CPU device (the tests' 8 fake devices make compiles several times slower)."""
-    base = tmp_path_factory.mktemp("sweep")
-    root, builtin = str(base / "root"), str(base / "builtin")
-    common = [f"--config={ABLATIONS}:tiny", f"--workdir={root}", "--shared_sft", f"--only={TWO_ARMS}",
-              f"--config.data.builtin_root={builtin}", *MINI]
+def sweep_arguments(base: str) -> list[str]:
+    return [f"--config={ABLATIONS}:tiny", f"--workdir={base}/root", "--shared_sft", f"--only={TWO_ARMS}",
+            f"--config.data.builtin_root={base}/builtin", *MINI]
+
+
+def run_sweep(base: str) -> None:
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", env.pop("XLA_FLAGS", "")).strip()
     if flags:  # XLA reads a value that does not start with "--" as a file name
         env["XLA_FLAGS"] = flags
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "paravt_jax.cli", "sweep", *common], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=1200)
+    done = subprocess.run([sys.executable, "-m", "paravt_jax.cli", "sweep", *sweep_arguments(base)], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    return {"root": root, "common": common, "stdout": done.stdout, "seconds": time.perf_counter() - start}
+    with open(os.path.join(base, "sweep.json"), "w") as f:
+        json.dump({"stdout": done.stdout, "seconds": time.perf_counter() - start}, f)
+
+
+@pytest.fixture(scope="module")
+def sweep_run():
+    """The real sweep, as a user runs it: `python -m paravt_jax.cli sweep` in a subprocess on
+    one CPU device (the tests' 8 fake devices make compiles several times slower); run once per
+    session, whichever pytest-xdist workers take this module's tests (the workers' tests that
+    write into its root, or read what a rerun rewrites, take it through `swept_alone` or `swept`)."""
+    base = once_per_session("sweep", run_sweep)
+    with open(os.path.join(base, "sweep.json")) as f:
+        ran = json.load(f)
+    return {"root": os.path.join(base, "root"), "common": sweep_arguments(base), **ran}
+
+
+@contextlib.contextmanager
+def sweep_lock(sweep_run, exclusive: bool):
+    with open(sweep_run["root"] + ".use.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield sweep_run
+
+
+@pytest.fixture
+def swept(sweep_run):
+    """The shared sweep, read while no other worker's test reruns it (a rerun rewrites the
+    root's report)."""
+    with sweep_lock(sweep_run, exclusive=False) as run:
+        yield run
+
+
+@pytest.fixture
+def swept_alone(sweep_run):
+    """The shared sweep, for a test that reruns it: no other worker's test reads it meanwhile."""
+    with sweep_lock(sweep_run, exclusive=True) as run:
+        yield run
 
 
 def test_arms_ran_in_workdirs_named_by_their_overrides(swept):
@@ -83,7 +120,8 @@ def test_arms_ran_in_workdirs_named_by_their_overrides(swept):
     print(f"\n[test_sweep] real 2-arm sweep (+ shared SFT) took {swept['seconds']:.0f} s")
 
 
-def test_rerun_skips_finished_arms(swept):
+def test_rerun_skips_finished_arms(swept_alone):
+    swept = swept_alone
     root = swept["root"]
     stamps = {n: os.path.getmtime(os.path.join(root, n, "summary.json")) for n in ("_sft", "vanilla,seed=0")}
     start = time.perf_counter()
