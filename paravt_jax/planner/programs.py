@@ -104,6 +104,10 @@ class Target:
         return {"tpu": "tpu", "gpu": "gpu", "cpu-fake": "xla:cpu"}.get(self.name, compiler_of(self.platform))
 
 
+# The target that compiles a target's unrolled trainer cost programs, where not the target itself
+COST_TARGETS = {"gpu": Target("cpu-fake", "gpu")}
+
+
 def compiler_of(platform: str) -> str:
     """The compiler's name in plans: "tpu" (libtpu), "gpu" (XLA:GPU), else "xla:<platform>"."""
     return platform if platform in ("tpu", "gpu") else f"xla:{platform}"
@@ -516,9 +520,15 @@ def compile_programs(config: Qwen3VLConfig, rl, work, layout, mesh_sizes: Mappin
         # a scanned program compiles in about the same time at any depth: compile it whole
         depth = "full" if config.scan_layers or layers <= AUTO_FULL_MAX_LAYERS else "extrapolate"
 
-    def trainer_at(layers_, scan) -> list:
-        return jobs("trainer", with_depth(config, layers_, scan), rl, work, None, TRAINER_PROGRAMS,
-                    _layers(layers_, scan))
+    # the trainer's unrolled cost programs: compiled for the target, except for gpu (XLA:GPU has no
+    # cost analysis of its own without a device and compiles slower): for XLA:CPU on fake devices
+    # (COST_TARGETS), whose cost analysis counts the same work
+    cost_target = COST_TARGETS.get(target.name, target)
+    cost_jobs = jobs if cost_target == target else Jobs(cost_target, mesh_sizes, None)
+
+    def trainer_at(layers_, scan, runner=jobs) -> list:
+        return runner("trainer", with_depth(config, layers_, scan), rl, work, None, TRAINER_PROGRAMS,
+                      _layers(layers_, scan))
 
     def extrapolated(a: list, b: list) -> list:
         return [extrapolate(x, y, low, high, layers) for x, y in zip(a, b)]
@@ -545,16 +555,20 @@ def compile_programs(config: Qwen3VLConfig, rl, work, layout, mesh_sizes: Mappin
             how += "; no trainer costs"
         else:
             if layers == low:
-                unrolled, source = trainer_at(low, False), f"{low} unrolled layers"
+                unrolled, source = trainer_at(low, False, cost_jobs), f"{low} unrolled layers"
             else:
-                unrolled = extrapolated(trainer_at(low, False), trainer_at(high, False))
+                unrolled = extrapolated(trainer_at(low, False, cost_jobs), trainer_at(high, False, cost_jobs))
                 source = f"{low} and {high} unrolled layers"
-            trainer = [dataclasses.replace(m, **{k: getattr(c, k) for k in _COST_FIELDS}, seconds=m.seconds + c.seconds)
+            if cost_target != target:
+                source += f" compiled by {cost_target.compiler}"
+            trainer = [dataclasses.replace(m, **{k: getattr(c, k) for k in _COST_FIELDS}, cost_source=c.cost_source,
+                                           seconds=m.seconds + c.seconds)
                        for m, c in zip(memory, unrolled)]
             how += "; trainer costs from " + source
     how += f"; the sampler's programs whole ({layers} layers, unrolled as it runs them)"
     seconds = sum(p.seconds for p in (*trainer, *sampler))
-    return ProgramSet(tuple(trainer), tuple(sampler), target.compiler, how, seconds, tuple(jobs.children))
+    children = jobs.children + (cost_jobs.children if cost_jobs is not jobs else [])
+    return ProgramSet(tuple(trainer), tuple(sampler), target.compiler, how, seconds, tuple(children))
 
 
 def compile_sft_programs(config: Qwen3VLConfig, sft, work, mesh_sizes: Mapping[str, int], target: Target,
