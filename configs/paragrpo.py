@@ -18,7 +18,7 @@ import ml_collections
 from paravt_jax import meshes
 from paravt_jax.config import section
 from paravt_jax.configs import base
-from paravt_jax.rl.evaluate import EvalConfig
+from paravt_jax.eval.held_out import EvalConfig
 from paravt_jax.rl.trainer import RLConfig
 from paravt_jax.sft.trainer import SFTConfig
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import dataclasses
 
 from paravt_jax.config import SET_BY, ConfigValueError, Problem, Rule, build, integer, one_of, share
+from paravt_jax.eval.held_out import EvalConfig
 from paravt_jax.eval.prompts import MODES as PROMPT_MODES
 from paravt_jax.eval.settings import RECORD_NAMES, DriverConfig
-from paravt_jax.rl.evaluate import EvalConfig
 from paravt_jax.rl.trainer import RLConfig
 from paravt_jax.sft.trainer import SFTConfig
 from paravt_jax.text.chat import VISUALS

@@ -16,8 +16,8 @@ from paravt_jax.config import ConfigValueError, build
 from paravt_jax.config_checks import check_data_sources
 from paravt_jax.data.builtin import BUILTIN_MODELS, BuiltinAssets, ensure_builtin
 from paravt_jax.data.paravt_parquet import RLRow, load_rl_rows, load_sft_rows
+from paravt_jax.eval.held_out import EvalConfig
 from paravt_jax.models.qwen3_vl import init_model, load_pretrained, preset, save_pretrained
-from paravt_jax.rl.evaluate import EvalConfig
 from paravt_jax.rl.trainer import RLConfig
 from paravt_jax.sft.trainer import SFTConfig
 from paravt_jax.text.hf_processor import save_processor

@@ -194,7 +194,7 @@ def test_final_answer_round_forces_a_short_answer(video, tokenizer):
 
 
 def test_turn_texts_carry_the_forced_prefix_and_the_anchor_lands_on_generated_tags(video, tokenizer):
-    from paravt_jax.rl.rewards import RewardConfig, score
+    from paravt_jax.episodes.rewards import RewardConfig, score
 
     first = "I see sparse frames.\n</think>\n" + calls_text((1, 5)).split("\n", 1)[1]
     scripts = [[first, "The circle is blue.\n</think>\n<answer>blue</answer>"],

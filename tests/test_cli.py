@@ -181,7 +181,7 @@ def test_held_out_and_generate_episodes_are_the_configs():
     evaluation's own budget (eval.max_new_tokens, max_turns, mode) is the only change."""
     from paravt_jax.cli.jobs import generate_episode
     from paravt_jax.configs import paragrpo, vanilla_grpo
-    from paravt_jax.rl.evaluate import FINAL_ANSWER_TOKENS, episode_config
+    from paravt_jax.eval.held_out import FINAL_ANSWER_TOKENS, episode_config
     from paravt_jax.runtime import eval_config, rl_config
 
     config = paragrpo.get_config("toy")

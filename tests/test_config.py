@@ -9,7 +9,7 @@ import pytest
 from paravt_jax import runtime
 from paravt_jax.config import build, fields_and_keys, section
 from paravt_jax.configs import paragrpo
-from paravt_jax.rl.rewards import RewardConfig, make_judge
+from paravt_jax.episodes.rewards import RewardConfig, make_judge
 from paravt_jax.rl.trainer import RLConfig
 from paravt_jax.sft.trainer import SFTConfig
 

@@ -11,8 +11,8 @@ from paravt_jax.agent.dispatch import CropDispatcher, DispatchConfig
 from paravt_jax.agent.rollout import Episode, RolloutConfig, run_rollouts
 from paravt_jax.data.paravt_parquet import RLRow
 from paravt_jax.data.synthetic import Event, write_video
-from paravt_jax.rl import episode_log as L
-from paravt_jax.rl.rewards import RewardConfig, score
+from paravt_jax.episodes import episode_log as L
+from paravt_jax.episodes.rewards import RewardConfig, score
 from paravt_jax.text.tokenizer import train_tokenizer
 from test_agent_rollout import CORPUS, ScriptedSampler, calls_text
 

@@ -1,7 +1,7 @@
 """Format compliance, kappa and calls per tool turn: one definition, hand-counted cases."""
 import pytest
 
-from paravt_jax.rl.episode_stats import calls_per_tool_turn, format_compliant, tool_use, turn_problems
+from paravt_jax.episodes.episode_stats import calls_per_tool_turn, format_compliant, tool_use, turn_problems
 
 CALL = ('<tool_call>{"name": "crop_video", "arguments": {"video_path": "v.mp4", "start_time": 1, "end_time": 5}}'
         "</tool_call>")
@@ -30,7 +30,7 @@ def test_summarize_splits_the_tool_call_rate_and_accuracy_by_overview_budget():
 
     import numpy as np
 
-    from paravt_jax.rl.episode_stats import summarize
+    from paravt_jax.episodes.episode_stats import summarize
 
     def rollout(text, k):
         return SimpleNamespace(turn_texts=(text,), nframes=k, calls_per_turn=(), turns=1, errors=(),
@@ -61,7 +61,7 @@ MALFORMED = {
 
 @pytest.mark.parametrize("turn", sorted(MALFORMED))
 def test_a_turn_the_log_flags_is_never_compliant(turn):
-    from paravt_jax.rl.episode_log import turn_problems as logged
+    from paravt_jax.episodes.episode_log import turn_problems as logged
 
     assert logged is turn_problems  # the log shows the metric's own definition
     assert any(MALFORMED[turn] in problem for problem in turn_problems(turn))

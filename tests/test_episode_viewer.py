@@ -10,8 +10,8 @@ import pytest
 from chromium import Chromium, find_browser
 from conftest import in_ci
 from paravt_jax import cli
+from paravt_jax.episodes import episode_log as L
 from paravt_jax.experiments import view
-from paravt_jax.rl import episode_log as L
 from test_episode_log import scripted_step
 
 TIER = "integration"  # a headless browser

@@ -252,7 +252,7 @@ def test_toy_config_runs_one_sft_step(tmp_path):
 def test_call_validity_counts_blocks_less_their_errors():
     from types import SimpleNamespace as Rollout
 
-    from paravt_jax.rl.evaluate import call_validity
+    from paravt_jax.eval.held_out import call_validity
 
     call = '<tool_call>\n{"name": "crop_video", "arguments": {}}\n</tool_call>'
     good = Rollout(turn_texts=(f"<think>\nx\n</think>\n{call}\n{call}", "<answer>A</answer>"), errors=())

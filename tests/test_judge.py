@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from paravt_jax.rl.judge import JudgeError, LLMJudge, judge_messages, parse_judge_reply
-from paravt_jax.rl.rewards import accuracy_reward, compose_reward
+from paravt_jax.episodes.judge import JudgeError, LLMJudge, judge_messages, parse_judge_reply
+from paravt_jax.episodes.rewards import accuracy_reward, compose_reward
 
 KEY = "sk-test-SECRET-0123456789"
 F1_FALLBACK = 2 / 3  # f1("cat sat", "cat sat on mat"): P = 1, R = 1/2

@@ -13,6 +13,7 @@ import pytest
 from paravt_jax.agent.rollout import RolloutConfig
 from paravt_jax.data.paravt_parquet import RLRow
 from paravt_jax.data.synthetic import Event, write_video
+from paravt_jax.episodes.episode_stats import summarize
 from paravt_jax.eval import driver, prompts
 from paravt_jax.eval import records as store
 from paravt_jax.eval.datasets import EvalSample, LoadedBenchmark
@@ -20,7 +21,6 @@ from paravt_jax.eval.evaluator import evaluate
 from paravt_jax.models.qwen3_vl import preset
 from paravt_jax.models.qwen3_vl.hf_io import abstract_model
 from paravt_jax.rl.advantages import AdvantageConfig
-from paravt_jax.rl.episode_stats import summarize
 from paravt_jax.rl.trainer import RLConfig, RLStep, periodic_evaluators
 from paravt_jax.sampling import Sampler, SamplingParams
 from paravt_jax.text.inputs import encode_ids

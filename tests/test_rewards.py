@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from paravt_jax.rl import metrics, rewards
-from paravt_jax.rl.rewards import (
+from paravt_jax.episodes import metrics, rewards
+from paravt_jax.episodes.rewards import (
     accuracy_reward,
     anchor_reward,
     compose_reward,

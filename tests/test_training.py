@@ -13,9 +13,9 @@ from paravt_jax.agent.protocol import PromptFormat
 from paravt_jax.agent.rollout import RolloutConfig
 from paravt_jax.data import synthetic as syn
 from paravt_jax.data.paravt_parquet import SchemaError, load_rl_rows, load_sft_rows
+from paravt_jax.episodes.rewards import RewardConfig
 from paravt_jax.models.qwen3_vl import init_model, preset
 from paravt_jax.rl.advantages import AdvantageConfig
-from paravt_jax.rl.rewards import RewardConfig
 from paravt_jax.rl.trainer import RLConfig, periodic_evaluators, step_shapes, train_rl
 from paravt_jax.sft.trainer import HEAD, SFTConfig, sft_loss, train_sft
 from paravt_jax.text.tokenizer import train_tokenizer
@@ -325,7 +325,7 @@ def test_periodic_evaluation_uses_the_rollout_mode_and_logs_its_episodes(dataset
     logging on) writes every episode it ran to eval_episodes/step_XXXXXX.jsonl."""
     import dataclasses
 
-    from paravt_jax.rl import evaluate as evaluate_module
+    from paravt_jax.eval import held_out as evaluate_module
 
     root, ds, tok = dataset
     rows, _ = load_rl_rows(ds.rl_train, root)

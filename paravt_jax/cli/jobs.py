@@ -19,11 +19,11 @@ from paravt_jax import distributed, preemption, reproducibility, storage
 from paravt_jax.agent.dispatch import CropDispatcher
 from paravt_jax.agent.rollout import Episode, run_rollouts
 from paravt_jax.checkpointing import Checkpointer
+from paravt_jax.episodes.episode_log import write_eval_episodes
+from paravt_jax.episodes.rewards import extract_answer
 from paravt_jax.eval.evaluator import evaluate
+from paravt_jax.eval.held_out import HeldOut
 from paravt_jax.experiments.plots import plot_run, thirds
-from paravt_jax.rl.episode_log import write_eval_episodes
-from paravt_jax.rl.evaluate import HeldOut
-from paravt_jax.rl.rewards import extract_answer
 from paravt_jax.rl.trainer import periodic_evaluators, train_rl
 from paravt_jax.runtime import (
     build_model,
@@ -114,7 +114,7 @@ def evaluate_all(config, model, tokenizer, eval_rows, nframes=None, episodes: st
                  stage: str = "") -> list[dict]:
     """One result row per (tools no/yes) x K, K over `nframes` (default: `eval.nframes`).
     episodes: the evaluation's episode log (`<workdir>/eval/episodes.jsonl`; "" = none), where
-    every episode is kept under `stage` and its setting (rl/episode_log.py)."""
+    every episode is kept under `stage` and its setting (episodes/episode_log.py)."""
     e = eval_config(config)
     rl = rl_config(config)  # the episode: the training rollout's, with the evaluation's budget
     rows = eval_rows[: e.limit] if e.limit else eval_rows

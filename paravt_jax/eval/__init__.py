@@ -1,1 +1,3 @@
-"""Benchmark evaluation helpers (scoring and summaries) mirroring the reference `paravt/eval` driver."""
+"""Evaluations of a policy behind one interface (evaluator.py): the greedy held-out evaluation on
+the run's own data (held_out.py) and the benchmark driver mirroring the reference `paravt/eval`
+(driver.py, with its datasets, prompts, scoring and records)."""

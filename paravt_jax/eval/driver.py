@@ -20,6 +20,9 @@ directory with another's (`--overwrite` drops them). A benchmark with more missi
 `max_missing_videos` (a share) is refused; the summary always counts them. `--compare` runs the same
 samples with parallel dispatch and with the sequential baseline (one call per turn) and
 writes `compare.json` / `compare.md`.
+
+The command itself (`evaluate_command`: the model built, one sampler for every benchmark) is
+the application's, paravt_jax/cli/eval.py; this module is what it runs.
 """
 from __future__ import annotations
 
@@ -33,20 +36,16 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from absl import logging
 
-from paravt_jax import reproducibility, storage
+from paravt_jax import storage
 from paravt_jax.agent.dispatch import CropDispatcher, DispatchConfig
 from paravt_jax.agent.rollout import Episode, Rollout, RolloutConfig, run_rollouts
 from paravt_jax.config import ConfigValueError, build
+from paravt_jax.episodes import rewards as R
+from paravt_jax.episodes.episode_stats import calls_per_tool_turn
 from paravt_jax.eval import prompts, provenance, scoring
 from paravt_jax.eval import records as store
-from paravt_jax.eval.evaluator import SAMPLER, Outcome
-from paravt_jax.eval.settings import DISPATCH, DriverConfig
-from paravt_jax.rl import rewards as R
-from paravt_jax.rl.episode_stats import calls_per_tool_turn
-from paravt_jax.runtime import build_model, builtin_assets
-from paravt_jax.sampling import Sampler
-from paravt_jax.text.inputs import check_against_model
-from paravt_jax.text.tokenizer import Tokenizer
+from paravt_jax.eval.evaluator import Outcome
+from paravt_jax.eval.settings import DriverConfig
 
 
 # ----------------------------------------------------------------------------- one batch
@@ -310,7 +309,7 @@ def comparison_table(results: dict[str, dict[str, dict]]) -> str:
     return "\n".join(lines)
 
 
-# ----------------------------------------------------------------------------- command
+# ----------------------------------------------------------------------------- the command's parts
 def driver_config(c, benchmark: str | None = None, **override) -> DriverConfig:
     """The `driver` section as a DriverConfig (a key that is not a field, or a bad value, is a
     ConfigValueError naming it), with `override`'s values (one dispatch of --compare) and
@@ -365,51 +364,6 @@ def load_benchmarks(c, prompt_mode_for: Callable[[str], str], limit: int, defaul
         except FileNotFoundError as e:  # a mistyped path in config.benchmarks / config.root
             raise ConfigValueError(f"{e} (config.benchmarks.{name}, config.root={c.root!r})") from None
     return out
-
-
-def evaluate_command(config, output_dir: str, *, shard_id: int = 0, num_shards: int = 1, limit: int = 0,
-                     compare: bool = False, overwrite: bool = False) -> dict:
-    """Evaluates config.datasets into output_dir (see the module docstring). Refused before the
-    model is built: a benchmark with too many missing videos (MissingVideos), and an output
-    directory holding another model's or other settings' records (store.ForeignRecords; `overwrite`
-    drops them instead)."""
-    assets = builtin_assets(config)
-    benchmarks = load_benchmarks(config, lambda name: benchmark_prompt_mode(config, name),
-                                 limit or config.limit, assets.data_dir)
-    for benchmark in benchmarks:
-        check_missing_videos(benchmark, config.max_missing_videos)
-    identity = provenance.model_identity(config, assets.model_dir)
-    manifest = reproducibility.manifest(seed=int(config.get("seed", 0)), data=assets.identity())
-    arms = DISPATCH if compare else (config.driver.dispatch,)
-    evaluators = [BenchmarkEval(benchmark, driver_config(config, benchmark.name, dispatch=dispatch),
-                                storage.join(output_dir, dispatch) if compare else output_dir, identity,
-                                shard_id, num_shards, manifest=manifest)
-                  for benchmark in benchmarks for dispatch in arms]
-    for evaluator in evaluators:  # every directory checked before the model is loaded
-        storage.makedirs(evaluator.output_dir)
-        store.claim_output(evaluator.output_dir, evaluator.benchmark.name,
-                           provenance.producer(identity, evaluator.config), overwrite, logging.info)
-    model = build_model(config, default_dir=assets.model_dir)
-    tokenizer = Tokenizer.from_directory(config.model.checkpoint or assets.model_dir)
-    check_against_model(tokenizer, model.config)
-    sampler = Sampler(model, SAMPLER)
-    if compare:  # compile each arm's shapes (a batch per question type) before timing
-        for benchmark in benchmarks:
-            warm_up(sampler, tokenizer, benchmark,
-                    [e.config for e in evaluators if e.benchmark is benchmark])
-    summaries: dict[str, dict] = {}
-    comparison: dict[str, dict[str, dict]] = {}
-    for evaluator in evaluators:  # one sampler for every benchmark and arm
-        for outcome in evaluator.run(sampler, tokenizer):
-            name, dispatch = outcome.setting["dataset"], outcome.setting["dispatch"]
-            comparison.setdefault(name, {})[dispatch] = outcome.result
-            summaries[f"{name}/{dispatch}" if compare else name] = outcome.result
-    table = comparison_table(comparison)
-    print(table, flush=True)
-    if compare:
-        storage.write_json_atomic(storage.join(output_dir, "compare.json"), comparison)
-        storage.write_atomic(storage.join(output_dir, "compare.md"), table + "\n")
-    return summaries
 
 
 def warm_up(sampler, tokenizer, benchmark, drivers: Sequence[DriverConfig]) -> None:

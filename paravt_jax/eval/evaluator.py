@@ -2,7 +2,7 @@
 `Outcome`s, each a named set of scalar metrics (big_vision's evaluators are the model).
 
 Two kinds implement it: the greedy held-out evaluation on the run's own data
-(`paravt_jax.rl.evaluate.HeldOut`: one outcome per setting of tools and overview budget K) and
+(`paravt_jax.eval.held_out.HeldOut`: one outcome per setting of tools and overview budget K) and
 a benchmark under the reference protocol (`paravt_jax.eval.driver.BenchmarkEval`: one outcome
 per benchmark, its records kept in its output directory). The main job, the RL trainer's
 periodic evaluation (a list of evaluators) and `paravt-jax eval` all call `evaluate`, which

@@ -1,5 +1,5 @@
 """`paravt-jax view WORKDIR [--step=S] [--out=DIR]`: static HTML pages of a run's episode logs
-(paravt_jax/rl/episode_log.py), readable from the file system with no server.
+(paravt_jax/episodes/episode_log.py), readable from the file system with no server.
 
 One page per logged RL step (`step_XXXXXX.html`), one for the held-out evaluation episodes
 (`eval.html`) and `index.html` linking them with each step's numbers. For every episode: a
@@ -21,7 +21,7 @@ import os
 import shutil
 from collections.abc import Sequence
 
-from paravt_jax.rl.episode_log import read_jsonl, step_files
+from paravt_jax.episodes.episode_log import read_jsonl, step_files
 
 VIEW_USAGE = "paravt-jax view WORKDIR [--step=S] [--out=DIR]"
 THUMB_HEIGHT = 54  # pixels

@@ -33,7 +33,7 @@ sequence ends in a generated token (the final `<|im_end|>`). We place it at the 
 token explicitly, so trailing template/padding tokens can never swallow it.
 
 Targeted anchor (`anchor_mode="token"`). The per-row R_anchor (unweighted, see
-`paravt_jax.rl.rewards.anchor_reward`) must NOT be inside `rewards` in this mode. It is
+`paravt_jax.episodes.rewards.anchor_reward`) must NOT be inside `rewards` in this mode. It is
 group-normalised on its own (same groups, same unbiased std + eps), multiplied by
 `anchor_weight`, and added to the advantage at the structural-tag positions of the generated
 text (`structural_mask & loss_mask`); a row with no such position gets it at its last loss

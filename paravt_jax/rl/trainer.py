@@ -22,14 +22,14 @@ from paravt_jax.agent.dispatch import CropDispatcher, DispatchConfig
 from paravt_jax.agent.rollout import Episode, RolloutConfig, run_rollouts
 from paravt_jax.config import checked, integer, integer_between, integers, refuse, set_by, validate
 from paravt_jax.data import gating
+from paravt_jax.episodes.episode_log import MAX_LOGGED, EpisodeLog
+from paravt_jax.episodes.episode_stats import summarize
+from paravt_jax.episodes.rewards import RewardConfig, make_judge, score
 from paravt_jax.eval.evaluator import Evaluator, evaluate
+from paravt_jax.eval.held_out import HeldOut
 from paravt_jax.rl.advantages import AdvantageConfig, compute_advantages
-from paravt_jax.rl.episode_log import MAX_LOGGED, EpisodeLog
-from paravt_jax.rl.episode_stats import summarize
-from paravt_jax.rl.evaluate import HeldOut
 from paravt_jax.rl.objective import StepConfig, policy_head, policy_loss
 from paravt_jax.rl.pipeline import Pipeline, Policy, Taken
-from paravt_jax.rl.rewards import RewardConfig, make_judge, score
 from paravt_jax.rl.shapes import ShapeConfig, StepShapes, resolve
 from paravt_jax.sampling import Sampler, SamplerConfig
 from paravt_jax.train import compiles
@@ -78,7 +78,7 @@ class RLConfig:
     eval_nframes: tuple[int, ...] = checked((16,), integers(1))
     eval_limit: int = checked(2, integer(1))  # its held-out rows: the first N
     # sampled episodes logged per step to <workdir>/episodes/step_XXXXXX.jsonl (0 = none;
-    # paravt_jax/rl/episode_log.py, `paravt-jax view`)
+    # paravt_jax/episodes/episode_log.py, `paravt-jax view`)
     log_episodes: int = checked(0, integer_between(0, MAX_LOGGED))
 
     def __post_init__(self):

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from paravt_jax.agent.tools import parse_tool_calls
-from paravt_jax.rl import rewards as R
+from paravt_jax.episodes import rewards as R
 
 
 def turn_problems(text: str) -> list[str]:

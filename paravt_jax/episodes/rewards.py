@@ -38,8 +38,8 @@ from typing import Any
 import numpy as np
 
 from paravt_jax.config import checked, non_negative, one_of, validate
-from paravt_jax.rl import judge as J
-from paravt_jax.rl.metrics import f1_score, mcq_accuracy, normalize_text, temporal_iou
+from paravt_jax.episodes import judge as J
+from paravt_jax.episodes.metrics import f1_score, mcq_accuracy, normalize_text, temporal_iou
 
 __all__ = [
     "extract_answer",

@@ -9,10 +9,10 @@ import numpy as np
 from paravt_jax.agent.dispatch import CropDispatcher, DispatchConfig
 from paravt_jax.agent.rollout import MODES, Episode, RolloutConfig, run_rollouts
 from paravt_jax.config import checked, integer, integers, one_of, validate
+from paravt_jax.episodes import rewards as R
+from paravt_jax.episodes.episode_log import eval_records
+from paravt_jax.episodes.episode_stats import tool_use
 from paravt_jax.eval.evaluator import Outcome
-from paravt_jax.rl import rewards as R
-from paravt_jax.rl.episode_log import eval_records
-from paravt_jax.rl.episode_stats import tool_use
 
 
 @dataclasses.dataclass(frozen=True)
