@@ -19,13 +19,10 @@ import math
 import os
 import re
 import statistics
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 from paravt_jax.config import config_file
-
-if TYPE_CHECKING:
-    from paravt_jax.experiments.report import ArmRun
 
 DIRECTIONS = ("above", "below")
 _SEED = re.compile(r"(?:^|,)seed=([^,]+)")
@@ -33,6 +30,22 @@ _SEED = re.compile(r"(?:^|,)seed=([^,]+)")
 
 class HypothesisError(ValueError):
     pass
+
+
+class Arm(Protocol):
+    """What a verdict reads of one arm (the report's ArmRun: experiments/report.py)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def group(self) -> str: ...
+
+    @property
+    def finished(self) -> bool: ...
+
+    @property
+    def numbers(self) -> Mapping[str, float]: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,12 +102,12 @@ def judge(differences: Sequence[float], direction: str) -> tuple[float, float, s
     return mean, std, "inconclusive"
 
 
-def _value(arm: ArmRun, metric: str) -> float | None:
+def _value(arm: Arm, metric: str) -> float | None:
     value = arm.numbers.get(metric)
     return None if value is None or not math.isfinite(value) else float(value)
 
 
-def differences(h: Hypothesis, arms: Sequence[ArmRun]) -> list[float]:
+def differences(h: Hypothesis, arms: Sequence[Arm]) -> list[float]:
     """Per seed of h.group's finished arms (seed order): number - comparison; arms without the
     number, or without a partner of their seed, are left out."""
     mine = sorted((a for a in arms if a.group == h.group and a.finished), key=lambda a: seed_of(a.name))
@@ -117,7 +130,7 @@ def differences(h: Hypothesis, arms: Sequence[ArmRun]) -> list[float]:
     return out
 
 
-def verdicts(hypotheses: Sequence[Hypothesis], arms: Sequence[ArmRun]) -> list[Verdict]:
+def verdicts(hypotheses: Sequence[Hypothesis], arms: Sequence[Arm]) -> list[Verdict]:
     out = []
     for h in hypotheses:
         values = differences(h, arms)
