@@ -189,3 +189,33 @@ def test_a_fused_kernel_the_gpu_compiler_refuses_is_named(monkeypatch):
     with pytest.raises(ValueError, match=r"model.attention='cudnn': the gpu compiler refused toy attention with "
                                          r"the attention kernel cudnn .*UNIMPLEMENTED"):
         compile_for("toy attention", attend, (q,), {}, (), 1, devices, mesh=mesh)
+
+
+def test_children_compile_in_parallel_in_order(monkeypatch):
+    """--compile_jobs=N: up to N child processes at once; the programs come back in their order
+    and every child is counted."""
+    import threading
+    import time
+
+    from paravt_jax.planner.child import ChildRun
+    from paravt_jax.planner.memory import ProgramMemory
+
+    running, most = [0], [0]
+    lock = threading.Lock()
+
+    def fake_child(function, args, env, label):
+        name = args[-1][0]
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.3 if name == "a" else 0.05)
+        with lock:
+            running[0] -= 1
+        return [ProgramMemory(name, 1, 0, 1, 0.1)], ChildRun(label, 0.3, 1)
+
+    monkeypatch.setattr(G, "run_in_child", fake_child)
+    monkeypatch.setattr(G, "target_env", lambda target, devices: {})
+    jobs = G.Jobs(G.Target("cpu-fake", "gpu"), {"data": 1, "fsdp": 2, "tensor": 1}, None, parallel=2)
+    out = jobs("sampler", None, None, None, None, ("a", "b", "c"), "test")
+    assert [p.name for p in out] == ["a", "b", "c"] and most[0] == 2
+    assert [r.label for r in jobs.children] == ["a [test]", "b [test]", "c [test]"]

@@ -19,9 +19,9 @@ STAGES = ("all", "rl", "sft")
 def main(argv: list[str]) -> planner.MemoryPlan | sft_plan.SFTPlan:
     """`paravt-jax plan --config=FILE[:ARG] [--config.x=y] [--mesh=...] [--devices=N]
     [--device_memory_gb=G] [--activations=auto|xla|estimate] [--target=auto|cpu-fake|tpu|gpu|local]
-    [--depth=auto|extrapolate|full] [--chip=NAME] [--stage=all|rl|sft] [--compile_in=children|process] [--json=PATH]
-    [--question_tokens=N] [--video_seconds=S]`. Returns the RL plan, or the SFT plan under
-    --stage=sft (--json holds both under --stage=all: the SFT plan as its `sft`)."""
+    [--depth=auto|extrapolate|full] [--chip=NAME] [--stage=all|rl|sft] [--compile_in=children|process]
+    [--compile_jobs=N] [--json=PATH] [--question_tokens=N] [--video_seconds=S]`. Returns the RL plan,
+    or the SFT plan under --stage=sft (--json holds both under --stage=all: the SFT plan as its `sft`)."""
     argv = list(argv)
     values = flags.FlagValues()
     define_config(values, planner.DEFAULT_CONFIG, argv)
@@ -53,6 +53,8 @@ def main(argv: list[str]) -> planner.MemoryPlan | sft_plan.SFTPlan:
                       "one program's); process: all in one process (this one, or one child with the fake CPU "
                       "devices this one lacks); target local always compiles in this process",
                       flag_values=values)
+    flags.DEFINE_integer("compile_jobs", 1, "child processes compiling at once (--compile_in=children): each "
+                         "holds one program's host memory", lower_bound=1, flag_values=values)
     flags.DEFINE_integer("question_tokens", workload.Assumptions.question_tokens, "assumed tokens of one question",
                          flag_values=values)
     flags.DEFINE_float("video_seconds", workload.Assumptions.video_seconds, "assumed video length (the digits of "
@@ -90,7 +92,8 @@ def main(argv: list[str]) -> planner.MemoryPlan | sft_plan.SFTPlan:
         result = sft = None
         if values.stage in ("all", "rl"):
             result = planner.plan(values.config, sizes, memory, values.activations, assumptions, target=target,
-                                  depth=values.depth, chip=chip, compile_in=values.compile_in)
+                                  depth=values.depth, chip=chip, compile_in=values.compile_in,
+                                  compile_jobs=values.compile_jobs)
             print(planner.format_plan(result), flush=True)
         if values.stage == "sft" or (values.stage == "all" and sft_plan.sft_settings(values.config)):
             sft = sft_plan.plan_sft(values.config, sizes, memory, values.activations, assumptions, target=target,

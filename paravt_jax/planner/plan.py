@@ -264,7 +264,7 @@ def activation_mode(activations: str, sizes: Mapping[str, int], target: Target |
 def plan(config, mesh_sizes: Mapping[str, int], device_memory_gb: float,
          activations: str = "estimate", assumptions: Assumptions | None = None, tokenizer=None,
          target: Target | None = None, depth: str = "auto", chip: str = "",
-         compile_in: str = "children") -> MemoryPlan:
+         compile_in: str = "children", compile_jobs: int = 1) -> MemoryPlan:
     """Per-device memory of the trainer, the sampler and the co-located rollout phase.
 
     config: an ml_collections config as `paravt-jax train` takes (model, rl sections);
@@ -276,7 +276,8 @@ def plan(config, mesh_sizes: Mapping[str, int], device_memory_gb: float,
     programs compile (programs.py; default XLA:CPU on fake CPU devices planning gpu kernels);
     depth: full or extrapolated programs (programs.py); chip: the accelerator whose peaks the
     time plan uses (time_plan.CHIPS; "" = no time plan); compile_in: each program in a child
-    process of its own ("children") or all in one process ("process"; programs.py COMPILE_IN).
+    process of its own ("children") or all in one process ("process"; programs.py COMPILE_IN);
+    compile_jobs: child processes compiling at once.
     """
     if activations not in ACTIVATION_MODES:
         raise PlanError(f"--activations={activations!r}: expected one of {', '.join(ACTIVATION_MODES)}")
@@ -329,7 +330,7 @@ def plan(config, mesh_sizes: Mapping[str, int], device_memory_gb: float,
         target = target or Target("cpu-fake", "gpu")
         try:
             programs = compile_programs(model, rl, work, sampler_layout(rl, work), sizes, target, depth,
-                                        compile_in=compile_in)
+                                        compile_in=compile_in, parallel=compile_jobs)
         except TargetError as e:
             raise PlanError(str(e)) from None
         except ValueError as e:  # a kernel the target platform has not (attention.resolve)

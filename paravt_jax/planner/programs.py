@@ -50,6 +50,7 @@ AUTO_FULL_MAX_LAYERS layers) or extrapolated from d and 2d unrolled layers.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import importlib.util
 import math
@@ -445,10 +446,12 @@ class Jobs:
     """Compiles the planner's programs for one target and mesh: in this process on `devices`, or
     (devices None) each program in a child process of its own (planner/child.py), which returns
     the program's ProgramMemory and its peak resident memory (`children`). One line is logged per
-    program compiled in a child: its compile seconds, the child's wall seconds and peak memory."""
+    program compiled in a child: its compile seconds, the child's wall seconds and peak memory.
+    parallel: how many children compile at once (each holds one program's host memory)."""
 
-    def __init__(self, target: Target, mesh_sizes: Mapping[str, int], devices: list | None):
+    def __init__(self, target: Target, mesh_sizes: Mapping[str, int], devices: list | None, parallel: int = 1):
         self.target, self.mesh_sizes, self.devices = target, dict(mesh_sizes), devices
+        self.parallel = max(1, int(parallel))
         self.children: list[ChildRun] = []
 
     def __call__(self, kind: str, config, settings, work, layout, names, where: str) -> list[ProgramMemory]:
@@ -458,15 +461,17 @@ class Jobs:
             return _programs_of(kind, config, settings, work, layout, sh.make_mesh(self.mesh_sizes, self.devices),
                                 self.target.platform, names)
         env = target_env(self.target, math.prod(self.mesh_sizes.values()))
-        out = []
-        for name in names:
-            label = f"{name} [{where}]"
+
+        def one(name):
             (program,), run = run_in_child(program_job, (kind, config, settings, work, layout, self.mesh_sizes,
-                                                         self.target, (name,)), env, label)
-            self.children.append(run)
+                                                         self.target, (name,)), env, f"{name} [{where}]")
             log_child(run, program)
-            out.append(program)
-        return out
+            return program, run
+
+        with concurrent.futures.ThreadPoolExecutor(min(self.parallel, len(names)) or 1) as pool:
+            done = list(pool.map(one, names))  # in the order of `names`
+        self.children += [run for _, run in done]
+        return [program for program, _ in done]
 
 
 def log_child(run: ChildRun, program: ProgramMemory | None = None) -> None:
@@ -477,13 +482,13 @@ def log_child(run: ChildRun, program: ProgramMemory | None = None) -> None:
                  f"{run.peak_bytes / 2**30:.2f} GiB resident")
 
 
-def _jobs(target: Target, mesh_sizes: Mapping[str, int], compile_in: str) -> Jobs | None:
+def _jobs(target: Target, mesh_sizes: Mapping[str, int], compile_in: str, parallel: int = 1) -> Jobs | None:
     """Jobs for `compile_in`; None: cpu-fake with too few devices (or other XLA flags) in this
     process under compile_in=process (every program in one child)."""
     if compile_in not in COMPILE_IN:
         raise TargetError(f"--compile_in={compile_in!r}: expected one of {', '.join(COMPILE_IN)}")
     if compile_in == "children" and target.name != "local":  # local: this process' own devices
-        return Jobs(target, mesh_sizes, None)
+        return Jobs(target, mesh_sizes, None, parallel)
     devices = target_devices(target, math.prod(mesh_sizes.values()))
     return None if devices is None else Jobs(target, mesh_sizes, devices)
 
@@ -501,16 +506,18 @@ def _layers(layers: int, scan: bool) -> str:
 
 
 def compile_programs(config: Qwen3VLConfig, rl, work, layout, mesh_sizes: Mapping[str, int], target: Target,
-                     depth: str = "auto", costs: bool = True, compile_in: str = "children") -> ProgramSet:
+                     depth: str = "auto", costs: bool = True, compile_in: str = "children",
+                     parallel: int = 1) -> ProgramSet:
     """Every program of one RL step compiled for `target`, at the model's depth (see the module
     docstring for `depth`). The sampler's programs are compiled whole whatever `depth` says: it
     unrolls the decoder's layers in every run (TextDecoder.forward_cached), so the whole program
     is what runs and its cost analysis counts every layer. costs=False: no unrolled trainer
     programs (the trainer's cost fields 0). compile_in: each program in a child process of its
-    own ("children"; not for target local), or all in one process ("process"; see `Jobs`)."""
+    own ("children"; not for target local), or all in one process ("process"; see `Jobs`);
+    parallel: children compiling at once (children only)."""
     if depth not in DEPTHS:
         raise TargetError(f"--depth={depth!r}: expected one of {', '.join(DEPTHS)}")
-    jobs = _jobs(target, mesh_sizes, compile_in)
+    jobs = _jobs(target, mesh_sizes, compile_in, parallel)
     if jobs is None:
         return _in_one_child(compile_programs, (config, rl, work, layout, dict(mesh_sizes), target, depth, costs,
                                                 "process"), target, mesh_sizes)
@@ -524,7 +531,7 @@ def compile_programs(config: Qwen3VLConfig, rl, work, layout, mesh_sizes: Mappin
     # cost analysis of its own without a device and compiles slower): for XLA:CPU on fake devices
     # (COST_TARGETS), whose cost analysis counts the same work
     cost_target = COST_TARGETS.get(target.name, target)
-    cost_jobs = jobs if cost_target == target else Jobs(cost_target, mesh_sizes, None)
+    cost_jobs = jobs if cost_target == target else Jobs(cost_target, mesh_sizes, None, parallel)
 
     def trainer_at(layers_, scan, runner=jobs) -> list:
         return runner("trainer", with_depth(config, layers_, scan), rl, work, None, TRAINER_PROGRAMS,
