@@ -108,11 +108,19 @@ jax.tree_util.register_dataclass(DecodeCarry, data_fields=[f.name for f in datac
                                  meta_fields=[])
 
 
+DECODE_WINDOWS = ("used", "capacity")
+
+
 @dataclasses.dataclass(frozen=True)
 class DecodePlan:
-    """The static arguments of a decode: one compiled program per plan (and input shapes)."""
+    """The static arguments of a decode: one compiled program per plan (and input shapes).
+    window: what a step attends (SamplerConfig.decode_window): "used" = each row, while it
+    samples, its prompt and its own cache up to the last filled block of the rows still
+    sampling (finished rows attend to nothing), blockwise; "capacity" = every row every slot
+    of the cache (dense when the scores are small, as `attend` chooses)."""
     sharding: CacheShardings | None  # of the suffix cache's layers (None without a mesh)
     backend: SamplerBackend
+    window: str = "used"
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "plan"), donate_argnames="cache")
@@ -150,7 +158,8 @@ def decode(graphdef, params, weights, cache: KVCache, prefix: KVCache, inputs: D
         fed = jnp.maximum(c.tokens[:, c.step - 1], 0)[:, None]
         positions = jnp.broadcast_to(c.next_position[None, :, None], (3, fed.shape[0], 1))
         valid = jax.lax.dynamic_update_slice(cache.valid, active[:, None], (0, c.write_index))
-        view = CacheView(KVCache(cache.keys, cache.values, valid), c.write_index, prefix=prefix)
+        view = CacheView(KVCache(cache.keys, cache.values, valid), c.write_index, prefix=prefix,
+                         active=active if plan.window == "used" else None)
         hidden, cache = lang.forward_cached(fed, positions, view, layers=weights.layers, project=backend.project)
         new_logits = backend.logits(lang, hidden, weights)[:, 0].astype(jnp.float32)
         c = dataclasses.replace(c, write_index=c.write_index + 1, next_position=c.next_position + active)

@@ -72,6 +72,11 @@ class SamplerConfig:
     # per bucket the write pointer reaches); "capacity" = every slot of the cache (one program
     # per chunk width: the steady shapes of an RL run, at the cost of attending empty slots)
     prefill_window: str = set_by("used", "rl.shapes for RL rollouts; the caller")
+    # What a decode step attends: "used" = each row that still samples, its prompt and the
+    # suffix up to the last filled block (blockwise, one program for every fill: the reserved
+    # episode capacity is not read while empty); "capacity" = every slot of the suffix for every
+    # row (the earlier read, kept as the measured baseline of bench/decode.py)
+    decode_window: str = "used"
     # > 0: an extend whose chunks hold no image writes them in pieces of this many tokens,
     # one prefill call each (one compiled program, however long the turn's tool responses);
     # 0: one call at the chunks' power-of-two bucket
@@ -143,6 +148,9 @@ class Sampler:
             if getattr(config, field) < 0:
                 raise ValueError(f"SamplerConfig.{field}={getattr(config, field)} "
                                  "must be >= 0 (0 = the backend's default)")
+        if config.decode_window not in decode_program.DECODE_WINDOWS:
+            raise ValueError(f"SamplerConfig.decode_window={config.decode_window!r}: expected one of "
+                             f"{decode_program.DECODE_WINDOWS}")
         if config.prefill_window not in PREFILL_WINDOWS:
             raise ValueError(f"SamplerConfig.prefill_window={config.prefill_window!r}: expected one of "
                              f"{PREFILL_WINDOWS}")
@@ -361,7 +369,7 @@ class Sampler:
         inputs = DecodeInputs.of(logits, budgets, decode_program.row_keys(np.uint32(seed), ids), sampling, steps)
         carry = DecodeCarry.start(budgets, steps, write_index, next_position)
         while True:  # one segment per suffix size: grow it (at most double) when the slots run out
-            plan = DecodePlan(self._sharding(rows, suffix.capacity), self.backend)
+            plan = DecodePlan(self._sharding(rows, suffix.capacity), self.backend, self.config.decode_window)
             carry, suffix = decode_program.decode(self.graphdef, self.params, self.weights, suffix, prefix, inputs,
                                                   carry, plan)
             n_gen, done = np.asarray(carry.n_gen), np.asarray(carry.done)

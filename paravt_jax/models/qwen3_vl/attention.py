@@ -101,19 +101,24 @@ def _dense_partial(q, k, v, mask: AttentionMask, cache_layout: bool):
 
 
 def attend_partial(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMask, implementation: str = "auto",
-                   *, cache_layout: bool = False, block: int = DEFAULT_BLOCK) -> tuple[jax.Array, jax.Array]:
+                   *, cache_layout: bool = False, block: int = DEFAULT_BLOCK,
+                   bounded: bool = False) -> tuple[jax.Array, jax.Array]:
     """Attention over one part of the keys, with what merge_partials needs to combine parts.
 
     Shapes as `attend`. Returns (out [B, Lq, H, hd] float32, log-sum-exp [B, Lq, H] float32 of
     each query's scores; a query that sees no key gets a zero output and lse MASK_VALUE).
     Dense where `attend` would run dense, else the blockwise forward (the fused kernels do not
-    return a log-sum-exp). Forward only: no custom gradient (the sampler's use)."""
+    return a log-sum-exp), which reads the keys only as far as a row with a seeing query has
+    any (blockwise_partial). `bounded` (a decode over a KV cache filled only in part): the
+    blockwise forward under `auto` too, so that the read stops at the filled blocks where dense
+    would read every slot. Forward only: no custom gradient (the sampler's use)."""
     batch, q_len, heads, head_dim = q.shape
     kv_heads = k.shape[1] if cache_layout else k.shape[2]
     groups = heads // kv_heads
     key_len = k.shape[-1] if cache_layout else k.shape[1]
     small = batch * heads * q_len * key_len * 4 <= DENSE_MAX_SCORE_BYTES
-    if implementation == "dense" or (implementation == "auto" and small):
+    dense = implementation == "dense" or (implementation == "auto" and small and not bounded)
+    if dense:
         out, lse = _dense_partial(q, k, v, mask, cache_layout)
         out = out.reshape(batch, kv_heads, q_len, groups, head_dim).transpose(0, 2, 1, 3, 4)
         lse = lse.reshape(batch, kv_heads, q_len, groups).transpose(0, 2, 1, 3)
@@ -131,15 +136,22 @@ def merge_partials(*parts: tuple[jax.Array, jax.Array]) -> jax.Array:
 
 
 def shared_prefix_partial(q: jax.Array, keys: jax.Array, values: jax.Array, valid: jax.Array,
-                          implementation: str = "auto", block: int = DEFAULT_BLOCK) -> tuple[jax.Array, jax.Array]:
+                          implementation: str = "auto", block: int = DEFAULT_BLOCK, *,
+                          queries: jax.Array | None = None, bounded: bool = False) -> tuple[jax.Array, jax.Array]:
     """attend_partial of rows that share a prefix: q [P * F, Lq, H, hd] (row p * F + f reads
     prefix p) against keys [P, KV, hd, S], values [P, KV, S, hd], valid [P, S]. The F rows of a
-    prefix fold into its query axis, so the prefix is read once per prefix, never copied."""
+    prefix fold into its query axis, so the prefix is read once per prefix, never copied.
+    queries [P * F] bool (None: all): the rows whose queries attend; the others see nothing
+    (a prefix none of whose rows attends is then not read by a bounded call)."""
     rows, q_len, heads, head_dim = q.shape
     prefixes = valid.shape[0]
     folded = q.reshape(prefixes, (rows // prefixes) * q_len, heads, head_dim)
-    out, lse = attend_partial(folded, keys, values, AttentionMask.prefix(valid, folded.shape[1]),
-                              implementation, cache_layout=True, block=block)
+    mask = AttentionMask.prefix(valid, folded.shape[1])
+    if queries is not None:
+        seeing = jnp.broadcast_to(queries.reshape(prefixes, rows // prefixes, 1), (prefixes, rows // prefixes, q_len))
+        mask = dataclasses.replace(mask, query_segments=seeing.reshape(prefixes, -1).astype(jnp.int32))
+    out, lse = attend_partial(folded, keys, values, mask, implementation, cache_layout=True, block=block,
+                              bounded=bounded)
     return out.reshape(rows, q_len, heads, head_dim), lse.reshape(rows, q_len, heads)
 
 

@@ -67,16 +67,29 @@ def _flash(q, k, v, q_seg, q_pos, k_seg, k_pos, causal, block_q, block_k):
     return _flash_forward(q, k, v, q_seg, q_pos, k_seg, k_pos, causal, block_q, block_k)[0]
 
 
-def _flash_forward(q, k, v, q_seg, q_pos, k_seg, k_pos, causal, block_q, block_k, keys_t: bool = False):
+def _key_blocks(q_seg, k_seg, block_k: int) -> jax.Array:
+    """The key blocks up to the last one that holds a key of a row with a query that sees
+    anything (a traced count): the blocks past it are empty for every such row."""
+    rows = jnp.any(q_seg > 0, axis=1)
+    filled = jnp.any((k_seg > 0) & rows[:, None], axis=0)
+    last = jnp.max(jnp.where(filled, jnp.arange(k_seg.shape[1], dtype=jnp.int32), -1))
+    return (last + block_k) // block_k
+
+
+def _flash_forward(q, k, v, q_seg, q_pos, k_seg, k_pos, causal, block_q, block_k, keys_t: bool = False,
+                   bounded: bool = False):
     """q [B, KV, G, Lq, hd], k/v [B, KV, Lk, hd] (lengths multiples of the blocks; with keys_t
     k in the KV cache's layout [B, KV, hd, Lk], read in place, block by block) ->
     (out [B, KV, G, Lq, hd] in q.dtype, log-sum-exp [B, KV, G, Lq] f32; MASK_VALUE and a zero
-    output where a query sees no key)."""
+    output where a query sees no key). With `bounded` the loop over key blocks stops after the
+    last block a row with a seeing query holds a key in (`_key_blocks`), not at Lk: a KV cache
+    is read only as far as it is filled, in one program for every fill."""
     batch, kv_heads, groups, q_len, head_dim = q.shape
     k_len = v.shape[2]
     scale = head_dim**-0.5
     q_sum = _block_summary(q_seg, q_pos, block_q)
     k_sum = _block_summary(k_seg, k_pos, block_k)
+    key_blocks = _key_blocks(q_seg, k_seg, block_k) if bounded else k_len // block_k
 
     def query_block(i, outputs):
         start = i * block_q
@@ -102,7 +115,7 @@ def _flash_forward(q, k, v, q_seg, q_pos, k_seg, k_pos, causal, block_q, block_k
         shape = (batch, kv_heads, groups, block_q)
         init = (jnp.full(shape, MASK_VALUE, jnp.float32), jnp.zeros(shape, jnp.float32),
                 jnp.zeros(shape + (head_dim,), jnp.float32))
-        m, l, acc = _loop(k_len // block_k, key_block, init)
+        m, l, acc = _loop(key_blocks, key_block, init)
         seen = l > 0
         out = jnp.where(seen[..., None], acc / jnp.where(seen, l, 1.0)[..., None], 0.0)
         # a query that sees no key: MASK_VALUE, so that it weighs nothing in merge_partials
@@ -229,11 +242,13 @@ def _flash_inputs(q, k, v, mask: AttentionMask, cache_layout: bool, block: int):
 def blockwise_partial(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMask, cache_layout: bool = False,
                       block: int = DEFAULT_BLOCK) -> tuple[jax.Array, jax.Array]:
     """The blockwise forward with each query's log-sum-exp, no custom gradient: (out [B, Lq, H,
-    hd] float32, lse [B, Lq, H] float32), shapes as `blockwise_attention`."""
+    hd] float32, lse [B, Lq, H] float32), shapes as `blockwise_attention`. The keys are read
+    only up to the last block that a row with a seeing query (query segment > 0) holds a key
+    in: rows whose queries see nothing (a decode's finished rows) do not extend the read."""
     batch, q_len, heads, head_dim = q.shape
     key_len = k.shape[-1] if cache_layout else k.shape[1]
     out, lse = _flash_forward(*_flash_inputs(q, k, v, mask, cache_layout, block), mask.causal,
-                              *block_sizes(q_len, key_len, block), keys_t=cache_layout)
+                              *block_sizes(q_len, key_len, block), keys_t=cache_layout, bounded=True)
     out = out[:, :, :, :q_len].transpose(0, 3, 1, 2, 4).reshape(batch, q_len, heads, head_dim).astype(jnp.float32)
     lse = lse[:, :, :, :q_len].transpose(0, 3, 1, 2).reshape(batch, q_len, heads)
     return out, lse

@@ -70,22 +70,29 @@ class CacheView:
     keys and values that groups of rows share and attend before their own cache (row b reads
     prefix b // (B / P)); read, never written. `rows`: which rows of the cache the call's rows
     are (an object with read(array) -> those rows and write(array, chunk, slot_axis, slot) ->
-    the array with chunk written at those rows; sampling/kv_cache.RowGroup); None: all rows."""
+    the array with chunk written at those rows; sampling/kv_cache.RowGroup); None: all rows.
+    `active` ([B] bool, None: every row as before): the attention bounded per row, for a
+    decode: a row whose flag is off attends to nothing (its output is not used), and each part
+    (the prefix, the row's own cache) is read only up to the last block that an active row
+    holds a key in (blockwise, one program for every fill; attention.attend_partial)."""
     cache: KVCache
     write_index: jax.Array
     window: int | None = None
     prefix: KVCache | None = None
     rows: object = None
+    active: jax.Array | None = None
 
     def read_rows(self, array):
         return array if self.rows is None else self.rows.read(array)
 
 
 class PrefixLayer(NamedTuple):
-    """One layer of a shared prefix (a KVCache): keys [P, KV, hd, S], values [P, KV, S, hd], valid [P, S]."""
+    """One layer of a shared prefix (a KVCache): keys [P, KV, hd, S], values [P, KV, S, hd], valid [P, S];
+    queries [B] bool: the rows that attend (None: all; CacheView.active)."""
     keys: jax.Array
     values: jax.Array
     valid: jax.Array
+    queries: jax.Array | None = None
 
 
 class TextDecoder(nnx.Module):
@@ -138,11 +145,13 @@ class TextDecoder(nnx.Module):
         return x
 
     def attention(self, x, params, cos, sin, mask: AttentionMask, kv=None, cache_layout=False,
-                  project=dense_projections, block: int | None = None, prefix: PrefixLayer | None = None):
+                  project=dense_projections, block: int | None = None, prefix: PrefixLayer | None = None,
+                  bounded: bool = False):
         """Returns (output [B, L, D], (k, v) of this chunk [B, L, KV, hd]). `kv` maps this
         chunk's keys and values to the ones attended (the sampler's cache write). With
         `prefix`, the queries also attend to a prefix shared by groups of rows (before every
-        key of `mask`), merged with the rest through the two parts' log-sum-exps."""
+        key of `mask`), merged with the rest through the two parts' log-sum-exps; `bounded`:
+        both parts read only as far as they are filled (attention.attend_partial)."""
         t = self.config
         b, n, _ = x.shape
         qd, kvd = t.num_attention_heads * t.head_dim, t.num_key_value_heads * t.head_dim
@@ -156,20 +165,26 @@ class TextDecoder(nnx.Module):
         k = L.apply_rotary(k, cos[:, :, None, :], sin[:, :, None, :])
         keys, values = (k, v) if kv is None else kv(k, v)
         block = block or self.attention_block
-        if prefix is None:
+        if prefix is None and not bounded:
             out = attend(q, keys, values, mask, self.attention_impl, cache_layout=cache_layout, block=block)
+        elif prefix is None:
+            out = attend_partial(q, keys, values, mask, self.attention_impl, cache_layout=cache_layout, block=block,
+                                 bounded=True)[0].astype(q.dtype)
         else:
-            own = attend_partial(q, keys, values, mask, self.attention_impl, cache_layout=cache_layout, block=block)
-            shared = shared_prefix_partial(q, prefix.keys, prefix.values, prefix.valid, self.attention_impl, block)
+            own = attend_partial(q, keys, values, mask, self.attention_impl, cache_layout=cache_layout, block=block,
+                                 bounded=bounded)
+            shared = shared_prefix_partial(q, prefix.keys, prefix.values, prefix.valid, self.attention_impl, block,
+                                           queries=prefix.queries, bounded=bounded)
             out = merge_partials(shared, own).astype(q.dtype)
         out = out.reshape(b, n, -1)
         return project(out, params, ("o_proj",), (t.hidden_size,))[0], (k, v)
 
     def layer(self, x, params, cos, sin, mask: AttentionMask, kv=None, cache_layout=False,
-              project=dense_projections, block: int | None = None, prefix: PrefixLayer | None = None):
+              project=dense_projections, block: int | None = None, prefix: PrefixLayer | None = None,
+              bounded: bool = False):
         t = self.config
         h, new_kv = self.attention(L.rms_norm(x, params["input_norm"], t.rms_norm_eps),
-                                   params, cos, sin, mask, kv, cache_layout, project, block, prefix)
+                                   params, cos, sin, mask, kv, cache_layout, project, block, prefix, bounded)
         x = x + h
         y = L.rms_norm(x, params["post_norm"], t.rms_norm_eps)
         gate, up = project(y, params, ("gate_proj", "up_proj"), (t.intermediate_size,) * 2)
@@ -245,6 +260,11 @@ class TextDecoder(nnx.Module):
         capacity = valid.shape[1]
         window = capacity if view.window is None else min(int(view.window), capacity)
         mask = AttentionMask.cache(valid[:, :window], view.write_index + jnp.arange(length))
+        bounded = view.active is not None
+        if bounded:  # rows that no longer sample see nothing, and so never extend the read
+            active = view.read_rows(view.active)
+            seeing = jnp.broadcast_to(active[:, None], mask.query_segments.shape).astype(jnp.int32)
+            mask = dataclasses.replace(mask, query_segments=seeing)
         add_deepstack = self._deepstack_adder(visual_index, deepstack)
         slot = jnp.asarray(view.write_index, jnp.int32)
         rows, prefix = view.rows, view.prefix
@@ -270,9 +290,10 @@ class TextDecoder(nnx.Module):
                 keys, values = keys[..., :window], values[:, :, :window]
                 return keys.astype(k_new.dtype), values.astype(v_new.dtype)
 
-            shared = None if prefix is None else PrefixLayer(prefix.keys[i], prefix.values[i], prefix.valid)
+            shared = None if prefix is None else PrefixLayer(prefix.keys[i], prefix.values[i], prefix.valid,
+                                                             active if bounded else None)
             x, _ = self.layer(x, params, cos, sin, mask, kv, cache_layout=True, project=project, block=block,
-                              prefix=shared)
+                              prefix=shared, bounded=bounded)
             x = add_deepstack(x, i)
             out_k.append(written["k"])
             out_v.append(written["v"])

@@ -1,0 +1,75 @@
+"""The decode's bounded read (SamplerConfig.decode_window="used": rows attend only while they
+sample, each part read up to its last filled block) against the full read of the cache
+("capacity"): the same greedy tokens and log-probs over rows of very different lengths, rows
+that finish early and rows that sit a turn out; one compiled decode for every fill."""
+import numpy as np
+import pytest
+
+from paravt_jax.models.qwen3_vl import init_model, preset
+from paravt_jax.sampling import Sampler, SamplerConfig, SamplingParams
+from paravt_jax.text.inputs import encode_ids
+
+TIER = "integration"  # compiles the sampler's programs
+
+NEW = 24
+
+
+@pytest.fixture(scope="module", params=["tiny", "toy"])
+def model(request):
+    # 16-slot attention blocks: a prompt and the suffix span several blocks, so the bounded loop
+    # stops at different blocks for different fills
+    return init_model(preset(request.param, attention_block=16), seed=5)
+
+
+def prompts(rng):
+    """Prompts of 3, 41 and 150 tokens: each its own prefix length."""
+    return [encode_ids(rng.integers(0, 900, n).tolist(), 0) for n in (3, 41, 150)]
+
+
+def episode(model, window: str, stop_ids=(), samples=2):
+    """generate over prompts() (2 samples each, the suffix reserved for a long second turn) and
+    one extend with chunks of 2 to 70 tokens, row 1 sitting it out. Returns both outputs."""
+    rng = np.random.default_rng(7)
+    sampler = Sampler(model, SamplerConfig(decode_window=window))
+    sampling = SamplingParams(max_new_tokens=NEW, stop_ids=stop_ids)
+    first, state = sampler.generate(prompts(rng), num_samples=samples, reserve=[(80, 2 * NEW)], sampling=sampling)
+    lengths = [2, 0, 70, 9, 33, 5][:state.num_rows]
+    chunks = [None if n == 0 else encode_ids(rng.integers(0, 900, n).tolist(), int(state.chunk_start[b]))
+              for b, n in enumerate(lengths)]
+    second, _ = sampler.extend(state, chunks, sampling=sampling.with_budget(2 * NEW))
+    return (first, second), sampler
+
+
+def assert_same(got, want):
+    for a, b in zip(got, want):
+        assert a.tokens == b.tokens
+        np.testing.assert_array_equal(a.finished, b.finished)
+        for x, y in zip(a.logprobs, b.logprobs):
+            np.testing.assert_allclose(x, y, atol=2e-5, rtol=0)
+
+
+def test_bounded_decode_equals_full_read(model):
+    counts = [Sampler(model).compile_counts()["decode"]]
+    full, _ = episode(model, "capacity")
+    counts.append(Sampler(model).compile_counts()["decode"])
+    used, _ = episode(model, "used")
+    counts.append(Sampler(model).compile_counts()["decode"])
+    assert_same(used, full)
+    # as many decode programs as the full read (one per cache shape), whatever the fill
+    assert counts[2] - counts[1] == counts[1] - counts[0]
+
+
+def test_bounded_decode_equals_full_read_with_rows_finishing_early(model):
+    """Stop ids taken from the unstopped run so that rows finish at very different steps (and
+    the rows that finish stop extending the read)."""
+    (first, _), _ = episode(model, "capacity")
+    stops = tuple({first.tokens[0][2], first.tokens[3][11]})
+    full, _ = episode(model, "capacity", stop_ids=stops)
+    used, _ = episode(model, "used", stop_ids=stops)
+    assert min(full[0].lengths) < NEW and any(full[0].finished)
+    assert_same(used, full)
+
+
+def test_unknown_decode_window_is_an_error(model):
+    with pytest.raises(ValueError, match="decode_window"):
+        Sampler(model, SamplerConfig(decode_window="all"))
