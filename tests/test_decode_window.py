@@ -73,3 +73,28 @@ def test_bounded_decode_equals_full_read_with_rows_finishing_early(model):
 def test_unknown_decode_window_is_an_error(model):
     with pytest.raises(ValueError, match="decode_window"):
         Sampler(model, SamplerConfig(decode_window="all"))
+
+
+def test_partial_attentions_record_their_cost():
+    """The sampler's partial attentions record their analytic cost for the time plan as
+    `attend` does: the prefix read once per prompt (the F rows folded into its queries)."""
+    import jax.numpy as jnp
+
+    from paravt_jax.models.qwen3_vl import attention as A
+    from paravt_jax.models.qwen3_vl.attention_mask import AttentionMask
+    from paravt_jax.models.qwen3_vl.fused_attention import compile_platform
+
+    rows, prompts, heads, kv_heads, head_dim, slots = 4, 2, 4, 2, 8, 64
+    q = jnp.ones((rows, 1, heads, head_dim))
+    keys, values = jnp.ones((prompts, kv_heads, head_dim, slots)), jnp.ones((prompts, kv_heads, slots, head_dim))
+    resolved = []
+    with compile_platform("cpu", resolved):
+        A.shared_prefix_partial(q, keys, values, jnp.ones((prompts, slots), bool), bounded=True)
+        A.attend_partial(q, jnp.ones((rows, kv_heads, head_dim, 32)), jnp.ones((rows, kv_heads, 32, head_dim)),
+                         AttentionMask.cache(jnp.ones((rows, 32), bool), jnp.array([31])), cache_layout=True)
+    shared, own = resolved
+    assert (shared.chosen, shared.kind, own.chosen, own.kind) == ("blockwise", "cache", "dense", "cache")
+    # 2 prompts x 2 folded queries x 64 slots; keys and values read once per prompt
+    assert shared.flops == 4 * prompts * heads * head_dim * 2 * slots
+    assert shared.bytes == 4 * head_dim * prompts * (2 * heads * 2 + 2 * kv_heads * slots)
+    assert own.flops == 4 * rows * heads * head_dim * 1 * 32

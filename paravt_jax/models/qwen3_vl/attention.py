@@ -104,6 +104,8 @@ def attend_partial(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMask
                    *, cache_layout: bool = False, block: int = DEFAULT_BLOCK,
                    bounded: bool = False) -> tuple[jax.Array, jax.Array]:
     """Attention over one part of the keys, with what merge_partials needs to combine parts.
+    Inside `compile_platform` the call's analytic cost is recorded as `attend`'s is (an
+    AttentionCall at the static key length: a bounded call's read when its keys are all filled).
 
     Shapes as `attend`. Returns (out [B, Lq, H, hd] float32, log-sum-exp [B, Lq, H] float32 of
     each query's scores; a query that sees no key gets a zero output and lse MASK_VALUE).
@@ -118,6 +120,10 @@ def attend_partial(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMask
     key_len = k.shape[-1] if cache_layout else k.shape[1]
     small = batch * heads * q_len * key_len * 4 <= DENSE_MAX_SCORE_BYTES
     dense = implementation == "dense" or (implementation == "auto" and small and not bounded)
+    record = resolutions()
+    if record is not None:  # the time plan's analytic cost, as `resolve` records attend's
+        record.append(AttentionCall(implementation, "dense" if dense else "blockwise", mask.kind,
+                                    *attention_cost(q, k, mask, cache_layout)))
     if dense:
         out, lse = _dense_partial(q, k, v, mask, cache_layout)
         out = out.reshape(batch, kv_heads, q_len, groups, head_dim).transpose(0, 2, 1, 3, 4)
