@@ -40,6 +40,14 @@ def test_sampler_bench_smallest(tmp_path):
     assert "shared MiB" in out and "copied/shared" in out  # the cache layouts, measured side by side
 
 
+def test_decode_bench_smallest(tmp_path):
+    """The bounded decode read against the full read: same greedy tokens (the bench exits non-zero
+    otherwise), both rows of the table printed."""
+    out = run_bench(tmp_path, "decode.py", "--prompts", "1", "--samples", "2", "--prompt", "16", "--new", "4",
+                    "--turns", "0", "--repeats", "1")
+    assert "| capacity " in out and "| used " in out
+
+
 def test_forward_bench_smallest(tmp_path):
     out = run_bench(tmp_path, "forward.py", "--presets", "tiny", "--batch", "1", "--length", "96",
                     "--repeats", "1")
