@@ -58,18 +58,19 @@ def episode(sampler, prompts, args, seed: int = 0):
     return outs, state
 
 
-def rollout(model, window: str, prompts, args):
-    """(best episode seconds, the outputs, the final state) with decode_window=window."""
+def rollouts(model, prompts, args) -> dict:
+    """window -> (best episode seconds, the outputs, the final state) with decode_window=window;
+    the windows' episodes interleaved (a machine's load drifts alike over both)."""
     from paravt_jax.sampling import Sampler, SamplerConfig
 
-    sampler = Sampler(model, SamplerConfig(decode_window=window))
-    outs, state = episode(sampler, prompts, args)  # warm-up: compiles
-    best = float("inf")
+    samplers = {w: Sampler(model, SamplerConfig(decode_window=w)) for w in WINDOWS}
+    results = {w: (float("inf"), *episode(s, prompts, args)) for w, s in samplers.items()}  # warm-up: compiles
     for _ in range(args.repeats):
-        start = time.perf_counter()
-        outs, state = episode(sampler, prompts, args)
-        best = min(best, time.perf_counter() - start)
-    return best, outs, state
+        for window, sampler in samplers.items():
+            start = time.perf_counter()
+            outs, state = episode(sampler, prompts, args)
+            results[window] = (min(results[window][0], time.perf_counter() - start), outs, state)
+    return results
 
 
 def compiled_step(layers: int, target: str):
@@ -126,7 +127,7 @@ def main():
     # prompts from a third of the longest to the longest: prefixes of different lengths
     lengths = np.linspace(max(args.prompt // 3, 1), args.prompt, args.prompts).astype(int)
     prompts = [encode_ids(rng.integers(0, 900, n).tolist(), 0) for n in lengths]
-    results = {w: rollout(model, w, prompts, args) for w in WINDOWS}
+    results = rollouts(model, prompts, args)
     base = results["capacity"]
     for window, (_, outs, _) in results.items():
         for turn, (got, want) in enumerate(zip(outs, base[1])):

@@ -2,6 +2,8 @@
 sample, each part read up to its last filled block) against the full read of the cache
 ("capacity"): the same greedy tokens and log-probs over rows of very different lengths, rows
 that finish early and rows that sit a turn out; one compiled decode for every fill."""
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -16,8 +18,7 @@ NEW = 24
 
 @pytest.fixture(scope="module", params=["tiny", "toy"])
 def model(request):
-    # 16-slot attention blocks: a prompt and the suffix span several blocks, so the bounded loop
-    # stops at different blocks for different fills
+    # 16-slot attention blocks: the prefills' blockwise reads span several blocks too
     return init_model(preset(request.param, attention_block=16), seed=5)
 
 
@@ -31,6 +32,9 @@ def episode(model, window: str, stop_ids=(), samples=2):
     one extend with chunks of 2 to 70 tokens, row 1 sitting it out. Returns both outputs."""
     rng = np.random.default_rng(7)
     sampler = Sampler(model, SamplerConfig(decode_window=window))
+    # 16-slot decode blocks: the suffix spans several, so the bounded read stops at different
+    # blocks for different fills
+    sampler.backend = dataclasses.replace(sampler.backend, decode_block=16)
     sampling = SamplingParams(max_new_tokens=NEW, stop_ids=stop_ids)
     first, state = sampler.generate(prompts(rng), num_samples=samples, reserve=[(80, 2 * NEW)], sampling=sampling)
     lengths = [2, 0, 70, 9, 33, 5][:state.num_rows]

@@ -43,6 +43,9 @@ class SamplerBackend:
     weight_first_min_bytes: int
     prefill_score_bytes: int
     prefill_tokens: int = 16384
+    # the key block of a decode step's bounded read of the suffix (DecodePlan.window "used"):
+    # one loop iteration per filled block, at most one block read past the fill
+    decode_block: int = 512
 
     def matmul_t(self, x: jax.Array, weight_t: jax.Array) -> jax.Array:
         """x [..., in] @ weight_t [out, in]^T -> [..., out]."""

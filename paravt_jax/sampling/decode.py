@@ -116,7 +116,8 @@ class DecodePlan:
     """The static arguments of a decode: one compiled program per plan (and input shapes).
     window: what a step attends (SamplerConfig.decode_window): "used" = each row, while it
     samples, its prompt and its own cache up to the last filled block of the rows still
-    sampling (finished rows attend to nothing), blockwise; "capacity" = every row every slot
+    sampling (finished rows attend to nothing), blockwise in blocks of backend.decode_block;
+    "capacity" = every row every slot
     of the cache (dense when the scores are small, as `attend` chooses)."""
     sharding: CacheShardings | None  # of the suffix cache's layers (None without a mesh)
     backend: SamplerBackend
@@ -160,7 +161,9 @@ def decode(graphdef, params, weights, cache: KVCache, prefix: KVCache, inputs: D
         valid = jax.lax.dynamic_update_slice(cache.valid, active[:, None], (0, c.write_index))
         view = CacheView(KVCache(cache.keys, cache.values, valid), c.write_index, prefix=prefix,
                          active=active if plan.window == "used" else None)
-        hidden, cache = lang.forward_cached(fed, positions, view, layers=weights.layers, project=backend.project)
+        block = backend.decode_block if plan.window == "used" else None
+        hidden, cache = lang.forward_cached(fed, positions, view, layers=weights.layers, project=backend.project,
+                                            block=block)
         new_logits = backend.logits(lang, hidden, weights)[:, 0].astype(jnp.float32)
         c = dataclasses.replace(c, write_index=c.write_index + 1, next_position=c.next_position + active)
         return emit(c, new_logits, active), constrain(cache, plan.sharding)

@@ -72,9 +72,9 @@ class CacheView:
     are (an object with read(array) -> those rows and write(array, chunk, slot_axis, slot) ->
     the array with chunk written at those rows; sampling/kv_cache.RowGroup); None: all rows.
     `active` ([B] bool, None: every row as before): the attention bounded per row, for a
-    decode: a row whose flag is off attends to nothing (its output is not used), and each part
-    (the prefix, the row's own cache) is read only up to the last block that an active row
-    holds a key in (blockwise, one program for every fill; attention.attend_partial)."""
+    decode: a row whose flag is off attends to nothing (its output is not used), and the rows'
+    own cache is read only up to the last block that an active row holds a key in (blockwise,
+    one program for every fill; attention.attend_partial)."""
     cache: KVCache
     write_index: jax.Array
     window: int | None = None
@@ -151,7 +151,8 @@ class TextDecoder(nnx.Module):
         chunk's keys and values to the ones attended (the sampler's cache write). With
         `prefix`, the queries also attend to a prefix shared by groups of rows (before every
         key of `mask`), merged with the rest through the two parts' log-sum-exps; `bounded`:
-        both parts read only as far as they are filled (attention.attend_partial)."""
+        the row's own keys (`keys`, `values`) are read only as far as they are filled
+        (attention.attend_partial)."""
         t = self.config
         b, n, _ = x.shape
         qd, kvd = t.num_attention_heads * t.head_dim, t.num_key_value_heads * t.head_dim
@@ -173,8 +174,10 @@ class TextDecoder(nnx.Module):
         else:
             own = attend_partial(q, keys, values, mask, self.attention_impl, cache_layout=cache_layout, block=block,
                                  bounded=bounded)
+            # the prompt is filled to its bucket from the first step: its read is not bounded
+            # further (blockwise, when chosen, still stops at the last filled block)
             shared = shared_prefix_partial(q, prefix.keys, prefix.values, prefix.valid, self.attention_impl, block,
-                                           queries=prefix.queries, bounded=bounded)
+                                           queries=prefix.queries)
             out = merge_partials(shared, own).astype(q.dtype)
         out = out.reshape(b, n, -1)
         return project(out, params, ("o_proj",), (t.hidden_size,))[0], (k, v)
