@@ -180,7 +180,8 @@ def test_a_fused_kernel_the_gpu_compiler_refuses_is_named(monkeypatch):
         mask = AttentionMask.causal_segments(jnp.ones(q.shape[:2], jnp.int32))
         return attention.attend(q, q, q, mask, "cudnn")
 
-    q = jax.ShapeDtypeStruct((1, 256, 2, 64), jnp.bfloat16)
+    q = jax.ShapeDtypeStruct((1, 256, 2, 64), jnp.bfloat16,
+                             sharding=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
 
     def refuse(*args, **kwargs):
         raise RuntimeError("UNIMPLEMENTED: no cuDNN fused attention for this graph")
