@@ -117,8 +117,7 @@ class DecodePlan:
     window: what a step attends (SamplerConfig.decode_window): "used" = each row, while it
     samples, its prompt and its own cache up to the last filled block of the rows still
     sampling (finished rows attend to nothing), blockwise in blocks of backend.decode_block;
-    "capacity" = every row every slot
-    of the cache (dense when the scores are small, as `attend` chooses)."""
+    "capacity" = every row every slot of the cache (dense when the scores are small)."""
     sharding: CacheShardings | None  # of the suffix cache's layers (None without a mesh)
     backend: SamplerBackend
     window: str = "used"
