@@ -13,6 +13,7 @@ from paravt_jax.configs import paragrpo
 from paravt_jax.eval import driver, prompts, provenance
 from paravt_jax.eval.settings import DriverConfig
 from paravt_jax.rl.trainer import RLConfig
+from paravt_jax.text.inputs import VIDEO_ITEM_LAYOUT
 
 # The protocol fields of the RolloutConfig the driver built from the flat DriverConfig (before
 # the prompt and protocol subsections): agentic_general, a multiple-choice question; since
@@ -126,6 +127,14 @@ def test_record_settings_keep_the_flat_names_and_key_new_knobs_when_set():
     assert provenance.producer_id(provenance.producer(identity, single)) != base
     batched = dataclasses.replace(DriverConfig(), batch_size=2)
     assert provenance.producer_id(provenance.producer(identity, batched)) == base
+    # a video item keys its layout: records of the layout with the outer vision pair are refused
+    video = dataclasses.replace(DriverConfig(), prompt=dataclasses.replace(PromptFormat.reference_eval(),
+                                                                            overview_visual="video"))
+    assert video.record_settings()["video_item_layout"] == VIDEO_ITEM_LAYOUT
+    earlier = {k: v for k, v in provenance.producer(identity, video).items()}
+    earlier["settings"] = {k: v for k, v in earlier["settings"].items() if k != "video_item_layout"}
+    assert provenance.differences(earlier, provenance.producer(identity, video)) == [
+        f"settings.video_item_layout: '<absent>' -> {VIDEO_ITEM_LAYOUT!r}"]
 
 
 @pytest.mark.parametrize("source,overview,crop", [((480, 854), 390, 72), ((720, 1280), None, 77),

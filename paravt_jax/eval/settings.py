@@ -19,6 +19,7 @@ from paravt_jax.agent.dispatch import ARGUMENTS as CROP_ARGUMENTS
 from paravt_jax.agent.protocol import PromptFormat, ToolProtocol
 from paravt_jax.config import checked, integer, one_of, subsection, validate
 from paravt_jax.eval.prompts import MODES as PROMPT_MODES
+from paravt_jax.text.inputs import VIDEO_ITEM_LAYOUT
 from paravt_jax.video.frames import SIZINGS
 
 DISPATCH = ("parallel", "sequential")
@@ -89,7 +90,8 @@ class DriverConfig:
         """The settings that key the driver's records: every field but NOT_PRODUCING; the
         prompt's and protocol's fields in RECORD_NAMES under those names, the others that
         the config sets (not the driver) under their dotted names when off their defaults
-        (a knob added later keys records only where it is used)."""
+        (a knob added later keys records only where it is used); a video item's layout
+        (text.inputs.VIDEO_ITEM_LAYOUT) where the overview is one."""
         settings = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                     if f.name not in NOT_PRODUCING and f.name not in ("prompt", "protocol")}
         default = DriverConfig()
@@ -100,4 +102,6 @@ class DriverConfig:
                     settings[RECORD_NAMES[name]] = value
                 elif field.name not in set_by and value != getattr(getattr(default, part), field.name):
                     settings[name] = value
+        if settings.get("overview_visual") == "video":  # records of an earlier layout are refused, not resumed
+            settings["video_item_layout"] = VIDEO_ITEM_LAYOUT
         return settings

@@ -13,6 +13,10 @@ from paravt_jax.text.tokenizer import Tokenizer
 from paravt_jax.video.frames import group_times, llm_tokens, patchify_image, patchify_video
 
 PATCH_DIM = 1536
+# How `encode` lays out a video item (its docstring): time groups, each `<t seconds>` and a
+# vision start/end pair around its pads, without the template's outer pair (transformers 4.57
+# and 5.25; 5.10-5.24 kept it). Evaluation records of video items are keyed on it.
+VIDEO_ITEM_LAYOUT = "time groups, no outer vision pair"
 
 
 @dataclasses.dataclass(frozen=True)
