@@ -224,13 +224,13 @@ def test_records_are_keyed_by_checkpoint_and_settings(benchmark, tokenizer, tmp_
 # The producer ids of configs/eval.py's presets for one checkpoint: a change means records written
 # before it are another evaluation's. Since 2026-12-04 the frame sizing (overview_sizing,
 # crop_sizing: the reference's two stages by default, one resize for the synthetic preset) and
-# the reference's crop budget are part of the key.
+# the reference's crop budget are part of the key; a video item's layout too (charades).
 PRODUCER_IDS = {("synthetic", "videomme", "parallel"): "818bf46016a5be35",
                 ("synthetic", "videomme", "sequential"): "7e03daa41ce80f1b",
-                ("synthetic", "charades", "parallel"): "a50c01c03a4ba5e3",
+                ("synthetic", "charades", "parallel"): "d7dbb3a3bcf76932",
                 ("paravt_8b", "videomme", "parallel"): "282554b3608c6897",
-                ("paravt_8b", "charades", "parallel"): "70620627bac3523a",
-                ("paravt_8b", "charades", "sequential"): "8ffaa7c48539a18f"}
+                ("paravt_8b", "charades", "parallel"): "04a6ade81f91e8c9",
+                ("paravt_8b", "charades", "sequential"): "8e167999f47760e7"}
 
 
 @pytest.mark.parametrize("preset,benchmark_name,dispatch", sorted(PRODUCER_IDS))
