@@ -79,19 +79,17 @@ LONGEST_MODULES = ("test_async_rl", "test_bench", "test_reproducibility", "test_
 
 
 def longest_first(items):
-    """The collection in the order xdist's worksteal should run it: the modules that hold an
-    integration test first, those of LONGEST_MODULES first among them, the unit-only modules
-    last (a stable sort: each module's tests stay together, in their order, so a module fixture
-    is made once). Worksteal hands each worker a contiguous share and an idle worker steals the
-    end of the other's queue, so with the long tests up front the run ends on short ones
-    instead of on a worker still in a 2-minute test. Only the xdist workers reorder; a run
-    without xdist keeps the file order."""
+    """The collection in the order xdist's worksteal should run it: integration tests first, the
+    modules of LONGEST_MODULES first among them, unit tests last (a stable sort: each module's
+    tests stay together and in their order). Worksteal hands each worker a contiguous share and
+    an idle worker steals the end of the other's queue, so with the long tests up front the
+    run ends on short ones instead of on a worker still in a 2-minute test. Only the xdist
+    workers reorder; a run without xdist keeps the file order."""
     rank = {name: i for i, name in enumerate(LONGEST_MODULES)}
-    integration = {item.module.__name__ for item in items if item.get_closest_marker("integration") is not None}
 
     def key(item):
-        module = item.module.__name__
-        return module not in integration, rank.get(module.rpartition(".")[2], len(rank))
+        tier = 0 if item.get_closest_marker("integration") is not None else 1
+        return tier, rank.get(item.module.__name__.rpartition(".")[2], len(rank))
 
     return sorted(items, key=key)
 
