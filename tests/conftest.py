@@ -68,30 +68,6 @@ def pytest_collection_modifyitems(config, items):
             raise pytest.UsageError(f"{item.module.__file__}: TIER = {module_tier!r}, expected 'unit' or 'integration'")
         if item.get_closest_marker("integration") is None:
             item.add_marker(getattr(pytest.mark, module_tier))
-    if hasattr(config, "workerinput"):  # an xdist worker: its collection order is the schedule's
-        items[:] = longest_first(items)
-
-
-# The modules whose tests took longest in CI (their sums of durations, largest first).
-LONGEST_MODULES = ("test_async_rl", "test_bench", "test_reproducibility", "test_multihost", "test_plan", "test_cli",
-                   "test_plan_tpu", "test_sweep", "test_storage", "test_training", "test_packing",
-                   "test_train_step")
-
-
-def longest_first(items):
-    """The collection in the order xdist's worksteal should run it: integration tests first, the
-    modules of LONGEST_MODULES first among them, unit tests last (a stable sort: each module's
-    tests stay together and in their order). Worksteal hands each worker a contiguous share and
-    an idle worker steals the end of the other's queue, so with the long tests up front the
-    run ends on short ones instead of on a worker still in a 2-minute test. Only the xdist
-    workers reorder; a run without xdist keeps the file order."""
-    rank = {name: i for i, name in enumerate(LONGEST_MODULES)}
-
-    def key(item):
-        tier = 0 if item.get_closest_marker("integration") is not None else 1
-        return tier, rank.get(item.module.__name__.rpartition(".")[2], len(rank))
-
-    return sorted(items, key=key)
 
 
 _LOOPBACK = ("127.0.0.1", "::1", "localhost")
