@@ -76,15 +76,9 @@ class CropResult:
 
 @dataclasses.dataclass(frozen=True)
 class CropVideo:
-    """crop_video(video_path, start_time, end_time): the window's frames at `fps` (between
-    `min_frames` and `max_frames` of them), each resized within [min_pixels, max_pixels] by
-    `sizing`."""
-    fps: float = 1.0
-    min_frames: int = 1
-    max_frames: int = 16
-    min_pixels: int = 784
-    max_pixels: int = 50176
-    sizing: str = "single"
+    """crop_video(video_path, start_time, end_time): the window's frames as `config` reads them
+    (fps, frame count bounds, pixel budget, sizing)."""
+    config: DispatchConfig = DispatchConfig()
     description: str = chat.CROP_VIDEO_SUMMARY
     name: str = TOOL_NAME
 
@@ -98,16 +92,10 @@ class CropVideo:
         return crop_window(call.arguments, duration)
 
     def run(self, request: CropRequest, video_path: str) -> Observation:
-        return Observation(clip=read_frames(video_path, fps=self.fps, start=request.start, end=request.end,
-                                            min_frames=self.min_frames, max_frames=self.max_frames,
-                                            min_pixels=self.min_pixels, max_pixels=self.max_pixels,
-                                            sizing=self.sizing))
-
-
-def crop_tool(config: DispatchConfig) -> CropVideo:
-    """crop_video as the config reads its frames."""
-    return CropVideo(fps=config.fps, min_frames=config.min_frames, max_frames=config.max_frames,
-                     min_pixels=config.min_pixels, max_pixels=config.max_pixels, sizing=config.sizing)
+        c = self.config
+        return Observation(clip=read_frames(video_path, fps=c.fps, start=request.start, end=request.end,
+                                            min_frames=c.min_frames, max_frames=c.max_frames,
+                                            min_pixels=c.min_pixels, max_pixels=c.max_pixels, sizing=c.sizing))
 
 
 def _run_call(task: CropTask, tools: tuple[Tool, ...], lenient: bool) -> CropResult:
@@ -137,7 +125,7 @@ class CropDispatcher:
 
     def __init__(self, config: DispatchConfig = DispatchConfig(), tools: tuple[Tool, ...] | None = None):
         self.config = config
-        self.tools = (crop_tool(config),) if tools is None else tuple(tools)
+        self.tools = (CropVideo(config),) if tools is None else tuple(tools)
         if not self.tools or len({tool.name for tool in self.tools}) != len(self.tools):
             raise ValueError(f"CropDispatcher: tools must be at least one, each name once; got "
                              f"{[tool.name for tool in self.tools]}")
