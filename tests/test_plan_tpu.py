@@ -31,7 +31,7 @@ def tpu_config():
     return c
 
 
-def test_topologies_and_targets():
+def test_topologies_and_targets(monkeypatch):
     assert G.tpu_topology("v5p", 8) == "v5p:2x2x2" and G.tpu_topology("v5p", 32) == "v5p:2x4x4"
     assert G.tpu_topology("v5e", 16) == "v5e:4x4"
     for name, entry in meshes.MESHES.items():  # every TPU preset has a topology
@@ -39,6 +39,9 @@ def test_topologies_and_targets():
             target = G.resolve_target("tpu", entry)
             assert target.name == "tpu" and target.compiler == "tpu" and target.slices == entry["slices"], name
     assert G.resolve_target("auto", meshes.get_mesh("v5p-16")).name == "tpu"  # libtpu is installed here
+    # a GPU preset under auto: XLA:CPU where XLA:GPU is missing (as in CI; with the CUDA plugin
+    # installed auto picks gpu: tests/test_plan_gpu.py)
+    monkeypatch.setattr(G.gpu_target, "missing", lambda: "the CUDA plugin is not installed")
     assert G.resolve_target("auto", meshes.get_mesh("gpu8")) == G.Target("cpu-fake", "gpu")
     with pytest.raises(G.TargetError, match="needs a TPU mesh preset"):
         G.resolve_target("tpu", meshes.get_mesh("gpu8"))
