@@ -2,6 +2,7 @@
 the real one, the evaluation driver's records over scripted answers, and the RL step's
 collect -> score -> batch -> advantages phases over scripted episodes whose rewards are
 worked out by hand below."""
+import dataclasses
 import inspect
 import json
 import os
@@ -18,6 +19,7 @@ from paravt_jax.eval import driver, prompts
 from paravt_jax.eval import records as store
 from paravt_jax.eval.datasets import EvalSample, LoadedBenchmark
 from paravt_jax.eval.evaluator import evaluate
+from paravt_jax.eval.held_out import HeldOutConfig
 from paravt_jax.models.qwen3_vl import preset
 from paravt_jax.models.qwen3_vl.hf_io import abstract_model
 from paravt_jax.rl.advantages import AdvantageConfig
@@ -188,6 +190,27 @@ def test_rl_collect_seeds_each_step_and_row(video, tokenizer, tmp_path):
     assert [c.rows for c in sampler.calls] == [4, 3]  # the skipped-tools row sits the round out
 
 
+def test_rl_step_owns_the_prompt_order(video, tokenizer, tmp_path):
+    """RLStep says which rows a step takes (each epoch a seeded permutation of the 5 rows, 2 a
+    step, so step 2 straddles two epochs), what a checkpoint records of that order, and
+    collects exactly those rows' episodes."""
+    rows = [RLRow(i, f"What colour is the circle? ({i})", video, "blue", "oe", {}) for i in range(5)]
+    config = RLConfig(prompts_per_step=2, samples_per_prompt=1, nframes_gating=False, default_nframes=2, seed=3,
+                      rollout=RolloutConfig(mode="frames"), advantage=AdvantageConfig(kl_ctl=0.0))
+    phases = RLStep.build(abstract_model(preset("tiny")), tokenizer, rows, str(tmp_path), config,
+                          make_sampler=lambda model, sampler_config: ScriptedSampler(tokenizer, rl_script))
+    taken = [r.index for step in range(5) for r in phases.prompt_rows(step)]
+    assert sorted(taken[:5]) == sorted(taken[5:]) == [0, 1, 2, 3, 4] and taken[:5] != [0, 1, 2, 3, 4]
+    assert [phases.position(step) for step in (0, 3)] == [{"cursor": 0, "seed": 3}, {"cursor": 6, "seed": 3}]
+    other = RLStep.build(abstract_model(preset("tiny")), tokenizer, rows, str(tmp_path / "other"),
+                         dataclasses.replace(config, seed=4))
+    assert [r.index for step in range(5) for r in other.prompt_rows(step)] != taken
+    assert [e.episode_id for e in phases.episodes(2)] == [f"row{i}" for i in taken[4:6]]
+    state = TrainState(jnp.zeros((), jnp.int32), phases.step.params, None, jnp.zeros((), jnp.int32))
+    rollouts, _ = phases.collect(state, 2)
+    assert [r.episode.episode_id for r in rollouts] == [f"row{i}" for i in taken[4:6]]
+
+
 # ----------------------------------------------------------------------------- the eval driver
 TWO_CALLS = "<think>two windows</think>" + "".join(
     "<tool_call>\n" + json.dumps({"name": "crop_video", "arguments": {"video_path": "v.mp4", "start_time": start,
@@ -263,7 +286,7 @@ def test_the_periodic_evaluation_runs_a_list_of_evaluators_on_one_sampler(video,
     the benchmark's records in a directory of the step with the step in their producer."""
     rows = [RLRow(0, "What colour is the circle?", video, "blue", "oe", {})]
     config = RLConfig(prompts_per_step=1, samples_per_prompt=2, nframes_gating=False, default_nframes=2,
-                      eval_every=1, eval_nframes=(2,), eval_limit=1, log_episodes=2,
+                      eval_every=1, evals={"eval": HeldOutConfig(nframes=(2,), limit=1)}, log_episodes=2,
                       advantage=AdvantageConfig(kl_ctl=0.0, batch_norm=False))
     built = []
 

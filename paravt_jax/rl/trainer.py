@@ -12,7 +12,6 @@ from collections.abc import Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import logging
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
@@ -20,21 +19,22 @@ from paravt_jax import distributed as dist
 from paravt_jax import sharding as sh
 from paravt_jax.agent.dispatch import CropDispatcher, DispatchConfig
 from paravt_jax.agent.rollout import Episode, RolloutConfig, run_rollouts
-from paravt_jax.config import checked, integer, integer_between, integers, refuse, set_by, validate
+from paravt_jax.config import checked, entries, integer, integer_between, integers, refuse, set_by, validate
 from paravt_jax.data import gating
 from paravt_jax.episodes.episode_log import MAX_LOGGED, EpisodeLog
 from paravt_jax.episodes.episode_stats import summarize
 from paravt_jax.episodes.rewards import RewardConfig, make_judge, score
+from paravt_jax.eval import registry
 from paravt_jax.eval.evaluator import Evaluator, evaluate
-from paravt_jax.eval.held_out import HeldOut
 from paravt_jax.rl.advantages import AdvantageConfig, compute_advantages
 from paravt_jax.rl.objective import StepConfig, policy_head, policy_loss
-from paravt_jax.rl.pipeline import Pipeline, Policy, Taken
+from paravt_jax.rl.pipeline import Policy
+from paravt_jax.rl.schedules import schedule_for
 from paravt_jax.rl.shapes import ShapeConfig, StepShapes, resolve
 from paravt_jax.sampling import Sampler, SamplerConfig
 from paravt_jax.train import compiles
 from paravt_jax.train.batch import MicroBatchPlan, Packed, TrainBatch, micro_batch_plan, pack, planned_micro_batches
-from paravt_jax.train.loop import LoopConfig, UnreadableDataError, data_indices, run_loop
+from paravt_jax.train.loop import LoopConfig, data_indices, run_loop
 from paravt_jax.train.step import OptimizerConfig, TrainStep
 
 
@@ -72,36 +72,41 @@ class RLConfig:
     # reference's max_head_offpolicyness is 2); 0 = synchronous. With mesh.rollout_devices the
     # sampling runs on devices of its own; colocated, it shares the trainer's.
     max_staleness: int = checked(0, integer(0))
-    eval_every: int = checked(0, integer(0))  # greedy held-out evaluation every N steps (0 = off)
-    # its overview budgets K: the first logs as eval_tools/... and eval_notools/... (what the
-    # curves and the sweep report read), each further K as eval_tools_K{K}/...
-    eval_nframes: tuple[int, ...] = checked((16,), integers(1))
-    eval_limit: int = checked(2, integer(1))  # its held-out rows: the first N
+    eval_every: int = checked(0, integer(0))  # the evaluations of `evals` every N steps (0 = off)
+    # the periodic evaluations by name, each with its `type` (eval/registry.py): by default the
+    # held-out check `eval` at K = 16 on 2 rows, logged as eval_tools/... and eval_notools/...
+    # (what the curves and the sweep report read), each further K as eval_tools_K{K}/...
+    evals: dict = entries(registry.PERIODIC, registry.TYPES)
     # sampled episodes logged per step to <workdir>/episodes/step_XXXXXX.jsonl (0 = none;
     # paravt_jax/episodes/episode_log.py, `paravt-jax view`)
     log_episodes: int = checked(0, integer_between(0, MAX_LOGGED))
 
     def __post_init__(self):
         validate(self)
+        for name, settings in self.evals.items():
+            if getattr(settings, "after_sft", ()):
+                raise refuse(f"evals.{name}.after_sft", settings.after_sft, "the periodic evaluation has no cold "
+                             "start; the main job's is evals.<name>.after_sft (the top-level evals section)")
         rows = self.prompts_per_step * self.samples_per_prompt
         if rows % self.micro_batches:
             raise refuse("micro_batches", self.micro_batches,
                          f"must divide the {rows} rows of a step (prompts_per_step x samples_per_prompt)")
 
 
-def periodic_evaluators(config: RLConfig, eval_rows) -> list:
-    """The periodic evaluation of `rl.eval_*`: the greedy held-out check on the first
-    `eval_limit` rows of `eval_rows`, K-major, metrics as eval_tools/... and eval_notools/...
-    for the first K of `eval_nframes` and eval_tools_K{K}/... for the others (none when
-    `eval_every` is 0 or there are no rows)."""
-    if not (config.eval_every and eval_rows):
+def periodic_evaluators(config: RLConfig, eval_rows, *, output_dir: str = "", data_dir: str = "") -> list:
+    """The periodic evaluations of `rl.evals` (eval/registry.py, stage "periodic"): a held-out
+    entry on the first `limit` rows of `eval_rows`, K-major, its metrics named after the entry
+    (`eval`: eval_tools/..., eval_notools/... for its first K, eval_tools_K{K}/... for the
+    others); a benchmark entry's records under `output_dir/<name>/step_XXXXXX` (`data_dir`: the
+    built-in data). None when `eval_every` is 0."""
+    if not config.eval_every:
         return []
     # the rollouts' fixed prompt and sub-agent shapes (with RLStep.evaluate's sampler config):
     # the first evaluation compiles its programs, the later ones none
     shapes = step_shapes(config, config.prompts_per_step)
     rollout = dataclasses.replace(config.rollout, prompt_shape=shapes.prompt, subagent_shape=shapes.subagent)
-    return [HeldOut.grid(eval_rows[:config.eval_limit], config.eval_nframes, tools_major=False,
-                         rollout=rollout, dispatch=config.dispatch)]
+    context = registry.Context(tuple(eval_rows or ()), rollout, config.dispatch, output_dir, data_dir)
+    return registry.evaluators(config.evals, context, "periodic")
 
 
 def episode(row, config: RLConfig) -> Episode:
@@ -126,19 +131,6 @@ def gather_scored(rollouts: list, rewards: list[dict], seq_rewards: np.ndarray, 
     return (dist.concatenate_lists([p[0] for p in parts]), dist.concatenate_lists([p[1] for p in parts]),
             np.concatenate([p[2] for p in parts]).astype(np.float32),
             np.concatenate([p[3] for p in parts]).astype(np.float32), dist.concatenate_lists([p[4] for p in parts]))
-
-
-def unreadable_step(index: int, skipped: list[str], streak: dict, prompts_per_step: int,
-                    dataset_size: int) -> dict:
-    """The metrics of a step none of whose videos could be read (the update is skipped); raises
-    UnreadableDataError once a whole epoch's worth of prompts in a row was unreadable."""
-    streak["prompts"] += prompts_per_step
-    names = "; ".join(skipped)
-    if streak["prompts"] >= dataset_size:
-        raise UnreadableDataError(f"[rl] no video could be read for {streak['prompts']} prompts in a row "
-                                  f"(the dataset has {dataset_size}); the last step's: {names}")
-    logging.warning(f"[rl] step {index} skipped, none of its videos could be read: {names}")
-    return {"unreadable_step": 1.0, "skipped_episodes": len(skipped), "rollouts": 0}
 
 
 def largest_nframes(config: RLConfig) -> int:
@@ -186,11 +178,13 @@ class StepBatch:
 
 @dataclasses.dataclass
 class RLStep:
-    """One PARA-GRPO step in named phases, each a method: collect (rollouts from the current
-    weights) -> score (rewards, gathered over processes) -> batch (packed micro-batches) ->
-    advantages (reference log-probs, group-normalised advantages) -> update (one optimizer
-    step). What does not change between steps (the train step, the sampler's and rollout's
-    settings, the fixed shapes, the judge) is built once by `build`."""
+    """One PARA-GRPO step in named phases, each a method: collect (rollouts of the step's
+    prompts, `prompt_rows`, from the current weights) -> score (rewards, gathered over
+    processes) -> learn: batch (packed micro-batches) -> advantages (reference log-probs,
+    group-normalised advantages) -> update (one optimizer step). It owns the prompt order (which
+    rows a step takes, what a checkpoint records of it); rl/schedules.py runs the phases. What
+    does not change between steps (the train step, the sampler's and rollout's settings, the
+    fixed shapes, the judge) is built once by `build`."""
     config: RLConfig
     tokenizer: object
     rows: list
@@ -252,17 +246,34 @@ class RLStep:
         skipped for an unreadable video)."""
         return self.collect_with(dist.local_model(self.step.model(state)), index)
 
+    def prompt_rows(self, index: int) -> list:
+        """The rows of step `index` (every process's): prompts_per_step of them from position
+        index x prompts_per_step of a seeded per-epoch order (a fresh permutation of the rows
+        each epoch), so that a resumed run takes the same ones."""
+        config = self.config
+        order = data_indices(self.cursor(index), config.prompts_per_step, len(self.rows), config.seed)
+        return [self.rows[i] for i in order]
+
+    def cursor(self, index: int) -> int:
+        """The position in the prompt order where step `index` starts."""
+        return index * self.config.prompts_per_step
+
+    def position(self, index: int) -> dict:
+        """What a checkpoint taken before step `index` records of the prompt order."""
+        return {"cursor": self.cursor(index), "seed": self.config.seed}
+
+    def episodes(self, index: int) -> list[Episode]:
+        """This process's episodes of step `index` (its share of the step's prompts)."""
+        return [episode(r, self.config) for r in self.prompt_rows(index)[self.share]]
+
     def collect_with(self, model, index: int) -> tuple[list, list[str]]:
         """This process's rollouts of step `index` sampled by `model` (on this process's devices)."""
         config, G = self.config, self.config.samples_per_prompt
-        chosen = [self.rows[i] for i in data_indices(index * config.prompts_per_step, config.prompts_per_step,
-                                                      len(self.rows), config.seed)]
-        episodes = [episode(r, config) for r in chosen[self.share]]
         sampler = self.make_sampler(model, self.sampler_config)
         # rows are prompt-major: this share's rows start at share.start * G in the step's batch
         run_config = dataclasses.replace(self.rollout_config, seed=config.seed * 100_003 + index,
                                          row_offset=self.share.start * G)
-        return run_rollouts(sampler, self.tokenizer, episodes, G, run_config, self.dispatcher)
+        return run_rollouts(sampler, self.tokenizer, self.episodes(index), G, run_config, self.dispatcher)
 
     def score(self, rollouts: list, skipped: list[str]) -> Scored:
         """This process's rollouts scored (`gather` then joins every process's)."""
@@ -334,6 +345,29 @@ class RLStep:
         state, metrics = self.step.step(state, batches)
         return state, metrics, prox_s
 
+    def learn(self, state, index: int, scored: Scored, timings: dict) -> tuple[object, dict]:
+        """The rest of step `index` once its episodes are scored (every process's): batch,
+        reference log-probs, advantages, the episode log, the update; its metrics with the
+        episodes' and the advantages', `timings` (the rollout side's) and this side's seconds."""
+        t2 = time.perf_counter()
+        data = self.batch(scored)
+        t_batch = time.perf_counter()
+        reference = self.reference_logprobs(data)
+        t_ref = time.perf_counter()
+        advantages, adv_metrics = self.advantages(scored, data, reference)
+        self.episode_log.write(index, scored.rollouts, scored.rewards, advantages)
+        state, metrics, prox_s = self.update(state, data, advantages)
+        t3 = time.perf_counter()
+        metrics.update(summarize(scored.rollouts, scored.rewards))
+        metrics.update(adv_metrics)
+        metrics.update(timings, train_s=t3 - t2, batch_s=t_batch - t2, ref_logprobs_s=t_ref - t_batch,
+                       prox_logprobs_s=prox_s, skipped_episodes=len(scored.skipped),
+                       rollouts=len(scored.rollouts), padding_fraction=data.plan.padding_fraction())
+        metrics["tokens"] = int(data.packed.loss_mask.sum())
+        if scored.judge_fallbacks is not None:  # judge failures this step: those answers were scored by F1
+            metrics["judge_f1_fallbacks"] = scored.judge_fallbacks
+        return state, metrics
+
     def precompile(self, state, index: int, model=None) -> None:
         """Compiles the programs of step `index` before it runs (`rl.precompile`): its rollouts
         are decoded and dropped, the reference (and proximal) log-prob passes and the gradients
@@ -374,116 +408,22 @@ def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge
     sample, apart from the trainer's (runtime.build_rollout_mesh; None: colocated). Returns
     (model with trained weights, LoopResult).
 
-    Synchronous (rl.max_staleness = 0, colocated): each step samples from the current weights,
-    then trains. Otherwise a producer thread samples ahead (rl/pipeline.py) from weights the
-    trainer publishes after each update, at most max_staleness versions old when trained on.
+    The loop (train/loop.py) runs an `RLStep`'s phases by a schedule (rl/schedules.py):
+    synchronous (rl.max_staleness = 0, colocated), each step sampling from the current weights
+    then training; otherwise asynchronous, a producer thread sampling ahead (rl/pipeline.py)
+    from weights the trainer publishes after each update, at most max_staleness versions old
+    when trained on.
 
     Multi-process: each process rolls out and scores its contiguous share of the step's prompts
     on its own devices; the scored rollouts are gathered so that every process builds the same
     global batch, and the update runs over all devices (see paravt_jax.distributed)."""
-    asynchronous = rollout_mesh is not None or config.max_staleness > 0
     phases = RLStep.build(model, tokenizer, rows, workdir, config, judge, make_sampler, rollout_mesh)
-    unreadable = {"prompts": 0}  # prompts in a row whose videos could not be read
-    pipeline: list[Pipeline] = []  # the asynchronous run's, started by its first step
-    precompiled: dict[int, Policy] = {}  # the rollout-mesh weights rl.precompile sampled with
-
-    def train_on(state, index: int, scored: Scored, timings: dict):
-        """The rest of a step once its episodes are scored: batch, reference log-probs,
-        advantages, the update and its metrics (with `timings`, the rollout side's)."""
-        t2 = time.perf_counter()
-        if not scored.rollouts:
-            return state, {**timings, **unreadable_step(index, scored.skipped, unreadable, config.prompts_per_step,
-                                                        len(rows))}
-        unreadable["prompts"] = 0
-        data = phases.batch(scored)
-        t_batch = time.perf_counter()
-        reference = phases.reference_logprobs(data)
-        t_ref = time.perf_counter()
-        advantages, adv_metrics = phases.advantages(scored, data, reference)
-        phases.episode_log.write(index, scored.rollouts, scored.rewards, advantages)
-        state, metrics, prox_s = phases.update(state, data, advantages)
-        t3 = time.perf_counter()
-        metrics.update(summarize(scored.rollouts, scored.rewards))
-        metrics.update(adv_metrics)
-        metrics.update(timings, train_s=t3 - t2, batch_s=t_batch - t2, ref_logprobs_s=t_ref - t_batch,
-                       prox_logprobs_s=prox_s, skipped_episodes=len(scored.skipped),
-                       rollouts=len(scored.rollouts), padding_fraction=data.plan.padding_fraction())
-        metrics["tokens"] = int(data.packed.loss_mask.sum())
-        if scored.judge_fallbacks is not None:  # judge failures this step: those answers were scored by F1
-            metrics["judge_f1_fallbacks"] = scored.judge_fallbacks
-        return state, metrics
-
-    def evaluate(state, index: int, metrics: dict) -> dict:
-        if config.eval_every and evaluators and (index + 1) % config.eval_every == 0:
-            metrics.update(phases.evaluate(state, evaluators, index))
-        return metrics
-
-    def synchronous_step(state, index):
-        t0 = time.perf_counter()
-        rollouts, skipped = phases.collect(state, index)
-        t1 = time.perf_counter()
-        scored = phases.gather(phases.score(rollouts, skipped))
-        state, metrics = train_on(state, index, scored, {"rollout_s": t1 - t0, "reward_s": time.perf_counter() - t1})
-        throughput(metrics, t0)
-        return state, evaluate(state, index, metrics)
-
-    def produce(policy_model, index: int) -> tuple[Scored, dict]:  # the producer thread's work
-        t0 = time.perf_counter()
-        rollouts, skipped = phases.collect_with(policy_model, index)
-        t1 = time.perf_counter()
-        scored = phases.score(rollouts, skipped)
-        return scored, {"rollout_s": t1 - t0, "reward_s": time.perf_counter() - t1}
-
-    def asynchronous_step(state, index):
-        t0 = time.perf_counter()
-        if not pipeline:  # this invocation's first step: sample from the weights it starts with
-            where = "the training devices" if rollout_mesh is None else (
-                f"{rollout_mesh.size} devices of their own ({dict(rollout_mesh.shape)})")
-            logging.info(f"[rl] asynchronous rollouts on {where}, up to {config.max_staleness} policy versions stale")
-            first = precompiled.pop(index, None) or phases.policy(state, index)
-            pipeline.append(Pipeline(produce, first, index, config.steps, config.max_staleness))
-        taken = pipeline[0].take(index)
-        scored, timings = taken.produced.value
-        state, metrics = train_on(state, index, phases.gather(scored), {**timings, **pipeline_metrics(taken)})
-        if index + 1 < config.steps:
-            t_publish = time.perf_counter()
-            pipeline[0].publish(phases.policy(state, index + 1))
-            metrics["publish_s"] = time.perf_counter() - t_publish
-        throughput(metrics, t0)
-        return state, evaluate(state, index, metrics)
-
-    def precompile(state, index):
-        if rollout_mesh is None:  # the training weights themselves
-            return phases.precompile(state, index)
-        precompiled[index] = phases.policy(state, index)  # the first step's, not copied twice
-        phases.precompile(state, index, precompiled[index].model)
-
+    schedule = schedule_for(phases, evaluators, rollout_mesh)
     try:
-        result = run_loop("rl", workdir, phases.step.init_state(),
-                          asynchronous_step if asynchronous else synchronous_step,
+        result = run_loop("rl", workdir, phases.step.init_state(), schedule.step,
                           LoopConfig(config.steps, config.checkpoint_every, max_bad_steps=config.max_bad_steps),
-                          meta_fn=lambda i: {"cursor": i * config.prompts_per_step, "seed": config.seed},
-                          prepare_fn=precompile if config.precompile else None)
+                          meta_fn=phases.position, prepare_fn=schedule.prepare if config.precompile else None)
     finally:
-        if pipeline:
-            pipeline[0].close()
+        schedule.close()
         phases.dispatcher.close()
     return phases.step.model(result.state), result
-
-
-def pipeline_metrics(taken: Taken) -> dict:
-    """An asynchronous step's staleness (versions behind: the mean and the max over the
-    processes, each of which sampled its share with one version; its oldest version) and the
-    waits of this process. Collective in a multi-process run."""
-    stale = [taken.staleness]
-    if dist.process_count() > 1:
-        stale = dist.allgather_objects(taken.staleness)
-    return {"staleness": float(np.mean(stale)), "staleness_max": max(stale),
-            "policy_version": taken.produced.index - max(stale), "queue_depth": taken.queue_depth,
-            "data_wait_s": taken.data_wait_s, "weights_wait_s": taken.produced.weights_wait_s}
-
-
-def throughput(metrics: dict, start: float) -> None:
-    """tokens_per_s: the step's loss tokens over its seconds so far (an unreadable step has none)."""
-    if "tokens" in metrics:
-        metrics["tokens_per_s"] = metrics.pop("tokens") / max(time.perf_counter() - start, 1e-9)
