@@ -5,8 +5,8 @@ step) and the batch is filled up with its readable examples."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
+import time
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +17,7 @@ from paravt_jax import sharding as sh
 from paravt_jax.config import checked, integer, integers, one_of, positive, refuse, set_by, share, validate
 from paravt_jax.data import gating
 from paravt_jax.data.sft_examples import FrameSpec, direct_answer, sft_inputs
+from paravt_jax.sft.vision_cache import MIB, VisionFeatureCache, without_pixels
 from paravt_jax.text.chat import VISUALS
 from paravt_jax.train.batch import micro_batch_plan, pack, planned_micro_batches
 from paravt_jax.train.loop import LoopConfig, UnreadableDataError, data_indices, run_loop
@@ -88,6 +89,14 @@ class SFTConfig:
     # `direct_share`, drawn per row (stable in the seed); 0 = off
     direct_from_nframes: int = checked(0, integer(0))
     direct_share: float = checked(1.0, share())
+    # with a frozen vision tower (optimizer.frozen covering "visual"): each example's frames are
+    # encoded once, on first use, in calls of train_frames frames (32 when 0), and the steps
+    # train on the kept features instead of the pixels (sft/vision_cache.py): the same math
+    # without a vision pass per step. Refused with a trained tower.
+    cache_vision_features: bool = False
+    # host memory the kept features may take, MiB (0: unbounded); an example past it is
+    # encoded again at each use
+    vision_cache_mib: int = checked(4096, integer(0))
 
     def __post_init__(self):
         validate(self)
@@ -98,6 +107,10 @@ class SFTConfig:
             raise refuse("min_pixels", self.min_pixels, f"must be <= max_pixels ({self.max_pixels})")
         if self.filter_overlong and not self.train_width:
             raise refuse("filter_overlong", self.filter_overlong, "needs train_width (the longest example kept)")
+        if self.cache_vision_features and not any(f.split(".")[0] == "visual" for f in self.optimizer.frozen):
+            raise refuse("cache_vision_features", self.cache_vision_features,
+                         f"needs the vision tower frozen (optimizer.frozen={self.optimizer.frozen!r} names no "
+                         "'visual' parameter): a trained tower's features change every step")
 
 
 def curriculum_rows(kinds, config: SFTConfig) -> list[int] | None:
@@ -151,64 +164,113 @@ def fill_batch(readable: list, size: int) -> list:
     return [readable[i % len(readable)] for i in range(size)]
 
 
+def read_example(index: int, messages, tokenizer, video_root: str,
+                 config: SFTConfig) -> tuple[object | None, str | None]:
+    """SFT row `index`'s (inputs, None), or (None, the reason) for an example whose video cannot
+    be read (or that is longer than train_width under filter_overlong)."""
+    frames = example_frames(index, config)
+    if answers_directly(index, frames, config):  # rows without a tool call stay as they are
+        messages = direct_answer(messages) or messages
+    try:
+        inputs = sft_inputs(messages, tokenizer, video_root, frames)
+    except (VideoError, ValueError, OSError) as e:
+        logging.warning(f"[sft] example {index} skipped: {e}")
+        return None, f"example {index}: {e}"
+    if config.filter_overlong and inputs.length > config.train_width:
+        logging.warning(f"[sft] example {index} skipped: {inputs.length} tokens, longer than train_width "
+                        f"{config.train_width} (filter_overlong)")
+        return None, f"example {index}: {inputs.length} tokens > train_width {config.train_width}"
+    return inputs, None
+
+
+class CachedVision:
+    """The SFT side of `sft.cache_vision_features`: the feature cache, made on the first step
+    from that step's tower (the restored one when a run resumes), and the examples read so far,
+    whose pixels are dropped once their features are kept."""
+
+    def __init__(self, step: TrainStep, config: SFTConfig, examples: dict):
+        if not step.vision_frozen:
+            raise ValueError(f"sft.cache_vision_features needs every vision tower parameter frozen; "
+                             f"sft.optimizer.frozen={config.optimizer.frozen!r} leaves some trained")
+        self.step, self.config, self.examples = step, config, examples
+        self.cache: VisionFeatureCache | None = None
+
+    def features(self, picked: list, state) -> tuple[list, dict]:
+        """One VisionFeatures (or None) per (index, inputs) of `picked`, and the step's metrics."""
+        start = time.perf_counter()
+        visual = self.step.model(state).visual
+        if self.cache is None:
+            self.cache = VisionFeatureCache(visual, self.config.train_frames or 32, self.step.mesh,
+                                            self.config.vision_cache_mib * MIB)
+        found, frames = self.cache.features(picked, visual)
+        for index, _ in picked:
+            inputs, _ = self.examples.get(index, (None, None))
+            if index in self.cache and inputs is not None and len(inputs.pixel_values) + len(
+                    inputs.pixel_values_videos):
+                self.examples[index] = (without_pixels(inputs), None)
+        return [found.get(index) for index, _ in picked], {
+            "vision_frames_encoded": frames, "vision_cache_mib": self.cache.bytes / MIB,
+            "vision_encode_s": time.perf_counter() - start}
+
+    def check(self, state) -> None:
+        """Refuses a run whose tower changed under the cache (it cannot while frozen)."""
+        if self.cache is not None:
+            self.cache.check(self.step.model(state).visual)
+
+
 def train_sft(model, tokenizer, rows: list, video_root: str, workdir: str, config: SFTConfig,
               kinds=()):
     """Returns (model with trained weights, LoopResult). Each process reads the videos of its
     contiguous share of every batch (once per row, on first use); the shares are gathered into
     the global batch, in process order (see paravt_jax.distributed). `kinds`: each row's kind,
-    for the curriculum (`first_steps`, `first_kinds`)."""
+    for the curriculum (`first_steps`, `first_kinds`). With `cache_vision_features`, every
+    process encodes the gathered batch's new examples alike and keeps their features."""
     share = dist.process_slice(config.batch_size, "batch_size")
     if len(kinds) not in (0, len(rows)):
         raise ValueError(f"train_sft: {len(kinds)} kinds for {len(rows)} rows")
     first = curriculum_rows(tuple(kinds) or ("",) * len(rows), config)
+    examples: dict[int, tuple] = {}
 
-    @functools.cache
     def example(i: int) -> tuple[object | None, str | None]:
-        """(inputs, None), or (None, the reason) for an example whose video cannot be read (or
-        that is longer than train_width under filter_overlong)."""
-        frames = example_frames(i, config)
-        messages = rows[i]
-        if answers_directly(i, frames, config):  # rows without a tool call stay as they are
-            messages = direct_answer(messages) or messages
-        try:
-            inputs = sft_inputs(messages, tokenizer, video_root, frames)
-        except (VideoError, ValueError, OSError) as e:
-            logging.warning(f"[sft] example {i} skipped: {e}")
-            return None, f"example {i}: {e}"
-        if config.filter_overlong and inputs.length > config.train_width:
-            logging.warning(f"[sft] example {i} skipped: {inputs.length} tokens, longer than train_width "
-                            f"{config.train_width} (filter_overlong)")
-            return None, f"example {i}: {inputs.length} tokens > train_width {config.train_width}"
-        return inputs, None
+        if i not in examples:
+            examples[i] = read_example(i, rows[i], tokenizer, video_root, config)
+        return examples[i]
 
     step = TrainStep(model, config.optimizer, sft_loss, HEAD, mesh=dist.model_mesh(model))
+    vision = CachedVision(step, config, examples) if config.cache_vision_features else None
     unreadable = {"examples": 0}  # examples in a row that could not be read
 
     def step_fn(state, index):
         chosen = step_rows(index, config, len(rows), first)
-        mine = [example(i) for i in chosen[share]]
+        mine = [(i, *example(i)) for i in chosen[share]]
         gathered = dist.concatenate_lists(dist.allgather_objects(mine))
-        readable = [inputs for inputs, _ in gathered if inputs is not None]
+        readable = [(i, inputs) for i, inputs, _ in gathered if inputs is not None]
         skipped = len(gathered) - len(readable)
         if not readable:
             unreadable["examples"] += skipped
             if unreadable["examples"] >= len(rows):
                 raise UnreadableDataError(f"[sft] no example could be read for {unreadable['examples']} examples "
                                           f"in a row (the dataset has {len(rows)}); the last: "
-                                          + "; ".join(error for _, error in gathered))
+                                          + "; ".join(error for _, _, error in gathered))
             logging.warning(f"[sft] step {index} skipped, none of its examples could be read")
             return state, {"unreadable_step": 1.0, "skipped_examples": skipped}
         unreadable["examples"] = 0
-        packed = pack(fill_batch(readable, config.batch_size), width=config.train_width)
+        picked = fill_batch(readable, config.batch_size)
+        features, vision_metrics = vision.features(picked, state) if vision is not None else (None, {})
+        packed = pack([inputs for _, inputs in picked], width=config.train_width)
         # token-budget micro-batches get a multiple of the batch's devices as rows (else replicated)
         plan = micro_batch_plan(packed, config.micro_batches, config.max_tokens_per_micro_batch,
                                 sh.batch_devices(step.mesh), full_rows=config.train_width > 0)
         state, metrics = step.step(state, planned_micro_batches(packed, plan, model.config.vision,
                                                                 min_frames=config.train_frames,
-                                                                vision_shards=sh.batch_devices(step.mesh)))
-        return state, {**metrics, "skipped_examples": skipped, "padding_fraction": plan.padding_fraction()}
+                                                                vision_shards=sh.batch_devices(step.mesh),
+                                                                features=features))
+        return state, {**metrics, "skipped_examples": skipped, "padding_fraction": plan.padding_fraction(),
+                       **vision_metrics}
 
     result = run_loop("sft", workdir, step.init_state(), step_fn,
                       LoopConfig(config.steps, config.checkpoint_every),
                       meta_fn=lambda i: {"cursor": i * config.batch_size, "seed": config.seed})
+    if vision is not None:
+        vision.check(result.state)
     return step.model(result.state), result

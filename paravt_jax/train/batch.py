@@ -14,12 +14,31 @@ import jax
 import numpy as np
 
 from paravt_jax.buckets import bucket
+from paravt_jax.models.qwen3_vl.rope import IMAGE, VIDEO
 from paravt_jax.models.qwen3_vl.vision import frame_buckets, frame_counts, pad_frames_to, vision_layout
 from paravt_jax.text.inputs import ModelInputs, collate_vision_placed
 
 # Fields of every batch; an extra may not reuse one of these names.
 TOKEN_FIELDS = ("input_ids", "attention_mask", "position_ids", "loss_mask", "visual_index",
-                "pixel_values", "vision_meta", "segment_ids")
+                "pixel_values", "vision_meta", "segment_ids", "visual_embeds", "visual_deepstack")
+
+
+@dataclasses.dataclass(frozen=True)
+class VisionFeatures:
+    """What a frozen vision tower makes of one sequence's frames, kept on the host: embeds
+    [n, D] and DeepStack features [n_ds, n, D], one row per vision token of the sequence, its
+    image tokens first and then its video tokens (the order `collate_vision_placed` numbers
+    them in)."""
+    embeds: np.ndarray
+    deepstack: np.ndarray
+
+    @property
+    def tokens(self) -> int:
+        return int(self.embeds.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.embeds.nbytes + self.deepstack.nbytes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +105,11 @@ class TrainBatch:
     # padding); None when each row holds one sequence (attention_mask then says which tokens
     # are real)
     segment_ids: np.ndarray | None = None
+    # a frozen tower's features in place of pixel_values and vision_meta (shapes as the tower
+    # would give them: [Nv, D] and [n_ds, Nv, D], or with the vision shards' leading S axis:
+    # [S, Nv, D] and [n_ds, S, Nv, D]); None when the step encodes the pixels itself
+    visual_embeds: np.ndarray | None = None
+    visual_deepstack: np.ndarray | None = None
 
     def with_extras(self, **extras) -> TrainBatch:
         """A copy with these extras added or replaced."""
@@ -223,7 +247,8 @@ def plan_micro_batches(lengths: Sequence[int], width: int, num_micro: int, max_t
 
 def planned_micro_batches(packed: Packed, plan: MicroBatchPlan, vision_config,
                           extras: Mapping[str, np.ndarray] | None = None, min_frames: int = 0,
-                          vision_shards: int = 1) -> list[TrainBatch]:
+                          vision_shards: int = 1,
+                          features: Sequence[VisionFeatures | None] | None = None) -> list[TrainBatch]:
     """The micro-batches of `plan`: token arrays, extras ([N, T] in the Packed layout) and
     vision inputs moved to each sequence's (row, offset); with plan.packed, segment ids number
     the sequences of each row and every sequence keeps its own positions (its 3-D MRoPE
@@ -233,8 +258,15 @@ def planned_micro_batches(packed: Packed, plan: MicroBatchPlan, vision_config,
 
     vision_shards S > 1 (the batch devices a mesh splits the rows over, `sharding.vision_shards`):
     a micro-batch whose rows S divides gets its vision inputs per shard of rows (`shard_vision`),
-    so that each device encodes only its own rows' frames."""
+    so that each device encodes only its own rows' frames.
+
+    features: one `VisionFeatures` per sequence of `packed` (None for a sequence without
+    frames), a frozen tower's output: the micro-batches then carry them in place of pixels
+    (`shard_features`), padded to the rows the pixels' padded frames would give, so the
+    decoder sees the same shapes either way."""
     extras = dict(extras or {})
+    if features is not None and len(features) != len(packed.sequences):
+        raise ValueError(f"{len(features)} vision features for {len(packed.sequences)} sequences")
     _check_extra_names(extras)
     for name, array in extras.items():
         if np.shape(array) != packed.input_ids.shape:
@@ -255,15 +287,35 @@ def planned_micro_batches(packed: Packed, plan: MicroBatchPlan, vision_config,
             for row, start, index in placements:
                 seen[row] = seen.get(row, 0) + 1
                 segment_ids[row, start:start + lengths[index]] = seen[row]
-        visual_index, pixels, meta = shard_vision(
-            [(row, start, packed.sequences[index]) for row, start, index in placements], plan.rows[m], plan.width,
-            vision_config, min_frames, vision_shard_count(vision_shards, plan.rows[m]))
+        shards = vision_shard_count(vision_shards, plan.rows[m])
+        pixels = meta = embeds = deepstack = None
+        if features is None:
+            visual_index, pixels, meta = shard_vision(
+                [(row, start, packed.sequences[index]) for row, start, index in placements], plan.rows[m],
+                plan.width, vision_config, min_frames, shards)
+        else:
+            visual_index, embeds, deepstack = shard_features(
+                [(row, start, packed.sequences[index], features[index]) for row, start, index in placements],
+                plan.rows[m], plan.width, vision_config, min_frames, shards)
         out.append(TrainBatch(
             input_ids=split["input_ids"][m], attention_mask=split["attention_mask"][m],
             position_ids=positions[m], loss_mask=split["loss_mask"][m], visual_index=visual_index,
             pixel_values=pixels, vision_meta=meta,
-            extras={name: split[name][m] for name in extras}, segment_ids=segment_ids))
+            extras={name: split[name][m] for name in extras}, segment_ids=segment_ids,
+            visual_embeds=embeds, visual_deepstack=deepstack))
     return out
+
+
+def frame_targets(grids, min_frames: int = 0) -> dict[tuple[int, int], int]:
+    """The frames per size (h, w) that every block's vision pass is padded to: each block's
+    count rounded up to a power of two and to at least `min_frames`, the largest over the
+    blocks (grids: one [n, 3] grid per block, None for a block without frames)."""
+    targets: dict[tuple[int, int], int] = {}
+    for grid in grids:
+        if grid is not None:
+            for size, n in frame_buckets(frame_counts(grid), min_frames).items():
+                targets[size] = max(targets.get(size, 0), n)
+    return targets
 
 
 def shard_vision(placements, rows: int, width: int, vision_config, min_frames: int = 0,
@@ -282,12 +334,7 @@ def shard_vision(placements, rows: int, width: int, vision_config, min_frames: i
                                      if s * per <= row < (s + 1) * per], per, width) for s in range(shards)]
     if all(pixels is None for _, pixels, _ in blocks):
         return None, None, None
-    floor = -(-int(min_frames) // shards)
-    targets: dict[tuple[int, int], int] = {}
-    for _, _, grid in blocks:
-        if grid is not None:
-            for size, n in frame_buckets(frame_counts(grid), floor).items():
-                targets[size] = max(targets.get(size, 0), n)
+    targets = frame_targets([grid for _, _, grid in blocks], -(-int(min_frames) // shards))
     visual_index = np.concatenate([np.full((per, width), -1, np.int32) if index is None else index
                                    for index, _, _ in blocks])
     padded = [pad_frames_to(pixels, grid, targets, vision_config.patch_dim) for _, pixels, grid in blocks]
@@ -302,3 +349,64 @@ def vision_shard_count(batch_devices: int, rows: int) -> int:
     """The vision shards of a micro-batch of `rows` rows over `batch_devices` batch devices: one
     per device when they divide the rows (as the token arrays split), else 1 (replicated)."""
     return batch_devices if batch_devices > 1 and rows % batch_devices == 0 else 1
+
+
+def collate_features_placed(placements, rows: int, width: int):
+    """`collate_vision_placed` with a frozen tower's features in place of pixels: placements
+    (row, offset, sequence, its VisionFeatures or None). Returns (visual_index [rows, width],
+    embeds [n, D], deepstack [n_ds, n, D], grids [items, 3]), or Nones without vision tokens."""
+    visual_index = np.full((rows, width), -1, np.int32)
+    embeds, deepstack, grids, offset = [], [], [], 0
+    for b, start, s, f in placements:
+        if s is None or not s.length:
+            continue
+        where = np.concatenate([np.nonzero(s.mm_token_type_ids == kind)[0] for kind in (IMAGE, VIDEO)])
+        if not len(where):
+            continue
+        if f is None or f.tokens != len(where):
+            raise ValueError(f"a sequence with {len(where)} vision tokens came with "
+                             f"{'no' if f is None else f.tokens} rows of vision features")
+        visual_index[b, start + where] = offset + np.arange(len(where))
+        offset += len(where)
+        embeds.append(f.embeds)
+        deepstack.append(f.deepstack)
+        grids += [s.image_grid_thw, s.video_grid_thw]
+    if not embeds:
+        return None, None, None, None
+    return (visual_index, np.concatenate(embeds), np.concatenate(deepstack, axis=1),
+            np.concatenate(grids).reshape(-1, 3))
+
+
+def feature_rows(targets: dict[tuple[int, int], int], vision_config) -> int:
+    """The tower's output rows for frames padded to `targets` (frames per size (h, w) in patches)."""
+    return sum(k * h * w // vision_config.merge_unit for (h, w), k in targets.items())
+
+
+def shard_features(placements, rows: int, width: int, vision_config, min_frames: int = 0,
+                   shards: int = 1) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]:
+    """`shard_vision` with a frozen tower's features: (visual_index, visual_embeds,
+    visual_deepstack) of sequences placed at (row, offset, sequence, features). Each block's
+    features are padded with zero rows to as many rows as its frames padded as `shard_vision`
+    pads them would give the tower, so the arrays have the shapes the pixels' pass would make
+    (rows no token points at; the padded frames' features are never read either)."""
+    if rows % shards:
+        raise ValueError(f"{rows} rows do not split into {shards} vision shards")
+    per = rows // shards
+    blocks = [collate_features_placed([(row - s * per, start, seq, f) for row, start, seq, f in placements
+                                       if s * per <= row < (s + 1) * per], per, width) for s in range(shards)]
+    present = [b for b in blocks if b[1] is not None]
+    if not present:
+        return None, None, None
+    total = feature_rows(frame_targets([grid for *_, grid in blocks], -(-int(min_frames) // shards)), vision_config)
+    d, n_ds = present[0][1].shape[-1], present[0][2].shape[0]
+    dtype = present[0][1].dtype
+    visual_index = np.concatenate([np.full((per, width), -1, np.int32) if index is None else index
+                                   for index, *_ in blocks])
+    embeds = np.zeros((shards, total, d), dtype)
+    deepstack = np.zeros((n_ds, shards, total, d), dtype)
+    for s, (_, e, ds, _) in enumerate(blocks):
+        if e is not None:
+            embeds[s, :len(e)], deepstack[:, s, :len(e)] = e, ds
+    if shards == 1:
+        return visual_index, embeds[0], deepstack[:, 0]
+    return visual_index, embeds, deepstack

@@ -109,6 +109,16 @@ def frozen_mask(params, frozen: Sequence[str]):
                                             params)
 
 
+def tower_frozen(params, frozen: Sequence[str]) -> bool:
+    """Whether every parameter of the vision tower (`visual...`) is among the `frozen` ones."""
+    if not frozen:
+        return False
+    mask = frozen_mask(params, frozen)
+    flags = [f for path, f in jax.tree_util.tree_leaves_with_path(mask)
+             if parameter_path(path).split(".")[0] == "visual"]
+    return bool(flags) and all(flags)
+
+
 def parameter_path(path) -> str:
     """A pytree key path of the parameters -> 'visual.blocks.attn.qkv' (nnx value leaves dropped)."""
     parts = []
@@ -132,10 +142,12 @@ def token_scores(model: nnx.Module, batch: Mapping[str, Any], head: HeadConfig, 
     """The token head of `model` on `batch` (the device tree of a TrainBatch): [B, T] log-probs
     and entropies under softmax(logits / head.temperature), shifted so that position t scores
     token t given the tokens before it. With a `mesh`, the decoder's activations and the head's
-    chunks stay split by rows over the batch axes (`sharding.row_constraint`)."""
-    embeds = deepstack = None
-    if batch["pixel_values"] is not None:
+    chunks stay split by rows over the batch axes (`sharding.row_constraint`). A batch with
+    `visual_embeds` (a frozen tower's features, computed before) skips the vision tower."""
+    embeds, deepstack = batch.get("visual_embeds"), batch.get("visual_deepstack")
+    if embeds is None and batch["pixel_values"] is not None:
         embeds, deepstack = model.encode_vision(batch["pixel_values"], *batch["vision_meta"])
+    if embeds is not None:
         if embeds.ndim == 3:  # vision shards (train/batch.py shard_vision): each on its rows' devices
             embeds, deepstack = sh.row_constraint(mesh)(embeds), sh.row_constraint(mesh, batch_axis=1)(deepstack)
     # packed rows (several sequences each) attend within their segment ids
@@ -201,6 +213,8 @@ class TrainStep:
 
         # frozen parameters take no gradient, so XLA drops their part of the backward pass
         frozen = frozen_mask(self.params, optimizer.frozen) if optimizer.frozen else None
+        # batches may bring the tower's features in place of pixels only while it never changes
+        self.vision_frozen = tower_frozen(self.params, optimizer.frozen)
 
         def loss(params, batch):
             if frozen is not None:
@@ -254,9 +268,14 @@ class TrainStep:
 
     def _place(self, batch: TrainBatch) -> dict:
         """Token arrays and extras split along the batch over (data, fsdp) when a mesh is set;
-        vision inputs in shards (pixel_values [S, N, patch_dim]) split the same way, shard s with
-        rows s * B/S ... on the same devices; a flat vision pass replicated. Without a mesh, the
-        host arrays go as they are."""
+        vision inputs in shards (pixel_values [S, N, patch_dim], or a frozen tower's features
+        [S, Nv, D]) split the same way, shard s with rows s * B/S ... on the same devices; a flat
+        vision pass replicated. Without a mesh, the host arrays go as they are. Features in place
+        of pixels are refused unless the tower is frozen."""
+        if batch.visual_embeds is not None and not self.vision_frozen:
+            raise ValueError("a batch brings vision features in place of pixels, but the vision tower is trained "
+                             "(optimizer.frozen does not cover 'visual'): features computed before the step "
+                             "would not follow its weights")
         tree = batch.device_tree()
         if self.mesh is None:
             return tree
@@ -266,6 +285,12 @@ class TrainStep:
             tree["pixel_values"], tree["vision_meta"] = jax.tree.map(
                 lambda x: jax.device_put(x, sh.batch_sharding(self.mesh, x.ndim, 0, batch_size=shards)),
                 (tree["pixel_values"], tree["vision_meta"]))
+        if batch.visual_embeds is not None and batch.visual_embeds.ndim == 3:  # [S, Nv, D], [n_ds, S, Nv, D]
+            shards = batch.visual_embeds.shape[0]
+            tree["visual_embeds"] = jax.device_put(batch.visual_embeds, sh.batch_sharding(
+                self.mesh, 3, 0, batch_size=shards))
+            tree["visual_deepstack"] = jax.device_put(batch.visual_deepstack, sh.batch_sharding(
+                self.mesh, 4, 1, batch_size=shards))
         for key in ("input_ids", "attention_mask", "segment_ids", "loss_mask", "visual_index", "position_ids",
                     *batch.extras):
             if tree.get(key) is not None:
