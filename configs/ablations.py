@@ -80,18 +80,18 @@ def get_config(arg: str = "tiny"):
         # policy knows the trajectory format before RL starts.
         c.rl.steps = 2
         c.rl.eval_every = 0
-        c.eval.limit = 2
-        c.eval.nframes = (4, 16)
+        c.evals.held_out.limit = 2
+        c.evals.held_out.nframes = (4, 16)
     elif c.preset in ("toy_long", "toy_long_pilot"):
         c.rl.steps = LONG_STEPS if c.preset == "toy_long" else LONG_STEPS // 2
         if c.preset == "toy_long":
             c.rl.optimizer.learning_rate = LONG_RATE
-        c.rl.eval_every, c.rl.eval_limit, c.rl.eval_nframes = LONG_EVAL_EVERY, 16, LONG_NFRAMES
+        c.rl.eval_every, c.rl.evals.eval.limit, c.rl.evals.eval.nframes = LONG_EVAL_EVERY, 16, LONG_NFRAMES
         c.rl.checkpoint_every = LONG_EVAL_EVERY  # an interrupted arm resumes, losing < 16 steps
-        c.eval.nframes = LONG_NFRAMES
+        c.evals.held_out.nframes = LONG_NFRAMES
     elif c.preset in STUDIES:
-        c.rl.eval_every, c.rl.eval_limit = 4, 16  # accuracy with and without tools over training
-        c.eval.nframes = (4, 64)
+        c.rl.eval_every, c.rl.evals.eval.limit = 4, 16  # accuracy with and without tools over training
+        c.evals.held_out.nframes = (4, 64)
     return c
 
 

@@ -18,7 +18,7 @@ import ml_collections
 from paravt_jax import meshes
 from paravt_jax.config import section
 from paravt_jax.configs import base
-from paravt_jax.eval.held_out import EvalConfig
+from paravt_jax.eval import registry
 from paravt_jax.rl.trainer import RLConfig
 from paravt_jax.sft.trainer import SFTConfig
 
@@ -85,7 +85,9 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     c.rl.prompts_per_step = 2  # B
     c.rl.samples_per_prompt = 4  # G
     c.rl.nframes_gating = True  # K ~ U{nframes_choices} per prompt; default_nframes when off
-    c.rl.eval_every = 2  # held-out greedy evaluation (with and without tools) every N RL steps
+    # every N RL steps, the evaluations of rl.evals (by name, each with its type: eval/registry.py);
+    # the default: the greedy held-out check `eval` with and without tools (eval_tools/..., eval_notools/...)
+    c.rl.eval_every = 2
     c.rl.log_episodes = 4  # sampled episodes kept per step: rl/episodes/step_XXXXXX.jsonl (`paravt-jax view`)
     c.rl.optimizer.learning_rate = 1e-4
     c.rl.step.temperature = 0.7  # the log-prob temperature; rollouts sample at it too
@@ -108,7 +110,9 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     c.generate.video = ""  # a local video path; empty: the first held-out video
     c.generate.nframes = 16
 
-    c.eval = section(EvalConfig())  # held-out evaluation: K values (after RL, after SFT), tokens, turns, rows
+    # the main job's evaluations by name, each with its type (eval/registry.py): the held-out table
+    # with and without tools at each K of nframes after the last phase (and of after_sft on the cold start)
+    c.evals = registry.section(registry.MAIN_JOB)
 
     if preset == "tiny":  # the shapes task's 64x160 frames are 10 tokens: a K = 64 prompt is 1,626
         c.rl.shapes.prompt_width, c.rl.shapes.subagent_width, c.rl.shapes.train_width = 2048, 512, 2048
@@ -132,12 +136,12 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
         # the random vision tower's features keep the colours; trained along, it collapses to
         # one vector for every image token before the text tower learns to read them
         c.sft.optimizer.frozen = c.rl.optimizer.frozen = ("visual",)
-        c.rl.rollout.mode = c.eval.mode = "subagent"
+        c.rl.rollout.mode = c.evals.held_out.mode = "subagent"
         c.rl.rollout.subagent_max_tokens = 32  # a toy summary is about 9 tokens
         c.rl.steps, c.rl.prompts_per_step = 12, 4  # 4 prompts x 4 samples a step
-        c.rl.eval_every, c.rl.eval_limit, c.rl.eval_nframes = 6, 8, (4,)
-        c.eval.limit, c.eval.max_new_tokens = 0, 160  # every held-out question
-        c.eval.after_sft = (4,)  # the cold start's table too: what RL starts from
+        c.rl.eval_every, c.rl.evals.eval.limit, c.rl.evals.eval.nframes = 6, 8, (4,)
+        c.evals.held_out.limit, c.evals.held_out.max_new_tokens = 0, 160  # every held-out question
+        c.evals.held_out.after_sft = (4,)  # the cold start's table too: what RL starts from
         # the toy's 64x96 frames are 6 tokens: a K = 64 prompt is 930 tokens, an episode at
         # most ~1.7k, a 16-frame crop's sub-agent prompt 273 (rl/shapes.py's bounds assume
         # full-size frames)
@@ -170,7 +174,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
         c.rl.shapes.subagent_width = 2048
         c.model.param_dtype = c.model.dtype = "bfloat16"
         c.model.remat = True
-        c.eval.max_new_tokens, c.eval.max_turns, c.eval.limit = 2048, 3, 0
+        c.evals.held_out.max_new_tokens, c.evals.held_out.max_turns, c.evals.held_out.limit = 2048, 3, 0
         if preset in ASYNC_PRESETS:  # the training mesh: fsdp over the devices the rollouts leave
             mesh_name, c.mesh.rollout_devices = ASYNC_PRESETS[preset]
             c.mesh.rollout_axes = "tensor=-1"
@@ -188,7 +192,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
         c.rl.rollout.protocol.malformed = "reference"  # as qwen3vl_8b
         c.model.param_dtype = c.model.dtype = "bfloat16"
         c.model.remat = True
-        c.eval.max_new_tokens, c.eval.max_turns, c.eval.limit = 2048, 3, 0
+        c.evals.held_out.max_new_tokens, c.evals.held_out.max_turns, c.evals.held_out.limit = 2048, 3, 0
     return c
 
 

@@ -12,7 +12,10 @@ with every bad value named before any work starts (config_checks.check_config bu
 A field made with `subsection(default, {name: what sets it})` leaves those fields of its nested
 dataclass out of the subsection (the evaluation driver's prompt format leaves out the system
 text its prompt mode decides); a key given one level above its dataclass is refused with its
-place (`rl.rollout.think_prefix: ...; it is rl.rollout.prompt.think_prefix`).
+place (`rl.rollout.think_prefix: ...; it is rl.rollout.prompt.think_prefix`). A field made with
+`entries(default, types)` holds named entries whose `type` key picks the dataclass of the rest
+(big_vision's evaluations: `rl.evals.<name>.type`); a key that moved (MOVED_KEYS) is refused
+with its new place.
 
 The config files ship with the package as `paravt_jax.configs` (the repository's configs/
 folder; `from paravt_jax.configs import paragrpo`). `--config=FILE.py:ARG` names a config file by
@@ -212,6 +215,80 @@ def _left_out(field: dataclasses.Field) -> dict[str, str]:
     return field.metadata.get(SET_INSIDE, {})
 
 
+# A field whose metadata has TYPES holds named entries, each a dataclass chosen by the entry's
+# `type` key (big_vision's evaluations): its config section maps each name to a subsection
+# holding `type` beside the fields of that type's dataclass.
+TYPES = "types"
+TYPE_KEY = "type"
+
+
+def entries(default: dict, types: dict[str, type]):
+    """A field holding the mapping `default` (name -> an instance of one of `types`' classes),
+    whose config section is the mapping `entries_section` makes and `build` turns back."""
+    return dataclasses.field(default_factory=lambda: dict(default), metadata={TYPES: dict(types)})
+
+
+def type_name(types: dict[str, type], entry) -> str:
+    """The name under which `entry`'s class is one of `types`."""
+    for name, cls in types.items():
+        if type(entry) is cls:
+            return name
+    raise TypeError(f"{type(entry).__name__} is none of the types {', '.join(types)}")
+
+
+def entries_section(value: dict, types: dict[str, type]) -> ml_collections.ConfigDict:
+    """The config section of named entries: name -> {type: its type name, its fields...}."""
+    out = ml_collections.ConfigDict()
+    for name, entry in value.items():
+        out[name] = section(entry, first={TYPE_KEY: type_name(types, entry)})
+    return out
+
+
+def build_entries(types: dict[str, type], config, where: str) -> dict:
+    """The entries of a config section made by `entries_section` (name -> the dataclass its
+    `type` names, built from the entry's other keys); refused with one ConfigValueError naming
+    every problem under its dotted path (`rl.evals.eval.type='x': must be one of (...)`,
+    `rl.evals.eval.limit=-1: ...`)."""
+    out, problems = {}, []
+    for name in config.keys():
+        entry = config[name]
+        if not hasattr(entry, "keys"):
+            problems.append(Problem(f"{where}.{name}", f"={entry!r}: must be a section with a {TYPE_KEY!r} key "
+                                    f"(one of {tuple(types)}) and that type's fields"))
+            continue
+        kind = entry[TYPE_KEY] if TYPE_KEY in entry else None
+        if kind not in types:
+            problems.append(Problem(f"{where}.{name}.{TYPE_KEY}", f"={kind!r}: must be one of {tuple(types)}"))
+            continue
+        try:
+            out[name] = _build(types[kind], {key: entry[key] for key in entry.keys() if key != TYPE_KEY},
+                               f"{where}.{name}", {}, {}, {})
+        except ConfigValueError as e:  # named under where.name already
+            problems += e.problems
+    if problems:
+        raise ConfigValueError(problems=problems)
+    return out
+
+
+# Config keys that moved: the old dotted path -> the new one (a key under an old path moves
+# with it: `eval.limit` -> `evals.held_out.limit`). An old key is refused naming its new place.
+MOVED_KEYS = {
+    "rl.eval_nframes": "rl.evals.eval.nframes",
+    "rl.eval_limit": "rl.evals.eval.limit",
+    "eval": "evals.held_out",
+}
+
+
+def moved_to(path: str) -> str | None:
+    """The new place of the config key `path` if it (or a section above it) moved, else None."""
+    parts = path.split(".")
+    for end in range(len(parts), 0, -1):
+        old = ".".join(parts[:end])
+        if old in MOVED_KEYS:
+            return ".".join([MOVED_KEYS[old], *parts[end:]])
+    return None
+
+
 def _optional(hint) -> type | None:
     """T for `T | None` (or Optional[T]); None otherwise."""
     args = typing.get_args(hint)
@@ -221,18 +298,21 @@ def _optional(hint) -> type | None:
     return None
 
 
-def section(instance, left_out: Sequence[str] = ()) -> ml_collections.ConfigDict:
+def section(instance, left_out: Sequence[str] = (), first: dict | None = None) -> ml_collections.ConfigDict:
     """The config section shaped like the dataclass `instance`: one key per field (the
     instance's values as defaults), a nested dataclass as a subsection, a field that may be
     None as a typed placeholder (so that `--config.x.y=value` can set it). Fields marked
-    `set_by`, and those named in `left_out` (a `subsection`'s), are left out."""
+    `set_by`, and those named in `left_out` (a `subsection`'s), are left out; `first`'s keys
+    come before the fields (an entry's `type`)."""
     hints = typing.get_type_hints(type(instance))
-    out = ml_collections.ConfigDict()
+    out = ml_collections.ConfigDict(first or {})
     for field in dataclasses.fields(instance):
         if SET_BY in field.metadata or field.name in left_out:
             continue
         value = getattr(instance, field.name)
-        if dataclasses.is_dataclass(value):
+        if TYPES in field.metadata:
+            out[field.name] = entries_section(value, field.metadata[TYPES])
+        elif dataclasses.is_dataclass(value):
             out[field.name] = section(value, tuple(_left_out(field)))
         elif value is None:
             out[field.name] = config_dict.placeholder(_optional(hints[field.name]))
@@ -260,8 +340,7 @@ def _build(cls, config, where: str, given: dict, left_out: dict[str, str], unset
     setters = {**{name: "the caller" for name in given},
                **{name: f.metadata[SET_BY] for name, f in fields.items() if SET_BY in f.metadata}, **left_out}
     settable = [name for name in fields if name not in setters]
-    problems = [Problem(f"{where}.{key}", f": not a field of {cls.__name__} (its fields: {', '.join(settable)})"
-                        + _moved(hints, fields, key, where)) for key in keys if key not in fields]
+    problems = [_not_a_field(cls, settable, hints, fields, key, where) for key in keys if key not in fields]
     problems += [Problem(f"{where}.{key}", f": {cls.__name__}.{key} is set by the code ({setters[key]}), not by "
                          "the config") for key in keys if key in fields and key in setters]
     values = {**unset, **given}
@@ -269,7 +348,13 @@ def _build(cls, config, where: str, given: dict, left_out: dict[str, str], unset
         if key not in fields or key in setters:
             continue
         value = config[key]
-        if isinstance(value, ml_collections.ConfigDict):
+        if TYPES in fields[key].metadata:
+            try:
+                value = build_entries(fields[key].metadata[TYPES], value, f"{where}.{key}")
+            except ConfigValueError as e:
+                problems += e.problems
+                continue
+        elif isinstance(value, ml_collections.ConfigDict):
             nested = typing.get_origin(hints[key]) or hints[key]
             if not (isinstance(nested, type) and dataclasses.is_dataclass(nested)):
                 problems.append(Problem(f"{where}.{key}", f": {cls.__name__}.{key} is a value, not a section"))
@@ -303,6 +388,16 @@ def _unset(field: dataclasses.Field, config) -> dict:
             if f.name not in config and SET_BY not in f.metadata}
 
 
+def _not_a_field(cls, settable: list[str], hints: dict, fields: dict, key: str, where: str) -> Problem:
+    """The problem of a key that is no field of `cls`: where it moved (MOVED_KEYS), else the
+    fields and, for a field of a nested dataclass, its place there."""
+    new = moved_to(f"{where}.{key}")
+    if new:
+        return Problem(f"{where}.{key}", f": moved; it is {new}")
+    return Problem(f"{where}.{key}", f": not a field of {cls.__name__} (its fields: {', '.join(settable)})"
+                   + _moved(hints, fields, key, where))
+
+
 def _moved(hints: dict, fields: dict, key: str, where: str) -> str:
     """"; it is WHERE.SUB.KEY" when `key` is a field of one of the nested dataclasses (a key of
     a config written before that subsection)."""
@@ -316,7 +411,8 @@ def _moved(hints: dict, fields: dict, key: str, where: str) -> str:
 
 def fields_and_keys(cls, where: str, left_out: dict[str, str] | None = None) -> list[tuple[str, str | None, str]]:
     """(field "Class.name", its config key or None, where a key-less field is set) for every
-    field of `cls` and of its nested dataclasses (the check that every knob is reachable)."""
+    field of `cls` and of its nested dataclasses, and of the default entries of its `entries`
+    fields (the check that every knob is reachable)."""
     out = []
     hints = typing.get_type_hints(cls)
     for field in dataclasses.fields(cls):
@@ -325,7 +421,10 @@ def fields_and_keys(cls, where: str, left_out: dict[str, str] | None = None) -> 
             out.append((name, None, field.metadata.get(SET_BY) or left_out[field.name]))
             continue
         kind = typing.get_origin(hints[field.name]) or hints[field.name]
-        if isinstance(kind, type) and dataclasses.is_dataclass(kind):
+        if TYPES in field.metadata:  # the fields of each default entry, under its name
+            for entry_name, entry in field.default_factory().items():
+                out += fields_and_keys(type(entry), f"{where}.{field.name}.{entry_name}")
+        elif isinstance(kind, type) and dataclasses.is_dataclass(kind):
             out += fields_and_keys(kind, f"{where}.{field.name}", _left_out(field))
         else:
             out.append((name, f"{where}.{field.name}", ""))

@@ -2,8 +2,10 @@
 before any work starts if it is out of range, with the field's dotted name and what is allowed
 (`ConfigValueError`, every bad value of the config at once).
 
-The sections shaped like dataclasses (`sft`, `rl`, `eval`, the benchmark driver's `driver`)
-are checked by building them: each dataclass validates its own fields (paravt_jax.config).
+The sections shaped like dataclasses (`sft`, `rl`, the benchmark driver's `driver`) and the
+evaluations section `evals` (named entries by type, eval/registry.py) are checked by building
+them: each dataclass validates its own fields (paravt_jax.config); a section that moved
+(config.MOVED_KEYS: `eval` is `evals.held_out`) is refused naming its new place.
 What is left here is about keys that build no dataclass: the built-in data, the forward demo,
 `generate`, the benchmark-level keys of configs/eval.py, and the model's source.
 """
@@ -11,8 +13,19 @@ from __future__ import annotations
 
 import dataclasses
 
-from paravt_jax.config import SET_BY, ConfigValueError, Problem, Rule, build, integer, one_of, share
-from paravt_jax.eval.held_out import EvalConfig
+from paravt_jax.config import (
+    SET_BY,
+    ConfigValueError,
+    Problem,
+    Rule,
+    build,
+    build_entries,
+    integer,
+    moved_to,
+    one_of,
+    share,
+)
+from paravt_jax.eval import registry
 from paravt_jax.eval.prompts import MODES as PROMPT_MODES
 from paravt_jax.eval.settings import RECORD_NAMES, DriverConfig
 from paravt_jax.rl.trainer import RLConfig
@@ -20,7 +33,9 @@ from paravt_jax.sft.trainer import SFTConfig
 from paravt_jax.text.chat import VISUALS
 
 # config section -> the dataclass it builds
-SECTIONS = {"sft": SFTConfig, "rl": RLConfig, "eval": EvalConfig, "driver": DriverConfig}
+SECTIONS = {"sft": SFTConfig, "rl": RLConfig, "driver": DriverConfig}
+# config section -> the types of its named entries (an evaluations section: eval/registry.py)
+ENTRY_SECTIONS = {"evals": registry.TYPES}
 
 # Keys that build no dataclass; a rule applies when the config has the key.
 RULES: dict[str, Rule] = {
@@ -100,12 +115,16 @@ def check_config(config) -> None:
         value = _get(config, path)
         if value is not _MISSING and not rule.check(value):
             problems.append(Problem(path, f"={value!r}: must be {rule.allowed}"))
-    for name, cls in SECTIONS.items():
-        if name in config:
-            try:
-                build(cls, config[name], name)
-            except ConfigValueError as e:
-                problems += e.problems
+    for name in config:
+        try:
+            if name in SECTIONS:
+                build(SECTIONS[name], config[name], name)
+            elif name in ENTRY_SECTIONS:
+                build_entries(ENTRY_SECTIONS[name], config[name], name)
+        except ConfigValueError as e:
+            problems += e.problems
+        if moved_to(name):  # a section that moved (a config file written before)
+            problems.append(Problem(name, f": moved; it is {moved_to(name)}"))
     if "driver" in config:  # a config file in the flat layout configs/eval.py had before its driver section
         problems += [Problem(key, f": a field of the driver section, not read at the top level; set {DRIVER_KEYS[key]}")
                      for key in config if key in DRIVER_KEYS]

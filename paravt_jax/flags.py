@@ -67,10 +67,14 @@ def override_paths(argv: Sequence[str]) -> list[str]:
 
 def unknown_field(config, path: str) -> str | None:
     """A one-line message if `path` names no field of `config` (with the closest field), else None."""
+    from paravt_jax.config import moved_to
+
     node, done = config, []
     for part in path.split("."):
         keys = list(node.keys()) if hasattr(node, "keys") else []
         if part not in keys:
+            if moved_to(path):
+                return f"--config.{path}: moved; it is --config.{moved_to(path)}"
             where = ".".join(done)
             hint = closest(part, keys)
             message = f"--config.{path}: {'the config' if not where else where!r} has no field {part!r}"

@@ -16,7 +16,7 @@ from paravt_jax.config import ConfigValueError, build
 from paravt_jax.config_checks import check_data_sources
 from paravt_jax.data.builtin import BUILTIN_MODELS, BuiltinAssets, ensure_builtin
 from paravt_jax.data.paravt_parquet import RLRow, load_rl_rows, load_sft_rows
-from paravt_jax.eval.held_out import EvalConfig
+from paravt_jax.eval import registry
 from paravt_jax.models.qwen3_vl import init_model, load_pretrained, preset, save_pretrained
 from paravt_jax.rl.trainer import RLConfig
 from paravt_jax.sft.trainer import SFTConfig
@@ -132,9 +132,10 @@ def rl_config(config) -> RLConfig:
     return build(RLConfig, config.rl, "rl", seed=config.seed)
 
 
-def eval_config(config) -> EvalConfig:
-    """The `eval` section -> EvalConfig (the main job's held-out evaluation)."""
-    return build(EvalConfig, config.eval, "eval")
+def evals_config(config) -> dict:
+    """The `evals` section -> its entries, name -> settings (the main job's evaluations, by
+    type: eval/registry.py)."""
+    return registry.build(config.evals, "evals")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,6 +154,7 @@ class RunInputs:
     eval_rows: list[RLRow]  # held out
     video_root: str
     data: dict = dataclasses.field(default_factory=dict)  # the data's identity (data_identity)
+    data_dir: str = ""  # the built-in data (the synthetic benchmark's default)
 
 
 def file_digest(path: str) -> str:
@@ -205,7 +207,7 @@ def setup(config, training: bool = False) -> RunInputs:
     sft_messages, sft_report = load_sft_rows(paths["sft"], root)
     rl_rows, eval_rows = _rl_rows(config, paths, root)
     return RunInputs(model, tokenizer, SFTData(sft_messages, sft_report.kinds), rl_rows, eval_rows, root,
-                     data_identity(assets, paths, root))
+                     data_identity(assets, paths, root), assets.data_dir)
 
 
 def save_export(model, tokenizer, directory: str) -> None:

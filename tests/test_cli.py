@@ -89,8 +89,9 @@ def test_main_job_end_to_end_then_export(builtin_root, tmp_path):
                                "--config.rl.prompts_per_step=1", "--config.rl.rollout.max_new_tokens=8",
                                "--config.rl.rollout.max_turns=1",
                                "--config.rl.rollout.subagent_max_tokens=8", "--config.rl.eval_every=1",
-                               "--config.eval.limit=1", "--config.eval.max_new_tokens=8", "--config.eval.max_turns=1",
-                               "--config.eval.after_sft=(4,)")
+                               "--config.evals.held_out.limit=1", "--config.evals.held_out.max_new_tokens=8",
+                               "--config.evals.held_out.max_turns=1",
+                               "--config.evals.held_out.after_sft=(4,)")
     assert "| tools | K | accuracy |" in text and "| yes | 64 |" in text
     assert "[run] after SFT:" in text and "[run] after RL:" in text
     # the tables are the output (stdout); progress goes to the log (stderr), one format
@@ -141,23 +142,25 @@ def test_after_sft_evaluation_is_stored_and_read_back_on_resume(tmp_path, monkey
     unless the evaluation settings or the SFT step count changed since."""
     from paravt_jax.cli import jobs
     from paravt_jax.configs import paragrpo
+    from paravt_jax.eval.evaluator import Outcome
+    from paravt_jax.eval.held_out import EvalResult
 
     calls = []
 
-    def fake_evaluate_all(config, model, tokenizer, eval_rows, nframes=None, **episode_log):
-        calls.append(tuple(nframes))
-        return [{"tools": tools, "nframes": k, "accuracy": 0.5 + len(calls), "format_compliance": 1.0,
-                 "kappa": 1.0, "calls_per_turn": 2.0, "call_validity": 1.0, "samples": len(eval_rows)}
+    def fake_evaluate_all(config, model, tokenizer, eval_rows, stage="final", **episode_log):
+        nframes = tuple(jobs.evals_config(config)["held_out"].after_sft)
+        calls.append((stage, nframes))
+        return [Outcome("eval", {}, {}, EvalResult(tools, k, 0.5 + len(calls), 1.0, 1.0, 2.0, len(eval_rows), 1.0))
                 for tools in (False, True) for k in nframes]
 
     monkeypatch.setattr(jobs, "evaluate_all", fake_evaluate_all)
     config = paragrpo.get_config("tiny")
-    config.eval.after_sft = (4, 16)
+    config.evals.held_out.after_sft = (4, 16)
     workdir = str(tmp_path)
     first = jobs.evaluate_after_sft(config, None, None, ["row"], workdir)
-    assert calls == [(4, 16)] and len(first) == 4 and os.path.isfile(f"{workdir}/sft/eval.json")
+    assert calls == [("after_sft", (4, 16))] and len(first) == 4 and os.path.isfile(f"{workdir}/sft/eval.json")
     assert jobs.evaluate_after_sft(config, None, None, ["row"], workdir) == first and len(calls) == 1
-    config.eval.limit = 3  # other settings: the stored table is not theirs
+    config.evals.held_out.limit = 3  # other settings: the stored table is not theirs
     again = jobs.evaluate_after_sft(config, None, None, ["row"], workdir)
     assert len(calls) == 2 and again[0]["accuracy"] != first[0]["accuracy"]
     config.sft.steps += 100  # a longer SFT in the same workdir: another cold start
@@ -178,15 +181,15 @@ def test_reward_trend_compares_the_first_and_last_third():
 def test_held_out_and_generate_episodes_are_the_configs():
     """The held-out evaluation and `generate` run the RL episode of the config (sub-agent summary
     budget, overview and crop frame sizes, think prefix, calls per turn), decoded greedily; the
-    evaluation's own budget (eval.max_new_tokens, max_turns, mode) is the only change."""
+    evaluation's own budget (evals.held_out.max_new_tokens, max_turns, mode) is the only change."""
     from paravt_jax.cli.jobs import generate_episode
     from paravt_jax.configs import paragrpo, vanilla_grpo
     from paravt_jax.eval.held_out import FINAL_ANSWER_TOKENS, episode_config
-    from paravt_jax.runtime import eval_config, rl_config
+    from paravt_jax.runtime import evals_config, rl_config
 
     config = paragrpo.get_config("toy")
     config.rl.dispatch.max_parallel, config.rl.dispatch.max_frames = 3, 6
-    e, rl = eval_config(config), rl_config(config)
+    e, rl = evals_config(config)["held_out"], rl_config(config)
     tools = episode_config(rl.rollout, tools=True, max_new_tokens=e.max_new_tokens, max_turns=e.max_turns,
                            mode=e.mode)
     assert (tools.subagent_max_tokens, tools.prompt.overview_max_pixels, tools.temperature) == (32, 96 * 160, 0.0)

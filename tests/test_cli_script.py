@@ -97,6 +97,9 @@ ONE_LINE = [
     (("train", f"--config={ROOT}/configs/paragrpo.py:tiny", "--config.rl.stepz=3"),
      "'rl' has no field 'stepz'; did you mean --config.rl.steps?"),
     (("run", "--config.rll.steps=3"), "the config' has no field 'rll'; did you mean --config.rl?"),
+    (("train", "--config.rl.eval_nframes=(4,)"),
+     "--config.rl.eval_nframes: moved; it is --config.rl.evals.eval.nframes"),
+    (("run", "--config.eval.limit=1"), "--config.eval.limit: moved; it is --config.evals.held_out.limit"),
     (("eval", "--config.driver.nframez=3"), "has no field 'nframez'; did you mean --config.driver.nframes?"),
     (("run", f"--config={ROOT}/configs/no_such_file.py:tiny"), "no_such_file.py' does not exist"),
     (("plan", f"--config={ROOT}/configs/no_such_file.py"), "no_such_file.py' does not exist"),
@@ -166,21 +169,21 @@ def test_several_bad_values_are_listed_together():
     from paravt_jax.configs import paragrpo
 
     config = paragrpo.get_config("tiny")
-    config.rl.step.temperature, config.eval.nframes, config.eval.mode = 0.0, (4, 0), "crops"
+    config.rl.step.temperature, config.evals.held_out.nframes, config.evals.held_out.mode = 0.0, (4, 0), "crops"
     with pytest.raises(ConfigValueError) as err:
         check_config(config)
     assert "rl.step.temperature=0.0: must be a finite number > 0" in str(err.value)
-    assert "eval.mode='crops'" in str(err.value)
-    assert "eval.nframes=(4, 0): must be a list of integers >= 1" in str(err.value)
+    assert "evals.held_out.mode='crops'" in str(err.value)
+    assert "evals.held_out.nframes=(4, 0): must be a list of integers >= 1" in str(err.value)
 
 
 # ----------------------------------------------------------------------------- preemption
 RUN = ["--config.sft.steps=3", "--config.sft.batch_size=2", "--config.sft.nframes=2", "--config.rl.steps=2",
        "--config.rl.prompts_per_step=1", "--config.rl.samples_per_prompt=2", "--config.rl.rollout.max_new_tokens=4",
        "--config.rl.rollout.max_turns=1", "--config.rl.rollout.subagent_max_tokens=4", "--config.rl.eval_every=0",
-       "--config.rl.nframes_gating=False", "--config.rl.default_nframes=4", "--config.eval.limit=1",
-       "--config.eval.nframes=(4,)", "--config.eval.after_sft=(4,)", "--config.eval.max_new_tokens=4",
-       "--config.eval.max_turns=1"]
+       "--config.rl.nframes_gating=False", "--config.rl.default_nframes=4", "--config.evals.held_out.limit=1",
+       "--config.evals.held_out.nframes=(4,)", "--config.evals.held_out.after_sft=(4,)",
+       "--config.evals.held_out.max_new_tokens=4", "--config.evals.held_out.max_turns=1"]
 
 
 # A log line (paravt_jax/logs.py): level letter, month and day, time, message.

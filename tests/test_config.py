@@ -14,8 +14,13 @@ from paravt_jax.rl.trainer import RLConfig
 from paravt_jax.sft.trainer import SFTConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SECTIONS = (("rl", RLConfig, runtime.rl_config), ("sft", SFTConfig, runtime.sft_config),
-            ("eval", runtime.EvalConfig, runtime.eval_config))
+SECTIONS = (("rl", RLConfig, runtime.rl_config), ("sft", SFTConfig, runtime.sft_config))
+# sections of named entries by type (eval/registry.py): their fields walked through the entries
+# of the tiny preset
+ENTRY_SECTIONS = (("evals", runtime.evals_config),)
+# keys whose value the walk leaves at its default: the periodic held-out check refuses cold-start
+# K (tests/test_eval_registry.py)
+LEFT_AT_DEFAULT = ("rl.evals.eval.after_sft",)
 # String fields whose values are checked when the dataclass is built: an allowed other value.
 CHOICES = {"AdvantageConfig.anchor_mode": "sequence", "OptimizerConfig.name": "adam",
            "OptimizerConfig.schedule": "cosine", "RolloutConfig.mode": "frames", "RewardConfig.mode": "exact",
@@ -25,7 +30,7 @@ CHOICES = {"AdvantageConfig.anchor_mode": "sequence", "OptimizerConfig.name": "a
            "ToolProtocol.extra_calls": "ignore", "PromptFormat.overview_visual": "video",
            "PromptFormat.overview_sizing": "two_stage", "DispatchConfig.sizing": "two_stage",
            "ShapeConfig.policy": "per_call", "SFTConfig.frame_sampling": "fps", "SFTConfig.sizing": "two_stage",
-           "SFTConfig.visual": "video", "StepConfig.prox_logprobs": "recompute", "EvalConfig.mode": "subagent",
+           "SFTConfig.visual": "video", "StepConfig.prox_logprobs": "recompute", "HeldOutConfig.mode": "subagent",
            # must divide the step's rows (tiny: 9 SFT rows, 3 x 5 RL rows once every int is one more)
            "SFTConfig.micro_batches": 3, "RLConfig.micro_batches": 3}
 
@@ -43,7 +48,7 @@ def parse(*overrides, config="paragrpo.py:tiny"):
 
 def field_of(instance, dotted: str):
     for name in dotted.split("."):
-        instance = getattr(instance, name)
+        instance = instance[name] if isinstance(instance, dict) else getattr(instance, name)
     return instance
 
 
@@ -58,7 +63,8 @@ def other_value(name: str, hint, default):
     if kind is bool:
         return (not default), str(not default)
     if kind is int:
-        return default + 1, str(default + 1)
+        value = 1 if default is None else default + 1
+        return value, str(value)
     if kind is float:
         value = 0.75 if default is None else default * 0.5 + 0.125
         return value, repr(value)
@@ -73,17 +79,27 @@ def every_field():
     for where, cls, _ in SECTIONS:
         for name, key, set_by in fields_and_keys(cls, where):
             yield where, name, key, set_by
+    for where, fn in ENTRY_SECTIONS:
+        for entry, settings in fn(paragrpo.get_config("tiny")).items():
+            for name, key, set_by in fields_and_keys(type(settings), f"{where}.{entry}"):
+                yield where, name, key, set_by
+
+
+def builders():
+    return [(where, fn) for where, _, fn in SECTIONS] + list(ENTRY_SECTIONS)
 
 
 def test_every_dataclass_field_is_settable_from_the_command_line():
-    """Walks every field of RLConfig, SFTConfig, EvalConfig and their nested dataclasses
-    (rollout, dispatch, reward, advantage, step, optimizer, sampler): each is a config key that
+    """Walks every field of RLConfig, SFTConfig, the evaluations' entries (rl.evals, evals) and
+    their nested dataclasses (rollout, dispatch, reward, advantage, step, optimizer, sampler): each is a config key that
     `--config.KEY=VALUE` sets and that reaches the built dataclass, or a field marked `set_by`
     that names what sets it. All overrides go in one command line."""
     expected, overrides = {}, []
     for where, name, key, set_by in every_field():
         if key is None:
             assert set_by.strip(), f"{name} is neither a config key nor says what sets it"
+            continue
+        if key in LEFT_AT_DEFAULT:
             continue
         cls_name, field_name = name.split(".")
         owner = next(c for c in _dataclasses() if c.__name__ == cls_name)
@@ -94,18 +110,20 @@ def test_every_dataclass_field_is_settable_from_the_command_line():
         expected[key] = value
     assert len(expected) > 60, len(expected)  # the walk saw the nested sections
     config = parse(*overrides)
-    built = {where: fn(config) for where, _, fn in SECTIONS}
+    built = {where: fn(config) for where, fn in builders()}
     for key, value in expected.items():
         where, rest = key.split(".", 1)
         assert field_of(built[where], rest) == value, key
 
 
 def _default_of(where):
-    return {where: fn(paragrpo.get_config("tiny")) for where, _, fn in SECTIONS}[where]
+    return {where: fn(paragrpo.get_config("tiny")) for where, fn in builders()}[where]
 
 
 def _dataclasses():
-    seen, todo = [], [cls for _, cls, _ in SECTIONS]
+    from paravt_jax.eval.registry import TYPES
+
+    seen, todo = [], [cls for _, cls, _ in SECTIONS] + list(TYPES.values())
     while todo:
         cls = todo.pop()
         seen.append(cls)
@@ -120,8 +138,9 @@ def test_knobs_named_in_the_issue_are_reachable():
     for key in ("rl.optimizer.schedule", "rl.optimizer.warmup_steps", "rl.optimizer.total_steps", "rl.optimizer.b1",
                 "rl.optimizer.b2", "rl.advantage.reward_bias", "rl.advantage.reward_scaling",
                 "rl.advantage.reward_clip", "rl.advantage.gamma", "rl.advantage.std_eps", "rl.advantage.batch_norm",
-                "rl.step.eps_clip_high", "rl.step.logprob_chunk", "rl.max_bad_steps", "rl.eval_nframes",
-                "rl.eval_limit", "rl.nframes_choices", "eval.nframes", "eval.limit", "rl.sampler.cache_multiple"):
+                "rl.step.eps_clip_high", "rl.step.logprob_chunk", "rl.max_bad_steps", "rl.evals.eval.nframes",
+                "rl.evals.eval.limit", "rl.nframes_choices", "evals.held_out.nframes", "evals.held_out.limit",
+                "evals.held_out.after_sft", "rl.sampler.cache_multiple"):
         assert key in keys, key
 
 
@@ -205,7 +224,11 @@ BAD_VALUES = [
     ("paragrpo", "sft.optimizer.warmup_steps", -2, "sft.optimizer.warmup_steps=-2: must be an integer >= 0"),
     ("paragrpo", "rl.prompts_per_step", 0, "rl.prompts_per_step=0: must be an integer >= 1"),
     ("paragrpo", "rl.log_episodes", 1000, "rl.log_episodes=1000: must be an integer in [0, 256]"),
-    ("paragrpo", "rl.eval_limit", 0, "rl.eval_limit=0: must be an integer >= 1"),
+    ("paragrpo", "rl.evals.eval.limit", -1, "rl.evals.eval.limit=-1: must be an integer >= 0"),
+    ("paragrpo", "rl.evals.eval.type", "greedy", "rl.evals.eval.type='greedy': must be one of ('held_out', "
+     "'benchmark')"),
+    ("paragrpo", "rl.evals.eval.after_sft", (4,), "rl.evals.eval.after_sft=(4,): the periodic evaluation has no "
+     "cold start"),
     ("paragrpo", "rl.micro_batches", 3, "rl.micro_batches=3: must divide the 8 rows of a step "
      "(prompts_per_step x samples_per_prompt)"),
     ("paragrpo", "rl.optimizer.schedule", "linear", "rl.optimizer.schedule='linear': must be one of ('constant', "
@@ -223,8 +246,9 @@ BAD_VALUES = [
      "'sequential')"),
     ("paragrpo", "rl.rollout.max_turns", -1, "rl.rollout.max_turns=-1: must be an integer >= 0"),
     ("paragrpo", "rl.dispatch.max_frames", 0, "rl.dispatch.max_frames=0: must be an integer >= 1"),
-    ("paragrpo", "eval.after_sft", (0,), "eval.after_sft=(0,): must be a list of integers >= 1"),
-    ("paragrpo", "eval.mode", "crops", "eval.mode='crops': must be one of ('subagent', 'frames', 'sequential')"),
+    ("paragrpo", "evals.held_out.after_sft", (0,), "evals.held_out.after_sft=(0,): must be a list of integers >= 1"),
+    ("paragrpo", "evals.held_out.mode", "crops", "evals.held_out.mode='crops': must be one of ('subagent', 'frames', "
+     "'sequential'), or None"),
     ("paragrpo", "generate.nframes", 0, "generate.nframes=0: must be an integer >= 1"),
     ("paragrpo", "data.num_eval", 0, "data.num_eval=0: must be an integer >= 1"),
     ("base", "demo.repeats", 0, "demo.repeats=0: must be an integer >= 1"),
@@ -273,10 +297,10 @@ def test_every_bad_value_of_a_config_is_listed_at_once():
 
     config = paragrpo.get_config("tiny")
     config.sft.steps, config.rl.step.eps_clip, config.rl.rollout.subagent_max_tokens = -1, 0.0, 0
-    config.rl.advantage.anchor_mode, config.eval.max_turns = "both", -1
+    config.rl.advantage.anchor_mode, config.evals.held_out.max_turns = "both", -1
     with pytest.raises(ConfigValueError) as err:
         check_config(config)
-    assert sorted(p.field for p in err.value.problems) == ["eval.max_turns", "rl.advantage.anchor_mode",
+    assert sorted(p.field for p in err.value.problems) == ["evals.held_out.max_turns", "rl.advantage.anchor_mode",
                                                           "rl.rollout.subagent_max_tokens", "rl.step.eps_clip",
                                                           "sft.steps"]
     assert str(err.value).startswith("invalid config values:\n  ")

@@ -229,8 +229,9 @@ def test_toy_config_builds():
     c = paragrpo.get_config("toy")
     assert c.data.task == "events" and c.data.num_eval >= 32 and c.model.preset in BUILTIN_MODELS
     assert runtime.sft_config(c).nframes == 4 and runtime.rl_config(c).rollout.mode == "subagent"
-    assert runtime.eval_config(c).mode == "subagent" and tuple(c.data.sft_modes) == ("subagent",)
-    assert runtime.eval_config(c).limit == 0  # every held-out question
+    held_out = runtime.evals_config(c)["held_out"]
+    assert held_out.mode == "subagent" and tuple(c.data.sft_modes) == ("subagent",)
+    assert held_out.limit == 0  # every held-out question
     tiny = paragrpo.get_config("tiny")
     assert tiny.data.task == "shapes" and "sft_modes" not in tiny.data
 

@@ -49,7 +49,7 @@ def _main_job(builtin_root, directory):
         status = main(["paravt-jax", "run", f"--config={ROOT}/configs/paragrpo.py:tiny",
                        f"--workdir={directory}/run", f"--config.data.builtin_root={builtin_root}",
                        "--config.sft.steps=1", "--config.sft.batch_size=1", "--config.sft.nframes=2",
-                       "--config.rl.steps=0", "--config.eval.nframes=()"])
+                       "--config.rl.steps=0", "--config.evals.held_out.nframes=()"])
     assert status == 0, (out.getvalue() + log.getvalue())[-2000:]
 
 

@@ -36,7 +36,7 @@ OVERRIDES = [
     "--config.rl.prompts_per_step=2", "--config.rl.samples_per_prompt=2", "--config.rl.rollout.max_new_tokens=4",
     "--config.rl.rollout.max_turns=0", "--config.rl.eval_every=0", "--config.rl.nframes_gating=False",
     "--config.rl.default_nframes=2", "--config.rl.rollout.prompt.overview_max_pixels=3136",
-    "--config.rl.advantage.kl_ctl=0.0", "--config.eval.nframes=()",
+    "--config.rl.advantage.kl_ctl=0.0", "--config.evals.held_out.nframes=()",
 ]
 TIMEOUT_S = 1200
 

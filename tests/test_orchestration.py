@@ -19,6 +19,7 @@ from paravt_jax.eval import driver, prompts
 from paravt_jax.eval import records as store
 from paravt_jax.eval.datasets import EvalSample, LoadedBenchmark
 from paravt_jax.eval.evaluator import evaluate
+from paravt_jax.eval.held_out import HeldOutConfig
 from paravt_jax.models.qwen3_vl import preset
 from paravt_jax.models.qwen3_vl.hf_io import abstract_model
 from paravt_jax.rl.advantages import AdvantageConfig
@@ -285,7 +286,7 @@ def test_the_periodic_evaluation_runs_a_list_of_evaluators_on_one_sampler(video,
     the benchmark's records in a directory of the step with the step in their producer."""
     rows = [RLRow(0, "What colour is the circle?", video, "blue", "oe", {})]
     config = RLConfig(prompts_per_step=1, samples_per_prompt=2, nframes_gating=False, default_nframes=2,
-                      eval_every=1, eval_nframes=(2,), eval_limit=1, log_episodes=2,
+                      eval_every=1, evals={"eval": HeldOutConfig(nframes=(2,), limit=1)}, log_episodes=2,
                       advantage=AdvantageConfig(kl_ctl=0.0, batch_norm=False))
     built = []
 

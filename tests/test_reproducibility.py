@@ -100,8 +100,9 @@ TINY_RUN = ["--config.sft.steps=2", "--config.sft.batch_size=2", "--config.sft.n
             "--config.rl.samples_per_prompt=2", "--config.rl.prompts_per_step=1",
             "--config.rl.rollout.max_new_tokens=8",
             "--config.rl.rollout.max_turns=1", "--config.rl.rollout.subagent_max_tokens=8", "--config.rl.eval_every=0",
-            "--config.eval.limit=1", "--config.eval.max_new_tokens=8", "--config.eval.max_turns=1",
-            "--config.eval.nframes=(4,)", "--config.eval.after_sft=(4,)"]
+            "--config.evals.held_out.limit=1", "--config.evals.held_out.max_new_tokens=8",
+            "--config.evals.held_out.max_turns=1",
+            "--config.evals.held_out.nframes=(4,)", "--config.evals.held_out.after_sft=(4,)"]
 
 
 def tiny_main_job(workdir: str, builtin_root: str) -> dict:

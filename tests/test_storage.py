@@ -260,9 +260,10 @@ def test_the_main_job_and_export_write_their_files_to_gs(gcs_emulator, tmp_path,
                             "--config.sft.nframes=2", "--config.rl.steps=1", "--config.rl.samples_per_prompt=2",
                             "--config.rl.prompts_per_step=1", "--config.rl.rollout.max_new_tokens=4",
                             "--config.rl.rollout.max_turns=1", "--config.rl.rollout.subagent_max_tokens=4",
-                            "--config.rl.eval_every=0", "--config.eval.limit=1", "--config.eval.nframes=(4,)",
-                            "--config.eval.max_new_tokens=4", "--config.eval.max_turns=1",
-                            "--config.eval.after_sft=(4,)")
+                            "--config.rl.eval_every=0", "--config.evals.held_out.limit=1",
+                            "--config.evals.held_out.nframes=(4,)",
+                            "--config.evals.held_out.max_new_tokens=4", "--config.evals.held_out.max_turns=1",
+                            "--config.evals.held_out.after_sft=(4,)")
     assert f"[run] workdir {workdir};" in log
     summary = json.loads(storage.read_bytes(f"{workdir}/summary.json"))
     assert summary["workdir"] == workdir and len(summary["sft_loss"]) == 2 and len(summary["rl"]) == 1

@@ -28,8 +28,8 @@ MINI = ["--config.sft.steps=1", "--config.sft.batch_size=2", "--config.sft.nfram
         "--config.rl.steps=1", "--config.rl.prompts_per_step=1", "--config.rl.samples_per_prompt=2",
         "--config.rl.rollout.max_new_tokens=8", "--config.rl.rollout.max_turns=1",
         "--config.rl.rollout.subagent_max_tokens=8",
-        "--config.eval.limit=1", "--config.eval.max_new_tokens=8", "--config.eval.max_turns=1",
-        "--config.eval.nframes=(4,)"]
+        "--config.evals.held_out.limit=1", "--config.evals.held_out.max_new_tokens=8",
+        "--config.evals.held_out.max_turns=1", "--config.evals.held_out.nframes=(4,)"]
 TWO_ARMS = "^(vanilla|paragrpo),"  # two arms of the tiny grid (one seed in tiny)
 
 
@@ -375,7 +375,7 @@ def test_long_rl_study_runs_its_core_arms_first_and_checks_held_out_accuracy_at_
     assert {n.rsplit(",seed=", 1)[0] for n in names[14:]} == {"strong,anchor_only", "strong,gating_only"}
     config = ablations.get_config("toy_long")
     assert (config.rl.steps, config.rl.eval_every, config.rl.checkpoint_every) == (96, 16, 16)
-    assert tuple(config.rl.eval_nframes) == tuple(config.eval.nframes) == (4, 16, 64)
+    assert tuple(config.rl.evals.eval.nframes) == tuple(config.evals.held_out.nframes) == (4, 16, 64)
     assert config.rl.optimizer.learning_rate == ablations.LONG_RATE  # the pilot's choice
     lines, _ = sweep_main("--config=configs/ablations.py:toy_long_pilot", f"--workdir={tmp_path}/pilot",
                           "--dry_run", "--shared_sft")

@@ -14,6 +14,7 @@ from paravt_jax.agent.rollout import RolloutConfig
 from paravt_jax.data import synthetic as syn
 from paravt_jax.data.paravt_parquet import SchemaError, load_rl_rows, load_sft_rows
 from paravt_jax.episodes.rewards import RewardConfig
+from paravt_jax.eval.held_out import HeldOutConfig
 from paravt_jax.models.qwen3_vl import init_model, preset
 from paravt_jax.rl.advantages import AdvantageConfig
 from paravt_jax.rl.trainer import RLConfig, periodic_evaluators, step_shapes, train_rl
@@ -321,7 +322,7 @@ def test_two_rl_steps(dataset, tmp_path, anchor_mode, gating, max_tokens):
 
 def test_periodic_evaluation_uses_the_rollout_mode_and_logs_its_episodes(dataset, tmp_path, monkeypatch):
     """The held-out check during RL runs episodes as the rollouts do (here: subagent), on the
-    first eval_limit held-out rows, with and without tools, logs both, and (with episode
+    first `limit` held-out rows, with and without tools, logs both, and (with episode
     logging on) writes every episode it ran to eval_episodes/step_XXXXXX.jsonl."""
     import dataclasses
 
@@ -337,7 +338,8 @@ def test_periodic_evaluation_uses_the_rollout_mode_and_logs_its_episodes(dataset
         return real(sampler, tokenizer, eval_rows, **kwargs)
 
     monkeypatch.setattr(evaluate_module, "evaluate_episodes", recording)
-    config = dataclasses.replace(_rl_config(1), eval_every=1, eval_limit=1, eval_nframes=(2, 4), log_episodes=1)
+    config = dataclasses.replace(_rl_config(1), eval_every=1, evals={"eval": HeldOutConfig(nframes=(2, 4), limit=1)},
+                                 log_episodes=1)
     config = dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, mode="subagent"))
     os.makedirs(tmp_path / "eval_episodes")
     (tmp_path / "eval_episodes" / "step_000003.jsonl").write_text("{}\n")  # left by an earlier, longer run
@@ -372,7 +374,7 @@ def test_no_program_compiles_after_the_second_step_nor_in_later_evaluations(data
 
     root, ds, tok = dataset
     rows, _ = load_rl_rows(ds.rl_train, root)
-    config = dataclasses.replace(_rl_config(16), eval_every=4, eval_limit=2, eval_nframes=(4,),
+    config = dataclasses.replace(_rl_config(16), eval_every=4, evals={"eval": HeldOutConfig(nframes=(4,), limit=2)},
                                  shapes=ShapeConfig(extend_width=16))
     check = periodic_evaluators(config, rows[-2:])[0]  # the held-out check: the rollouts' shapes
     assert check.rollout.prompt_shape == step_shapes(config, 2).prompt and check.rollout.prompt_shape.width

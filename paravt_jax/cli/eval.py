@@ -1,5 +1,6 @@
 """`paravt-jax eval`: the flags of the benchmark driver (paravt_jax/eval/driver.py), and the
-command: the benchmarks loaded and checked, the model built, every benchmark on one sampler."""
+command: the benchmarks loaded and checked as evaluators of type `benchmark` (eval/registry.py),
+the model built, every benchmark through `evaluate` on one sampler."""
 from __future__ import annotations
 
 import os
@@ -9,13 +10,12 @@ from absl import flags, logging
 from paravt_jax import reproducibility, storage
 from paravt_jax.config import config_path
 from paravt_jax.config_checks import check_config
-from paravt_jax.eval import driver, provenance
+from paravt_jax.eval import driver, provenance, registry
 from paravt_jax.eval import records as store
-from paravt_jax.eval.evaluator import SAMPLER
+from paravt_jax.eval.evaluator import evaluate
 from paravt_jax.eval.settings import DISPATCH
 from paravt_jax.flags import define_config, parse_flags
 from paravt_jax.runtime import build_model, builtin_assets
-from paravt_jax.sampling import Sampler
 from paravt_jax.text.inputs import check_against_model
 from paravt_jax.text.tokenizer import Tokenizer
 
@@ -46,40 +46,36 @@ def main(argv: list[str]) -> dict:
 
 def evaluate_command(config, output_dir: str, *, shard_id: int = 0, num_shards: int = 1, limit: int = 0,
                      compare: bool = False, overwrite: bool = False) -> dict:
-    """Evaluates config.datasets into output_dir (paravt_jax/eval/driver.py's docstring).
-    Refused before the model is built: a benchmark with too many missing videos
-    (driver.MissingVideos), and an output directory holding another model's or other settings'
-    records (store.ForeignRecords; `overwrite` drops them instead)."""
+    """Evaluates config.datasets into output_dir (paravt_jax/eval/driver.py's docstring): one
+    evaluator of type `benchmark` (eval/registry.py) per dataset and dispatch arm, all run by
+    `evaluate` on one sampler. Refused before the model is built: a benchmark with too many
+    missing videos (driver.MissingVideos), and an output directory holding another model's or
+    other settings' records (store.ForeignRecords; `overwrite` drops them instead)."""
     assets = builtin_assets(config)
-    benchmarks = driver.load_benchmarks(config, lambda name: driver.benchmark_prompt_mode(config, name),
-                                        limit or config.limit, assets.data_dir)
-    for benchmark in benchmarks:
-        driver.check_missing_videos(benchmark, config.max_missing_videos)
-    identity = provenance.model_identity(config, assets.model_dir)
-    manifest = reproducibility.manifest(seed=int(config.get("seed", 0)), data=assets.identity())
+    context = registry.Context(data_dir=assets.data_dir, identity=provenance.model_identity(config, assets.model_dir),
+                               manifest=reproducibility.manifest(seed=int(config.get("seed", 0)),
+                                                                 data=assets.identity()))
     arms = DISPATCH if compare else (config.driver.dispatch,)
-    evaluators = [driver.BenchmarkEval(benchmark, driver.driver_config(config, benchmark.name, dispatch=dispatch),
-                                       storage.join(output_dir, dispatch) if compare else output_dir, identity,
-                                       shard_id, num_shards, manifest=manifest)
-                  for benchmark in benchmarks for dispatch in arms]
+    evaluators = [registry.benchmark_eval(driver.benchmark_settings(config, name, limit, dispatch=dispatch),
+                                          storage.join(output_dir, dispatch) if compare else output_dir, context,
+                                          f"config.benchmarks.{name}, config.root={config.root!r}",
+                                          shard_id=shard_id, num_shards=num_shards)
+                  for name in driver.dataset_names(config) for dispatch in arms]
     for evaluator in evaluators:  # every directory checked before the model is loaded
         storage.makedirs(evaluator.output_dir)
         store.claim_output(evaluator.output_dir, evaluator.benchmark.name,
-                           provenance.producer(identity, evaluator.config), overwrite, logging.info)
+                           provenance.producer(evaluator.identity, evaluator.config), overwrite, logging.info)
     model = build_model(config, default_dir=assets.model_dir)
     tokenizer = Tokenizer.from_directory(config.model.checkpoint or assets.model_dir)
     check_against_model(tokenizer, model.config)
-    sampler = Sampler(model, SAMPLER)
-    if compare:  # compile each arm's shapes (a batch per question type) before timing
-        for benchmark in benchmarks:
-            driver.warm_up(sampler, tokenizer, benchmark, [e.config for e in evaluators if e.benchmark is benchmark])
+    # --compare: each arm's shapes compiled (a batch per question type) before the timed runs
+    warm = [driver.WarmUp(tuple(evaluators))] if compare else []
     summaries: dict[str, dict] = {}
     comparison: dict[str, dict[str, dict]] = {}
-    for evaluator in evaluators:  # one sampler for every benchmark and arm
-        for outcome in evaluator.run(sampler, tokenizer):
-            name, dispatch = outcome.setting["dataset"], outcome.setting["dispatch"]
-            comparison.setdefault(name, {})[dispatch] = outcome.result
-            summaries[f"{name}/{dispatch}" if compare else name] = outcome.result
+    for outcome in evaluate(warm + evaluators, model, tokenizer):  # one sampler for every benchmark and arm
+        name, dispatch = outcome.setting["dataset"], outcome.setting["dispatch"]
+        comparison.setdefault(name, {})[dispatch] = outcome.result
+        summaries[f"{name}/{dispatch}" if compare else name] = outcome.result
     table = driver.comparison_table(comparison)
     print(table, flush=True)
     if compare:

@@ -21,15 +21,16 @@ from paravt_jax.agent.rollout import Episode, run_rollouts
 from paravt_jax.checkpointing import Checkpointer
 from paravt_jax.episodes.episode_log import write_eval_episodes
 from paravt_jax.episodes.rewards import extract_answer
+from paravt_jax.eval import registry
 from paravt_jax.eval.evaluator import evaluate
-from paravt_jax.eval.held_out import HeldOut
+from paravt_jax.eval.held_out import EvalResult
 from paravt_jax.experiments.plots import plot_run, thirds
 from paravt_jax.rl.trainer import periodic_evaluators, train_rl
 from paravt_jax.runtime import (
     build_model,
     build_rollout_mesh,
     builtin_assets,
-    eval_config,
+    evals_config,
     rl_config,
     save_export,
     setup,
@@ -110,33 +111,57 @@ def forward_command(config) -> dict:
     return summary
 
 
-def evaluate_all(config, model, tokenizer, eval_rows, nframes=None, episodes: str = "",
-                 stage: str = "") -> list[dict]:
-    """One result row per (tools no/yes) x K, K over `nframes` (default: `eval.nframes`).
-    episodes: the evaluation's episode log (`<workdir>/eval/episodes.jsonl`; "" = none), where
-    every episode is kept under `stage` and its setting (episodes/episode_log.py)."""
-    e = eval_config(config)
-    rl = rl_config(config)  # the episode: the training rollout's, with the evaluation's budget
-    rows = eval_rows[: e.limit] if e.limit else eval_rows
-    held_out = HeldOut.grid(rows, e.nframes if nframes is None else nframes, tools_major=True, rollout=rl.rollout,
-                            dispatch=rl.dispatch, max_new_tokens=e.max_new_tokens, max_turns=e.max_turns,
-                            mode=e.mode)
-    results = []
+def evaluation_context(config, eval_rows, workdir: str = "", data_dir: str = "") -> registry.Context:
+    """What the main job's evaluations are built from (eval/registry.py): the held-out rows, the
+    run's episode (rl.rollout, rl.dispatch: a held-out evaluation's, with its own budget), and
+    for a benchmark entry `<workdir>/eval/<name>` for its records, keyed by the run (workdir and
+    step counts: the model they evaluate)."""
+    rl = rl_config(config)
+    identity = {"run": storage.absolute(workdir) if workdir else "",
+                "steps": {"sft": int(config.sft.steps), "rl": int(config.rl.steps)}}
+    return registry.Context(tuple(eval_rows), rl.rollout, rl.dispatch, storage.join(workdir, "eval") if workdir else "",
+                            data_dir, identity)
+
+
+def evaluate_all(config, model, tokenizer, eval_rows, stage: str = "final", episodes: str = "", workdir: str = "",
+                 data_dir: str = "") -> list:
+    """The outcomes of the `evals` section's evaluators at `stage` ("final": after the last
+    phase; "after_sft": the cold start, each held-out entry at its after_sft K), on one sampler.
+    A held-out outcome's result row is one per (tools no/yes) x K, tools-major. episodes: the
+    evaluation's episode log (`<workdir>/eval/episodes.jsonl`; "" = none), where every held-out
+    episode is kept under `stage` and its setting (episodes/episode_log.py)."""
+    evaluators = registry.evaluators(evals_config(config), evaluation_context(config, eval_rows, workdir, data_dir),
+                                     stage)
+    outcomes = []
     t0 = time.perf_counter()
-    for number, outcome in enumerate(evaluate([held_out], model, tokenizer), 1):
-        results.append(outcome.result.row())
-        if episodes:
+    for outcome in evaluate(evaluators, model, tokenizer):
+        outcomes.append(outcome)
+        if episodes and outcome.records:
             write_eval_episodes(episodes, stage, outcome.records, outcome.setting)
-        logging.info(f"[run] evaluation {number}/{len(held_out.settings)} (tools "
-                     f"{'yes' if outcome.setting['tools'] else 'no'}, K = {outcome.setting['nframes']}, "
-                     f"{len(rows)} videos) in {time.perf_counter() - t0:.0f} s")
+        logging.info(f"[run] evaluation {outcome.name} ({', '.join(f'{k} {v}' for k, v in outcome.setting.items())}) "
+                     f"in {time.perf_counter() - t0:.0f} s")
         t0 = time.perf_counter()
-    return results
+    return outcomes
+
+
+def result_rows(outcomes) -> list[dict]:
+    """The held-out outcomes' result rows (the tables and summary.json's `eval`)."""
+    return [outcome.result.row() for outcome in outcomes if isinstance(outcome.result, EvalResult)]
+
+
+def benchmark_metrics(outcomes) -> dict:
+    """The other outcomes' metrics by name (summary.json's `benchmarks`)."""
+    return {outcome.name: outcome.metrics for outcome in outcomes if not isinstance(outcome.result, EvalResult)}
 
 
 def eval_episodes_path(workdir: str) -> str:
     """The main job's held-out evaluation episodes (`paravt-jax view` reads them)."""
     return storage.join(workdir, "eval", "episodes.jsonl")
+
+
+def cold_start_evaluated(config) -> bool:
+    """Whether an entry of `evals` evaluates the cold start (a held-out one with after_sft K)."""
+    return any(getattr(settings, "after_sft", ()) for settings in evals_config(config).values())
 
 
 def print_results(results: list[dict], title: str = "") -> str:
@@ -153,17 +178,17 @@ def print_results(results: list[dict], title: str = "") -> str:
 
 def evaluate_after_sft(config, model, tokenizer, eval_rows, workdir: str,
                        manifest: dict | None = None) -> list[dict] | None:
-    """The cold start's held-out table (`eval.after_sft` K values, with and without tools),
+    """The cold start's held-out table (the after_sft K of `evals`' held-out entries, with and without tools),
     evaluated once between SFT and RL and kept in sft/eval.json with the settings it was made
     under (the SFT step count and the evaluation's), so a resumed run reads it back and a run
     with other settings evaluates again. Process 0 reads, evaluates and returns it, and the
     others follow its decision and get None. Collective: every process must call it."""
-    e = eval_config(config)
     rl = rl_config(config)
-    settings = {"sft_steps": int(config.sft.steps),
-                **dataclasses.asdict(dataclasses.replace(e, nframes=list(e.after_sft), after_sft=[])),
-                **json.loads(json.dumps({"rollout": dataclasses.asdict(rl.rollout),
-                                         "dispatch": dataclasses.asdict(rl.dispatch)}))}
+    cold_start = {name: dataclasses.asdict(settings) for name, settings in evals_config(config).items()
+                  if getattr(settings, "after_sft", ())}
+    settings = json.loads(json.dumps({"sft_steps": int(config.sft.steps), "evals": cold_start,
+                                      "rollout": dataclasses.asdict(rl.rollout),
+                                      "dispatch": dataclasses.asdict(rl.dispatch)}))
     path = storage.join(workdir, "sft", "eval.json")
     results = None
     if distributed.is_primary():
@@ -178,10 +203,9 @@ def evaluate_after_sft(config, model, tokenizer, eval_rows, workdir: str,
         return results
     local = distributed.local_model(model)
     if distributed.is_primary():
-        logging.info(f"[run] evaluation of the cold start (SFT) on held-out synthetic videos (greedy, "
-                     f"{len(e.after_sft) * 2} settings)")
-        results = evaluate_all(config, local, tokenizer, eval_rows, nframes=e.after_sft,
-                               episodes=eval_episodes_path(workdir), stage="after_sft")
+        logging.info("[run] evaluation of the cold start (SFT) on held-out synthetic videos (greedy)")
+        results = result_rows(evaluate_all(config, local, tokenizer, eval_rows, "after_sft",
+                                           episodes=eval_episodes_path(workdir)))
         storage.makedirs(storage.join(workdir, "sft"))
         with preemption.deferred():
             storage.write_json_atomic(path, {"settings": settings, "results": results, "manifest": manifest or {}})
@@ -270,13 +294,15 @@ def run_command(config, workdir: str = "") -> dict:
     if config.sft.steps:
         model, _ = train_sft(model, tokenizer, inputs.sft.rows, inputs.video_root, storage.join(workdir, "sft"),
                              sft_config(config), kinds=inputs.sft.kinds)
-        if config.rl.steps and eval_config(config).after_sft:  # without RL the final table is this one
+        if config.rl.steps and cold_start_evaluated(config):  # without RL the final table is this one
             after_sft = evaluate_after_sft(config, model, tokenizer, eval_rows, workdir, manifest)
             if after_sft is not None:
                 print_results(after_sft, "[run] after SFT:")
     if config.rl.steps:
         model, _ = train_rl(model, tokenizer, inputs.rl_rows, storage.join(workdir, "rl"), rl_config(config),
-                            evaluators=periodic_evaluators(rl_config(config), eval_rows),
+                            evaluators=periodic_evaluators(rl_config(config), eval_rows,
+                                                           output_dir=storage.join(workdir, "rl", "eval"),
+                                                           data_dir=inputs.data_dir),
                             rollout_mesh=build_rollout_mesh(config))
     model = distributed.local_model(model)  # multi-process: a whole copy on this process's devices
     summary = {"workdir": storage.absolute(workdir), "manifest": manifest, **phase_histories(workdir)}
@@ -287,10 +313,12 @@ def run_command(config, workdir: str = "") -> dict:
         save_export(model, tokenizer, final)
     preemption.raise_if_requested("[run] stopped after saving the final model, before evaluation; "
                                   "rerun to evaluate")
-    logging.info(f"[run] evaluation on held-out synthetic videos (greedy, {len(eval_config(config).nframes) * 2} "
-                 f"settings)")
-    summary["eval"] = evaluate_all(config, model, tokenizer, eval_rows, episodes=eval_episodes_path(workdir),
-                                   stage="final")
+    logging.info("[run] evaluation on held-out synthetic videos (greedy)")
+    outcomes = evaluate_all(config, model, tokenizer, eval_rows, "final", episodes=eval_episodes_path(workdir),
+                            workdir=workdir, data_dir=inputs.data_dir)
+    summary["eval"] = result_rows(outcomes)
+    if benchmark_metrics(outcomes):
+        summary["benchmarks"] = benchmark_metrics(outcomes)
     if after_sft is not None:
         summary["eval_after_sft"] = after_sft
         summary["table_after_sft"] = print_results(after_sft, "[run] after SFT:")
@@ -325,7 +353,8 @@ def train_command(config, workdir: str = ""):
     inputs = setup(config, training=True)
     run_manifest(config, inputs, workdir)
     return train_rl(inputs.model, inputs.tokenizer, inputs.rl_rows, workdir, rl_config(config),
-                    evaluators=periodic_evaluators(rl_config(config), inputs.eval_rows),
+                    evaluators=periodic_evaluators(rl_config(config), inputs.eval_rows,
+                                                   output_dir=storage.join(workdir, "eval"), data_dir=inputs.data_dir),
                     rollout_mesh=build_rollout_mesh(config))
 
 

@@ -45,7 +45,7 @@ from paravt_jax.episodes.episode_stats import calls_per_tool_turn
 from paravt_jax.eval import prompts, provenance, scoring
 from paravt_jax.eval import records as store
 from paravt_jax.eval.evaluator import Outcome
-from paravt_jax.eval.settings import DriverConfig
+from paravt_jax.eval.settings import BenchmarkConfig, DriverConfig
 
 
 # ----------------------------------------------------------------------------- one batch
@@ -343,27 +343,45 @@ def dataset_names(c) -> list[str]:
     return names
 
 
-def load_benchmarks(c, prompt_mode_for: Callable[[str], str], limit: int, default_data_dir: str):
+def benchmark_settings(c, name: str, limit: int = 0, **override) -> BenchmarkConfig:
+    """The BenchmarkConfig of benchmark `name` under the eval command's config `c`: its paths
+    (`benchmarks.<name>`, relative ones under `root`; synthetic's empty ones stay empty: the
+    built-in held-out set), `limit` (0: `c.limit`), its protocol (driver_config, with
+    `override`) and overview visual (Charades-STA: `grounding_visual`)."""
+    paths = dict(c.benchmarks.get(name, {}))
+    if name != "synthetic":
+        for key in ("annotations", "video_dir", "subtitle_dir"):
+            if paths.get(key) and not os.path.isabs(paths[key]):
+                paths[key] = os.path.join(c.root, paths[key])
+    visual = c.grounding_visual if name == "charades" else "images"
+    driver = dataclasses.replace(driver_config(c, **override), prompt_mode=benchmark_prompt_mode(c, name))
+    return BenchmarkConfig(dataset=name, annotations=paths.get("annotations", ""), video_dir=paths.get("video_dir", ""),
+                           subtitle_dir=paths.get("subtitle_dir", ""), limit=limit or c.limit,
+                           max_missing_videos=c.max_missing_videos, visual=visual, driver=driver)
+
+
+def load_benchmark(settings: BenchmarkConfig, default_data_dir: str, where: str = ""):
+    """The benchmark `settings` names, loaded (the synthetic one from `default_data_dir`, the
+    built-in data, where its paths are empty); a path that does not exist is a ConfigValueError
+    (`where`: the config keys of the paths, named in its message)."""
     from paravt_jax.eval import datasets
 
-    out = []
-    for name in dataset_names(c):
-        paths = dict(c.benchmarks.get(name, {}))
-        if name == "synthetic":
-            paths.setdefault("annotations", "")
-            paths["annotations"] = paths["annotations"] or os.path.join(default_data_dir, "rl_eval.parquet")
-            paths["video_dir"] = paths.get("video_dir", "") or default_data_dir
-        else:
-            for key in ("annotations", "video_dir", "subtitle_dir"):
-                if paths.get(key) and not os.path.isabs(paths[key]):
-                    paths[key] = os.path.join(c.root, paths[key])
-        try:
-            out.append(datasets.load_benchmark(name, paths["annotations"], paths["video_dir"],
-                                               prompt_mode=prompt_mode_for(name),
-                                               subtitle_dir=paths.get("subtitle_dir", ""), limit=limit))
-        except FileNotFoundError as e:  # a mistyped path in config.benchmarks / config.root
-            raise ConfigValueError(f"{e} (config.benchmarks.{name}, config.root={c.root!r})") from None
-    return out
+    annotations, video_dir = settings.annotations, settings.video_dir
+    if settings.dataset == "synthetic":
+        annotations = annotations or os.path.join(default_data_dir, "rl_eval.parquet")
+        video_dir = video_dir or default_data_dir
+    try:
+        return datasets.load_benchmark(settings.dataset, annotations, video_dir,
+                                       prompt_mode=settings.driver.prompt_mode, subtitle_dir=settings.subtitle_dir,
+                                       limit=settings.limit)
+    except FileNotFoundError as e:  # a mistyped path in config.benchmarks / config.root
+        raise ConfigValueError(f"{e} ({where or f'the paths of benchmark {settings.dataset}'})") from None
+
+
+def load_benchmarks(c, limit: int, default_data_dir: str):
+    """Every benchmark of `c.datasets`, loaded under the eval command's config `c`."""
+    return [load_benchmark(benchmark_settings(c, name, limit), default_data_dir,
+                           f"config.benchmarks.{name}, config.root={c.root!r}") for name in dataset_names(c)]
 
 
 def warm_up(sampler, tokenizer, benchmark, drivers: Sequence[DriverConfig]) -> None:
@@ -376,3 +394,19 @@ def warm_up(sampler, tokenizer, benchmark, drivers: Sequence[DriverConfig]) -> N
         with crop_dispatcher(driver) as dispatcher:
             for batch in warm.values():
                 evaluate_batch(sampler, tokenizer, batch, driver, dispatcher)
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmUp:
+    """An Evaluator that records nothing and yields no outcome: for each benchmark of
+    `evaluators` (BenchmarkEvals), one batch per question type under each of their settings
+    (warm_up), so that the timed runs after it (--compare) do not pay for compiling."""
+    evaluators: tuple
+
+    def run(self, sampler, tokenizer, step: int | None = None):
+        arms: dict[str, list] = {}
+        for evaluator in self.evaluators:
+            arms.setdefault(evaluator.benchmark.name, []).append(evaluator)
+        for group in arms.values():
+            warm_up(sampler, tokenizer, group[0].benchmark, [e.config for e in group])
+        yield from ()

@@ -4,7 +4,8 @@
 Two kinds implement it: the greedy held-out evaluation on the run's own data
 (`paravt_jax.eval.held_out.HeldOut`: one outcome per setting of tools and overview budget K) and
 a benchmark under the reference protocol (`paravt_jax.eval.driver.BenchmarkEval`: one outcome
-per benchmark, its records kept in its output directory). The main job, the RL trainer's
+per benchmark, its records kept in its output directory); eval/registry.py builds them by type
+from the config's evaluations sections (`rl.evals`, `evals`). The main job, the RL trainer's
 periodic evaluation (a list of evaluators) and `paravt-jax eval` all call `evaluate`, which
 builds one sampler for the whole list.
 

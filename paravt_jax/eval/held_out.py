@@ -8,7 +8,7 @@ import numpy as np
 
 from paravt_jax.agent.dispatch import CropDispatcher, DispatchConfig
 from paravt_jax.agent.rollout import MODES, Episode, RolloutConfig, run_rollouts
-from paravt_jax.config import checked, integer, integers, one_of, validate
+from paravt_jax.config import checked, integer, integers, one_of, optional, validate
 from paravt_jax.episodes import rewards as R
 from paravt_jax.episodes.episode_log import eval_records
 from paravt_jax.episodes.episode_stats import tool_use
@@ -16,17 +16,19 @@ from paravt_jax.eval.evaluator import Outcome
 
 
 @dataclasses.dataclass(frozen=True)
-class EvalConfig:
-    """The main job's held-out evaluation (the `eval` config section): greedy, with and without
-    tools, at every K of `nframes` after the last phase, and at every K of `after_sft` between
-    SFT and RL."""
-    nframes: tuple[int, ...] = checked((4, 64), integers(1, empty=True))  # overview frames K
+class HeldOutConfig:
+    """The settings of a greedy held-out evaluation (the evaluator type `held_out` of an
+    evaluations section, eval/registry.py): with and without tools at every K of `nframes`,
+    on the first `limit` held-out rows, in the run's episode (rl.rollout, rl.dispatch) with the
+    evaluation's own budget where given (None: the rollout's). `after_sft`: the K evaluated on
+    the cold start too, between SFT and RL (the main job's `evals` only)."""
+    nframes: tuple[int, ...] = checked((4,), integers(1, empty=True))  # overview frames K
     after_sft: tuple[int, ...] = checked((), integers(1, empty=True))  # K evaluated on the cold start too (empty: none)
-    max_new_tokens: int = checked(256, integer(1))
-    max_turns: int = checked(2, integer(0))
-    limit: int = checked(4, integer(0))  # held-out rows (0 = all)
-    # what a crop returns: frames | subagent | sequential (agent/rollout.py)
-    mode: str = checked("frames", one_of(MODES))
+    limit: int = checked(0, integer(0))  # held-out rows: the first N (0 = all)
+    max_new_tokens: int | None = checked(None, optional(integer(1)))  # per assistant turn (None: the rollout's)
+    max_turns: int | None = checked(None, optional(integer(0)))  # tool rounds (None: the rollout's)
+    # what a crop returns: frames | subagent | sequential (agent/rollout.py; None: the rollout's)
+    mode: str | None = checked(None, optional(one_of(MODES)))
 
     def __post_init__(self):
         validate(self)
@@ -83,21 +85,24 @@ def evaluate_episodes(sampler, tokenizer, rows, *, nframes: int, tools: bool, ro
                       use["kappa"], use["calls_per_tool_turn"], len(rollouts), call_validity(rollouts)), rollouts
 
 
-def setting_name(first_nframes: int, nframes: int, tools: bool) -> str:
-    """eval_tools / eval_notools for the evaluation's first K, with a _K{K} suffix for the others
-    (the metric prefixes of the RL trainer's periodic evaluation, which curves and reports read)."""
-    tag = "eval_tools" if tools else "eval_notools"
+def setting_name(first_nframes: int, nframes: int, tools: bool, prefix: str = "eval") -> str:
+    """<prefix>_tools / <prefix>_notools for the evaluation's first K, with a _K{K} suffix for the
+    others (the metric prefixes of the RL trainer's periodic evaluation, which curves and reports
+    read: eval_tools/accuracy, eval_notools_K64/kappa for the entry named `eval`)."""
+    tag = f"{prefix}_tools" if tools else f"{prefix}_notools"
     return tag if nframes == first_nframes else f"{tag}_K{nframes}"
 
 
 @dataclasses.dataclass(frozen=True)
 class HeldOut:
     """The greedy held-out evaluation on `rows`, one setting (tools, K) after another, an
-    Evaluator (eval/evaluator.py): what the main job runs after each phase (`settings`
-    tools-major) and the RL trainer every `rl.eval_every` steps (K-major). The episode is the
-    run's (`rollout`, `dispatch`) with the evaluation's own budget (episode_config)."""
+    Evaluator (eval/evaluator.py; the type `held_out` of eval/registry.py): what the main job
+    runs after each phase (`settings` tools-major) and the RL trainer every `rl.eval_every` steps
+    (K-major). The episode is the run's (`rollout`, `dispatch`) with the evaluation's own budget
+    (episode_config); `name` prefixes its outcomes' names (setting_name)."""
     rows: tuple
     settings: tuple[tuple[bool, int], ...]
+    name: str = "eval"
     rollout: RolloutConfig = RolloutConfig()
     dispatch: DispatchConfig = DispatchConfig()
     max_new_tokens: int | None = None
@@ -122,7 +127,7 @@ class HeldOut:
                                                  mode=self.mode)
             metrics = {key: value for key, value in result.row().items() if key not in ("tools", "nframes")}
             setting = {"tools": tools, "nframes": k}
-            yield Outcome(setting_name(self.settings[0][1], k, tools), metrics, setting, result,
+            yield Outcome(setting_name(self.settings[0][1], k, tools, self.name), metrics, setting, result,
                           tuple(eval_records(rollouts, self.rows, **setting)))
 
 

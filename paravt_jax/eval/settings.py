@@ -17,8 +17,10 @@ from typing import Any
 
 from paravt_jax.agent.dispatch import ARGUMENTS as CROP_ARGUMENTS
 from paravt_jax.agent.protocol import PromptFormat, ToolProtocol
-from paravt_jax.config import checked, integer, one_of, subsection, validate
+from paravt_jax.config import checked, integer, one_of, share, subsection, validate
+from paravt_jax.eval.datasets import BENCHMARKS
 from paravt_jax.eval.prompts import MODES as PROMPT_MODES
+from paravt_jax.text.chat import VISUALS
 from paravt_jax.text.inputs import VIDEO_ITEM_LAYOUT
 from paravt_jax.video.frames import SIZINGS
 
@@ -105,3 +107,30 @@ class DriverConfig:
         if settings.get("overview_visual") == "video":  # records of an earlier layout are refused, not resumed
             settings["video_item_layout"] = VIDEO_ITEM_LAYOUT
         return settings
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchmarkConfig:
+    """One benchmark under the driver's protocol: the settings of the evaluator type `benchmark`
+    of an evaluations section (eval/registry.py; driver.BenchmarkEval). `paravt-jax eval` makes
+    one per dataset of its config (cli/eval.py)."""
+    dataset: str = checked("synthetic", one_of(tuple(BENCHMARKS)))
+    # a table file or shard directory, and the video folder (datasets.BENCHMARKS says each
+    # benchmark's layout); both empty for `synthetic`: the run's built-in held-out set
+    annotations: str = ""
+    video_dir: str = ""
+    subtitle_dir: str = ""  # videomme_wsub's .srt folder (required by it, refused by the others)
+    limit: int = checked(0, integer(0))  # annotation rows (0 = all)
+    # refused when more of its videos than this share are missing (a mistyped video_dir)
+    max_missing_videos: float = checked(0.02, share())
+    # the overview: K image items, or one video item (Charades-STA in the reference protocol)
+    visual: str = checked("images", one_of(VISUALS))
+    driver: DriverConfig = DriverConfig()
+
+    def __post_init__(self):
+        validate(self)
+
+    def protocol(self) -> DriverConfig:
+        """The driver settings of this benchmark's episodes: `driver` with its overview visual."""
+        return dataclasses.replace(self.driver, prompt=dataclasses.replace(self.driver.prompt,
+                                                                           overview_visual=self.visual))

@@ -50,7 +50,7 @@ PLOT_METRICS = ("reward", "acc_reward", "format_compliance", "kappa", "calls_per
                 "eval_tools/accuracy", "eval_notools/accuracy")
 _SEED_PART = re.compile(r"(^|,)seed=[^,]*")
 _EVAL_KEY = re.compile(r"^eval_(tools|notools)_K(\d+)_(\w+)$")
-# The periodic evaluation at its other K (rl.eval_nframes beyond the first): curves only.
+# The periodic evaluation at its other K (rl.evals.eval.nframes beyond the first): curves only.
 _PERIODIC_AT_K = re.compile(r"^rl/(eval_(?:tools|notools)_K\d+/(?:accuracy|format_compliance|kappa|calls_per_turn))$")
 
 

@@ -19,13 +19,13 @@ from paravt_jax import distributed as dist
 from paravt_jax import sharding as sh
 from paravt_jax.agent.dispatch import CropDispatcher, DispatchConfig
 from paravt_jax.agent.rollout import Episode, RolloutConfig, run_rollouts
-from paravt_jax.config import checked, integer, integer_between, integers, refuse, set_by, validate
+from paravt_jax.config import checked, entries, integer, integer_between, integers, refuse, set_by, validate
 from paravt_jax.data import gating
 from paravt_jax.episodes.episode_log import MAX_LOGGED, EpisodeLog
 from paravt_jax.episodes.episode_stats import summarize
 from paravt_jax.episodes.rewards import RewardConfig, make_judge, score
+from paravt_jax.eval import registry
 from paravt_jax.eval.evaluator import Evaluator, evaluate
-from paravt_jax.eval.held_out import HeldOut
 from paravt_jax.rl.advantages import AdvantageConfig, compute_advantages
 from paravt_jax.rl.objective import StepConfig, policy_head, policy_loss
 from paravt_jax.rl.pipeline import Policy
@@ -72,36 +72,41 @@ class RLConfig:
     # reference's max_head_offpolicyness is 2); 0 = synchronous. With mesh.rollout_devices the
     # sampling runs on devices of its own; colocated, it shares the trainer's.
     max_staleness: int = checked(0, integer(0))
-    eval_every: int = checked(0, integer(0))  # greedy held-out evaluation every N steps (0 = off)
-    # its overview budgets K: the first logs as eval_tools/... and eval_notools/... (what the
-    # curves and the sweep report read), each further K as eval_tools_K{K}/...
-    eval_nframes: tuple[int, ...] = checked((16,), integers(1))
-    eval_limit: int = checked(2, integer(1))  # its held-out rows: the first N
+    eval_every: int = checked(0, integer(0))  # the evaluations of `evals` every N steps (0 = off)
+    # the periodic evaluations by name, each with its `type` (eval/registry.py): by default the
+    # held-out check `eval` at K = 16 on 2 rows, logged as eval_tools/... and eval_notools/...
+    # (what the curves and the sweep report read), each further K as eval_tools_K{K}/...
+    evals: dict = entries(registry.PERIODIC, registry.TYPES)
     # sampled episodes logged per step to <workdir>/episodes/step_XXXXXX.jsonl (0 = none;
     # paravt_jax/episodes/episode_log.py, `paravt-jax view`)
     log_episodes: int = checked(0, integer_between(0, MAX_LOGGED))
 
     def __post_init__(self):
         validate(self)
+        for name, settings in self.evals.items():
+            if getattr(settings, "after_sft", ()):
+                raise refuse(f"evals.{name}.after_sft", settings.after_sft, "the periodic evaluation has no cold "
+                             "start; the main job's is evals.<name>.after_sft (the top-level evals section)")
         rows = self.prompts_per_step * self.samples_per_prompt
         if rows % self.micro_batches:
             raise refuse("micro_batches", self.micro_batches,
                          f"must divide the {rows} rows of a step (prompts_per_step x samples_per_prompt)")
 
 
-def periodic_evaluators(config: RLConfig, eval_rows) -> list:
-    """The periodic evaluation of `rl.eval_*`: the greedy held-out check on the first
-    `eval_limit` rows of `eval_rows`, K-major, metrics as eval_tools/... and eval_notools/...
-    for the first K of `eval_nframes` and eval_tools_K{K}/... for the others (none when
-    `eval_every` is 0 or there are no rows)."""
-    if not (config.eval_every and eval_rows):
+def periodic_evaluators(config: RLConfig, eval_rows, *, output_dir: str = "", data_dir: str = "") -> list:
+    """The periodic evaluations of `rl.evals` (eval/registry.py, stage "periodic"): a held-out
+    entry on the first `limit` rows of `eval_rows`, K-major, its metrics named after the entry
+    (`eval`: eval_tools/..., eval_notools/... for its first K, eval_tools_K{K}/... for the
+    others); a benchmark entry's records under `output_dir/<name>/step_XXXXXX` (`data_dir`: the
+    built-in data). None when `eval_every` is 0."""
+    if not config.eval_every:
         return []
     # the rollouts' fixed prompt and sub-agent shapes (with RLStep.evaluate's sampler config):
     # the first evaluation compiles its programs, the later ones none
     shapes = step_shapes(config, config.prompts_per_step)
     rollout = dataclasses.replace(config.rollout, prompt_shape=shapes.prompt, subagent_shape=shapes.subagent)
-    return [HeldOut.grid(eval_rows[:config.eval_limit], config.eval_nframes, tools_major=False,
-                         rollout=rollout, dispatch=config.dispatch)]
+    context = registry.Context(tuple(eval_rows or ()), rollout, config.dispatch, output_dir, data_dir)
+    return registry.evaluators(config.evals, context, "periodic")
 
 
 def episode(row, config: RLConfig) -> Episode:
