@@ -15,7 +15,8 @@ steps on them in both arms from the same model, the tower frozen in both. The fi
 batch steps read every example (and, cached, encode it): the run's first epoch. The steps after
 it are what the rest of a long SFT is made of: every example read and encoded before.
 
-Prints per set and arm: the median step seconds of the first epoch and of the steps after it,
+Prints per set and arm: the median step seconds of the first epoch (without step 0, which
+compiles) and of the steps after it,
 the encoding's seconds and frames, and the kept features' host memory (MiB per example, and
 for every row of the set at the mean of the rows read); then how far the arms' losses are apart
 (the same math; the features are computed in other calls than the steps' vision passes, so the
@@ -104,13 +105,15 @@ def median(values) -> float:
 
 
 def arm_rows(name: str, histories: dict, picked: int, sft_config, total_rows: int) -> list[list]:
-    """One table row per arm. The estimate: `sft.steps` steps, those of the set's first epoch
-    (every row read, and encoded) at the first epoch's median, the others at the later median."""
+    """One table row per arm. The first epoch's median leaves out step 0 (the compiles) when
+    the epoch has more steps. The estimate: `sft.steps` steps, those of the whole set's first
+    epoch (every row read, and encoded) at the first epoch's median, the others at the later
+    median."""
     epoch = -(-picked // sft_config.batch_size)
     whole_epoch = min(sft_config.steps, -(-total_rows // sft_config.batch_size))
     rows = []
     for cached, history in histories.items():
-        first = median(h["step_s"] for h in history[:epoch])
+        first = median(h["step_s"] for h in history[1:epoch] or history[:1])  # step 0 also compiles
         later = median(h["step_s"] for h in history[epoch:])
         per_example = history[-1].get("vision_cache_mib", 0.0) / picked
         estimate = first * whole_epoch + later * (sft_config.steps - whole_epoch)
