@@ -115,9 +115,12 @@ def arm_rows(name: str, histories: dict, picked: int, sft_config, total_rows: in
     for cached, history in histories.items():
         first = median(h["step_s"] for h in history[1:epoch] or history[:1])  # step 0 also compiles
         later = median(h["step_s"] for h in history[epoch:])
+        later_cpu = median(h["step_cpu_s"] for h in history[epoch:])
+        later_grads = median(h["grads_s"] for h in history[epoch:])
         per_example = history[-1].get("vision_cache_mib", 0.0) / picked
         estimate = first * whole_epoch + later * (sft_config.steps - whole_epoch)
-        rows.append([name, "cached" if cached else "pixels", f"{first:.2f}", f"{later:.2f}",
+        rows.append([name, "cached" if cached else "pixels", f"{first:.2f}", f"{later:.2f}", f"{later_cpu:.2f}",
+                     f"{later_grads:.2f}",
                      f"{sum(h.get('vision_encode_s', 0.0) for h in history):.1f}",
                      str(sum(int(h.get("vision_frames_encoded", 0)) for h in history)),
                      f"{per_example:.3f}" if cached else "-", f"{per_example * total_rows:.0f}" if cached else "-",
@@ -155,14 +158,17 @@ def main(argv=None) -> int:
                 histories[cached] = run_arm(inputs, picked, dataclasses.replace(config, steps=args.steps),
                                             cached, os.path.join(tmp, f"{name}-{cached}"))
         table += arm_rows(name, histories, len(picked), config, len(inputs.sft.rows))
-        losses = [(a["loss"], b["loss"]) for a, b in zip(histories[False], histories[True])]
-        apart = max(abs(a - b) / max(abs(a), 1e-9) for a, b in losses)
-        print(f"[bench] {name}: {len(picked)} rows, {config.batch_size} a step, first epoch {epoch} steps; "
-              f"losses apart by at most {apart:.2e} relative over {len(losses)} steps "
-              f"(step 0: {abs(losses[0][0] - losses[0][1]):.2e})", flush=True)
+        pairs = list(zip(histories[False], histories[True]))
+        apart = {key: max(abs(a[key] - b[key]) / max(abs(a[key]), 1e-9) for a, b in pairs)
+                 for key in ("loss", "grad_norm")}
+        same = [i for i, (a, b) in enumerate(pairs) if (a["loss"], a["grad_norm"]) == (b["loss"], b["grad_norm"])]
+        print(f"[bench] {name}: {len(picked)} rows, {config.batch_size} a step, first epoch {epoch} steps; over "
+              f"{len(pairs)} steps the arms' losses are apart by at most {apart['loss']:.2e} relative, gradient "
+              f"norms by {apart['grad_norm']:.2e}; the same bits at {len(same)} steps", flush=True)
     print(f"\n{machine()}; {args.config}, {args.steps} SFT steps an arm")
     print_table("SFT step: pixels every step vs vision features cached once",
-                ["rows", "arm", "first-epoch step s", "later step s", "encode s", "frames encoded",
+                ["rows", "arm", "first-epoch step s", "later step s", "later step CPU s", "later grads s",
+                 "encode s", "frames encoded",
                  "cache MiB an example", f"cache MiB, all {len(inputs.sft.rows)} rows", "estimated SFT minutes"],
                 table)
     return 0
