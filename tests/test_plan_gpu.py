@@ -162,6 +162,53 @@ def test_gpu_module_flops_match_xla_cpu(tokenizer):
 
 
 @needs_gpu_compiler
+def test_codegen_options_change_no_number(monkeypatch):
+    """gpu_target.COMPILE_OPTIONS (LLVM and ptxas without optimisation) change only the generated
+    code: a sharded, rematerialised, scanned bfloat16 gradient compiled with and without them for
+    2 H100s has the same optimised module and the same memory numbers; the planner's compiles
+    pass them."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as PS
+
+    from paravt_jax import sharding as sh
+    from paravt_jax.planner.memory import compile_for
+
+    devices = G.target_devices(G.resolve_target("gpu", None, "h100"), 2)
+    mesh = sh.make_mesh({"data": 1, "fsdp": 2, "tensor": 1}, devices)
+
+    def loss(w, x):
+        def layer(h, w_layer):
+            return jnp.tanh(h @ w_layer) + h, None
+
+        h, _ = jax.lax.scan(jax.checkpoint(layer), x, w)
+        return jnp.mean(h.astype(jnp.float32) ** 2)
+
+    w = jax.ShapeDtypeStruct((4, 512, 512), jnp.bfloat16, sharding=NamedSharding(mesh, PS(None, "fsdp", None)))
+    x = jax.ShapeDtypeStruct((8, 256, 512), jnp.bfloat16, sharding=NamedSharding(mesh, PS("fsdp")))
+    grad = jax.jit(jax.grad(loss))
+    lowered = grad.lower(w, x)
+    fast, plain = lowered.compile(compiler_options=dict(GT.COMPILE_OPTIONS)), lowered.compile()
+    fields = ("temp_size_in_bytes", "argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes")
+    assert [getattr(fast.memory_analysis(), f) for f in fields] == \
+        [getattr(plain.memory_analysis(), f) for f in fields]
+    assert fast.memory_analysis().temp_size_in_bytes > 0
+    assert fast.as_text() == plain.as_text()
+
+    seen = []
+    compile_ = jax.stages.Lowered.compile
+
+    def record(self, compiler_options=None, **kwargs):
+        seen.append(compiler_options)
+        return compile_(self, compiler_options=compiler_options, **kwargs)
+
+    monkeypatch.setattr(jax.stages.Lowered, "compile", record)
+    compile_for("toy gradient", grad, (w, x), {}, (), 1, devices, mesh=mesh)
+    assert seen == [GT.COMPILE_OPTIONS]
+
+
+@needs_gpu_compiler
 def test_a_fused_kernel_the_gpu_compiler_refuses_is_named(monkeypatch):
     """An attention kernel that fails to compile is an error naming the kernel and the program,
     not a bare compiler error."""

@@ -27,6 +27,15 @@ import math
 import os
 import shutil
 
+# XLA:GPU's options for the planner's compiles: code generation without optimisation (LLVM at
+# level 0 without its expensive passes, ptxas at -O0). What the planner reads is fixed before
+# code generation: the optimised HLO module (its fusions, schedule and cost analysis) and its
+# buffer assignment (memory_analysis), so the numbers are the same, byte for byte, and the
+# compile takes less time; the code itself is never run nor reported (no device: 0 bytes).
+# tests/test_plan_gpu.py checks the sameness.
+COMPILE_OPTIONS = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True,
+                   "xla_gpu_disable_gpuasm_optimizations": True}
+
 # The CUDA plugin's package (jax[cuda12]) and the wheel that carries ptxas.
 CUDA_PLUGIN = "jax_cuda12_plugin"
 INSTALL_HINT = "pip install 'paravt_jax[gpu-plan]' (jax[cuda12]: the CUDA plugin, cuDNN and ptxas)"

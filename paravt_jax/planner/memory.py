@@ -8,7 +8,8 @@ per-device temporary buffers: its working set beyond its arguments and outputs. 
 allocated, so the 8B programs can be measured on a CPU with fake devices
 (XLA_FLAGS=--xla_force_host_platform_device_count=N). On CPU the programs compile with
 `xla_backend_optimization_level=0`: buffer assignment comes before code generation, so the
-numbers are the same and the compile takes half the time.
+numbers are the same and the compile takes half the time; XLA:GPU's compiles likewise generate
+unoptimised code (planner/gpu_target.py `COMPILE_OPTIONS`).
 
 The attention implementation is resolved for the devices compiled for (fused_attention.compile_platform:
 splash on TPU devices, the libtpu compiler running in this CPU process; cuDNN's fused attention
@@ -38,6 +39,8 @@ from paravt_jax import sharding as sh
 from paravt_jax.models.qwen3_vl.config import Qwen3VLConfig
 from paravt_jax.models.qwen3_vl.hf_io import abstract_model
 from paravt_jax.models.qwen3_vl.text import KVCache
+from paravt_jax.planner import gpu_target
+from paravt_jax.planner.hlo_counts import physical_bytes
 from paravt_jax.sampling import programs as P
 from paravt_jax.sampling import sampler as S
 from paravt_jax.sampling.backend import backend_policy
@@ -95,6 +98,10 @@ class ProgramMemory:
     kernel_text_bytes: float = 0.0
     kernel_vision_flops: float = 0.0
     kernel_vision_bytes: float = 0.0
+    # HBM bytes per call of the optimised HLO by the physical rule (planner/hlo_counts.py: each
+    # instruction's operands read once and output written once, slices and in-place updates at
+    # their sizes, loops of known trip count every run, one branch of a conditional)
+    physical_bytes: float = 0.0
 
     @property
     def working_bytes(self) -> int:
@@ -166,12 +173,14 @@ def compiled_stats(name: str, compiled, own_inputs, group: int, seconds: float, 
     source = compiler
     if not cost:
         cost, source = module_costs(compiled), MODULE_COSTS
+    text = compiled.as_text()
     return ProgramMemory(
         name, int(memory.temp_size_in_bytes), _bytes_per_device(own_inputs), group, seconds,
         argument_bytes=int(memory.argument_size_in_bytes), output_bytes=int(memory.output_size_in_bytes),
         alias_bytes=int(memory.alias_size_in_bytes), code_bytes=int(memory.generated_code_size_in_bytes),
         flops=float(cost.get("flops", 0.0)), bytes_accessed=float(cost.get("bytes accessed", 0.0)),
-        collective_bytes=collective_bytes(compiled.as_text()), compiler=compiler, cost_source=source,
+        collective_bytes=collective_bytes(text), compiler=compiler, cost_source=source,
+        physical_bytes=physical_bytes(text),
         attention=tuple(sorted({c.chosen for c in attention})),
         **{f"kernel_{part}_{what}": float(sum(getattr(c, what) for c in attention if c.chosen != "dense"
                                               and (c.kind == "full") == (part == "vision")))
@@ -192,7 +201,8 @@ def compile_for(name: str, fn, args, kwargs, own_inputs, group: int, devices, ke
     from paravt_jax.models.qwen3_vl.fused_attention import KERNEL_PLATFORMS, compile_platform, kernel_mesh
 
     platform = devices[0].platform
-    options = {"xla_backend_optimization_level": 0} if platform == "cpu" else {}
+    options = ({"xla_backend_optimization_level": 0} if platform == "cpu" else
+               dict(gpu_target.COMPILE_OPTIONS) if platform == "gpu" else {})
     resolved: list = []
     # a trace cached from an earlier program of the same shapes (two vision towers of the same
     # frames) would record no attention calls: trace afresh
@@ -367,6 +377,6 @@ class SamplerPrograms:
                host((rows, 2), jnp.uint32), host((MAX_STOP_IDS,), jnp.int32))
         inputs = DecodeInputs(*own, host((), jnp.float32), host((), jnp.float32), host((), jnp.int32), steps)
         args = (self.graphdef, self.params, self.weights, cache, prefix, inputs, carry)
-        plan = DecodePlan(shardings, self.backend)
+        plan = DecodePlan(shardings, self.backend, self.sampler.decode_window)
         return self._compile(name, decode, args, dict(plan=plan), (own, carry), rows)
 
