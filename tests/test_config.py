@@ -31,6 +31,8 @@ CHOICES = {"AdvantageConfig.anchor_mode": "sequence", "OptimizerConfig.name": "a
            "PromptFormat.overview_sizing": "two_stage", "DispatchConfig.sizing": "two_stage",
            "ShapeConfig.policy": "per_call", "SFTConfig.frame_sampling": "fps", "SFTConfig.sizing": "two_stage",
            "SFTConfig.visual": "video", "StepConfig.prox_logprobs": "recompute", "HeldOutConfig.mode": "subagent",
+           # parameter paths (strings; sft.cache_vision_features, set by the walk, needs the tower frozen)
+           "OptimizerConfig.frozen": ("visual",),
            # must divide the step's rows (tiny: 9 SFT rows, 3 x 5 RL rows once every int is one more)
            "SFTConfig.micro_batches": 3, "RLConfig.micro_batches": 3}
 
