@@ -40,6 +40,7 @@ from paravt_jax.models.qwen3_vl.config import Qwen3VLConfig
 from paravt_jax.models.qwen3_vl.hf_io import abstract_model
 from paravt_jax.models.qwen3_vl.text import KVCache
 from paravt_jax.planner import gpu_target
+from paravt_jax.planner.hlo_counts import physical_bytes
 from paravt_jax.sampling import programs as P
 from paravt_jax.sampling import sampler as S
 from paravt_jax.sampling.backend import backend_policy
@@ -97,6 +98,10 @@ class ProgramMemory:
     kernel_text_bytes: float = 0.0
     kernel_vision_flops: float = 0.0
     kernel_vision_bytes: float = 0.0
+    # HBM bytes per call of the optimised HLO by the physical rule (planner/hlo_counts.py: each
+    # instruction's operands read once and output written once, slices and in-place updates at
+    # their sizes, loops of known trip count every run, one branch of a conditional)
+    physical_bytes: float = 0.0
 
     @property
     def working_bytes(self) -> int:
@@ -168,12 +173,14 @@ def compiled_stats(name: str, compiled, own_inputs, group: int, seconds: float, 
     source = compiler
     if not cost:
         cost, source = module_costs(compiled), MODULE_COSTS
+    text = compiled.as_text()
     return ProgramMemory(
         name, int(memory.temp_size_in_bytes), _bytes_per_device(own_inputs), group, seconds,
         argument_bytes=int(memory.argument_size_in_bytes), output_bytes=int(memory.output_size_in_bytes),
         alias_bytes=int(memory.alias_size_in_bytes), code_bytes=int(memory.generated_code_size_in_bytes),
         flops=float(cost.get("flops", 0.0)), bytes_accessed=float(cost.get("bytes accessed", 0.0)),
-        collective_bytes=collective_bytes(compiled.as_text()), compiler=compiler, cost_source=source,
+        collective_bytes=collective_bytes(text), compiler=compiler, cost_source=source,
+        physical_bytes=physical_bytes(text),
         attention=tuple(sorted({c.chosen for c in attention})),
         **{f"kernel_{part}_{what}": float(sum(getattr(c, what) for c in attention if c.chosen != "dense"
                                               and (c.kind == "full") == (part == "vision")))
@@ -370,6 +377,6 @@ class SamplerPrograms:
                host((rows, 2), jnp.uint32), host((MAX_STOP_IDS,), jnp.int32))
         inputs = DecodeInputs(*own, host((), jnp.float32), host((), jnp.float32), host((), jnp.int32), steps)
         args = (self.graphdef, self.params, self.weights, cache, prefix, inputs, carry)
-        plan = DecodePlan(shardings, self.backend)
+        plan = DecodePlan(shardings, self.backend, self.sampler.decode_window)
         return self._compile(name, decode, args, dict(plan=plan), (own, carry), rows)
 

@@ -286,7 +286,7 @@ def with_depth(config: Qwen3VLConfig, layers: int, scan: bool) -> Qwen3VLConfig:
 # ProgramMemory fields that do not scale with the layers; the cost analysis' fields
 _FIXED_FIELDS = ("group_rows",)
 _COST_FIELDS = ("flops", "bytes_accessed", "collective_bytes", "kernel_text_flops", "kernel_text_bytes",
-                "kernel_vision_flops", "kernel_vision_bytes")
+                "kernel_vision_flops", "kernel_vision_bytes", "physical_bytes")
 
 
 def _numbers(program: ProgramMemory) -> dict[str, float]:

@@ -17,6 +17,13 @@ policy's under rl.step.prox_logprobs="recompute") and the gradients per micro-ba
 optimizer update and one weight refresh. Host work
 (video decoding of crops, tokenization, the reward) is not counted.
 
+Bytes are the optimised HLO's by the physical rule where the program carries that count
+(ProgramMemory.physical_bytes, planner/hlo_counts.py: each instruction reads its operands once
+and writes its output once, slices and in-place updates at their sizes, loops of known trip
+count every run), else the cost analysis' (whose figure the table prints beside it).
+A decode step's attention is counted at the rollout's mean fill of the KV cache, not its
+reserved capacity (planner/decode_reads.py).
+
 Attention kernels' FLOPs are added analytically (forward: 4 x rows x heads x head_dim x queries
 x keys, halved for causal self-attention; a gradient pass: forward + 2.5 x forward for the
 backward (dq, dk, dv and the recomputed scores) + one more forward with remat), divided over the
@@ -26,6 +33,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+
+from paravt_jax.planner.decode_reads import decode_reads
 
 # Peak dense bf16 FLOP/s, HBM bandwidth and per-chip interconnect bandwidth (one direction) of
 # each accelerator, from the vendors' published specifications:
@@ -82,6 +91,8 @@ class PhaseTime:
     compute_seconds: float
     memory_seconds: float
     network_seconds: float
+    kv_read: str = ""  # a decode's: what its attention bytes count (decode_reads.DecodeRead.describe)
+    cost_analysis_bytes: float = 0.0  # the compiler's cost analysis' bytes per call (before the physical rule)
 
     @property
     def seconds(self) -> float:
@@ -191,6 +202,7 @@ def time_plan(programs, rl, work, layout, config, chip: str, mesh: dict | None =
     mesh = mesh or {}
     rows_per_device = rows_per_device or work.micro_batch_rows
     calls = step_calls(rl, work, layout)
+    reads = decode_reads(rl, work, layout, config) if layout is not None else {}
     phases = []
     for program in programs.trainer + programs.sampler:
         stage, count = calls.get(program.name, ("rollout", 1.0))
@@ -201,16 +213,24 @@ def time_plan(programs, rl, work, layout, config, chip: str, mesh: dict | None =
             rows = getattr(layout, PREFILLS[prefill])
             group = programs.find(prefill)
             count *= math.ceil(rows / max(group.group_rows if group else rows, 1))
+        read = reads.get(program.name)
+        if read is not None:  # the keys a step reads at the rollout's mean fill, not the static length
+            program = dataclasses.replace(program, kernel_text_flops=read.flops, kernel_text_bytes=read.bytes)
         kernel_flops, kernel_bytes = _kernel_share(program, work, mesh, rows_per_device, config)
-        flops, size = program.flops + kernel_flops, program.bytes_accessed + kernel_bytes
+        # bytes by the physical rule where the program was counted so (ProgramMemory.physical_bytes)
+        flops = program.flops + kernel_flops
+        size = (program.physical_bytes or program.bytes_accessed) + kernel_bytes
         phases.append(PhaseTime(
             program.name, stage, count, flops, size, program.collective_bytes, kernel_flops,
             count * flops / peak.flops, count * size / peak.hbm_bytes_per_s,
-            count * program.collective_bytes / peak.interconnect_bytes_per_s))
+            count * program.collective_bytes / peak.interconnect_bytes_per_s,
+            kv_read=read.describe() if read is not None else "", cost_analysis_bytes=program.bytes_accessed))
     notes = (f"{peak.name}: {peak.flops / 1e12:.0f} TFLOP/s bf16, {peak.hbm_bytes_per_s / 1e9:,.0f} GB/s HBM, "
              f"{peak.interconnect_bytes_per_s / 1e9:,.0f} GB/s interconnect per chip",
              "each phase: max(compute, memory, network) per call x calls per step; host work (crops' video "
-             "decoding, tokenization, rewards) not counted")
+             "decoding, tokenization, rewards) not counted",
+             "GB/call: the optimised HLO by the physical rule (slices and in-place updates at their sizes, loops "
+             "every run; planner/hlo_counts.py) + attention analytically; XLA GB: the cost analysis' own bytes")
     return TimePlan(peak.name, programs.compiler, tuple(phases), notes, costs=cost_sources(programs))
 
 
@@ -227,12 +247,14 @@ def format_time_plan(plan: TimePlan) -> list[str]:
     costs = plan.costs or f"{plan.compiler}'s cost_analysis"
     lines = ["", f"TIME PLAN: one RL step, lower bound on {plan.chip} (costs from {costs} + attention kernels "
                  "analytically)",
-             f"  {'program':<38}{'stage':<11}{'calls':>7}{'TFLOP/call':>12}{'GB/call':>9}{'coll GB':>9}"
-             f"{'seconds':>10}  bound"]
+             f"  {'program':<38}{'stage':<11}{'calls':>7}{'TFLOP/call':>12}{'GB/call':>9}{'XLA GB':>9}"
+             f"{'coll GB':>9}{'seconds':>10}  bound"]
     for p in plan.phases:
         lines.append(f"  {p.name:<38}{p.stage:<11}{p.calls:>7g}{p.flops / 1e12:>12.3f}{p.bytes / 1e9:>9.2f}"
-                     f"{p.collective_bytes / 1e9:>9.2f}{p.seconds:>10.3f}  {p.bound}")
+                     f"{p.cost_analysis_bytes / 1e9:>9.2f}{p.collective_bytes / 1e9:>9.2f}{p.seconds:>10.3f}  "
+                     f"{p.bound}")
     stages = ", ".join(f"{k} {v:.2f} s" for k, v in plan.stage_seconds().items())
+    lines += [f"  {p.kv_read}" for p in plan.phases if p.kv_read]
     lines += [f"  step >= {plan.step_seconds:.2f} s ({stages})",
               f"  bounded by: {plan.bounding.name} ({plan.bounding.seconds:.2f} s, {plan.bounding.bound})",
               f"  reference: about {REFERENCE_STEP_SECONDS:.0f} s per step on {REFERENCE_SETUP} (reported, measured)"]

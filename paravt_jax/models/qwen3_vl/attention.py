@@ -118,8 +118,7 @@ def attend_partial(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMask
     kv_heads = k.shape[1] if cache_layout else k.shape[2]
     groups = heads // kv_heads
     key_len = k.shape[-1] if cache_layout else k.shape[1]
-    small = batch * heads * q_len * key_len * 4 <= DENSE_MAX_SCORE_BYTES
-    dense = implementation == "dense" or (implementation == "auto" and small and not bounded)
+    dense = partial_runs_dense(implementation, batch, q_len, heads, key_len, bounded)
     record = resolutions()
     if record is not None:  # the time plan's analytic cost, as `resolve` records attend's
         record.append(AttentionCall(implementation, "dense" if dense else "blockwise", mask.kind,
@@ -130,6 +129,14 @@ def attend_partial(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMask
         lse = lse.reshape(batch, kv_heads, q_len, groups).transpose(0, 2, 1, 3)
         return out.reshape(batch, q_len, heads, head_dim), lse.reshape(batch, q_len, heads)
     return blockwise_partial(q, k, v, mask, cache_layout, block)
+
+
+def partial_runs_dense(implementation: str, batch: int, q_len: int, heads: int, key_len: int,
+                       bounded: bool = False) -> bool:
+    """Whether attend_partial runs dense on these shapes (else the blockwise forward): asked
+    for, or under `auto` a float32 score array of at most DENSE_MAX_SCORE_BYTES and no bound."""
+    small = batch * heads * q_len * key_len * 4 <= DENSE_MAX_SCORE_BYTES
+    return implementation == "dense" or (implementation == "auto" and small and not bounded)
 
 
 def merge_partials(*parts: tuple[jax.Array, jax.Array]) -> jax.Array:
@@ -189,15 +196,22 @@ class AttentionCall:
 
 
 def attention_cost(q, k, mask: AttentionMask, cache_layout: bool) -> tuple[float, float]:
-    """(FLOPs, bytes) of one attention forward: two matmuls of 2 FLOPs per multiply-add over the
-    visible score entries (half of them for causal self-attention), q/k/v read and out written once."""
+    """(FLOPs, bytes) of one attention forward of these operands (`attention_cost_of`)."""
     batch, q_len, heads, head_dim = q.shape
     key_len = k.shape[-1] if cache_layout else k.shape[1]
     kv_heads = k.shape[1] if cache_layout else k.shape[2]
-    visible = 0.5 if mask.kind == "causal" else 1.0
+    return attention_cost_of(batch, q_len, heads, kv_heads, head_dim, key_len, jnp.dtype(q.dtype).itemsize,
+                             causal=mask.kind == "causal")
+
+
+def attention_cost_of(batch: int, q_len: int, heads: int, kv_heads: int, head_dim: int, key_len: float,
+                      itemsize: int, causal: bool = False) -> tuple[float, float]:
+    """(FLOPs, bytes) of one attention forward from its shapes: two matmuls of 2 FLOPs per
+    multiply-add over the visible score entries (half of them for causal self-attention), q/k/v
+    read and out written once. key_len: the keys read (the time plan passes a decode's mean fill)."""
+    visible = 0.5 if causal else 1.0
     flops = 4.0 * batch * heads * head_dim * q_len * key_len * visible
-    size = jnp.dtype(q.dtype).itemsize
-    return flops, float(size * head_dim * batch * (2 * heads * q_len + 2 * kv_heads * key_len))
+    return flops, float(itemsize * head_dim * batch * (2 * heads * q_len + 2 * kv_heads * key_len))
 
 
 def _choose(implementation, q, k, mask, cache_layout) -> str:

@@ -1,0 +1,181 @@
+"""What a compiled program's bytes are made of: the planner's gradient program (unrolled at a
+few layers, as the time plan's cost programs are) or one 8B-shaped decode step, compiled for a
+target, its `cost_analysis()` bytes beside the per-instruction count of its optimised HLO
+(paravt_jax/planner/hlo_counts.py: each instruction "counted" with its operands read whole, and
+"physical" with slices and in-place updates at their sizes), grouped by kind and by source.
+
+    python bench/program_bytes.py --program gradients --layers 3 --target tpu --save /tmp/g3
+    python bench/program_bytes.py --program decode --layers 4 --target tpu
+    python bench/program_bytes.py --load /tmp/g3          # the saved HLO and costs, no compile
+
+The gradient program is the RL recipe's (`--config`, default configs/paragrpo.py:qwen3vl_8b) on
+the mesh preset (`--mesh`, default v5p-16) with `--layers` unrolled decoder layers: the program
+`paravt-jax plan` compiles for the time plan's trainer costs, on the largest micro-batch. The
+decode step is bench/decode.py's (64 rows x 20,480 suffix slots, 8 prompts x 16,384, one chip).
+The TPU compiler compiles from this CPU (libtpu); an 8B gradient at 3 layers takes minutes.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from common import print_table  # noqa: E402
+
+
+def _devices(target: str, topology: str, count: int):
+    import jax
+
+    if target == "tpu":
+        from paravt_jax.planner.programs import tpu_devices
+
+        return tpu_devices(topology)[:count]
+    return jax.devices()[:count]
+
+
+def gradients(config_arg: str, mesh_name: str, layers: int, target: str):
+    """(compiled gradient program, its ProgramMemory) of the recipe at `layers` unrolled layers."""
+    from paravt_jax import meshes
+    from paravt_jax import sharding as sh
+    from paravt_jax.configs import paragrpo
+    from paravt_jax.models.qwen3_vl.hf_io import abstract_model
+    from paravt_jax.planner import arrays, programs
+    from paravt_jax.planner import workload as W
+    from paravt_jax.planner.arrays import train_batch_spec
+    from paravt_jax.planner.memory import compile_for
+    from paravt_jax.rl.objective import policy_head, policy_loss
+    from paravt_jax.train.step import TrainStep
+
+    config = paragrpo.get_config(config_arg)
+    sizes, _ = arrays.mesh_preset(mesh_name)
+    _, model = W.model_config(config)
+    rl = W.rl_settings(config)[0]
+    tokenizer, _ = W.plan_tokenizer(config)
+    count = math.prod(sizes.values())
+    work = W.workload(rl, model.vision, tokenizer, W.Assumptions(), sh.batch_devices(arrays.abstract_mesh(sizes)))
+    topology = programs.resolve_target(target, meshes.get_mesh(mesh_name)).topology if target == "tpu" else ""
+    mesh = sh.make_mesh(sizes, _devices(target, topology, count))
+    cut = programs.with_depth(model, layers, False)
+    step = TrainStep(abstract_model(cut), rl.optimizer, policy_loss(rl.step), policy_head(rl.step), mesh=mesh)
+    params = programs._abstract_params(step.params, mesh)
+    batch = train_batch_spec(cut, work, mesh)
+    stats, compiled = compile_for("gradients", step._grads, (params, batch), {}, batch, work.micro_batch_rows,
+                                  list(mesh.devices.flat), keep=True)
+    return compiled, stats
+
+
+def decode(layers: int, target: str):
+    """(compiled decode step, its ProgramMemory): bench/decode.py's 8B-shaped step."""
+    import dataclasses
+
+    from paravt_jax import sharding as sh
+    from paravt_jax.models.qwen3_vl import preset
+    from paravt_jax.planner.memory import SamplerPrograms, compile_for
+    from paravt_jax.sampling.sampler import SamplerConfig
+
+    config = preset("8b")
+    config = config.replace(text=dataclasses.replace(config.text, num_hidden_layers=layers),
+                            dtype="bfloat16", param_dtype="bfloat16")
+    mesh = sh.make_mesh({"data": 1}, _devices(target, "v5p:2x2x1", 1))
+    programs = SamplerPrograms(config, SamplerConfig(), mesh, platform="tpu" if target == "tpu" else "gpu")
+    kept = {}
+    original = programs._compile
+
+    def keep(name, fn, args, kwargs, own_inputs, group):
+        stats, compiled = compile_for(name, fn, args, kwargs, own_inputs, group, programs.devices, keep=True,
+                                      mesh=programs.mesh)
+        kept["compiled"] = compiled
+        return stats
+
+    programs._compile = keep
+    try:
+        stats = programs.decode(64, 20480, 8, 16384, 2048)
+    finally:
+        programs._compile = original
+    return kept["compiled"], stats
+
+
+def report(text: str, meta: dict, label: str, top: int) -> dict:
+    from paravt_jax.planner import hlo_counts as H
+
+    rows = H.breakdown(text, H.ATTENTION_SOURCES)
+    totals = dict(counted=sum(r.counted for r in rows), physical=sum(r.physical * r.runs for r in rows))
+    print(f"{label}: cost_analysis {meta['bytes_accessed'] / 1e9:,.2f} GB, {meta['flops'] / 1e12:,.2f} TFLOP "
+          f"(+ analytic attention {meta['kernel_text_bytes'] / 1e9:,.2f} GB, {meta['kernel_text_flops'] / 1e12:,.2f} "
+          f"TFLOP); generic HloCostAnalysis {meta.get('generic_bytes', 0) / 1e9:,.2f} GB; HLO, {len(rows)} "
+          f"instructions: {totals['counted'] / 1e9:,.2f} GB counted (once each), {totals['physical'] / 1e9:,.2f} GB "
+          "physical (x runs)")
+
+    def gb(x):
+        return f"{x / 1e9:,.2f}"
+
+    def table(title, key):
+        print_table(title, ["group", "instructions", "counted GB", "physical x runs GB"],
+                    [[k[:100], n, gb(c), gb(p)] for k, n, c, p in H.summarize(rows, key)[:top]])
+
+    table("by kind", lambda r: r.kind)
+    table("by source (op_name, first 4 parts)", lambda r: "/".join(r.op_name.split("/")[:4]))
+    table("by computation (runs)", lambda r: f"{r.computation} x{r.runs}")
+    largest = sorted(rows, key=lambda r: -r.physical * r.runs)[:top]
+    print_table("largest instructions (physical x runs)", ["instruction", "kind", "counted GB", "physical GB", "runs",
+                                                           "source"],
+                [[r.name[:40], r.kind, gb(r.counted), gb(r.physical), r.runs, r.op_name[-80:]] for r in largest])
+    return totals
+
+
+def generic_bytes(text: str) -> float:
+    """XLA's generic HloCostAnalysis (the CPU backend's) of an optimised module's text: beside
+    the target compiler's own cost model."""
+    import jax
+    from jax._src.lib import _jax  # no public entry point: jax's own Lowered.cost_analysis uses it
+    from jaxlib import _hlo
+
+    module = _hlo.hlo_module_from_text(text)
+    return float(_jax.hlo_module_cost_analysis(jax.devices("cpu")[0].client, module).get("bytes accessed", 0.0))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--program", choices=("gradients", "decode"), default="gradients")
+    parser.add_argument("--config", default="qwen3vl_8b", help="configs/paragrpo.py preset (gradients)")
+    parser.add_argument("--mesh", default="v5p-16", help="mesh preset (gradients)")
+    parser.add_argument("--layers", type=int, default=3)
+    parser.add_argument("--target", choices=("cpu", "tpu"), default="tpu")
+    parser.add_argument("--save", default="", help="directory to write the HLO text and the costs to")
+    parser.add_argument("--load", default="", help="a --save directory: report it without compiling")
+    parser.add_argument("--top", type=int, default=15)
+    args = parser.parse_args()
+    if args.load:
+        text = open(os.path.join(args.load, "module.hlo")).read()
+        meta = json.load(open(os.path.join(args.load, "costs.json")))
+    else:
+        start = time.perf_counter()
+        if args.program == "gradients":
+            compiled, stats = gradients(args.config, args.mesh, args.layers, args.target)
+        else:
+            compiled, stats = decode(args.layers, args.target)
+        text = compiled.as_text()
+        meta = dict(program=args.program, layers=args.layers, target=args.target, config=args.config, mesh=args.mesh,
+                    bytes_accessed=stats.bytes_accessed, flops=stats.flops, kernel_text_bytes=stats.kernel_text_bytes,
+                    kernel_text_flops=stats.kernel_text_flops, compiler=stats.compiler,
+                    physical_bytes=stats.physical_bytes,
+                    seconds=time.perf_counter() - start)
+        if args.save:
+            os.makedirs(args.save, exist_ok=True)
+            with open(os.path.join(args.save, "module.hlo"), "w") as f:
+                f.write(text)
+            with open(os.path.join(args.save, "costs.json"), "w") as f:
+                json.dump(meta, f, indent=1)
+    meta.setdefault("generic_bytes", generic_bytes(text))
+    print(json.dumps(meta))
+    report(text, meta, f"{meta['program']} at {meta['layers']} layers ({meta['compiler']})", args.top)
+
+
+if __name__ == "__main__":
+    main()

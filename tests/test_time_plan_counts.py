@@ -1,0 +1,227 @@
+"""The time plan counts what the programs move: a decode step's attention at the rollout's mean
+fill of the KV cache (planner/decode_reads.py), checked against hand counts and against the
+analytic cost the traced decode records at its static key lengths."""
+import dataclasses
+
+import pytest
+
+from paravt_jax.configs import paragrpo
+from paravt_jax.models.qwen3_vl import preset
+from paravt_jax.planner import decode_reads as D
+from paravt_jax.planner import time_plan as T
+from paravt_jax.planner import workload as W
+
+
+def test_blocks_read_covers_whole_blocks_up_to_the_fill():
+    assert [D.blocks_read(n, 16, 144) for n in (0, 1, 16, 17, 140)] == [0, 16, 16, 32, 144]
+    assert D.blocks_read(5, 512, 48) == 48  # a block longer than the keys: the whole of them
+    assert D.blocks_read(130, 16, 136) == 136  # never past the static length
+
+
+def test_suffix_reads_follow_the_write_pointer_by_hand():
+    """Three turns of 24 tokens, 32 slots written by each tool round, 16-slot blocks."""
+    steps, total = D.suffix_reads([(0, 24), (32, 24), (32, 24)], 16, 144)
+    # turn 1: 23 forward steps write slots 0..22 (the first token is the prefill's): 16 steps
+    # read one block, 7 read two -> 16 * 16 + 7 * 32
+    first = 16 * 16 + 7 * 32
+    # turn 2 starts at 23 + 32 = 55: fills 56..78 -> 9 steps read 64 slots, 14 read 80
+    second = 9 * 64 + 14 * 80
+    # turn 3 starts at 78 + 32 = 110: fills 111..133 -> 2 x 112, 16 x 128, 5 x 144
+    third = 2 * 112 + 16 * 128 + 5 * 144
+    assert (steps, total) == (69, first + second + third)
+
+
+def test_decode_read_by_hand_on_the_tiny_model():
+    """tiny: 2 layers, 4 query / 2 KV heads of 16, float32. The row's own suffix is read blockwise
+    (bounded); the prompt part runs dense under auto (XLA counts it), blockwise when asked."""
+    config = preset("tiny")
+    turns = [(0, 24), (32, 24), (32, 24)]
+    mean = (16 * 16 + 7 * 32 + 9 * 64 + 14 * 80 + 2 * 112 + 16 * 128 + 5 * 144) / 69
+    read = D.decode_read("decode", config, "used", 16, 4, 2, turns, 144, 40, 64)
+    assert read.steps == 69 and read.suffix_read == pytest.approx(mean) and read.prefix_read == 48
+    # suffix: 4 rows x 4 heads x 16 dims x 1 query x `mean` keys, 2 FLOPs per multiply-add, two
+    # products; bytes: q and out (4 heads) and k and v (2 heads) of 4-byte elements
+    assert read.flops == pytest.approx(2 * 4 * 4 * 4 * 16 * mean)
+    assert read.bytes == pytest.approx(2 * 4 * 16 * 4 * (2 * 4 + 2 * 2 * mean))
+    assert read.full_bytes == pytest.approx(2 * 4 * 16 * 4 * (2 * 4 + 2 * 2 * 144))
+    blockwise = D.decode_read("decode", config.replace(attention="blockwise"), "used", 16, 4, 2, turns, 144, 40, 64)
+    # + the prompt: 2 prompts, their 2 rows folded into 2 queries, 48 of its 64 slots read
+    prefix_flops, prefix_bytes = 4 * 2 * 4 * 16 * 2 * 48, 4 * 16 * 2 * (2 * 4 * 2 + 2 * 2 * 48)
+    assert blockwise.flops == pytest.approx(read.flops + 2 * prefix_flops)
+    assert blockwise.bytes == pytest.approx(read.bytes + 2 * prefix_bytes)
+    assert "75 of 144 suffix slots + 48 of 64 prompt slots (16-slot blocks" in read.describe()
+
+
+def test_the_analytic_decode_cost_at_capacity_is_what_the_trace_records():
+    """The tiny decode compiled on one CPU device records its attention calls at the static key
+    lengths; decode_attention at those lengths gives the same FLOPs and bytes."""
+    import jax
+
+    from paravt_jax import sharding as sh
+    from paravt_jax.planner.memory import SamplerPrograms
+    from paravt_jax.sampling.backend import SamplerBackend
+    from paravt_jax.sampling.sampler import SamplerConfig
+
+    config = preset("tiny")
+    programs = SamplerPrograms(config, SamplerConfig(), sh.make_mesh({"data": 1}, jax.devices()[:1]), "gpu")
+    traced = programs.decode(4, 144, 2, 64, 24)
+    read = D.decode_read("decode", config, "used", SamplerBackend.decode_block, 4, 2, [(0, 24)], 144, 40, 64)
+    assert traced.kernel_text_flops > 0
+    assert (read.full_flops, read.full_bytes) == (pytest.approx(traced.kernel_text_flops),
+                                                   pytest.approx(traced.kernel_text_bytes))
+
+
+def _small_recipe():
+    from paravt_jax.text.tokenizer import train_tokenizer
+
+    c = paragrpo.get_config("tiny")
+    c.rl.nframes_gating, c.rl.default_nframes = False, 4
+    # turns of 400 tokens: the suffix spans several of the decode's 512-slot blocks
+    c.rl.rollout.max_new_tokens, c.rl.rollout.subagent_max_tokens, c.rl.rollout.max_turns = 400, 16, 2
+    c.rl.dispatch.max_parallel, c.rl.dispatch.max_frames = 1, 2
+    rl = W.rl_settings(c)[0]
+    tok = train_tokenizer(["crop_video start_time end_time seconds frames"] * 10)
+    work = W.workload(rl, preset("tiny").vision, tok)
+    return rl, work, W.sampler_layout(rl, work)
+
+
+def test_main_decode_turns_come_from_the_workload():
+    rl, work, layout = _small_recipe()
+    advance = layout.extend_width * layout.extend_pieces
+    assert D.main_decode_turns(rl, work, layout) == [(0, 400), (advance, 400), (advance, 400)]
+    # the walk never passes the reserved suffix: the episode's last write is inside it
+    assert 3 * 399 + 2 * advance <= layout.suffix_slots
+    final = dataclasses.replace(rl, rollout=dataclasses.replace(
+        rl.rollout, protocol=dataclasses.replace(rl.rollout.protocol, final_answer=True, final_answer_tokens=8)))
+    assert D.main_decode_turns(final, work, layout)[-1] == (advance, 8)
+
+
+def test_time_plan_charges_the_mean_fill_and_says_so():
+    """A decode program traced at capacity: the time plan replaces its attention by the mean
+    fill's, per device as the rows split, and prints which."""
+    from paravt_jax.planner.memory import ProgramMemory
+    from paravt_jax.planner.programs import ProgramSet
+
+    rl, work, layout = _small_recipe()
+    config = preset("tiny")
+    reads = D.decode_reads(rl, work, layout, config)
+    main = reads["decode"]
+    decode = ProgramMemory("decode", 0, 0, layout.rows, 1.0, bytes_accessed=1e6, kernel_text_flops=main.full_flops,
+                           kernel_text_bytes=main.full_bytes)
+    programs = ProgramSet((), (decode,), "tpu", "test", 1.0)
+    plan = T.time_plan(programs, rl, work, layout, config, "v5p", {"data": 1, "fsdp": 2, "tensor": 1})
+    (phase,) = plan.phases
+    split = 2 if layout.rows % 2 == 0 else 1
+    assert phase.bytes == pytest.approx(1e6 + main.bytes / split)
+    assert main.bytes < main.full_bytes  # the episode's mean fill is below its reserved suffix
+    assert phase.kv_read.startswith("decode: KV read per step = mean fill")
+    assert any(line.strip() == phase.kv_read for line in T.format_time_plan(plan))
+
+
+# An optimised module in HLO text: an in-place cache write (a fusion rooted at a
+# dynamic-update-slice), a read of one slice of the cache through a nested fusion, an add, a
+# loop of known trip count whose body holds a conditional (one branch runs), and an operand in
+# on-chip memory (S(1)).
+HLO = """HloModule test, is_scheduled=true
+
+%fused_update (param_0: bf16[64,1024], param_1: bf16[64,1], param_2: s32[]) -> bf16[64,1024] {
+  %param_0 = bf16[64,1024]{1,0} parameter(0)
+  %param_1 = bf16[64,1]{1,0} parameter(1)
+  %param_2 = s32[] parameter(2)
+  %constant.1 = s32[] constant(0)
+  ROOT %dynamic-update-slice.1 = bf16[64,1024]{1,0} dynamic-update-slice(bf16[64,1024]{1,0} %param_0, bf16[64,1]{1,0} %param_1, s32[] %constant.1, s32[] %param_2)
+}
+
+%fused_slice (param_0.2: bf16[64,1024], param_1.2: s32[]) -> bf16[64,128] {
+  %param_0.2 = bf16[64,1024]{1,0} parameter(0)
+  %param_1.2 = s32[] parameter(1)
+  %constant.2 = s32[] constant(0)
+  ROOT %dynamic-slice.1 = bf16[64,128]{1,0} dynamic-slice(bf16[64,1024]{1,0} %param_0.2, s32[] %constant.2, s32[] %param_1.2), dynamic_slice_sizes={64,128}
+}
+
+%fused_read (param_0.1: bf16[64,1024], param_1.1: s32[]) -> f32[64,128] {
+  %param_0.1 = bf16[64,1024]{1,0} parameter(0)
+  %param_1.1 = s32[] parameter(1)
+  %block = bf16[64,128]{1,0} fusion(%param_0.1, %param_1.1), kind=kLoop, calls=%fused_slice
+  ROOT %convert.1 = f32[64,128]{1,0} convert(bf16[64,128]{1,0} %block)
+}
+
+%small (x.1: f32[64,128]) -> f32[64,128] {
+  %x.1 = f32[64,128]{1,0} parameter(0)
+  ROOT %neg = f32[64,128]{1,0} negate(f32[64,128]{1,0} %x.1)
+}
+
+%large (x.2: f32[64,128]) -> f32[64,128] {
+  %x.2 = f32[64,128]{1,0} parameter(0)
+  %e = f32[64,128]{1,0} exponential(f32[64,128]{1,0} %x.2)
+  ROOT %m = f32[64,128]{1,0} multiply(f32[64,128]{1,0} %e, f32[64,128]{1,0} %x.2)
+}
+
+%body (state: (s32[], f32[64,128])) -> (s32[], f32[64,128]) {
+  %state = (s32[], f32[64,128]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element((s32[], f32[64,128]{1,0}) %state), index=0
+  %x = f32[64,128]{1,0} get-tuple-element((s32[], f32[64,128]{1,0}) %state), index=1
+  %twice = f32[64,128]{1,0} add(f32[64,128]{1,0} %x, f32[64,128]{1,0} %x), metadata={op_name="jit(f)/while/body/add"}
+  %which = s32[] and(s32[] %i, s32[] %i)
+  %branch = f32[64,128]{1,0} conditional(s32[] %which, f32[64,128]{1,0} %twice, f32[64,128]{1,0} %twice), branch_computations={%small, %large}
+  ROOT %next = (s32[], f32[64,128]{1,0}) tuple(s32[] %i, f32[64,128]{1,0} %branch)
+}
+
+%cond (state.1: (s32[], f32[64,128])) -> pred[] {
+  %state.1 = (s32[], f32[64,128]{1,0}) parameter(0)
+  %j = s32[] get-tuple-element((s32[], f32[64,128]{1,0}) %state.1), index=0
+  %limit = s32[] constant(8)
+  ROOT %less = pred[] compare(s32[] %j, s32[] %limit), direction=LT
+}
+
+ENTRY %main (cache: bf16[64,1024], update: bf16[64,1], index: s32[], scale: f32[64,128]) -> (bf16[64,1024], f32[64,128]) {
+  %cache = bf16[64,1024]{1,0} parameter(0)
+  %update = bf16[64,1]{1,0} parameter(1)
+  %index = s32[] parameter(2)
+  %scale = f32[64,128]{1,0:S(1)} parameter(3)
+  %written = bf16[64,1024]{1,0} fusion(bf16[64,1024]{1,0} %cache, bf16[64,1]{1,0} %update, s32[] %index), kind=kLoop, calls=%fused_update, metadata={op_name="jit(f)/dynamic_update_slice"}
+  %read = f32[64,128]{1,0} fusion(bf16[64,1024]{1,0} %written, s32[] %index), kind=kLoop, calls=%fused_read, metadata={op_name="jit(f)/dynamic_slice"}
+  %sum = f32[64,128]{1,0} add(f32[64,128]{1,0} %read, f32[64,128]{1,0} %read)
+  %scaled = f32[64,128]{1,0} multiply(f32[64,128]{1,0} %sum, f32[64,128]{1,0:S(1)} %scale)
+  %start = (s32[], f32[64,128]{1,0}) tuple(s32[] %index, f32[64,128]{1,0} %scaled)
+  %loop = (s32[], f32[64,128]{1,0}) while((s32[], f32[64,128]{1,0}) %start), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"8"}}
+  %result = f32[64,128]{1,0} get-tuple-element((s32[], f32[64,128]{1,0}) %loop), index=1
+  ROOT %out = (bf16[64,1024]{1,0}, f32[64,128]{1,0}) tuple(bf16[64,1024]{1,0} %written, f32[64,128]{1,0} %result)
+}
+"""  # noqa: E501
+
+
+def test_hlo_counts_by_hand():
+    """Counted: operands whole and outputs; physical: the in-place write at its update, the
+    slice read (through a nested fusion) at its size, an operand passed twice read once, on-chip
+    memory not at all, a loop body at its known trip count, the costlier branch only."""
+    from paravt_jax.planner import hlo_counts as H
+
+    rows = {r.name: r for r in H.breakdown(HLO)}
+    cache, update, block, tile = 64 * 1024 * 2, 64 * 2, 64 * 128 * 2, 64 * 128 * 4
+    assert (rows["written"].counted, rows["written"].physical) == (2 * cache + update + 4, update + 4 + update)
+    assert rows["written"].kind == "fusion:dynamic-update-slice"
+    assert (rows["read"].counted, rows["read"].physical) == (cache + 4 + tile, block + 4 + tile)
+    assert (rows["sum"].counted, rows["sum"].physical) == (3 * tile, 2 * tile)
+    assert (rows["scaled"].counted, rows["scaled"].physical) == (3 * tile, 2 * tile)  # the S(1) operand: on chip
+    assert (rows["twice"].counted, rows["twice"].physical, rows["twice"].runs) == (3 * tile, 2 * tile, 8)
+    assert rows["twice"].computation == "body" and rows["less"].runs == 8
+    # the conditional runs one branch: the costlier (exponential + multiply) at the loop's runs
+    assert (rows["e"].runs, rows["m"].runs, rows["neg"].runs) == (8, 8, 0)
+    assert rows["read"].op_name == "jit(f)/dynamic_slice" and "branch" not in rows  # a conditional moves nothing
+    assert set(rows) == {"written", "read", "sum", "scaled", "twice", "which", "neg", "e", "m", "less"}
+    physical = sum(r.physical * r.runs for r in rows.values())  # "which" reads its operand once: 4 + 4
+    assert H.physical_bytes(HLO) == physical
+    assert physical == (2 * update + 4) + (block + 4 + tile) + 4 * tile + 8 * (2 * tile + 2 * 4 + 5 * tile + 9)
+    groups = {k: (n, c, p) for k, n, c, p in H.summarize(rows.values(), lambda r: r.kind)}
+    assert groups["add"] == (2, 6 * tile, 2 * tile + 8 * 2 * tile)
+
+
+def test_hlo_shapes_and_bad_text():
+    from paravt_jax.planner import hlo_counts as H
+
+    assert H.shape_bytes("(bf16[2,3]{1,0}, f32[], s32[4])") == 12 + 4 + 16
+    assert H.shape_bytes("bf16[64,8,128,512]{3,2,1,0:T(8,128)(2,1)}") == 64 * 8 * 128 * 512 * 2
+    assert H.shape_bytes("(f32[8]{0:T(128)S(1)}, f32[8]{0})", hbm_only=True) == 32
+    with pytest.raises(ValueError, match="no ENTRY computation"):
+        H.breakdown("HloModule empty\n")
