@@ -225,3 +225,23 @@ def test_hlo_shapes_and_bad_text():
     assert H.shape_bytes("(f32[8]{0:T(128)S(1)}, f32[8]{0})", hbm_only=True) == 32
     with pytest.raises(ValueError, match="no ENTRY computation"):
         H.breakdown("HloModule empty\n")
+
+
+def test_a_gather_repeating_rows_reads_its_table_once():
+    from paravt_jax.planner import hlo_counts as H
+
+    text = """HloModule gather
+%fused_gather (p0: bf16[4,8], p1: s32[16,1]) -> bf16[16,8] {
+  %p0 = bf16[4,8]{1,0} parameter(0)
+  %p1 = s32[16,1]{1,0} parameter(1)
+  ROOT %g = bf16[16,8]{1,0} gather(%p0, %p1), offset_dims={1}, collapsed_slice_dims={0}, start_index_map={0}, index_vector_dim=1, slice_sizes={1,8}
+}
+ENTRY %main (t: bf16[4,8], i: s32[16,1]) -> bf16[16,8] {
+  %t = bf16[4,8]{1,0} parameter(0)
+  %i = s32[16,1]{1,0} parameter(1)
+  ROOT %rows = bf16[16,8]{1,0} fusion(%t, %i), kind=kLoop, calls=%fused_gather
+}
+"""  # noqa: E501
+    (row,) = H.breakdown(text)
+    # 16 gathered rows of 16 bytes from a 64-byte table: the table (64), the indices (64), the output (256)
+    assert (row.counted, row.physical) == (64 + 64 + 256, 64 + 64 + 256)

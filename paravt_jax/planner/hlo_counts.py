@@ -276,9 +276,10 @@ def instruction_bytes(ins: Instruction, computations: dict[str, list[Instruction
     reads = _parameter_reads(fused, computations) if fused else ({0: 0.0} if ins.opcode in IN_PLACE else {})
     physical, seen = 0.0, set()
     for number, ((_, name), shape) in enumerate(zip(ins.operands, operand_shapes)):
-        if name not in seen:
+        if name not in seen:  # an operand read in part reads at most all of it (a gather may repeat rows)
             seen.add(name)
-            physical += reads.get(number, shape_bytes(shape, hbm_only=True))
+            whole = shape_bytes(shape, hbm_only=True)
+            physical += min(reads.get(number, whole), whole)
     return counted, physical + _written(ins, fused)
 
 
