@@ -88,6 +88,7 @@ def test_toy_sft_steps_identical_on_one_core_and_on_two(tmp_path, builtin_root):
         log.close()
     one, two = sft_metrics(tmp_path / "one"), sft_metrics(tmp_path / "two")
     assert len(one) == len(two) == 5 and "sft/grad_norm" in one[0]
+    assert "sft/vision_cache_mib" in one[0]  # the toy's frozen tower: features cached (sft/vision_cache.py)
     for step, (a, b) in enumerate(zip(one, two)):
         assert a == b, f"step {step}: {a} != {b}"
     manifests = [json.load(open(tmp_path / name / "run_config.json"))["manifest"] for name in ("one", "two")]
