@@ -149,3 +149,16 @@ def test_append_bench_smallest(tmp_path):
     rewrite = [float(rows[(n, "whole")][5]) for n in (20, 80)]
     assert all(float(rows[(n, "part")][3]) <= 3.2 for n in (20, 80)), out
     assert abs(compose[1] - compose[0]) < 0.1 * compose[0] and rewrite[1] > 3 * rewrite[0], out
+
+
+def test_sft_vision_cache_bench_smallest(tmp_path, builtin_root):
+    """bench/sft_vision_cache.py on tiny (its tower frozen by the bench), one set of 2 rows, 2
+    steps an arm: both arms in the table, the cached arm's encoding and kept features shown."""
+    out = run_bench(tmp_path, "sft_vision_cache.py", "--config", os.path.join(ROOT, "configs/paragrpo.py:tiny"),
+                    "--sets", "toy", "--rows", "2", "--batch", "2", "--steps", "2",
+                    "--set", f"data.builtin_root={builtin_root}")
+    assert "pixels every step vs vision features cached once" in out
+    pixels = next(line for line in out.splitlines() if line.startswith("| toy ") and "| pixels " in line)
+    cached = next(line for line in out.splitlines() if line.startswith("| toy ") and "| cached " in line)
+    assert [c.strip() for c in pixels.split("|")][7:9] == ["0.0", "0"]
+    assert int(cached.split("|")[8]) > 0 and float(cached.split("|")[9]) > 0, out
