@@ -474,7 +474,7 @@ def test_an_rl_step_with_no_readable_video_is_skipped_and_named(dataset, tmp_pat
 def test_a_whole_unreadable_epoch_stops_rl_with_a_clear_error(dataset, tmp_path):
     import dataclasses
 
-    from paravt_jax.rl.trainer import UnreadableDataError
+    from paravt_jax.train.loop import UnreadableDataError
 
     root, ds, tok = dataset
     rows, _ = load_rl_rows(ds.rl_train, root)
