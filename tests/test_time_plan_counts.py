@@ -245,3 +245,13 @@ ENTRY %main (t: bf16[4,8], i: s32[16,1]) -> bf16[16,8] {
     (row,) = H.breakdown(text)
     # 16 gathered rows of 16 bytes from a 64-byte table: the table (64), the indices (64), the output (256)
     assert (row.counted, row.physical) == (64 + 64 + 256, 64 + 64 + 256)
+
+
+def test_a_counted_loop_without_a_known_trip_count_runs_its_condition_s_limit():
+    """A TPU module prints no known_trip_count: `counter < constant` in the condition gives it."""
+    from paravt_jax.planner import hlo_counts as H
+
+    rows = {r.name: r for r in H.breakdown(HLO.replace(', backend_config={"known_trip_count":{"n":"8"}}', ""))}
+    assert rows["twice"].runs == 8
+    data_dependent = HLO.replace("compare(s32[] %j, s32[] %limit)", "compare(s32[] %j, s32[] %j)")
+    assert {r.name: r for r in H.breakdown(data_dependent.replace('"n":"8"', '"m":"8"'))}["twice"].runs == 1

@@ -23,8 +23,9 @@ how it touches its operands) two ways:
             themselves).
 
 Each instruction also gets its runs per program call (`breakdown`): the product of the known
-trip counts of the loops around it (backend_config known_trip_count; 1 where the trip count is
-data-dependent, as a cost analysis counts such a loop), and only the costliest branch of a
+trip counts of the loops around it (`trip_count`: backend_config known_trip_count, or a
+`counter < constant` condition; 1 where the trip count is data-dependent, as a cost analysis
+counts such a loop), and only the costliest branch of a
 conditional counts (one branch runs; the others get runs 0). Sizes are the logical shapes'
 (elements x item size, no tile padding). The physical count is a rule applied to the HLO, not a
 measurement: what the compiled data flow needs to touch, each byte once per use.
@@ -298,11 +299,27 @@ class Row:
     source: str = ""  # the Python file the instruction was traced from (its metadata's source_file)
 
 
-def trip_count(ins: Instruction) -> int:
-    """A while loop's trip count where the compiler knows it (its backend_config's
-    known_trip_count), else 1."""
-    found = _TRIPS.search(ins.attributes) if ins.opcode == "while" else None
-    return int(found.group(1)) if found else 1
+def trip_count(ins: Instruction, computations: dict[str, list[Instruction]] | None = None) -> int:
+    """A while loop's trip count where it is known: its backend_config's known_trip_count, or a
+    condition that compares a loop counter with a constant (`counter < N`, the form of a
+    counted loop: jax's fori_loop and scan, XLA's windowed einsums; the counter taken to start
+    at 0 and step by 1); else 1 (data-dependent)."""
+    if ins.opcode != "while":
+        return 1
+    found = _TRIPS.search(ins.attributes)
+    if found:
+        return int(found.group(1))
+    condition = re.search(r"\bcondition=%?([\w.\-]+)", ins.attributes)
+    body = (computations or {}).get(condition.group(1), []) if condition else []
+    root = _fused_root(body)
+    if root is None or root.opcode != "compare" or "direction=LT" not in root.attributes or len(root.operands) != 2:
+        return 1
+    inner = {i.name: i for i in body}
+    counter, limit = (inner.get(name) for _, name in root.operands)
+    if counter is None or limit is None or counter.opcode != "get-tuple-element" or limit.opcode != "constant":
+        return 1
+    value = re.fullmatch(r"\d+", limit.operands[0][1]) if limit.operands else None
+    return int(value.group(0)) if value else 1
 
 
 class _Walk:
@@ -325,7 +342,8 @@ class _Walk:
                 root = _fused_root(self.computations.get(ins.fused, []))
                 kind = f"fusion:{root.opcode}" if ins.opcode == "fusion" and root else ins.opcode
                 out.append(Row(name, ins.name, ins.opcode, kind, ins.op_name, counted, physical, runs, ins.source))
-            trips = 1 if self.once_sources and ins.source.endswith(self.once_sources) else trip_count(ins)
+            once = self.once_sources and ins.source.endswith(self.once_sources)
+            trips = 1 if once else trip_count(ins, self.computations)
             for called in ins.loops():
                 out += self.rows(called, runs * trips)
             out += self.branches(ins.branches(), runs)
