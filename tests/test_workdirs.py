@@ -209,7 +209,7 @@ def test_a_rerun_under_another_config_is_refused_with_the_differing_fields(tmp_p
     config.rl.steps, config.sft.steps, config.mesh.fsdp = 40, 900, 2  # run length and placement
     assert workdirs.check_config(workdir, workdirs.config_record(config, "run")) == []
     config.rl.optimizer.learning_rate, config.evals.held_out.nframes = 1e-3, (4,)
-    with pytest.raises(workdirs.ConfigChanged, match=r"eval.nframes: \[4, 64\] -> \[4\]; "
+    with pytest.raises(workdirs.ConfigChanged, match=r"evals\.held_out\.nframes: \[4, 64\] -> \[4\]; "
                        r"rl.optimizer.learning_rate: 0.0001 -> 0.001\).*--config_changed=ok"):
         workdirs.check_config(workdir, workdirs.config_record(config, "run"))
     with pytest.raises(workdirs.ConfigChanged, match=r"command: 'run' -> 'train'"):
