@@ -133,7 +133,7 @@ def test_rerun_skips_finished_arms(swept_alone):
     assert len(open(os.path.join(root, "vanilla,seed=0", "rl", "metrics.jsonl")).read().splitlines()) == 1
     assert "other settings" not in out
     # Finished arms are kept even when the sweep's settings changed since; it says so.
-    changed = [a.replace("eval.limit=1", "eval.limit=2") for a in swept["common"]]
+    changed = [a.replace("held_out.limit=1", "held_out.limit=2") for a in swept["common"]]
     statuses, out = sweep_main(*changed)
     assert [s["status"] for s in statuses] == ["skipped"] * 3 and out.count("ran with other settings") == 3
 
@@ -259,12 +259,14 @@ def test_arm_names_are_stable_safe_and_bounded():
     from paravt_jax.experiments import sweep
 
     config = paragrpo.get_config("tiny")
-    entries = [{"seed": 2, "rl.rollout.max_new_tokens": 16, "eval.max_new_tokens": 32, "eval.nframes": [4, 64]},
-               {"eval.max_new_tokens": 32, "eval.nframes": (4, 64), "rl.rollout.max_new_tokens": 16, "seed": 2.0},
+    entries = [{"seed": 2, "rl.rollout.max_new_tokens": 16, "evals.held_out.max_new_tokens": 32,
+                "evals.held_out.nframes": [4, 64]},
+               {"evals.held_out.max_new_tokens": 32, "evals.held_out.nframes": (4, 64), "rl.rollout.max_new_tokens": 16,
+                "seed": 2.0},
                {"data.video_root": "/videos/" + "x" * 200}, {"data.video_root": "/videos/" + "x" * 199 + "y"}]
     arms = sweep.build_arms(config, entries[:1] + entries[2:], "test")
-    assert arms[0].name == "eval.max_new_tokens=32,nframes=4+64,rl.rollout.max_new_tokens=16,seed=2"
-    assert arms[0].group == "eval.max_new_tokens=32,nframes=4+64,rl.rollout.max_new_tokens=16"
+    assert arms[0].name == "evals.held_out.max_new_tokens=32,nframes=4+64,rl.rollout.max_new_tokens=16,seed=2"
+    assert arms[0].group == "evals.held_out.max_new_tokens=32,nframes=4+64,rl.rollout.max_new_tokens=16"
     assert sweep.build_arms(config, entries[1:2], "test")[0].name == arms[0].name  # order-free, typed
     for arm in arms[1:]:
         assert len(arm.name) <= sweep.MAX_NAME_LENGTH and "/" not in arm.name
