@@ -137,8 +137,8 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
         # one vector for every image token before the text tower learns to read them
         c.sft.optimizer.frozen = c.rl.optimizer.frozen = ("visual",)
         # so each SFT example's frames are encoded once and the steps feed the kept features
-        # (sft/vision_cache.py): the same bits here (bench/sft_vision_cache.py), no faster on the
-        # K = 4 rows, 30 MiB of features kept instead of 473 MiB of pixels (docs/training.md)
+        # (sft/vision_cache.py): the same bits here (bench/sft_vision_cache.py), a few percent
+        # faster, 30 MiB of features kept instead of 473 MiB of pixels (docs/toy_task.md)
         c.sft.cache_vision_features = True
         c.rl.rollout.mode = c.evals.held_out.mode = "subagent"
         c.rl.rollout.subagent_max_tokens = 32  # a toy summary is about 9 tokens
