@@ -156,6 +156,12 @@ def integers(low: int, empty: bool = False) -> Rule:
                                                                                          for x in v))
 
 
+def strings() -> Rule:
+    """A list of non-empty strings (may be empty)."""
+    return Rule("a list of non-empty strings",
+                lambda v: isinstance(v, (list, tuple)) and all(isinstance(x, str) and x for x in v))
+
+
 def optional(rule: Rule) -> Rule:
     """`rule`, or None (unset)."""
     return Rule(f"{rule.allowed}, or None", lambda v: v is None or rule.check(v))

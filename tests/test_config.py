@@ -270,6 +270,7 @@ BAD_VALUES = [
     ("eval", "max_missing_videos", 1.5, "max_missing_videos=1.5: must be a number in [0, 1]"),
     ("eval", "grounding_prompt_mode", "agentic", "grounding_prompt_mode='agentic': must be one of ('direct', "),
     ("eval", "limit", -1, "limit=-1: must be an integer >= 0"),
+    ("paragrpo", "sft.optimizer.frozen", (3, 5), "sft.optimizer.frozen=(3, 5): must be a list of non-empty strings"),
 ]
 
 

@@ -292,6 +292,12 @@ def test_missing_field_is_refused_before_any_arm_starts(tmp_path):
     assert not root.exists()
 
 
+def test_a_moved_key_is_refused_naming_its_new_place(tmp_path):
+    config = _write_config(tmp_path / "old.py", "def sweep():\n    return [{'seed': 0, 'eval.limit': 4}]\n")
+    with pytest.raises(UsageError, match=r"'eval\.limit' names a key that moved; it is 'evals\.held_out\.limit'"):
+        sweep_main(f"--config={config}:tiny", f"--workdir={tmp_path}/old_root")
+
+
 def test_shared_sft_runs_one_sft_per_distinct_cold_start(tmp_path):
     """Arms that change SFT fields (a shorter cold start) share one SFT run per distinct
     setting; every arm starts from its own setting's export with its SFT off."""

@@ -42,7 +42,7 @@ from typing import Any
 
 from absl import logging
 
-from paravt_jax.config import config_file
+from paravt_jax.config import config_file, moved_to
 from paravt_jax.experiments import report
 from paravt_jax.experiments.report import SHARED_SFT_DIR
 from paravt_jax.storage import write_json_atomic
@@ -175,6 +175,9 @@ def _lookup(config, key: str, arm: str):
     """(parent ConfigDict, leaf name) of a dotted key, or SweepError naming arm and field."""
     from ml_collections import ConfigDict
 
+    moved = moved_to(key)
+    if moved is not None:
+        raise SweepError(f"sweep arm {arm!r}: override {key!r} names a key that moved; it is {moved!r}")
     parts = key.split(".")
     node, path = config, []
     for part in parts[:-1]:

@@ -28,7 +28,7 @@ import optax
 from flax import nnx
 
 from paravt_jax import sharding as sh
-from paravt_jax.config import checked, integer, non_negative, one_of, positive, validate
+from paravt_jax.config import checked, integer, non_negative, one_of, positive, strings, validate
 from paravt_jax.models.qwen3_vl.fused_attention import kernel_mesh
 from paravt_jax.train import stats as S
 from paravt_jax.train.batch import TrainBatch
@@ -51,7 +51,7 @@ class OptimizerConfig:
     total_steps: int = checked(1000, integer(1))  # the cosine schedule's length
     # parameters that never change: dotted path prefixes of the model's parameters, e.g.
     # ("visual",) for the whole vision tower, ("language.embed_tokens",) for one array
-    frozen: tuple[str, ...] = ()
+    frozen: tuple[str, ...] = checked((), strings())
 
     def __post_init__(self):
         validate(self)
