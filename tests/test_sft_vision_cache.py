@@ -46,7 +46,7 @@ def sequences():
 
 def cached(model, sequences, frames=4, max_bytes=0):
     cache = VisionFeatureCache(model.visual, frames, max_bytes=max_bytes)
-    found, encoded = cache.features(list(enumerate(sequences)), model.visual)
+    found, encoded = cache.features(list(enumerate(sequences)), lambda: model.visual)
     return cache, [found.get(i) for i in range(len(sequences))], encoded
 
 
@@ -97,7 +97,7 @@ def test_features_in_vision_shards_on_a_mesh(sequences):
     step = TrainStep(model, FROZEN, sft_loss, HEAD, mesh=mesh)
     state = step.init_state()
     cache = VisionFeatureCache(model.visual, 4, mesh=mesh)
-    found, _ = cache.features(list(enumerate(sequences)), model.visual)
+    found, _ = cache.features(list(enumerate(sequences)), lambda: model.visual)
     packed = pack(sequences)
     plan = micro_batch_plan(packed, 1)
     pixels = planned_micro_batches(packed, plan, model.config.vision, vision_shards=4)[0]
@@ -114,12 +114,12 @@ def test_a_bounded_cache_encodes_again_what_it_did_not_keep(sequences):
     """Past `max_bytes` an example's features are returned but not kept: its next use encodes
     it again, in the same call as before (alone), to the same bits."""
     model = init_model(preset("tiny"), seed=3)
-    first = VisionFeatureCache(model.visual, 4).features([(1, sequences[1])], model.visual)[0][1]
+    first = VisionFeatureCache(model.visual, 4).features([(1, sequences[1])], lambda: model.visual)[0][1]
     cache = VisionFeatureCache(model.visual, 4, max_bytes=first.nbytes)
-    assert cache.features([(1, sequences[1])], model.visual)[1] == 4  # sequence 1: 3 frames of one size
-    found, encoded = cache.features([(1, sequences[1]), (3, sequences[3])], model.visual)
+    assert cache.features([(1, sequences[1])], lambda: model.visual)[1] == 4  # sequence 1: 3 frames of one size
+    found, encoded = cache.features([(1, sequences[1]), (3, sequences[3])], lambda: model.visual)
     assert 1 in cache and 3 not in cache and cache.bytes == first.nbytes and encoded == 4  # only 3's frames
-    again, encoded = cache.features([(3, sequences[3])], model.visual)
+    again, encoded = cache.features([(3, sequences[3])], lambda: model.visual)
     assert encoded == 4 and 3 not in cache
     np.testing.assert_array_equal(found[3].embeds, again[3].embeds)
     np.testing.assert_array_equal(found[3].deepstack, again[3].deepstack)

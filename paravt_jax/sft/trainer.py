@@ -198,11 +198,14 @@ class CachedVision:
     def features(self, picked: list, state) -> tuple[list, dict]:
         """One VisionFeatures (or None) per (index, inputs) of `picked`, and the step's metrics."""
         start = time.perf_counter()
-        visual = self.step.model(state).visual
+
+        def tower():  # the whole model merged to reach its tower: only when some example needs encoding
+            return self.step.model(state).visual
+
         if self.cache is None:
-            self.cache = VisionFeatureCache(visual, self.config.train_frames or 32, self.step.mesh,
+            self.cache = VisionFeatureCache(tower(), self.config.train_frames or 32, self.step.mesh,
                                             self.config.vision_cache_mib * MIB)
-        found, frames = self.cache.features(picked, visual)
+        found, frames = self.cache.features(picked, tower)
         for index, _ in picked:
             inputs, _ = self.examples.get(index, (None, None))
             if index in self.cache and inputs is not None and len(inputs.pixel_values) + len(

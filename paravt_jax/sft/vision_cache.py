@@ -21,7 +21,7 @@ example whose features would pass the bound is encoded again at each use instead
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 import jax
 import numpy as np
@@ -57,11 +57,15 @@ def weights_digest(state) -> str:
     return digest.hexdigest()
 
 
+def vision_grid(inputs: ModelInputs) -> np.ndarray:
+    """The grid [n, 3] of an example's images, then its videos (the order its vision tokens are
+    numbered in)."""
+    return np.concatenate([inputs.image_grid_thw, inputs.video_grid_thw]).reshape(-1, 3)
+
+
 def vision_items(inputs: ModelInputs) -> tuple[np.ndarray, np.ndarray]:
-    """(pixels [N, patch_dim], grid [n, 3]) of an example: its images, then its videos (the
-    order its vision tokens are numbered in)."""
-    grid = np.concatenate([inputs.image_grid_thw, inputs.video_grid_thw]).reshape(-1, 3)
-    return np.concatenate([inputs.pixel_values, inputs.pixel_values_videos]), grid
+    """(pixels [N, patch_dim], grid [n, 3]) of an example, in `vision_grid`'s order."""
+    return np.concatenate([inputs.pixel_values, inputs.pixel_values_videos]), vision_grid(inputs)
 
 
 def plan_calls(grids: Sequence[np.ndarray], frames: int) -> list[list[int]]:
@@ -120,22 +124,24 @@ class VisionFeatureCache:
             raise ValueError("the vision tower's weights changed under its feature cache (sft.cache_vision_features "
                              "needs the tower frozen: sft.optimizer.frozen covering 'visual')")
 
-    def features(self, examples: Sequence[tuple[Hashable, ModelInputs]], visual: nnx.Module
+    def features(self, examples: Sequence[tuple[Hashable, ModelInputs]], tower: Callable[[], nnx.Module]
                  ) -> tuple[dict[Hashable, VisionFeatures], int]:
         """{key: features} of every example that has frames, and the frames encoded: the kept
-        ones as they are, the others encoded now with `visual`'s weights (the same tower) and
-        kept while `max_bytes` allows."""
+        ones as they are, the others encoded now with the weights of `tower()` (the same tower;
+        called only when some example needs encoding) and kept while `max_bytes` allows."""
         found: dict[Hashable, VisionFeatures] = {}
         todo: dict[Hashable, ModelInputs] = {}
         for key, inputs in examples:
             if key in self.kept:
                 found[key] = self.kept[key]
-            elif key not in todo and len(vision_items(inputs)[1]):
+            elif key not in todo and len(vision_grid(inputs)):
                 todo[key] = inputs
+        if not todo:
+            return found, 0
         keys = list(todo)
-        state = nnx.state(visual)
+        state = nnx.state(tower())
         encoded = 0
-        for call in plan_calls([vision_items(todo[k])[1] for k in keys], self.frames):
+        for call in plan_calls([vision_grid(todo[k]) for k in keys], self.frames):
             made, frames = self._encode_call([todo[keys[i]] for i in call], state)
             encoded += frames
             for i, f in zip(call, made):
