@@ -6,12 +6,15 @@ from __future__ import annotations
 import os
 
 ENV_VAR = "PARAVT_JAX_CACHE_DIR"
+MIN_SECONDS_ENV = "PARAVT_JAX_CACHE_MIN_SECONDS"  # overrides min_compile_seconds (the test suite sets 0)
 
 
 def enable(directory: str = "", min_compile_seconds: float = 1.0) -> str | None:
     """Caches every program that took >= `min_compile_seconds` to compile in `directory`, or
     in $PARAVT_JAX_CACHE_DIR when `directory` is empty; does nothing when both are empty.
-    Call before the first compilation of the process. Returns the directory in use."""
+    $PARAVT_JAX_CACHE_MIN_SECONDS, when set, replaces `min_compile_seconds` (0 caches every
+    program: the test suite's many processes compile the same small programs). Call before the
+    first compilation of the process. Returns the directory in use."""
     directory = directory or os.environ.get(ENV_VAR, "")
     if not directory:
         return None
@@ -24,5 +27,10 @@ def enable(directory: str = "", min_compile_seconds: float = 1.0) -> str | None:
         raise OSError(f"compilation cache directory {directory!r} (config compilation_cache_dir "
                       f"or ${ENV_VAR}) cannot be created: {e}") from e
     jax.config.update("jax_compilation_cache_dir", directory)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", float(min_compile_seconds))
+    minimum = os.environ.get(MIN_SECONDS_ENV, "")
+    try:
+        minimum = float(minimum) if minimum else float(min_compile_seconds)
+    except ValueError:
+        raise ValueError(f"${MIN_SECONDS_ENV}={minimum!r}: expected a number of seconds") from None
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", minimum)
     return directory
