@@ -26,15 +26,14 @@ import time
 import uuid
 from typing import Protocol
 
-from paravt_jax.flags import UsageError
-
 LOCK_NAME = ".lock.json"
 HEARTBEAT_S = 30.0
 STALE_AFTER_S = 300.0  # ten missed heartbeats: the holder on another host is taken to be gone
 
 
-class WorkdirLocked(UsageError):
-    """Another live run holds the workdir; the message names its host and pid."""
+class WorkdirLocked(RuntimeError):
+    """Another live run holds the workdir; the message names its host and pid (the command line
+    reports it as a usage error: paravt_jax/workdirs.py)."""
 
 
 class LockStore(Protocol):

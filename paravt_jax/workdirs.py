@@ -22,7 +22,7 @@ from absl import logging
 
 from paravt_jax import distributed, reproducibility, storage
 from paravt_jax.flags import UsageError
-from paravt_jax.locking import WorkdirLock
+from paravt_jax.locking import WorkdirLock, WorkdirLocked
 
 CONFIG_NAME = "run_config.json"
 CHANGES_NAME = "config_changes.jsonl"
@@ -122,6 +122,8 @@ def claim(config, workdir: str, command: str, config_changed: str = "refuse"):
                 logging.warning(f"[workdir] took over the lock of pid {lock.took_over.pid} on "
                                 f"{lock.took_over.host}, which is gone")
             check_config(workdir, config_record(config, command), config_changed)
+        except WorkdirLocked as e:  # the library's error, a usage error of the command line
+            error = UsageError(str(e))
         except UsageError as e:
             error = e
     verdicts = distributed.allgather_objects(None if error is None else str(error))
