@@ -137,7 +137,7 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=6, help="steps per arm")
     parser.add_argument("--set", action="append", default=[], help="key=value config overrides, both arms")
     args = parser.parse_args(argv)
-    from paravt_jax.runtime import setup, sft_config
+    from paravt_jax.cli.assembly import setup, sft_config
 
     base = with_overrides(load_config(args.config),
                           {k: parse_value(v) for k, v in (item.split("=", 1) for item in args.set)})

@@ -33,7 +33,7 @@ STALE_AFTER_S = 300.0  # ten missed heartbeats: the holder on another host is ta
 
 class WorkdirLocked(RuntimeError):
     """Another live run holds the workdir; the message names its host and pid (the command line
-    reports it as a usage error: paravt_jax/workdirs.py)."""
+    reports it as a usage error: paravt_jax/cli/workdirs.py)."""
 
 
 class LockStore(Protocol):

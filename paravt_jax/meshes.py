@@ -179,7 +179,7 @@ def apply_mesh_preset(config, name: str):
     """Sets config.mesh.{data,fsdp,tensor} to the totals of preset `name`; returns config.
 
     Only those three fields are written: the others of config.mesh (rollout_devices,
-    rollout_axes) describe the rollout side of a split run (runtime.build_rollout_mesh).
+    rollout_axes) describe the rollout side of a split run (assembly.build_rollout_mesh).
     """
     for axis, size in mesh_shape(name).items():
         config.mesh[axis] = size

@@ -16,15 +16,15 @@ import sys
 from absl import flags
 
 from paravt_jax import compile_cache, distributed, preemption
+from paravt_jax.cli.config_checks import check_config, check_data_sources
+from paravt_jax.cli.flags import EXIT_OK, EXIT_USAGE, HELP_FLAGS, HelpShown, UsageError, define_config, parse_flags
 from paravt_jax.config import ConfigValueError, config_path
-from paravt_jax.config_checks import check_config, check_data_sources
-from paravt_jax.flags import EXIT_OK, EXIT_USAGE, HELP_FLAGS, HelpShown, UsageError, define_config, parse_flags
 
 JOBS = "paravt_jax.cli.jobs"
 COMMANDS = {"forward": "forward_command", "run": "run_command", "sft": "sft_command", "train": "train_command",
             "export": "export_command", "generate": "generate_command"}  # functions of JOBS
 TAKES_WORKDIR = {"run", "sft", "train", "export"}
-CLAIMS_WORKDIR = {"run", "sft", "train"}  # one run per workdir, under one config (paravt_jax/workdirs.py)
+CLAIMS_WORKDIR = {"run", "sft", "train"}  # one run per workdir, under one config (paravt_jax/cli/workdirs.py)
 # Commands with their own flags: `paravt_jax.cli.<command>.main(argv)` gets argv with the
 # command word removed (argv[0] is the program name).
 MODULE_COMMANDS = ("plan", "sweep", "report", "eval", "view")

@@ -8,14 +8,14 @@ import os
 from absl import flags, logging
 
 from paravt_jax import reproducibility, storage
+from paravt_jax.cli.assembly import build_model, builtin_assets
+from paravt_jax.cli.config_checks import check_config
+from paravt_jax.cli.flags import define_config, parse_flags
 from paravt_jax.config import config_path
-from paravt_jax.config_checks import check_config
 from paravt_jax.eval import driver, provenance, registry
 from paravt_jax.eval import records as store
 from paravt_jax.eval.evaluator import evaluate
 from paravt_jax.eval.settings import DISPATCH
-from paravt_jax.flags import define_config, parse_flags
-from paravt_jax.runtime import build_model, builtin_assets
 from paravt_jax.text.inputs import check_against_model
 from paravt_jax.text.tokenizer import Tokenizer
 

@@ -1,7 +1,7 @@
 """The main job's commands: run (cold-start SFT, PARA-GRPO, final model, held-out evaluation),
 sft and train (one phase), export, generate (one greedy episode) and forward (one timed forward
 pass). Each takes an ml_collections config (configs/*.py), builds what it runs on through
-`paravt_jax.runtime`, and returns plain data (the tests and notebooks call them directly).
+`paravt_jax.cli.assembly`, and returns plain data (the tests and notebooks call them directly).
 """
 from __future__ import annotations
 
@@ -19,14 +19,7 @@ from paravt_jax import distributed, preemption, reproducibility, storage
 from paravt_jax.agent.dispatch import CropDispatcher
 from paravt_jax.agent.rollout import Episode, run_rollouts
 from paravt_jax.checkpointing import Checkpointer
-from paravt_jax.episodes.episode_log import write_eval_episodes
-from paravt_jax.episodes.rewards import extract_answer
-from paravt_jax.eval import registry
-from paravt_jax.eval.evaluator import evaluate
-from paravt_jax.eval.held_out import EvalResult
-from paravt_jax.experiments.plots import plot_run, thirds
-from paravt_jax.rl.trainer import periodic_evaluators, train_rl
-from paravt_jax.runtime import (
+from paravt_jax.cli.assembly import (
     build_model,
     build_rollout_mesh,
     builtin_assets,
@@ -36,6 +29,14 @@ from paravt_jax.runtime import (
     setup,
     sft_config,
 )
+from paravt_jax.cli.workdirs import claims_workdir, record_manifest
+from paravt_jax.episodes.episode_log import write_eval_episodes
+from paravt_jax.episodes.rewards import extract_answer
+from paravt_jax.eval import registry
+from paravt_jax.eval.evaluator import evaluate
+from paravt_jax.eval.held_out import EvalResult
+from paravt_jax.experiments.plots import plot_run, thirds
+from paravt_jax.rl.trainer import periodic_evaluators, train_rl
 from paravt_jax.sampling import Sampler
 from paravt_jax.sft.trainer import HEAD, sft_loss, train_sft
 from paravt_jax.text import chat
@@ -43,7 +44,6 @@ from paravt_jax.text.inputs import check_against_model, encode
 from paravt_jax.text.tokenizer import Tokenizer
 from paravt_jax.train.step import OptimizerConfig, TrainStep
 from paravt_jax.video import read_frames
-from paravt_jax.workdirs import claims_workdir, record_manifest
 
 
 def run_manifest(config, inputs, workdir: str) -> dict:

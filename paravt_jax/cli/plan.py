@@ -8,10 +8,10 @@ import jax
 from absl import flags, logging
 
 from paravt_jax import meshes
-from paravt_jax import sharding as sh
-from paravt_jax.flags import UsageError, define_config, parse_flags
+from paravt_jax.cli.flags import UsageError, define_config, parse_flags
 from paravt_jax.planner import arrays, programs, sft_plan, workload
 from paravt_jax.planner import plan as planner
+from paravt_jax.run_config import build_run
 
 STAGES = ("all", "rl", "sft")
 
@@ -60,6 +60,7 @@ def main(argv: list[str]) -> planner.MemoryPlan | sft_plan.SFTPlan:
     flags.DEFINE_float("video_seconds", workload.Assumptions.video_seconds, "assumed video length (the digits of "
                        "every frame's timestamp)", flag_values=values)
     parse_flags(values, argv, "usage: " + main.__doc__.strip().strip("`"), show_config=True)
+    run = build_run(values.config)
     try:
         memory = values.device_memory_gb
         text = values.mesh.strip()
@@ -69,7 +70,7 @@ def main(argv: list[str]) -> planner.MemoryPlan | sft_plan.SFTPlan:
             memory = memory if memory is not None else preset_memory
             entry = meshes.get_mesh(text)
         else:
-            sizes = arrays.parse_mesh(text) if text else {a: int(values.config.mesh.get(a, 1)) for a in sh.MESH_AXES}
+            sizes = arrays.parse_mesh(text) if text else run.mesh.axes()
         devices = values.devices
         if devices is None and -1 in sizes.values():
             devices = jax.device_count()
@@ -91,12 +92,12 @@ def main(argv: list[str]) -> planner.MemoryPlan | sft_plan.SFTPlan:
         chip = values.chip or (entry["accelerator"] if entry else "")
         result = sft = None
         if values.stage in ("all", "rl"):
-            result = planner.plan(values.config, sizes, memory, values.activations, assumptions, target=target,
+            result = planner.plan(run, sizes, memory, values.activations, assumptions, target=target,
                                   depth=values.depth, chip=chip, compile_in=values.compile_in,
                                   compile_jobs=values.compile_jobs)
             print(planner.format_plan(result), flush=True)
-        if values.stage == "sft" or (values.stage == "all" and sft_plan.sft_settings(values.config)):
-            sft = sft_plan.plan_sft(values.config, sizes, memory, values.activations, assumptions, target=target,
+        if values.stage == "sft" or (values.stage == "all" and sft_plan.sft_settings(run)):
+            sft = sft_plan.plan_sft(run, sizes, memory, values.activations, assumptions, target=target,
                                     depth=values.depth, compile_in=values.compile_in)
             print(("\n" if result else "") + sft_plan.format_sft_plan(sft), flush=True)
             print("\n".join(["", *(f"note: {n}" for n in sft.notes)]), flush=True)

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 from absl import logging
 
+from paravt_jax.cli.flags import HelpShown, UsageError, wants_help
 from paravt_jax.experiments import report
-from paravt_jax.flags import HelpShown, UsageError, wants_help
 
 REPORT_USAGE = "paravt-jax report DIR... [--out=PATH_PREFIX]"
 

@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from absl import flags
 from ml_collections import config_flags
 
+from paravt_jax.cli.flags import UsageError, define_config, parse_flags
 from paravt_jax.cli.jobs import run_command
 from paravt_jax.experiments import sweep
-from paravt_jax.flags import UsageError, define_config, parse_flags
 
 
 def main(argv: Sequence[str]) -> list[dict] | list[str]:

@@ -5,8 +5,8 @@ from collections.abc import Sequence
 
 from absl import logging
 
+from paravt_jax.cli.flags import HelpShown, UsageError, wants_help
 from paravt_jax.experiments import view
-from paravt_jax.flags import HelpShown, UsageError, wants_help
 
 
 def main(argv: Sequence[str]) -> dict:

@@ -49,7 +49,7 @@ def checkpoint_identity(directory: str | None, preset: str, seed: int) -> dict[s
 
 
 def model_identity(config, default_dir: str | None) -> dict[str, Any]:
-    """The checkpoint identity and numerics of the model a config builds (runtime.build_model):
+    """The checkpoint identity and numerics of the model a config builds (assembly.build_model):
     `model.checkpoint`, else the built-in checkpoint of a toy preset, else a random init."""
     from paravt_jax.data.builtin import BUILTIN_MODELS
 

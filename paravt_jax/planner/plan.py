@@ -86,7 +86,6 @@ from paravt_jax.planner.workload import (
     sampler_layout,
     workload,
 )
-from paravt_jax.runtime import rollout_devices
 from paravt_jax.sampling.kv_cache import (
     CacheSpec,
     cache_sharding,
@@ -261,13 +260,13 @@ def activation_mode(activations: str, sizes: Mapping[str, int], target: Target |
 
 
 # ----------------------------------------------------------------------------- the plan
-def plan(config, mesh_sizes: Mapping[str, int], device_memory_gb: float,
+def plan(run, mesh_sizes: Mapping[str, int], device_memory_gb: float,
          activations: str = "estimate", assumptions: Assumptions | None = None, tokenizer=None,
          target: Target | None = None, depth: str = "auto", chip: str = "",
          compile_in: str = "children", compile_jobs: int = 1) -> MemoryPlan:
     """Per-device memory of the trainer, the sampler and the co-located rollout phase.
 
-    config: an ml_collections config as `paravt-jax train` takes (model, rl sections);
+    run: the run's typed config (run_config.RunConfig: its model and rl sections);
     mesh_sizes: {"data", "fsdp", "tensor"} positive sizes; device_memory_gb: GiB per device;
     activations: "estimate" | "xla" | "auto" (xla when the local devices can host the mesh, or
     they are CPUs (a child process fakes the devices), and the model has at most
@@ -286,12 +285,12 @@ def plan(config, mesh_sizes: Mapping[str, int], device_memory_gb: float,
     sizes = resolve_mesh(mesh_sizes, None)
     memory = int(device_memory_gb * GIB)
     mesh = abstract_mesh(sizes)
-    name, model = model_config(config)
-    rl, notes = rl_settings(config)
+    name, model = model_config(run)
+    rl, notes = rl_settings(run)
     notes = list(notes)
     which = "given by the caller"
     if tokenizer is None:
-        tokenizer, which = plan_tokenizer(config)
+        tokenizer, which = plan_tokenizer(run)
     assumptions = assumptions or Assumptions()
     work = workload(rl, model.vision, tokenizer, assumptions, sh.batch_devices(mesh))
     notes.append(f"token counts: agent/rollout.py's prompt and tool-response builders on frames of the planned "
@@ -390,7 +389,7 @@ def plan(config, mesh_sizes: Mapping[str, int], device_memory_gb: float,
         timing = time_plan(programs, rl, work, sampler_layout(rl, work), model, chip, sizes, per_device_rows)
         devices = math.prod(sizes.values())
         if devices > 1:
-            given = rollout_devices(config) if "mesh" in config else 0
+            given = run.mesh.rollout_devices
             # what spreads over a side's devices: the trainer's state; the sampler's all but a
             # prefill group's working set (see time_plan.SideBytes)
             state = sum(r.per_device_bytes for r in (param_row, grad_row, opt_row, reference_row) if r.counted)

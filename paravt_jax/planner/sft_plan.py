@@ -52,18 +52,16 @@ class SFTPlan:
         return out
 
 
-def sft_settings(config):
-    """The SFTConfig sft/trainer.py would get (runtime.sft_config); None without an `sft`
-    section or with sft.steps = 0 (no SFT to plan)."""
-    from paravt_jax.runtime import sft_config
-
-    if "sft" not in config:
+def sft_settings(run):
+    """The run's SFTConfig (a RunConfig's); None without an `sft` section or with sft.steps = 0
+    (no SFT to plan)."""
+    sft = run.sft
+    if sft is None:
         return None
-    sft = sft_config(config)
     return sft if sft.steps else None
 
 
-def plan_sft(config, mesh_sizes: Mapping[str, int], device_memory_gb: float, activations: str = "estimate",
+def plan_sft(run, mesh_sizes: Mapping[str, int], device_memory_gb: float, activations: str = "estimate",
              assumptions: Assumptions | None = None, tokenizer=None, target: Target | None = None,
              depth: str = "auto", compile_in: str = "children") -> SFTPlan:
     """Per-device memory of one SFT optimizer step: parameters, gradients, the SFT optimizer's
@@ -79,16 +77,16 @@ def plan_sft(config, mesh_sizes: Mapping[str, int], device_memory_gb: float, act
         raise PlanError(f"--activations={activations!r}: expected one of {', '.join(ACTIVATION_MODES)}")
     if device_memory_gb is None or not device_memory_gb > 0:
         raise PlanError(f"--device_memory_gb={device_memory_gb!r} must be > 0")
-    sft = sft_settings(config)
+    sft = sft_settings(run)
     if sft is None:
         raise PlanError("the config plans no SFT (no `sft` section, or sft.steps = 0)")
     sizes = resolve_mesh(mesh_sizes, None)
     mesh = abstract_mesh(sizes)
     memory = int(device_memory_gb * GIB)
-    name, model = model_config(config)
+    name, model = model_config(run)
     which = "given by the caller"
     if tokenizer is None:
-        tokenizer, which = plan_tokenizer(config)
+        tokenizer, which = plan_tokenizer(run)
     assumptions = assumptions or Assumptions()
     work = sft_workload(sft, model.vision, tokenizer, assumptions, sh.batch_devices(mesh))
     notes = [f"SFT example: the overview ({work.frames_per_example} frames of {work.frame_size[0]}x"

@@ -7,7 +7,7 @@ import dataclasses
 
 from paravt_jax.buckets import bucket
 from paravt_jax.models.qwen3_vl.config import Qwen3VLConfig, load_config, preset
-from paravt_jax.runtime import builtin_assets, rl_config
+from paravt_jax.run_config import RunConfig, builtin_assets
 from paravt_jax.sampling.kv_cache import capacity_after, episode_capacity, first_capacity
 from paravt_jax.text.inputs import ModelInputs
 from paravt_jax.video.frames import PATCH
@@ -56,24 +56,21 @@ class Workload:
 
 
 # ----------------------------------------------------------------------------- config
-def model_config(config) -> tuple[str, Qwen3VLConfig]:
-    """(name, model config) with the run's dtypes and remat, as runtime.build_model builds it."""
-    m = config.model
-    knobs = dict(param_dtype=m.param_dtype, dtype=m.dtype, remat=bool(m.remat),
-                 scan_layers=bool(m.get("scan_layers", True)), attention=m.get("attention", "auto"),
-                 attention_block=int(m.get("attention_block", 512)))
-    if m.get("checkpoint", ""):
-        return m.checkpoint, load_config(m.checkpoint).replace(**knobs).validate()
-    return m.preset, preset(m.preset, **knobs)
+def model_config(run: RunConfig) -> tuple[str, Qwen3VLConfig]:
+    """(name, model config) with the run's dtypes and remat, as the command line builds it."""
+    m = run.model
+    if m.checkpoint:
+        return m.checkpoint, load_config(m.checkpoint).replace(**m.knobs()).validate()
+    return m.preset, preset(m.preset, **m.knobs())
 
 
-def rl_settings(config):
-    """The RLConfig rl/trainer.py would get (runtime.rl_config); dataclass defaults without `rl`."""
+def rl_settings(run: RunConfig):
+    """The run's RLConfig; dataclass defaults without an `rl` section."""
     from paravt_jax.rl.trainer import RLConfig
 
-    if "rl" not in config:
+    if run.rl is None:
         return RLConfig(), ("the config has no `rl` section: RLConfig defaults are planned",)
-    return rl_config(config), ()
+    return run.rl, ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,19 +89,19 @@ class Assumptions:
                 f"{self.source_fps:g} fps named {self.video_name}")
 
 
-def plan_tokenizer(config):
+def plan_tokenizer(run: RunConfig):
     """(tokenizer, which) of the run: the checkpoint's tokenizer files when model.checkpoint
     holds them, else the built-in tokenizer (created with the built-in assets if missing, as
     a run creates it)."""
     from paravt_jax.text.tokenizer import Tokenizer, TokenizerError
 
-    checkpoint = config.model.get("checkpoint", "")
+    checkpoint = run.model.checkpoint
     if checkpoint:
         try:
             return Tokenizer.from_directory(checkpoint), f"the checkpoint's ({checkpoint})"
         except TokenizerError as e:
             raise PlanError(f"config.model.checkpoint: {e}") from None
-    assets = builtin_assets(config)
+    assets = builtin_assets(run)
     return Tokenizer.from_directory(assets.model_dir), f"the built-in BPE ({assets.model_dir})"
 
 

@@ -405,7 +405,7 @@ def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge
              evaluators: Sequence[Evaluator] = (), rollout_mesh=None, make_sampler: Callable = Sampler):
     """rows: RLRow list; evaluators: what runs every `eval_every` steps (periodic_evaluators:
     the held-out check of `rl.eval_*`; eval/evaluator.py); rollout_mesh: the devices that
-    sample, apart from the trainer's (runtime.build_rollout_mesh; None: colocated). Returns
+    sample, apart from the trainer's (assembly.build_rollout_mesh; None: colocated). Returns
     (model with trained weights, LoopResult).
 
     The loop (train/loop.py) runs an `RLStep`'s phases by a schedule (rl/schedules.py):

@@ -21,7 +21,7 @@ import time
 from absl import logging
 
 from paravt_jax import distributed, reproducibility, storage
-from paravt_jax.flags import UsageError
+from paravt_jax.cli.flags import UsageError
 from paravt_jax.locking import WorkdirLock, WorkdirLocked
 
 CONFIG_NAME = "run_config.json"

@@ -1,8 +1,8 @@
-"""What a command runs on, built from its ml_collections config (configs/*.py): the mesh and the
+"""Run assembly: what a command runs on, built from its config (configs/*.py): the mesh and the
 model, the built-in assets, the data, and the config sections as the trainers' dataclasses.
 
-Library code: the commands (paravt_jax/cli), the evaluation driver, the planner and notebooks
-build through these functions, and every one returns plain data or a dataclass.
+The application layer's: the commands (paravt_jax/cli) build through these functions, and every
+one returns plain data or a dataclass; the library takes what they build as arguments.
 """
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import os
 
 from paravt_jax import distributed, meshes, storage
 from paravt_jax import sharding as sh
+from paravt_jax.cli.config_checks import check_data_sources
 from paravt_jax.config import ConfigValueError, build
-from paravt_jax.config_checks import check_data_sources
 from paravt_jax.data.builtin import BUILTIN_MODELS, BuiltinAssets, ensure_builtin
 from paravt_jax.data.paravt_parquet import RLRow, load_rl_rows, load_sft_rows
 from paravt_jax.eval import registry
