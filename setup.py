@@ -21,7 +21,7 @@ RUNTIME = [
     "pillow>=10",
     "av>=12",  # writes the built-in synthetic videos
     "absl-py>=2",
-    "gcsfs>=2026.10.1",  # gs:// workdirs (paravt_jax/storage.py; orbax reaches gs:// through it too)
+    "gcsfs>=2026.10.1",  # gs:// workdirs (paravt_jax/infra/storage.py; orbax reaches gs:// through it too)
 ]
 
 # The TPU compiler (libtpu): `paravt-jax plan --target=tpu` compiles for a TPU topology from a

@@ -1,4 +1,4 @@
-"""What an append to a gs:// file costs: paravt_jax.storage.Appender (each write uploaded as a
+"""What an append to a gs:// file costs: paravt_jax.infra.storage.Appender (each write uploaded as a
 part object and composed onto the file) against the previous Appender (the whole file uploaded
 again at each write, the baseline, re-created here), both writing the same lines to a Cloud
 Storage emulator (gcp-storage-emulator, in memory, in this process) and the local Appender
@@ -70,7 +70,7 @@ class RewriteAppender:
         self.path, self._data = path, None
 
     def write(self, data: bytes) -> None:
-        from paravt_jax import storage
+        from paravt_jax.infra import storage
 
         if self._data is None:
             self._data = storage.read_bytes(self.path) if storage.isfile(self.path) else b""
@@ -91,7 +91,7 @@ def lines(count: int, size: int) -> list[bytes]:
 
 
 def run_arm(make, path: str, data: list[bytes]) -> dict:
-    from paravt_jax import storage
+    from paravt_jax.infra import storage
 
     Counter.reset()
     start = time.perf_counter()
@@ -121,7 +121,7 @@ def main():
 
 
 def measure(counts: list[int], line_bytes: int) -> None:
-    from paravt_jax import storage
+    from paravt_jax.infra import storage
 
     print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores; gcp-storage-emulator "
           f"in memory; {line_bytes}-byte appends", flush=True)

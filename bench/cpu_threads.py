@@ -1,7 +1,7 @@
 """What fixing XLA:CPU's thread count costs, and what it buys: N steps of the toy SFT (the main
 job's first phase) in processes pinned to 1 core and to every core, each with XLA:CPU's pool
 as the machine would size it (one thread per usable core: the peer, what runs did before) and
-with the project's fixed count (paravt_jax.reproducibility.CPU_THREADS, PJRT_NPROC).
+with the project's fixed count (paravt_jax.infra.reproducibility.CPU_THREADS, PJRT_NPROC).
 
     python bench/cpu_threads.py --steps 20            # the toy preset, 20 SFT steps per arm
     python bench/cpu_threads.py --steps 2 --config configs/paragrpo.py:tiny   # the suite's size
@@ -27,7 +27,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from common import print_table  # noqa: E402
-from paravt_jax import reproducibility  # noqa: E402
+from paravt_jax.infra import reproducibility  # noqa: E402
 
 TIMING_SUFFIXES = ("_s", "compiles", "compiles_total", "compile_s")
 

@@ -79,7 +79,7 @@ def compiled_step(layers: int, target: str):
 
     import jax
 
-    from paravt_jax import sharding as sh
+    from paravt_jax.infra import sharding as sh
     from paravt_jax.models.qwen3_vl import preset
     from paravt_jax.planner.memory import SamplerPrograms
     from paravt_jax.sampling.sampler import SamplerConfig

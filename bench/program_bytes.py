@@ -41,9 +41,9 @@ def _devices(target: str, topology: str, count: int):
 
 def gradients(config_arg: str, mesh_name: str, layers: int, target: str):
     """(compiled gradient program, its ProgramMemory) of the recipe at `layers` unrolled layers."""
-    from paravt_jax import meshes
-    from paravt_jax import sharding as sh
     from paravt_jax.configs import paragrpo
+    from paravt_jax.infra import meshes
+    from paravt_jax.infra import sharding as sh
     from paravt_jax.models.qwen3_vl.hf_io import abstract_model
     from paravt_jax.planner import arrays, programs
     from paravt_jax.planner import workload as W
@@ -74,7 +74,7 @@ def decode(layers: int, target: str):
     """(compiled decode step, its ProgramMemory): bench/decode.py's 8B-shaped step."""
     import dataclasses
 
-    from paravt_jax import sharding as sh
+    from paravt_jax.infra import sharding as sh
     from paravt_jax.models.qwen3_vl import preset
     from paravt_jax.planner.memory import SamplerPrograms, compile_for
     from paravt_jax.sampling.sampler import SamplerConfig

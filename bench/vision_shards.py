@@ -69,7 +69,7 @@ def main(argv=None):
 
     import jax
 
-    from paravt_jax import sharding as sh
+    from paravt_jax.infra import sharding as sh
     from paravt_jax.models.qwen3_vl import init_model, preset
     from paravt_jax.rl.objective import StepConfig, policy_head, policy_loss
     from paravt_jax.train.batch import micro_batches, pack

@@ -10,7 +10,7 @@ import ml_collections
 def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.seed = 0
-    # JAX's persistent compilation cache (paravt_jax/compile_cache.py): a directory where
+    # JAX's persistent compilation cache (paravt_jax/infra/compile_cache.py): a directory where
     # compiled programs are kept for later runs; empty = $PARAVT_JAX_CACHE_DIR, else off.
     c.compilation_cache_dir = ""
     c.model = ml_collections.ConfigDict()
@@ -44,7 +44,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     # device samples, then every device trains. rollout_axes lays the N out (AXIS=SIZE pairs).
     c.mesh.rollout_devices = 0
     c.mesh.rollout_axes = "tensor=-1"
-    # A named layout from paravt_jax/meshes.py (e.g. v5p-32, 2xv5p-128, gpu8, gpu16_tp2): ICI
+    # A named layout from paravt_jax/infra/meshes.py (e.g. v5p-32, 2xv5p-128, gpu8, gpu16_tp2): ICI
     # axes within a slice/host, DCN axes across them. Empty = the `mesh` sizes above.
     c.mesh_preset = ""
     # The built-in default data: synthetic videos + tokenizer + tiny model, generated locally.

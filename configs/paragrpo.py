@@ -15,10 +15,10 @@ H200s) and qwen3vl_8b_async_v5p16 (ASYNC_PRESETS; docs/scale-out.md).
 
 import ml_collections
 
-from paravt_jax import meshes
 from paravt_jax.config import section
 from paravt_jax.configs import base
 from paravt_jax.eval import registry
+from paravt_jax.infra import meshes
 from paravt_jax.rl.trainer import RLConfig
 from paravt_jax.sft.trainer import SFTConfig
 

@@ -85,7 +85,7 @@ Settings (environment variable = current value):
   LOG_DIR=$LOG_DIR  local logs, host-<i>.log per host (appended: a resumed run adds to them)
   RESULTS_DIR=$RESULTS_DIR  local copy of host 0's WORKDIR (FETCH=$FETCH)
   CONFIG=${CONFIG:-<default of the command>}  --config when the arguments have none
-  MESH_PRESET=${MESH_PRESET:-<unset>}  append --config.mesh.* of paravt_jax/meshes.py (python -m paravt_jax.meshes --list)
+  MESH_PRESET=${MESH_PRESET:-<unset>}  append --config.mesh.* of paravt_jax/infra/meshes.py (python -m paravt_jax.infra.meshes --list)
   GPU_XLA_FLAGS=$GPU_XLA_FLAGS
   XLA_FLAGS_EXTRA=${XLA_FLAGS_EXTRA:-<none>}  appended to GPU_XLA_FLAGS
   MEM_FRACTION=$MEM_FRACTION  XLA_PYTHON_CLIENT_MEM_FRACTION
@@ -123,8 +123,8 @@ COMMAND=run
 if [[ $# -gt 0 && "$1" != -* ]]; then COMMAND="$1"; shift; fi
 ARGS=("$@")
 has_flag() { local a; for a in "${ARGS[@]+"${ARGS[@]}"}"; do [[ "$a" == "$1"* ]] && return 0; done; return 1; }
-# The mesh preset table of this checkout (paravt_jax/meshes.py needs only the standard library).
-meshes() { PYTHONPATH="$ROOT" "$PYTHON" -m paravt_jax.meshes "$@"; }
+# The mesh preset table of this checkout (paravt_jax/infra/meshes.py needs only the standard library).
+meshes() { PYTHONPATH="$ROOT" "$PYTHON" -m paravt_jax.infra.meshes "$@"; }
 if [[ -n "$CONFIG" ]] && ! has_flag --config=; then ARGS=("--config=$CONFIG" "${ARGS[@]+"${ARGS[@]}"}"); fi
 if [[ " $WORKDIR_COMMANDS " == *" $COMMAND "* ]] && ! has_flag --workdir=; then
   ARGS+=("--workdir=$WORKDIR")

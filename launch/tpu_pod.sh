@@ -93,7 +93,7 @@ Settings (environment variable = current value):
   RESULTS_DIR=$RESULTS_DIR  local copy of worker 0's WORKDIR and logs
   FETCH=$FETCH  copy results back after the run;  FETCH_ONLY=1: only do that (needs RUN_NAME)
   CONFIG=${CONFIG:-<default of the command>}  --config when the arguments have none
-  MESH_PRESET=${MESH_PRESET:-<unset>}  append --config.mesh.* of paravt_jax/meshes.py (python -m paravt_jax.meshes --list)
+  MESH_PRESET=${MESH_PRESET:-<unset>}  append --config.mesh.* of paravt_jax/infra/meshes.py (python -m paravt_jax.infra.meshes --list)
   PASS_ENV=${PASS_ENV:-<none>}  extra variable names passed to the workers (values shown)
   SECRET_ENV=$SECRET_ENV  passed when set, through a mode-600 file, never printed
   DETACH=$DETACH  start the job under nohup and return (then LOGS=1 to follow it)
@@ -184,8 +184,8 @@ COMMAND=run
 if [[ $# -gt 0 && "$1" != -* ]]; then COMMAND="$1"; shift; fi
 ARGS=("$@")
 has_flag() { local a; for a in "${ARGS[@]+"${ARGS[@]}"}"; do [[ "$a" == "$1"* ]] && return 0; done; return 1; }
-# The mesh preset table of this checkout (paravt_jax/meshes.py needs only the standard library).
-meshes() { PYTHONPATH="$ROOT" "$PYTHON" -m paravt_jax.meshes "$@"; }
+# The mesh preset table of this checkout (paravt_jax/infra/meshes.py needs only the standard library).
+meshes() { PYTHONPATH="$ROOT" "$PYTHON" -m paravt_jax.infra.meshes "$@"; }
 if [[ -n "$CONFIG" ]] && ! has_flag --config=; then ARGS=("--config=$CONFIG" "${ARGS[@]+"${ARGS[@]}"}"); fi
 if [[ " $WORKDIR_COMMANDS " == *" $COMMAND "* ]] && ! has_flag --workdir=; then
   ARGS+=("--workdir=$WORKDIR")

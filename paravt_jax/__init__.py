@@ -1,10 +1,10 @@
 """paravt-jax: ParaVT (parallel crop_video tool calls, PARA-GRPO) on Qwen3-VL in JAX/Flax NNX."""
-from paravt_jax import logs, platforms, reproducibility
+from paravt_jax.infra import logs, platforms, reproducibility
 
-logs.install()  # log lines: one format, on stderr, from process 0 (paravt_jax/logs.py)
+logs.install()  # log lines: one format, on stderr, from process 0 (paravt_jax/infra/logs.py)
 # XLA:CPU's thread count fixed before JAX starts its CPU client: numbers independent of the
-# machine's core count (paravt_jax/reproducibility.py)
+# machine's core count (paravt_jax/infra/reproducibility.py)
 reproducibility.fix_cpu_threads()
 # CPU only on a machine without TPU chips or a GPU, unless JAX_PLATFORMS says otherwise: JAX
-# would start libtpu's runtime there, which warns on stderr and fails (paravt_jax/platforms.py)
+# would start libtpu's runtime there, which warns on stderr and fails (paravt_jax/infra/platforms.py)
 platforms.skip_absent_tpu()

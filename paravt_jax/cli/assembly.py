@@ -10,13 +10,13 @@ import dataclasses
 import hashlib
 import os
 
-from paravt_jax import distributed, meshes, storage
-from paravt_jax import sharding as sh
 from paravt_jax.cli.config_checks import check_data_sources
 from paravt_jax.config import ConfigValueError, build
 from paravt_jax.data.builtin import BUILTIN_MODELS, BuiltinAssets, ensure_builtin
 from paravt_jax.data.paravt_parquet import RLRow, load_rl_rows, load_sft_rows
 from paravt_jax.eval import registry
+from paravt_jax.infra import distributed, meshes, storage
+from paravt_jax.infra import sharding as sh
 from paravt_jax.models.qwen3_vl import init_model, load_pretrained, preset, save_pretrained
 from paravt_jax.rl.trainer import RLConfig
 from paravt_jax.sft.trainer import SFTConfig
@@ -37,7 +37,7 @@ def rollout_devices(config) -> int:
 
 def build_mesh(config):
     """The training mesh: config.mesh_preset (a named TPU slice / GPU host layout,
-    paravt_jax/meshes.py), else the axis sizes of config.mesh; with mesh.rollout_devices = R,
+    paravt_jax/infra/meshes.py), else the axis sizes of config.mesh; with mesh.rollout_devices = R,
     the sizes of config.mesh over every device but the last R (build_rollout_mesh)."""
     held = rollout_devices(config)
     if held:

@@ -15,10 +15,10 @@ import sys
 
 from absl import flags
 
-from paravt_jax import compile_cache, distributed, preemption
 from paravt_jax.cli.config_checks import check_config, check_data_sources
 from paravt_jax.cli.flags import EXIT_OK, EXIT_USAGE, HELP_FLAGS, HelpShown, UsageError, define_config, parse_flags
 from paravt_jax.config import ConfigValueError, config_path
+from paravt_jax.infra import compile_cache, distributed, preemption
 
 JOBS = "paravt_jax.cli.jobs"
 COMMANDS = {"forward": "forward_command", "run": "run_command", "sft": "sft_command", "train": "train_command",

@@ -7,7 +7,6 @@ import os
 
 from absl import flags, logging
 
-from paravt_jax import reproducibility, storage
 from paravt_jax.cli.assembly import build_model, builtin_assets
 from paravt_jax.cli.config_checks import check_config
 from paravt_jax.cli.flags import define_config, parse_flags
@@ -16,6 +15,7 @@ from paravt_jax.eval import driver, provenance, registry
 from paravt_jax.eval import records as store
 from paravt_jax.eval.evaluator import evaluate
 from paravt_jax.eval.settings import DISPATCH
+from paravt_jax.infra import reproducibility, storage
 from paravt_jax.text.inputs import check_against_model
 from paravt_jax.text.tokenizer import Tokenizer
 

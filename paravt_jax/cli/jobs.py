@@ -15,10 +15,8 @@ import numpy as np
 import pyarrow.parquet as pq
 from absl import logging
 
-from paravt_jax import distributed, preemption, reproducibility, storage
 from paravt_jax.agent.dispatch import CropDispatcher
 from paravt_jax.agent.rollout import Episode, run_rollouts
-from paravt_jax.checkpointing import Checkpointer
 from paravt_jax.cli.assembly import (
     build_model,
     build_rollout_mesh,
@@ -36,6 +34,8 @@ from paravt_jax.eval import registry
 from paravt_jax.eval.evaluator import evaluate
 from paravt_jax.eval.held_out import EvalResult
 from paravt_jax.experiments.plots import plot_run, thirds
+from paravt_jax.infra import distributed, preemption, reproducibility, storage
+from paravt_jax.infra.checkpointing import Checkpointer
 from paravt_jax.rl.trainer import periodic_evaluators, train_rl
 from paravt_jax.sampling import Sampler
 from paravt_jax.sft.trainer import HEAD, sft_loss, train_sft

@@ -7,8 +7,8 @@ import os
 import jax
 from absl import flags, logging
 
-from paravt_jax import meshes
 from paravt_jax.cli.flags import UsageError, define_config, parse_flags
+from paravt_jax.infra import meshes
 from paravt_jax.planner import arrays, programs, sft_plan, workload
 from paravt_jax.planner import plan as planner
 from paravt_jax.run_config import build_run
@@ -25,7 +25,7 @@ def main(argv: list[str]) -> planner.MemoryPlan | sft_plan.SFTPlan:
     argv = list(argv)
     values = flags.FlagValues()
     define_config(values, planner.DEFAULT_CONFIG, argv)
-    flags.DEFINE_string("mesh", "", "AXIS=SIZE list (data=1,fsdp=8,tensor=1) or a paravt_jax/meshes.py "
+    flags.DEFINE_string("mesh", "", "AXIS=SIZE list (data=1,fsdp=8,tensor=1) or a paravt_jax/infra/meshes.py "
                         "preset name; default: config.mesh", flag_values=values)
     flags.DEFINE_integer("devices", None, "device count (fills a -1 mesh axis)", flag_values=values)
     flags.DEFINE_float("device_memory_gb", None, "memory per device in GiB (default: the mesh "

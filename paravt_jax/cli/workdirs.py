@@ -1,9 +1,9 @@
-"""A run's claim on its workdir: the lock (one run at a time, paravt_jax/locking.py) and the
+"""A run's claim on its workdir: the lock (one run at a time, paravt_jax/infra/locking.py) and the
 config it runs under (`run_config.json`). A rerun whose config differs from the stored one in
 anything but run length and placement (RESUMABLE) is refused with the differing fields
 (`ConfigChanged`), unless `config_changed="ok"`, which records the change and continues. The
 stored record also holds the run's manifest (`record_manifest`: commit, packages, CPU, data;
-paravt_jax/reproducibility.py); a resume under another environment is allowed, logged and
+paravt_jax/infra/reproducibility.py); a resume under another environment is allowed, logged and
 appended to config_changes.jsonl with the fields that differ.
 
 Multi-process: process 0 alone takes the lock and reads and writes the stored config; every
@@ -20,9 +20,9 @@ import time
 
 from absl import logging
 
-from paravt_jax import distributed, reproducibility, storage
 from paravt_jax.cli.flags import UsageError
-from paravt_jax.locking import WorkdirLock, WorkdirLocked
+from paravt_jax.infra import distributed, reproducibility, storage
+from paravt_jax.infra.locking import WorkdirLock, WorkdirLocked
 
 CONFIG_NAME = "run_config.json"
 CHANGES_NAME = "config_changes.jsonl"

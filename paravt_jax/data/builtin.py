@@ -6,7 +6,7 @@ of the source files that write the set, GENERATOR_SOURCES), so a set written by 
 never found by newer code: it is generated anew beside it. When written, the set's content hash
 (every file's path and bytes) goes into its READY stamp; every later use hashes the files again
 (about 0.2 s for the toy set) and refuses a set whose files changed since (BuiltinDataError).
-The content hash is the data's identity in a run's manifest (paravt_jax/reproducibility.py)."""
+The content hash is the data's identity in a run's manifest (paravt_jax/infra/reproducibility.py)."""
 from __future__ import annotations
 
 import dataclasses

@@ -32,10 +32,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from paravt_jax import distributed as dist
-from paravt_jax import storage
 from paravt_jax.episodes import rewards as R
 from paravt_jax.episodes.episode_stats import format_compliant, turn_problems
+from paravt_jax.infra import distributed as dist
+from paravt_jax.infra import storage
 
 MAX_TEXT = 4000  # characters kept of one assistant turn
 MAX_RESPONSE = 1000  # characters kept of one tool response

@@ -36,7 +36,6 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from absl import logging
 
-from paravt_jax import storage
 from paravt_jax.agent.dispatch import CropDispatcher, DispatchConfig
 from paravt_jax.agent.rollout import Episode, Rollout, RolloutConfig, run_rollouts
 from paravt_jax.config import ConfigValueError, build
@@ -46,6 +45,7 @@ from paravt_jax.eval import prompts, provenance, scoring
 from paravt_jax.eval import records as store
 from paravt_jax.eval.evaluator import Outcome
 from paravt_jax.eval.settings import BenchmarkConfig, DriverConfig
+from paravt_jax.infra import storage
 
 
 # ----------------------------------------------------------------------------- one batch

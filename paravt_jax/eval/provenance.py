@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from paravt_jax.config import ConfigValueError
-from paravt_jax.reproducibility import flatten
+from paravt_jax.infra.reproducibility import flatten
 
 # Files of an HF checkpoint directory whose bytes decide the model's outputs.
 WEIGHT_PATTERNS = ("*.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json")

@@ -2,7 +2,7 @@
 (`<dataset>.shard-IIIII-of-NNNNN.jsonl`, one record per line, appended as samples finish, so a
 killed evaluation resumes), the producers manifest (`<dataset>.producers.json`: which model and
 settings wrote which records), the environments they were written in (`<dataset>.manifests.json`:
-producer id -> the manifest of each process that wrote some, paravt_jax/reproducibility.py) and
+producer id -> the manifest of each process that wrote some, paravt_jax/infra/reproducibility.py) and
 `summary_all.json`. Paths may be gs://."""
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import fnmatch
 import json
 from collections.abc import Callable, Sequence
 
-from paravt_jax import reproducibility, storage
 from paravt_jax.config import ConfigValueError
 from paravt_jax.eval import provenance
+from paravt_jax.infra import reproducibility, storage
 
 
 def shard_path(output_dir: str, dataset: str, shard_id: int, num_shards: int) -> str:

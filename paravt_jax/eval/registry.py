@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 
-from paravt_jax import storage
 from paravt_jax.agent.dispatch import DispatchConfig
 from paravt_jax.agent.rollout import RolloutConfig
 from paravt_jax.config import ConfigValueError, build_entries, entries_section
@@ -33,6 +32,7 @@ from paravt_jax.eval import driver
 from paravt_jax.eval.evaluator import Evaluator
 from paravt_jax.eval.held_out import HeldOut, HeldOutConfig
 from paravt_jax.eval.settings import BenchmarkConfig
+from paravt_jax.infra import storage
 
 STAGES = ("periodic", "after_sft", "final")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import io
 import json
 
-from paravt_jax import storage
+from paravt_jax.infra import storage
 
 CURVES = ("loss", "reward", "acc_reward", "format_compliance", "kappa", "calls_per_tool_turn",
           "grad_norm", "response_length")

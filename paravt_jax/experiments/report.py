@@ -17,7 +17,7 @@ Markdown shows mean ± sample std, the CSV mean, std, min and max). Written:
               calls per tool turn, and the periodic held-out accuracy with and without tools.
 The training table also gives each RL metric's mean over the first and the last third of the
 steps (early, late): the trend, less noisy than one step. An "Environment" section compares the
-arms' manifests (summary.json or run_config.json; paravt_jax/reproducibility.py) and names every
+arms' manifests (summary.json or run_config.json; paravt_jax/infra/reproducibility.py) and names every
 field in which they differ besides the seed (commit, packages, XLA:CPU threads, data, ...): arms
 compared across environments are flagged, not silently averaged.
 Default PREFIX: DIR/report for one DIR, else ./report.
@@ -32,9 +32,9 @@ import os
 import re
 from collections.abc import Sequence
 
-from paravt_jax import reproducibility
 from paravt_jax.experiments import hypotheses
 from paravt_jax.experiments.plots import read_jsonl, thirds
+from paravt_jax.infra import reproducibility
 
 # A sweep's layout (paravt_jax.experiments.sweep writes it, this module reads it): the shared
 # cold-start runs are the arm directories whose names start so, listed first.

@@ -45,7 +45,7 @@ from absl import logging
 from paravt_jax.config import config_file, moved_to
 from paravt_jax.experiments import report
 from paravt_jax.experiments.report import SHARED_SFT_DIR
-from paravt_jax.storage import write_json_atomic
+from paravt_jax.infra.storage import write_json_atomic
 
 RunJob = Callable[[Any, str], Any]  # (config, workdir) -> the main job's summary
 

@@ -306,6 +306,6 @@ def render(workdir: str, out: str = "", step: int | None = None) -> dict:
 
 
 def write_text(path: str, text: str) -> None:
-    from paravt_jax.storage import write_atomic
+    from paravt_jax.infra.storage import write_atomic
 
     write_atomic(path, text.encode())

@@ -12,8 +12,8 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
 
-from paravt_jax import meshes
-from paravt_jax import sharding as sh
+from paravt_jax.infra import meshes
+from paravt_jax.infra import sharding as sh
 from paravt_jax.models.qwen3_vl.attention import DENSE_MAX_SCORE_BYTES
 from paravt_jax.models.qwen3_vl.config import Qwen3VLConfig
 from paravt_jax.models.qwen3_vl.hf_io import abstract_model
@@ -30,7 +30,7 @@ def parse_mesh(text: str) -> dict[str, int]:
     try:
         return sh.parse_mesh(text)
     except ValueError as e:
-        raise PlanError(f"--mesh: {e}; or give a preset name from paravt_jax/meshes.py") from None
+        raise PlanError(f"--mesh: {e}; or give a preset name from paravt_jax/infra/meshes.py") from None
 
 
 def resolve_mesh(sizes: Mapping[str, int], devices: int | None) -> dict[str, int]:
@@ -46,7 +46,7 @@ def resolve_mesh(sizes: Mapping[str, int], devices: int | None) -> dict[str, int
 
 
 def mesh_preset(name: str) -> tuple[dict[str, int], float]:
-    """(axis sizes, device_memory_gb) of a preset in paravt_jax/meshes.py."""
+    """(axis sizes, device_memory_gb) of a preset in paravt_jax/infra/meshes.py."""
     try:
         entry = meshes.get_mesh(name)
         sizes = dict(meshes.mesh_shape(entry))

@@ -2,7 +2,7 @@
 
 The jitted prefill and decode of sampling/sampler.py are lowered on abstract inputs
 (`jax.ShapeDtypeStruct`s carrying the NamedShardings a run gives them: parameters as
-paravt_jax.sharding lays them out, caches as kv_cache.cache_sharding, host inputs replicated)
+paravt_jax.infra.sharding lays them out, caches as kv_cache.cache_sharding, host inputs replicated)
 for a mesh of the local devices, and compiled; `memory_analysis()` then gives each program's
 per-device temporary buffers: its working set beyond its arguments and outputs. Nothing is
 allocated, so the 8B programs can be measured on a CPU with fake devices
@@ -35,7 +35,7 @@ from absl import logging
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from paravt_jax import sharding as sh
+from paravt_jax.infra import sharding as sh
 from paravt_jax.models.qwen3_vl.config import Qwen3VLConfig
 from paravt_jax.models.qwen3_vl.hf_io import abstract_model
 from paravt_jax.models.qwen3_vl.text import KVCache

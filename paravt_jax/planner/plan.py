@@ -10,7 +10,7 @@ programs.py (the programs compiled by XLA or the TPU compiler), time_plan.py; th
 puts them together into the phases and prints them.
 
 Nothing is allocated. The model is built with `nnx.eval_shape`, every parameter gets the
-NamedSharding that `paravt_jax.sharding` gives it on an `AbstractMesh` of the requested axis
+NamedSharding that `paravt_jax.infra.sharding` gives it on an `AbstractMesh` of the requested axis
 sizes (so any device count can be planned on a laptop), and each array is counted as
 `prod(sharding.shard_shape(shape)) * itemsize` bytes per device: a dimension that the mesh
 does not divide is replicated, here as in a run. The optimizer state is
@@ -48,8 +48,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from paravt_jax import sharding as sh
 from paravt_jax.config import config_path
+from paravt_jax.infra import sharding as sh
 from paravt_jax.models.qwen3_vl.config import Qwen3VLConfig
 from paravt_jax.planner import gpu_target
 from paravt_jax.planner.arrays import (

@@ -62,7 +62,7 @@ import jax.numpy as jnp
 from absl import logging
 from flax import nnx
 
-from paravt_jax import sharding as sh
+from paravt_jax.infra import sharding as sh
 from paravt_jax.models.qwen3_vl.config import Qwen3VLConfig
 from paravt_jax.models.qwen3_vl.hf_io import abstract_model
 from paravt_jax.planner import gpu_target
@@ -129,7 +129,7 @@ def tpu_topology(accelerator: str, chips_per_slice: int) -> str:
 
 
 def resolve_target(target: str, preset: Mapping | None, accelerator: str = "") -> Target:
-    """The Target of `--target` for a mesh preset (paravt_jax/meshes.py entry; None for an explicit
+    """The Target of `--target` for a mesh preset (paravt_jax/infra/meshes.py entry; None for an explicit
     axis list, which plans for gpu's kernels; under --target=gpu on `accelerator`, default h100)."""
     if target not in TARGETS:
         raise TargetError(f"--target={target!r}: expected one of {', '.join(TARGETS)}")

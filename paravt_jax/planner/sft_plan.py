@@ -12,7 +12,7 @@ from collections.abc import Mapping
 import jax
 from flax import nnx
 
-from paravt_jax import sharding as sh
+from paravt_jax.infra import sharding as sh
 from paravt_jax.planner.arrays import (
     _param_leaves,
     _rows_per_device,

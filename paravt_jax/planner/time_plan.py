@@ -140,7 +140,7 @@ class TimePlan:
 def step_calls(rl, work, layout) -> dict[str, tuple[str, float]]:
     """program name -> (stage, runs per RL step) for the recipe's workload, before the prefills'
     row groups (`time_plan` multiplies a prefill and its vision tower by its row groups)."""
-    from paravt_jax.buckets import bucket
+    from paravt_jax.infra.buckets import bucket
 
     r = rl.rollout
     rounds = r.max_turns if work.calls_per_turn else 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from paravt_jax.buckets import bucket
+from paravt_jax.infra.buckets import bucket
 from paravt_jax.models.qwen3_vl.config import Qwen3VLConfig, load_config, preset
 from paravt_jax.run_config import RunConfig, builtin_assets
 from paravt_jax.sampling.kv_cache import capacity_after, episode_capacity, first_capacity

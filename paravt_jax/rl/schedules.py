@@ -23,8 +23,8 @@ from typing import Any, Protocol
 import numpy as np
 from absl import logging
 
-from paravt_jax import distributed as dist
 from paravt_jax.eval.evaluator import Evaluator
+from paravt_jax.infra import distributed as dist
 from paravt_jax.rl.pipeline import Pipeline, Policy, Taken
 from paravt_jax.train.loop import UnreadableDataError
 

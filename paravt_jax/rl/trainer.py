@@ -15,8 +15,6 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from paravt_jax import distributed as dist
-from paravt_jax import sharding as sh
 from paravt_jax.agent.dispatch import CropDispatcher, DispatchConfig
 from paravt_jax.agent.rollout import Episode, RolloutConfig, run_rollouts
 from paravt_jax.config import checked, entries, integer, integer_between, integers, refuse, set_by, validate
@@ -26,6 +24,8 @@ from paravt_jax.episodes.episode_stats import summarize
 from paravt_jax.episodes.rewards import RewardConfig, make_judge, score
 from paravt_jax.eval import registry
 from paravt_jax.eval.evaluator import Evaluator, evaluate
+from paravt_jax.infra import distributed as dist
+from paravt_jax.infra import sharding as sh
 from paravt_jax.rl.advantages import AdvantageConfig, compute_advantages
 from paravt_jax.rl.objective import StepConfig, policy_head, policy_loss
 from paravt_jax.rl.pipeline import Policy
@@ -416,7 +416,7 @@ def train_rl(model, tokenizer, rows: list, workdir: str, config: RLConfig, judge
 
     Multi-process: each process rolls out and scores its contiguous share of the step's prompts
     on its own devices; the scored rollouts are gathered so that every process builds the same
-    global batch, and the update runs over all devices (see paravt_jax.distributed)."""
+    global batch, and the update runs over all devices (see paravt_jax.infra.distributed)."""
     phases = RLStep.build(model, tokenizer, rows, workdir, config, judge, make_sampler, rollout_mesh)
     schedule = schedule_for(phases, evaluators, rollout_mesh)
     try:

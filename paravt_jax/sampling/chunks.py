@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from paravt_jax.buckets import bucket
+from paravt_jax.infra.buckets import bucket
 from paravt_jax.text.inputs import ModelInputs, collate_vision, encode_ids
 
 

@@ -15,8 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from paravt_jax import sharding as sh
-from paravt_jax.buckets import bucket
+from paravt_jax.infra import sharding as sh
+from paravt_jax.infra.buckets import bucket
 from paravt_jax.models.qwen3_vl.text import KVCache
 
 CACHE_AXES = ("layers", "batch", "kv_heads", "cache_length", "head_dim")

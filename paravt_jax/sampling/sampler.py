@@ -23,8 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from paravt_jax.buckets import bucket
 from paravt_jax.config import set_by
+from paravt_jax.infra.buckets import bucket
 from paravt_jax.models.qwen3_vl.model import Qwen3VL
 from paravt_jax.models.qwen3_vl.text import KVCache
 from paravt_jax.models.qwen3_vl.vision import pad_frames_to_buckets, vision_layout

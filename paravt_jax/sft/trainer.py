@@ -12,11 +12,11 @@ import jax
 import jax.numpy as jnp
 from absl import logging
 
-from paravt_jax import distributed as dist
-from paravt_jax import sharding as sh
 from paravt_jax.config import checked, integer, integers, one_of, positive, refuse, set_by, share, validate
 from paravt_jax.data import gating
 from paravt_jax.data.sft_examples import FrameSpec, direct_answer, sft_inputs
+from paravt_jax.infra import distributed as dist
+from paravt_jax.infra import sharding as sh
 from paravt_jax.sft.vision_cache import MIB, VisionFeatureCache, without_pixels
 from paravt_jax.text.chat import VISUALS
 from paravt_jax.train.batch import micro_batch_plan, pack, planned_micro_batches
@@ -225,7 +225,7 @@ def train_sft(model, tokenizer, rows: list, video_root: str, workdir: str, confi
               kinds=()):
     """Returns (model with trained weights, LoopResult). Each process reads the videos of its
     contiguous share of every batch (once per row, on first use); the shares are gathered into
-    the global batch, in process order (see paravt_jax.distributed). `kinds`: each row's kind,
+    the global batch, in process order (see paravt_jax.infra.distributed). `kinds`: each row's kind,
     for the curriculum (`first_steps`, `first_kinds`). With `cache_vision_features`, every
     process encodes the gathered batch's new examples alike and keeps their features."""
     share = dist.process_slice(config.batch_size, "batch_size")

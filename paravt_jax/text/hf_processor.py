@@ -115,7 +115,7 @@ def save_processor(directory: str) -> list[str]:
     """Writes `processor_files()` into a local directory; returns their paths."""
     import os
 
-    from paravt_jax import storage
+    from paravt_jax.infra import storage
 
     paths = []
     for name, text in processor_files().items():

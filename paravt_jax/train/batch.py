@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 import jax
 import numpy as np
 
-from paravt_jax.buckets import bucket
+from paravt_jax.infra.buckets import bucket
 from paravt_jax.models.qwen3_vl.rope import IMAGE, VIDEO
 from paravt_jax.models.qwen3_vl.vision import frame_buckets, frame_counts, pad_frames_to, vision_layout
 from paravt_jax.text.inputs import ModelInputs, collate_vision_placed

@@ -11,10 +11,10 @@ from collections.abc import Callable
 import numpy as np
 from absl import logging
 
-from paravt_jax import distributed as dist
-from paravt_jax import preemption
-from paravt_jax.checkpointing import Checkpointer
-from paravt_jax.metrics_writer import MetricsWriter
+from paravt_jax.infra import distributed as dist
+from paravt_jax.infra import preemption
+from paravt_jax.infra.checkpointing import Checkpointer
+from paravt_jax.infra.metrics_writer import MetricsWriter
 from paravt_jax.train import compiles
 
 

@@ -27,8 +27,8 @@ import numpy as np
 import optax
 from flax import nnx
 
-from paravt_jax import sharding as sh
 from paravt_jax.config import checked, integer, non_negative, one_of, positive, strings, validate
+from paravt_jax.infra import sharding as sh
 from paravt_jax.models.qwen3_vl.fused_attention import kernel_mesh
 from paravt_jax.train import stats as S
 from paravt_jax.train.batch import TrainBatch

@@ -21,7 +21,7 @@ import ml_dtypes
 import numpy as np
 from flax import nnx
 
-from paravt_jax import sharding as sh
+from paravt_jax.infra import sharding as sh
 from paravt_jax.models.qwen3_vl import safetensors_io as st
 from paravt_jax.models.qwen3_vl.config import Qwen3VLConfig, config_to_hf_dict, load_config
 from paravt_jax.models.qwen3_vl.layers import to_dtype

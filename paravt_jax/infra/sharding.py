@@ -138,7 +138,7 @@ def hybrid_device_array(ici: Mapping[str, int], dcn: Mapping[str, int] | None = 
 def make_hybrid_mesh(ici: Mapping[str, int], dcn: Mapping[str, int] | None = None,
                      devices: Sequence[jax.Device] | None = None) -> Mesh:
     """A (data, fsdp, tensor) Mesh of size ici * dcn whose DCN axes cross slices/hosts only
-    (see `hybrid_device_array`; presets in paravt_jax/meshes.py)."""
+    (see `hybrid_device_array`; presets in paravt_jax/infra/meshes.py)."""
     return Mesh(hybrid_device_array(ici, dcn, devices), MESH_AXES)
 
 

@@ -1,6 +1,6 @@
 """Run metrics: a JSONL file, TensorBoard event files (written directly in the TFRecord /
 Event protobuf format, so no TensorFlow is needed) and a one-line console progress report.
-Only process 0 writes. The workdir may be local or gs:// (paravt_jax.storage)."""
+Only process 0 writes. The workdir may be local or gs:// (paravt_jax.infra.storage)."""
 from __future__ import annotations
 
 import json
@@ -14,7 +14,7 @@ import uuid
 import jax
 from absl import logging
 
-from paravt_jax import storage
+from paravt_jax.infra import storage
 
 
 def _crc32c_table():

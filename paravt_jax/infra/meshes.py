@@ -4,7 +4,7 @@ Each preset is plain data. `ici` gives the axis sizes inside one fast-interconne
 TPU slice over ICI, or one GPU host over NVLink); `dcn` gives how many such domains sit along
 each axis across the slower data-centre network. The total size of an axis is ici * dcn.
 
-    from paravt_jax import meshes                 # or: python -m paravt_jax.meshes v5p-32
+    from paravt_jax.infra import meshes                 # or: python -m paravt_jax.infra.meshes v5p-32
     meshes.get_mesh("2xv5p-128")   # {"ici": {"data": 1, "fsdp": 64, "tensor": 1},
                                    #  "dcn": {"data": 2, "fsdp": 1, "tensor": 1}, "devices": 128, ...}
     meshes.mesh_shape("2xv5p-128") # {"data": 2, "fsdp": 64, "tensor": 1}
@@ -26,7 +26,7 @@ Fields of a preset:
     ici, dcn          {"data", "fsdp", "tensor"} sizes, inside / across slices
     description       one line for humans
 
-`python -m paravt_jax.meshes NAME` prints a preset as JSON, `--overrides NAME` the command-line
+`python -m paravt_jax.infra.meshes NAME` prints a preset as JSON, `--overrides NAME` the command-line
 overrides (`--config.mesh.data=...`) that the launch scripts append for MESH_PRESET=<name>,
 `--list` every name. The module needs only the standard library, so the launch scripts run it
 on a machine without JAX.
@@ -40,7 +40,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-MESH_AXES = ("data", "fsdp", "tensor")  # the order of paravt_jax.sharding.MESH_AXES
+MESH_AXES = ("data", "fsdp", "tensor")  # the order of paravt_jax.infra.sharding.MESH_AXES
 
 # HBM per device in GB (v5p: 95 GiB usable; H200: 141 GB).
 DEVICE_MEMORY_GB = {"v4": 32, "v5e": 16, "v5p": 95, "h100": 80, "h200": 141}
@@ -166,7 +166,7 @@ def get_mesh(name: str) -> dict[str, Any]:
 
 def mesh_shape(preset: str | Mapping[str, Any]) -> dict[str, int]:
     """Total size of each mesh axis (ici x dcn), in MESH_AXES order; `preset` is a name or a
-    preset dict. This is what `paravt_jax.sharding.make_mesh` takes."""
+    preset dict. This is what `paravt_jax.infra.sharding.make_mesh` takes."""
     if isinstance(preset, str):
         name, preset = preset, get_mesh(preset)
     else:
@@ -196,7 +196,7 @@ for _name, _preset in MESHES.items():  # a broken table entry fails at import, n
 
 
 def main(argv: list[str]) -> int:
-    usage = "usage: python -m paravt_jax.meshes [--overrides] NAME   |   python -m paravt_jax.meshes --list"
+    usage = "usage: python -m paravt_jax.infra.meshes [--overrides] NAME   |   python -m paravt_jax.infra.meshes --list"
     args = argv[1:]
     if args == ["--list"]:
         for name, preset in MESHES.items():

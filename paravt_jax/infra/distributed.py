@@ -142,7 +142,7 @@ def initialize(config=None) -> Launch:
         if launch.mode == "tpu":  # e.g. an interactive session that already used the chips
             _STARTED = Launch("single")
             return _STARTED
-        raise RuntimeError(f"paravt_jax.distributed.initialize({launch}) must run before anything "
+        raise RuntimeError(f"paravt_jax.infra.distributed.initialize({launch}) must run before anything "
                            "touches JAX devices; call it first thing in the program")
     if launch.mode == "tpu":
         jax.distributed.initialize()

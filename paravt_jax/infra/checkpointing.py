@@ -10,7 +10,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
-from paravt_jax import storage
+from paravt_jax.infra import storage
 
 
 class Checkpointer:

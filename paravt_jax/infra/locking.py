@@ -85,7 +85,7 @@ class LocalStore:
                 fcntl.flock(guard, fcntl.LOCK_UN)
 
     def replace(self, path: str, data: bytes, expected: bytes) -> bool:
-        from paravt_jax import storage
+        from paravt_jax.infra import storage
 
         with self._guard(path):
             if self.read(path) != expected:
@@ -138,7 +138,7 @@ class BucketStore:
         return generation if data == expected else None
 
     def _read(self, path: str) -> tuple[bytes | None, int | None]:
-        from paravt_jax import storage
+        from paravt_jax.infra import storage
 
         try:
             data, generation = storage.read_versioned(path)
@@ -154,7 +154,7 @@ class BucketStore:
         return True
 
     def create(self, path: str, data: bytes) -> bool:
-        from paravt_jax import storage
+        from paravt_jax.infra import storage
 
         return self._won(path, data, storage.write_if_generation(path, data, 0))
 
@@ -162,7 +162,7 @@ class BucketStore:
         return self._read(path)[0]
 
     def replace(self, path: str, data: bytes, expected: bytes) -> bool:
-        from paravt_jax import storage
+        from paravt_jax.infra import storage
 
         generation = self._generation(path, expected)
         if generation is None:
@@ -170,7 +170,7 @@ class BucketStore:
         return self._won(path, data, storage.write_if_generation(path, data, generation))
 
     def delete(self, path: str, expected: bytes) -> bool:
-        from paravt_jax import storage
+        from paravt_jax.infra import storage
 
         generation = self._generation(path, expected)
         if generation is None:
@@ -182,7 +182,7 @@ class BucketStore:
 
 def store_for(workdir: str) -> LockStore:
     """The lock store of a workdir: BucketStore for gs://, LocalStore otherwise."""
-    from paravt_jax import storage
+    from paravt_jax.infra import storage
 
     return BucketStore() if storage.is_remote(workdir) else LocalStore()
 
