@@ -137,19 +137,20 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=6, help="steps per arm")
     parser.add_argument("--set", action="append", default=[], help="key=value config overrides, both arms")
     args = parser.parse_args(argv)
-    from paravt_jax.cli.assembly import setup, sft_config
+    from paravt_jax.cli.assembly import setup
+    from paravt_jax.run_config import build_run
 
     base = with_overrides(load_config(args.config),
                           {k: parse_value(v) for k, v in (item.split("=", 1) for item in args.set)})
     base.sft.optimizer.frozen = ("visual",)  # the cache's premise, in both arms
     if args.batch:
         base.sft.batch_size = args.batch
-    inputs = setup(base)
+    inputs = setup(build_run(base))
     table = []
     for name in args.sets.split(","):
         if name not in SETS:
             raise SystemExit(f"sft_vision_cache: unknown set {name!r}; choose from {sorted(SETS)}")
-        config = sft_config(with_overrides(base, SETS[name]))
+        config = build_run(with_overrides(base, SETS[name])).sft
         picked = chosen_rows(config, inputs.sft.kinds, args.rows)
         epoch = -(-len(picked) // config.batch_size)
         histories = {}

@@ -8,7 +8,7 @@ Validation lives on the dataclasses: a field made with `checked(default, rule)` 
 values it allows, the dataclass's `__post_init__` calls `validate(self)` (and raises `refuse(...)`
 for checks across its fields), and `build` prefixes every problem with the section's dotted
 path (`rl.rollout.max_turns=-1: must be an integer >= 0`). A config section is thus refused
-with every bad value named before any work starts (config_checks.check_config builds them all).
+with every bad value named before any work starts (run_config.build_run builds them all).
 A field made with `subsection(default, {name: what sets it})` leaves those fields of its nested
 dataclass out of the subsection (the evaluation driver's prompt format leaves out the system
 text its prompt mode decides); a key given one level above its dataclass is refused with its

@@ -40,7 +40,6 @@ from paravt_jax.sft.trainer import SFTConfig
 from paravt_jax.text.chat import VISUALS
 
 MODEL_INITS = ("checkpoint", "random")
-DATA_FILES = ("sft", "rl_train", "rl_eval")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,10 +131,11 @@ class RunConfig:
     """Every top-level key of a config file. `record` is the config as given (JSON types): what
     a workdir's run_config.json stores and a rerun is compared against."""
     seed: int = 0
-    preset: str = ""
+    preset: str = "tiny"  # the config file's preset (the default workdir is runs/PRESET)
     workdir: str = ""
     compilation_cache_dir: str = ""
     mesh_preset: str = ""
+    distributed: dict | None = None  # a multi-host launch's coordinator and processes (infra/distributed.py)
     model: ModelConfig = ModelConfig()
     mesh: MeshConfig = MeshConfig()
     data: DataConfig = DataConfig()
@@ -207,33 +207,6 @@ def build_run(config) -> RunConfig:
     if problems:
         raise ConfigValueError(problems=problems)
     return RunConfig(**values, record=json.loads(config.to_json()))
-
-
-def model_source_problems(run: RunConfig) -> list[Problem]:
-    """For the commands that build the model: a model preset without a built-in checkpoint is
-    loaded from model.checkpoint; a random initialisation is asked for by name (model.init=random),
-    never the silent fallback."""
-    m = run.model
-    if m.init == "random" and m.checkpoint:
-        return [Problem("model.init", f"='random' and model.checkpoint={m.checkpoint!r}: choose one")]
-    if m.init == "checkpoint" and not m.checkpoint and m.preset not in BUILTIN_MODELS:
-        return [Problem("model.checkpoint", f" is empty: the {m.preset!r} model has no built-in checkpoint "
-                        f"(only {', '.join(BUILTIN_MODELS)} have); give --config.model.checkpoint=DIR (a local HF "
-                        "Qwen3-VL checkpoint), or --config.model.init=random to train a randomly initialised one")]
-    return []
-
-
-def check_data_sources(run: RunConfig) -> None:
-    """For the training commands: outside the toy model presets every data file is given, or
-    built-in toy data is asked for with model.init=random (a smoke test of the recipe)."""
-    if run.model.preset in BUILTIN_MODELS or run.model.init == "random":
-        return
-    empty = [name for name in DATA_FILES if not getattr(run.data, name)]
-    if empty:
-        raise ConfigValueError(
-            f"data.{', data.'.join(empty)} empty: the built-in toy data serves the toy presets "
-            f"({', '.join(BUILTIN_MODELS)}); give --config.data.{empty[0]}=FILE.parquet (and data.video_root), or "
-            "--config.model.init=random to run the recipe on it as a smoke test")
 
 
 def builtin_assets(run: RunConfig) -> BuiltinAssets:

@@ -1,5 +1,6 @@
-"""Run assembly: what a command runs on, built from its config (configs/*.py): the mesh and the
-model, the built-in assets, the data, and the config sections as the trainers' dataclasses.
+"""Run assembly: what a command runs on, built from its typed config (run_config.RunConfig,
+which the command line builds once from configs/*.py): the mesh and the model, the data and
+its identity, the exported checkpoint.
 
 The application layer's: the commands (paravt_jax/cli) build through these functions, and every
 one returns plain data or a dataclass; the library takes what they build as arguments.
@@ -10,60 +11,47 @@ import dataclasses
 import hashlib
 import os
 
-from paravt_jax.cli.config_checks import check_data_sources
-from paravt_jax.config import ConfigValueError, build
-from paravt_jax.data.builtin import BUILTIN_MODELS, BuiltinAssets, ensure_builtin
+from paravt_jax.config import ConfigValueError
+from paravt_jax.data.builtin import BUILTIN_MODELS, BuiltinAssets
 from paravt_jax.data.paravt_parquet import RLRow, load_rl_rows, load_sft_rows
-from paravt_jax.eval import registry
 from paravt_jax.infra import distributed, meshes, storage
 from paravt_jax.infra import sharding as sh
 from paravt_jax.models.qwen3_vl import init_model, load_pretrained, preset, save_pretrained
-from paravt_jax.rl.trainer import RLConfig
-from paravt_jax.sft.trainer import SFTConfig
+from paravt_jax.run_config import RunConfig, builtin_assets
 from paravt_jax.text.hf_processor import save_processor
 from paravt_jax.text.inputs import check_against_model
 from paravt_jax.text.tokenizer import Tokenizer
 
 
-def mesh_axes(config) -> dict[str, int]:
-    """The (data, fsdp, tensor) sizes of config.mesh (its other fields configure the rollout mesh)."""
-    return {axis: config.mesh[axis] for axis in sh.MESH_AXES if axis in config.mesh}
-
-
-def rollout_devices(config) -> int:
-    """config.mesh.rollout_devices: devices kept apart for rollouts (0 = colocated)."""
-    return int(config.mesh.get("rollout_devices", 0))
-
-
-def build_mesh(config):
-    """The training mesh: config.mesh_preset (a named TPU slice / GPU host layout,
-    paravt_jax/infra/meshes.py), else the axis sizes of config.mesh; with mesh.rollout_devices = R,
-    the sizes of config.mesh over every device but the last R (build_rollout_mesh)."""
-    held = rollout_devices(config)
+def build_mesh(run: RunConfig):
+    """The training mesh: run.mesh_preset (a named TPU slice / GPU host layout,
+    paravt_jax/infra/meshes.py), else the axis sizes of run.mesh; with mesh.rollout_devices = R,
+    the sizes of run.mesh over every device but the last R (build_rollout_mesh)."""
+    held = run.mesh.rollout_devices
     if held:
-        devices = _split_devices(config, held)[0]
+        devices = _split_devices(run, held)[0]
         try:
-            return sh.make_mesh(mesh_axes(config), devices)
+            return sh.make_mesh(run.mesh.axes(), devices)
         except ValueError as e:
             raise ConfigValueError(f"mesh (the training mesh of {len(devices)} devices beside "
                                    f"mesh.rollout_devices={held}): {e}") from None
-    if config.get("mesh_preset", ""):
-        entry = meshes.get_mesh(config.mesh_preset)
+    if run.mesh_preset:
+        entry = meshes.get_mesh(run.mesh_preset)
         return sh.make_hybrid_mesh(entry["ici"], entry["dcn"])
-    return sh.make_mesh(mesh_axes(config))
+    return sh.make_mesh(run.mesh.axes())
 
 
-def build_rollout_mesh(config):
+def build_rollout_mesh(run: RunConfig):
     """The rollout mesh of a split run (mesh.rollout_devices = R > 0): this process's share of
     the R devices (R / processes, its last local devices), laid out as mesh.rollout_axes
     (default tensor=-1: the sampler's weights split over heads and MLP for decode, where the
     trainer shards them FSDP-style); None when colocated. Each process samples its share of a
     step's prompts on its own rollout devices."""
-    held = rollout_devices(config)
+    held = run.mesh.rollout_devices
     if not held:
         return None
-    devices = _split_devices(config, held)[1]
-    text = config.mesh.get("rollout_axes", "tensor=-1")
+    devices = _split_devices(run, held)[1]
+    text = run.mesh.rollout_axes
     try:
         return sh.make_mesh(sh.parse_mesh(text), devices)
     except ValueError as e:
@@ -71,7 +59,7 @@ def build_rollout_mesh(config):
                                f"mesh.rollout_devices={held}: {e}") from None
 
 
-def _split_devices(config, held: int) -> tuple[list, list]:
+def _split_devices(run: RunConfig, held: int) -> tuple[list, list]:
     """(training devices, this process's rollout devices): each process keeps its last
     held / processes local devices for rollouts; every other device trains."""
     import jax
@@ -83,8 +71,8 @@ def _split_devices(config, held: int) -> tuple[list, list]:
     if held % processes:
         raise ConfigValueError(f"mesh.rollout_devices={held}: must be a multiple of the {processes} processes "
                                "(each samples on its own share)")
-    if config.get("mesh_preset", ""):
-        raise ConfigValueError(f"mesh.rollout_devices={held} with mesh_preset={config.mesh_preset!r}: give the "
+    if run.mesh_preset:
+        raise ConfigValueError(f"mesh.rollout_devices={held} with mesh_preset={run.mesh_preset!r}: give the "
                                "training mesh as config.mesh sizes (a preset describes every device)")
     per_process = held // processes
     rollout = {p: [d for d in devices if d.process_index == p][-per_process:] for p in range(processes)}
@@ -92,13 +80,13 @@ def _split_devices(config, held: int) -> tuple[list, list]:
     return [d for d in devices if d.id not in apart], rollout[distributed.process_index()]
 
 
-def build_model(config, default_dir: str | None = None):
+def build_model(run: RunConfig, default_dir: str | None = None):
     """The configured checkpoint, else `default_dir` (the built-in checkpoint) for the built-in
     presets; randomly initialised only when model.init=random says so."""
-    m = config.model
-    mesh = build_mesh(config)
+    m = run.model
+    mesh = build_mesh(run)
     directory = m.checkpoint or (default_dir if m.preset in BUILTIN_MODELS else None)
-    if m.get("init", "checkpoint") == "random":
+    if m.init == "random":
         directory = None
     elif not directory:
         raise ConfigValueError(f"model.checkpoint is empty and the {m.preset!r} model has no built-in checkpoint; "
@@ -109,33 +97,7 @@ def build_model(config, default_dir: str | None = None):
                                attention_block=m.attention_block)
     knobs = dict(param_dtype=m.param_dtype, dtype=m.dtype, remat=m.remat, scan_layers=m.scan_layers,
                  attention=m.attention, attention_block=m.attention_block)
-    return init_model(preset(m.preset, **knobs), seed=config.seed, mesh=mesh)
-
-
-def builtin_assets(config) -> BuiltinAssets:
-    """The built-in synthetic data and initial model of config.data (created if missing). They
-    have their own seed, so runs that differ only by `config.seed` (sweep seeds) share them."""
-    d = config.data
-    model = config.model.preset if config.model.preset in BUILTIN_MODELS else "tiny"
-    return ensure_builtin(d.builtin_root, seed=d.get("seed", 0), num_train=d.num_train,
-                          num_eval=d.num_eval, durations=tuple(d.durations), task=d.get("task", "shapes"),
-                          model_preset=model, sft_modes=tuple(d.get("sft_modes", ("frames",))))
-
-
-def sft_config(config) -> SFTConfig:
-    """The `sft` section -> SFTConfig (the run's seed from the top of the config)."""
-    return build(SFTConfig, config.sft, "sft", seed=config.seed)
-
-
-def rl_config(config) -> RLConfig:
-    """The `rl` section -> RLConfig (the run's seed from the top of the config)."""
-    return build(RLConfig, config.rl, "rl", seed=config.seed)
-
-
-def evals_config(config) -> dict:
-    """The `evals` section -> its entries, name -> settings (the main job's evaluations, by
-    type: eval/registry.py)."""
-    return registry.build(config.evals, "evals")
+    return init_model(preset(m.preset, **knobs), seed=run.seed, mesh=mesh)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,38 +136,36 @@ def data_identity(assets: BuiltinAssets, paths: dict, video_root: str) -> dict:
     return identity
 
 
-def _rl_rows(config, paths: dict, root: str) -> tuple[list[RLRow], list[RLRow]]:
+def _rl_rows(run: RunConfig, paths: dict, root: str) -> tuple[list[RLRow], list[RLRow]]:
     """(training, held-out) RL rows: from the parquet files, or through the TFDS ArrayRecord
     builder and grain when data.tfds_dir is set."""
-    tfds_dir = config.data.get("tfds_dir", "")
+    tfds_dir = run.data.tfds_dir
     if not tfds_dir:
         return load_rl_rows(paths["rl_train"], root)[0], load_rl_rows(paths["rl_eval"], root)[0]
     from paravt_jax.data import tfds_builder  # tensorflow_datasets: slow to import, only for this source
 
     sources = tfds_builder.build("rl", {"train": paths["rl_train"], "eval": paths["rl_eval"]}, tfds_dir, root)
-    return tuple([tfds_builder.rl_row(x) for x in tfds_builder.grain_loader(sources[split], seed=config.seed,
+    return tuple([tfds_builder.rl_row(x) for x in tfds_builder.grain_loader(sources[split], seed=run.seed,
                                                                            num_epochs=1, shuffle=False)]
                  for split in ("train", "eval"))
 
 
-def setup(config, training: bool = False) -> RunInputs:
-    """The model, tokenizer and data of a config. `training`: outside the toy presets every data
-    file must be given (config_checks.check_data_sources). Collective: process 0 creates the
+def setup(run: RunConfig) -> RunInputs:
+    """The model, tokenizer and data of a run (the training commands checked its data sources at
+    the command line: config_checks.check_data_sources). Collective: process 0 creates the
     built-in assets (if missing) before the others read them."""
-    if training:
-        check_data_sources(config)
-    assets = builtin_assets(config) if distributed.is_primary() else None
+    assets = builtin_assets(run) if distributed.is_primary() else None
     distributed.barrier("paravt:builtin-assets")
-    assets = assets or builtin_assets(config)
-    model = build_model(config, default_dir=assets.model_dir)
-    tokenizer = Tokenizer.from_directory(config.model.checkpoint or assets.model_dir)
+    assets = assets or builtin_assets(run)
+    model = build_model(run, default_dir=assets.model_dir)
+    tokenizer = Tokenizer.from_directory(run.model.checkpoint or assets.model_dir)
     check_against_model(tokenizer, model.config)
-    data = config.data
-    root = data.get("video_root", "") or assets.data_dir
-    paths = {name: data.get(name, "") or os.path.join(assets.data_dir, f"{name}.parquet")
+    data = run.data
+    root = data.video_root or assets.data_dir
+    paths = {name: getattr(data, name) or os.path.join(assets.data_dir, f"{name}.parquet")
              for name in ("sft", "rl_train", "rl_eval")}
     sft_messages, sft_report = load_sft_rows(paths["sft"], root)
-    rl_rows, eval_rows = _rl_rows(config, paths, root)
+    rl_rows, eval_rows = _rl_rows(run, paths, root)
     return RunInputs(model, tokenizer, SFTData(sft_messages, sft_report.kinds), rl_rows, eval_rows, root,
                      data_identity(assets, paths, root), assets.data_dir)
 

@@ -91,17 +91,17 @@ def execute(argv: list[str]):
                           "differs in more than run length: refuse (default) | ok (continue under the new config)",
                           flag_values=flag_values)
     parse_flags(flag_values, argv, command_usage(command), show_config=True)
-    check_config(flag_values.config)
+    run = check_config(flag_values.config)  # the typed config every command receives
     if command in CLAIMS_WORKDIR:  # the training commands: real data outside the toy presets
-        check_data_sources(flag_values.config)
-    compile_cache.enable(flag_values.config.get("compilation_cache_dir", ""))
-    distributed.initialize(flag_values.config)  # before anything touches JAX devices
+        check_data_sources(run)
+    compile_cache.enable(run.compilation_cache_dir)
+    distributed.initialize(run)  # before anything touches JAX devices
     job = getattr(importlib.import_module(JOBS), COMMANDS[command])
     if command in CLAIMS_WORKDIR:
-        return job(flag_values.config, flag_values.workdir, config_changed=flag_values.config_changed)
+        return job(run, flag_values.workdir, config_changed=flag_values.config_changed)
     if command in TAKES_WORKDIR:
-        return job(flag_values.config, flag_values.workdir)
-    return job(flag_values.config)
+        return job(run, flag_values.workdir)
+    return job(run)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,7 +7,7 @@ import os
 
 from absl import flags, logging
 
-from paravt_jax.cli.assembly import build_model, builtin_assets
+from paravt_jax.cli.assembly import build_model
 from paravt_jax.cli.config_checks import check_config
 from paravt_jax.cli.flags import define_config, parse_flags
 from paravt_jax.config import config_path
@@ -16,6 +16,7 @@ from paravt_jax.eval import records as store
 from paravt_jax.eval.evaluator import evaluate
 from paravt_jax.eval.settings import DISPATCH
 from paravt_jax.infra import reproducibility, storage
+from paravt_jax.run_config import RunConfig, builtin_assets
 from paravt_jax.text.inputs import check_against_model
 from paravt_jax.text.tokenizer import Tokenizer
 
@@ -36,37 +37,36 @@ def main(argv: list[str]) -> dict:
                 "[--output_dir=DIR] [--limit=N] [--compare] [--overwrite] [--shard_id=I --num_shards=N]\n\n"
                 "The benchmark driver: per-dataset JSON (resumable) and summary_all.json in --output_dir.",
                 show_config=True)
-    config = flag_values.config
-    check_config(config)
-    driver.dataset_names(config)
-    output_dir = flag_values.output_dir or config.output_dir or os.path.join("runs", "eval")
-    return evaluate_command(config, output_dir, shard_id=flag_values.shard_id, num_shards=flag_values.num_shards,
+    run = check_config(flag_values.config)
+    driver.dataset_names(run)
+    output_dir = flag_values.output_dir or run.output_dir or os.path.join("runs", "eval")
+    return evaluate_command(run, output_dir, shard_id=flag_values.shard_id, num_shards=flag_values.num_shards,
                             limit=flag_values.limit, compare=flag_values.compare, overwrite=flag_values.overwrite)
 
 
-def evaluate_command(config, output_dir: str, *, shard_id: int = 0, num_shards: int = 1, limit: int = 0,
+def evaluate_command(run: RunConfig, output_dir: str, *, shard_id: int = 0, num_shards: int = 1, limit: int = 0,
                      compare: bool = False, overwrite: bool = False) -> dict:
-    """Evaluates config.datasets into output_dir (paravt_jax/eval/driver.py's docstring): one
+    """Evaluates the run's datasets into output_dir (paravt_jax/eval/driver.py's docstring): one
     evaluator of type `benchmark` (eval/registry.py) per dataset and dispatch arm, all run by
     `evaluate` on one sampler. Refused before the model is built: a benchmark with too many
     missing videos (driver.MissingVideos), and an output directory holding another model's or
     other settings' records (store.ForeignRecords; `overwrite` drops them instead)."""
-    assets = builtin_assets(config)
-    context = registry.Context(data_dir=assets.data_dir, identity=provenance.model_identity(config, assets.model_dir),
-                               manifest=reproducibility.manifest(seed=int(config.get("seed", 0)),
+    assets = builtin_assets(run)
+    context = registry.Context(data_dir=assets.data_dir, identity=provenance.model_identity(run, assets.model_dir),
+                               manifest=reproducibility.manifest(seed=int(run.seed),
                                                                  data=assets.identity()))
-    arms = DISPATCH if compare else (config.driver.dispatch,)
-    evaluators = [registry.benchmark_eval(driver.benchmark_settings(config, name, limit, dispatch=dispatch),
+    arms = DISPATCH if compare else (run.driver.dispatch,)
+    evaluators = [registry.benchmark_eval(driver.benchmark_settings(run, name, limit, dispatch=dispatch),
                                           storage.join(output_dir, dispatch) if compare else output_dir, context,
-                                          f"config.benchmarks.{name}, config.root={config.root!r}",
+                                          f"config.benchmarks.{name}, config.root={run.root!r}",
                                           shard_id=shard_id, num_shards=num_shards)
-                  for name in driver.dataset_names(config) for dispatch in arms]
+                  for name in driver.dataset_names(run) for dispatch in arms]
     for evaluator in evaluators:  # every directory checked before the model is loaded
         storage.makedirs(evaluator.output_dir)
         store.claim_output(evaluator.output_dir, evaluator.benchmark.name,
                            provenance.producer(evaluator.identity, evaluator.config), overwrite, logging.info)
-    model = build_model(config, default_dir=assets.model_dir)
-    tokenizer = Tokenizer.from_directory(config.model.checkpoint or assets.model_dir)
+    model = build_model(run, default_dir=assets.model_dir)
+    tokenizer = Tokenizer.from_directory(run.model.checkpoint or assets.model_dir)
     check_against_model(tokenizer, model.config)
     # --compare: each arm's shapes compiled (a batch per question type) before the timed runs
     warm = [driver.WarmUp(tuple(evaluators))] if compare else []

@@ -1,7 +1,8 @@
 """The main job's commands: run (cold-start SFT, PARA-GRPO, final model, held-out evaluation),
 sft and train (one phase), export, generate (one greedy episode) and forward (one timed forward
-pass). Each takes an ml_collections config (configs/*.py), builds what it runs on through
-`paravt_jax.cli.assembly`, and returns plain data (the tests and notebooks call them directly).
+pass). Each takes the typed run config (run_config.RunConfig, built once at the command line
+from configs/*.py), builds what it runs on through `paravt_jax.cli.assembly`, and returns plain
+data (the tests and notebooks call them directly).
 """
 from __future__ import annotations
 
@@ -17,16 +18,7 @@ from absl import logging
 
 from paravt_jax.agent.dispatch import CropDispatcher
 from paravt_jax.agent.rollout import Episode, run_rollouts
-from paravt_jax.cli.assembly import (
-    build_model,
-    build_rollout_mesh,
-    builtin_assets,
-    evals_config,
-    rl_config,
-    save_export,
-    setup,
-    sft_config,
-)
+from paravt_jax.cli.assembly import build_model, build_rollout_mesh, save_export, setup
 from paravt_jax.cli.workdirs import claims_workdir, record_manifest
 from paravt_jax.episodes.episode_log import write_eval_episodes
 from paravt_jax.episodes.rewards import extract_answer
@@ -37,6 +29,7 @@ from paravt_jax.experiments.plots import plot_run, thirds
 from paravt_jax.infra import distributed, preemption, reproducibility, storage
 from paravt_jax.infra.checkpointing import Checkpointer
 from paravt_jax.rl.trainer import periodic_evaluators, train_rl
+from paravt_jax.run_config import RunConfig, builtin_assets
 from paravt_jax.sampling import Sampler
 from paravt_jax.sft.trainer import HEAD, sft_loss, train_sft
 from paravt_jax.text import chat
@@ -46,21 +39,21 @@ from paravt_jax.train.step import OptimizerConfig, TrainStep
 from paravt_jax.video import read_frames
 
 
-def run_manifest(config, inputs, workdir: str) -> dict:
+def run_manifest(run: RunConfig, inputs, workdir: str) -> dict:
     """The run's manifest (reproducibility.manifest: commit, packages, CPU, data, seed), stored in
     the workdir's run_config.json (a resume under another environment is logged there)."""
-    manifest = reproducibility.manifest(seed=int(config.seed), data=inputs.data)
+    manifest = reproducibility.manifest(seed=int(run.seed), data=inputs.data)
     record_manifest(workdir, manifest)
     return manifest
 
 
-def first_prompt(config, tokenizer, data_dir: str):
+def first_prompt(run: RunConfig, tokenizer, data_dir: str):
     """The ParaVT prompt for the first held-out synthetic question: K overview frames as
     images, each after its `<t seconds>` text, the question, and the `<think>` prefix."""
     row = pq.read_table(os.path.join(data_dir, "rl_eval.parquet")).to_pylist()[0]
     video = os.path.join(data_dir, row["videos"][0]["video"])
     question = row["prompt"][0]["content"].replace("<video>", "").strip()
-    d = config.demo
+    d = run.demo
     clip = read_frames(video, nframes=d.frames, min_pixels=d.min_pixels, max_pixels=d.max_pixels)
     messages = chat.paravt_messages(question, clip.frames, clip.timestamps,
                                     video_name=os.path.basename(video))
@@ -68,19 +61,19 @@ def first_prompt(config, tokenizer, data_dir: str):
     return encode(segments, tokenizer), json.loads(row["extra_info"]), video
 
 
-def forward_command(config) -> dict:
+def forward_command(run: RunConfig) -> dict:
     t0 = time.perf_counter()
-    assets = builtin_assets(config)
+    assets = builtin_assets(run)
     setup_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    model = build_model(config, default_dir=assets.model_dir)
+    model = build_model(run, default_dir=assets.model_dir)
     load_s = time.perf_counter() - t0
-    tokenizer = Tokenizer.from_directory(config.model.checkpoint or assets.model_dir)
+    tokenizer = Tokenizer.from_directory(run.model.checkpoint or assets.model_dir)
     check_against_model(tokenizer, model.config)
-    inputs, info, video = first_prompt(config, tokenizer, assets.data_dir)
+    inputs, info, video = first_prompt(run, tokenizer, assets.data_dir)
     kwargs = inputs.model_kwargs()
     times = []
-    for _ in range(max(2, config.demo.repeats)):
+    for _ in range(max(2, run.demo.repeats)):
         start = time.perf_counter()
         out = model(**kwargs)
         jax.block_until_ready(out.logits)
@@ -88,8 +81,8 @@ def forward_command(config) -> dict:
     logits = np.asarray(out.logits)
     summary = {
         "devices": f"{jax.device_count()} x {jax.devices()[0].platform}",
-        "model": config.model.checkpoint or f"built-in tiny ({assets.model_dir})",
-        "video": f"{video} ({config.demo.frames} overview frames)",
+        "model": run.model.checkpoint or f"built-in tiny ({assets.model_dir})",
+        "video": f"{video} ({run.demo.frames} overview frames)",
         "question type / answer": f"{info['question_type']} / {info['answer']}",
         "input_ids": tuple(kwargs["input_ids"].shape),
         "image tokens": int((inputs.mm_token_type_ids == 1).sum()),
@@ -111,26 +104,26 @@ def forward_command(config) -> dict:
     return summary
 
 
-def evaluation_context(config, eval_rows, workdir: str = "", data_dir: str = "") -> registry.Context:
+def evaluation_context(run: RunConfig, eval_rows, workdir: str = "", data_dir: str = "") -> registry.Context:
     """What the main job's evaluations are built from (eval/registry.py): the held-out rows, the
     run's episode (rl.rollout, rl.dispatch: a held-out evaluation's, with its own budget), and
     for a benchmark entry `<workdir>/eval/<name>` for its records, keyed by the run (workdir and
     step counts: the model they evaluate)."""
-    rl = rl_config(config)
+    rl = run.rl
     identity = {"run": storage.absolute(workdir) if workdir else "",
-                "steps": {"sft": int(config.sft.steps), "rl": int(config.rl.steps)}}
+                "steps": {"sft": int(run.sft.steps), "rl": int(run.rl.steps)}}
     return registry.Context(tuple(eval_rows), rl.rollout, rl.dispatch, storage.join(workdir, "eval") if workdir else "",
                             data_dir, identity)
 
 
-def evaluate_all(config, model, tokenizer, eval_rows, stage: str = "final", episodes: str = "", workdir: str = "",
-                 data_dir: str = "") -> list:
+def evaluate_all(run: RunConfig, model, tokenizer, eval_rows, stage: str = "final", episodes: str = "",
+                 workdir: str = "", data_dir: str = "") -> list:
     """The outcomes of the `evals` section's evaluators at `stage` ("final": after the last
     phase; "after_sft": the cold start, each held-out entry at its after_sft K), on one sampler.
     A held-out outcome's result row is one per (tools no/yes) x K, tools-major. episodes: the
     evaluation's episode log (`<workdir>/eval/episodes.jsonl`; "" = none), where every held-out
     episode is kept under `stage` and its setting (episodes/episode_log.py)."""
-    evaluators = registry.evaluators(evals_config(config), evaluation_context(config, eval_rows, workdir, data_dir),
+    evaluators = registry.evaluators(run.evals, evaluation_context(run, eval_rows, workdir, data_dir),
                                      stage)
     outcomes = []
     t0 = time.perf_counter()
@@ -159,9 +152,9 @@ def eval_episodes_path(workdir: str) -> str:
     return storage.join(workdir, "eval", "episodes.jsonl")
 
 
-def cold_start_evaluated(config) -> bool:
+def cold_start_evaluated(run: RunConfig) -> bool:
     """Whether an entry of `evals` evaluates the cold start (a held-out one with after_sft K)."""
-    return any(getattr(settings, "after_sft", ()) for settings in evals_config(config).values())
+    return any(getattr(settings, "after_sft", ()) for settings in run.evals.values())
 
 
 def print_results(results: list[dict], title: str = "") -> str:
@@ -176,17 +169,17 @@ def print_results(results: list[dict], title: str = "") -> str:
     return text
 
 
-def evaluate_after_sft(config, model, tokenizer, eval_rows, workdir: str,
+def evaluate_after_sft(run: RunConfig, model, tokenizer, eval_rows, workdir: str,
                        manifest: dict | None = None) -> list[dict] | None:
     """The cold start's held-out table (the after_sft K of `evals`' held-out entries, with and without tools),
     evaluated once between SFT and RL and kept in sft/eval.json with the settings it was made
     under (the SFT step count and the evaluation's), so a resumed run reads it back and a run
     with other settings evaluates again. Process 0 reads, evaluates and returns it, and the
     others follow its decision and get None. Collective: every process must call it."""
-    rl = rl_config(config)
-    cold_start = {name: dataclasses.asdict(settings) for name, settings in evals_config(config).items()
+    rl = run.rl
+    cold_start = {name: dataclasses.asdict(settings) for name, settings in run.evals.items()
                   if getattr(settings, "after_sft", ())}
-    settings = json.loads(json.dumps({"sft_steps": int(config.sft.steps), "evals": cold_start,
+    settings = json.loads(json.dumps({"sft_steps": int(run.sft.steps), "evals": cold_start,
                                       "rollout": dataclasses.asdict(rl.rollout),
                                       "dispatch": dataclasses.asdict(rl.dispatch)}))
     path = storage.join(workdir, "sft", "eval.json")
@@ -204,7 +197,7 @@ def evaluate_after_sft(config, model, tokenizer, eval_rows, workdir: str,
     local = distributed.local_model(model)
     if distributed.is_primary():
         logging.info("[run] evaluation of the cold start (SFT) on held-out synthetic videos (greedy)")
-        results = result_rows(evaluate_all(config, local, tokenizer, eval_rows, "after_sft",
+        results = result_rows(evaluate_all(run, local, tokenizer, eval_rows, "after_sft",
                                            episodes=eval_episodes_path(workdir)))
         storage.makedirs(storage.join(workdir, "sft"))
         with preemption.deferred():
@@ -250,7 +243,7 @@ def reward_trend(rewards) -> dict | None:
             "last": round(last, 4), "change": round(last - first, 4)}
 
 
-def finished_summary(config, workdir: str) -> dict | None:
+def finished_summary(run: RunConfig, workdir: str) -> dict | None:
     """A finished run's summary.json, if it is complete (it has the evaluation) and every
     phase's checkpoint is at its configured step count; else None."""
     try:
@@ -259,7 +252,7 @@ def finished_summary(config, workdir: str) -> dict | None:
         return None
     if "eval" not in summary:
         return None
-    for phase, steps in (("sft", config.sft.steps), ("rl", config.rl.steps)):
+    for phase, steps in (("sft", run.sft.steps), ("rl", run.rl.steps)):
         directory = storage.join(workdir, phase, "checkpoints")
         if steps and (not storage.isdir(directory) or (Checkpointer(directory).latest_step() or 0) < steps):
             return None
@@ -267,7 +260,7 @@ def finished_summary(config, workdir: str) -> dict | None:
 
 
 @claims_workdir("run")
-def run_command(config, workdir: str = "") -> dict:
+def run_command(run: RunConfig, workdir: str = "") -> dict:
     """The main job: SFT, then PARA-GRPO, then evaluation with and without tools.
 
     One run per workdir, under one config (workdirs.claims_workdir: a second run is refused, and
@@ -277,33 +270,33 @@ def run_command(config, workdir: str = "") -> dict:
     summary.json is written (a previous one is removed before any training), so only a
     completed run has one. A completed run is left alone when run again."""
     summary_path = storage.join(workdir, "summary.json")
-    finished = finished_summary(config, workdir)
+    finished = finished_summary(run, workdir)
     if finished is not None:
         logging.info(f"[run] {storage.absolute(workdir)} has finished every phase; its summary {summary_path} is "
                      f"kept (delete it to evaluate again)")
         return finished
     t0 = time.perf_counter()
-    inputs = setup(config, training=True)
+    inputs = setup(run)
     model, tokenizer, eval_rows = inputs.model, inputs.tokenizer, inputs.eval_rows  # model: each phase's output
-    manifest = run_manifest(config, inputs, workdir)
+    manifest = run_manifest(run, inputs, workdir)
     logging.info(f"[run] workdir {storage.absolute(workdir)}; {len(inputs.sft.rows)} SFT rows, "
                  f"{len(inputs.rl_rows)} RL rows, {len(eval_rows)} held-out rows")
     if distributed.is_primary() and storage.exists(summary_path):
         storage.remove(summary_path)  # stale from an earlier, shorter run: it must not claim completion
     after_sft = None
-    if config.sft.steps:
+    if run.sft.steps:
         model, _ = train_sft(model, tokenizer, inputs.sft.rows, inputs.video_root, storage.join(workdir, "sft"),
-                             sft_config(config), kinds=inputs.sft.kinds)
-        if config.rl.steps and cold_start_evaluated(config):  # without RL the final table is this one
-            after_sft = evaluate_after_sft(config, model, tokenizer, eval_rows, workdir, manifest)
+                             run.sft, kinds=inputs.sft.kinds)
+        if run.rl.steps and cold_start_evaluated(run):  # without RL the final table is this one
+            after_sft = evaluate_after_sft(run, model, tokenizer, eval_rows, workdir, manifest)
             if after_sft is not None:
                 print_results(after_sft, "[run] after SFT:")
-    if config.rl.steps:
-        model, _ = train_rl(model, tokenizer, inputs.rl_rows, storage.join(workdir, "rl"), rl_config(config),
-                            evaluators=periodic_evaluators(rl_config(config), eval_rows,
+    if run.rl.steps:
+        model, _ = train_rl(model, tokenizer, inputs.rl_rows, storage.join(workdir, "rl"), run.rl,
+                            evaluators=periodic_evaluators(run.rl, eval_rows,
                                                            output_dir=storage.join(workdir, "rl", "eval"),
                                                            data_dir=inputs.data_dir),
-                            rollout_mesh=build_rollout_mesh(config))
+                            rollout_mesh=build_rollout_mesh(run))
     model = distributed.local_model(model)  # multi-process: a whole copy on this process's devices
     summary = {"workdir": storage.absolute(workdir), "manifest": manifest, **phase_histories(workdir)}
     if not distributed.is_primary():  # process 0 alone saves, evaluates and writes the summary
@@ -314,7 +307,7 @@ def run_command(config, workdir: str = "") -> dict:
     preemption.raise_if_requested("[run] stopped after saving the final model, before evaluation; "
                                   "rerun to evaluate")
     logging.info("[run] evaluation on held-out synthetic videos (greedy)")
-    outcomes = evaluate_all(config, model, tokenizer, eval_rows, "final", episodes=eval_episodes_path(workdir),
+    outcomes = evaluate_all(run, model, tokenizer, eval_rows, "final", episodes=eval_episodes_path(workdir),
                             workdir=workdir, data_dir=inputs.data_dir)
     summary["eval"] = result_rows(outcomes)
     if benchmark_metrics(outcomes):
@@ -322,7 +315,7 @@ def run_command(config, workdir: str = "") -> dict:
     if after_sft is not None:
         summary["eval_after_sft"] = after_sft
         summary["table_after_sft"] = print_results(after_sft, "[run] after SFT:")
-    summary["table"] = print_results(summary["eval"], "[run] after RL:" if config.rl.steps else "")
+    summary["table"] = print_results(summary["eval"], "[run] after RL:" if run.rl.steps else "")
     trend = reward_trend([line["reward"] for line in summary["rl"]])
     if trend:
         summary["reward_trend"] = trend
@@ -341,30 +334,30 @@ def run_command(config, workdir: str = "") -> dict:
 
 
 @claims_workdir("sft")
-def sft_command(config, workdir: str = ""):
-    inputs = setup(config, training=True)
-    run_manifest(config, inputs, workdir)
-    return train_sft(inputs.model, inputs.tokenizer, inputs.sft.rows, inputs.video_root, workdir, sft_config(config),
+def sft_command(run: RunConfig, workdir: str = ""):
+    inputs = setup(run)
+    run_manifest(run, inputs, workdir)
+    return train_sft(inputs.model, inputs.tokenizer, inputs.sft.rows, inputs.video_root, workdir, run.sft,
                      kinds=inputs.sft.kinds)
 
 
 @claims_workdir("train")
-def train_command(config, workdir: str = ""):
-    inputs = setup(config, training=True)
-    run_manifest(config, inputs, workdir)
-    return train_rl(inputs.model, inputs.tokenizer, inputs.rl_rows, workdir, rl_config(config),
-                    evaluators=periodic_evaluators(rl_config(config), inputs.eval_rows,
+def train_command(run: RunConfig, workdir: str = ""):
+    inputs = setup(run)
+    run_manifest(run, inputs, workdir)
+    return train_rl(inputs.model, inputs.tokenizer, inputs.rl_rows, workdir, run.rl,
+                    evaluators=periodic_evaluators(run.rl, inputs.eval_rows,
                                                    output_dir=storage.join(workdir, "eval"), data_dir=inputs.data_dir),
-                    rollout_mesh=build_rollout_mesh(config))
+                    rollout_mesh=build_rollout_mesh(run))
 
 
-def export_command(config, workdir: str = ""):
+def export_command(run: RunConfig, workdir: str = ""):
     """The latest checkpoint under workdir (rl/ preferred, else sft/) -> an HF checkpoint in
     workdir/export that transformers loads."""
-    inputs = setup(config)
+    inputs = setup(run)
     model, tokenizer = inputs.model, inputs.tokenizer
     # the phase's optimizer (frozen parameters change its state's layout); only the layout is used
-    optimizers = {"rl": rl_config(config).optimizer, "sft": sft_config(config).optimizer, "": OptimizerConfig()}
+    optimizers = {"rl": run.rl.optimizer, "sft": run.sft.optimizer, "": OptimizerConfig()}
     for phase in ("rl", "sft", ""):
         directory = storage.join(workdir, phase, "checkpoints")
         if storage.isdir(directory) and Checkpointer(directory).latest_step() is not None:
@@ -377,27 +370,27 @@ def export_command(config, workdir: str = ""):
     raise SystemExit(f"export: no checkpoint under {workdir}/{{rl,sft}}/checkpoints")
 
 
-def generate_episode(config):
+def generate_episode(run: RunConfig):
     """(RolloutConfig, DispatchConfig) of `generate`: the run's RL episode (rl.rollout, rl.dispatch),
     decoded greedily."""
-    rl = rl_config(config)
+    rl = run.rl
     return dataclasses.replace(rl.rollout, temperature=0.0), rl.dispatch
 
 
-def generate_command(config, workdir: str = ""):
+def generate_command(run: RunConfig, workdir: str = ""):
     """Greedy episode of the policy on config.generate.question and .video (default: the first
     held-out row), as the run's RL episode runs; prints the question, the video, the completion
     and the parsed answer (beside the expected one for a held-out row)."""
-    inputs = setup(config)
+    inputs = setup(run)
     model, tokenizer, eval_rows = inputs.model, inputs.tokenizer, inputs.eval_rows
-    g = config.get("generate", None)
+    g = run.generate
     row = eval_rows[0] if eval_rows else None
     question = g.question if g and g.question else row.question
     video = g.video if g and g.video else row.video_path
     expected = row.answer if row is not None and not (g and (g.question or g.video)) else ""
     episode = Episode("generate", question, expected, row.question_type if expected else "oe", video,
                       int(g.nframes) if g else 16)
-    rollout, dispatch = generate_episode(config)
+    rollout, dispatch = generate_episode(run)
     with CropDispatcher(dispatch) as dispatcher:
         rollouts, skipped = run_rollouts(Sampler(model), tokenizer, [episode], 1, rollout, dispatcher)
     if skipped:

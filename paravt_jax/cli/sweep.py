@@ -1,5 +1,6 @@
 """`paravt-jax sweep`: the flags of the ablation sweep (paravt_jax/experiments/sweep.py); each arm
-runs the main job (`paravt_jax.cli.jobs.run_command`) in this process."""
+runs the main job (`paravt_jax.cli.jobs.run_command`) in this process, on its config built and
+checked as `paravt-jax run` builds it (`run_arm`)."""
 from __future__ import annotations
 
 import functools
@@ -9,9 +10,18 @@ from collections.abc import Sequence
 from absl import flags
 from ml_collections import config_flags
 
+from paravt_jax.cli.config_checks import check_config, check_data_sources
 from paravt_jax.cli.flags import UsageError, define_config, parse_flags
 from paravt_jax.cli.jobs import run_command
 from paravt_jax.experiments import sweep
+
+
+def run_arm(config, workdir: str, config_changed: str = "refuse") -> dict:
+    """One arm's main job: its config (the sweep's with the arm's overrides) built into the typed
+    RunConfig and checked as `paravt-jax run` checks it, then run in `workdir`."""
+    run = check_config(config)
+    check_data_sources(run)
+    return run_command(run, workdir, config_changed=config_changed)
 
 
 def main(argv: Sequence[str]) -> list[dict] | list[str]:
@@ -50,6 +60,6 @@ def main(argv: Sequence[str]) -> list[dict] | list[str]:
             print(line, flush=True)
         return lines
     try:
-        return sweep.run_plan(values.config, plan, functools.partial(run_command, config_changed=values.config_changed))
+        return sweep.run_plan(values.config, plan, functools.partial(run_arm, config_changed=values.config_changed))
     except sweep.SweepError as e:
         raise SystemExit(f"sweep: {e}") from None

@@ -23,6 +23,7 @@ from absl import logging
 from paravt_jax.cli.flags import UsageError
 from paravt_jax.infra import distributed, reproducibility, storage
 from paravt_jax.infra.locking import WorkdirLock, WorkdirLocked
+from paravt_jax.run_config import RunConfig
 
 CONFIG_NAME = "run_config.json"
 CHANGES_NAME = "config_changes.jsonl"
@@ -37,9 +38,10 @@ class ConfigChanged(UsageError):
     """The workdir holds a run of another config; the message lists the differing fields."""
 
 
-def config_record(config, command: str) -> dict:
-    """The stored form of a run's config: JSON types only (tuples become lists)."""
-    return {"command": command, "config": json.loads(config.to_json())}
+def config_record(run: RunConfig, command: str) -> dict:
+    """The stored form of a run's config: the config as given, JSON types only (tuples become
+    lists; RunConfig.record)."""
+    return {"command": command, "config": run.record}
 
 
 def changed_fields(stored: dict, current: dict) -> list[str]:
@@ -112,7 +114,7 @@ def record_manifest(workdir: str, manifest: dict) -> list[str]:
 
 
 @contextlib.contextmanager
-def claim(config, workdir: str, command: str, config_changed: str = "refuse"):
+def claim(run: RunConfig, workdir: str, command: str, config_changed: str = "refuse"):
     """Holds workdir for the body: its lock (process 0) and its config check. Collective."""
     lock, error = None, None
     if distributed.is_primary():
@@ -121,7 +123,7 @@ def claim(config, workdir: str, command: str, config_changed: str = "refuse"):
             if lock.took_over is not None:
                 logging.warning(f"[workdir] took over the lock of pid {lock.took_over.pid} on "
                                 f"{lock.took_over.host}, which is gone")
-            check_config(workdir, config_record(config, command), config_changed)
+            check_config(workdir, config_record(run, command), config_changed)
         except WorkdirLocked as e:  # the library's error, a usage error of the command line
             error = UsageError(str(e))
         except UsageError as e:
@@ -138,21 +140,21 @@ def claim(config, workdir: str, command: str, config_changed: str = "refuse"):
             lock.release()
 
 
-def resolve_workdir(config, flag_workdir: str = "") -> str:
-    """--workdir, else config.workdir, else runs/PRESET; created if missing."""
-    workdir = flag_workdir or config.get("workdir", "") or os.path.join("runs", f"{config.get('preset', 'tiny')}")
+def resolve_workdir(run: RunConfig, flag_workdir: str = "") -> str:
+    """--workdir, else the config's workdir, else runs/PRESET; created if missing."""
+    workdir = flag_workdir or run.workdir or os.path.join("runs", run.preset)
     storage.makedirs(workdir)
     return workdir
 
 
 def claims_workdir(command: str):
-    """Decorates a job `f(config, workdir="", ...)`: resolves the workdir (`resolve_workdir`),
+    """Decorates a job `f(run, workdir="", ...)` (run: the RunConfig): resolves the workdir (`resolve_workdir`),
     claims it for the call (`config_changed=` is the decorator's keyword) and passes it on."""
     def decorate(function):
         @functools.wraps(function)
-        def wrapper(config, workdir: str = "", *args, config_changed: str = "refuse", **kwargs):
-            resolved = resolve_workdir(config, workdir)
-            with claim(config, resolved, command, config_changed):
-                return function(config, resolved, *args, **kwargs)
+        def wrapper(run: RunConfig, workdir: str = "", *args, config_changed: str = "refuse", **kwargs):
+            resolved = resolve_workdir(run, workdir)
+            with claim(run, resolved, command, config_changed):
+                return function(run, resolved, *args, **kwargs)
         return wrapper
     return decorate

@@ -38,7 +38,7 @@ from absl import logging
 
 from paravt_jax.agent.dispatch import CropDispatcher, DispatchConfig
 from paravt_jax.agent.rollout import Episode, Rollout, RolloutConfig, run_rollouts
-from paravt_jax.config import ConfigValueError, build
+from paravt_jax.config import ConfigValueError
 from paravt_jax.episodes import rewards as R
 from paravt_jax.episodes.episode_stats import calls_per_tool_turn
 from paravt_jax.eval import prompts, provenance, scoring
@@ -311,10 +311,10 @@ def comparison_table(results: dict[str, dict[str, dict]]) -> str:
 
 # ----------------------------------------------------------------------------- the command's parts
 def driver_config(c, benchmark: str | None = None, **override) -> DriverConfig:
-    """The `driver` section as a DriverConfig (a key that is not a field, or a bad value, is a
-    ConfigValueError naming it), with `override`'s values (one dispatch of --compare) and
+    """The `driver` section of the eval command's typed config `c` (run_config.RunConfig, built
+    and checked at the command line), with `override`'s values (one dispatch of --compare) and
     the protocol of `benchmark` (`benchmark_protocol`), if named."""
-    config = dataclasses.replace(build(DriverConfig, c.driver, "driver"), **override)
+    config = dataclasses.replace(c.driver, **override)
     return config if benchmark is None else benchmark_protocol(config, c, benchmark)
 
 
@@ -344,7 +344,7 @@ def dataset_names(c) -> list[str]:
 
 
 def benchmark_settings(c, name: str, limit: int = 0, **override) -> BenchmarkConfig:
-    """The BenchmarkConfig of benchmark `name` under the eval command's config `c`: its paths
+    """The BenchmarkConfig of benchmark `name` under the eval command's typed config `c`: its paths
     (`benchmarks.<name>`, relative ones under `root`; synthetic's empty ones stay empty: the
     built-in held-out set), `limit` (0: `c.limit`), its protocol (driver_config, with
     `override`) and overview visual (Charades-STA: `grounding_visual`)."""
@@ -379,7 +379,7 @@ def load_benchmark(settings: BenchmarkConfig, default_data_dir: str, where: str 
 
 
 def load_benchmarks(c, limit: int, default_data_dir: str):
-    """Every benchmark of `c.datasets`, loaded under the eval command's config `c`."""
+    """Every benchmark of `c.datasets`, loaded under the eval command's typed config `c`."""
     return [load_benchmark(benchmark_settings(c, name, limit), default_data_dir,
                            f"config.benchmarks.{name}, config.root={c.root!r}") for name in dataset_names(c)]
 

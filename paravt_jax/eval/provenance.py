@@ -48,15 +48,16 @@ def checkpoint_identity(directory: str | None, preset: str, seed: int) -> dict[s
     return {"content": hashlib.sha256(json.dumps(listing).encode()).hexdigest()[:16]}
 
 
-def model_identity(config, default_dir: str | None) -> dict[str, Any]:
-    """The checkpoint identity and numerics of the model a config builds (assembly.build_model):
-    `model.checkpoint`, else the built-in checkpoint of a toy preset, else a random init."""
+def model_identity(run, default_dir: str | None) -> dict[str, Any]:
+    """The checkpoint identity and numerics of the model a run builds (the typed config's
+    `model`, as cli/assembly.py's build_model builds it): `model.checkpoint`, else the built-in
+    checkpoint of a toy preset, else a random init."""
     from paravt_jax.data.builtin import BUILTIN_MODELS
 
-    m = config.model
-    random_init = m.get("init", "") == "random"
+    m = run.model
+    random_init = m.init == "random"
     directory = None if random_init else m.checkpoint or (default_dir if m.preset in BUILTIN_MODELS else None)
-    return {"checkpoint": checkpoint_identity(directory, m.preset, config.seed),
+    return {"checkpoint": checkpoint_identity(directory, m.preset, run.seed),
             "model": {"preset": m.preset, "param_dtype": m.param_dtype, "dtype": m.dtype}}
 
 

@@ -61,7 +61,8 @@ _STARTED: Launch | None = None
 def _config_fields(config) -> Mapping[str, Any]:
     if config is None:
         return {}
-    section = config.get("distributed", None) if hasattr(config, "get") else None
+    # an ml_collections config, or a typed one (run_config.RunConfig: its `distributed` mapping)
+    section = config.get("distributed", None) if hasattr(config, "get") else getattr(config, "distributed", None)
     if section is None:
         return {}
     return {key: section.get(key, None) for key in ("coordinator", "num_processes", "process_id")}
