@@ -46,7 +46,7 @@ EXTRAS = {
         "torchvision==0.29.1",
         # 5.25 lays a video item out as Qwen3-VL's release did (no outer start/end pair), as we do
         "transformers>=5.25.0,<6",
-        # tests/test_notebooks.py executes notebooks/*.ipynb on a python3 kernel
+        # tests/integration/test_notebooks.py executes notebooks/*.ipynb on a python3 kernel
         "nbclient>=0.10",
         "nbformat>=5.10",
         "ipykernel>=6.29",
@@ -57,7 +57,7 @@ EXTRAS = {
     # the planner's GPU compiler on a machine without a GPU (`paravt-jax plan --target=gpu`): the
     # CUDA plugin, cuDNN and ptxas (nvidia-cuda-nvcc-cu12, which jax finds itself), as `gpu`
     # installs them. Not in the test extra: 4.4 GB of NVIDIA wheels (about 3 minutes to install
-    # here) and about 5 minutes for the tiny plan on 2 H100s; tests/test_plan_gpu.py skips its
+    # here) and about 5 minutes for the tiny plan on 2 H100s; tests/integration/test_plan_gpu.py skips its
     # compiles, with the reason, where it is missing.
     "gpu-plan": GPU,
     "tpu": TPU,

@@ -55,19 +55,21 @@ def pytest_unconfigure(config):
             shutil.rmtree(directory, ignore_errors=True)
 
 
+TIERS = ("unit", "integration", "slow")
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Each test gets one tier marker, so `-m unit` or `-m integration` selects a tier:
-    `slow` (end to end, excluded by default; marked on the test), else `integration` (the test
-    is marked so, or its module says `TIER = "integration"`: it compiles real programs or
-    starts processes), else `unit`."""
+    """Each test gets the marker of its tier, the directory it is in, so `-m unit`,
+    `-m integration` or `-m slow` selects a tier: tests/unit/ (fast, no real programs or
+    processes), tests/integration/ (compiles real programs or starts processes), tests/slow/
+    (end to end and slower, excluded by default). tests/support/ holds their helpers."""
+    tests = os.path.dirname(os.path.abspath(__file__))
     for item in items:
-        if item.get_closest_marker("slow") is not None:
-            continue
-        module_tier = getattr(item.module, "TIER", "unit")
-        if module_tier not in ("unit", "integration"):
-            raise pytest.UsageError(f"{item.module.__file__}: TIER = {module_tier!r}, expected 'unit' or 'integration'")
-        if item.get_closest_marker("integration") is None:
-            item.add_marker(getattr(pytest.mark, module_tier))
+        tier = os.path.relpath(str(item.path), tests).split(os.sep)[0]
+        if tier not in TIERS:
+            raise pytest.UsageError(f"{item.path}: a test belongs in tests/unit/, tests/integration/ or tests/slow/")
+        item.add_marker(getattr(pytest.mark, tier))
 
 
 _LOOPBACK = ("127.0.0.1", "::1", "localhost")
@@ -151,7 +153,7 @@ def torch_module():
 @pytest.fixture(scope="session")
 def gcs_emulator(tmp_path_factory):
     """A Cloud Storage API emulator (the gcp-storage-emulator package, through
-    tests/gcs_emulator.py) on 127.0.0.1 with a bucket `paravt-test`, in memory;
+    tests/support/gcs_emulator.py) on 127.0.0.1 with a bucket `paravt-test`, in memory;
     STORAGE_EMULATOR_HOST points every client at it (gcsfs, and orbax's through
     paravt_jax.storage). Yields the bucket's URL, gs://paravt-test."""
     import subprocess
@@ -162,7 +164,7 @@ def gcs_emulator(tmp_path_factory):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     log = open(tmp_path_factory.mktemp("gcs") / "emulator.log", "w")
-    launcher = os.path.join(os.path.dirname(__file__), "gcs_emulator.py")
+    launcher = os.path.join(os.path.dirname(__file__), "support", "gcs_emulator.py")
     process = subprocess.Popen([sys.executable, launcher, "127.0.0.1", str(port), "paravt-test"], stdout=log,
                                stderr=subprocess.STDOUT)
     deadline = time.time() + 60

@@ -32,7 +32,7 @@ import shutil
 # code generation: the optimised HLO module (its fusions, schedule and cost analysis) and its
 # buffer assignment (memory_analysis), so the numbers are the same, byte for byte, and the
 # compile takes less time; the code itself is never run nor reported (no device: 0 bytes).
-# tests/test_plan_gpu.py checks the sameness.
+# tests/integration/test_plan_gpu.py checks the sameness.
 COMPILE_OPTIONS = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True,
                    "xla_gpu_disable_gpuasm_optimizations": True}
 

@@ -29,7 +29,6 @@ from paravt_jax.sampling import Sampler
 from paravt_jax.text.tokenizer import train_tokenizer
 from paravt_jax.train.step import OptimizerConfig
 
-TIER = "integration"  # RL steps on fake devices
 TIMING = ("_s", "compiles", "compiles_total", "tokens_per_s", "staleness", "staleness_max", "policy_version",
           "queue_depth")
 
@@ -185,8 +184,8 @@ def test_a_slow_crop_does_not_stall_the_trainer_while_steps_are_queued(tmp_path,
     for all of its rollout)."""
     from paravt_jax.data.events import Event
     from paravt_jax.data.synthetic import write_video
-    from scripted import ScriptedSampler
-    from test_orchestration import rl_script
+    from support.scripted import ScriptedSampler
+    from unit.test_orchestration import rl_script
 
     video = write_video(str(tmp_path / "circle.mp4"), 40.0, [Event(10.0, 14.0, "blue", "circle")], fps=4.0,
                         height=96, width=128, seed=1)

@@ -7,9 +7,7 @@ import sys
 
 from conftest import FAST_COMPILE
 
-TIER = "integration"  # every bench script in its own process
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def run_bench(tmp_path, script: str, *args: str, timeout: int = 900, fast_compile: bool = True) -> str:

@@ -6,9 +6,7 @@ from contextlib import redirect_stderr, redirect_stdout
 
 import pytest
 
-TIER = "integration"  # the commands end to end in processes
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def run_cli_logged(*args) -> tuple[str, str]:

@@ -6,8 +6,6 @@ import pytest
 
 from paravt_jax import compile_cache
 
-TIER = "integration"  # processes that compile
-
 PROGRAM = """
 import sys, jax, jax.numpy as jnp
 from paravt_jax import compile_cache

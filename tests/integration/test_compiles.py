@@ -11,8 +11,6 @@ from paravt_jax.train import compiles
 from paravt_jax.train.batch import pack
 from paravt_jax.train.loop import LoopConfig, run_loop
 
-TIER = "integration"  # compiles the tiny train step and sampler
-
 
 def test_counter_counts_new_shapes_only():
     f = jax.jit(lambda x: x * 3 + 1)

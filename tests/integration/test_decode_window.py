@@ -11,8 +11,6 @@ from paravt_jax.models.qwen3_vl import init_model, preset
 from paravt_jax.sampling import Sampler, SamplerConfig, SamplingParams
 from paravt_jax.text.inputs import encode_ids
 
-TIER = "integration"  # compiles the sampler's programs
-
 NEW = 24
 
 

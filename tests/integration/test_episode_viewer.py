@@ -7,14 +7,12 @@ import shutil
 
 import pytest
 
-from chromium import Chromium, find_browser
 from conftest import in_ci
 from paravt_jax import cli
 from paravt_jax.episodes import episode_log as L
 from paravt_jax.experiments import view
-from test_episode_log import scripted_step
-
-TIER = "integration"  # a headless browser
+from support.chromium import Chromium, find_browser
+from unit.test_episode_log import scripted_step
 
 
 @pytest.fixture(scope="module")

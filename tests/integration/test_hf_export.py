@@ -18,9 +18,7 @@ from paravt_jax.text.hf_processor import IMAGE_PROCESSOR, VIDEO_PROCESSOR, proce
 from paravt_jax.text.inputs import encode
 from paravt_jax.text.tokenizer import Tokenizer, train_tokenizer
 
-TIER = "integration"  # the tiny model, and a tiny main job, against transformers
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CORPUS = ["When does the red circle appear? <0.5 seconds> summary of the segment",
           'The answer is [12.0, 15.5]. A blue square appears. {"name": "crop_video"}'] * 30
 NEW = 8

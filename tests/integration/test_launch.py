@@ -15,9 +15,7 @@ import pytest
 
 from paravt_jax import meshes
 
-TIER = "integration"  # the launch scripts in processes
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LAUNCH = os.path.join(ROOT, "launch")
 TOOLS = ("gcloud", "ssh", "scp", "rsync", "nvidia-smi")
 SECRET = "s3cr3t value'with quotes"

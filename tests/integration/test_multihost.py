@@ -4,7 +4,7 @@ The end-to-end check starts real processes on this machine: `paravt-jax run` (RL
 as 2 processes x 4 CPU devices (localhost coordinator, gloo collectives) and as 1 process x 8
 devices, then compares rollouts, metrics, final parameters, checkpoints and who wrote which
 file. That one SPMD train step on a mesh equals the unsharded step is covered by
-tests/test_train_step.py::test_sharded_step_equals_single_device, not repeated here.
+tests/integration/test_train_step.py::test_sharded_step_equals_single_device, not repeated here.
 """
 import json
 import os
@@ -21,10 +21,8 @@ import pytest
 from conftest import FAST_COMPILE, once_per_session
 from paravt_jax import distributed as dist
 
-TIER = "integration"  # two JAX processes
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-WORKER = os.path.join(ROOT, "tests", "multihost_worker.py")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+WORKER = os.path.join(ROOT, "tests", "support", "multihost_worker.py")
 DATA = dict(seed=0, num_train=4, num_eval=1, durations=(30.0,))
 STEPS = 2
 # Small enough for two CPU cores. kl_ctl = 0: with a KL term the step-0 gradient is the

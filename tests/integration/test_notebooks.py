@@ -9,7 +9,7 @@ the stored one, and the same number of figures. Notebooks print what depends on 
 (timings) to stderr, which is not compared, and no absolute path to stdout. After changing a
 notebook, store its fresh outputs with
 
-    PYTHONPATH=. python tests/test_notebooks.py 02_rollouts.ipynb   # no argument: all of them
+    PYTHONPATH=. python tests/integration/test_notebooks.py 02_rollouts.ipynb   # no argument: all of them
 
 The tests also check what the notebooks print against what they were given (03 with a
 workdir of known metrics).
@@ -39,9 +39,7 @@ from paravt_jax.data.builtin import ensure_builtin
 from paravt_jax.metrics_writer import MetricsWriter
 from paravt_jax.runtime import builtin_assets
 
-TIER = "integration"  # executes the notebooks
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NOTEBOOKS = os.path.join(REPO, "notebooks")
 NAMES = ("01_rewards.ipynb", "02_rollouts.ipynb", "03_training_curves.ipynb", "04_paradox.ipynb")
 # The trained toy model 02 loads, with the run config whose built-in data it needs.

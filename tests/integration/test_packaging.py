@@ -16,9 +16,7 @@ import zipfile
 
 import pytest
 
-TIER = "integration"  # builds wheels
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SOURCES = ("setup.py", "README.md", "paravt_jax", "configs")
 # The checkout's stand-in for the package (paravt_jax/configs/__init__.py): a wheel holds configs/
 # there instead.

@@ -4,15 +4,13 @@ import jax
 import numpy as np
 import pytest
 
-from hf_tiny import IMAGE, image_tokens
 from paravt_jax.models.qwen3_vl import init_model, preset
 from paravt_jax.models.qwen3_vl.rope import get_rope_index
 from paravt_jax.sft.trainer import HEAD, sft_loss
 from paravt_jax.text.inputs import ModelInputs
 from paravt_jax.train.batch import micro_batches, pack, plan_rows, plan_token_budget, planned_micro_batches
 from paravt_jax.train.step import OptimizerConfig, TrainStep
-
-TIER = "integration"  # compiles train steps
+from support.hf_tiny import IMAGE, image_tokens
 
 
 def sequence(rng, prompt: int, response: int, grid=None) -> ModelInputs:
@@ -78,8 +76,8 @@ def test_token_budget_keeps_the_packed_width():
         plan_token_budget([300], 1000, width=256)
 
 
-# dense with the slow tests: the op is shared, blockwise adds the masked-block skipping
-@pytest.mark.parametrize("attention", ["blockwise", pytest.param("dense", marks=pytest.mark.slow)])
+# dense in tests/slow/test_packing.py: the op is shared, blockwise adds the masked-block skipping
+@pytest.mark.parametrize("attention", ["blockwise"])
 def test_packed_step_equals_unpacked(attention):
     """The step's loss (sum / token count) and gradients (summed over micro-batches / count)
     over token-budget micro-batches (several sequences per row, two with an image) equal those

@@ -15,8 +15,6 @@ from paravt_jax import meshes
 from paravt_jax.planner import gpu_target as GT
 from paravt_jax.planner import programs as G
 
-TIER = "integration"  # the compile tests; the rest is quick
-
 MISSING = GT.missing()
 needs_gpu_compiler = pytest.mark.skipif(MISSING is not None, reason=f"no XLA:GPU here: {MISSING}")
 

@@ -19,8 +19,6 @@ from paravt_jax.sampling import Sampler, SamplerConfig
 from paravt_jax.sampling.sampler import SampleOutput
 from paravt_jax.text.tokenizer import train_tokenizer
 
-TIER = "integration"  # real rollouts of the tiny model
-
 CORPUS = ["<think>I will look at two windows.</think> the answer is blue", "crop_video start_time end_time",
           '{"name": "crop_video", "arguments": {"video_path": "v.mp4", "start_time": 1, "end_time": 5}}',
           "When does the blue circle appear in the video?"] * 20

@@ -17,9 +17,7 @@ from paravt_jax.planner import time_plan as T
 from paravt_jax.planner import workload as W
 from paravt_jax.planner.memory import collective_bytes
 
-TIER = "integration"  # the TPU compiler
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def tpu_config():
@@ -40,7 +38,7 @@ def test_topologies_and_targets(monkeypatch):
             assert target.name == "tpu" and target.compiler == "tpu" and target.slices == entry["slices"], name
     assert G.resolve_target("auto", meshes.get_mesh("v5p-16")).name == "tpu"  # libtpu is installed here
     # a GPU preset under auto: XLA:CPU where XLA:GPU is missing (as in CI; with the CUDA plugin
-    # installed auto picks gpu: tests/test_plan_gpu.py)
+    # installed auto picks gpu: tests/integration/test_plan_gpu.py)
     monkeypatch.setattr(G.gpu_target, "missing", lambda: "the CUDA plugin is not installed")
     assert G.resolve_target("auto", meshes.get_mesh("gpu8")) == G.Target("cpu-fake", "gpu")
     with pytest.raises(G.TargetError, match="needs a TPU mesh preset"):
@@ -113,7 +111,7 @@ def test_programs_compiled_in_children_equal_those_compiled_in_this_process(tiny
     """Each program compiled by the TPU compiler in a child process of its own (libtpu's topology
     made in each child) gives the numbers of the same program compiled in this process: the
     decode and a prefill with its vision tower compiled here against the plan's children (the
-    whole plan in one process is tests/test_plan.py's comparison for XLA:CPU)."""
+    whole plan in one process is tests/unit/test_plan.py's comparison for XLA:CPU)."""
     result = tiny_tpu_plan
     assert len(result.programs.children) > len(result.programs.sampler)
     assert all(run.peak_bytes > 0 for run in result.programs.children)
@@ -163,29 +161,3 @@ def _workload():
 
     tok = train_tokenizer(["crop_video start_time end_time seconds frames"] * 10)
     return W.workload(W.rl_settings(tpu_config())[0], preset("tiny").vision, tok)
-
-
-@pytest.mark.slow
-def test_depth_extrapolation_matches_a_full_compile(tokenizer):
-    """small125m (12 layers) on v5p:2x2x2: every program's memory under --depth=extrapolate (the
-    trainer's from 2 and 4 scanned layers, the sampler's whole) is within 5% of the full
-    12-layer programs as a run compiles them."""
-    config = tpu_config()
-    config.model.preset = "small125m"
-    target = G.resolve_target("tpu", meshes.get_mesh("v5p-16"))
-    model = preset("small125m")
-    rl = W.rl_settings(config)[0]
-    work = W.workload(rl, model.vision, tokenizer, batch_devices=8)
-    layout = W.sampler_layout(rl, work)
-    sizes = meshes.mesh_shape("v5p-16")
-    # memory only: the costs (from the same unrolled pair either way) are not compared
-    guessed = G.compile_programs(model, rl, work, layout, sizes, target, "extrapolate", costs=False)
-    full = G.compile_programs(model, rl, work, layout, sizes, target, "full", costs=False)
-    assert guessed.depth.startswith("memory extrapolated from 2 and 4 scanned layers to 12")
-    assert full.depth.startswith("full (12 scanned layers)")
-    for a, b in zip(guessed.trainer + guessed.sampler, full.trainer + full.sampler):
-        print(f"{a.name:<40} extrapolated {a.total_bytes / 2**20:9.1f} MiB  full {b.total_bytes / 2**20:9.1f} MiB  "
-              f"({100 * (a.total_bytes / b.total_bytes - 1):+.2f}%)  temps {a.temp_bytes / 2**20:8.1f} / "
-              f"{b.temp_bytes / 2**20:8.1f} MiB")
-        assert a.name == b.name
-        assert abs(a.total_bytes / b.total_bytes - 1) <= 0.05, (a.name, a.total_bytes, b.total_bytes)

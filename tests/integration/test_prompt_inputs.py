@@ -3,15 +3,13 @@ import numpy as np
 import pytest
 
 from conftest import require_torch
-from hf_tiny import build_hf_tiny
 from paravt_jax.models.qwen3_vl import load_pretrained
 from paravt_jax.text import chat
 from paravt_jax.text.inputs import check_against_model, encode, encode_ids
 from paravt_jax.text.tokenizer import Tokenizer, train_tokenizer
 from paravt_jax.video.frames import patchify_image
 from paravt_jax.video.reader import resize_frames
-
-TIER = "integration"  # the model against transformers
+from support.hf_tiny import build_hf_tiny
 
 CORPUS = ["When does the red circle appear? <0.5 seconds> summary of the segment",
           "The answer is [12.0, 15.5]. A blue square appears."] * 30

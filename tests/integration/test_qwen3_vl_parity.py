@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 
 from conftest import require_torch
-from hf_tiny import (
+from paravt_jax.models.qwen3_vl import load_pretrained
+from support.hf_tiny import (
     IM_END,
     IM_START,
     build_hf_tiny,
@@ -14,9 +15,6 @@ from hf_tiny import (
     text_ids,
     video_tokens,
 )
-from paravt_jax.models.qwen3_vl import load_pretrained
-
-TIER = "integration"  # the model against transformers
 
 TOL = 1e-4
 

@@ -14,9 +14,7 @@ import pytest
 
 from paravt_jax import reproducibility
 
-TIER = "integration"  # processes pinned to cores, the toy SFT, the tiny main job
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # metrics that measure time (or compile work, which a warm cache changes), not the model
 TIMING = re.compile(r"(^time$|_s$|_s_|compile|minutes|wall|elapsed|per_s|queue|wait)")
 
@@ -216,7 +214,7 @@ def test_dispatch_and_subagent_batches_do_not_depend_on_completion_order(tmp_pat
     from paravt_jax.agent.rollout import Episode, RolloutConfig, run_rollouts
     from paravt_jax.data.synthetic import Event, write_video
     from paravt_jax.text.tokenizer import train_tokenizer
-    from scripted import ScriptedSampler
+    from support.scripted import ScriptedSampler
 
     video = write_video(str(tmp_path / "v.mp4"), 40.0, [Event(10.0, 14.0, "blue", "circle")], fps=4.0,
                         height=96, width=128, seed=1)

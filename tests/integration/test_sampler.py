@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 
 from conftest import require_torch
-from hf_tiny import IM_START, build_hf_tiny, image_tokens, patches, text_ids, video_tokens
 from paravt_jax import sharding as sh
 from paravt_jax.buckets import bucket
 from paravt_jax.models.qwen3_vl import init_model, load_pretrained, preset
@@ -13,8 +12,7 @@ from paravt_jax.models.qwen3_vl.rope import get_rope_index
 from paravt_jax.sampling import Sampler, SamplerConfig, SamplingParams, generate, sample_logits
 from paravt_jax.text import chat
 from paravt_jax.text.inputs import ModelInputs, encode_ids
-
-TIER = "integration"  # compiles the sampler's programs
+from support.hf_tiny import IM_START, build_hf_tiny, image_tokens, patches, text_ids, video_tokens
 
 NEW = 24
 

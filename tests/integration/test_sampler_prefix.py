@@ -5,7 +5,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hf_tiny import image_tokens, patches, text_ids
 from paravt_jax.models.qwen3_vl import init_model, preset
 from paravt_jax.models.qwen3_vl.rope import get_rope_index
 from paravt_jax.sampling import Sampler, SamplerConfig, SamplingParams
@@ -14,8 +13,7 @@ from paravt_jax.sampling.programs import grow_layer
 from paravt_jax.sampling.sampler import PromptShape
 from paravt_jax.text.inputs import ModelInputs, encode_ids
 from paravt_jax.train import compiles
-
-TIER = "integration"  # compiles the sampler's programs
+from support.hf_tiny import image_tokens, patches, text_ids
 
 G = 3
 

@@ -21,8 +21,6 @@ from paravt_jax.text.tokenizer import train_tokenizer
 from paravt_jax.train.batch import micro_batch_plan, pack, planned_micro_batches
 from paravt_jax.train.step import OptimizerConfig, TrainStep, tower_frozen
 
-TIER = "integration"  # compiles the vision tower and train steps
-
 FROZEN = OptimizerConfig(learning_rate=1e-3, weight_decay=0.0, frozen=("visual",))
 
 

@@ -2,9 +2,6 @@
 the workdir writers on gs://: checkpoints, metrics, TensorBoard events, a killed run resumed."""
 import json
 import os
-import signal
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -12,8 +9,6 @@ import pytest
 
 from paravt_jax import storage
 from paravt_jax.storage import write_json_atomic
-
-TIER = "integration"  # a Cloud Storage emulator and the main job
 
 
 def test_write_json_atomic_replaces_and_cleans_up(tmp_path):
@@ -107,7 +102,7 @@ def test_gs_appends_read_back_as_the_local_file_and_leave_no_parts(gcs_emulator,
     """Many appends of mixed sizes (an empty one, one without a newline, binary) to gs:// and to a local
     file: after every write the object holds the same bytes as the local file; a later writer
     continues the file; no part object is left beside it. (Their cost: bench/append.py, run by
-    tests/test_bench.py: requests and bytes per append constant, where re-uploading grew.)"""
+    tests/integration/test_bench.py: requests and bytes per append constant, where re-uploading grew.)"""
     writes = [json.dumps({"step": i, "pad": "x" * (i * 37 % 300)}).encode() + b"\n" for i in range(40)]
     writes[5:5] = [b"", "caf\u00e9 \u2603\n", b"no newline yet", b" ... now\n", bytes(range(256)) + b"\r\n\r\n"]
     directory = f"{gcs_emulator}/appends"
@@ -170,9 +165,9 @@ def test_a_stopped_loop_resumes_from_gs_bit_exact(gcs_emulator, tmp_path):
     """The training loop with its workdir on gs://: orbax checkpoints, metrics.jsonl and the
     TensorBoard events go to the bucket; stopped after step 1 and resumed, it ends with the
     same parameters as an uninterrupted local run, every step logged once."""
+    from integration.test_training import _toy_loop
     from paravt_jax.metrics_writer import event_records, parse_event
     from paravt_jax.preemption import Preempted
-    from test_training import _toy_loop
 
     straight = _toy_loop(str(tmp_path / "local"), 4)
     workdir = f"{gcs_emulator}/loop"
@@ -194,64 +189,12 @@ def test_a_stopped_loop_resumes_from_gs_bit_exact(gcs_emulator, tmp_path):
     assert sorted(steps) == [0, 1, 2, 3]
 
 
-@pytest.mark.slow  # three `sft` processes (minutes); the loop-level test above runs by default
-def test_a_killed_sft_run_on_gs_resumes_bit_exact(gcs_emulator, tmp_path, builtin_root):
-    """`paravt-jax sft --workdir=gs://...` killed (SIGKILL) after step 1's metrics line, rerun
-    to the end: its checkpoint holds the same parameters as an uninterrupted local run's."""
-    import orbax.checkpoint as ocp
-
-    from paravt_jax.checkpointing import Checkpointer
-    from test_cli_script import ROOT, environment
-
-    args = [sys.executable, "-m", "paravt_jax.cli", "sft", f"--config={ROOT}/configs/paragrpo.py:tiny",
-            f"--config.data.builtin_root={builtin_root}", "--config.sft.steps=3", "--config.sft.batch_size=2",
-            "--config.sft.nframes=2", "--config.sft.checkpoint_every=1"]
-
-    def sft(workdir, kill_at=None):
-        process = subprocess.Popen([*args, f"--workdir={workdir}"], stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.PIPE, text=True, env=environment())
-        log = []  # the log lines (stderr), where the metrics line that triggers the kill appears
-        try:
-            for line in process.stderr:
-                log.append(line)
-                if kill_at and kill_at in line:
-                    process.send_signal(signal.SIGKILL)
-                    kill_at = None
-            status = process.wait(timeout=600)
-        finally:
-            if process.poll() is None:
-                process.kill()
-        return status, "".join(log)
-
-    status, err = sft(str(tmp_path / "straight"))
-    assert status == 0, err[-3000:]
-    remote = f"{gcs_emulator}/sft-killed"
-    status, err = sft(remote, kill_at="[sft/ 1/3]")
-    assert status == -signal.SIGKILL, err[-3000:]
-    assert storage.exists(f"{remote}/checkpoints/1")
-    status, err = sft(remote)
-    assert status == 0, err[-3000:]
-    assert f"[sft] resumed from {remote}/checkpoints at step" in err
-    lines = [json.loads(line) for line in storage.read_text(f"{remote}/metrics.jsonl").splitlines()]
-    assert [line["step"] for line in lines] == [0, 1, 2]
-
-    def params(directory):
-        checkpointer = Checkpointer(directory)
-        assert checkpointer.latest_step() == 3
-        return checkpointer.manager.restore(3, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))["state"]["params"]
-
-    local, resumed = params(str(tmp_path / "straight" / "checkpoints")), params(f"{remote}/checkpoints")
-    leaves = jax.tree.leaves(local)
-    assert leaves and all(np.array_equal(a, b) for a, b in zip(leaves, jax.tree.leaves(resumed), strict=True))
-
-
 def test_the_main_job_and_export_write_their_files_to_gs(gcs_emulator, tmp_path, builtin_root):
     """`run` and `export` with --workdir=gs://...: the metrics, the cold start's table, the
     summary, the curves, the final model (with its chat template and processor configs) and
     the export are in the bucket, and nothing is written to a local directory of that name."""
+    from integration.test_cli import ROOT, run_cli, run_cli_logged
     from paravt_jax.models.qwen3_vl import load_pretrained
-    from test_cli import ROOT, run_cli, run_cli_logged
 
     workdir = f"{gcs_emulator}/main-job"
     common = [f"--config={ROOT}/configs/paragrpo.py:tiny", f"--workdir={workdir}",

@@ -19,9 +19,7 @@ import pytest
 
 from conftest import once_per_session
 
-TIER = "integration"  # a sweep in a process
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ABLATIONS = f"{ROOT}/configs/ablations.py"
 # The cheapest honest main job: every stage runs, on one question, a few tokens each.
 MINI = ["--config.sft.steps=1", "--config.sft.batch_size=2", "--config.sft.nframes=2",

@@ -14,8 +14,6 @@ from paravt_jax.text.tokenizer import train_tokenizer
 from paravt_jax.train.batch import micro_batches, pack
 from paravt_jax.train.step import OptimizerConfig, TrainStep, token_scores
 
-TIER = "integration"  # compiles train steps
-
 
 @pytest.fixture(scope="module")
 def sequences():

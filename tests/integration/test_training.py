@@ -22,9 +22,7 @@ from paravt_jax.sft.trainer import HEAD, SFTConfig, sft_loss, train_sft
 from paravt_jax.text.tokenizer import train_tokenizer
 from paravt_jax.train.loop import LoopConfig, data_indices, run_loop
 from paravt_jax.train.step import OptimizerConfig, TrainStep
-from tfevents import read_events
-
-TIER = "integration"  # SFT and RL steps
+from support.tfevents import read_events
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +134,7 @@ def logged_steps(workdir, tag="toy/loss"):
     return [l["step"] for l in lines if tag in l], steps
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, pytest.param(signal.SIGINT, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("signum", [signal.SIGTERM])  # SIGINT: tests/slow/test_training.py
 def test_resume_is_bit_exact_and_a_signal_checkpoints_then_stops(tmp_path, signum):
     from paravt_jax.preemption import Preempted
 
@@ -275,12 +273,10 @@ def test_sft_trains_dense_tool_rows_as_direct_answers_when_asked(dataset, tmp_pa
         assert messages == (direct_answer(rows[i]) if i in dense else rows[i])
 
 
-# by default only the token-budget variant runs end to end (the other RL-step tests here and the
-# multi-host tests cover the rest); sequence anchors and gating off are unit-tested
-# (test_advantages, test_gating)
-@pytest.mark.parametrize("anchor_mode,gating,max_tokens", [
-    pytest.param("token", True, 0, marks=pytest.mark.slow), pytest.param("sequence", True, 0, marks=pytest.mark.slow),
-    pytest.param("token", False, 0, marks=pytest.mark.slow), ("token", True, 1)])
+# here only the token-budget variant runs end to end, the others in tests/slow/test_training.py
+# (the other RL-step tests here and the multi-host tests cover the rest); sequence anchors and
+# gating off are unit-tested (test_advantages, test_gating)
+@pytest.mark.parametrize("anchor_mode,gating,max_tokens", [("token", True, 1)])
 def test_two_rl_steps(dataset, tmp_path, anchor_mode, gating, max_tokens):
     """Two RL steps; max_tokens=1: token-budget micro-batches (each row its own micro-batch,
     episodes packed into rows), with the padding fraction logged."""

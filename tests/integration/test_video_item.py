@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 from conftest import require_torch
-from hf_tiny import build_hf_tiny
 from paravt_jax.agent.dispatch import CropDispatcher
 from paravt_jax.agent.protocol import PromptFormat
 from paravt_jax.agent.rollout import Episode, overview_prompts
@@ -20,8 +19,7 @@ from paravt_jax.text.inputs import encode
 from paravt_jax.text.tokenizer import train_tokenizer
 from paravt_jax.video.frames import group_times, patchify_video, video_smart_resize
 from paravt_jax.video.reader import read_video_item
-
-TIER = "integration"  # the model and video code against transformers
+from support.hf_tiny import build_hf_tiny
 
 CORPUS = ["When does the person open the door? <0.2 seconds> 1.0 seconds", "crop_video start_time"] * 20
 PAD6 = "<|video_pad|>" * 6
@@ -206,24 +204,3 @@ def test_charades_gets_the_video_item_by_default():
     built = driver.driver_config(c, "charades")
     assert built.prompt.overview_visual == "images"
     assert (built.prompt.overview_video_frames, built.prompt.overview_video_max_pixels) == (32, 25165824)
-
-
-@pytest.mark.slow
-def test_sampler_prefill_of_a_video_then_an_image_matches_the_forward_pass(tokenizer):
-    """The rollout's rows hold the overview video and then crop images: the sampler's batched
-    vision inputs must place both as the model's own forward does."""
-    from paravt_jax.models.qwen3_vl import init_model, preset
-    from paravt_jax.sampling import Sampler, SamplerConfig, SamplingParams
-
-    rng = np.random.default_rng(0)
-    clip = chat.Video(rng.integers(0, 256, (4, 64, 96, 3), dtype=np.uint8), np.arange(4) * 0.5)
-    crop = chat.Image(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8))
-    inputs = encode(chat.render([chat.Message("user", (clip, chat.Text("When?"), crop, chat.Text("ok")))],
-                                add_generation_prompt=True), tokenizer)
-    model = init_model(preset("tiny"), seed=0)
-    logits = np.asarray(model(**inputs.model_kwargs()).logits, np.float64)[0, -1]
-    log_probs = logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
-    out, _ = Sampler(model, SamplerConfig(min_chunk_bucket=64)).generate([inputs],
-                                                                         sampling=SamplingParams(max_new_tokens=1))
-    token = out.tokens[0][0]
-    assert token == int(logits.argmax()) and out.logprobs[0][0] == pytest.approx(log_probs[token], abs=1e-4)

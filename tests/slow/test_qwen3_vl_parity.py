@@ -1,14 +1,13 @@
-"""Slower checks, excluded by default: `bash launch/test.sh -m slow`."""
+"""The benchmark preset against transformers (the tiny model's parity runs by default in
+tests/integration/test_qwen3_vl_parity.py)."""
 import json
 
 import numpy as np
-import pytest
 
 from conftest import require_torch
-from hf_tiny import randomize
+from support.hf_tiny import randomize
 
 
-@pytest.mark.slow
 def test_small125m_parity_with_transformers(tmp_path):
     """The benchmark preset (12 layers, GQA 12/4, vocab 32k, 2-layer vision tower) against
     transformers on a random checkpoint: image + text batch, fp32."""

@@ -10,7 +10,7 @@ does and the emulator leaves out:
     request at a time (http.server.HTTPServer), so the check and the write below are atomic,
     as they are in Cloud Storage.
 
-    python tests/gcs_emulator.py HOST PORT BUCKET   (in memory; conftest.py's gcs_emulator)
+    python tests/support/gcs_emulator.py HOST PORT BUCKET   (in memory; conftest.py's gcs_emulator)
 """
 import sys
 from http import HTTPStatus

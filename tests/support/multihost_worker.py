@@ -1,6 +1,6 @@
-"""One process of the multi-host test (tests/test_multihost.py), or its single-process baseline.
+"""One process of the multi-host test (tests/integration/test_multihost.py), or its single-process baseline.
 
-    python tests/multihost_worker.py OUT_DIR COMMAND [paravt-jax flags ...]
+    python tests/support/multihost_worker.py OUT_DIR COMMAND [paravt-jax flags ...]
 
 Runs `paravt-jax COMMAND ...` through `paravt_jax.cli.main` (which starts the distributed
 runtime from the PARAVT_* variables when they are set) and records, into OUT_DIR under this

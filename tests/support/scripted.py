@@ -13,7 +13,7 @@ What it scripts:
     function of the sub-agent prompt's text.
 
 How it behaves like the real sampler (sampler.py): the call signatures are the real ones
-(tests/test_orchestration.py compares them with `inspect.signature`, so a change of the
+(tests/unit/test_orchestration.py compares them with `inspect.signature`, so a change of the
 real sampler's parameters breaks this fake loudly); each generated row is the script's text
 encoded, followed by the first of `sampling.stop_ids` (the turn's end), cut at
 `sampling.max_new_tokens` (then `finished` is False, as when the real decode runs out of its

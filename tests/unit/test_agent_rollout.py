@@ -11,10 +11,8 @@ from paravt_jax.agent.protocol import PromptFormat, ToolProtocol
 from paravt_jax.agent.rollout import Episode, RolloutConfig, run_rollouts
 from paravt_jax.agent.tools import ToolCall
 from paravt_jax.data.synthetic import Event, write_video
-from paravt_jax.models.qwen3_vl import init_model, preset
-from paravt_jax.sampling import Sampler, SamplerConfig
 from paravt_jax.text.tokenizer import train_tokenizer
-from scripted import ScriptedSampler
+from support.scripted import ScriptedSampler
 
 CORPUS = ["<think>I will look at two windows.</think> the answer is blue", "crop_video start_time end_time",
           '{"name": "crop_video", "arguments": {"video_path": "v.mp4", "start_time": 1, "end_time": 5}}'] * 20
@@ -151,24 +149,6 @@ def test_max_turns_enforced(video, tokenizer):
     assert r.turns == 3 and r.calls_per_turn == (1, 1, 1)  # 2 rounds executed, the third call unanswered
     assert r.completion.count("<tool_response>") == 2
     assert r.inputs.image_grid_thw.shape[0] == 4 + 2 * 4  # overview + two crops of 4 frames
-
-
-@pytest.mark.integration  # the tiny model
-@pytest.mark.parametrize("mode", ["subagent", "frames"])
-def test_full_tiny_rollout(video, tmp_path, mode):
-    tok = train_tokenizer(CORPUS)
-    model = init_model(preset("tiny"), seed=0)
-    sampler = Sampler(model, SamplerConfig(min_chunk_bucket=64))
-    episodes = [Episode("a", "When does the blue circle appear?", "[10.0, 14.0]", "tvg", video, nframes=4),
-                Episode("b", "Colour?", "blue", "oe", str(tmp_path / "gone.mp4"), nframes=4)]
-    with CropDispatcher() as dispatcher:
-        rollouts, skipped = run_rollouts(sampler, tok, episodes, 2,
-                                         RolloutConfig(mode=mode, max_turns=1, max_new_tokens=8), dispatcher)
-    assert len(rollouts) == 2 and len(skipped) == 1 and "gone.mp4" in skipped[0]
-    for r in rollouts:
-        assert r.inputs.length == len(r.logprobs) == len(r.structural_mask)
-        assert 1 <= r.inputs.loss_mask.sum() <= 8 * 2
-        assert np.all(r.logprobs[r.inputs.loss_mask == 1] <= 0)
 
 
 def test_final_answer_round_forces_a_short_answer(video, tokenizer):

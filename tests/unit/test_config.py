@@ -13,13 +13,13 @@ from paravt_jax.episodes.rewards import RewardConfig, make_judge
 from paravt_jax.rl.trainer import RLConfig
 from paravt_jax.sft.trainer import SFTConfig
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SECTIONS = (("rl", RLConfig, runtime.rl_config), ("sft", SFTConfig, runtime.sft_config))
 # sections of named entries by type (eval/registry.py): their fields walked through the entries
 # of the tiny preset
 ENTRY_SECTIONS = (("evals", runtime.evals_config),)
 # keys whose value the walk leaves at its default: the periodic held-out check refuses cold-start
-# K (tests/test_eval_registry.py)
+# K (tests/unit/test_eval_registry.py)
 LEFT_AT_DEFAULT = ("rl.evals.eval.after_sft",)
 # String fields whose values are checked when the dataclass is built: an allowed other value.
 CHOICES = {"AdvantageConfig.anchor_mode": "sequence", "OptimizerConfig.name": "adam",

@@ -14,7 +14,7 @@ from paravt_jax.data.synthetic import Event, write_video
 from paravt_jax.episodes import episode_log as L
 from paravt_jax.episodes.rewards import RewardConfig, score
 from paravt_jax.text.tokenizer import train_tokenizer
-from test_agent_rollout import CORPUS, ScriptedSampler, calls_text
+from unit.test_agent_rollout import CORPUS, ScriptedSampler, calls_text
 
 ANSWER = "the crops show it</think>\n<answer>blue</answer>"  # after the forced "<think>\n"
 

@@ -2,10 +2,8 @@
 import dataclasses
 import glob
 import hashlib
-import io
 import json
 import os
-from contextlib import redirect_stdout
 
 import numpy as np
 import pytest
@@ -16,9 +14,9 @@ from paravt_jax.eval import datasets, driver, prompts
 from paravt_jax.eval import records as store
 from paravt_jax.text import chat
 from paravt_jax.text.tokenizer import Tokenizer
-from scripted import ScriptedSampler
+from support.scripted import ScriptedSampler
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")
@@ -266,55 +264,6 @@ def test_missing_videos_beyond_the_share_are_refused(benchmark, assets, tmp_path
     err = capsys.readouterr().err
     assert status == 2 and "synthetic: 6 of 6 videos are missing (100.0% > max_missing_videos=0.02)" in err
     assert not os.path.exists(tmp_path / "out" / "summary_all.json")
-
-
-@pytest.mark.slow  # the driver's protocol, batching and resume tests run by default
-def test_cli_compare_on_the_synthetic_benchmark(assets, tmp_path):
-    """End to end with the real tiny model: parallel vs sequential dispatch, per-dataset JSON,
-    summary_all.json and the comparison table."""
-    from paravt_jax.cli import main
-
-    out = io.StringIO()
-    with redirect_stdout(out):
-        status = main(["paravt-jax", "eval", f"--config={ROOT}/configs/eval.py:synthetic", f"--output_dir={tmp_path}",
-              f"--config.data.builtin_root={os.path.dirname(assets.model_dir)}", "--limit=2", "--compare",
-              "--config.driver.nframes=4", "--config.driver.max_new_tokens=8", "--config.driver.max_turns=1"])
-    text = out.getvalue()
-    assert status == 0, text[-2000:]
-    assert "| synthetic | parallel |" in text and "| synthetic | sequential |" in text
-    for dispatch in driver.DISPATCH:
-        summary = json.load(open(tmp_path / dispatch / "summary_all.json"))["synthetic"]
-        assert summary["complete"] and summary["total"] == 2 and summary["dispatch"] == dispatch
-        assert len(json.load(open(tmp_path / dispatch / "synthetic.json"))["results"]) == 2
-    assert set(json.load(open(tmp_path / "compare.json"))["synthetic"]) == set(driver.DISPATCH)
-
-
-@pytest.mark.slow  # the keyed-records logic runs by default (test_records_are_keyed_by_checkpoint_and_settings)
-def test_cli_eval_twice_with_two_checkpoints(assets, tmp_path, capsys):
-    """`paravt-jax eval` of two checkpoints into one directory: the second is refused naming the
-    checkpoint (status 2), and with --overwrite gives its own, correctly labelled summary."""
-    import shutil
-
-    from paravt_jax.cli import main
-
-    copy = tmp_path / "copy"
-    shutil.copytree(assets.model_dir, copy)
-    out = tmp_path / "out"
-    common = ["eval", f"--config={ROOT}/configs/eval.py:synthetic", f"--output_dir={out}", "--limit=1",
-              f"--config.data.builtin_root={os.path.dirname(os.path.dirname(assets.model_dir))}",
-              "--config.data.num_train=2", "--config.data.num_eval=6", "--config.driver.nframes=2",
-              "--config.driver.max_new_tokens=4", "--config.driver.max_turns=1"]
-    assert main(["paravt-jax", *common]) == 0
-    first = json.load(open(out / "summary_all.json"))["synthetic"]
-    assert first["producer"]["checkpoint"]["path"] == assets.model_dir
-    capsys.readouterr()
-    assert main(["paravt-jax", *common, f"--config.model.checkpoint={copy}"]) == 2
-    err = capsys.readouterr().err
-    assert f"checkpoint.path: '{assets.model_dir}' -> '{copy}'" in err and "--overwrite" in err
-    assert main(["paravt-jax", *common, f"--config.model.checkpoint={copy}", "--overwrite"]) == 0
-    second = json.load(open(out / "summary_all.json"))["synthetic"]
-    assert second["producer"]["checkpoint"]["path"] == str(copy) and second["producer_id"] != first["producer_id"]
-    assert second["total"] == 1 and second["complete"]
 
 
 def test_a_checkpoint_is_known_by_its_content_not_its_path_or_times(assets, tmp_path):

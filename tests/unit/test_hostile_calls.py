@@ -13,7 +13,7 @@ from paravt_jax.agent.rollout import Episode, RolloutConfig, run_rollouts
 from paravt_jax.agent.tools import QUOTE_CHARS, cap_errors, parse_tool_calls, quote, validate_crop
 from paravt_jax.data.synthetic import Event, write_video
 from paravt_jax.text.tokenizer import train_tokenizer
-from test_agent_rollout import CORPUS, ScriptedSampler
+from unit.test_agent_rollout import CORPUS, ScriptedSampler
 
 DURATION = 20.0
 ERROR_CHARS = 400  # no error message may echo more than a capped quote

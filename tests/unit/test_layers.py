@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PACKAGE = os.path.join(ROOT, "paravt_jax")
 APP = "paravt_jax.cli"
 # (importer prefix, imported prefix) pairs that must not occur: the engine below the algorithms,

@@ -1,6 +1,6 @@
 """Log lines (paravt_jax/logs.py): one format on stderr, the package's INFO from process 0 only,
 every library's warnings, other libraries' INFO never, and absl's own handler when an absl app
-installed it. That a two-process run logs its progress once: tests/test_multihost.py."""
+installed it. That a two-process run logs its progress once: tests/integration/test_multihost.py."""
 import logging as std_logging
 import re
 

@@ -13,7 +13,7 @@ from paravt_jax.agent.rollout import Episode, RolloutConfig, run_rollouts
 from paravt_jax.agent.tools import parse_tool_calls
 from paravt_jax.data.synthetic import Event, write_video
 from paravt_jax.text.tokenizer import train_tokenizer
-from scripted import ScriptedSampler
+from support.scripted import ScriptedSampler
 
 
 def block(body: str) -> str:

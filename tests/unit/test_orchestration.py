@@ -28,7 +28,7 @@ from paravt_jax.sampling import Sampler, SamplingParams
 from paravt_jax.text.inputs import encode_ids
 from paravt_jax.text.tokenizer import train_tokenizer
 from paravt_jax.train.step import TrainState
-from scripted import ScriptedSampler
+from support.scripted import ScriptedSampler
 
 CALL = ('<tool_call>\n{"name": "crop_video", "arguments": {"video_path": "v.mp4", "start_time": 8, '
         '"end_time": 16}}\n</tool_call>')
@@ -67,7 +67,7 @@ def test_the_scripted_sampler_takes_the_real_samplers_parameters(method):
 
 
 def test_the_scripted_sampler_tracks_positions_and_budgets_as_the_real_one(tokenizer):
-    """As tests/test_sampler.py checks of the real sampler: a row's next chunk starts after its
+    """As tests/integration/test_sampler.py checks of the real sampler: a row's next chunk starts after its
     generated tokens, a row without a chunk generates nothing and keeps its place, a chunk
     elsewhere is refused; a turn cut at its budget has no stop token and is not finished."""
     stop = tokenizer.special.im_end

@@ -11,9 +11,7 @@ from paravt_jax.agent.toolbox import Observation, Tool, find_tool
 from paravt_jax.agent.tools import ToolCall, parse_time
 from paravt_jax.data.synthetic import Event, write_video
 from paravt_jax.text.tokenizer import train_tokenizer
-from scripted import ScriptedSampler
-
-pytestmark = pytest.mark.unit
+from support.scripted import ScriptedSampler
 
 
 @dataclasses.dataclass(frozen=True)

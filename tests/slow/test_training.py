@@ -1,0 +1,20 @@
+"""The training loops' slow variants (tests/integration/test_training.py runs the others by
+default): the SIGINT resume, and the RL steps without token-budget micro-batches."""
+import signal
+
+import pytest
+
+from integration.test_training import dataset  # noqa: F401 (the fixture)
+from integration.test_training import test_resume_is_bit_exact_and_a_signal_checkpoints_then_stops as resume_test
+from integration.test_training import test_two_rl_steps as two_rl_steps
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT])
+def test_resume_is_bit_exact_and_a_signal_checkpoints_then_stops(tmp_path, signum):
+    resume_test(tmp_path, signum)
+
+
+@pytest.mark.parametrize("anchor_mode,gating,max_tokens", [("token", True, 0), ("sequence", True, 0),
+                                                           ("token", False, 0)])
+def test_two_rl_steps(dataset, tmp_path, anchor_mode, gating, max_tokens):  # noqa: F811
+    two_rl_steps(dataset, tmp_path, anchor_mode, gating, max_tokens)
