@@ -1,4 +1,4 @@
-"""Moved from tests/unit/test_agent_rollout.py."""
+"""Real rollouts of the tiny model (the dispatcher and the scripted rollouts: tests/unit/test_agent_rollout.py)."""
 import numpy as np
 import pytest
 
@@ -7,7 +7,10 @@ from paravt_jax.agent.rollout import Episode, RolloutConfig, run_rollouts
 from paravt_jax.models.qwen3_vl import init_model, preset
 from paravt_jax.sampling import Sampler, SamplerConfig
 from paravt_jax.text.tokenizer import train_tokenizer
+from unit import test_agent_rollout as unit_tests
 from unit.test_agent_rollout import CORPUS
+
+video = unit_tests.video  # the fixture
 
 
 @pytest.mark.parametrize("mode", ["subagent", "frames"])

@@ -1,4 +1,6 @@
-"""Moved from tests/unit/test_plan.py."""
+"""The memory planner against compiled programs and real arrays: byte counts of the initialised,
+sharded tiny model, the sampler's cache and working sets from XLA, a plan in one process or a
+child per program, the `plan` command (the unit tests: tests/unit/test_plan.py)."""
 import json
 import os
 import subprocess
@@ -11,7 +13,10 @@ from paravt_jax.configs import paragrpo
 from paravt_jax.models.qwen3_vl import init_model, preset
 from paravt_jax.planner import plan as P
 from paravt_jax.planner import workload as W
+from unit import test_plan as unit_tests
 from unit.test_plan import MESH8, ROOT, leaf_bytes, plan_numbers, plan_of, run_plan, small_config
+
+sharded_tiny, xla_plan = unit_tests.sharded_tiny, unit_tests.xla_plan  # the fixtures
 
 
 def test_parameter_bytes_equal_the_initialised_sharded_model(sharded_tiny, tokenizer):

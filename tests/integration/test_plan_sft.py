@@ -1,4 +1,5 @@
-"""Moved from tests/unit/test_plan_sft.py."""
+"""The cold-start SFT step's gradient program compiled on fake CPU devices (the workload and the
+command: tests/unit/test_plan_sft.py)."""
 from paravt_jax.configs import paragrpo
 from paravt_jax.planner import sft_plan as S
 from paravt_jax.planner.programs import Target

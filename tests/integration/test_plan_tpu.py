@@ -111,7 +111,7 @@ def test_programs_compiled_in_children_equal_those_compiled_in_this_process(tiny
     """Each program compiled by the TPU compiler in a child process of its own (libtpu's topology
     made in each child) gives the numbers of the same program compiled in this process: the
     decode and a prefill with its vision tower compiled here against the plan's children (the
-    whole plan in one process is tests/unit/test_plan.py's comparison for XLA:CPU)."""
+    whole plan in one process is tests/integration/test_plan.py's comparison for XLA:CPU)."""
     result = tiny_tpu_plan
     assert len(result.programs.children) > len(result.programs.sampler)
     assert all(run.peak_bytes > 0 for run in result.programs.children)

@@ -1,4 +1,5 @@
-"""Moved from tests/unit/test_platforms.py."""
+"""paravt_jax.infra.platforms in processes: a CPU run starts no TPU runtime, and the planner's TPU
+target still compiles after it (tests/unit/test_platforms.py: the environment it sets)."""
 import subprocess
 import sys
 

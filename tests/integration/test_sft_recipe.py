@@ -1,4 +1,5 @@
-"""Moved from tests/unit/test_sft_recipe.py."""
+"""The SFT recipe's options in a real run: video items trained, over-long examples dropped (the
+recipe field by field: tests/unit/test_sft_recipe.py)."""
 from paravt_jax.data import synthetic as syn
 from paravt_jax.data.paravt_parquet import load_sft_rows
 from paravt_jax.data.sft_examples import sft_inputs

@@ -1,4 +1,5 @@
-"""Moved from tests/unit/test_attention.py."""
+"""Attention's slow check: the tiny model's forward and gradients with blockwise attention equal
+dense (the ops themselves: tests/unit/test_attention.py)."""
 import jax
 import jax.numpy as jnp
 import numpy as np

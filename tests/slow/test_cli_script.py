@@ -1,4 +1,5 @@
-"""Moved from tests/integration/test_cli_script.py."""
+"""The installed script stopped by signals in the middle of a run, then resumed (the loop-level
+signal and resume tests run by default: tests/integration/test_training.py)."""
 import json
 import os
 import signal

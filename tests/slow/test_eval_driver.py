@@ -1,11 +1,16 @@
-"""Moved from tests/unit/test_eval_driver.py."""
+"""The evaluation commands end to end: `compare` on the synthetic benchmark, `eval` of two
+checkpoints (the driver's protocol, batching, resume and keyed records run by default:
+tests/unit/test_eval_driver.py)."""
 import io
 import json
 import os
 from contextlib import redirect_stdout
 
 from paravt_jax.eval import driver
+from unit import test_eval_driver as unit_tests
 from unit.test_eval_driver import ROOT
+
+assets = unit_tests.assets  # the fixture
 
 
 def test_cli_compare_on_the_synthetic_benchmark(assets, tmp_path):

@@ -1,4 +1,5 @@
-"""Moved from tests/unit/test_events.py."""
+"""The toy config's SFT step end to end (it compiles a train step: minutes on a loaded 2-core
+machine; the events themselves: tests/unit/test_events.py)."""
 import json
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""Moved from tests/integration/test_plan_tpu.py."""
+"""The TPU planner's depth extrapolation against a full compile of `small125m` (docs/scale-out.md)."""
 from integration.test_plan_tpu import tpu_config
 from paravt_jax import meshes
 from paravt_jax.models.qwen3_vl import preset

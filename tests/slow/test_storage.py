@@ -1,4 +1,5 @@
-"""Moved from tests/integration/test_storage.py."""
+"""A killed `sft` run on gs:// resumes bit-exact: three `sft` processes, minutes (the loop-level
+test on gs:// runs by default: tests/integration/test_storage.py)."""
 import json
 import signal
 import subprocess

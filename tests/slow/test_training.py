@@ -4,9 +4,11 @@ import signal
 
 import pytest
 
-from integration.test_training import dataset  # noqa: F401 (the fixture)
+from integration import test_training as integration_tests
 from integration.test_training import test_resume_is_bit_exact_and_a_signal_checkpoints_then_stops as resume_test
 from integration.test_training import test_two_rl_steps as two_rl_steps
+
+dataset = integration_tests.dataset  # the fixture
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT])
@@ -16,5 +18,5 @@ def test_resume_is_bit_exact_and_a_signal_checkpoints_then_stops(tmp_path, signu
 
 @pytest.mark.parametrize("anchor_mode,gating,max_tokens", [("token", True, 0), ("sequence", True, 0),
                                                            ("token", False, 0)])
-def test_two_rl_steps(dataset, tmp_path, anchor_mode, gating, max_tokens):  # noqa: F811
+def test_two_rl_steps(dataset, tmp_path, anchor_mode, gating, max_tokens):
     two_rl_steps(dataset, tmp_path, anchor_mode, gating, max_tokens)

@@ -1,9 +1,12 @@
-"""Moved from tests/integration/test_video_item.py."""
+"""The sampler's prefill of a video then an image against the forward pass."""
 import numpy as np
 import pytest
 
+from integration import test_video_item as integration_tests
 from paravt_jax.text import chat
 from paravt_jax.text.inputs import encode
+
+tokenizer = integration_tests.tokenizer  # the module's fixture (other words than conftest's)
 
 
 def test_sampler_prefill_of_a_video_then_an_image_matches_the_forward_pass(tokenizer):

@@ -1,4 +1,5 @@
-"""Moved from tests/integration/test_workdirs.py."""
+"""Two real runs in one workdir (the lock's refusal through the command line runs by default:
+tests/integration/test_workdirs.py)."""
 import os
 import subprocess
 import sys
