@@ -23,7 +23,7 @@ import tempfile  # noqa: E402
 
 import pytest  # noqa: E402
 
-CACHE_ENV = "PARAVT_JAX_CACHE_DIR"  # paravt_jax.compile_cache.ENV_VAR (not imported: jax stays unloaded here)
+CACHE_ENV = "PARAVT_JAX_CACHE_DIR"  # paravt_jax.infra.compile_cache.ENV_VAR (not imported: jax stays unloaded here)
 BUILTIN_ENV = "PARAVT_TEST_BUILTIN_ROOT"  # the session's built-in assets, shared by the xdist workers
 SHARED_ENV = "PARAVT_TEST_SHARED_DIR"  # the session's costly fixtures' outputs, shared by the xdist workers
 
@@ -43,7 +43,7 @@ def pytest_configure(config):
     if not hasattr(config, "workerinput") and not os.environ.get(SHARED_ENV):
         config.paravt_shared_dir = tempfile.mkdtemp(prefix="paravt-test-shared-")
         os.environ[SHARED_ENV] = config.paravt_shared_dir
-    from paravt_jax import compile_cache
+    from paravt_jax.infra import compile_cache
 
     compile_cache.enable()  # the tests' own compiles too (programs of >= 1 s)
 
@@ -155,7 +155,7 @@ def gcs_emulator(tmp_path_factory):
     """A Cloud Storage API emulator (the gcp-storage-emulator package, through
     tests/support/gcs_emulator.py) on 127.0.0.1 with a bucket `paravt-test`, in memory;
     STORAGE_EMULATOR_HOST points every client at it (gcsfs, and orbax's through
-    paravt_jax.storage). Yields the bucket's URL, gs://paravt-test."""
+    paravt_jax.infra.storage). Yields the bucket's URL, gs://paravt-test."""
     import subprocess
     import sys
     import time

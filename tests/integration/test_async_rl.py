@@ -14,17 +14,18 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from paravt_jax import sharding as sh
 from paravt_jax.agent import dispatch
 from paravt_jax.agent.protocol import PromptFormat
 from paravt_jax.agent.rollout import RolloutConfig
 from paravt_jax.data import synthetic as syn
 from paravt_jax.data.paravt_parquet import RLRow, load_rl_rows
+from paravt_jax.infra import sharding as sh
+from paravt_jax.infra.preemption import Preempted
 from paravt_jax.models.qwen3_vl import init_model, preset
-from paravt_jax.preemption import Preempted
 from paravt_jax.rl.advantages import AdvantageConfig
 from paravt_jax.rl.pipeline import Pipeline, PipelineError, Policy
 from paravt_jax.rl.trainer import RLConfig, train_rl
+from paravt_jax.run_config import build_run
 from paravt_jax.sampling import Sampler
 from paravt_jax.text.tokenizer import train_tokenizer
 from paravt_jax.train.step import OptimizerConfig
@@ -220,28 +221,28 @@ def test_a_slow_crop_does_not_stall_the_trainer_while_steps_are_queued(tmp_path,
     (dict(rollout_devices=4, fsdp=3), r"the training mesh of 4 devices beside mesh.rollout_devices=4"),
 ])
 def test_a_bad_split_names_the_field(changes, message):
-    from paravt_jax import runtime
+    from paravt_jax.cli import assembly
     from paravt_jax.config import ConfigValueError
     from paravt_jax.configs import base
 
     config = base.get_config("tiny")
     config.mesh.update(changes)
     with pytest.raises(ConfigValueError, match=message):
-        runtime.build_mesh(config)
-        runtime.build_rollout_mesh(config)
+        assembly.build_mesh(build_run(config))
+        assembly.build_rollout_mesh(build_run(config))
 
 
 def test_a_split_with_a_mesh_preset_is_refused_and_the_default_splits_4_plus_4():
-    from paravt_jax import runtime
+    from paravt_jax.cli import assembly
     from paravt_jax.config import ConfigValueError
     from paravt_jax.configs import base
 
     config = base.get_config("tiny")
     config.mesh.rollout_devices = 4
-    train, rollout = runtime.build_mesh(config), runtime.build_rollout_mesh(config)
+    train, rollout = assembly.build_mesh(build_run(config)), assembly.build_rollout_mesh(build_run(config))
     assert dict(train.shape) == {"data": 1, "fsdp": 4, "tensor": 1}
     assert dict(rollout.shape) == {"data": 1, "fsdp": 1, "tensor": 4}
     assert not set(train.devices.flat) & set(rollout.devices.flat)
     config.mesh_preset = "gpu8"
     with pytest.raises(ConfigValueError, match="mesh_preset='gpu8'"):
-        runtime.build_mesh(config)
+        assembly.build_mesh(build_run(config))

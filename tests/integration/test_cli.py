@@ -121,18 +121,19 @@ def test_mesh_preset_builds_the_named_mesh(builtin_root):
     import jax
     from flax import nnx
 
+    from paravt_jax.cli.assembly import build_model
     from paravt_jax.configs import paragrpo
-    from paravt_jax.runtime import build_model, builtin_assets
+    from paravt_jax.run_config import build_run, builtin_assets
 
     config = paragrpo.get_config("tiny")
     config.data.builtin_root = builtin_root
     config.mesh_preset = "gpu8_tp2"
-    model = build_model(config, default_dir=builtin_assets(config).model_dir)
+    model = build_model(build_run(config), default_dir=builtin_assets(build_run(config)).model_dir)
     meshes = {tuple(x.sharding.mesh.shape.items()) for x in jax.tree.leaves(nnx.state(model, nnx.Param))}
     assert meshes == {(("data", 1), ("fsdp", 4), ("tensor", 2))}
     config.mesh_preset = "v9-8"
     with pytest.raises(KeyError, match="v9-8"):
-        build_model(config)
+        build_model(build_run(config))
 
 
 def test_after_sft_evaluation_is_stored_and_read_back_on_resume(tmp_path, monkeypatch):
@@ -142,11 +143,12 @@ def test_after_sft_evaluation_is_stored_and_read_back_on_resume(tmp_path, monkey
     from paravt_jax.configs import paragrpo
     from paravt_jax.eval.evaluator import Outcome
     from paravt_jax.eval.held_out import EvalResult
+    from paravt_jax.run_config import build_run
 
     calls = []
 
     def fake_evaluate_all(config, model, tokenizer, eval_rows, stage="final", **episode_log):
-        nframes = tuple(jobs.evals_config(config)["held_out"].after_sft)
+        nframes = tuple(config.evals["held_out"].after_sft)  # config: the RunConfig
         calls.append((stage, nframes))
         return [Outcome("eval", {}, {}, EvalResult(tools, k, 0.5 + len(calls), 1.0, 1.0, 2.0, len(eval_rows), 1.0))
                 for tools in (False, True) for k in nframes]
@@ -155,14 +157,14 @@ def test_after_sft_evaluation_is_stored_and_read_back_on_resume(tmp_path, monkey
     config = paragrpo.get_config("tiny")
     config.evals.held_out.after_sft = (4, 16)
     workdir = str(tmp_path)
-    first = jobs.evaluate_after_sft(config, None, None, ["row"], workdir)
+    first = jobs.evaluate_after_sft(build_run(config), None, None, ["row"], workdir)
     assert calls == [("after_sft", (4, 16))] and len(first) == 4 and os.path.isfile(f"{workdir}/sft/eval.json")
-    assert jobs.evaluate_after_sft(config, None, None, ["row"], workdir) == first and len(calls) == 1
+    assert jobs.evaluate_after_sft(build_run(config), None, None, ["row"], workdir) == first and len(calls) == 1
     config.evals.held_out.limit = 3  # other settings: the stored table is not theirs
-    again = jobs.evaluate_after_sft(config, None, None, ["row"], workdir)
+    again = jobs.evaluate_after_sft(build_run(config), None, None, ["row"], workdir)
     assert len(calls) == 2 and again[0]["accuracy"] != first[0]["accuracy"]
     config.sft.steps += 100  # a longer SFT in the same workdir: another cold start
-    jobs.evaluate_after_sft(config, None, None, ["row"], workdir)
+    jobs.evaluate_after_sft(build_run(config), None, None, ["row"], workdir)
     assert len(calls) == 3
 
 
@@ -183,11 +185,11 @@ def test_held_out_and_generate_episodes_are_the_configs():
     from paravt_jax.cli.jobs import generate_episode
     from paravt_jax.configs import paragrpo, vanilla_grpo
     from paravt_jax.eval.held_out import FINAL_ANSWER_TOKENS, episode_config
-    from paravt_jax.runtime import evals_config, rl_config
+    from paravt_jax.run_config import build_run
 
     config = paragrpo.get_config("toy")
     config.rl.dispatch.max_parallel, config.rl.dispatch.max_frames = 3, 6
-    e, rl = evals_config(config)["held_out"], rl_config(config)
+    e, rl = build_run(config).evals["held_out"], build_run(config).rl
     tools = episode_config(rl.rollout, tools=True, max_new_tokens=e.max_new_tokens, max_turns=e.max_turns,
                            mode=e.mode)
     assert (tools.subagent_max_tokens, tools.prompt.overview_max_pixels, tools.temperature) == (32, 96 * 160, 0.0)
@@ -196,10 +198,10 @@ def test_held_out_and_generate_episodes_are_the_configs():
     assert tools.prompt.think_prefix and tools.prompt.tools
     plain = episode_config(rl.rollout, tools=False)
     assert plain.max_turns == 0 and not plain.prompt.tools and not plain.protocol.final_answer
-    rollout, dispatch = generate_episode(config)
+    rollout, dispatch = generate_episode(build_run(config))
     assert dataclasses_equal_but_temperature(rollout, rl.rollout) and rollout.temperature == 0.0
     assert (dispatch.max_pixels, dispatch.max_parallel, dispatch.max_frames) == (96 * 160, 3, 6)
-    baseline = rl_config(vanilla_grpo.get_config("tiny")).rollout  # no think prefix in the baseline's episodes
+    baseline = build_run(vanilla_grpo.get_config("tiny")).rl.rollout  # no think prefix in the baseline's episodes
     assert not episode_config(baseline, tools=True).prompt.think_prefix
 
 

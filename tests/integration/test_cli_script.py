@@ -150,19 +150,20 @@ def test_random_init_and_toy_data_are_asked_for_by_name(args, message, tmp_path,
 
 
 def test_model_init_random_asks_for_both():
-    from paravt_jax.config_checks import check_config, check_data_sources
+    from paravt_jax.cli.config_checks import check_config, check_data_sources
     from paravt_jax.configs import paragrpo
+    from paravt_jax.run_config import build_run
 
     config = paragrpo.get_config("qwen3vl_8b")
     config.model.init = "random"
     check_config(config)
-    check_data_sources(config)  # a smoke test of the recipe on the toy data: allowed by name
-    check_data_sources(paragrpo.get_config("toy"))
+    check_data_sources(build_run(config))  # a smoke test of the recipe on the toy data: allowed by name
+    check_data_sources(build_run(paragrpo.get_config("toy")))
 
 
 def test_several_bad_values_are_listed_together():
+    from paravt_jax.cli.config_checks import check_config
     from paravt_jax.config import ConfigValueError
-    from paravt_jax.config_checks import check_config
     from paravt_jax.configs import paragrpo
 
     config = paragrpo.get_config("tiny")
@@ -183,7 +184,7 @@ RUN = ["--config.sft.steps=3", "--config.sft.batch_size=2", "--config.sft.nframe
        "--config.evals.held_out.max_new_tokens=4", "--config.evals.held_out.max_turns=1"]
 
 
-# A log line (paravt_jax/logs.py): level letter, month and day, time, message.
+# A log line (paravt_jax/infra/logs.py): level letter, month and day, time, message.
 LOG_LINE = re.compile(r"^[DIWEF]\d{4} \d\d:\d\d:\d\d (\[process \d+\] )?")
 
 

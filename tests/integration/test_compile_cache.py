@@ -4,11 +4,11 @@ import sys
 
 import pytest
 
-from paravt_jax import compile_cache
+from paravt_jax.infra import compile_cache
 
 PROGRAM = """
 import sys, jax, jax.numpy as jnp
-from paravt_jax import compile_cache
+from paravt_jax.infra import compile_cache
 print(compile_cache.enable(sys.argv[1], min_compile_seconds=0))
 jax.jit(lambda x: jnp.sin(x) * float(sys.argv[2]))(jnp.ones(3)).block_until_ready()
 """

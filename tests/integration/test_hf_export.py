@@ -1,5 +1,5 @@
 """The checkpoints the jobs write, as other tools load them: `AutoProcessor.from_pretrained` on an
-`export` and on the main job's `final/` (both `runtime.save_export`) builds transformers' own
+`export` and on the main job's `final/` (both `cli/assembly.py`'s `save_export`) builds transformers' own
 Qwen3-VL processor (tokenizer, image and video processors, chat template) from their files,
 renders a tool-calling chat with a video and images to our prompt ids, patches and grids, and
 `AutoModelForImageTextToText` loaded from the same directory decodes our sampler's greedy
@@ -30,8 +30,8 @@ THOUGHT = "<think>\nTwo windows to check.\n</think>"
 
 @pytest.fixture(scope="module")
 def export(tmp_path_factory):
+    from paravt_jax.cli.assembly import save_export
     from paravt_jax.models.qwen3_vl import init_model, preset
-    from paravt_jax.runtime import save_export
 
     directory = str(tmp_path_factory.mktemp("export") / "export")
     save_export(init_model(preset("tiny"), seed=5), train_tokenizer(CORPUS), directory)

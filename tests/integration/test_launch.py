@@ -13,7 +13,8 @@ import sys
 
 import pytest
 
-from paravt_jax import meshes
+from paravt_jax.infra import meshes
+from paravt_jax.run_config import build_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LAUNCH = os.path.join(ROOT, "launch")
@@ -460,14 +461,14 @@ def test_unknown_and_broken_presets_are_refused():
 def test_command_line_of_the_mesh_table(tmp_path):
     # What the launch scripts run: this checkout's table, from any directory, without JAX.
     env = dict(os.environ, PYTHONPATH=ROOT)
-    run = lambda *a: subprocess.run([sys.executable, "-m", "paravt_jax.meshes", *a], env=env, cwd=tmp_path,
+    run = lambda *a: subprocess.run([sys.executable, "-m", "paravt_jax.infra.meshes", *a], env=env, cwd=tmp_path,
                                     capture_output=True, text=True)
     assert run("--overrides", "v5p-32").stdout.split() == [
         "--config.mesh.data=1", "--config.mesh.fsdp=16", "--config.mesh.tensor=1"]
     bad = run("v5p-33")
     assert bad.returncode == 2 and "known presets" in bad.stderr
     assert "2xv5p-128" in run("--list").stdout
-    bare = subprocess.run([sys.executable, "-c", "import sys, paravt_jax.meshes; print('jax' in sys.modules)"],
+    bare = subprocess.run([sys.executable, "-c", "import sys, paravt_jax.infra.meshes; print('jax' in sys.modules)"],
                           env=env, cwd=tmp_path, capture_output=True, text=True)
     assert bare.stdout.strip() == "False", bare.stderr
 
@@ -477,14 +478,14 @@ def test_preset_reaches_the_config_and_builds_a_mesh_on_fake_devices():
     from absl import flags
     from ml_collections import config_flags
 
-    from paravt_jax import runtime
+    from paravt_jax.cli import assembly
     from paravt_jax.configs import base
 
     assert jax.device_count() == 8
 
     config = meshes.apply_mesh_preset(base.get_config("tiny"), "gpu8_tp2")
-    assert runtime.mesh_axes(config) == {"data": 1, "fsdp": 4, "tensor": 2}
-    mesh = runtime.build_mesh(config)
+    assert build_run(config).mesh.axes() == {"data": 1, "fsdp": 4, "tensor": 2}
+    mesh = assembly.build_mesh(build_run(config))
     assert dict(mesh.shape) == {"data": 1, "fsdp": 4, "tensor": 2}
 
     # The overrides the launch scripts append parse in the real config flag system.
@@ -492,7 +493,7 @@ def test_preset_reaches_the_config_and_builds_a_mesh_on_fake_devices():
     flag_values = flags.FlagValues()
     config_flags.DEFINE_config_file("config", None, "", flag_values=flag_values, sys_argv=argv)
     flag_values(argv)
-    assert runtime.mesh_axes(flag_values.config) == meshes.mesh_shape("gpu8_tp4")
+    assert build_run(flag_values.config).mesh.axes() == meshes.mesh_shape("gpu8_tp4")
 
 
 def test_hybrid_mesh_single_slice_on_fake_devices():
@@ -500,7 +501,7 @@ def test_hybrid_mesh_single_slice_on_fake_devices():
     import numpy as np
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from paravt_jax import sharding as sh
+    from paravt_jax.infra import sharding as sh
 
     preset = meshes.get_mesh("gpu8_tp2")
     mesh = sh.make_hybrid_mesh(preset["ici"], preset["dcn"])
@@ -533,7 +534,7 @@ class FakeDevice:
 
 
 def test_hybrid_arrangement_puts_each_slice_in_its_own_dcn_block():
-    from paravt_jax import sharding as sh
+    from paravt_jax.infra import sharding as sh
 
     # Interleaved ids so that a plain reshape would mix the slices.
     tpu = [FakeDevice(id=i, process_index=i // 4, slice_index=i % 2) for i in range(16)]

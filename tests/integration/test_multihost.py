@@ -1,4 +1,4 @@
-"""Multi-host runs (paravt_jax.distributed).
+"""Multi-host runs (paravt_jax.infra.distributed).
 
 The end-to-end check starts real processes on this machine: `paravt-jax run` (RL only, 2 steps)
 as 2 processes x 4 CPU devices (localhost coordinator, gloo collectives) and as 1 process x 8
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from conftest import FAST_COMPILE, once_per_session
-from paravt_jax import distributed as dist
+from paravt_jax.infra import distributed as dist
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKER = os.path.join(ROOT, "tests", "support", "multihost_worker.py")
@@ -226,7 +226,7 @@ def test_only_process_zero_writes_files(runs):
 
 
 def test_only_process_zero_logs_progress(runs):
-    """Progress is logged once (paravt_jax/logs.py): process 0's log has the per-step lines and the
+    """Progress is logged once (paravt_jax/infra/logs.py): process 0's log has the per-step lines and the
     run's notices; process 1's has no INFO line, and whatever it warns names it."""
     def log_lines(index):
         with open(os.path.join(runs["multi"], f"log_{index}.txt"), errors="replace") as f:
@@ -246,7 +246,7 @@ def test_only_process_zero_logs_progress(runs):
 def test_checkpoint_written_by_two_processes_restores(runs):
     """Both processes took part in the save (orbax): the checkpoint is complete, and restores
     (here in one process) to the single-process run's state."""
-    from paravt_jax.checkpointing import Checkpointer
+    from paravt_jax.infra.checkpointing import Checkpointer
     from paravt_jax.models.qwen3_vl import load_pretrained
     from paravt_jax.sft.trainer import HEAD, sft_loss
     from paravt_jax.train.step import OptimizerConfig, TrainStep

@@ -36,8 +36,8 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
 from paravt_jax.data.builtin import ensure_builtin
-from paravt_jax.metrics_writer import MetricsWriter
-from paravt_jax.runtime import builtin_assets
+from paravt_jax.infra.metrics_writer import MetricsWriter
+from paravt_jax.run_config import build_run, builtin_assets
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NOTEBOOKS = os.path.join(REPO, "notebooks")
@@ -75,7 +75,7 @@ def prepare_builtin(root: str) -> str:
     with open(os.path.join(TOY_MODEL, "run_config.json")) as f:
         config = ml_collections.ConfigDict(json.load(f)["config"])
     config.data.builtin_root = root
-    builtin_assets(config)
+    builtin_assets(build_run(config))
     return root
 
 

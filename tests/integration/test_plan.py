@@ -13,6 +13,7 @@ from paravt_jax.configs import paragrpo
 from paravt_jax.models.qwen3_vl import init_model, preset
 from paravt_jax.planner import plan as P
 from paravt_jax.planner import workload as W
+from paravt_jax.run_config import build_run
 from unit import test_plan as unit_tests
 from unit.test_plan import MESH8, ROOT, leaf_bytes, plan_numbers, plan_of, run_plan, small_config
 
@@ -39,7 +40,7 @@ def test_kv_cache_matches_the_samplers_own_cache(sharded_tiny, tokenizer):
 
     config = small_config()
     result = plan_of(config, MESH8, 16, "estimate", tokenizer)
-    layout = W.sampler_layout(W.rl_settings(config)[0], result.workload)
+    layout = W.sampler_layout(W.rl_settings(build_run(config))[0], result.workload)
     mesh, model = sharded_tiny
     sampler = Sampler(model, mesh=mesh)
     for name, rows, slots in (("prompt KV cache (", layout.prompt_rows, layout.prefix_slots),
@@ -82,7 +83,7 @@ def test_sampler_working_sets_come_from_xla(xla_plan):
                  "vision tower (sub-agent prefill)", "weight refresh"):
         assert name in note
     assert row.per_device_bytes == max(p.working_bytes for p in result.programs.sampler)
-    rl = W.rl_settings(config)[0]
+    rl = W.rl_settings(build_run(config))[0]
     layout = W.sampler_layout(rl, result.workload)
     extend = result.programs.get("tool-response prefill")
     assert extend.group_rows < layout.rows  # the budget splits the extend into row groups
@@ -103,7 +104,7 @@ def test_each_program_in_its_own_child_gives_the_numbers_of_one_process(xla_plan
     memory recorded) and compile_in=process (every program in one process: one child with the 8
     fake devices) give the same plan, but for compile seconds and host memory."""
     config, children = xla_plan
-    one = P.plan(config, MESH8, 16, "xla", tokenizer=tokenizer, compile_in="process")
+    one = P.plan(build_run(config), MESH8, 16, "xla", tokenizer=tokenizer, compile_in="process")
     programs = children.programs
     # the sampler's programs, then the trainer's: scanned (memory) and unrolled (costs), 2 layers
     trainer = [p.name for p in programs.trainer]

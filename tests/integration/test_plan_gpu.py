@@ -11,9 +11,10 @@ import re
 
 import pytest
 
-from paravt_jax import meshes
+from paravt_jax.infra import meshes
 from paravt_jax.planner import gpu_target as GT
 from paravt_jax.planner import programs as G
+from paravt_jax.run_config import build_run
 
 MISSING = GT.missing()
 needs_gpu_compiler = pytest.mark.skipif(MISSING is not None, reason=f"no XLA:GPU here: {MISSING}")
@@ -111,7 +112,7 @@ def test_tiny_plan_compiled_by_the_gpu_compiler(tokenizer):
     from paravt_jax.planner.memory import MODULE_COSTS
 
     target = G.resolve_target("gpu", None, "h100")
-    result = P.plan(tiny_gpu_config(), {"data": 1, "fsdp": 2, "tensor": 1}, 80, "xla", tokenizer=tokenizer,
+    result = P.plan(build_run(tiny_gpu_config()), {"data": 1, "fsdp": 2, "tensor": 1}, 80, "xla", tokenizer=tokenizer,
                     target=target, chip="h100", compile_in="process")
     assert result.target == "gpu" and result.activations == "xla"
     for phase in result.phases:
@@ -141,14 +142,14 @@ def test_gpu_module_flops_match_xla_cpu(tokenizer):
     dense attention: the same work on both) for 2 H100s and for 2 fake CPU devices."""
     import jax
 
-    from paravt_jax import sharding as sh
+    from paravt_jax.infra import sharding as sh
     from paravt_jax.planner.memory import MODULE_COSTS
     from paravt_jax.planner.workload import Assumptions, model_config, rl_settings, workload
 
     config = tiny_gpu_config("float32")
     config.model.attention = "dense"
-    _, model = model_config(config)
-    rl, _ = rl_settings(config)
+    _, model = model_config(build_run(config))
+    rl, _ = rl_settings(build_run(config))
     model = model.replace(scan_layers=False)
     work = workload(rl, model.vision, tokenizer, Assumptions(), 2)
     sizes = {"data": 1, "fsdp": 2, "tensor": 1}
@@ -170,7 +171,7 @@ def test_codegen_options_change_no_number(monkeypatch):
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as PS
 
-    from paravt_jax import sharding as sh
+    from paravt_jax.infra import sharding as sh
     from paravt_jax.planner.memory import compile_for
 
     devices = G.target_devices(G.resolve_target("gpu", None, "h100"), 2)
@@ -213,7 +214,7 @@ def test_a_fused_kernel_the_gpu_compiler_refuses_is_named(monkeypatch):
     import jax
     import jax.numpy as jnp
 
-    from paravt_jax import sharding as sh
+    from paravt_jax.infra import sharding as sh
     from paravt_jax.models.qwen3_vl import attention
     from paravt_jax.models.qwen3_vl.attention_mask import AttentionMask
     from paravt_jax.planner.memory import compile_for

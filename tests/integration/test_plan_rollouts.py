@@ -14,7 +14,7 @@ from paravt_jax.configs import paragrpo
 from paravt_jax.data.synthetic import Event, write_video
 from paravt_jax.models.qwen3_vl import init_model, preset
 from paravt_jax.planner import workload as W
-from paravt_jax.runtime import rl_config
+from paravt_jax.run_config import build_run
 from paravt_jax.sampling import Sampler, SamplerConfig
 from paravt_jax.sampling.sampler import SampleOutput
 from paravt_jax.text.tokenizer import train_tokenizer
@@ -80,7 +80,7 @@ def rl_for(mode):
     c.rl.rollout.mode, c.rl.rollout.max_turns = mode, 2
     c.rl.rollout.max_new_tokens, c.rl.rollout.subagent_max_tokens = 128, 24
     c.rl.dispatch.max_parallel, c.rl.dispatch.max_frames = len(WINDOWS), 4
-    return rl_config(c)
+    return build_run(c).rl
 
 
 @pytest.mark.parametrize("mode", ["frames", "subagent"])
@@ -126,7 +126,7 @@ class RecordingPolicy(FullBudgetPolicy):
 
     def generate(self, prompts, num_samples=1, **kwargs):
         if self.main_calls:
-            from paravt_jax.buckets import bucket
+            from paravt_jax.infra.buckets import bucket
             from paravt_jax.sampling.chunks import chunk_width
 
             shape, config = kwargs["shape"], self.sampler.config
@@ -149,7 +149,7 @@ def test_planner_sampler_calls_match_the_rollouts(setup):
     c.rl.rollout.mode, c.rl.rollout.max_turns = "subagent", 2
     c.rl.rollout.max_new_tokens, c.rl.rollout.subagent_max_tokens = 128, 24
     c.rl.dispatch.max_parallel, c.rl.dispatch.max_frames = len(WINDOWS), 4
-    rl = rl_config(c)
+    rl = build_run(c).rl
     assumptions = W.Assumptions(question_tokens=len(tok.encode(QUESTION)), video_seconds=SECONDS,
                                 source_frame=(HEIGHT, WIDTH), source_fps=FPS, video_name=os.path.basename(video))
     work = W.workload(rl, model.config.vision, tok, assumptions)

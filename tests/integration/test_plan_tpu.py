@@ -8,14 +8,15 @@ import os
 
 import pytest
 
-from paravt_jax import meshes
 from paravt_jax.configs import paragrpo
+from paravt_jax.infra import meshes
 from paravt_jax.models.qwen3_vl import preset
 from paravt_jax.planner import plan as P
 from paravt_jax.planner import programs as G
 from paravt_jax.planner import time_plan as T
 from paravt_jax.planner import workload as W
 from paravt_jax.planner.memory import collective_bytes
+from paravt_jax.run_config import build_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -65,7 +66,7 @@ def tiny_tpu_plan(tokenizer):
     """The tiny recipe's plan for v5p-16 by the TPU compiler, each program compiled in a child
     process of its own (the default)."""
     target = G.resolve_target("tpu", meshes.get_mesh("v5p-16"))
-    return P.plan(tpu_config(), meshes.mesh_shape("v5p-16"), 95, "xla", tokenizer=tokenizer, target=target,
+    return P.plan(build_run(tpu_config()), meshes.mesh_shape("v5p-16"), 95, "xla", tokenizer=tokenizer, target=target,
                   depth="extrapolate", chip="v5p")
 
 
@@ -117,8 +118,8 @@ def test_programs_compiled_in_children_equal_those_compiled_in_this_process(tiny
     assert all(run.peak_bytes > 0 for run in result.programs.children)
     assert any(n.startswith("host memory: ") and "child processes" in n for n in result.notes)
     config = tpu_config()
-    _, model = W.model_config(config)
-    rl = W.rl_settings(config)[0]
+    _, model = W.model_config(build_run(config))
+    rl = W.rl_settings(build_run(config))[0]
     names = ("decode", "sub-agent prefill", "vision tower (sub-agent prefill)")
     here = G.program_job("sampler", model, rl, result.workload, W.sampler_layout(rl, result.workload),
                          meshes.mesh_shape("v5p-16"), G.resolve_target("tpu", meshes.get_mesh("v5p-16")), names)
@@ -135,7 +136,8 @@ def test_requested_kernel_off_its_platform_is_an_error(tokenizer):
     config.model.attention = "cudnn"
     target = G.resolve_target("tpu", meshes.get_mesh("v5p-8"))
     with pytest.raises(ValueError, match="model.attention='cudnn' runs on gpu only; this program is compiled for tpu"):
-        P.plan(config, meshes.mesh_shape("v5p-8"), 95, "xla", tokenizer=tokenizer, target=target, depth="extrapolate")
+        P.plan(build_run(config), meshes.mesh_shape("v5p-8"), 95, "xla", tokenizer=tokenizer, target=target,
+               depth="extrapolate")
 
 
 def test_time_plan_counts_calls_and_bounds():
@@ -145,7 +147,7 @@ def test_time_plan_counts_calls_and_bounds():
     grads = ProgramMemory("gradients", 0, 0, 8, 1.0, flops=459e12, bytes_accessed=1e9, collective_bytes=0.0)
     update = ProgramMemory("optimizer update", 0, 0, 0, 1.0, bytes_accessed=2765e9 * 2)
     programs = G.ProgramSet((grads, update), (), "tpu", "test", 2.0)
-    rl = W.rl_settings(tpu_config())[0]
+    rl = W.rl_settings(build_run(tpu_config()))[0]
     work = dataclasses.replace(_workload(), micro_batches=3)
     result = T.time_plan(programs, rl, work, None, preset("tiny"), "v5p")
     g, u = result.phases
@@ -160,4 +162,4 @@ def _workload():
     from paravt_jax.text.tokenizer import train_tokenizer
 
     tok = train_tokenizer(["crop_video start_time end_time seconds frames"] * 10)
-    return W.workload(W.rl_settings(tpu_config())[0], preset("tiny").vision, tok)
+    return W.workload(W.rl_settings(build_run(tpu_config()))[0], preset("tiny").vision, tok)

@@ -8,7 +8,7 @@ import pytest
 
 from conftest import require_torch
 from integration.test_qwen3_vl_parity import assert_close, hf_logits, mixed_batch, ours_on
-from paravt_jax import sharding as sh
+from paravt_jax.infra import sharding as sh
 from paravt_jax.models.qwen3_vl import CheckpointError, init_model, load_pretrained, preset, save_pretrained
 from paravt_jax.models.qwen3_vl import safetensors_io as st
 from support.hf_tiny import IM_START, build_hf_tiny, image_tokens, pad_batch, patches, text_ids

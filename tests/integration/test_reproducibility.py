@@ -1,4 +1,4 @@
-"""Same commit, config, seed and packages, same numbers (paravt_jax/reproducibility.py): on 1 or 2
+"""Same commit, config, seed and packages, same numbers (paravt_jax/infra/reproducibility.py): on 1 or 2
 cores, beside a busy process, whatever order crops finish in; the manifest every run records;
 the built-in data's content hash."""
 import json
@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from paravt_jax import reproducibility
+from paravt_jax.infra import reproducibility
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # metrics that measure time (or compile work, which a warm cache changes), not the model

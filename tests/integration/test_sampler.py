@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from conftest import require_torch
-from paravt_jax import sharding as sh
-from paravt_jax.buckets import bucket
+from paravt_jax.infra import sharding as sh
+from paravt_jax.infra.buckets import bucket
 from paravt_jax.models.qwen3_vl import init_model, load_pretrained, preset
 from paravt_jax.models.qwen3_vl.rope import get_rope_index
 from paravt_jax.sampling import Sampler, SamplerConfig, SamplingParams, generate, sample_logits

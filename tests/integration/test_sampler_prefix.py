@@ -129,7 +129,7 @@ def test_row_groups_on_a_mesh_stay_on_each_device(model):
     device's block, and the episode equals the unsharded one-group episode."""
     from flax import nnx
 
-    from paravt_jax import sharding as sh
+    from paravt_jax.infra import sharding as sh
     from paravt_jax.sampling.kv_cache import RowGroup
 
     mesh = sh.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})

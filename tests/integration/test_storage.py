@@ -1,4 +1,4 @@
-"""paravt_jax.storage on local paths and on gs:// (a real GCS API emulator on 127.0.0.1), and
+"""paravt_jax.infra.storage on local paths and on gs:// (a real GCS API emulator on 127.0.0.1), and
 the workdir writers on gs://: checkpoints, metrics, TensorBoard events, a killed run resumed."""
 import json
 import os
@@ -7,8 +7,8 @@ import jax
 import numpy as np
 import pytest
 
-from paravt_jax import storage
-from paravt_jax.storage import write_json_atomic
+from paravt_jax.infra import storage
+from paravt_jax.infra.storage import write_json_atomic
 
 
 def test_write_json_atomic_replaces_and_cleans_up(tmp_path):
@@ -166,8 +166,8 @@ def test_a_stopped_loop_resumes_from_gs_bit_exact(gcs_emulator, tmp_path):
     TensorBoard events go to the bucket; stopped after step 1 and resumed, it ends with the
     same parameters as an uninterrupted local run, every step logged once."""
     from integration.test_training import _toy_loop
-    from paravt_jax.metrics_writer import event_records, parse_event
-    from paravt_jax.preemption import Preempted
+    from paravt_jax.infra.metrics_writer import event_records, parse_event
+    from paravt_jax.infra.preemption import Preempted
 
     straight = _toy_loop(str(tmp_path / "local"), 4)
     workdir = f"{gcs_emulator}/loop"

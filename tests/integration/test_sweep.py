@@ -387,4 +387,4 @@ def test_long_rl_study_runs_its_core_arms_first_and_checks_held_out_accuracy_at_
                           "--dry_run", "--shared_sft")
     rates = [line for line in lines if "--config.rl.optimizer.learning_rate=" in line]
     assert len(rates) == 3 and all("paragrpo" in line and "seed=0" in line for line in rates)
-from paravt_jax.flags import UsageError
+from paravt_jax.cli.flags import UsageError

@@ -4,7 +4,7 @@ import jax
 import numpy as np
 import pytest
 
-from paravt_jax import sharding as sh
+from paravt_jax.infra import sharding as sh
 from paravt_jax.models.qwen3_vl import init_model, preset
 from paravt_jax.rl.objective import StepConfig, policy_head, policy_loss
 from paravt_jax.sft.trainer import HEAD, sft_loss

@@ -136,7 +136,7 @@ def logged_steps(workdir, tag="toy/loss"):
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM])  # SIGINT: tests/slow/test_training.py
 def test_resume_is_bit_exact_and_a_signal_checkpoints_then_stops(tmp_path, signum):
-    from paravt_jax.preemption import Preempted
+    from paravt_jax.infra.preemption import Preempted
 
     straight = _toy_loop(str(tmp_path / "a"), 4)
     with pytest.raises(Preempted, match=f"{signal.Signals(signum).name}: checkpoint at step 2 of 4") as stopped:
@@ -161,8 +161,8 @@ def test_resume_is_bit_exact_and_a_signal_checkpoints_then_stops(tmp_path, signu
 def test_resume_drops_metrics_logged_past_the_restored_step(tmp_path):
     """A kill between a step's metrics line and its checkpoint (here: steps 2 and 3 logged,
     the checkpoint at 2, a torn last line) must not leave those steps twice."""
-    from paravt_jax.checkpointing import Checkpointer
-    from paravt_jax.metrics_writer import MetricsWriter
+    from paravt_jax.infra.checkpointing import Checkpointer
+    from paravt_jax.infra.metrics_writer import MetricsWriter
 
     workdir = str(tmp_path / "run")
     _toy_loop(workdir, 2)
@@ -183,8 +183,8 @@ def test_a_resume_in_the_same_second_truncates_the_earlier_event_file(tmp_path, 
     """Event files were named by the second and the host: a writer opened in the same second as
     the interrupted run's appended to its file, and resume() (which truncates the other files)
     left the stale steps there (seen as a flaky duplicate in the test above)."""
-    from paravt_jax import metrics_writer
-    from paravt_jax.metrics_writer import MetricsWriter
+    from paravt_jax.infra import metrics_writer
+    from paravt_jax.infra.metrics_writer import MetricsWriter
 
     monkeypatch.setattr(metrics_writer.time, "time", lambda: 1796400000.0)
     stale = MetricsWriter(str(tmp_path), console=False)

@@ -14,6 +14,7 @@ from paravt_jax.data.synthetic import Event, write_video
 from paravt_jax.eval import driver, prompts
 from paravt_jax.eval import records as store
 from paravt_jax.models.qwen3_vl import load_pretrained
+from paravt_jax.run_config import build_run
 from paravt_jax.text import chat
 from paravt_jax.text.inputs import encode
 from paravt_jax.text.tokenizer import train_tokenizer
@@ -197,10 +198,10 @@ def test_charades_gets_the_video_item_by_default():
     from paravt_jax.configs import eval as eval_config
 
     c = eval_config.get_config("paravt_8b")
-    charades, videomme = driver.driver_config(c, "charades"), driver.driver_config(c, "videomme")
+    charades, videomme = driver.driver_config(build_run(c), "charades"), driver.driver_config(build_run(c), "videomme")
     assert (charades.prompt_mode, charades.prompt.overview_visual) == ("agentic_minimal", "video")
     assert (videomme.prompt_mode, videomme.prompt.overview_visual) == ("agentic_general", "images")
     c.grounding_visual = "images"
-    built = driver.driver_config(c, "charades")
+    built = driver.driver_config(build_run(c), "charades")
     assert built.prompt.overview_visual == "images"
     assert (built.prompt.overview_video_frames, built.prompt.overview_video_max_pixels) == (32, 25165824)

@@ -9,8 +9,10 @@ import time
 
 import pytest
 
-from paravt_jax import locking, workdirs
-from paravt_jax.locking import Holder, WorkdirLock, WorkdirLocked
+from paravt_jax.cli import workdirs
+from paravt_jax.infra import locking
+from paravt_jax.infra.locking import Holder, WorkdirLock, WorkdirLocked
+from paravt_jax.run_config import build_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HOST = socket.gethostname()
@@ -84,7 +86,7 @@ def test_the_heartbeat_keeps_a_lock_fresh_and_a_lost_lock_is_not_claimed(tmp_pat
 # stdin closes) or "locked", and how late it started.
 TAKER = """
 import sys, time
-from paravt_jax.locking import WorkdirLock, WorkdirLocked
+from paravt_jax.infra.locking import WorkdirLock, WorkdirLocked
 workdir, start = sys.argv[1], float(sys.argv[2])
 time.sleep(max(0.0, start - time.time()))
 late = time.time() - start
@@ -121,7 +123,7 @@ def test_processes_taking_a_gs_workdir_at_once_one_wins(gcs_emulator):
     one wins, and of six taking over a stale lock (another host, silent too long) one does; the
     others are refused. (Processes start too far apart on two cores to catch check-then-write
     out; the threads of the next test do.)"""
-    from paravt_jax import storage
+    from paravt_jax.infra import storage
 
     workdir = f"{gcs_emulator}/raced"
     assert race(workdir) == ["locked"] * 5 + ["won"]
@@ -167,7 +169,7 @@ def test_the_bucket_stores_compare_and_swap_has_one_winner(gcs_emulator):
 def test_a_gs_lock_taken_over_is_not_claimed_by_its_stalled_holder(gcs_emulator):
     """The heartbeat and the release are generation-matched: once another host has replaced a
     lock, the old holder's heartbeat stops and its release deletes nothing."""
-    from paravt_jax import storage
+    from paravt_jax.infra import storage
 
     workdir = f"{gcs_emulator}/stalled"
     lock = WorkdirLock(workdir, heartbeat_s=0.05).acquire()
@@ -203,20 +205,20 @@ def test_a_rerun_under_another_config_is_refused_with_the_differing_fields(tmp_p
 
     config = paragrpo.get_config("tiny")
     workdir = str(tmp_path)
-    assert workdirs.check_config(workdir, workdirs.config_record(config, "run")) == []
+    assert workdirs.check_config(workdir, workdirs.config_record(build_run(config), "run")) == []
     config.rl.steps, config.sft.steps, config.mesh.fsdp = 40, 900, 2  # run length and placement
-    assert workdirs.check_config(workdir, workdirs.config_record(config, "run")) == []
+    assert workdirs.check_config(workdir, workdirs.config_record(build_run(config), "run")) == []
     config.rl.optimizer.learning_rate, config.evals.held_out.nframes = 1e-3, (4,)
     with pytest.raises(workdirs.ConfigChanged, match=r"evals\.held_out\.nframes: \[4, 64\] -> \[4\]; "
                        r"rl.optimizer.learning_rate: 0.0001 -> 0.001\).*--config_changed=ok"):
-        workdirs.check_config(workdir, workdirs.config_record(config, "run"))
+        workdirs.check_config(workdir, workdirs.config_record(build_run(config), "run"))
     with pytest.raises(workdirs.ConfigChanged, match=r"command: 'run' -> 'train'"):
-        workdirs.check_config(workdir, workdirs.config_record(paragrpo.get_config("tiny"), "train"))
-    changes = workdirs.check_config(workdir, workdirs.config_record(config, "run"), config_changed="ok")
+        workdirs.check_config(workdir, workdirs.config_record(build_run(paragrpo.get_config("tiny")), "train"))
+    changes = workdirs.check_config(workdir, workdirs.config_record(build_run(config), "run"), config_changed="ok")
     assert len(changes) == 2 and json.loads((tmp_path / workdirs.CHANGES_NAME).read_text())["changes"] == changes
     stored = json.loads((tmp_path / workdirs.CONFIG_NAME).read_text())
     assert stored["config"]["rl"]["optimizer"]["learning_rate"] == 1e-3  # the new config is the stored one
-    assert workdirs.check_config(workdir, workdirs.config_record(config, "run")) == []
+    assert workdirs.check_config(workdir, workdirs.config_record(build_run(config), "run")) == []
 
 
 def test_a_finished_run_is_not_left_alone_under_another_config(tmp_path, capsys):
@@ -225,7 +227,7 @@ def test_a_finished_run_is_not_left_alone_under_another_config(tmp_path, capsys)
     from paravt_jax.cli import main
     from paravt_jax.configs import paragrpo
 
-    workdirs.check_config(str(tmp_path), workdirs.config_record(paragrpo.get_config("tiny"), "run"))
+    workdirs.check_config(str(tmp_path), workdirs.config_record(build_run(paragrpo.get_config("tiny")), "run"))
     (tmp_path / "summary.json").write_text(json.dumps({"eval": []}))
     assert main(["paravt-jax", "run", f"--config={ROOT}/configs/paragrpo.py:tiny", f"--workdir={tmp_path}",
                  "--config.rl.optimizer.learning_rate=0.5"]) == 2

@@ -1,9 +1,10 @@
 """The TPU planner's depth extrapolation against a full compile of `small125m` (docs/scale-out.md)."""
 from integration.test_plan_tpu import tpu_config
-from paravt_jax import meshes
+from paravt_jax.infra import meshes
 from paravt_jax.models.qwen3_vl import preset
 from paravt_jax.planner import programs as G
 from paravt_jax.planner import workload as W
+from paravt_jax.run_config import build_run
 
 
 def test_depth_extrapolation_matches_a_full_compile(tokenizer):
@@ -14,7 +15,7 @@ def test_depth_extrapolation_matches_a_full_compile(tokenizer):
     config.model.preset = "small125m"
     target = G.resolve_target("tpu", meshes.get_mesh("v5p-16"))
     model = preset("small125m")
-    rl = W.rl_settings(config)[0]
+    rl = W.rl_settings(build_run(config))[0]
     work = W.workload(rl, model.vision, tokenizer, batch_devices=8)
     layout = W.sampler_layout(rl, work)
     sizes = meshes.mesh_shape("v5p-16")

@@ -8,7 +8,7 @@ import sys
 import jax
 import numpy as np
 
-from paravt_jax import storage
+from paravt_jax.infra import storage
 
 
 def test_a_killed_sft_run_on_gs_resumes_bit_exact(gcs_emulator, tmp_path, builtin_root):
@@ -17,7 +17,7 @@ def test_a_killed_sft_run_on_gs_resumes_bit_exact(gcs_emulator, tmp_path, builti
     import orbax.checkpoint as ocp
 
     from integration.test_cli_script import ROOT, environment
-    from paravt_jax.checkpointing import Checkpointer
+    from paravt_jax.infra.checkpointing import Checkpointer
 
     args = [sys.executable, "-m", "paravt_jax.cli", "sft", f"--config={ROOT}/configs/paragrpo.py:tiny",
             f"--config.data.builtin_root={builtin_root}", "--config.sft.steps=3", "--config.sft.batch_size=2",

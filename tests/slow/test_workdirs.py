@@ -6,7 +6,7 @@ import sys
 import time
 
 from integration.test_workdirs import HOST, ROOT
-from paravt_jax import locking
+from paravt_jax.infra import locking
 
 
 def test_two_real_runs_in_one_workdir(tmp_path):

@@ -2,11 +2,11 @@
 does and the emulator leaves out:
 
   * the generation headers sent with an object's bytes: tensorstore, orbax's array writer, reads
-    `x-goog-generation` from every download, and so does paravt_jax.storage.read_versioned;
+    `x-goog-generation` from every download, and so does paravt_jax.infra.storage.read_versioned;
   * generation preconditions: an upload, delete or compose with `ifGenerationMatch=G` takes
     effect only while the object's generation is G (0: while it does not exist), else answers
     412 and changes nothing (the emulator ignores the parameter). The workdir lock on gs://
-    (paravt_jax/locking.py) and the Appender's compose rely on them. The emulator serves one
+    (paravt_jax/infra/locking.py) and the Appender's compose rely on them. The emulator serves one
     request at a time (http.server.HTTPServer), so the check and the write below are atomic,
     as they are in Cloud Storage.
 

@@ -51,7 +51,8 @@ def _record_rollouts(log: list):
 
 
 def main(out_dir: str, argv: list[str]) -> None:
-    from paravt_jax import cli, distributed
+    from paravt_jax import cli
+    from paravt_jax.infra import distributed
 
     writes, rollouts, recording = [], [], {"on": True}
     sys.addaudithook(_record_writes(writes, recording))

@@ -1,5 +1,5 @@
-"""Reads TensorBoard event files back so tests can check what `paravt_jax.metrics_writer` wrote."""
-from paravt_jax.metrics_writer import event_records, parse_event
+"""Reads TensorBoard event files back so tests can check what `paravt_jax.infra.metrics_writer` wrote."""
+from paravt_jax.infra.metrics_writer import event_records, parse_event
 
 
 def read_events(path: str) -> list[tuple[int, dict[str, float]]]:

@@ -6,18 +6,18 @@ import typing
 
 import pytest
 
-from paravt_jax import runtime
 from paravt_jax.config import build, fields_and_keys, section
 from paravt_jax.configs import paragrpo
 from paravt_jax.episodes.rewards import RewardConfig, make_judge
 from paravt_jax.rl.trainer import RLConfig
+from paravt_jax.run_config import build_run
 from paravt_jax.sft.trainer import SFTConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SECTIONS = (("rl", RLConfig, runtime.rl_config), ("sft", SFTConfig, runtime.sft_config))
+SECTIONS = (("rl", RLConfig, lambda c: build_run(c).rl), ("sft", SFTConfig, lambda c: build_run(c).sft))
 # sections of named entries by type (eval/registry.py): their fields walked through the entries
 # of the tiny preset
-ENTRY_SECTIONS = (("evals", runtime.evals_config),)
+ENTRY_SECTIONS = (("evals", lambda c: build_run(c).evals),)
 # keys whose value the walk leaves at its default: the periodic held-out check refuses cold-start
 # K (tests/unit/test_eval_registry.py)
 LEFT_AT_DEFAULT = ("rl.evals.eval.after_sft",)
@@ -152,11 +152,11 @@ def test_unknown_keys_fail_naming_the_key():
     config = paragrpo.get_config("tiny")
     config.rl.rollout.max_turn = 3  # a misspelled key in a config file
     with pytest.raises(ValueError, match=r"rl\.rollout\.max_turn: not a field of RolloutConfig"):
-        runtime.rl_config(config)
+        build_run(config)
     config = paragrpo.get_config("tiny")
     config.rl.seed = 3  # the seed is the config's top-level one
     with pytest.raises(ValueError, match=r"rl\.seed"):
-        runtime.rl_config(config)
+        build_run(config)
 
 
 def test_section_round_trips_a_dataclass():
@@ -204,7 +204,7 @@ def shipped(file: str, preset: str):
 
 @pytest.mark.parametrize("file,preset", PRESETS, ids=[f"{f}:{p}" for f, p in PRESETS])
 def test_every_shipped_preset_and_sweep_arm_passes_the_checks(file, preset):
-    from paravt_jax.config_checks import check_config
+    from paravt_jax.cli.config_checks import check_config
     from paravt_jax.experiments.sweep import apply_overrides, build_arms
 
     config = shipped(file, preset)
@@ -283,8 +283,8 @@ def set_key(config, key: str, value):
 
 @pytest.mark.parametrize("file,key,value,message", BAD_VALUES, ids=[k for _, k, _, _ in BAD_VALUES])
 def test_a_bad_value_is_refused_naming_its_dotted_field(file, key, value, message):
+    from paravt_jax.cli.config_checks import check_config
     from paravt_jax.config import ConfigValueError
-    from paravt_jax.config_checks import check_config
 
     config = shipped(file, "tiny" if file in ("paragrpo", "base") else "synthetic")
     set_key(config, key, value)
@@ -295,8 +295,8 @@ def test_a_bad_value_is_refused_naming_its_dotted_field(file, key, value, messag
 
 
 def test_every_bad_value_of_a_config_is_listed_at_once():
+    from paravt_jax.cli.config_checks import check_config
     from paravt_jax.config import ConfigValueError
-    from paravt_jax.config_checks import check_config
 
     config = paragrpo.get_config("tiny")
     config.sft.steps, config.rl.step.eps_clip, config.rl.rollout.subagent_max_tokens = -1, 0.0, 0
@@ -321,12 +321,12 @@ def test_the_dataclasses_check_themselves_wherever_they_are_built():
         DriverConfig(batch_size=0)
     with pytest.raises(ConfigValueError, match=r"learning_rate=0.0: must be a finite number > 0"):
         SFTConfig(optimizer=dataclasses.replace(SFTConfig().optimizer, learning_rate=0.0))
-    assert runtime.rl_config(paragrpo.get_config("tiny")).step.behaviour_cap == 5.0  # None-able, set: checked
+    assert build_run(paragrpo.get_config("tiny")).rl.step.behaviour_cap == 5.0  # None-able, set: checked
 
 
 def test_unknown_and_code_set_keys_under_the_driver_section_are_refused():
+    from paravt_jax.cli.config_checks import check_config
     from paravt_jax.config import ConfigValueError
-    from paravt_jax.config_checks import check_config
     from paravt_jax.configs import eval as eval_config
     from paravt_jax.eval import driver
 
@@ -335,7 +335,7 @@ def test_unknown_and_code_set_keys_under_the_driver_section_are_refused():
     config.driver.prompt.overview_visual = "video"  # set per benchmark (grounding_visual for charades)
     config.driver.protocol.final_answer_tokens = 9  # set per question type (mcq_answer_tokens, ...)
     config.driver.think_prefix = True  # a key of the driver section before its prompt subsection
-    for check in (check_config, lambda c: driver.driver_config(c)):
+    for check in (check_config, lambda c: driver.driver_config(build_run(c))):
         with pytest.raises(ConfigValueError) as err:
             check(config)
         message = str(err.value)
@@ -379,7 +379,7 @@ def test_every_driver_field_is_settable_from_the_command_line():
     from paravt_jax.eval import driver
     from paravt_jax.eval.settings import PROMPT_SET_BY, PROTOCOL_SET_BY, DriverConfig
 
-    default = driver.driver_config(parse_eval())
+    default = driver.driver_config(build_run(parse_eval()))
     expected, overrides, set_by_driver = {}, [], []
     for name, key, set_by in fields_and_keys(DriverConfig, "driver"):
         if key is None:
@@ -397,7 +397,7 @@ def test_every_driver_field_is_settable_from_the_command_line():
                                            + [f"ToolProtocol.{f}" for f in PROTOCOL_SET_BY])
     assert "prompt.overview_timestamps" in expected and "protocol.final_answer_prefix" in expected
     config = parse_eval(*overrides)
-    built = driver.driver_config(config, "videomme")
+    built = driver.driver_config(build_run(config), "videomme")
     assert {k: field_of(built, k) for k in expected} == expected
-    charades = driver.driver_config(config, "charades")
+    charades = driver.driver_config(build_run(config), "charades")
     assert (charades.prompt_mode, charades.prompt.overview_visual) == ("agentic_minimal", "video")

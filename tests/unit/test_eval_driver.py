@@ -12,6 +12,7 @@ from paravt_jax.agent.protocol import PromptFormat
 from paravt_jax.data.builtin import ensure_builtin
 from paravt_jax.eval import datasets, driver, prompts
 from paravt_jax.eval import records as store
+from paravt_jax.run_config import build_run
 from paravt_jax.text import chat
 from paravt_jax.text.tokenizer import Tokenizer
 from support.scripted import ScriptedSampler
@@ -129,7 +130,7 @@ def test_records_and_summaries_on_gs_resume(benchmark, tokenizer, tmp_path, gcs_
     """An output directory on gs:// (a Cloud Storage emulator): the records, the dataset JSON
     and summary_all.json go to the bucket, and an interrupted shard (a torn last line) resumes
     to the same summary as a local run."""
-    from paravt_jax import storage
+    from paravt_jax.infra import storage
 
     local = driver.run_dataset(scripted(tokenizer), tokenizer, benchmark, config(batch_size=2),
                                str(tmp_path / "local"), log=lambda _: None)
@@ -239,7 +240,7 @@ def test_producer_ids_of_the_presets_are_stable(preset, benchmark_name, dispatch
     identity = {"checkpoint": {"path": "/ckpt", "files": "0123456789abcdef"},
                 "model": {"preset": "8b", "param_dtype": "bfloat16", "dtype": "bfloat16"}}
     c = eval_config.get_config(preset)
-    settings = driver.driver_config(c, benchmark_name, dispatch=dispatch)
+    settings = driver.driver_config(build_run(c), benchmark_name, dispatch=dispatch)
     key = provenance.producer(identity, settings)
     assert provenance.producer_id(key) == PRODUCER_IDS[preset, benchmark_name, dispatch], key
 

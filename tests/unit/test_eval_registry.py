@@ -5,15 +5,15 @@ order, budgets and metric names)."""
 import ml_collections
 import pytest
 
-from paravt_jax import runtime
+from paravt_jax.cli.config_checks import check_config
+from paravt_jax.cli.flags import unknown_field
 from paravt_jax.config import ConfigValueError
-from paravt_jax.config_checks import check_config
 from paravt_jax.configs import paragrpo
 from paravt_jax.eval import registry
 from paravt_jax.eval.held_out import HeldOut, HeldOutConfig, setting_name
 from paravt_jax.eval.settings import BenchmarkConfig
-from paravt_jax.flags import unknown_field
 from paravt_jax.rl.trainer import RLConfig, periodic_evaluators
+from paravt_jax.run_config import build_run
 
 ROWS = tuple(f"row{i}" for i in range(6))  # stand-ins for held-out rows: an evaluator only keeps them
 
@@ -22,21 +22,21 @@ def test_the_presets_build_the_evaluations_they_built_before_the_registry():
     tiny, toy = paragrpo.get_config("tiny"), paragrpo.get_config("toy")
     # the RL trainer's periodic check: K = 16 on the first 2 rows (toy: K = 4 on 8), K-major, in the
     # rollout's own budget, with the rollouts' fixed shapes
-    (check,) = periodic_evaluators(runtime.rl_config(tiny), list(ROWS))
+    (check,) = periodic_evaluators(build_run(tiny).rl, list(ROWS))
     assert isinstance(check, HeldOut) and check.name == "eval"
     assert check.rows == ROWS[:2] and check.settings == ((False, 16), (True, 16))
     assert (check.max_new_tokens, check.max_turns, check.mode) == (None, None, None)
     assert check.rollout.prompt_shape.width == 2048  # tiny's rl.shapes.prompt_width
-    (check,) = periodic_evaluators(runtime.rl_config(toy), list(ROWS))
+    (check,) = periodic_evaluators(build_run(toy).rl, list(ROWS))
     assert check.rows == ROWS and check.settings == ((False, 4), (True, 4))
     # the main job's tables: after the last phase K = 4 and 64 tools-major on 4 rows in 256 tokens,
     # 2 turns, frames mode; the toy's on every row in 160 tokens, sub-agent mode, and on the cold start
     context = registry.Context(ROWS)
-    (final,) = registry.evaluators(runtime.evals_config(tiny), context, "final")
+    (final,) = registry.evaluators(build_run(tiny).evals, context, "final")
     assert final.settings == ((False, 4), (False, 64), (True, 4), (True, 64)) and final.rows == ROWS[:4]
     assert (final.max_new_tokens, final.max_turns, final.mode) == (256, 2, "frames")
-    assert registry.evaluators(runtime.evals_config(tiny), context, "after_sft") == []
-    (cold,) = registry.evaluators(runtime.evals_config(toy), context, "after_sft")
+    assert registry.evaluators(build_run(tiny).evals, context, "after_sft") == []
+    (cold,) = registry.evaluators(build_run(toy).evals, context, "after_sft")
     assert cold.settings == ((False, 4), (True, 4)) and cold.rows == ROWS
     assert (cold.max_new_tokens, cold.max_turns, cold.mode) == (160, 2, "subagent")
 
@@ -102,7 +102,7 @@ def test_the_keys_it_replaced_are_refused_naming_their_new_place():
         "--config.eval.after_sft: moved; it is --config.evals.held_out.after_sft")
     config.rl.eval_limit = 3  # a config file written before
     with pytest.raises(ConfigValueError, match=r"rl\.eval_limit: moved; it is rl\.evals\.eval\.limit"):
-        runtime.rl_config(config)
+        build_run(config)
     config = paragrpo.get_config("tiny")
     config.eval = ml_collections.ConfigDict({"limit": 2})
     with pytest.raises(ConfigValueError, match=r"eval: moved; it is evals\.held_out"):

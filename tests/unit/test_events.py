@@ -8,6 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from paravt_jax.data import events as ev
+from paravt_jax.run_config import build_run
 from paravt_jax.video.reader import count_frames, sample_indices
 
 FPS = 2.0  # the dataset's video frame rate
@@ -222,14 +223,13 @@ def test_json_split_makes_the_tool_call_cheap():
 
 
 def test_toy_config_builds():
-    from paravt_jax import runtime
     from paravt_jax.configs import paragrpo
     from paravt_jax.data.builtin import BUILTIN_MODELS
 
     c = paragrpo.get_config("toy")
     assert c.data.task == "events" and c.data.num_eval >= 32 and c.model.preset in BUILTIN_MODELS
-    assert runtime.sft_config(c).nframes == 4 and runtime.rl_config(c).rollout.mode == "subagent"
-    held_out = runtime.evals_config(c)["held_out"]
+    assert build_run(c).sft.nframes == 4 and build_run(c).rl.rollout.mode == "subagent"
+    held_out = build_run(c).evals["held_out"]
     assert held_out.mode == "subagent" and tuple(c.data.sft_modes) == ("subagent",)
     assert held_out.limit == 0  # every held-out question
     tiny = paragrpo.get_config("tiny")

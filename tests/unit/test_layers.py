@@ -18,16 +18,14 @@ FORBIDDEN = (("paravt_jax.train", "paravt_jax.rl"), ("paravt_jax.train", "paravt
 # The layers, lowest first (docs/architecture.md): a module imports from its own layer and the
 # ones below, never from above. Every package and top-level module of paravt_jax has a place.
 LAYERS = (
-    ("infrastructure", ("config", "configs", "storage", "distributed", "sharding", "meshes", "buckets", "logs",
-                        "platforms", "preemption", "reproducibility", "compile_cache", "checkpointing",
-                        "metrics_writer", "locking", "flags", "workdirs")),
+    ("infrastructure", ("config", "configs", "infra")),
     ("model and inputs", ("models", "video", "text", "data")),
     ("engines", ("sampling", "train")),
     ("agent", ("agent",)),
     ("episodes", ("episodes",)),
     ("evaluations", ("eval",)),
     ("trainers and experiments", ("sft", "rl", "experiments")),
-    ("run assembly", ("config_checks", "runtime", "planner")),
+    ("run config and planner", ("run_config", "planner")),
     ("application", ("cli",)),
 )
 

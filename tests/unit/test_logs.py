@@ -1,4 +1,4 @@
-"""Log lines (paravt_jax/logs.py): one format on stderr, the package's INFO from process 0 only,
+"""Log lines (paravt_jax/infra/logs.py): one format on stderr, the package's INFO from process 0 only,
 every library's warnings, other libraries' INFO never, and absl's own handler when an absl app
 installed it. That a two-process run logs its progress once: tests/integration/test_multihost.py."""
 import logging as std_logging
@@ -7,14 +7,14 @@ import re
 import pytest
 from absl import logging
 
-from paravt_jax import logs
-from paravt_jax.metrics_writer import MetricsWriter
+from paravt_jax.infra import logs
+from paravt_jax.infra.metrics_writer import MetricsWriter
 
 STAMP = r"\d{4} \d\d:\d\d:\d\d"
 
 
 def metrics_line(tmp_path) -> None:
-    """Logs the per-step metrics line from package code (paravt_jax/metrics_writer.py)."""
+    """Logs the per-step metrics line from package code (paravt_jax/infra/metrics_writer.py)."""
     writer = MetricsWriter(str(tmp_path), total_steps=3)
     writer.write(0, {"loss": 1.5, "reward": 0.25}, prefix="rl/")
     writer.close()

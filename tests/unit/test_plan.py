@@ -11,13 +11,14 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from paravt_jax import sharding as sh
+from paravt_jax.cli.flags import UsageError
 from paravt_jax.configs import paragrpo
-from paravt_jax.flags import UsageError
+from paravt_jax.infra import sharding as sh
 from paravt_jax.models.qwen3_vl import init_model, preset
 from paravt_jax.planner import arrays as A
 from paravt_jax.planner import plan as P
 from paravt_jax.planner import workload as W
+from paravt_jax.run_config import build_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -25,7 +26,7 @@ MESH8 = dict(data=1, fsdp=8, tensor=1)
 
 
 def plan_of(config, sizes, memory, activations, tokenizer):
-    return P.plan(config, sizes, memory, activations=activations, tokenizer=tokenizer)
+    return P.plan(build_run(config), sizes, memory, activations=activations, tokenizer=tokenizer)
 
 
 def small_config(preset_name: str = "tiny"):
@@ -109,7 +110,7 @@ def test_batch_spec_vision_layout_matches_vision_layout(tokenizer):
 
     config = small_config()
     model = preset("tiny")
-    work = W.workload(W.rl_settings(config)[0], model.vision, tokenizer)
+    work = W.workload(W.rl_settings(build_run(config))[0], model.vision, tokenizer)
     h, w = (s // 16 for s in work.frame_size)
     for sizes, shards in ((MESH8, 8), ({"data": 1, "fsdp": 3, "tensor": 1}, 1)):
         assert work.micro_batch_rows % 8 == 0 and work.micro_batch_rows % 3
@@ -141,7 +142,7 @@ def test_a_failing_child_compile_returns_its_traceback(tokenizer):
     from paravt_jax.planner import child as C
     from paravt_jax.planner import programs as G
 
-    rl = W.rl_settings(small_config())[0]
+    rl = W.rl_settings(build_run(small_config()))[0]
     bad = W.workload(rl, preset("tiny").vision, tokenizer)
     target = P.Target("cpu-fake", "gpu")
     with pytest.raises(P.PlanError, match=r"compiling gradients \[test\] in a child process failed with exit status 1:"

@@ -7,13 +7,13 @@ from contextlib import redirect_stdout
 
 import pytest
 
+from paravt_jax.cli.flags import UsageError
 from paravt_jax.configs import paragrpo
-from paravt_jax.flags import UsageError
 from paravt_jax.models.qwen3_vl import preset
 from paravt_jax.planner import arrays as A
 from paravt_jax.planner import sft_plan as S
 from paravt_jax.planner import workload as W
-from paravt_jax.runtime import sft_config
+from paravt_jax.run_config import build_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MESH8 = dict(data=1, fsdp=8, tensor=1)
@@ -25,7 +25,7 @@ def test_the_recipes_micro_batch_is_4_packed_rows_of_8192_a_device(tokenizer):
     frames of a 1280x720 video: 288x160 after both resizes, 32 temporal groups of 45 tokens) as
     8,192 tokens hold."""
     config = paragrpo.get_config("qwen3vl_8b")
-    work = W.sft_workload(sft_config(config), preset("8b").vision, tokenizer, batch_devices=8)
+    work = W.sft_workload(build_run(config).sft, preset("8b").vision, tokenizer, batch_devices=8)
     assert (work.micro_batches, work.micro_batch_rows, work.train_length, work.packed) == (1, 32, 8192, True)
     assert (work.frames_per_example, work.visual, work.frame_size, work.frame_tokens) == (64, "video", (160, 288), 45)
     assert 32 * 45 + 128 < work.example_tokens < 8192 // 3  # the groups' tokens, the question, timestamps
@@ -35,7 +35,7 @@ def test_the_recipes_micro_batch_is_4_packed_rows_of_8192_a_device(tokenizer):
     spec = A.train_batch_spec(preset("8b"), work, A.abstract_mesh(MESH8), extras=())
     assert "advantages" not in spec and spec["input_ids"].shape == (32, 8192) and "segment_ids" in spec
     assert spec["pixel_values"].shape[:2] == (8, 4 * work.patches_per_row)  # a device's 4 rows' frames
-    result = S.plan_sft(config, MESH8, 95, "estimate", tokenizer=tokenizer)
+    result = S.plan_sft(build_run(config), MESH8, 95, "estimate", tokenizer=tokenizer)
     assert result.rows_per_device == 4 and result.phase.name == "sft"
     names = [c.name for c in result.phase.components]
     assert names[:3] == ["parameters", "gradients", "optimizer state (adamw: mu, nu, counts)"]

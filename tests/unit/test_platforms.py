@@ -1,11 +1,11 @@
-"""paravt_jax.platforms: no libtpu start-up (and its stderr warnings) on a machine without TPU
+"""paravt_jax.infra.platforms: no libtpu start-up (and its stderr warnings) on a machine without TPU
 chips or a GPU; the planner's TPU target still compiles for a TPU topology."""
 import importlib.util
 import os
 
 import pytest
 
-from paravt_jax import platforms
+from paravt_jax.infra import platforms
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

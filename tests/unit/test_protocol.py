@@ -13,6 +13,7 @@ from paravt_jax.configs import paragrpo
 from paravt_jax.eval import driver, prompts, provenance
 from paravt_jax.eval.settings import DriverConfig
 from paravt_jax.rl.trainer import RLConfig
+from paravt_jax.run_config import build_run
 from paravt_jax.text.inputs import VIDEO_ITEM_LAYOUT
 
 # The protocol fields of the RolloutConfig the driver built from the flat DriverConfig (before
@@ -71,10 +72,10 @@ def test_an_evaluation_protocol_is_the_preset_plus_overrides():
     c = eval_config.get_config("paravt_8b")
     c.driver.prompt.overview_timestamps = True
     c.driver.protocol.malformed = "respond"
-    built = driver.driver_config(c, "videomme")
+    built = driver.driver_config(build_run(c), "videomme")
     assert built.prompt == dataclasses.replace(PromptFormat.reference_eval(), overview_timestamps=True)
     assert built.protocol == dataclasses.replace(ToolProtocol.reference_eval(), malformed="respond")
-    charades = driver.driver_config(c, "charades")
+    charades = driver.driver_config(build_run(c), "charades")
     assert charades.prompt.overview_visual == "video" and charades.prompt.overview_timestamps
 
 

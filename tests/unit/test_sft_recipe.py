@@ -7,7 +7,7 @@ from paravt_jax.config import ConfigValueError
 from paravt_jax.configs import paragrpo
 from paravt_jax.data import synthetic as syn
 from paravt_jax.data.sft_examples import FrameSpec, sft_inputs
-from paravt_jax.runtime import sft_config
+from paravt_jax.run_config import build_run
 from paravt_jax.sft.trainer import SFTConfig, example_frames
 from paravt_jax.text.tokenizer import train_tokenizer
 
@@ -34,7 +34,7 @@ RELEASED_OPTIMIZER = dict(name="adamw", learning_rate=2e-5, weight_decay=0.01, b
 @pytest.mark.parametrize("preset", RECIPE_PRESETS)
 def test_recipe_presets_hold_the_released_sft_recipe_in_every_field(preset):
     config = paragrpo.get_config(preset)
-    sft = sft_config(config)
+    sft = build_run(config).sft
     assert {k: getattr(sft, k) for k in RELEASED} == RELEASED
     assert {k: getattr(sft.optimizer, k) for k in RELEASED_OPTIMIZER} == RELEASED_OPTIMIZER
     # bf16: true, gradient_checkpointing: true
@@ -45,7 +45,7 @@ def test_recipe_presets_hold_the_released_sft_recipe_in_every_field(preset):
 
 @pytest.mark.parametrize("preset", ("tiny", "toy"))
 def test_small_presets_keep_counted_image_overviews(preset):
-    sft = sft_config(paragrpo.get_config(preset))
+    sft = build_run(paragrpo.get_config(preset)).sft
     assert (sft.frame_sampling, sft.visual, sft.sizing, sft.filter_overlong) == ("count", "images", "single", False)
     assert example_frames(0, sft) == FrameSpec(sft.nframes, 1.0, 64, 784, sft.max_pixels, "single", "images")
 
@@ -82,7 +82,7 @@ def test_fps_sampling_sends_the_references_video_item(videos):
     video item of T/2 groups of 8x18 patches (36 tokens a group)."""
     root, paths = videos
     tok = train_tokenizer(["What happens <think> a </think> seconds"] * 5)
-    spec = example_frames(0, sft_config(paragrpo.get_config("qwen3vl_8b")))
+    spec = example_frames(0, build_run(paragrpo.get_config("qwen3vl_8b")).sft)
     grids = {s: sft_inputs(_row(p), tok, root, spec).video_grid_thw.tolist() for s, p in paths.items()}
     assert grids == {9: [[4, 8, 18]], 40: [[20, 8, 18]], 100: [[32, 8, 18]]}
     as_images = sft_inputs(_row(paths[40]), tok, root, FrameSpec(nframes=0, sizing="two_stage"))

@@ -10,6 +10,7 @@ from paravt_jax.models.qwen3_vl import preset
 from paravt_jax.planner import decode_reads as D
 from paravt_jax.planner import time_plan as T
 from paravt_jax.planner import workload as W
+from paravt_jax.run_config import build_run
 
 
 def test_blocks_read_covers_whole_blocks_up_to_the_fill():
@@ -57,7 +58,7 @@ def test_the_analytic_decode_cost_at_capacity_is_what_the_trace_records():
     lengths; decode_attention at those lengths gives the same FLOPs and bytes."""
     import jax
 
-    from paravt_jax import sharding as sh
+    from paravt_jax.infra import sharding as sh
     from paravt_jax.planner.memory import SamplerPrograms
     from paravt_jax.sampling.backend import SamplerBackend
     from paravt_jax.sampling.sampler import SamplerConfig
@@ -79,7 +80,7 @@ def _small_recipe():
     # turns of 400 tokens: the suffix spans several of the decode's 512-slot blocks
     c.rl.rollout.max_new_tokens, c.rl.rollout.subagent_max_tokens, c.rl.rollout.max_turns = 400, 16, 2
     c.rl.dispatch.max_parallel, c.rl.dispatch.max_frames = 1, 2
-    rl = W.rl_settings(c)[0]
+    rl = W.rl_settings(build_run(c))[0]
     tok = train_tokenizer(["crop_video start_time end_time seconds frames"] * 10)
     work = W.workload(rl, preset("tiny").vision, tok)
     return rl, work, W.sampler_layout(rl, work)

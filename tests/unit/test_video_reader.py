@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from paravt_jax.data.synthetic import COLORS, Event, write_video
+from paravt_jax.run_config import build_run
 from paravt_jax.video import VideoError, read_frames, smart_resize, video_metadata
 
 FPS = 4.0
@@ -160,14 +161,13 @@ def test_read_frames_resizes_through_both_stages(tmp_path):
 
 def test_the_8b_recipe_sizes_frames_and_runs_sft_as_the_reference():
     from paravt_jax.configs import paragrpo
-    from paravt_jax.runtime import rl_config, sft_config
 
-    sft = sft_config(paragrpo.get_config("qwen3vl_8b"))  # the released cold-start SFT script
+    sft = build_run(paragrpo.get_config("qwen3vl_8b")).sft  # the released cold-start SFT script
     assert (sft.steps, sft.optimizer.learning_rate, sft.optimizer.schedule) == (1500, 2e-5, "cosine")
     assert (sft.optimizer.warmup_steps, sft.optimizer.total_steps) == (75, 1500)
 
-    rl = rl_config(paragrpo.get_config("qwen3vl_8b"))
+    rl = build_run(paragrpo.get_config("qwen3vl_8b")).rl
     assert (rl.rollout.prompt.overview_sizing, rl.dispatch.sizing) == ("two_stage", "two_stage")
     assert (rl.rollout.prompt.overview_max_pixels, rl.dispatch.max_pixels) == (50176, 50176)
-    tiny = rl_config(paragrpo.get_config("tiny"))
+    tiny = build_run(paragrpo.get_config("tiny")).rl
     assert (tiny.rollout.prompt.overview_sizing, tiny.dispatch.sizing) == ("single", "single")
