@@ -3,8 +3,26 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
+
+from paravt_jax.config import ConfigValueError, Rule, checked, validate
 
 MAX_STOP_IDS = 8  # the decode program's stop-id slots: one compiled program for any set
+
+
+def _integer(value) -> bool:  # numpy integers too: budgets are computed from array lengths
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _finite(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+TOKENS = Rule("an integer >= 1", lambda v: _integer(v) and v >= 1)
+TEMPERATURE = Rule("a finite number >= 0", lambda v: _finite(v) and v >= 0)
+TOP_P = Rule("a number in (0, 1]", lambda v: _finite(v) and 0 < v <= 1)
+TOP_K = Rule("an integer >= 0 (0 = no top-k)", lambda v: _integer(v) and v >= 0)
+STOP_IDS = Rule(f"at most {MAX_STOP_IDS} stop ids", lambda v: len(v) <= MAX_STOP_IDS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -13,30 +31,21 @@ class SamplingParams:
     (log-probs follow the convention of sampling/decode.py either way). Every row emits at most
     `max_new_tokens` tokens and stops after emitting one of `stop_ids` (at most MAX_STOP_IDS).
     Temperature, top-p, top-k and the stop ids are traced values of the decode program;
-    max_new_tokens sets its step bucket."""
-    max_new_tokens: int = 256
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    stop_ids: tuple[int, ...] = ()
+    max_new_tokens sets its step bucket. A bad value is refused naming the field
+    (`SamplingParams.top_p=1.5: must be a number in (0, 1]`)."""
+    max_new_tokens: int = checked(256, TOKENS)
+    temperature: float = checked(0.0, TEMPERATURE)
+    top_p: float = checked(1.0, TOP_P)
+    top_k: int = checked(0, TOP_K)
+    stop_ids: tuple[int, ...] = checked((), STOP_IDS)
 
     def __post_init__(self):
         object.__setattr__(self, "stop_ids", tuple(int(i) for i in self.stop_ids))
-        problems = []
-        if self.max_new_tokens < 1:
-            problems.append(f"max_new_tokens={self.max_new_tokens} must be >= 1")
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            problems.append(f"temperature={self.temperature} must be a finite number >= 0")
-        if not 0 < self.top_p <= 1:
-            problems.append(f"top_p={self.top_p} must be in (0, 1]")
-        if self.top_k < 0:
-            problems.append(f"top_k={self.top_k} must be >= 0 (0 = no top-k)")
-        if len(self.stop_ids) > MAX_STOP_IDS:
-            problems.append(f"stop_ids: at most {MAX_STOP_IDS} stop ids, got {len(self.stop_ids)}")
-        if problems:
-            raise ValueError("SamplingParams: " + "; ".join(problems))
+        try:
+            validate(self)
+        except ConfigValueError as e:
+            raise e.within("SamplingParams") from None
 
     def with_budget(self, max_new_tokens: int) -> SamplingParams:
         """The same settings with another token budget (a turn of another length)."""
         return dataclasses.replace(self, max_new_tokens=max_new_tokens)
-
