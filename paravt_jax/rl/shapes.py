@@ -106,3 +106,20 @@ def resolve(shapes: ShapeConfig, rollout: RolloutConfig, dispatch: DispatchConfi
                       PromptShape(shapes.subagent_rows or bucket(rows), subagent_width,
                                   crop_frames if rollout.mode == "subagent" else 0),
                       train_width, train_frames, "capacity", shapes.extend_width or EXTEND_WIDTH)
+
+
+def largest_nframes(config) -> int:
+    """The most overview frames one of the run's prompts gets (config: an RLConfig)."""
+    if config.nframes_gating:
+        return max(config.nframes_choices)
+    return config.default_nframes or config.rollout.prompt.overview_max_frames
+
+
+def step_shapes(config, prompts: int) -> StepShapes:
+    """The sizes of an RL run's programs (config: an RLConfig) for `prompts` prompts on this
+    process. Token-budget micro-batches hold a varying number of episodes: their frames are
+    padded to rl.shapes.train_frames when set, else to powers of two."""
+    rows = config.prompts_per_step * config.samples_per_prompt
+    micro_rows = 0 if config.max_tokens_per_micro_batch else -(-rows // config.micro_batches)
+    return resolve(config.shapes, config.rollout, config.dispatch, largest_nframes(config), prompts,
+                   prompts * config.samples_per_prompt, micro_rows, config.sampler.min_chunk_bucket)

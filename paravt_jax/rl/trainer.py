@@ -30,7 +30,7 @@ from paravt_jax.rl.advantages import AdvantageConfig, compute_advantages
 from paravt_jax.rl.objective import StepConfig, policy_head, policy_loss
 from paravt_jax.rl.pipeline import Policy
 from paravt_jax.rl.schedules import schedule_for
-from paravt_jax.rl.shapes import ShapeConfig, StepShapes, resolve
+from paravt_jax.rl.shapes import ShapeConfig, StepShapes, step_shapes
 from paravt_jax.sampling import Sampler, SamplerConfig
 from paravt_jax.train import compiles
 from paravt_jax.train.batch import MicroBatchPlan, Packed, TrainBatch, micro_batch_plan, pack, planned_micro_batches
@@ -131,23 +131,6 @@ def gather_scored(rollouts: list, rewards: list[dict], seq_rewards: np.ndarray, 
     return (dist.concatenate_lists([p[0] for p in parts]), dist.concatenate_lists([p[1] for p in parts]),
             np.concatenate([p[2] for p in parts]).astype(np.float32),
             np.concatenate([p[3] for p in parts]).astype(np.float32), dist.concatenate_lists([p[4] for p in parts]))
-
-
-def largest_nframes(config: RLConfig) -> int:
-    """The most overview frames one of the run's prompts gets."""
-    if config.nframes_gating:
-        return max(config.nframes_choices)
-    return config.default_nframes or config.rollout.prompt.overview_max_frames
-
-
-def step_shapes(config: RLConfig, prompts: int) -> StepShapes:
-    """The sizes of the run's programs (rl/shapes.py) for `prompts` prompts on this process.
-    Token-budget micro-batches hold a varying number of episodes: their frames are padded to
-    rl.shapes.train_frames when set, else to powers of two."""
-    rows = config.prompts_per_step * config.samples_per_prompt
-    micro_rows = 0 if config.max_tokens_per_micro_batch else -(-rows // config.micro_batches)
-    return resolve(config.shapes, config.rollout, config.dispatch, largest_nframes(config), prompts,
-                   prompts * config.samples_per_prompt, micro_rows, config.sampler.min_chunk_bucket)
 
 
 # one compiled program per batch shape (run eagerly, each jnp operation compiled on its own)
