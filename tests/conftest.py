@@ -24,6 +24,7 @@ import tempfile  # noqa: E402
 import pytest  # noqa: E402
 
 CACHE_ENV = "PARAVT_JAX_CACHE_DIR"  # paravt_jax.infra.compile_cache.ENV_VAR (not imported: jax stays unloaded here)
+CACHE_MIN_ENV = "PARAVT_JAX_CACHE_MIN_SECONDS"  # paravt_jax.infra.compile_cache.MIN_SECONDS_ENV
 BUILTIN_ENV = "PARAVT_TEST_BUILTIN_ROOT"  # the session's built-in assets, shared by the xdist workers
 SHARED_ENV = "PARAVT_TEST_SHARED_DIR"  # the session's costly fixtures' outputs, shared by the xdist workers
 
@@ -43,9 +44,12 @@ def pytest_configure(config):
     if not hasattr(config, "workerinput") and not os.environ.get(SHARED_ENV):
         config.paravt_shared_dir = tempfile.mkdtemp(prefix="paravt-test-shared-")
         os.environ[SHARED_ENV] = config.paravt_shared_dir
+    # every program cached, however short its compile: the suite's processes (xdist workers and
+    # the commands its tests start) compile the same small programs again and again
+    os.environ.setdefault(CACHE_MIN_ENV, "0")
     from paravt_jax.infra import compile_cache
 
-    compile_cache.enable()  # the tests' own compiles too (programs of >= 1 s)
+    compile_cache.enable()  # the tests' own compiles too
 
 
 def pytest_unconfigure(config):

@@ -18,6 +18,11 @@ def enable(directory: str = "", min_compile_seconds: float = 1.0) -> str | None:
     directory = directory or os.environ.get(ENV_VAR, "")
     if not directory:
         return None
+    minimum = os.environ.get(MIN_SECONDS_ENV, "")
+    try:
+        minimum = float(minimum) if minimum else float(min_compile_seconds)
+    except ValueError:
+        raise ValueError(f"${MIN_SECONDS_ENV}={minimum!r}: expected a number of seconds") from None
     import jax
 
     directory = os.path.abspath(os.path.expanduser(directory))
@@ -27,10 +32,5 @@ def enable(directory: str = "", min_compile_seconds: float = 1.0) -> str | None:
         raise OSError(f"compilation cache directory {directory!r} (config compilation_cache_dir "
                       f"or ${ENV_VAR}) cannot be created: {e}") from e
     jax.config.update("jax_compilation_cache_dir", directory)
-    minimum = os.environ.get(MIN_SECONDS_ENV, "")
-    try:
-        minimum = float(minimum) if minimum else float(min_compile_seconds)
-    except ValueError:
-        raise ValueError(f"${MIN_SECONDS_ENV}={minimum!r}: expected a number of seconds") from None
     jax.config.update("jax_persistent_cache_min_compile_time_secs", minimum)
     return directory
