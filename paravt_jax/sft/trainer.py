@@ -8,34 +8,23 @@ import dataclasses
 import hashlib
 import time
 
-import jax
-import jax.numpy as jnp
 from absl import logging
 
 from paravt_jax.config import checked, integer, integers, one_of, positive, refuse, set_by, share, validate
-from paravt_jax.data import gating
 from paravt_jax.data.sft_examples import FrameSpec, direct_answer, sft_inputs
 from paravt_jax.infra import distributed as dist
 from paravt_jax.infra import sharding as sh
+from paravt_jax.sft.frames import example_frames
+from paravt_jax.sft.objective import HEAD, sft_loss
 from paravt_jax.sft.vision_cache import MIB, VisionFeatureCache, without_pixels
 from paravt_jax.text.chat import VISUALS
 from paravt_jax.train.batch import micro_batch_plan, pack, planned_micro_batches
 from paravt_jax.train.loop import LoopConfig, UnreadableDataError, data_indices, run_loop
-from paravt_jax.train.stats import WeightedMean
-from paravt_jax.train.step import HeadConfig, OptimizerConfig, TokenScores, TrainStep
+from paravt_jax.train.step import OptimizerConfig, TrainStep
 from paravt_jax.video.frames import SIZINGS
 from paravt_jax.video.reader import VideoError
 
-HEAD = HeadConfig(temperature=1.0)  # plain next-token cross-entropy
 FRAME_SAMPLING = ("count", "fps")
-
-
-def sft_loss(scores: TokenScores, batch) -> tuple[jax.Array, jax.Array, dict]:
-    """Masked negative log-likelihood: (sum over loss tokens, their count, {"nll": mean})."""
-    m = batch["loss_mask"] > 0
-    total = -jnp.sum(jnp.where(m, scores.logp, 0.0))
-    count = jnp.sum(m).astype(jnp.int32)
-    return total, count, {"nll": WeightedMean(total, count.astype(jnp.float32))}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,21 +121,6 @@ def step_rows(index: int, config: SFTConfig, size: int, first: list[int] | None)
     `config.first_steps` steps, else from all `size` rows; seeded epochs either way."""
     pool = first if first is not None and index < config.first_steps else range(size)
     return [pool[i] for i in data_indices(index * config.batch_size, config.batch_size, len(pool), config.seed)]
-
-
-def example_nframes(index: int, config: SFTConfig) -> int:
-    """The overview K of SFT row `index`: `config.nframes`, or a draw from `nframes_choices`
-    that depends on (seed, row index) alone."""
-    return gating.nframes_for_prompt(f"sft-row{index}", config.seed, bool(config.nframes_choices),
-                                     config.nframes, config.nframes_choices)
-
-
-def example_frames(index: int, config: SFTConfig) -> FrameSpec:
-    """How SFT row `index`'s videos are read: its overview K (`example_nframes`) under count
-    sampling, the config's rate and cap under fps sampling; the config's sizes."""
-    nframes = example_nframes(index, config) if config.frame_sampling == "count" else 0
-    return FrameSpec(nframes, config.fps, config.max_frames, config.min_pixels, config.max_pixels, config.sizing,
-                     config.visual)
 
 
 def answers_directly(index: int, frames: FrameSpec, config: SFTConfig) -> bool:

@@ -86,7 +86,7 @@ def test_sft_curriculum_draws_the_first_steps_from_the_named_kinds(tmp_path):
 def test_sft_overview_budget_per_row_follows_the_choices(tmp_path):
     from paravt_jax.data import events as ev
     from paravt_jax.data.sft_examples import FrameSpec, sft_inputs
-    from paravt_jax.sft.trainer import example_nframes
+    from paravt_jax.sft.frames import example_nframes
 
     assert {example_nframes(i, SFTConfig(nframes=6)) for i in range(20)} == {6}  # no choices: nframes
     config = SFTConfig(nframes=6, nframes_choices=(2, 4, 8), seed=1)
@@ -214,6 +214,7 @@ def test_short_sft_lowers_its_loss(dataset, tmp_path):
 def test_sft_reads_each_row_at_its_drawn_overview_budget(dataset, tmp_path, monkeypatch):
     """train_sft builds every row's inputs at the K that example_nframes draws for it."""
     from paravt_jax.sft import trainer
+    from paravt_jax.sft.frames import example_nframes
 
     root, ds, tok = dataset
     rows, _ = load_sft_rows(ds.sft, root)
@@ -228,7 +229,7 @@ def test_sft_reads_each_row_at_its_drawn_overview_budget(dataset, tmp_path, monk
     config = SFTConfig(steps=1, batch_size=4, nframes=2, nframes_choices=(1, 2, 3), max_pixels=64 * 96, seed=3,
                        optimizer=OptimizerConfig(learning_rate=1e-3, weight_decay=0.0))
     train_sft(init_model(preset("tiny"), seed=1), tok, rows, root, str(tmp_path), config)
-    assert len(seen) == 4 and seen == {i: trainer.example_nframes(i, config) for i in seen}
+    assert len(seen) == 4 and seen == {i: example_nframes(i, config) for i in seen}
     assert len(set(seen.values())) > 1  # seed 3 draws more than one K for these rows
 
 
