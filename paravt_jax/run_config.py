@@ -35,6 +35,7 @@ from paravt_jax.data.builtin import BUILTIN_MODELS, BuiltinAssets, ensure_builti
 from paravt_jax.eval import registry
 from paravt_jax.eval.prompts import MODES as PROMPT_MODES
 from paravt_jax.eval.settings import RECORD_NAMES, DriverConfig
+from paravt_jax.models.qwen3_vl.config import ATTENTION, ATTENTION_BLOCK, DTYPE
 from paravt_jax.rl.trainer import RLConfig
 from paravt_jax.sft.trainer import SFTConfig
 from paravt_jax.text.chat import VISUALS
@@ -50,12 +51,12 @@ class ModelConfig:
     preset: str = "tiny"
     checkpoint: str = ""
     init: str = checked("checkpoint", one_of(MODEL_INITS))
-    param_dtype: str = "float32"
-    dtype: str = "float32"
+    param_dtype: str = checked("float32", DTYPE)
+    dtype: str = checked("float32", DTYPE)
     remat: bool = False
     scan_layers: bool = True
-    attention: str = "auto"
-    attention_block: int = 512
+    attention: str = checked("auto", ATTENTION)
+    attention_block: int = checked(512, ATTENTION_BLOCK)
 
     def knobs(self) -> dict[str, Any]:
         """The model's numerics, as models/qwen3_vl presets and checkpoint loads take them."""

@@ -12,11 +12,17 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from paravt_jax.config import ConfigValueError, checked, integer, one_of, rule_problems
+
 DTYPES = ("float32", "bfloat16")
 ATTENTION_IMPLEMENTATIONS = ("auto", "dense", "blockwise", "cudnn", "splash")
+# the runtime knobs' rules (paravt_jax/config.py's idiom), shared with the run config's `model` section
+DTYPE = one_of(DTYPES)
+ATTENTION = one_of(ATTENTION_IMPLEMENTATIONS)
+ATTENTION_BLOCK = integer(8)
 
 
-class ConfigError(ValueError):
+class ConfigError(ConfigValueError):
     """A config.json (or preset) field is missing or invalid; the message names the field."""
 
 
@@ -78,8 +84,8 @@ class Qwen3VLConfig:
     vision_end_token_id: int = 151653
     tie_word_embeddings: bool = False
     # Runtime knobs (not part of the HF checkpoint).
-    param_dtype: str = "float32"
-    dtype: str = "float32"  # compute dtype
+    param_dtype: str = checked("float32", DTYPE)
+    dtype: str = checked("float32", DTYPE)  # compute dtype
     remat: bool = False  # rematerialise each decoder layer / vision block in the backward pass
     # lax.scan over layers: one compiled layer body (compile time for deep models) and no
     # per-layer weight slicing copies; measured faster than unrolling even on CPU.
@@ -87,21 +93,17 @@ class Qwen3VLConfig:
     # The attention implementation of every attention (text decoder, sampler, vision tower):
     # auto | dense | blockwise | cudnn | splash (models/qwen3_vl/attention.py), and the query /
     # key block of `blockwise`.
-    attention: str = "auto"
-    attention_block: int = 512
+    attention: str = checked("auto", ATTENTION)
+    attention_block: int = checked(512, ATTENTION_BLOCK)
 
     def replace(self, **changes: Any) -> Qwen3VLConfig:
         return dataclasses.replace(self, **changes)
 
     def validate(self) -> Qwen3VLConfig:
         t, v = self.text, self.vision
-        if self.attention not in ATTENTION_IMPLEMENTATIONS:
-            raise ConfigError(f"attention={self.attention!r}: expected one of {ATTENTION_IMPLEMENTATIONS}")
-        if not isinstance(self.attention_block, int) or self.attention_block < 8:
-            raise ConfigError(f"attention_block={self.attention_block!r}: expected an integer >= 8")
-        for name in ("param_dtype", "dtype"):
-            if getattr(self, name) not in DTYPES:
-                raise ConfigError(f"{name}={getattr(self, name)!r}: expected one of {DTYPES}")
+        problems = rule_problems(Qwen3VLConfig, {f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
+        if problems:  # the runtime knobs' rules, every bad one named
+            raise ConfigError(problems=problems)
         if t.num_attention_heads % t.num_key_value_heads:
             raise ConfigError(
                 f"text num_attention_heads={t.num_attention_heads} is not a multiple of "
