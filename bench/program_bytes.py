@@ -50,9 +50,10 @@ def gradients(config_arg: str, mesh_name: str, layers: int, target: str):
     from paravt_jax.planner.arrays import train_batch_spec
     from paravt_jax.planner.memory import compile_for
     from paravt_jax.rl.objective import policy_head, policy_loss
+    from paravt_jax.run_config import build_run
     from paravt_jax.train.step import TrainStep
 
-    config = paragrpo.get_config(config_arg)
+    config = build_run(paragrpo.get_config(config_arg))
     sizes, _ = arrays.mesh_preset(mesh_name)
     _, model = W.model_config(config)
     rl = W.rl_settings(config)[0]
