@@ -157,12 +157,8 @@ class RunConfig:
     benchmarks: dict = dataclasses.field(default_factory=dict)  # name -> {annotations, video_dir, subtitle_dir}
     record: dict = dataclasses.field(default_factory=dict, compare=False)
 
-    @property
-    def rl_or_default(self) -> RLConfig:
-        """`rl`, or RLConfig's defaults (with the run's seed) for a config without the section."""
-        return self.rl if self.rl is not None else RLConfig(seed=self.seed)
 
-
+# the top-level keys that are values, not sections
 SCALARS = tuple(f.name for f in dataclasses.fields(RunConfig)
                 if f.name not in SECTIONS and f.name not in ENTRY_SECTIONS and f.name != "record")
 
