@@ -29,7 +29,8 @@ def main():
     args = parser.parse_args()
 
     from paravt_jax.agent.dispatch import CropDispatcher, CropTask, DispatchConfig
-    from paravt_jax.agent.rollout import RolloutConfig, _responses_subagent
+    from paravt_jax.agent.responses import subagent_responses
+    from paravt_jax.agent.rollout import RolloutConfig, sampling_params
     from paravt_jax.agent.tools import ToolCall
     from paravt_jax.data.builtin import ensure_builtin
     from paravt_jax.data.synthetic import make_video, write_video
@@ -61,7 +62,9 @@ def main():
             tasks = [CropTask(0, k, path, video.duration, ToolCall("crop_video", {"start_time": s, "end_time": e}))
                      for k, (s, e) in enumerate(calls)]
             results = dispatcher.run(tasks)
-            texts, _ = _responses_subagent(results, sampler, tok, config, seed)
+            texts, _ = subagent_responses(results, sampler, tok,
+                                          sampling_params(config, tok, config.subagent_max_tokens),
+                                          config.subagent_shape, seed)
             segments = [chat.Text("<|im_end|>\n")] + chat.render(chat.tool_response_messages(texts),
                                                                  add_generation_prompt=True,
                                                                  assistant_prefix="<think>\n")

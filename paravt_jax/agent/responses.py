@@ -1,15 +1,21 @@
 """What a tool round reads back to the model: each crop's answer as the rollout's tool response
 carries it. Sub-agent mode: the sub-agent's prompt (the crop's frames and the segment
 instruction) and its summary's text; frames mode: the crop's frames themselves, in the
-timestamped layout (the RL workflow) or the images_first one (the evaluation driver)."""
+timestamped layout (the RL workflow) or the images_first one (the evaluation driver). A text
+tool's answer is its own response in every mode."""
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from paravt_jax.agent.dispatch import CropResult
+from paravt_jax.agent.records import SubTrajectory
 from paravt_jax.agent.tools import lenient_window
+from paravt_jax.sampling.params import SamplingParams
+from paravt_jax.sampling.sampler import PromptShape, Sampler
 from paravt_jax.text import chat
-from paravt_jax.text.inputs import ModelInputs, encode
+from paravt_jax.text.inputs import ModelInputs, encode, encode_ids
 from paravt_jax.text.tokenizer import Tokenizer
 from paravt_jax.video.reader import Clip
 
@@ -26,6 +32,47 @@ def summary_text(tokens: Sequence[int], finished: bool, tokenizer: Tokenizer) ->
     reference keeps of a longer summary: its first tokens, with the marker)."""
     body = [t for t in tokens if t != tokenizer.special.im_end]
     return tokenizer.decode(body, skip_special_tokens=True).strip() + ("" if finished else " [truncated]")
+
+
+def subagent_responses(results: list[CropResult], sampler: Sampler, tokenizer: Tokenizer,
+                       sampling: SamplingParams, shape: PromptShape, seed: int,
+                       stream_ids: Sequence[int] | None = None) -> tuple[list, list[SubTrajectory | None]]:
+    """Sub-agent mode: each result's response text and, for a call answered with frames, the
+    sub-agent's trajectory. All sub-agent prompts of the round go through one batched sampler
+    call (same weights), or calls of shape.rows rows when set; stream_ids[i]: the random stream
+    of results[i]'s summary (default: its place in `results`), so the summaries do not depend
+    on how the calls split them."""
+    texts: list = [None] * len(results)
+    trajectories: list[SubTrajectory | None] = [None] * len(results)
+    ok = [i for i, r in enumerate(results) if r.ok and r.clip is not None]
+    streams = list(range(len(results))) if stream_ids is None else list(stream_ids)
+    size = shape.rows or max(len(ok), 1)
+    for start in range(0, len(ok), size):
+        part = ok[start:start + size]
+        prompts = [subagent_prompt(results[i].clip, results[i].request.start, results[i].request.end, tokenizer)
+                   for i in part]
+        out, _ = sampler.generate(prompts, sampling=sampling, seed=seed, row_ids=[streams[i] for i in part],
+                                  shape=shape)
+        for j, i in enumerate(part):
+            tokens = out.tokens[j]
+            texts[i] = summary_text(tokens, bool(out.finished[j]), tokenizer)
+            seq = prompts[j].extend(encode_ids(tokens, prompts[j].next_position, trainable=True))
+            logps = np.concatenate([np.zeros(prompts[j].length, np.float32), out.logprobs[j]])
+            trajectories[i] = SubTrajectory(results[i].task.row, seq, logps)
+    for i, r in enumerate(results):
+        if not r.ok:
+            texts[i] = f"Error: {r.error}"
+        elif r.clip is None:
+            texts[i] = r.text
+    return texts, trajectories
+
+
+def answer_caption(result: CropResult) -> str:
+    """A frames-mode answer as the episode log keeps it: the frame count, the text tool's
+    answer, or the error."""
+    if not result.ok:
+        return f"Error: {result.error}"
+    return result.text if result.clip is None else f"{len(result.clip.frames)} frames"
 
 
 def frames_responses(results: list[CropResult]) -> list:

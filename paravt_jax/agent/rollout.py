@@ -1,10 +1,12 @@
-"""The multi-turn agent rollout: generate, parse the turn's tool calls, run every crop of
+"""The multi-turn agent rollout: generate, parse the turn's tool calls, run every call of
 every row concurrently, answer them (sub-agent summaries or the frames themselves), extend
-each row's cache with its tool responses and generate again, up to `max_turns` rounds.
+each row's cache with its tool responses and generate again, up to `max_turns` rounds
+(`RolloutLoop`, one method per phase of a round; `run_rollouts` runs it).
 
-Each finished row becomes one `Rollout`: the whole token sequence with its model inputs,
-behaviour log-probs, the loss mask (1 only on policy-generated tokens), the structural-token
-mask, the completion text for the rewards, and per-episode metadata.
+Each finished row becomes one `Rollout` (agent/records.py): the whole token sequence with its
+model inputs, behaviour log-probs, the loss mask (1 only on policy-generated tokens), the
+structural-token mask, the completion text for the rewards, and per-episode metadata. A row's
+state while it is generated is a `Row` (agent/rows.py).
 """
 from __future__ import annotations
 
@@ -12,35 +14,26 @@ import dataclasses
 import os
 from collections.abc import Sequence
 
-import numpy as np
-
-from paravt_jax.agent.dispatch import CropDispatcher, CropResult, CropTask, DispatchConfig
+from paravt_jax.agent.dispatch import CropDispatcher, DispatchConfig
 from paravt_jax.agent.protocol import THINK_PREFIX, PromptFormat, ToolProtocol
-from paravt_jax.agent.responses import frames_responses, images_first_messages, subagent_prompt, summary_text
-from paravt_jax.agent.tools import CropRequest, cap_errors, lenient_window, parse_tool_calls
+from paravt_jax.agent.records import CallRecord, Episode, Rollout, SubTrajectory
+from paravt_jax.agent.responses import answer_caption, frames_responses, images_first_messages, subagent_responses
+from paravt_jax.agent.rows import Answer, Row, RowCalls
 from paravt_jax.config import checked, integer, one_of, set_by, validate
-from paravt_jax.models.qwen3_vl.rope import IMAGE, VIDEO
 from paravt_jax.sampling.params import SamplingParams
-from paravt_jax.sampling.sampler import PromptShape, SampleOutput, Sampler
+from paravt_jax.sampling.sampler import PromptShape, SampleOutput, Sampler, SamplerState
 from paravt_jax.text import chat
-from paravt_jax.text.inputs import ModelInputs, encode, encode_ids
+from paravt_jax.text.inputs import ModelInputs, encode
 from paravt_jax.text.tokenizer import Tokenizer
 from paravt_jax.video.frames import FACTOR
 from paravt_jax.video.reader import Clip, VideoError, read_frames, read_video_item
 
+# The rollout's public names; the records are agent/records.py's, imported from here too.
+__all__ = ["MODES", "CallRecord", "Episode", "Rollout", "RolloutConfig", "RolloutLoop", "SubTrajectory",
+           "episode_turns", "overview_prompts", "prompt_inputs", "response_chunk", "response_tokens_bound",
+           "run_rollouts", "sampling_params", "turn_prefix", "FRAME_TEXT_TOKENS", "RESPONSE_TEXT_TOKENS"]
+
 MODES = ("subagent", "frames", "sequential")
-ANSWER_TAGS = ("<answer>", "</answer>")
-
-
-@dataclasses.dataclass(frozen=True)
-class Episode:
-    episode_id: str
-    question: str
-    answer: str
-    question_type: str
-    video_path: str  # the episode's own video: the only file any crop may open
-    nframes: int = 64  # K overview frames (nFrames gating decides it); 0: sampled at PromptFormat.overview_fps
-    system_prompt: str = ""  # the data row's own system message ("" = none)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,167 +64,8 @@ class RolloutConfig:
         validate(self)
 
 
-@dataclasses.dataclass(frozen=True)
-class SubTrajectory:
-    """One sub-agent call: its prompt + summary (loss mask on the summary) and log-probs."""
-    row: int
-    inputs: ModelInputs
-    logprobs: np.ndarray
 
-
-@dataclasses.dataclass(frozen=True)
-class CallRecord:
-    """One executed call as the episode log keeps it: the assistant turn that made it, the
-    window as the call reads (`tools.lenient_window`; the model's numbers, any size), the window
-    the dispatcher cut (validated and clamped; None when the call was refused or named another
-    tool than crop_video), the source timestamps of the crop's frames (references into the
-    episode's video, not pixels) and the tool response's text (the sub-agent summary, the
-    frames' caption, a text tool's answer, or the error)."""
-    turn: int
-    asked: tuple[float, float]
-    window: tuple[float, float] | None
-    frame_times: tuple[float, ...]
-    response: str
-
-
-@dataclasses.dataclass(frozen=True)
-class Rollout:
-    episode: Episode
-    sample: int  # 0..G-1
-    inputs: ModelInputs  # the whole sequence; inputs.loss_mask is 1 on generated tokens only
-    logprobs: np.ndarray  # [L] behaviour log-probs, 0 where loss_mask is 0
-    # [L] 1 on generated <think> </think> <tool_call> </tool_call> <answer> </answer> tokens
-    structural_mask: np.ndarray
-    prompt_length: int
-    completion: str  # everything after the prompt (turns and tool responses)
-    generated_text: str  # only the policy-generated tokens: what the released reward code scores
-    # Every assistant turn as the model's context shows it: the turn's forced prefix (e.g. the
-    # "<think>\n" of think_prefix, which is prompt, not generated) followed by its generated
-    # tokens; tool responses and chat template excluded. What the format and anchor rewards read.
-    turn_texts: tuple[str, ...]
-    calls_per_turn: tuple[int, ...]
-    turns: int  # assistant turns generated
-    errors: tuple[str, ...]  # parse, validation, decode and overflow errors, in order
-    subagents: tuple[SubTrajectory, ...]
-    truncated: bool  # the last turn hit its token budget without a stop token
-    overview_times: tuple[float, ...] = ()  # source timestamps of the K overview frames
-    calls: tuple[CallRecord, ...] = ()  # every executed call, in order (the episode log's)
-
-    @property
-    def nframes(self) -> int:
-        return self.episode.nframes
-
-    @property
-    def num_tool_calls(self) -> int:
-        return int(sum(self.calls_per_turn))
-
-    @property
-    def assistant_text(self) -> str:
-        """The assistant turns, concatenated in order (see `turn_texts`)."""
-        return "".join(self.turn_texts)
-
-
-# ----------------------------------------------------------------------------- helpers
-def structural_positions(ids: np.ndarray, generated: np.ndarray, tokenizer: Tokenizer) -> np.ndarray:
-    """Mask of structural-tag tokens inside generated text. Single-token tags match by id;
-    multi-token tags (`<answer>`, `</answer>` in Qwen's vocabulary) by character spans."""
-    sp = tokenizer.special
-    mask = np.isin(ids, np.array(sp.structural)) & generated.astype(bool)
-    pieces = [tokenizer.decode([int(t)]) if g else "" for t, g in zip(ids, generated)]
-    text = "".join(pieces)
-    starts = np.cumsum([0] + [len(p) for p in pieces])
-    for tag in ANSWER_TAGS:
-        begin = text.find(tag)
-        while begin >= 0:
-            end = begin + len(tag)
-            mask |= (starts[:-1] < end) & (starts[1:] > begin) & generated.astype(bool)
-            begin = text.find(tag, end)
-    return mask.astype(np.int32)
-
-
-def completion_text(inputs: ModelInputs, start: int, tokenizer: Tokenizer) -> str:
-    ids = inputs.input_ids[start:]
-    keep = ~np.isin(inputs.mm_token_type_ids[start:], (IMAGE, VIDEO))
-    return tokenizer.decode(ids[keep])
-
-
-@dataclasses.dataclass
-class _Row:
-    """One rollout being generated (the mutable record `_finish` turns into a `Rollout`)."""
-    episode: Episode
-    sample: int
-    inputs: ModelInputs
-    logprobs: list[np.ndarray]
-    prompt_length: int
-    # The row's random stream: its place in the step's batch (skipped episodes keep their slots).
-    stream: int
-    duration: float  # the episode video's, which the crops are validated against
-    calls: list[int] = dataclasses.field(default_factory=list)
-    errors: list[str] = dataclasses.field(default_factory=list)
-    subagents: list[SubTrajectory] = dataclasses.field(default_factory=list)
-    turn_texts: list[str] = dataclasses.field(default_factory=list)
-    call_records: list[CallRecord] = dataclasses.field(default_factory=list)
-    overview_times: tuple[float, ...] = ()
-    prefix: str = ""  # the forced start of the turn being generated
-    turns: int = 0
-    active: bool = True
-    truncated: bool = False
-
-    def add_generated(self, tokens: list[int], logprobs: np.ndarray, finished: bool, tokenizer: Tokenizer):
-        self.inputs = self.inputs.extend(encode_ids(tokens, self.inputs.next_position, trainable=True))
-        self.logprobs.append(np.asarray(logprobs, np.float32))
-        self.turn_texts.append(self.prefix + tokenizer.decode(tokens))
-        self.turns += 1
-        self.truncated = not finished
-
-    def add_calls(self, calls: _RowCalls):
-        self.errors += calls.errors
-        self.calls.append(len(calls.tasks))
-
-    def add_answer(self, answer: _Answer):
-        result = answer.result
-        if not result.ok:
-            self.errors.append(result.error)
-        if answer.trajectory is not None:
-            self.subagents.append(answer.trajectory)
-        self.call_records.append(call_record(result, self.turns - 1, answer.caption))
-
-    def add_chunk(self, chunk: ModelInputs):
-        self.inputs = self.inputs.extend(chunk)
-        self.logprobs.append(np.zeros(chunk.length, np.float32))
-
-
-@dataclasses.dataclass(frozen=True)
-class _RowCalls:
-    """One row's part of a tool round: the crops it runs (its first max_parallel calls) and
-    the errors of its turn (malformed blocks, calls beyond max_parallel), uncapped."""
-    row: int
-    tasks: tuple[CropTask, ...]
-    errors: tuple[str, ...]
-
-
-@dataclasses.dataclass(frozen=True)
-class _Answer:
-    """One executed crop answered: the dispatcher's result, the tool-response body (a sub-agent
-    summary, a timestamped frames body, or a whole images_first message), the response text
-    the episode log keeps, and the sub-agent's trajectory (subagent mode, crop read)."""
-    result: CropResult
-    body: str | list | chat.Message
-    caption: str
-    trajectory: SubTrajectory | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class _Context:
-    """What every round of one `run_rollouts` call uses."""
-    sampler: Sampler
-    tokenizer: Tokenizer
-    config: RolloutConfig
-    dispatcher: CropDispatcher
-    max_parallel: int  # calls executed per turn (1 in sequential mode)
-
-
-# ----------------------------------------------------------------------------- engine
+# ----------------------------------------------------------------------------- prompts
 def prompt_inputs(episode: Episode, clip: Clip, tokenizer: Tokenizer, prompt: PromptFormat,
                   schemas: Sequence[dict] | None = None) -> ModelInputs:
     """The episode's ParaVT prompt over its overview `clip`: system message (the tools'
@@ -310,39 +144,6 @@ def overview_prompts(episodes: Sequence[Episode], tokenizer: Tokenizer, prompt: 
     return prompts, errors, durations, timestamps
 
 
-def _responses_subagent(results: list[CropResult], sampler: Sampler, tokenizer: Tokenizer,
-                        config: RolloutConfig, seed: int, stream_ids: Sequence[int] | None = None
-                        ) -> tuple[list, list[SubTrajectory | None]]:
-    """All sub-agent prompts of the turn (one per call answered with frames) in one batched
-    sampler call (same weights), or in calls of config.subagent_shape.rows rows when set;
-    stream_ids[i]: the random stream of results[i]'s summary (default: its place in the turn's
-    crops), so the summaries do not depend on how the calls split them. A text tool's answer
-    is its own response."""
-    texts: list = [None] * len(results)
-    trajectories: list[SubTrajectory | None] = [None] * len(results)
-    ok = [i for i, r in enumerate(results) if r.ok and r.clip is not None]
-    streams = list(range(len(results))) if stream_ids is None else list(stream_ids)
-    size = config.subagent_shape.rows or max(len(ok), 1)
-    for start in range(0, len(ok), size):
-        part = ok[start:start + size]
-        prompts = [subagent_prompt(results[i].clip, results[i].request.start, results[i].request.end, tokenizer)
-                   for i in part]
-        out, _ = sampler.generate(prompts, sampling=sampling_params(config, tokenizer, config.subagent_max_tokens),
-                                  seed=seed, row_ids=[streams[i] for i in part], shape=config.subagent_shape)
-        for j, i in enumerate(part):
-            tokens = out.tokens[j]
-            texts[i] = summary_text(tokens, bool(out.finished[j]), tokenizer)
-            seq = prompts[j].extend(encode_ids(tokens, prompts[j].next_position, trainable=True))
-            logps = np.concatenate([np.zeros(prompts[j].length, np.float32), out.logprobs[j]])
-            trajectories[i] = SubTrajectory(results[i].task.row, seq, logps)
-    for i, r in enumerate(results):
-        if not r.ok:
-            texts[i] = f"Error: {r.error}"
-        elif r.clip is None:
-            texts[i] = r.text
-    return texts, trajectories
-
-
 # Tokens of a tool response around its content (tags, the frames' text, chat markers), an
 # upper bound: a reserve that falls short only makes an extend grow the suffix.
 RESPONSE_TEXT_TOKENS, FRAME_TEXT_TOKENS = 64, 16
@@ -382,172 +183,139 @@ def sampling_params(config: RolloutConfig, tokenizer: Tokenizer, max_new_tokens:
                           top_k=config.top_k, stop_ids=(tokenizer.special.im_end,))
 
 
+# ----------------------------------------------------------------------------- the loop
 def run_rollouts(sampler: Sampler, tokenizer: Tokenizer, episodes: Sequence[Episode],
                  num_samples: int, config: RolloutConfig, dispatcher: CropDispatcher
                  ) -> tuple[list[Rollout], list[str]]:
     """Runs `num_samples` rollouts of every episode (rows ordered episode-major). Returns the
     rollouts and the episodes skipped because their video could not be read."""
-    max_parallel = 1 if config.mode == "sequential" else dispatcher.config.max_parallel
-    context = _Context(sampler, tokenizer, config, dispatcher, max_parallel)
-    prompts, rows, skipped = _start_rows(episodes, num_samples, context)
-    if not rows:
-        return [], skipped
-    row_ids = [row.stream for row in rows]
-    sampling = sampling_params(config, tokenizer, config.max_new_tokens)
-    out, state = sampler.generate(prompts, num_samples=num_samples, sampling=sampling,
-                                  seed=config.seed, row_ids=row_ids,
-                                  # the suffix cache sized for the whole episode: no extend grows it
-                                  reserve=episode_turns(config, dispatcher.config, max_parallel),
-                                  shape=config.prompt_shape)
-    for turn in range(config.max_turns + 1):
-        _add_turn(rows, [b for b, row in enumerate(rows) if row.active], out, tokenizer)
-        if not config.prompt.tools:
-            break
-        asked = _parse_round(rows, out, context)
-        if not asked or turn == config.max_turns:  # nothing asked, or no rounds left to answer it
-            break
-        last_round = config.protocol.final_answer and turn == config.max_turns - 1
-        answers = _answer_round(rows, asked, turn, context)
-        chunks = _response_chunks(rows, asked, answers, state.chunk_start, last_round, context)
-        budget = config.protocol.final_answer_tokens if last_round else config.max_new_tokens
-        out, state = sampler.extend(state, chunks, sampling=sampling.with_budget(budget),
-                                    seed=config.seed + turn + 1, row_ids=row_ids)
-        if last_round:  # the forced answer ends every row that was still asking
-            _add_turn(rows, [calls.row for calls in asked], out, tokenizer)
-            break
-    return [_finish(row, tokenizer) for row in rows], skipped
+    return RolloutLoop(sampler, tokenizer, config, dispatcher).run(episodes, num_samples)
 
 
-def _start_rows(episodes: Sequence[Episode], num_samples: int, context: _Context
-                ) -> tuple[list[ModelInputs], list[_Row], list[str]]:
-    """The prompts of the readable episodes, their `num_samples` rows each (episode-major) and
-    the read errors of the others."""
-    config = context.config
-    prompts, errors, durations, overview_times = overview_prompts(
-        episodes, context.tokenizer, config.prompt, context.dispatcher,
-        context.dispatcher.schemas(config.prompt.tool_layout))
-    kept = [i for i, prompt in enumerate(prompts) if prompt is not None]
-    rows = [_Row(episodes[i], g, prompts[i], [np.zeros(prompts[i].length, np.float32)], prompts[i].length,
-                 stream=config.row_offset + i * num_samples + g, duration=durations[i],
-                 overview_times=overview_times[i], prefix=turn_prefix(config.prompt))
-            for i in kept for g in range(num_samples)]
-    return [prompts[i] for i in kept], rows, [e for e in errors if e is not None]
+class RolloutLoop:
+    """The episode loop over a batch of rows: the policy's `sampler`, the `dispatcher` that
+    runs the tools' calls (its tools are what the prompt lists), and the episode's `config`.
+    `run` starts the rows and plays their rounds; each round is a method per phase: `parse`
+    (each active row's calls), `answer` (every call of the round at once, answered by mode),
+    `respond` (each asking row's next chunk) and `extend` (the next turn of every row). The
+    rows' state is theirs (`Row`); the loop holds only what every round reads."""
 
+    def __init__(self, sampler: Sampler, tokenizer: Tokenizer, config: RolloutConfig, dispatcher: CropDispatcher):
+        self.sampler = sampler
+        self.tokenizer = tokenizer
+        self.config = config
+        self.dispatcher = dispatcher
+        self.max_parallel = 1 if config.mode == "sequential" else dispatcher.config.max_parallel  # calls run per turn
+        self.sampling = sampling_params(config, tokenizer, config.max_new_tokens)
 
-def _add_turn(rows: list[_Row], indices: Sequence[int], out: SampleOutput, tokenizer: Tokenizer):
-    """Appends the turn just generated to each of the rows at `indices`."""
-    for b in indices:
-        rows[b].add_generated(out.tokens[b], out.logprobs[b], bool(out.finished[b]), tokenizer)
+    def run(self, episodes: Sequence[Episode], num_samples: int) -> tuple[list[Rollout], list[str]]:
+        """`run_rollouts`: the rollouts and the skipped episodes' read errors."""
+        prompts, rows, skipped = self.start(episodes, num_samples)
+        if rows:
+            self.play(prompts, rows, num_samples)
+        return [row.finish(self.tokenizer) for row in rows], skipped
 
+    def start(self, episodes: Sequence[Episode], num_samples: int
+              ) -> tuple[list[ModelInputs], list[Row], list[str]]:
+        """The prompts of the readable episodes, their `num_samples` rows each (episode-major)
+        and the read errors of the others."""
+        config = self.config
+        schemas = self.dispatcher.schemas(config.prompt.tool_layout)
+        prompts, errors, durations, overview_times = overview_prompts(episodes, self.tokenizer, config.prompt,
+                                                                      self.dispatcher, schemas)
+        kept = [i for i, prompt in enumerate(prompts) if prompt is not None]
+        slots = [(i, g) for i in kept for g in range(num_samples)]
+        rows = [Row(b, episodes[i], g, prompts[i], stream=config.row_offset + i * num_samples + g,
+                    duration=durations[i], overview_times=overview_times[i], prefix=turn_prefix(config.prompt))
+                for b, (i, g) in enumerate(slots)]
+        return [prompts[i] for i in kept], rows, [e for e in errors if e is not None]
 
-def _parse_round(rows: list[_Row], out: SampleOutput, context: _Context) -> list[_RowCalls]:
-    """The calls of every active row's latest turn (`_row_calls`), recorded on the rows; a row
-    that asked nothing is done."""
-    asked = []
-    for b, row in enumerate(rows):
-        if not row.active:
-            continue
-        calls = _row_calls(b, row, context.tokenizer.decode(out.tokens[b]), context.config, context.max_parallel)
-        if calls is None:
-            row.active = False
-            continue
-        row.add_calls(calls)
-        asked.append(calls)
-    return asked
+    def play(self, prompts: list[ModelInputs], rows: list[Row], num_samples: int):
+        """Generates the rows' first turns, then answers their calls and generates again, round
+        by round, until no row asks or no round is left."""
+        config = self.config
+        out, state = self.generate(prompts, rows, num_samples)
+        for turn in range(config.max_turns + 1):
+            self.add_turns(rows, [row.index for row in rows if row.active], out)
+            asked = self.parse(rows, out) if config.prompt.tools else []
+            if not asked or turn == config.max_turns:  # nothing asked, or no rounds left to answer it
+                return
+            last_round = config.protocol.final_answer and turn == config.max_turns - 1
+            chunks = self.respond(rows, asked, self.answer(rows, asked, turn), state.chunk_start, last_round)
+            out, state = self.extend(state, chunks, rows, turn, last_round)
+            if last_round:  # the forced answer ends every row that was still asking
+                self.add_turns(rows, [calls.row for calls in asked], out)
+                return
 
+    def generate(self, prompts: list[ModelInputs], rows: list[Row], num_samples: int
+                 ) -> tuple[SampleOutput, SamplerState]:
+        """The first turn of every row, the suffix cache sized for the whole episode (no extend
+        grows it)."""
+        return self.sampler.generate(prompts, num_samples=num_samples, sampling=self.sampling, seed=self.config.seed,
+                                     row_ids=[row.stream for row in rows],
+                                     reserve=episode_turns(self.config, self.dispatcher.config, self.max_parallel),
+                                     shape=self.config.prompt_shape)
 
-def _row_calls(b: int, row: _Row, text: str, config: RolloutConfig, max_parallel: int) -> _RowCalls | None:
-    """Row b's tool round from its turn's `text`: crop tasks for its first max_parallel calls
-    and its errors (malformed blocks and calls beyond max_parallel, each unless ignored);
-    None when there is nothing to respond to."""
-    parsed = parse_tool_calls(text, all_or_nothing=config.protocol.malformed == "reference")
-    errors = list(parsed.errors) if config.protocol.malformed == "respond" else []
-    if not parsed.calls and not errors:
-        return None
-    if config.protocol.extra_calls == "respond":
-        errors += [f"call {number} was not executed: at most {max_parallel} crop_video calls run per turn"
-                   for number in range(max_parallel + 1, len(parsed.calls) + 1)]
-    tasks = tuple(CropTask(b, k, row.episode.video_path, row.duration, call)
-                  for k, call in enumerate(parsed.calls[:max_parallel]))
-    return _RowCalls(b, tasks, tuple(errors))
+    def add_turns(self, rows: list[Row], indices: Sequence[int], out: SampleOutput):
+        """Appends the turn just generated to each of the rows at `indices`."""
+        for b in indices:
+            rows[b].add_generated(out.tokens[b], out.logprobs[b], bool(out.finished[b]), self.tokenizer)
 
+    def parse(self, rows: list[Row], out: SampleOutput) -> list[RowCalls]:
+        """The calls of every active row's latest turn (`Row.read_calls`); a row that asked
+        nothing is done."""
+        asked = [row.read_calls(self.tokenizer.decode(out.tokens[row.index]), self.config.protocol, self.max_parallel)
+                 for row in rows if row.active]
+        return [calls for calls in asked if calls is not None]
 
-def _answer_round(rows: list[_Row], asked: list[_RowCalls], turn: int, context: _Context
-                  ) -> list[list[_Answer]]:
-    """Runs every crop of the round at once and answers each (`_round_answers`), recorded on
-    the rows; the answers grouped as `asked`."""
-    results = context.dispatcher.run([task for calls in asked for task in calls.tasks])
-    answers = _round_answers(results, [row.stream for row in rows], turn, context)
-    for answer in answers:
-        rows[answer.result.task.row].add_answer(answer)
-    remaining = iter(answers)
-    return [[next(remaining) for _ in calls.tasks] for calls in asked]
+    def answer(self, rows: list[Row], asked: list[RowCalls], turn: int) -> list[list[Answer]]:
+        """Runs every call of the round at once and answers each (`answers`), recorded on the
+        rows; the answers grouped as `asked`."""
+        results = self.dispatcher.run([task for calls in asked for task in calls.tasks])
+        answers = self.answers(results, [row.stream for row in rows], turn)
+        for answer in answers:
+            rows[answer.result.task.row].add_answer(answer)
+        remaining = iter(answers)
+        return [[next(remaining) for _ in calls.tasks] for calls in asked]
 
+    def answers(self, results: list, streams: Sequence[int], turn: int) -> list[Answer]:
+        """One answer per call result, by mode: sub-agent summaries (one batched sampler call,
+        streams[row] * max_parallel + call index the random stream of each, seeded by the
+        round), or the frames themselves (timestamped or images_first)."""
+        config = self.config
+        if config.mode == "subagent":
+            stream_ids = [streams[r.task.row] * self.max_parallel + r.task.call_index for r in results]
+            texts, trajectories = subagent_responses(
+                results, self.sampler, self.tokenizer,
+                sampling_params(config, self.tokenizer, config.subagent_max_tokens), config.subagent_shape,
+                config.seed + 1000 * (turn + 1), stream_ids)
+            return [Answer(r, text, text, trajectory) for r, text, trajectory in zip(results, texts, trajectories)]
+        images_first = config.protocol.frames_response == "images_first"
+        bodies = images_first_messages(results) if images_first else frames_responses(results)
+        return [Answer(r, body, answer_caption(r)) for r, body in zip(results, bodies)]
 
-def _round_answers(results: list[CropResult], streams: Sequence[int], turn: int, context: _Context
-                  ) -> list[_Answer]:
-    """One answer per crop result, by mode: sub-agent summaries (one batched sampler call,
-    streams[row] * max_parallel + call index the random stream of each, seeded by the round),
-    or the frames themselves (timestamped or images_first)."""
-    config = context.config
-    if config.mode == "subagent":
-        stream_ids = [streams[r.task.row] * context.max_parallel + r.task.call_index for r in results]
-        texts, trajectories = _responses_subagent(results, context.sampler, context.tokenizer, config,
-                                                  config.seed + 1000 * (turn + 1), stream_ids)
-        return [_Answer(r, text, text, trajectory) for r, text, trajectory in zip(results, texts, trajectories)]
-    images_first = config.protocol.frames_response == "images_first"
-    bodies = images_first_messages(results) if images_first else frames_responses(results)
-    return [_Answer(r, body, answer_caption(r)) for r, body in zip(results, bodies)]
+    def respond(self, rows: list[Row], asked: list[RowCalls], answers: list[list[Answer]],
+                chunk_start, last_round: bool) -> list[ModelInputs | None]:
+        """Each asking row's next chunk (`response_chunk`: its answers, its capped error
+        responses, the final-answer instruction after the last round) appended to it; None for
+        the others."""
+        config = self.config
+        prefix = config.protocol.final_answer_prefix if last_round else turn_prefix(config.prompt)
+        instruction = config.protocol.final_answer_instruction if last_round else ""
+        chunks: list[ModelInputs | None] = [None] * len(rows)
+        for calls, row_answers in zip(asked, answers):
+            row = rows[calls.row]
+            chunk = response_chunk([a.body for a in row_answers],
+                                   calls.error_responses(self.dispatcher.config.max_error_responses), row.truncated,
+                                   prefix, instruction, config, self.tokenizer, int(chunk_start[calls.row]))
+            row.add_chunk(chunk, prefix)
+            chunks[calls.row] = chunk
+        return chunks
 
-
-def answer_caption(result: CropResult) -> str:
-    """A frames-mode answer as the episode log keeps it: the frame count, the text tool's
-    answer, or the error."""
-    if not result.ok:
-        return f"Error: {result.error}"
-    return result.text if result.clip is None else f"{len(result.clip.frames)} frames"
-
-
-def _response_chunks(rows: list[_Row], asked: list[_RowCalls], answers: list[list[_Answer]],
-                     chunk_start: np.ndarray, last_round: bool, context: _Context) -> list[ModelInputs | None]:
-    """Each asking row's next chunk (`response_chunk`: its answers, its capped error responses,
-    the final-answer instruction after the last round) appended to it; None for the others."""
-    config = context.config
-    prefix = config.protocol.final_answer_prefix if last_round else turn_prefix(config.prompt)
-    instruction = config.protocol.final_answer_instruction if last_round else ""
-    chunks: list[ModelInputs | None] = [None] * len(rows)
-    for calls, row_answers in zip(asked, answers):
-        row = rows[calls.row]
-        row.prefix = prefix
-        errors = [f"Error: {e}" for e in cap_errors(list(calls.errors), context.dispatcher.config.max_error_responses)]
-        chunks[calls.row] = response_chunk([a.body for a in row_answers], errors, row.truncated, prefix,
-                                           instruction, config, context.tokenizer, int(chunk_start[calls.row]))
-        row.add_chunk(chunks[calls.row])
-    return chunks
-
-
-def call_record(result: CropResult, turn: int, response: str) -> CallRecord:
-    """The episode log's record of one executed call (`CallRecord`)."""
-    request = result.request
-    cut = isinstance(request, CropRequest)  # another tool's request is no window
-    return CallRecord(turn=turn, asked=lenient_window(result.task.call),
-                      window=(float(request.start), float(request.end)) if cut else None,
-                      frame_times=() if result.clip is None else tuple(round(float(t), 3)
-                                                                      for t in result.clip.timestamps),
-                      response=response)
-
-
-def _finish(row: _Row, tokenizer: Tokenizer) -> Rollout:
-    inputs = row.inputs
-    logprobs = np.concatenate(row.logprobs)
-    assert len(logprobs) == inputs.length, (len(logprobs), inputs.length)
-    return Rollout(
-        episode=row.episode, sample=row.sample, inputs=inputs, logprobs=logprobs,
-        structural_mask=structural_positions(inputs.input_ids, inputs.loss_mask, tokenizer),
-        prompt_length=row.prompt_length,
-        completion=completion_text(inputs, row.prompt_length, tokenizer),
-        generated_text=tokenizer.decode(inputs.input_ids[inputs.loss_mask == 1]),
-        turn_texts=tuple(row.turn_texts),
-        calls_per_turn=tuple(row.calls), turns=row.turns, errors=tuple(row.errors),
-        subagents=tuple(row.subagents), truncated=row.truncated, overview_times=row.overview_times,
-        calls=tuple(row.call_records))
+    def extend(self, state: SamplerState, chunks: list[ModelInputs | None], rows: list[Row], turn: int,
+               last_round: bool) -> tuple[SampleOutput, SamplerState]:
+        """The next turn of every row given a chunk (the short final answer after the last
+        round), seeded by the round."""
+        budget = self.config.protocol.final_answer_tokens if last_round else self.config.max_new_tokens
+        return self.sampler.extend(state, chunks, sampling=self.sampling.with_budget(budget),
+                                   seed=self.config.seed + turn + 1, row_ids=[row.stream for row in rows])
