@@ -343,7 +343,7 @@ class SamplerLayout:
     up front (generate(reserve=...) from agent/rollout.episode_turns: never grown), the turn's
     tool responses written in pieces of `extend_width` tokens when they are text, and the
     sub-agent prompts of a tool round in `subagent_calls` calls of `subagent_rows` rows each
-    (agent/rollout.py `_responses_subagent`), one call's caches alive at a time."""
+    (agent/responses.py `subagent_responses`), one call's caches alive at a time."""
     prompt_rows: int  # prompts, bucketed (prefix rows)
     rows: int  # prompt_rows x G (suffix rows)
     prefix_slots: int
@@ -382,7 +382,7 @@ def sampler_layout(rl, work: Workload) -> SamplerLayout:
         extend, pieces = shapes.extend_width, -(-(1 + work.response_tokens) // shapes.extend_width)
     sub_rows = sub_calls = sub_prefix = sub_suffix = 0
     if work.subagent_rows:
-        # _responses_subagent: calls of subagent_shape.rows rows (all the round's prompts in one
+        # subagent_responses: calls of subagent_shape.rows rows (all the round's prompts in one
         # call when 0), each padded to its bucket (Sampler.generate)
         per_call = shapes.subagent.rows or work.subagent_rows
         sub_calls = -(-work.subagent_rows // per_call)
