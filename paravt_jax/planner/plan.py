@@ -6,8 +6,16 @@
 
 The planner's parts: workload.py (the recipe's episodes in tokens, rows, micro-batches and
 sampler calls), arrays.py (meshes, sharded array bytes, the shape-based estimates),
-programs.py (the programs compiled by XLA or the TPU compiler), time_plan.py; this module
-puts them together into the phases and prints them.
+programs.py (the programs compiled by XLA or the TPU compiler), time_plan.py, phases.py (the
+rows of the tables). This module puts them together in three stages, each a function of the
+typed config sections and the previous stage's dataclass, and prints the result:
+
+  measure  (`measure` -> `Measured`): the workload, the sampler's layout of it, the trainer's
+           resident arrays and the largest micro-batch's inputs, from the shapes alone;
+  compile  (`compile_stage` -> `Compiled`): the step's programs compiled for the target, in
+           child processes or in one process, their memory and cost numbers (none: estimate);
+  report   (`report` -> `MemoryPlan`): the phases against the device memory, the time plan,
+           the notes; `format_plan` prints it.
 
 Nothing is allocated. The model is built with `nnx.eval_shape`, every parameter gets the
 NamedSharding that `paravt_jax.infra.sharding` gives it on an `AbstractMesh` of the requested axis
@@ -45,29 +53,36 @@ import math
 from collections.abc import Mapping
 
 import jax
-import jax.numpy as jnp
-from flax import nnx
 
 from paravt_jax.config import config_path
 from paravt_jax.infra import sharding as sh
 from paravt_jax.models.qwen3_vl.config import Qwen3VLConfig
 from paravt_jax.planner import gpu_target
-from paravt_jax.planner.arrays import (
-    _param_leaves,
-    _rows_per_device,
-    _shard_bytes,
-    _spec_text,
-    abstract_mesh,
-    abstract_params,
-    activation_estimate,
-    optimizer_leaves,
-    param_shardings,
-    prefill_estimate,
-    resolve_mesh,
-    train_batch_spec,
-    tree_bytes,
-)
+from paravt_jax.planner.arrays import _rows_per_device, abstract_mesh, resolve_mesh, train_batch_spec
 from paravt_jax.planner.child import peak_rss_bytes
+from paravt_jax.planner.phases import (
+    ACTIVATION_MODES,
+    DEFAULT_TARGET,
+    GIB,
+    Compiled,
+    Component,
+    Phase,
+    StateBytes,
+    StateRows,
+    activation_mode,
+    activation_row,
+    batch_component,
+    check_request,
+    code_row,
+    estimate_row,
+    host_note,
+    layer_copies_row,
+    reference_row,
+    sampler_components,
+    size_text,
+    state_bytes,
+    state_rows,
+)
 from paravt_jax.planner.programs import (
     ProgramSet,
     Target,
@@ -79,6 +94,7 @@ from paravt_jax.planner.time_plan import SideBytes, TimePlan, format_time_plan, 
 from paravt_jax.planner.workload import (
     Assumptions,
     PlanError,
+    SamplerLayout,
     Workload,
     model_config,
     plan_tokenizer,
@@ -86,60 +102,13 @@ from paravt_jax.planner.workload import (
     sampler_layout,
     workload,
 )
-from paravt_jax.sampling.kv_cache import (
-    CacheSpec,
-    cache_sharding,
-)
 
-GIB = 2**30
 DEFAULT_CONFIG = config_path("paragrpo") + ":tiny"
-ACTIVATION_MODES = ("auto", "xla", "estimate")
-
-# `auto` compiles with XLA up to this size (8b: ~45 s on a 2-core CPU; 32b not measured).
-AUTO_XLA_MAX_PARAMETERS = 10_000_000_000
+__all__ = ["ACTIVATION_MODES", "GIB", "Component", "MemoryPlan", "Phase", "PlanError", "Target", "format_plan",
+           "plan"]
 
 
-# ----------------------------------------------------------------------------- result types
-@dataclasses.dataclass(frozen=True)
-class Component:
-    """One memory consumer. global_bytes: one logical copy of the arrays (unsharded)."""
-    name: str
-    per_device_bytes: int
-    global_bytes: int
-    sharding: str  # a short summary of how it is laid out on the mesh
-    estimate: bool = False  # True when the number comes from a formula, not from shapes/XLA
-    counted: bool = True  # False: shown for information, not added to the phase total
-
-
-@dataclasses.dataclass(frozen=True)
-class Phase:
-    name: str
-    description: str
-    components: tuple[Component, ...]
-    device_memory_bytes: int
-    note: str = ""
-    compiler: str = "shapes"  # what produced the working set: "tpu", "xla:cpu", ... or "estimate"
-    compile_seconds: float = 0.0
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(c.per_device_bytes for c in self.components if c.counted)
-
-    @property
-    def fits(self) -> bool:
-        return self.total_bytes <= self.device_memory_bytes
-
-    @property
-    def headroom_percent(self) -> float:
-        return 100.0 * (self.device_memory_bytes - self.total_bytes) / self.device_memory_bytes
-
-    def verdict(self) -> str:
-        if self.fits:
-            return f"fits (headroom {self.headroom_percent:.1f}%)"
-        return (f"does NOT fit (needs {self.total_bytes / GIB:.2f} GiB, "
-                f"has {self.device_memory_bytes / GIB:.2f})")
-
-
+# ----------------------------------------------------------------------------- the result
 @dataclasses.dataclass(frozen=True)
 class MemoryPlan:
     preset: str
@@ -180,83 +149,162 @@ class MemoryPlan:
         return out
 
 
-# ----------------------------------------------------------------------------- host memory
-def host_note(programs: ProgramSet | None, own_peak: int) -> str:
-    """Where the programs compiled and the peak resident memory of this process and its children."""
-    here = f"this process peaked at {own_peak / GIB:.2f} GiB resident"
-    if programs is None or not programs.children:
-        return "host memory: " + here + (" (the programs compiled in it)" if programs else "")
-    largest = max(programs.children, key=lambda run: run.peak_bytes)
-    count = len(programs.children)
-    return (f"host memory: {count} child process{'es' if count > 1 else ''} compiled the programs"
-            + (", one each" if count > 1 else "") + f"; the largest peaked at {largest.peak_bytes / GIB:.2f} GiB "
-            f"resident ({largest.label}), {sum(r.seconds for r in programs.children):.1f} s in all; " + here)
+# ----------------------------------------------------------------------------- 1. measure
+@dataclasses.dataclass(frozen=True)
+class Measured:
+    """What the shapes alone give (nothing compiled): the RL step's workload, the sampler's
+    layout of it, the trainer's resident arrays and the largest micro-batch's inputs."""
+    model: Qwen3VLConfig
+    rl: object  # the run's RLConfig
+    sizes: dict[str, int]
+    work: Workload
+    layout: SamplerLayout
+    state: StateBytes
+    batch: Component  # the largest micro-batch's input arrays
+    rows_per_device: int  # rows of the largest micro-batch each device holds
+    notes: tuple[str, ...]
 
 
-# ----------------------------------------------------------------------------- sampler phase
-def sampler_components(config: Qwen3VLConfig, rl, work: Workload, mesh_sizes: Mapping[str, int],
-                       programs: ProgramSet | None) -> tuple[tuple[Component, ...], Component, list[str]]:
-    """(cache rows, the largest working set, notes) of the sampler phase."""
-    mesh = abstract_mesh(mesh_sizes)
-    t = config.text
-    cache_dtype = jnp.dtype(rl.sampler.cache_dtype or config.dtype).name
-    layout = sampler_layout(rl, work)
-
-    def cache_row(label, rows, capacity):
-        spec = CacheSpec(t.num_hidden_layers, rows, capacity, t.num_key_value_heads, t.head_dim, cache_dtype)
-        sharding = cache_sharding(mesh, spec)
-        keys, _ = _shard_bytes(spec.key_layer_shape, cache_dtype, sharding and sharding.keys)
-        values, _ = _shard_bytes(spec.layer_shape, cache_dtype, sharding and sharding.values)
-        text = "unsharded" if sharding is None else _spec_text(sharding.values)
-        return Component(label, spec.layers * (keys + values), spec.bytes, f"k+v, {spec.layers} layers, values {text}")
-
-    rows = [cache_row(f"prompt KV cache ({layout.prompt_rows} prompts x {layout.prefix_slots} slots, "
-                      f"shared by {rl.samples_per_prompt} samples)", layout.prompt_rows, layout.prefix_slots),
-            cache_row(f"KV cache ({layout.rows} rows x {layout.suffix_slots} slots after the prompt)",
-                      layout.rows, layout.suffix_slots)]
-    if layout.subagent_rows:
-        prompts = cache_row("sub-agent", layout.subagent_rows, layout.subagent_prefix_slots)
-        own = cache_row("sub-agent", layout.subagent_rows, layout.subagent_suffix_slots)
-        rows.append(dataclasses.replace(
-            prompts, name=f"sub-agent KV cache ({layout.subagent_rows} rows x "
-                          f"{layout.subagent_prefix_slots} + {layout.subagent_suffix_slots} slots; "
-                          f"{layout.subagent_calls} call(s) a round)",
-            per_device_bytes=prompts.per_device_bytes + own.per_device_bytes,
-            global_bytes=prompts.global_bytes + own.global_bytes))
-    notes = ["no cache growth copy: the rollout sizes each row's cache for its whole episode up front"]
-    if programs is not None:
-        best = max(programs.sampler, key=lambda p: p.working_bytes)
-        notes.append("sampler working sets (temp + the call's own inputs, per device): " + "; ".join(
-            f"{p.name} {p.working_bytes / GIB:.2f} GiB ({p.group_rows} rows per call)" for p in programs.sampler))
-        working = Component(f"prefill/decode working set ({programs.compiler}, {best.name})", best.working_bytes,
-                            best.working_bytes, f"{programs.compiler} buffer assignment")
-        code = sum(p.code_bytes for p in programs.sampler)
-        rows.append(Component(f"generated code ({programs.compiler}, {len(programs.sampler)} programs)", code, code,
-                              "per device"))
-    else:
-        size, which = prefill_estimate(config, rl, work, mesh_sizes)
-        working = Component(f"prefill working set (ESTIMATE, {which})", size, size, "one layer + vision block",
-                            estimate=True)
-    return tuple(rows), working, notes
+def token_note(tokenizer_source: str, assumptions: Assumptions) -> str:
+    return (f"token counts: agent/rollout.py's prompt and tool-response builders on frames of the planned "
+            f"sizes, every turn, call and summary at its full budget; tokenizer: {tokenizer_source}; assumed "
+            f"{assumptions.text()}")
 
 
-def batch_component(work, batch) -> Component:
-    """The plan's row for one micro-batch's input arrays (`batch`: their abstract, sharded spec)."""
-    b = tree_bytes([(leaf, leaf.sharding) for leaf in jax.tree.leaves(batch)])
-    return Component(f"micro-batch inputs ({work.micro_batch_rows} rows x {work.train_length})", b.per_device,
-                     b.total, "tokens over batch axes; pixels "
-                     + ("by rows" if batch["pixel_values"].ndim == 3 else "replicated"))
+def replicated_batch_notes(work: Workload, sizes: Mapping[str, int], rows_per_device: int) -> tuple[str, ...]:
+    """A note when the largest micro-batch's rows do not divide over data x fsdp (every device
+    holds them all)."""
+    batch_devices = sizes["data"] * sizes["fsdp"]
+    if rows_per_device != work.micro_batch_rows or batch_devices == 1:
+        return ()
+    return (f"the micro-batch's {work.micro_batch_rows} rows do not divide data x fsdp = {batch_devices}: "
+            "every device holds all rows (replicated batch)",)
 
 
-def activation_mode(activations: str, sizes: Mapping[str, int], target: Target | None, parameters: int) -> str:
-    """"xla" or "estimate": `activations`, with "auto" resolved (xla for a TPU or GPU target, or when
-    this process's devices can host the mesh, or are CPUs, and the model is small enough)."""
-    if activations != "auto":
-        return activations
-    local = jax.devices()
-    fits_locally = math.prod(sizes.values()) <= len(local) or local[0].platform == "cpu"
-    return "xla" if (target is not None and target.name in ("tpu", "gpu")) or (
-        fits_locally and parameters <= AUTO_XLA_MAX_PARAMETERS) else "estimate"
+def measure(model: Qwen3VLConfig, rl, work: Workload, sizes: Mapping[str, int], notes: tuple[str, ...] = ()
+            ) -> Measured:
+    """Stage 1: the arrays of the RL step `work` (planner/workload.py) on a mesh of `sizes`
+    (resolved axis sizes), for the typed model and rl sections; `notes` go first in the plan's."""
+    mesh = abstract_mesh(sizes)
+    rows = _rows_per_device(work.micro_batch_rows, mesh)
+    return Measured(model, rl, dict(sizes), work, sampler_layout(rl, work), state_bytes(model, rl.optimizer, mesh),
+                    batch_component(work, train_batch_spec(model, work, mesh)), rows,
+                    (*notes, *replicated_batch_notes(work, sizes, rows)))
+
+
+# ----------------------------------------------------------------------------- 2. compile
+def target_text(target: Target, devices: int) -> str:
+    """The target in the programs note: its name, a TPU's topology and slices, a GPU's model."""
+    if target.name == "tpu" and target.topology:
+        return f"tpu, topology {target.topology}" + (f" x {target.slices} slices" if target.slices > 1 else "")
+    if target.name == "gpu":
+        return (f"gpu, {gpu_target.GPUS[target.accelerator].name} x {devices}, topology "
+                f"{target.topology or gpu_topology_of(devices)} (slices x hosts x devices)")
+    return target.name
+
+
+def programs_note(programs: ProgramSet, target: Target, devices: int) -> str:
+    where = f" on {devices} fake CPU devices" if target.name == "cpu-fake" else ""
+    process = ("each program in a child process of its own" if len(programs.children) > 1 else
+               "in one child process" if programs.children else "in this process")
+    return (f"programs: compiled by {programs.compiler}{where} ({target_text(target, devices)}), {programs.depth}; "
+            f"{programs.compile_seconds:.1f} s to compile, {process}")
+
+
+def compile_stage(m: Measured, activations: str, target: Target | None = None, depth: str = "auto",
+                  compile_in: str = "children", compile_jobs: int = 1) -> Compiled:
+    """Stage 2: the RL step's programs compiled for `target` (programs.compile_programs: in
+    child processes or in one process), or none when the activations are estimated."""
+    mode = activation_mode(activations, m.sizes, target, m.state.count)
+    if mode != "xla":
+        return Compiled(mode, target)
+    target = target or DEFAULT_TARGET
+    try:
+        programs = compile_programs(m.model, m.rl, m.work, m.layout, m.sizes, target, depth, compile_in=compile_in,
+                                    parallel=compile_jobs)
+    except TargetError as e:
+        raise PlanError(str(e)) from None
+    except ValueError as e:  # a kernel the target platform has not (attention.resolve)
+        if str(e).startswith("model.attention="):
+            raise PlanError(str(e)) from None
+        raise
+    return Compiled(mode, target, programs, (programs_note(programs, target, math.prod(m.sizes.values())),))
+
+
+# ----------------------------------------------------------------------------- 3. report
+@dataclasses.dataclass(frozen=True)
+class Phases:
+    """The three phases of the RL plan and the rows the time plan's split reads."""
+    trainer: Phase
+    sampler: Phase
+    rollout: Phase
+    state: tuple[Component, ...]  # parameters, gradients, optimizer state, reference
+    working: Component  # the sampler's largest working set
+    notes: tuple[str, ...]  # the sampler's
+
+
+def trainer_activations(m: Measured, c: Compiled) -> tuple[Component, ...]:
+    """The largest micro-batch's activations (the busiest trainer program's temporaries, and
+    the programs' code; or the estimate)."""
+    if c.programs is None:
+        return (estimate_row(m.model, m.work, m.sizes, logprob_chunk=m.rl.step.logprob_chunk),)
+    trainer = c.programs.trainer
+    busiest = max(trainer, key=lambda p: p.temp_bytes)
+    return (activation_row(c.compiler, busiest),
+            code_row(c.compiler, f"{len(trainer)} programs", sum(p.code_bytes for p in trainer)))
+
+
+def rl_phases(m: Measured, c: Compiled, device_memory_bytes: int) -> Phases:
+    """The trainer (one optimizer step), the sampler on its own, and the sampler inside the
+    trainer's process (the rollout phase)."""
+    rows: StateRows = state_rows(m.state, m.rl.optimizer.name, m.work.micro_batches)
+    reference = reference_row(m.state.parameters, m.rl.advantage.kl_ctl > 0)
+    trainer = Phase("trainer", "one optimizer step", (*rows, reference, m.batch, *trainer_activations(m, c)),
+                    device_memory_bytes, compiler=c.compiler, compile_seconds=c.seconds("trainer"))
+    caches, working, notes = sampler_components(m.model, m.rl, m.work, m.layout, m.sizes, c.programs)
+    sampler_rows = (layer_copies_row(m.state), *caches, working)
+    sampler = Phase("sampler", "a rollout on its own (parameters + caches)", (rows.parameters, *sampler_rows),
+                    device_memory_bytes, compiler=c.compiler, compile_seconds=c.seconds("sampler"))
+    rollout = Phase("rollout", "the sampler inside rl/trainer.py: optimizer state and reference stay resident",
+                    (rows.parameters, rows.optimizer, reference, *sampler_rows), device_memory_bytes,
+                    compiler=c.compiler, compile_seconds=c.seconds("sampler"))
+    return Phases(trainer, sampler, rollout, (*rows, reference), working, tuple(notes))
+
+
+def step_time(m: Measured, c: Compiled, p: Phases, chip: str, rollout_devices: int) -> TimePlan | None:
+    """The time plan on `chip` (none without compiled programs or a chip), with the split of
+    the devices between trainer and rollouts on a mesh of more than one device."""
+    if c.programs is None or not chip:
+        return None
+    timing = time_plan(c.programs, m.rl, m.work, m.layout, m.model, chip, m.sizes, m.rows_per_device)
+    devices = math.prod(m.sizes.values())
+    if devices == 1:
+        return timing
+    # what spreads over a side's devices: the trainer's state; the sampler's all but a prefill
+    # group's working set (see time_plan.SideBytes)
+    state = sum(r.per_device_bytes for r in p.state if r.counted)
+    working = p.working.per_device_bytes if p.working.counted else 0
+    trainer = SideBytes(state, p.trainer.total_bytes - state)
+    rollout = SideBytes(p.sampler.total_bytes - working, working)
+    return dataclasses.replace(timing, split=split_plan(timing, devices, trainer, rollout, m.state.parameters.total,
+                                                        p.trainer.device_memory_bytes, rollout_devices))
+
+
+def report(m: Measured, c: Compiled, preset: str, device_memory_gb: float, chip: str = "",
+           rollout_devices: int = 0) -> MemoryPlan:
+    """Stage 3: the phases against `device_memory_gb` GiB a device, the time plan on `chip`
+    ("" = none; rollout_devices: the config's mesh.rollout_devices, marked in its split) and
+    the notes of every stage."""
+    p = rl_phases(m, c, int(device_memory_gb * GIB))
+    timing = step_time(m, c, p, chip, rollout_devices)
+    own_peak = peak_rss_bytes()
+    host = (host_note(c.programs, own_peak),) if c.programs is not None else ()
+    return MemoryPlan(
+        preset=preset, parameters=m.state.count, param_dtype=m.model.param_dtype, compute_dtype=m.model.dtype,
+        remat=m.model.remat, mesh=m.sizes, devices=math.prod(m.sizes.values()),
+        device_memory_gb=float(device_memory_gb), activations=c.activations, target=c.target_name,
+        workload=m.work, rows_per_device=m.rows_per_device, trainer=p.trainer, sampler=p.sampler, rollout=p.rollout,
+        notes=(*m.notes, *c.notes, *p.notes, *host), programs=c.programs, time_plan=timing, host_peak_bytes=own_peak)
 
 
 # ----------------------------------------------------------------------------- the plan
@@ -264,9 +312,11 @@ def plan(run, mesh_sizes: Mapping[str, int], device_memory_gb: float,
          activations: str = "estimate", assumptions: Assumptions | None = None, tokenizer=None,
          target: Target | None = None, depth: str = "auto", chip: str = "",
          compile_in: str = "children", compile_jobs: int = 1) -> MemoryPlan:
-    """Per-device memory of the trainer, the sampler and the co-located rollout phase.
+    """Per-device memory of the trainer, the sampler and the co-located rollout phase: the
+    run's sections and workload measured, compiled and reported (`measure`, `compile_stage`,
+    `report`).
 
-    run: the run's typed config (run_config.RunConfig: its model and rl sections);
+    run: the run's typed config (run_config.RunConfig: its model, rl and mesh sections);
     mesh_sizes: {"data", "fsdp", "tensor"} positive sizes; device_memory_gb: GiB per device;
     activations: "estimate" | "xla" | "auto" (xla when the local devices can host the mesh, or
     they are CPUs (a child process fakes the devices), and the model has at most
@@ -278,147 +328,21 @@ def plan(run, mesh_sizes: Mapping[str, int], device_memory_gb: float,
     process of its own ("children") or all in one process ("process"; programs.py COMPILE_IN);
     compile_jobs: child processes compiling at once.
     """
-    if activations not in ACTIVATION_MODES:
-        raise PlanError(f"--activations={activations!r}: expected one of {', '.join(ACTIVATION_MODES)}")
-    if device_memory_gb is None or not device_memory_gb > 0:
-        raise PlanError(f"--device_memory_gb={device_memory_gb!r} must be > 0")
+    check_request(activations, device_memory_gb)
     sizes = resolve_mesh(mesh_sizes, None)
-    memory = int(device_memory_gb * GIB)
-    mesh = abstract_mesh(sizes)
     name, model = model_config(run)
     rl, notes = rl_settings(run)
-    notes = list(notes)
-    which = "given by the caller"
+    source = "given by the caller"
     if tokenizer is None:
-        tokenizer, which = plan_tokenizer(run)
+        tokenizer, source = plan_tokenizer(run)
     assumptions = assumptions or Assumptions()
-    work = workload(rl, model.vision, tokenizer, assumptions, sh.batch_devices(mesh))
-    notes.append(f"token counts: agent/rollout.py's prompt and tool-response builders on frames of the planned "
-                 f"sizes, every turn, call and summary at its full budget; tokenizer: {which}; assumed "
-                 f"{assumptions.text()}")
-
-    # Parameters, gradients, optimizer state, reference: real abstract trees, real shardings.
-    from paravt_jax.train.step import make_optimizer
-
-    _, params, _ = abstract_params(model)
-    shardings = param_shardings(params, mesh)
-    p = tree_bytes(_param_leaves(params, shardings))
-    count = sum(math.prod(v.get_value().shape) for _, v in nnx.to_flat_state(params))
-    opt_state = jax.eval_shape(make_optimizer(rl.optimizer).init, params)
-    o = tree_bytes(optimizer_leaves(opt_state, params, mesh))
-    keep_reference = rl.advantage.kl_ctl > 0
-    gradient_copies = 2 if work.micro_batches > 1 else 1
-    param_row = Component("parameters", p.per_device, p.total, p.summary())
-    grad_row = Component("gradients" + (" (accumulator + micro-batch)" if gradient_copies > 1 else ""),
-                         gradient_copies * p.per_device, gradient_copies * p.total, "as parameters")
-    opt_row = Component(f"optimizer state ({rl.optimizer.name}: mu, nu, counts)", o.per_device, o.total,
-                        "as parameters; counts replicated")
-    reference_row = Component("frozen reference (kl_ctl > 0)" if keep_reference else
-                              "frozen reference (none: kl_ctl = 0)",
-                              p.per_device if keep_reference else 0, p.total if keep_reference else 0,
-                              "as parameters" if keep_reference else "-")
-
-    per_device_rows = _rows_per_device(work.micro_batch_rows, mesh)
-    if per_device_rows == work.micro_batch_rows and sizes["data"] * sizes["fsdp"] > 1:
-        notes.append(f"the micro-batch's {work.micro_batch_rows} rows do not divide data x fsdp = "
-                     f"{sizes['data'] * sizes['fsdp']}: every device holds all rows (replicated batch)")
-    batch_row = batch_component(work, train_batch_spec(model, work, mesh))
-    mode = activation_mode(activations, sizes, target, count)
-    programs = None
-    if mode == "xla":
-        target = target or Target("cpu-fake", "gpu")
-        try:
-            programs = compile_programs(model, rl, work, sampler_layout(rl, work), sizes, target, depth,
-                                        compile_in=compile_in, parallel=compile_jobs)
-        except TargetError as e:
-            raise PlanError(str(e)) from None
-        except ValueError as e:  # a kernel the target platform has not (attention.resolve)
-            if str(e).startswith("model.attention="):
-                raise PlanError(str(e)) from None
-            raise
-        need = math.prod(sizes.values())
-        where = f" on {need} fake CPU devices" if target.name == "cpu-fake" else ""
-        process = ("each program in a child process of its own" if len(programs.children) > 1 else
-                   "in one child process" if programs.children else "in this process")
-        notes.append(f"programs: compiled by {programs.compiler}{where} ({target.name}"
-                     + (f", topology {target.topology}" + (f" x {target.slices} slices" if target.slices > 1 else "")
-                        if target.topology and target.name == "tpu" else "")
-                     + (f", {gpu_target.GPUS[target.accelerator].name} x {need}, topology "
-                        f"{target.topology or gpu_topology_of(need)} (slices x hosts x devices)"
-                        if target.name == "gpu" else "")
-                     + f"), {programs.depth}; {programs.compile_seconds:.1f} s to compile, {process}")
-        busiest = max(programs.trainer, key=lambda p: p.temp_bytes)
-        temp = busiest.temp_bytes
-        act_row = Component(f"activations ({programs.compiler} temp of {busiest.name}, largest micro-batch)", temp,
-                            temp, f"{programs.compiler} buffer assignment")
-        code = sum(p.code_bytes for p in programs.trainer)
-        code_row = Component(f"generated code ({programs.compiler}, {len(programs.trainer)} programs)", code, code,
-                             "per device")
-    else:
-        temp = activation_estimate(model, work, sizes, rl.step.logprob_chunk)
-        act_row = Component("activations (ESTIMATE, largest micro-batch)", temp, temp,
-                            f"remat {'on' if model.remat else 'off'}; per-layer formula", estimate=True)
-        code_row = None
-    compiler = programs.compiler if programs else "estimate"
-    trainer = Phase("trainer", "one optimizer step", tuple(r for r in (param_row, grad_row, opt_row, reference_row,
-                                                                       batch_row, act_row, code_row) if r),
-                    memory, compiler=compiler,
-                    compile_seconds=sum(p.seconds for p in programs.trainer) if programs else 0.0)
-
-    # Sampler: the KV caches with the sampler's CacheSpec and cache_sharding, laid out as
-    # sampling/sampler.py lays them out, and the working sets of its programs.
-    cache_rows, prefill_row, sampler_notes = sampler_components(model, rl, work, sizes, programs)
-    notes += sampler_notes
-    # Sampler.weights: a per-layer copy of the decoder layers and of an untied lm head
-    # (dropped before the update)
-    layer_leaves = [(variable.get_value(), shardings[tuple(str(x) for x in path)])
-                    for path, variable in nnx.to_flat_state(params)
-                    if tuple(str(x) for x in path[:2]) in (("language", "layers"), ("language", "lm_head"))]
-    lb = tree_bytes(layer_leaves)
-    copies_row = Component("decoder layer + lm head copies (Sampler.weights)", lb.per_device, lb.total,
-                           "per-layer buffers; sharded as the stacked parameters")
-    sampler_rows = (param_row, copies_row, *cache_rows, prefill_row)
-    sampler_seconds = sum(p.seconds for p in programs.sampler) if programs else 0.0
-    sampler = Phase("sampler", "a rollout on its own (parameters + caches)", sampler_rows, memory,
-                    compiler=compiler, compile_seconds=sampler_seconds)
-    rollout = Phase("rollout", "the sampler inside rl/trainer.py: optimizer state and reference stay resident",
-                    (param_row, opt_row, reference_row, *sampler_rows[1:]), memory, compiler=compiler,
-                    compile_seconds=sampler_seconds)
-    timing = None
-    if programs is not None and chip:
-        timing = time_plan(programs, rl, work, sampler_layout(rl, work), model, chip, sizes, per_device_rows)
-        devices = math.prod(sizes.values())
-        if devices > 1:
-            given = run.mesh.rollout_devices
-            # what spreads over a side's devices: the trainer's state; the sampler's all but a
-            # prefill group's working set (see time_plan.SideBytes)
-            state = sum(r.per_device_bytes for r in (param_row, grad_row, opt_row, reference_row) if r.counted)
-            working = prefill_row.per_device_bytes if prefill_row.counted else 0
-            trainer_bytes = SideBytes(state, trainer.total_bytes - state)
-            rollout_bytes = SideBytes(sampler.total_bytes - working, working)
-            timing = dataclasses.replace(timing, split=split_plan(timing, devices, trainer_bytes, rollout_bytes,
-                                                                  p.total, memory, given))
-    own_peak = peak_rss_bytes()
-    if programs is not None:
-        notes.append(host_note(programs, own_peak))
-    return MemoryPlan(
-        preset=name, parameters=count, param_dtype=model.param_dtype, compute_dtype=model.dtype,
-        remat=model.remat, mesh=sizes, devices=math.prod(sizes.values()), device_memory_gb=float(device_memory_gb),
-        activations=mode, target=target.name if programs else "", workload=work, rows_per_device=per_device_rows,
-        trainer=trainer, sampler=sampler, rollout=rollout, notes=tuple(notes), programs=programs, time_plan=timing,
-        host_peak_bytes=own_peak)
+    work = workload(rl, model.vision, tokenizer, assumptions, sh.batch_devices(abstract_mesh(sizes)))
+    measured = measure(model, rl, work, sizes, (*notes, token_note(source, assumptions)))
+    compiled = compile_stage(measured, activations, target, depth, compile_in, compile_jobs)
+    return report(measured, compiled, name, device_memory_gb, chip, run.mesh.rollout_devices)
 
 
 # ----------------------------------------------------------------------------- output
-def _size(n: int) -> str:
-    if n == 0:
-        return "0"
-    for unit, scale in (("GiB", GIB), ("MiB", 2**20)):
-        if n >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{n / 2**10:.2f} KiB"
-
-
 def _count(n: int) -> str:
     for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
         if n >= scale:
@@ -426,10 +350,11 @@ def _count(n: int) -> str:
     return str(n)
 
 
-def format_plan(result: MemoryPlan) -> str:
+def workload_lines(result: MemoryPlan) -> list[str]:
+    """The plan's heading: the model, the mesh, the workload in episodes, tokens and micro-batches."""
     w = result.workload
     mesh = " ".join(f"{a}={s}" for a, s in result.mesh.items())
-    lines = [
+    return [
         f"paravt-jax memory plan: {result.preset} ({_count(result.parameters)} parameters; "
         f"param {result.param_dtype}, compute {result.compute_dtype}, remat {'on' if result.remat else 'off'})",
         f"mesh {mesh} ({result.devices} devices); device memory {result.device_memory_gb:g} GiB",
@@ -445,18 +370,29 @@ def format_plan(result: MemoryPlan) -> str:
            if w.max_tokens_per_micro_batch else "(rl.micro_batches equal groups)")
         + f"; {result.rows_per_device} row(s) per device",
     ]
+
+
+def phase_lines(phase: Phase, width: int, device_memory_gb: float) -> list[str]:
+    """One phase's table: its rows (name column `width` wide), the total and the verdict."""
+    compiled = (f" [{phase.compiler}, {phase.compile_seconds:.1f} s to compile]" if phase.compile_seconds
+                else f" [{phase.compiler}]")
+    lines = ["", f"{phase.name.upper()}: {phase.description}{compiled}",
+             f"  {'component':<{width}}{'per device':>12}  {'global':>12}  sharding"]
+    for c in phase.components:
+        mark = "" if c.counted else "  (not in total)"
+        lines.append(f"  {c.name:<{width}}{size_text(c.per_device_bytes):>12}  {size_text(c.global_bytes):>12}  "
+                     f"{c.sharding}{mark}")
+    lines.append(f"  {'total':<{width}}{size_text(phase.total_bytes):>12}")
+    lines.append(f"  => {phase.verdict()}" + (f" on {device_memory_gb:g} GiB" if phase.fits else ""))
+    return lines
+
+
+def format_plan(result: MemoryPlan) -> str:
+    """The printed plan: heading, phase tables, programs, time plan, then the notes only."""
+    lines = workload_lines(result)
     width = max(len(c.name) for phase in result.phases for c in phase.components) + 2
     for phase in result.phases:
-        compiled = (f" [{phase.compiler}, {phase.compile_seconds:.1f} s to compile]" if phase.compile_seconds
-                    else f" [{phase.compiler}]")
-        lines += ["", f"{phase.name.upper()}: {phase.description}{compiled}",
-                  f"  {'component':<{width}}{'per device':>12}  {'global':>12}  sharding"]
-        for c in phase.components:
-            mark = "" if c.counted else "  (not in total)"
-            lines.append(f"  {c.name:<{width}}{_size(c.per_device_bytes):>12}  {_size(c.global_bytes):>12}  "
-                         f"{c.sharding}{mark}")
-        lines.append(f"  {'total':<{width}}{_size(phase.total_bytes):>12}")
-        lines.append(f"  => {phase.verdict()}" + (f" on {result.device_memory_gb:g} GiB" if phase.fits else ""))
+        lines += phase_lines(phase, width, result.device_memory_gb)
     if result.programs is not None:
         lines += format_programs(result.programs, result.device_memory_gb)
     if result.time_plan is not None:
@@ -475,9 +411,9 @@ def format_programs(programs: ProgramSet, device_memory_gb: float) -> list[str]:
     for phase, group in (("trainer", programs.trainer), ("sampler", programs.sampler)):
         for p in group:
             share = 100 * p.total_bytes / (device_memory_gb * GIB)
-            lines.append(f"  {p.name:<38}{_size(p.argument_bytes):>11}{_size(p.output_bytes - p.alias_bytes):>11}"
-                         f"{_size(p.temp_bytes):>11}{_size(p.code_bytes):>11}{_size(p.total_bytes):>11}"
-                         f"{share:>7.1f}%{p.seconds:>11.1f}  {','.join(p.attention) or '-'}")
+            sizes = (p.argument_bytes, p.output_bytes - p.alias_bytes, p.temp_bytes, p.code_bytes, p.total_bytes)
+            lines.append(f"  {p.name:<38}" + "".join(f"{size_text(n):>11}" for n in sizes)
+                         + f"{share:>7.1f}%{p.seconds:>11.1f}  {','.join(p.attention) or '-'}")
         lines.append(f"  {phase} programs: {sum(p.seconds for p in group):.1f} s to compile")
     return lines
 

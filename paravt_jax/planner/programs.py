@@ -66,8 +66,14 @@ from paravt_jax.infra import sharding as sh
 from paravt_jax.models.qwen3_vl.config import Qwen3VLConfig
 from paravt_jax.models.qwen3_vl.hf_io import abstract_model
 from paravt_jax.planner import gpu_target
+from paravt_jax.planner.arrays import train_batch_spec
 from paravt_jax.planner.child import ChildRun, run_in_child
 from paravt_jax.planner.memory import PrefillCall, ProgramMemory, SamplerPrograms, compile_for
+from paravt_jax.planner.workload import sampler_calls
+from paravt_jax.rl.objective import policy_head, policy_loss
+from paravt_jax.sft.objective import HEAD, sft_loss
+from paravt_jax.train.step import TrainState, TrainStep
+from paravt_jax.video.frames import PATCH
 
 TARGETS = ("auto", "cpu-fake", "tpu", "gpu", "local")
 DEPTHS = ("auto", "extrapolate", "full")
@@ -329,10 +335,6 @@ def trainer_programs(config: Qwen3VLConfig, rl, work, mesh, only=None) -> list[P
     """TrainStep's gradient, log-prob and update programs (the very jitted functions a run calls)
     on abstract sharded inputs of the largest micro-batch; only: the names of those to compile
     (TRAINER_PROGRAMS; None: all)."""
-    from paravt_jax.planner.arrays import train_batch_spec
-    from paravt_jax.rl.objective import policy_head, policy_loss
-    from paravt_jax.train.step import TrainState, TrainStep
-
     devices = list(mesh.devices.flat)
     step = TrainStep(abstract_model(config), rl.optimizer, policy_loss(rl.step), policy_head(rl.step), mesh=mesh)
     params = _abstract_params(step.params, mesh)
@@ -361,12 +363,9 @@ def trainer_programs(config: Qwen3VLConfig, rl, work, mesh, only=None) -> list[P
 
 
 def sft_programs(config: Qwen3VLConfig, sft, work, mesh, only=None) -> list[ProgramMemory]:
-    """The cold-start SFT step's gradient program (sft/trainer.py's TrainStep: the masked
-    cross-entropy, HEAD) on abstract sharded inputs of its largest micro-batch (planner/workload.py
-    `sft_workload`)."""
-    from paravt_jax.planner.arrays import train_batch_spec
-    from paravt_jax.sft.trainer import HEAD, sft_loss
-    from paravt_jax.train.step import TrainStep
+    """The cold-start SFT step's gradient program (sft/trainer.py's TrainStep with
+    sft/objective.py's masked cross-entropy and HEAD) on abstract sharded inputs of its
+    largest micro-batch (planner/workload.py `sft_workload`)."""
 
     def gradients():
         step = TrainStep(abstract_model(config), sft.optimizer, sft_loss, HEAD, mesh=mesh)
@@ -381,9 +380,6 @@ def sft_programs(config: Qwen3VLConfig, sft, work, mesh, only=None) -> list[Prog
 def _sampler_jobs(rl, work, layout) -> list[tuple[str, Callable[[SamplerPrograms], ProgramMemory]]]:
     """(name, how SamplerPrograms compiles it) of each of the sampler's programs of one rollout,
     in the plan's order; nothing is compiled here."""
-    from paravt_jax.planner.workload import sampler_calls
-    from paravt_jax.video.frames import PATCH
-
     calls, decode = sampler_calls(layout, work, rl)
     jobs = [(call.name, lambda programs, call=call: programs.prefill(call)) for call in calls]
     jobs.append(("decode", lambda programs: programs.decode(**decode)))

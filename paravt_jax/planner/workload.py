@@ -5,11 +5,22 @@ from __future__ import annotations
 
 import dataclasses
 
+from paravt_jax.agent.dispatch import CropResult, CropTask
+from paravt_jax.agent.responses import frames_responses, images_first_messages, subagent_prompt, summary_text
+from paravt_jax.agent.rollout import Episode, episode_turns, prompt_inputs, response_chunk, turn_prefix
+from paravt_jax.agent.tools import TOOL_NAME, CropRequest, ToolCall
+from paravt_jax.data.sft_examples import blank_overview
 from paravt_jax.infra.buckets import bucket
 from paravt_jax.models.qwen3_vl.config import Qwen3VLConfig, load_config, preset
+from paravt_jax.planner.memory import PrefillCall
+from paravt_jax.rl.shapes import StepShapes, step_shapes
 from paravt_jax.run_config import RunConfig, builtin_assets
 from paravt_jax.sampling.kv_cache import capacity_after, episode_capacity, first_capacity
-from paravt_jax.text.inputs import ModelInputs
+from paravt_jax.sft.frames import largest_frames
+from paravt_jax.text import chat
+from paravt_jax.text.inputs import ModelInputs, encode
+from paravt_jax.text.tokenizer import Tokenizer, TokenizerError
+from paravt_jax.train.batch import plan_micro_batches
 from paravt_jax.video.frames import PATCH
 from paravt_jax.video.reader import Clip, VideoMetadata, blank_clip
 
@@ -65,11 +76,9 @@ def model_config(run: RunConfig) -> tuple[str, Qwen3VLConfig]:
 
 
 def rl_settings(run: RunConfig):
-    """The run's RLConfig; dataclass defaults without an `rl` section."""
-    from paravt_jax.rl.trainer import RLConfig
-
+    """(the run's RLConfig, notes): RLConfig's defaults without an `rl` section, with a note."""
     if run.rl is None:
-        return RLConfig(), ("the config has no `rl` section: RLConfig defaults are planned",)
+        return run.rl_or_default(), ("the config has no `rl` section: RLConfig defaults are planned",)
     return run.rl, ()
 
 
@@ -93,8 +102,6 @@ def plan_tokenizer(run: RunConfig):
     """(tokenizer, which) of the run: the checkpoint's tokenizer files when model.checkpoint
     holds them, else the built-in tokenizer (created with the built-in assets if missing, as
     a run creates it)."""
-    from paravt_jax.text.tokenizer import Tokenizer, TokenizerError
-
     checkpoint = run.model.checkpoint
     if checkpoint:
         try:
@@ -132,11 +139,6 @@ def episode_tokens(rl, tokenizer, assumptions: Assumptions = Assumptions()) -> E
     (video/reader.py `blank_clip`): every turn uses its whole budget (no stop token), every
     round makes max_parallel valid calls of max_frames frames each, every summary uses its
     whole budget. The question text is empty here; `question_tokens` is added to the prompt."""
-    from paravt_jax.agent.dispatch import CropResult, CropTask
-    from paravt_jax.agent.responses import frames_responses, images_first_messages, subagent_prompt, summary_text
-    from paravt_jax.agent.rollout import Episode, prompt_inputs, response_chunk, turn_prefix
-    from paravt_jax.agent.tools import TOOL_NAME, CropRequest, ToolCall
-
     r, d = rl.rollout, rl.dispatch
     p, protocol = r.prompt, r.protocol
     if p.overview_visual != "images":
@@ -187,8 +189,6 @@ def workload(rl, vision, tokenizer, assumptions: Assumptions = Assumptions(), ba
     it; the train micro-batches from train/batch.py's own plan (`plan_micro_batches`: token
     budget or fixed count) over the packed episode lengths; batch_devices: the devices the
     batch axis splits over (`sharding.batch_devices`), the row multiple of token budgets."""
-    from paravt_jax.train.batch import plan_micro_batches
-
     r = rl.rollout
     merge_unit = vision.spatial_merge_size**2
     tokens = episode_tokens(rl, tokenizer, assumptions)
@@ -234,7 +234,7 @@ def workload(rl, vision, tokenizer, assumptions: Assumptions = Assumptions(), ba
     patches = _patches(tokens.prompt) + (full_rounds * _patches(tokens.response)
                                          + (_patches(tokens.final_response) if final else 0))
     # rl.shapes' fixed packed width when the episode fits it (pack falls back to its bucket)
-    train_width = step_shapes(rl).train_width
+    train_width = planned_shapes(rl).train_width
     width = train_width if train_width >= sequence else bucket(sequence, PACK_MIN_LENGTH, PACK_MULTIPLE)
     try:
         micro = plan_micro_batches([sequence] * rows, width, rl.micro_batches, rl.max_tokens_per_micro_batch,
@@ -299,17 +299,9 @@ def sft_workload(sft, vision, tokenizer, assumptions: Assumptions = Assumptions(
     row of the largest micro-batch is counted with the most examples a row holds, their frames
     in its vision pass: an upper bound on a micro-batch's vision inputs (a row of any data holds
     at most `train_length` tokens, and shorter text only packs more overviews into it)."""
-    from paravt_jax.data.sft_examples import blank_overview
-    from paravt_jax.sft.trainer import example_frames
-    from paravt_jax.text import chat
-    from paravt_jax.text.inputs import encode
-    from paravt_jax.train.batch import plan_micro_batches
-
     a = assumptions
     meta = VideoMetadata(a.video_name, a.source_fps, max(1, round(a.video_seconds * a.source_fps)), *a.source_frame)
-    spec = example_frames(0, sft)
-    if sft.frame_sampling == "count" and sft.nframes_choices:
-        spec = dataclasses.replace(spec, nframes=max(sft.nframes_choices))
+    spec = largest_frames(sft)
     clip = blank_overview(meta, spec)
     messages = [chat.Message("user", (*spec.overview(clip), chat.Text(""))), chat.Message.of("assistant", "")]
     inputs = encode(chat.render(messages), tokenizer)
@@ -359,19 +351,15 @@ class SamplerLayout:
     policy: str = "per_call"  # rl.shapes.policy
 
 
-def step_shapes(rl):
-    """rl/trainer.py's `step_shapes` for the step's prompts on one process (the planner plans
+def planned_shapes(rl) -> StepShapes:
+    """rl/shapes.py's `step_shapes` for the step's prompts on one process (the planner plans
     the rollout of all prompts over the whole mesh)."""
-    from paravt_jax.rl.trainer import step_shapes as run_shapes
-
-    return run_shapes(rl, rl.prompts_per_step)
+    return step_shapes(rl, rl.prompts_per_step)
 
 
 def sampler_layout(rl, work: Workload) -> SamplerLayout:
-    from paravt_jax.agent.rollout import episode_turns
-
     r, sampler = rl.rollout, rl.sampler
-    shapes = step_shapes(rl)
+    shapes = planned_shapes(rl)
     calls = work.calls_per_turn
     prompt_rows = max(bucket(rl.prompts_per_step, sampler.min_batch_bucket), shapes.prompt.rows)
     turns = [(0, r.max_new_tokens)] + episode_turns(r, rl.dispatch, max(calls, 1))
@@ -400,8 +388,6 @@ def sampler_layout(rl, work: Workload) -> SamplerLayout:
 def sampler_calls(layout: SamplerLayout, work: Workload, rl):
     """(prefill calls, decode shapes) of one rollout: the prompt prefill, the tool-response
     extend, the sub-agent prompt prefill; the main decode."""
-    from paravt_jax.planner.memory import PrefillCall
-
     calls = [PrefillCall("first prompt prefill", layout.prompt_rows, layout.prefix_slots, layout.prefix_slots,
                          visual_tokens_per_row=layout.prompt_frames * work.frame_tokens)]
     if layout.extend_width:
