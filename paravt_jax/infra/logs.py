@@ -33,7 +33,7 @@ import time
 
 from absl import logging
 
-PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # paravt_jax/ (this file: infra/)
 LETTERS = {std_logging.DEBUG: "D", std_logging.INFO: "I", std_logging.WARNING: "W", std_logging.ERROR: "E",
            std_logging.CRITICAL: "F"}
 _INDEX: int | None = None  # this process's index, once the distributed runtime is up
