@@ -27,6 +27,18 @@ def test_a_package_line_is_one_formatted_line_on_stderr(tmp_path, capsys):
     assert re.fullmatch(rf"I{STAMP} \[rl/ 0/3\] loss 1\.5  reward 0\.25\n", captured.err), captured.err
 
 
+def test_every_module_of_the_package_shows_its_info_lines():
+    """Any module of paravt_jax, not only those beside logs.py in infra/; other files' INFO never."""
+    import os
+
+    import paravt_jax
+
+    package = os.path.dirname(os.path.abspath(paravt_jax.__file__))
+    for path in (os.path.join(package, "rl", "trainer.py"), os.path.join(package, "config.py")):
+        assert logs.shown(std_logging.LogRecord("absl", std_logging.INFO, path, 1, "step", None, None)), path
+    assert not logs.shown(std_logging.LogRecord("absl", std_logging.INFO, std_logging.__file__, 1, "x", None, None))
+
+
 def test_other_processes_log_only_warnings_marked_with_their_index(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(logs, "_INDEX", 1)
     metrics_line(tmp_path)
