@@ -14,7 +14,9 @@ import dataclasses
 import os
 from collections.abc import Sequence
 
-from paravt_jax.agent.dispatch import CropDispatcher, DispatchConfig
+import numpy as np
+
+from paravt_jax.agent.dispatch import CropDispatcher, CropResult, DispatchConfig
 from paravt_jax.agent.protocol import THINK_PREFIX, PromptFormat, ToolProtocol
 from paravt_jax.agent.records import CallRecord, Episode, Rollout, SubTrajectory
 from paravt_jax.agent.responses import answer_caption, frames_responses, images_first_messages, subagent_responses
@@ -62,7 +64,6 @@ class RolloutConfig:
 
     def __post_init__(self):
         validate(self)
-
 
 
 # ----------------------------------------------------------------------------- prompts
@@ -278,7 +279,7 @@ class RolloutLoop:
         remaining = iter(answers)
         return [[next(remaining) for _ in calls.tasks] for calls in asked]
 
-    def answers(self, results: list, streams: Sequence[int], turn: int) -> list[Answer]:
+    def answers(self, results: list[CropResult], streams: Sequence[int], turn: int) -> list[Answer]:
         """One answer per call result, by mode: sub-agent summaries (one batched sampler call,
         streams[row] * max_parallel + call index the random stream of each, seeded by the
         round), or the frames themselves (timestamped or images_first)."""
@@ -295,7 +296,7 @@ class RolloutLoop:
         return [Answer(r, body, answer_caption(r)) for r, body in zip(results, bodies)]
 
     def respond(self, rows: list[Row], asked: list[RowCalls], answers: list[list[Answer]],
-                chunk_start, last_round: bool) -> list[ModelInputs | None]:
+                chunk_start: np.ndarray, last_round: bool) -> list[ModelInputs | None]:
         """Each asking row's next chunk (`response_chunk`: its answers, its capped error
         responses, the final-answer instruction after the last round) appended to it; None for
         the others."""
