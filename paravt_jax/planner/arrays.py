@@ -17,7 +17,10 @@ from paravt_jax.infra import sharding as sh
 from paravt_jax.models.qwen3_vl.attention import DENSE_MAX_SCORE_BYTES
 from paravt_jax.models.qwen3_vl.config import Qwen3VLConfig
 from paravt_jax.models.qwen3_vl.hf_io import abstract_model
+from paravt_jax.models.qwen3_vl.vision import frame_buckets
 from paravt_jax.planner.workload import PlanError, Workload, sampler_calls, sampler_layout
+from paravt_jax.sampling.backend import backend_policy
+from paravt_jax.sampling.chunks import prefill_group
 from paravt_jax.train.batch import vision_shard_count
 from paravt_jax.video.frames import PATCH
 
@@ -250,9 +253,6 @@ def prefill_estimate(config: Qwen3VLConfig, rl, work: Workload, mesh_sizes: Mapp
     over the group's chunk attending to its prefix and cache (f32 logits), that layer's K/V,
     the chunk's hidden states, and the vision tower's one-block working set + outputs for the
     group's frames (vision inputs replicated). Forward only, one layer live at a time."""
-    from paravt_jax.sampling.backend import backend_policy
-    from paravt_jax.sampling.chunks import prefill_group
-
     mesh = abstract_mesh(mesh_sizes)
     tensor = mesh_sizes["tensor"]
     t = config.text
@@ -294,8 +294,6 @@ def train_batch_spec(config: Qwen3VLConfig, work: Workload, mesh, extras=POLICY_
     they divide the rows (each device's rows' frames, padded per size to a power of two), else
     one replicated pass; the vision layout with the shapes vision_layout gives for frames of
     one size."""
-    from paravt_jax.models.qwen3_vl.vision import frame_buckets
-
     rows, length = work.micro_batch_rows, work.train_length
     shards = vision_shard_count(sh.batch_devices(mesh), rows)
     per = rows // shards

@@ -31,14 +31,17 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from absl import logging
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from paravt_jax.infra import sharding as sh
 from paravt_jax.models.qwen3_vl.config import Qwen3VLConfig
+from paravt_jax.models.qwen3_vl.fused_attention import KERNEL_PLATFORMS, compile_platform, kernel_mesh
 from paravt_jax.models.qwen3_vl.hf_io import abstract_model
 from paravt_jax.models.qwen3_vl.text import KVCache
+from paravt_jax.models.qwen3_vl.vision import vision_layout
 from paravt_jax.planner import gpu_target
 from paravt_jax.planner.hlo_counts import physical_bytes
 from paravt_jax.sampling import programs as P
@@ -198,8 +201,6 @@ def compile_for(name: str, fn, args, kwargs, own_inputs, group: int, devices, ke
     """Lowers `fn` (a jitted function) on abstract `args` for `devices`, choosing attention
     kernels for their platform, compiles it and reads its numbers; with `keep`, (numbers, the
     compiled program)."""
-    from paravt_jax.models.qwen3_vl.fused_attention import KERNEL_PLATFORMS, compile_platform, kernel_mesh
-
     platform = devices[0].platform
     options = ({"xla_backend_optimization_level": 0} if platform == "cpu" else
                dict(gpu_target.COMPILE_OPTIONS) if platform == "gpu" else {})
@@ -231,10 +232,6 @@ def vision_inputs(config: Qwen3VLConfig, images: dict[tuple[int, int], int], sha
     """Abstract (pixel_values, vision meta) of `images` single-frame items per (h, w) patch grid,
     each count padded to a power of two (vision.pad_frames_to_buckets), with the shapes
     `vision_layout(...).device_arrays()` gives them."""
-    import numpy as np
-
-    from paravt_jax.models.qwen3_vl.vision import vision_layout
-
     grids = [[1, h, w] for (h, w), count in sorted(images.items()) for _ in range(1 << max(count - 1, 0).bit_length())]
     layout = vision_layout(np.array(grids), config.vision).device_arrays()
     patches = sum(h * w for _, h, w in grids)

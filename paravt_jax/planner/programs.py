@@ -501,6 +501,82 @@ def _layers(layers: int, scan: bool) -> str:
     return f"{layers} {'scanned' if scan else 'unrolled'} layers"
 
 
+def resolved_depth(depth: str, config: Qwen3VLConfig) -> str:
+    """`depth` with "auto" resolved: full for a scanned model (a scanned program compiles in
+    about the same time at any depth) or up to AUTO_FULL_MAX_LAYERS layers, else extrapolate."""
+    if depth != "auto":
+        return depth
+    return "full" if config.scan_layers or config.text.num_hidden_layers <= AUTO_FULL_MAX_LAYERS else "extrapolate"
+
+
+def _zero_costs(programs: list) -> list:
+    return [dataclasses.replace(p, **{k: 0.0 for k in _COST_FIELDS}) for p in programs]
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerCompiles:
+    """The trainer's programs of one RL step at the depths `compile_programs` needs (see the
+    module docstring); cost_jobs: the target's jobs, or COST_TARGETS' (named by cost_compiler)."""
+    config: Qwen3VLConfig
+    rl: object
+    work: object
+    jobs: Jobs
+    cost_jobs: Jobs
+    cost_compiler: str = ""  # "" when the target compiles its own cost programs
+
+    @property
+    def layers(self) -> int:
+        return self.config.text.num_hidden_layers
+
+    def at(self, layers: int, scan: bool, costs: bool = False) -> list:
+        runner = self.cost_jobs if costs else self.jobs
+        return runner("trainer", with_depth(self.config, layers, scan), self.rl, self.work, None, TRAINER_PROGRAMS,
+                      _layers(layers, scan))
+
+    def extrapolated(self, scan: bool, costs: bool = False) -> list:
+        low, high = reduced_depths(self.config)
+        a, b = self.at(low, scan, costs), self.at(high, scan, costs)
+        return [extrapolate(x, y, low, high, self.layers) for x, y in zip(a, b)]
+
+    def unrolled(self, depth: str) -> tuple[list, str]:
+        """A model without scan: its unrolled programs, whole or extrapolated (every layer counted)."""
+        low, high = reduced_depths(self.config)
+        if depth == "full" or self.layers <= low:
+            return self.at(self.layers, False), f"full ({self.layers} unrolled layers)"
+        return self.extrapolated(False), f"trainer extrapolated from {low} and {high} unrolled layers to {self.layers}"
+
+    def scanned(self, depth: str) -> tuple[list, str]:
+        """The memory of the scanned programs a run compiles, whole (full) or at two reduced
+        depths (extrapolate: per-layer memory is their difference)."""
+        low, high = reduced_depths(self.config)
+        if depth == "full" or self.layers <= high:
+            return self.at(self.layers, True), f"full ({self.layers} scanned layers)"
+        return self.extrapolated(True), f"memory extrapolated from {low} and {high} scanned layers to {self.layers}"
+
+    def with_costs(self, memory: list) -> tuple[list, str]:
+        """`memory` with the costs of the unrolled programs (a scanned program's cost analysis
+        counts one layer), and where they come from."""
+        low, high = reduced_depths(self.config)
+        if self.layers == low:
+            unrolled, source = self.at(low, False, costs=True), f"{low} unrolled layers"
+        else:
+            unrolled, source = self.extrapolated(False, costs=True), f"{low} and {high} unrolled layers"
+        if self.cost_compiler:
+            source += f" compiled by {self.cost_compiler}"
+        return [dataclasses.replace(m, **{k: getattr(c, k) for k in _COST_FIELDS}, cost_source=c.cost_source,
+                                    seconds=m.seconds + c.seconds) for m, c in zip(memory, unrolled)], source
+
+    def programs(self, depth: str, costs: bool = True) -> tuple[list, str]:
+        """The trainer's programs at the model's depth and how they were had."""
+        if not self.config.scan_layers:  # unrolled as the run has them: every layer counted
+            return self.unrolled(depth)
+        memory, how = self.scanned(depth)
+        if not costs:  # a scanned program's counts hold one layer: none rather than a wrong one
+            return _zero_costs(memory), how + "; no trainer costs"
+        trainer, source = self.with_costs(memory)
+        return trainer, how + "; trainer costs from " + source
+
+
 def compile_programs(config: Qwen3VLConfig, rl, work, layout, mesh_sizes: Mapping[str, int], target: Target,
                      depth: str = "auto", costs: bool = True, compile_in: str = "children",
                      parallel: int = 1) -> ProgramSet:
@@ -517,60 +593,20 @@ def compile_programs(config: Qwen3VLConfig, rl, work, layout, mesh_sizes: Mappin
     if jobs is None:
         return _in_one_child(compile_programs, (config, rl, work, layout, dict(mesh_sizes), target, depth, costs,
                                                 "process"), target, mesh_sizes)
-    layers = config.text.num_hidden_layers
-    low, high = reduced_depths(config)
-    if depth == "auto":
-        # a scanned program compiles in about the same time at any depth: compile it whole
-        depth = "full" if config.scan_layers or layers <= AUTO_FULL_MAX_LAYERS else "extrapolate"
-
     # the trainer's unrolled cost programs: compiled for the target, except for gpu (XLA:GPU has no
     # cost analysis of its own without a device and compiles slower): for XLA:CPU on fake devices
     # (COST_TARGETS), whose cost analysis counts the same work
     cost_target = COST_TARGETS.get(target.name, target)
-    cost_jobs = jobs if cost_target == target else Jobs(cost_target, mesh_sizes, None, parallel)
-
-    def trainer_at(layers_, scan, runner=jobs) -> list:
-        return runner("trainer", with_depth(config, layers_, scan), rl, work, None, TRAINER_PROGRAMS,
-                      _layers(layers_, scan))
-
-    def extrapolated(a: list, b: list) -> list:
-        return [extrapolate(x, y, low, high, layers) for x, y in zip(a, b)]
-
+    trainer_compiles = (TrainerCompiles(config, rl, work, jobs, jobs) if cost_target == target else
+                        TrainerCompiles(config, rl, work, jobs, Jobs(cost_target, mesh_sizes, None, parallel),
+                                        cost_target.compiler))
+    layers = config.text.num_hidden_layers
     sampler = jobs("sampler", config, rl, work, layout, sampler_program_names(rl, work, layout),
                    f"sampler, {layers} layers")
-    if not config.scan_layers:  # unrolled as the run has them: every layer counted
-        if depth == "full" or layers <= low:
-            trainer, how = trainer_at(layers, False), f"full ({layers} unrolled layers)"
-        else:
-            trainer = extrapolated(trainer_at(low, False), trainer_at(high, False))
-            how = f"trainer extrapolated from {low} and {high} unrolled layers to {layers}"
-    else:
-        # memory: the scanned programs a run compiles, whole (full) or at two reduced depths
-        # (extrapolate: per-layer memory is their difference); costs: from the unrolled programs
-        # (a scanned program's cost analysis counts one layer)
-        if depth == "full" or layers <= high:
-            memory, how = trainer_at(layers, True), f"full ({layers} scanned layers)"
-        else:
-            memory = extrapolated(trainer_at(low, True), trainer_at(high, True))
-            how = f"memory extrapolated from {low} and {high} scanned layers to {layers}"
-        if not costs:  # a scanned program's counts hold one layer: none rather than a wrong one
-            trainer = [dataclasses.replace(m, **{k: 0.0 for k in _COST_FIELDS}) for m in memory]
-            how += "; no trainer costs"
-        else:
-            if layers == low:
-                unrolled, source = trainer_at(low, False, cost_jobs), f"{low} unrolled layers"
-            else:
-                unrolled = extrapolated(trainer_at(low, False, cost_jobs), trainer_at(high, False, cost_jobs))
-                source = f"{low} and {high} unrolled layers"
-            if cost_target != target:
-                source += f" compiled by {cost_target.compiler}"
-            trainer = [dataclasses.replace(m, **{k: getattr(c, k) for k in _COST_FIELDS}, cost_source=c.cost_source,
-                                           seconds=m.seconds + c.seconds)
-                       for m, c in zip(memory, unrolled)]
-            how += "; trainer costs from " + source
+    trainer, how = trainer_compiles.programs(resolved_depth(depth, config), costs)
     how += f"; the sampler's programs whole ({layers} layers, unrolled as it runs them)"
     seconds = sum(p.seconds for p in (*trainer, *sampler))
-    children = jobs.children + (cost_jobs.children if cost_jobs is not jobs else [])
+    children = jobs.children + (trainer_compiles.cost_jobs.children if trainer_compiles.cost_jobs is not jobs else [])
     return ProgramSet(tuple(trainer), tuple(sampler), target.compiler, how, seconds, tuple(children))
 
 
@@ -589,8 +625,7 @@ def compile_sft_programs(config: Qwen3VLConfig, sft, work, mesh_sizes: Mapping[s
                              target, mesh_sizes)
     layers = config.text.num_hidden_layers
     low, high = reduced_depths(config)
-    if depth == "auto":
-        depth = "full" if config.scan_layers or layers <= AUTO_FULL_MAX_LAYERS else "extrapolate"
+    depth = resolved_depth(depth, config)
     kind = "scanned" if config.scan_layers else "unrolled"
 
     def at(layers_: int) -> list:
@@ -602,7 +637,7 @@ def compile_sft_programs(config: Qwen3VLConfig, sft, work, mesh_sizes: Mapping[s
     else:
         programs = [extrapolate(a, b, low, high, layers) for a, b in zip(at(low), at(high))]
         how = f"memory extrapolated from {low} and {high} {kind} layers to {layers}"
-    programs = [dataclasses.replace(p, **{k: 0.0 for k in _COST_FIELDS}) for p in programs]
+    programs = _zero_costs(programs)
     return ProgramSet(tuple(programs), (), target.compiler, how + "; no costs",
                       sum(p.seconds for p in programs), tuple(jobs.children))
 
