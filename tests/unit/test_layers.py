@@ -10,11 +10,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 PACKAGE = os.path.join(ROOT, "paravt_jax")
 APP = "paravt_jax.cli"
 # (importer prefix, imported prefix) pairs that must not occur: the engine below the algorithms,
-# the report below the sweep.
+# the report below the sweep, the planner reading the trainers' public sections (rl/shapes,
+# rl/objective, sft/objective, sft/frames), not their training loops.
 FORBIDDEN = (("paravt_jax.train", "paravt_jax.rl"), ("paravt_jax.train", "paravt_jax.sft"),
              ("paravt_jax.train", "paravt_jax.sampling"), ("paravt_jax.sft", "paravt_jax.rl"),
              ("paravt_jax.models", "paravt_jax.rl"), ("paravt_jax.models", "paravt_jax.train"),
-             ("paravt_jax.experiments.report", "paravt_jax.experiments.sweep"))
+             ("paravt_jax.experiments.report", "paravt_jax.experiments.sweep"),
+             ("paravt_jax.planner", "paravt_jax.rl.trainer"), ("paravt_jax.planner", "paravt_jax.sft.trainer"))
 # The layers, lowest first (docs/architecture.md): a module imports from its own layer and the
 # ones below, never from above. Every package and top-level module of paravt_jax has a place.
 LAYERS = (
