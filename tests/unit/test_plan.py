@@ -136,6 +136,28 @@ def test_fit_verdicts(tokenizer):
     assert tight.trainer.verdict() == f"does NOT fit (needs {needs:.2f} GiB, has 0.01)"
 
 
+def test_plan_is_its_three_stages_and_a_measurement_reports_at_any_device_memory(tokenizer):
+    """plan() = measure (the typed model and rl sections, the workload) -> compile (nothing to
+    compile for the estimate) -> report; one measurement reported against two device memories
+    gives the same rows and different verdicts."""
+    run = build_run(paragrpo.get_config("tiny"))
+    name, model = W.model_config(run)
+    rl, _ = W.rl_settings(run)
+    work = W.workload(rl, model.vision, tokenizer, W.Assumptions(), 8)
+    measured = P.measure(model, rl, work, MESH8)
+    assert measured.work == work and measured.layout == W.sampler_layout(rl, work)
+    compiled = P.compile_stage(measured, "estimate")
+    assert compiled.programs is None and compiled.compiler == "estimate" and compiled.notes == ()
+    roomy, tight = (P.report(measured, compiled, name, gb) for gb in (16, 0.01))
+    whole = plan_of(paragrpo.get_config("tiny"), MESH8, 16, "estimate", tokenizer)
+    skip = ("host_peak_bytes", "notes")
+    assert {k: v for k, v in roomy.to_json().items() if k not in skip} == \
+        {k: v for k, v in whole.to_json().items() if k not in skip}
+    assert roomy.notes == whole.notes[1:]  # the tokenizer note is plan()'s: it knows where the tokenizer came from
+    assert roomy.trainer.components == tight.trainer.components and roomy.parameters == measured.state.count
+    assert roomy.trainer.fits and not tight.trainer.fits
+
+
 def test_a_failing_child_compile_returns_its_traceback(tokenizer):
     """Each program compiles in a child process (with 16 fake CPU devices here); a failing child's
     traceback comes back in a PlanError naming the program; a child runs only CHILD_FUNCTIONS."""
