@@ -14,7 +14,7 @@ from paravt_jax.infra.buckets import bucket
 from paravt_jax.models.qwen3_vl.config import Qwen3VLConfig, load_config, preset
 from paravt_jax.planner.memory import PrefillCall
 from paravt_jax.rl.shapes import StepShapes, step_shapes
-from paravt_jax.run_config import RunConfig, builtin_assets
+from paravt_jax.run_config import SECTIONS, RunConfig, builtin_assets
 from paravt_jax.sampling.kv_cache import capacity_after, episode_capacity, first_capacity
 from paravt_jax.sft.frames import largest_frames
 from paravt_jax.text import chat
@@ -78,7 +78,7 @@ def model_config(run: RunConfig) -> tuple[str, Qwen3VLConfig]:
 def rl_settings(run: RunConfig):
     """(the run's RLConfig, notes): RLConfig's defaults without an `rl` section, with a note."""
     if run.rl is None:
-        return run.rl_or_default(), ("the config has no `rl` section: RLConfig defaults are planned",)
+        return SECTIONS["rl"](), ("the config has no `rl` section: RLConfig defaults are planned",)
     return run.rl, ()
 
 

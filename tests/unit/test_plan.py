@@ -158,6 +158,15 @@ def test_plan_is_its_three_stages_and_a_measurement_reports_at_any_device_memory
     assert roomy.trainer.fits and not tight.trainer.fits
 
 
+def test_a_config_without_rl_plans_the_rl_defaults(tokenizer):
+    config = paragrpo.get_config("tiny")
+    del config["rl"]
+    rl, notes = W.rl_settings(build_run(config))
+    assert rl == type(rl)() and notes == ("the config has no `rl` section: RLConfig defaults are planned",)
+    result = plan_of(config, MESH8, 16, "estimate", tokenizer)
+    assert result.notes[0] == notes[0] and result.workload.prompts_per_step == rl.prompts_per_step
+
+
 def test_a_failing_child_compile_returns_its_traceback(tokenizer):
     """Each program compiles in a child process (with 16 fake CPU devices here); a failing child's
     traceback comes back in a PlanError naming the program; a child runs only CHILD_FUNCTIONS."""
