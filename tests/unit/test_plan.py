@@ -17,7 +17,9 @@ from paravt_jax.infra import sharding as sh
 from paravt_jax.models.qwen3_vl import init_model, preset
 from paravt_jax.planner import arrays as A
 from paravt_jax.planner import plan as P
+from paravt_jax.planner import programs as G
 from paravt_jax.planner import workload as W
+from paravt_jax.planner.memory import ProgramMemory
 from paravt_jax.run_config import build_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -165,6 +167,42 @@ def test_a_config_without_rl_plans_the_rl_defaults(tokenizer):
     assert rl == type(rl)() and notes == ("the config has no `rl` section: RLConfig defaults are planned",)
     result = plan_of(config, MESH8, 16, "estimate", tokenizer)
     assert result.notes[0] == notes[0] and result.workload.prompts_per_step == rl.prompts_per_step
+
+
+class FakeJobs:
+    """Stands in for programs.Jobs: records the depths asked for and returns programs whose
+    temporaries grow 10 bytes and FLOPs 7 a layer (a scanned program's FLOPs count one layer)."""
+
+    def __init__(self):
+        self.asked, self.children = [], []
+
+    def __call__(self, kind, config, settings, work, layout, names, where):
+        layers, scan = config.text.num_hidden_layers, config.scan_layers
+        self.asked.append((layers, scan))
+        return [ProgramMemory(name, 100 + 10 * layers, 0, 1, 1.0, flops=7.0 * (1 if scan else layers))
+                for name in names]
+
+
+def test_trainer_compiles_take_memory_from_scanned_and_costs_from_unrolled_depths():
+    """small125m (12 scanned layers), --depth=extrapolate: memory from 2 and 4 scanned layers,
+    costs from 2 and 4 unrolled ones (by the cost target's jobs when it has its own), each
+    number extended linearly to 12 layers; full: the 12-layer scanned program's memory."""
+    config = preset("small125m")
+    jobs, costs = FakeJobs(), FakeJobs()
+    compiles = G.TrainerCompiles(config, None, None, jobs, costs, "xla:cpu")
+    trainer, how = compiles.programs("extrapolate")
+    assert jobs.asked == [(2, True), (4, True)] and costs.asked == [(2, False), (4, False)]
+    assert how == ("memory extrapolated from 2 and 4 scanned layers to 12; trainer costs from 2 and 4 unrolled "
+                   "layers compiled by xla:cpu")
+    assert [p.name for p in trainer] == list(G.TRAINER_PROGRAMS)
+    assert all(p.temp_bytes == 220 and p.flops == 84.0 and p.seconds == 4.0 for p in trainer)
+    full, how = G.TrainerCompiles(config, None, None, jobs, jobs).programs("full", costs=False)
+    assert jobs.asked[2:] == [(12, True)] and how == "full (12 scanned layers); no trainer costs"
+    assert all(p.temp_bytes == 220 and p.flops == 0.0 for p in full)
+    unscanned = G.TrainerCompiles(config.replace(scan_layers=False), None, None, jobs, jobs)
+    assert unscanned.programs("full")[1] == "full (12 unrolled layers)" and jobs.asked[3:] == [(12, False)]
+    assert G.resolved_depth("auto", config) == "full"
+    assert G.resolved_depth("auto", config.replace(scan_layers=False)) == "extrapolate"
 
 
 def test_a_failing_child_compile_returns_its_traceback(tokenizer):
