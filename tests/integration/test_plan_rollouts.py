@@ -138,10 +138,10 @@ class RecordingPolicy(FullBudgetPolicy):
 
 def test_planner_sampler_calls_match_the_rollouts(setup):
     """The planner's sub-agent calls are the rollout's under the trainer's fixed shapes
-    (rl/trainer.py step_shapes): a round's sub-agent prompts go in calls of rl.shapes.subagent_rows
+    (rl/shapes.py step_shapes): a round's sub-agent prompts go in calls of rl.shapes.subagent_rows
     rows (here the step's 4 episode rows; 3 calls a row), each call's cache as wide as the fixed
     sub-agent width; the main prompt cache as wide as the fixed prompt width."""
-    from paravt_jax.rl.trainer import step_shapes
+    from paravt_jax.rl.shapes import step_shapes
 
     video, tok, model = setup
     c = paragrpo.get_config("tiny")
