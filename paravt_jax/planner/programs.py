@@ -146,16 +146,21 @@ def resolve_target(target: str, preset: Mapping | None, accelerator: str = "") -
     if target == "gpu":
         return resolve_gpu(preset, accelerator)
     if target == "tpu":
-        if preset is None or platform != "tpu":
-            raise TargetError("--target=tpu needs a TPU mesh preset (--mesh=v5p-16, ...), not "
-                              + (f"the {platform} preset" if preset else "an axis list"))
-        if not libtpu_available():
-            raise TargetError("--target=tpu needs libtpu: pip install 'paravt_jax[tpu]' (jax[tpu])")
-        chips = preset["devices"] // preset["slices"]
-        return Target("tpu", "tpu", tpu_topology(preset["accelerator"], chips), preset["slices"])
+        return resolve_tpu(preset)
     if target == "local":
         return Target("local", jax.devices()[0].platform)
     return Target("cpu-fake", platform)
+
+
+def resolve_tpu(preset: Mapping | None) -> Target:
+    """The tpu Target of a TPU mesh preset: its topology per slice and its slices."""
+    if preset is None or preset["platform"] != "tpu":
+        raise TargetError("--target=tpu needs a TPU mesh preset (--mesh=v5p-16, ...), not "
+                          + (f"the {preset['platform']} preset" if preset else "an axis list"))
+    if not libtpu_available():
+        raise TargetError("--target=tpu needs libtpu: pip install 'paravt_jax[tpu]' (jax[tpu])")
+    chips = preset["devices"] // preset["slices"]
+    return Target("tpu", "tpu", tpu_topology(preset["accelerator"], chips), preset["slices"])
 
 
 def resolve_gpu(preset: Mapping | None, accelerator: str = "") -> Target:
@@ -216,21 +221,26 @@ def child_xla_flags(xla_flags: str, devices: int) -> str:
     return " ".join(flags + [*CPU_FAKE_XLA_FLAGS, f"--xla_force_host_platform_device_count={devices}"])
 
 
-def target_devices(target: Target, devices: int) -> list | None:
-    """The devices to compile for; None: fake CPU devices in a child process (too few here, or
-    this process' XLA lacks CPU_FAKE_XLA_FLAGS)."""
+def accelerator_devices(target: Target, devices: int) -> list:
+    """The compile-only devices of a tpu or gpu target (libtpu's topology, the CUDA plugin's)."""
     if target.name == "tpu":
         found = tpu_devices(target.topology, target.slices)
         if len(found) != devices:
             raise TargetError(f"topology {target.topology} x {target.slices} has {len(found)} devices, "
                               f"the mesh {devices}")
         return found
-    if target.name == "gpu":
-        topology = target.topology or gpu_topology_of(devices)
-        found = gpu_target.gpu_devices(target.accelerator, topology)
-        if len(found) != devices:
-            raise TargetError(f"GPU topology {topology} has {len(found)} devices, the mesh {devices}")
-        return found
+    topology = target.topology or gpu_topology_of(devices)
+    found = gpu_target.gpu_devices(target.accelerator, topology)
+    if len(found) != devices:
+        raise TargetError(f"GPU topology {topology} has {len(found)} devices, the mesh {devices}")
+    return found
+
+
+def target_devices(target: Target, devices: int) -> list | None:
+    """The devices to compile for; None: fake CPU devices in a child process (too few here, or
+    this process' XLA lacks CPU_FAKE_XLA_FLAGS)."""
+    if target.name in ("tpu", "gpu"):
+        return accelerator_devices(target, devices)
     local = jax.devices()
     if target.name == "local":
         if len(local) < devices:
@@ -538,20 +548,15 @@ class TrainerCompiles:
         a, b = self.at(low, scan, costs), self.at(high, scan, costs)
         return [extrapolate(x, y, low, high, self.layers) for x, y in zip(a, b)]
 
-    def unrolled(self, depth: str) -> tuple[list, str]:
-        """A model without scan: its unrolled programs, whole or extrapolated (every layer counted)."""
+    def memory(self, depth: str, scan: bool) -> tuple[list, str]:
+        """The programs a run compiles (scanned or, without scan, unrolled: every layer counted),
+        whole or extrapolated from two reduced depths (per-layer memory is their difference)."""
         low, high = reduced_depths(self.config)
-        if depth == "full" or self.layers <= low:
-            return self.at(self.layers, False), f"full ({self.layers} unrolled layers)"
-        return self.extrapolated(False), f"trainer extrapolated from {low} and {high} unrolled layers to {self.layers}"
-
-    def scanned(self, depth: str) -> tuple[list, str]:
-        """The memory of the scanned programs a run compiles, whole (full) or at two reduced
-        depths (extrapolate: per-layer memory is their difference)."""
-        low, high = reduced_depths(self.config)
-        if depth == "full" or self.layers <= high:
-            return self.at(self.layers, True), f"full ({self.layers} scanned layers)"
-        return self.extrapolated(True), f"memory extrapolated from {low} and {high} scanned layers to {self.layers}"
+        kind = "scanned" if scan else "unrolled"
+        if depth == "full" or self.layers <= (high if scan else low):
+            return self.at(self.layers, scan), f"full ({self.layers} {kind} layers)"
+        return self.extrapolated(scan), (f"{'memory' if scan else 'trainer'} extrapolated from {low} and {high} "
+                                         f"{kind} layers to {self.layers}")
 
     def with_costs(self, memory: list) -> tuple[list, str]:
         """`memory` with the costs of the unrolled programs (a scanned program's cost analysis
@@ -569,8 +574,8 @@ class TrainerCompiles:
     def programs(self, depth: str, costs: bool = True) -> tuple[list, str]:
         """The trainer's programs at the model's depth and how they were had."""
         if not self.config.scan_layers:  # unrolled as the run has them: every layer counted
-            return self.unrolled(depth)
-        memory, how = self.scanned(depth)
+            return self.memory(depth, False)
+        memory, how = self.memory(depth, True)
         if not costs:  # a scanned program's counts hold one layer: none rather than a wrong one
             return _zero_costs(memory), how + "; no trainer costs"
         trainer, source = self.with_costs(memory)
