@@ -1,4 +1,4 @@
-"""Host-side prefill batches: chunk widths, right-padded collation with vision inputs, row
+"""Host-side prefill batches: chunk widths, right-padded token collation, row
 groups under a token budget, and the chunk edits an extend makes (the pending token in front,
 fixed-width text pieces)."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from paravt_jax.infra.buckets import bucket
-from paravt_jax.text.inputs import ModelInputs, collate_vision, encode_ids
+from paravt_jax.text.inputs import ModelInputs, encode_ids
 
 
 @dataclasses.dataclass(frozen=True)
@@ -17,9 +17,6 @@ class ChunkBatch:
     ids: np.ndarray  # [Bp, P]
     positions: np.ndarray  # [3, Bp, P]
     counts: np.ndarray  # [Bp] valid chunk tokens
-    visual_index: np.ndarray | None
-    pixel_values: np.ndarray | None
-    grids: np.ndarray | None
 
 
 def chunk_width(chunks: Sequence[ModelInputs | None], min_bucket: int) -> int:
@@ -28,7 +25,7 @@ def chunk_width(chunks: Sequence[ModelInputs | None], min_bucket: int) -> int:
 
 
 def collate(chunks: Sequence[ModelInputs | None], rows: int, width: int) -> ChunkBatch:
-    """Right-padded chunk batch of `width`; vision items ordered row by row (images, then videos)."""
+    """Right-padded token batch of `width` (the vision inputs: Sampler.vision_inputs)."""
     counts = np.array([0 if c is None else c.length for c in chunks] + [0] * (rows - len(chunks)))
     ids = np.zeros((rows, width), np.int32)
     positions = np.zeros((3, rows, width), np.int32)
@@ -36,8 +33,7 @@ def collate(chunks: Sequence[ModelInputs | None], rows: int, width: int) -> Chun
         if c is not None and c.length:
             ids[b, :c.length] = c.input_ids
             positions[:, b, :c.length] = c.position_ids
-    visual_index, pixels, grids = collate_vision(chunks, rows, width)
-    return ChunkBatch(ids, positions, counts, visual_index, pixels, grids)
+    return ChunkBatch(ids, positions, counts)
 
 
 def group_rows(rows: int, per_prompt: int, width: int, token_budget: int) -> int:

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from paravt_jax.infra import sharding as sh
 from paravt_jax.models.qwen3_vl.model import Qwen3VL
 from paravt_jax.models.qwen3_vl.text import KVCache
 from paravt_jax.sampling.backend import decode_weights
@@ -35,10 +36,15 @@ def merge(graphdef: HashOnce, params):
     return nnx.merge(graphdef.value, params)
 
 
-@functools.partial(jax.jit, static_argnames="graphdef")
-def vision(graphdef, params, pixel_values, meta):
-    model = merge(graphdef, params)
-    return model.encode_vision(pixel_values, *meta)
+@functools.partial(jax.jit, static_argnames=("graphdef", "mesh"))
+def vision(graphdef, params, pixel_values, meta, mesh=None):
+    """The vision tower over one row group's frames: pixel_values [N, patch_dim] (one pass) or
+    [S, N, patch_dim] (one pass per shard of rows, Sampler.vision_inputs); with `mesh` the
+    features [S, Nv, D] and DeepStack [n_ds, S, Nv, D] stay split by shard over its batch axes."""
+    embeds, deepstack = merge(graphdef, params).encode_vision(pixel_values, *meta)
+    if mesh is not None:
+        embeds, deepstack = sh.row_constraint(mesh)(embeds), sh.row_constraint(mesh, batch_axis=1)(deepstack)
+    return embeds, deepstack
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "fuse"))

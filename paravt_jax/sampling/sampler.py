@@ -1,8 +1,9 @@
 """A jitted KV-cache sampler for multimodal, multi-turn, batched rollouts.
 
 Three jit boundaries, each compiled once per bucket and then reused:
-  vision   — every image/video item of the call's new chunks in one pass (once per prompt,
-             however many samples share it; programs.py);
+  vision   — every image/video item of a row group's new chunks in one pass (once per prompt,
+             however many samples share it), or one pass per shard of rows when a mesh
+             splits the cache rows (Sampler.vision_inputs; programs.py);
   prefill  — a right-padded chunk per row written into the cache at each row's own offset
              (prefill.py);
   decode   — one `lax.while_loop` that samples, feeds the token back and stops when every
@@ -24,10 +25,10 @@ import numpy as np
 from flax import nnx
 
 from paravt_jax.config import set_by
+from paravt_jax.infra import sharding as sh
 from paravt_jax.infra.buckets import bucket
 from paravt_jax.models.qwen3_vl.model import Qwen3VL
 from paravt_jax.models.qwen3_vl.text import KVCache
-from paravt_jax.models.qwen3_vl.vision import pad_frames_to_buckets, vision_layout
 from paravt_jax.sampling import decode as decode_program
 from paravt_jax.sampling import prefill as prefill_program
 from paravt_jax.sampling import programs
@@ -47,6 +48,7 @@ from paravt_jax.sampling.params import SamplingParams
 from paravt_jax.sampling.prefill import PrefillChunk, PrefillPlan
 from paravt_jax.sampling.programs import grow_suffix
 from paravt_jax.text.inputs import ModelInputs, encode_ids
+from paravt_jax.train.batch import shard_vision
 
 PREFILL_WINDOWS = ("used", "capacity")
 
@@ -81,6 +83,11 @@ class SamplerConfig:
     # one prefill call each (one compiled program, however long the turn's tool responses);
     # 0: one call at the chunks' power-of-two bucket
     extend_width: int = set_by(0, "rl.shapes for RL rollouts; the caller")
+    # True: on a mesh that splits the cache rows, each device encodes only the frames of its own
+    # rows' chunks (a vision pass per shard of rows, as the train step's); False: every device
+    # encodes every frame of a row group (the replicated pass, the measured baseline of
+    # bench/rollout_shards.py)
+    vision_shards: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +103,18 @@ class PromptShape:
     def __post_init__(self):
         if min(self.rows, self.width, self.frames_per_row) < 0:
             raise ValueError(f"PromptShape sizes must be >= 0, got {self}")
+
+
+@dataclasses.dataclass(frozen=True)
+class VisionInputs:
+    """A row group's vision pass: visual_index [g, W] (a vision pad's row of its shard's
+    features; -1 elsewhere), pixel_values [N, patch_dim] and the tower's metadata, or per shard
+    of rows [S, N, patch_dim] (each array with a leading S axis) placed on the shard's devices,
+    `mesh` then set (the pass keeps its features there: programs.vision)."""
+    visual_index: np.ndarray
+    pixel_values: object
+    meta: tuple
+    mesh: object = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -333,26 +352,44 @@ class Sampler:
             if group < rows and not any(c is not None and c.length for c in part):
                 logits.append(jnp.zeros((group, self.model.config.text.vocab_size), jnp.float32))
                 continue  # padding rows / rows sitting the turn out: nothing to write
-            out, cache = prefill_program.prefill(self.graphdef, self.params, self.weights, cache, prefix,
-                                                 self._chunk(part, group, width, frames_per_row, write_index, start),
-                                                 plan)
+            chunk = self.prefill_chunk(part, group, width, frames_per_row, write_index, start, shards)
+            out, cache = prefill_program.prefill(self.graphdef, self.params, self.weights, cache, prefix, chunk, plan)
             logits.append(out)
         if len(logits) == 1:
             return logits[0], cache
         inverse = np.argsort(np.concatenate(order))
         return jnp.concatenate(logits)[inverse], cache
 
-    def _chunk(self, part: list[ModelInputs | None], group: int, width: int, frames_per_row: int,
-               write_index: int, row_start: int) -> PrefillChunk:
-        """One row group's chunk batch, its vision inputs encoded (padded to `frames_per_row`
-        frames per row)."""
+    def vision_inputs(self, part: list[ModelInputs | None], group: int, width: int, frames_per_row: int,
+                      shards: int = 1) -> VisionInputs | None:
+        """The vision pass of one row group's chunks (None without frames), each size's frames
+        padded to a power of two and to at least `frames_per_row` per row. shards = S > 1 (the
+        group's rows in S blocks, one per device block of cache rows, RowGroup order) and
+        config.vision_shards: one pass per block, its arrays with a leading S axis placed on
+        that block's devices; else one pass over every frame, on every device."""
+        split = shards if self.config.vision_shards and self.mesh is not None else 1
+        placements = [(b, 0, chunk) for b, chunk in enumerate(part)]
+        index, pixels, meta = shard_vision(placements, group, width, self.model.config.vision,
+                                           group * frames_per_row, split)
+        if pixels is None:
+            return None
+        if split == 1:
+            return VisionInputs(index, pixels, meta, None)
+        pixels, meta = jax.tree.map(
+            lambda x: jax.device_put(x, sh.batch_sharding(self.mesh, x.ndim, 0, batch_size=split)), (pixels, meta))
+        return VisionInputs(index, pixels, meta, self.mesh)
+
+    def prefill_chunk(self, part: list[ModelInputs | None], group: int, width: int, frames_per_row: int,
+                      write_index: int, row_start: int, shards: int = 1) -> PrefillChunk:
+        """One row group's chunk batch, its vision inputs encoded (`vision_inputs`)."""
         batch = collate(part, group, width)
-        embeds = deepstack = None
-        if batch.pixel_values is not None:
-            pixels, grids = pad_frames_to_buckets(batch.pixel_values, batch.grids, group * frames_per_row)
-            layout = vision_layout(grids, self.model.config.vision)
-            embeds, deepstack = programs.vision(self.graphdef, self.params, pixels, layout.device_arrays())
-        return PrefillChunk(batch.ids, batch.positions, batch.counts.astype(np.int32), batch.visual_index, embeds,
+        visual_index = embeds = deepstack = None
+        vision = self.vision_inputs(part, group, width, frames_per_row, shards)
+        if vision is not None:
+            visual_index = vision.visual_index
+            embeds, deepstack = programs.vision(self.graphdef, self.params, vision.pixel_values, vision.meta,
+                                                vision.mesh)
+        return PrefillChunk(batch.ids, batch.positions, batch.counts.astype(np.int32), visual_index, embeds,
                             deepstack, np.int32(write_index), np.int32(row_start))
 
     def _decode(self, prefix: KVCache, suffix: KVCache, write_index, logits, next_position, budgets, num_rows,

@@ -184,16 +184,11 @@ def check_against_model(tokenizer: Tokenizer, config) -> None:
                          f"than the model's vocab_size {config.text.vocab_size}")
 
 
-def collate_vision(sequences: Sequence[ModelInputs | None], rows: int, width: int):
-    """Vision inputs of a right-padded batch: items ordered row by row (each row's images,
-    then its videos). Returns (visual_index [rows, width] with -1 for text, pixel values,
-    grids), or (None, None, None) when no row holds an image or video."""
-    return collate_vision_placed([(b, 0, s) for b, s in enumerate(sequences)], rows, width)
-
-
 def collate_vision_placed(placements: Sequence[tuple[int, int, ModelInputs | None]], rows: int, width: int):
-    """collate_vision for sequences placed at (row, offset) (several per row when packed):
-    items ordered as the placements (each sequence's images, then its videos)."""
+    """Vision inputs of sequences placed at (row, offset) of a [rows, width] batch (several per
+    row when packed): items ordered as the placements (each sequence's images, then its
+    videos). Returns (visual_index [rows, width] with -1 for text, pixel values, grids), or
+    (None, None, None) when no sequence holds an image or video."""
     visual_index = np.full((rows, width), -1, np.int32)
     pixels, grids, offset = [], [], 0
     for b, start, s in placements:

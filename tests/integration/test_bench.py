@@ -160,3 +160,14 @@ def test_sft_vision_cache_bench_smallest(tmp_path, builtin_root):
     cached = next(line for line in out.splitlines() if line.startswith("| toy ") and "| cached " in line)
     assert [c.strip() for c in pixels.split("|")][7:9] == ["0.0", "0"]
     assert int(cached.split("|")[8]) > 0 and float(cached.split("|")[9]) > 0, out
+
+
+def test_rollout_shards_bench_smallest(tmp_path):
+    """bench/rollout_shards.py on the suite's 8 fake devices: the rollout's vision pass per shard
+    of rows holds fewer argument bytes per device than the replicated one, same greedy tokens."""
+    out = run_bench(tmp_path, "rollout_shards.py", "--samples", "1", "--frames", "2", "--crops", "1")
+    assert "replicated vs per shard of rows" in out and "greedy tokens equal under both layouts: True" in out
+    for call in ("prompt", "extend"):
+        row = next(line for line in out.splitlines() if line.startswith(f"| {call} ") and "| vision " in line)
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert float(cells[5]) < float(cells[4]), row

@@ -1,0 +1,90 @@
+"""The sampler's vision pass per shard of rows on the suite's 8 fake devices: the same greedy
+tokens and log-probs as the replicated pass and as an unsharded sampler, each device holding
+only its own rows' frames, and the pass's per-device memory below the replicated one's."""
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from paravt_jax.infra import sharding as sh
+from paravt_jax.models.qwen3_vl import init_model, preset
+from paravt_jax.models.qwen3_vl.rope import get_rope_index
+from paravt_jax.sampling import Sampler, SamplerConfig, SamplingParams, programs
+from paravt_jax.text.inputs import ModelInputs
+from support.hf_tiny import IM_START, image_tokens, patches, text_ids
+
+GRID = [1, 4, 6]  # one 4 x 6 patch frame: 6 merged vision tokens
+
+
+def image_row(rng, frames: int, start: int = 0) -> ModelInputs:
+    """Text around `frames` image items, its positions from `start`."""
+    grids = [GRID] * frames
+    ids = [IM_START] + text_ids(rng, int(rng.integers(2, 6)))
+    for _ in range(frames):
+        ids += image_tokens(GRID)
+    ids = np.asarray(ids + text_ids(rng, 3))
+    types = (ids == 912).astype(np.int64)
+    positions, _ = get_rope_index(types[None], np.ones((1, len(ids))), grids, None)
+    positions = positions[:, 0] + start
+    empty = np.zeros((0, 1536), np.float32)
+    return ModelInputs(ids.astype(np.int32), types.astype(np.int32), np.zeros(len(ids), np.int32), positions,
+                       patches(rng, grids), np.asarray(grids, np.int64), empty, np.zeros((0, 3), np.int64),
+                       int(positions.max()) + 1)
+
+
+@pytest.fixture(scope="module")
+def models():
+    """(the tiny model on one device, the same weights split over an fsdp=8 mesh, the mesh)."""
+    plain = init_model(preset("tiny"), seed=3)
+    mesh = sh.make_mesh({"data": 1, "fsdp": 8, "tensor": 1})
+    sharded = init_model(preset("tiny"), seed=0, mesh=mesh)
+    nnx.update(sharded, jax.device_put(nnx.state(plain), sh.state_shardings(plain, mesh)))
+    return plain, sharded, mesh
+
+
+def rollout(sampler: Sampler, seed: int = 0):
+    """A greedy prompt of 1-3 frames per prompt (8 prompts x 2 samples), then a tool response of
+    1-2 frames on every row: the tokens and log-probs of both turns."""
+    rng = np.random.default_rng(seed)
+    greedy = SamplingParams(max_new_tokens=6)
+    first, state = sampler.generate([image_row(rng, int(rng.integers(1, 4))) for _ in range(8)], num_samples=2,
+                                    sampling=greedy, seed=1)
+    chunks = [image_row(rng, int(rng.integers(1, 3)), int(s)) for s in state.chunk_start[:state.num_rows]]
+    second, _ = sampler.extend(state, chunks, sampling=greedy, seed=2)
+    return first.tokens + second.tokens, first.logprobs + second.logprobs
+
+
+def test_vision_per_shard_gives_the_replicated_and_unsharded_tokens(models):
+    plain, sharded, mesh = models
+    expected, expected_logps = rollout(Sampler(plain))
+    for vision_shards in (False, True):
+        tokens, logps = rollout(Sampler(sharded, SamplerConfig(vision_shards=vision_shards), mesh=mesh))
+        assert tokens == expected, vision_shards
+        for a, b in zip(logps, expected_logps):
+            np.testing.assert_allclose(a, b, atol=1e-4)
+
+
+def vision_bytes(sampler: Sampler, part, group: int, shards: int):
+    """(vision inputs, per-device temporaries + arguments of the compiled vision program)."""
+    vision = sampler.vision_inputs(part, group, 64, 0, shards)
+    compiled = programs.vision.lower(sampler.graphdef, sampler.params, vision.pixel_values, vision.meta,
+                                     vision.mesh).compile()
+    memory = compiled.memory_analysis()
+    return vision, memory.temp_size_in_bytes + memory.argument_size_in_bytes
+
+
+def test_each_device_encodes_only_its_rows_frames(models):
+    _, sharded, mesh = models
+    rng = np.random.default_rng(5)
+    part = [image_row(rng, 4) for _ in range(8)]  # a row group: one row per device
+    replicated, full = vision_bytes(Sampler(sharded, SamplerConfig(vision_shards=False), mesh=mesh), part, 8, 8)
+    per_shard, own = vision_bytes(Sampler(sharded, mesh=mesh), part, 8, 8)
+    assert replicated.pixel_values.ndim == 2 and replicated.mesh is None
+    pixels = per_shard.pixel_values
+    assert pixels.shape[0] == 8 and pixels.sharding.shard_shape(pixels.shape)[0] == 1
+    # a row's image tokens index its own shard's features: the first row's count from 0, as every row's
+    assert per_shard.visual_index.reshape(8, -1).max(axis=1).tolist() == [4 * 6 - 1] * 8
+    assert own < full / 2, (own, full)
+    # rows that do not split over the devices: one replicated pass
+    fallback, _ = vision_bytes(Sampler(sharded, mesh=mesh), part, 8, 1)
+    assert fallback.pixel_values.ndim == 2
