@@ -37,7 +37,8 @@ from typing import Any
 
 CPU_THREADS_ENV = "PJRT_NPROC"  # XLA's PJRT CPU client sizes its intra-op pool by it
 CPU_THREADS = 2
-REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this file: paravt_jax/infra/
+# the checkout: this file is paravt_jax/infra/reproducibility.py
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LOCK_FILE = "requirements.lock"  # exact versions of every package, written by launch/lock.sh
 # The packages whose versions can change a number (compilers, kernels, decoders, tokenizers).
 NUMERIC_PACKAGES = ("jax", "jaxlib", "libtpu", "jax-cuda12-plugin", "jax-cuda12-pjrt", "flax", "optax",
