@@ -25,6 +25,7 @@ import numpy as np
 from flax import nnx
 
 from paravt_jax.config import set_by
+from paravt_jax.infra import distributed as dist
 from paravt_jax.infra import sharding as sh
 from paravt_jax.infra.buckets import bucket
 from paravt_jax.models.qwen3_vl.model import Qwen3VL
@@ -160,7 +161,9 @@ class SamplerState:
 
 
 class Sampler:
-    """`Sampler(model, config)`; `generate(prompts, ...)` then `extend(state, chunks, ...)`."""
+    """`Sampler(model, config)`; `generate(prompts, ...)` then `extend(state, chunks, ...)`. On a
+    mesh (`mesh`, or the one the model's parameters lie on) the caches split their rows over
+    its batch axes and each device encodes its own rows' frames."""
 
     def __init__(self, model: Qwen3VL, config: SamplerConfig = SamplerConfig(), mesh=None):
         for field in ("attention_block_bytes", "prefill_tokens"):
@@ -175,7 +178,9 @@ class Sampler:
                              f"{PREFILL_WINDOWS}")
         self.model = model
         self.config = config
-        self.mesh = mesh
+        # the mesh the model's parameters lie on unless given: without one, a multi-device model's
+        # caches and vision pass would be replicated on every device (no row split)
+        self.mesh = mesh if mesh is not None else dist.model_mesh(model)
         graphdef, self.params = nnx.split(model)
         self.graphdef = programs.HashOnce(graphdef)
         text = model.config.text
