@@ -122,7 +122,10 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
         # SFT trajectories' tool responses: subagent (summaries, plus a sub-agent example of one
         # crop per question: the rollouts' and the evaluation's mode here) and/or frames
         c.data.sft_modes = ("subagent",)
-        c.sft.steps, c.sft.batch_size, c.sft.nframes = 600, 16, 4
+        # 450 SFT steps on overviews of K ~ U{4, 8, 16} per row (the `varied` cold start), then 64
+        # RL steps at 5e-5 with K drawn from (4, 64): the recipe chosen by docs/toy_task.md's rule
+        c.sft.steps, c.sft.batch_size, c.sft.nframes = 450, 16, 4
+        c.sft.nframes_choices = (4, 8, 16)
         c.sft.max_tokens_per_micro_batch = 1024  # packed rows: a quarter less padding
         # one compiled step for the whole SFT: every micro-batch 2 rows of 512 tokens (the longest
         # K = 4 example is 270), its vision pass padded to 32 frames (at most 28 at K = 4; more
@@ -142,10 +145,12 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
         c.sft.cache_vision_features = True
         c.rl.rollout.mode = c.evals.held_out.mode = "subagent"
         c.rl.rollout.subagent_max_tokens = 32  # a toy summary is about 9 tokens
-        c.rl.steps, c.rl.prompts_per_step = 12, 4  # 4 prompts x 4 samples a step
-        c.rl.eval_every, c.rl.evals.eval.limit, c.rl.evals.eval.nframes = 6, 8, (4,)
+        c.rl.steps, c.rl.prompts_per_step = 64, 4  # 4 prompts x 4 samples a step
+        # half the prompts at the dense overview where the cold start falls short, half at K = 4
+        c.rl.nframes_choices, c.rl.optimizer.learning_rate = (4, 64), 5e-5
+        c.rl.eval_every, c.rl.evals.eval.limit, c.rl.evals.eval.nframes = 16, 16, (64,)
         c.evals.held_out.limit, c.evals.held_out.max_new_tokens = 0, 160  # every held-out question
-        c.evals.held_out.after_sft = (4,)  # the cold start's table too: what RL starts from
+        c.evals.held_out.after_sft = (4, 64)  # the cold start's table too: what RL starts from
         # the toy's 64x96 frames are 6 tokens: a K = 64 prompt is 930 tokens, an episode at
         # most ~1.7k, a 16-frame crop's sub-agent prompt 273 (rl/shapes.py's bounds assume
         # full-size frames)
