@@ -51,8 +51,17 @@ vanilla vs paragrpo from it; report both together:
 """
 
 from paravt_jax.configs import paragrpo, vanilla_grpo
+from paravt_jax.data import gating
 
 SEEDS = (0, 1, 2)
+# The toy studies' base as they ran (docs/toy_paradox.md, docs/long_rl.md): the toy preset of
+# before 2026-12-04's main-job recipe (docs/toy_task.md), so that their cold starts, step counts
+# and rates stay those of their tables: 600 SFT steps at K = 4, 12 RL steps at 1e-4 with K from
+# every budget of the gating, the cold start's table at K = 4, the check every 6 steps at K = 4.
+TOY_STUDY_BASE = {"sft.steps": 600, "sft.nframes_choices": (), "rl.steps": 12,
+                  "rl.nframes_choices": gating.NFRAMES_CHOICES, "rl.optimizer.learning_rate": 1e-4,
+                  "rl.eval_every": 6, "rl.evals.eval.limit": 8, "rl.evals.eval.nframes": (4,),
+                  "evals.held_out.after_sft": (4,)}
 GATING_FIELDS = ("rl.nframes_gating",)
 # toy_paradox: the tool prior, as the shared cold start: its length (strong, weak) and the
 # overview budgets it shows (varied: K drawn per row from 4, 8, 16, so the tool is in use at
@@ -71,9 +80,19 @@ def _base_preset(arg):
     return {"tiny": "tiny", "tiny_full": "tiny", **{study: "toy" for study in STUDIES}}.get(preset, preset)
 
 
+def _set(config, dotted: str, value) -> None:
+    *path, field = dotted.split(".")
+    for name in path:
+        config = config[name]
+    config[field] = value
+
+
 def get_config(arg: str = "tiny"):
     c = paragrpo.get_config(_base_preset(arg))
     c.preset = arg or "tiny"
+    if c.preset in STUDIES:
+        for dotted, value in TOY_STUDY_BASE.items():
+            _set(c, dotted, value)
     if c.preset == "tiny":
         # Per arm on the 2-core CPU: 2 RL steps and a 2-question evaluation at K = 4 and 16.
         # The SFT (shared by all arms under --shared_sft) is the main job's, 160 steps, so the

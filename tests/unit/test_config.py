@@ -401,3 +401,21 @@ def test_every_driver_field_is_settable_from_the_command_line():
     assert {k: field_of(built, k) for k in expected} == expected
     charades = driver.driver_config(build_run(config), "charades")
     assert (charades.prompt_mode, charades.prompt.overview_visual) == ("agentic_minimal", "video")
+
+
+@pytest.mark.parametrize("study", ["toy_paradox", "toy_paradox_varied", "toy_long", "toy_long_pilot"])
+def test_the_toy_studies_keep_the_recipe_they_ran_with_after_the_main_job_changed(study):
+    """docs/toy_paradox.md and docs/long_rl.md ran on the toy preset of before the main job took
+    its 450 + 64-step recipe: their cold start stays 600 SFT steps at K = 4 and their RL draws K
+    from every gating budget, while the main job's preset is the new recipe."""
+    from paravt_jax.configs import ablations
+    from paravt_jax.data import gating
+
+    config, main = ablations.get_config(study), paragrpo.get_config("toy")
+    assert (config.sft.steps, tuple(config.sft.nframes_choices)) == (600, ())
+    assert tuple(config.rl.nframes_choices) == gating.NFRAMES_CHOICES
+    assert tuple(config.evals.held_out.after_sft) == (4,)
+    assert (main.sft.steps, tuple(main.sft.nframes_choices), main.rl.steps) == (450, (4, 8, 16), 64)
+    assert tuple(main.rl.nframes_choices) == (4, 64) and tuple(main.evals.held_out.after_sft) == (4, 64)
+    if study == "toy_paradox":
+        assert (config.rl.steps, config.rl.optimizer.learning_rate) == (12, 1e-4)
