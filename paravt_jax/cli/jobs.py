@@ -31,7 +31,8 @@ from paravt_jax.infra.checkpointing import Checkpointer
 from paravt_jax.rl.trainer import periodic_evaluators, train_rl
 from paravt_jax.run_config import RunConfig, builtin_assets
 from paravt_jax.sampling import Sampler
-from paravt_jax.sft.trainer import HEAD, sft_loss, train_sft
+from paravt_jax.sft.objective import HEAD, sft_loss
+from paravt_jax.sft.trainer import train_sft
 from paravt_jax.text import chat
 from paravt_jax.text.inputs import check_against_model, encode
 from paravt_jax.text.tokenizer import Tokenizer

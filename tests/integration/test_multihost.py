@@ -248,7 +248,7 @@ def test_checkpoint_written_by_two_processes_restores(runs):
     (here in one process) to the single-process run's state."""
     from paravt_jax.infra.checkpointing import Checkpointer
     from paravt_jax.models.qwen3_vl import load_pretrained
-    from paravt_jax.sft.trainer import HEAD, sft_loss
+    from paravt_jax.sft.objective import HEAD, sft_loss
     from paravt_jax.train.step import OptimizerConfig, TrainStep
 
     target = TrainStep(load_pretrained(runs["model_dir"]), OptimizerConfig(), sft_loss, HEAD).init_state()

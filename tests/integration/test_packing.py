@@ -6,7 +6,7 @@ import pytest
 
 from paravt_jax.models.qwen3_vl import init_model, preset
 from paravt_jax.models.qwen3_vl.rope import get_rope_index
-from paravt_jax.sft.trainer import HEAD, sft_loss
+from paravt_jax.sft.objective import HEAD, sft_loss
 from paravt_jax.text.inputs import ModelInputs
 from paravt_jax.train.batch import micro_batches, pack, plan_rows, plan_token_budget, planned_micro_batches
 from paravt_jax.train.step import OptimizerConfig, TrainStep

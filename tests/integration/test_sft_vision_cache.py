@@ -13,7 +13,8 @@ from paravt_jax.data import synthetic as syn
 from paravt_jax.data.paravt_parquet import load_sft_rows
 from paravt_jax.infra import sharding as sh
 from paravt_jax.models.qwen3_vl import init_model, preset
-from paravt_jax.sft.trainer import HEAD, SFTConfig, sft_loss, train_sft
+from paravt_jax.sft.objective import HEAD, sft_loss
+from paravt_jax.sft.trainer import SFTConfig, train_sft
 from paravt_jax.sft.vision_cache import VisionFeatureCache, plan_calls, vision_items, without_pixels
 from paravt_jax.text import chat
 from paravt_jax.text.inputs import encode, encode_ids

@@ -7,7 +7,7 @@ import pytest
 from paravt_jax.infra import sharding as sh
 from paravt_jax.models.qwen3_vl import init_model, preset
 from paravt_jax.rl.objective import StepConfig, policy_head, policy_loss
-from paravt_jax.sft.trainer import HEAD, sft_loss
+from paravt_jax.sft.objective import HEAD, sft_loss
 from paravt_jax.text import chat
 from paravt_jax.text.inputs import encode, encode_ids
 from paravt_jax.text.tokenizer import train_tokenizer

@@ -18,7 +18,8 @@ from paravt_jax.eval.held_out import HeldOutConfig
 from paravt_jax.models.qwen3_vl import init_model, preset
 from paravt_jax.rl.advantages import AdvantageConfig
 from paravt_jax.rl.trainer import RLConfig, periodic_evaluators, step_shapes, train_rl
-from paravt_jax.sft.trainer import HEAD, SFTConfig, sft_loss, train_sft
+from paravt_jax.sft.objective import HEAD, sft_loss
+from paravt_jax.sft.trainer import SFTConfig, train_sft
 from paravt_jax.text.tokenizer import train_tokenizer
 from paravt_jax.train.loop import LoopConfig, data_indices, run_loop
 from paravt_jax.train.step import OptimizerConfig, TrainStep
@@ -407,7 +408,7 @@ def bigram_policy(tokenizer, text: str, seed: int = 2):
     its successor (logit margin ~50, so sampling at temperature 0.7 follows the chain)."""
     import jax.numpy as jnp
 
-    from paravt_jax.agent.rollout import THINK_PREFIX
+    from paravt_jax.agent.protocol import THINK_PREFIX
     from paravt_jax.text import chat
     from paravt_jax.text.inputs import encode
 
