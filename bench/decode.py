@@ -15,6 +15,13 @@ step reads at the episode's last step.
 The model: the toy main job's trained checkpoint (notebooks/assets/toy_paragrpo) with the toy
 recipe's 128-slot attention blocks; a preset name runs it randomly initialised.
 
+Then, at the attention level, the paged read (paravt_jax/sampling/pages.py: the same caches in
+pages of `--page` slots, each prompt's full pages shared by its samples, the XLA read blockwise
+over blocks of pages) beside today's contiguous read of the bounded decode (its prompt and its
+suffix, two partial attentions merged), on one layer of the "used" episode's final caches and
+the same queries, outputs checked equal: the seconds of one read each (best of `--repeats` x 20
+calls). The paged cache is not yet the sampler's (docs/sampler.md, "The paged read").
+
 `--compiled LAYERS` also compiles one decode step of the 8B's shapes (64 rows x 20,480 suffix
 slots, 8 prompts x 16,384 prefix slots, bf16) with LAYERS decoder layers for `--target`
 (cpu: XLA:CPU on this machine; tpu: libtpu for one v5p chip, minutes to compile) and prints
@@ -73,6 +80,38 @@ def rollouts(model, prompts, args) -> dict:
     return results
 
 
+def attention_reads(state, backend, page: int, repeats: int) -> tuple[float, float, float]:
+    """(contiguous read s, paged XLA read s, largest output difference) of one decode step's
+    attention over layer 0 of `state`'s caches, every row attending, random queries."""
+    import jax
+    import jax.numpy as jnp
+
+    from paravt_jax.sampling import pages as PG
+
+    prefix, suffix = state.prefix, state.suffix
+    rows, kv_heads, head_dim, _ = suffix.keys[0].shape
+    heads = 4 * kv_heads  # any multiple of the KV heads: the read's cost scales with it alike
+    q = jnp.asarray(np.random.default_rng(2).normal(size=(rows, heads, head_dim)), suffix.keys[0].dtype)
+    active = jnp.ones(rows, bool)
+    layer = (prefix.keys[0], prefix.values[0], suffix.keys[0], suffix.values[0])
+    pools, table = PG.paginate(prefix.valid, suffix.valid, page, [layer])
+    contiguous = jax.jit(lambda q: PG.contiguous_read(q, layer[0], layer[1], prefix.valid, layer[2], layer[3],
+                                                      suffix.valid, active, backend.decode_block))
+    paged = jax.jit(lambda q: PG.xla_read(q, pools[0], table, max(backend.decode_block // page, 1))[0])
+    want, got = np.asarray(contiguous(q)), np.asarray(paged(q))
+    seconds = []
+    for read in (contiguous, paged):
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            for _ in range(20):
+                out = read(q)
+            out.block_until_ready()
+            best = min(best, (time.perf_counter() - start) / 20)
+        seconds.append(best)
+    return seconds[0], seconds[1], float(np.max(np.abs(got - want)))
+
+
 def compiled_step(layers: int, target: str):
     """XLA's bytes and FLOPs per decode step and the analytic attention bytes, 8B shapes."""
     import dataclasses
@@ -111,11 +150,13 @@ def main():
     parser.add_argument("--turns", type=int, default=3, help="tool rounds after the first turn")
     parser.add_argument("--response", type=int, default=64, help="tokens of the longest tool response")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--page", type=int, default=16, help="slots per page of the paged read")
     parser.add_argument("--compiled", type=int, default=0, help="decoder layers of the 8B-shaped step (0: skip)")
     parser.add_argument("--target", choices=("cpu", "tpu"), default="cpu")
     args = parser.parse_args()
 
     from paravt_jax.models.qwen3_vl import init_model, load_pretrained, preset
+    from paravt_jax.sampling.backend import backend_policy
     from paravt_jax.text.inputs import encode_ids
 
     print(f"machine: {machine()}")
@@ -155,6 +196,17 @@ def main():
                 "(greedy, same tokens and log-probs)",
                 ["decode_window", "rollout s", "tokens", "tokens/s", "slots read at the last step (prefix + suffix)",
                  "speed-up"], rows)
+    state = results["used"][2]
+    contiguous, paged, worst = attention_reads(state, backend_policy(), args.page, args.repeats)
+    tolerance = 1e-4 if state.suffix.keys[0].dtype == np.float32 else 2e-2
+    if worst > tolerance:
+        raise SystemExit(f"the paged read differs from the contiguous read by {worst:.2e}")
+    print_table(f"One decode step's attention, layer 0 of the used episode's final caches ({state.num_rows} rows, "
+                f"prefix {state.prefix.capacity} + suffix {state.suffix.capacity} slots, {state.write_index} "
+                f"written; pages of {args.page}; outputs within {worst:.1e})",
+                ["read", "ms per call", "paged/contiguous"],
+                [["contiguous (prefix + suffix merged)", f"{contiguous * 1e3:.3f}", "1.00x"],
+                 ["paged, XLA", f"{paged * 1e3:.3f}", f"{paged / contiguous:.2f}x"]])
     if args.compiled:
         stats, seconds = compiled_step(args.compiled, args.target)
         print_table(f"One decode step, 8B shapes with {args.compiled} layers ({stats.compiler}, compiled in "

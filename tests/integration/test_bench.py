@@ -44,6 +44,7 @@ def test_decode_bench_smallest(tmp_path):
     out = run_bench(tmp_path, "decode.py", "--prompts", "1", "--samples", "2", "--prompt", "16", "--new", "4",
                     "--turns", "0", "--repeats", "1")
     assert "| capacity " in out and "| used " in out
+    assert "| paged, XLA " in out  # the paged read beside the contiguous one, outputs checked equal
 
 
 def test_forward_bench_smallest(tmp_path):
