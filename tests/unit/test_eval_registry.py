@@ -20,7 +20,7 @@ ROWS = tuple(f"row{i}" for i in range(6))  # stand-ins for held-out rows: an eva
 
 def test_the_presets_build_the_evaluations_they_built_before_the_registry():
     tiny, toy = paragrpo.get_config("tiny"), paragrpo.get_config("toy")
-    # the RL trainer's periodic check: K = 16 on the first 2 rows (toy: K = 4 on 8), K-major, in the
+    # the RL trainer's periodic check: K = 16 on the first 2 rows (toy: K = 64 on 16), K-major, in the
     # rollout's own budget, with the rollouts' fixed shapes
     (check,) = periodic_evaluators(build_run(tiny).rl, list(ROWS))
     assert isinstance(check, HeldOut) and check.name == "eval"
@@ -28,7 +28,7 @@ def test_the_presets_build_the_evaluations_they_built_before_the_registry():
     assert (check.max_new_tokens, check.max_turns, check.mode) == (None, None, None)
     assert check.rollout.prompt_shape.width == 2048  # tiny's rl.shapes.prompt_width
     (check,) = periodic_evaluators(build_run(toy).rl, list(ROWS))
-    assert check.rows == ROWS and check.settings == ((False, 4), (True, 4))
+    assert check.rows == ROWS and check.settings == ((False, 64), (True, 64))
     # the main job's tables: after the last phase K = 4 and 64 tools-major on 4 rows in 256 tokens,
     # 2 turns, frames mode; the toy's on every row in 160 tokens, sub-agent mode, and on the cold start
     context = registry.Context(ROWS)
@@ -37,7 +37,7 @@ def test_the_presets_build_the_evaluations_they_built_before_the_registry():
     assert (final.max_new_tokens, final.max_turns, final.mode) == (256, 2, "frames")
     assert registry.evaluators(build_run(tiny).evals, context, "after_sft") == []
     (cold,) = registry.evaluators(build_run(toy).evals, context, "after_sft")
-    assert cold.settings == ((False, 4), (True, 4)) and cold.rows == ROWS
+    assert cold.settings == ((False, 4), (False, 64), (True, 4), (True, 64)) and cold.rows == ROWS
     assert (cold.max_new_tokens, cold.max_turns, cold.mode) == (160, 2, "subagent")
 
 
