@@ -1,12 +1,13 @@
 """The decode's read of the KV cache: the bounded read (SamplerConfig.decode_window="used": each
-row, while it samples, its prompt and its suffix up to the last filled block) against the full
-read of every reserved slot ("capacity", the read before issue 48), in the same run, on the
-same prompts, greedy tokens checked equal.
+row, while it samples, its prompt and its suffix up to the last filled block) and the same on
+pages ("paged": decode_cache="paged", pages of `--page` slots, the XLA read on CPU) against the
+full read of every reserved slot ("capacity", the read before issue 48), in the same run, on
+the same prompts, greedy tokens checked equal.
 
 A toy-scale rollout on this CPU: `--prompts` prompts of about `--prompt` tokens, `--samples`
 samples each, a first turn and `--turns` tool rounds of `--new` tokens each (the suffix cache
 reserved for the whole episode up front, as the RL rollouts reserve it), tool responses of
-about `--response` tokens. Per window: the rollout's seconds (best of `--repeats` after a
+about `--response` tokens. Per read: the rollout's seconds (best of `--repeats` after a
 warm-up episode that compiles), generated tokens per second, and the cache slots a decode
 step reads at the episode's last step.
 
@@ -20,7 +21,7 @@ pages of `--page` slots, each prompt's full pages shared by its samples, the XLA
 over blocks of pages) beside today's contiguous read of the bounded decode (its prompt and its
 suffix, two partial attentions merged), on one layer of the "used" episode's final caches and
 the same queries, outputs checked equal: the seconds of one read each (best of `--repeats` x 20
-calls). The paged cache is not yet the sampler's (docs/sampler.md, "The paged read").
+calls): the attention's share of the rollout arms' difference.
 
 `--compiled LAYERS` also compiles one decode step of the 8B's shapes (64 rows x 20,480 suffix
 slots, 8 prompts x 16,384 prefix slots, bf16) with LAYERS decoder layers for `--target`
@@ -40,7 +41,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from common import machine, print_table  # noqa: E402
 
-WINDOWS = ("capacity", "used")
+# the decode reads measured: name -> SamplerConfig fields
+READS = {"capacity": dict(decode_window="capacity"), "used": dict(decode_window="used"),
+         "paged": dict(decode_window="used", decode_cache="paged")}
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOY = os.path.join(ROOT, "notebooks", "assets", "toy_paragrpo")  # the toy main job's final model
 
@@ -66,11 +69,11 @@ def episode(sampler, prompts, args, seed: int = 0):
 
 
 def rollouts(model, prompts, args) -> dict:
-    """window -> (best episode seconds, the outputs, the final state) with decode_window=window;
-    the windows' episodes interleaved (a machine's load drifts alike over both)."""
+    """read -> (best episode seconds, the outputs, the final state) with READS[read]; the reads'
+    episodes interleaved (a machine's load drifts alike over all)."""
     from paravt_jax.sampling import Sampler, SamplerConfig
 
-    samplers = {w: Sampler(model, SamplerConfig(decode_window=w)) for w in WINDOWS}
+    samplers = {name: Sampler(model, SamplerConfig(decode_page=args.page, **fields)) for name, fields in READS.items()}
     results = {w: (float("inf"), *episode(s, prompts, args)) for w, s in samplers.items()}  # warm-up: compiles
     for _ in range(args.repeats):
         for window, sampler in samplers.items():
@@ -176,13 +179,13 @@ def main():
                 row = next(b for b, (x, y) in enumerate(zip(got.tokens, want.tokens)) if x != y)
                 step = next((i for i, (x, y) in enumerate(zip(got.tokens[row], want.tokens[row])) if x != y),
                             min(len(got.tokens[row]), len(want.tokens[row])))
-                raise SystemExit(f"decode_window={window}: greedy tokens differ from the full read at turn {turn}, "
+                raise SystemExit(f"decode read {window}: greedy tokens differ from the full read at turn {turn}, "
                                  f"row {row}, step {step}: log-probs there {got.logprobs[row][step]:.6f} vs "
                                  f"{want.logprobs[row][step]:.6f}")
             worst = max((float(np.max(np.abs(a - b))) for a, b in zip(got.logprobs, want.logprobs) if len(a)),
                         default=0.0)
             if worst > 1e-4:
-                raise SystemExit(f"decode_window={window}: log-probs differ by {worst:.2e} at turn {turn}")
+                raise SystemExit(f"decode read {window}: log-probs differ by {worst:.2e} at turn {turn}")
     rows = []
     for window, (seconds, outs, state) in results.items():
         tokens = sum(int(o.lengths.sum()) for o in outs)
@@ -190,11 +193,11 @@ def main():
         rows.append([window, f"{seconds:.3f}", tokens, f"{tokens / seconds:,.0f}",
                      f"{state.prefix.capacity} + {read} of {state.suffix.capacity}",
                      f"{base[0] / seconds:.2f}x"])
-    print_table(f"Decode windows: {os.path.basename(args.model)}, {args.prompts} prompts x {args.samples} samples, "
+    print_table(f"Decode reads: {os.path.basename(args.model)}, {args.prompts} prompts x {args.samples} samples, "
                 f"prompts "
                 f"{lengths.min()}-{lengths.max()} tokens, {1 + args.turns} turns of {args.new} tokens "
                 "(greedy, same tokens and log-probs)",
-                ["decode_window", "rollout s", "tokens", "tokens/s", "slots read at the last step (prefix + suffix)",
+                ["decode read", "rollout s", "tokens", "tokens/s", "slots read at the last step (prefix + suffix)",
                  "speed-up"], rows)
     state = results["used"][2]
     contiguous, paged, worst = attention_reads(state, backend_policy(), args.page, args.repeats)

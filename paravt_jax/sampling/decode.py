@@ -17,6 +17,7 @@ import numpy as np
 from paravt_jax.models.qwen3_vl.text import CacheView, KVCache
 from paravt_jax.sampling.backend import SamplerBackend
 from paravt_jax.sampling.kv_cache import CacheShardings, constrain
+from paravt_jax.sampling.pages import PagedPlan, PagedView, advance, paginate
 from paravt_jax.sampling.params import MAX_STOP_IDS, SamplingParams
 from paravt_jax.sampling.programs import merge
 
@@ -109,6 +110,7 @@ jax.tree_util.register_dataclass(DecodeCarry, data_fields=[f.name for f in datac
 
 
 DECODE_WINDOWS = ("used", "capacity")
+DECODE_CACHES = ("contiguous", "paged")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,10 +119,14 @@ class DecodePlan:
     window: what a step attends (SamplerConfig.decode_window): "used" = each row, while it
     samples, its prompt and its own cache up to the last filled block of the rows still
     sampling (finished rows attend to nothing), blockwise in blocks of backend.decode_block;
-    "capacity" = every row every slot of the cache (dense when the scores are small)."""
+    "capacity" = every row every slot of the cache (dense when the scores are small).
+    paged (SamplerConfig.decode_cache="paged"): each call copies the prompt and suffix caches
+    into pages (sampling/pages.py: the prompt's full pages shared by its rows) and every step
+    writes its keys and values there too and reads only the pages, each row up to its length."""
     sharding: CacheShardings | None  # of the suffix cache's layers (None without a mesh)
     backend: SamplerBackend
     window: str = "used"
+    paged: PagedPlan | None = None
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "plan"), donate_argnames="cache")
@@ -147,24 +153,32 @@ def decode(graphdef, params, weights, cache: KVCache, prefix: KVCache, inputs: D
             done=c.done | hit | (n_gen >= budgets), finished=c.finished | hit)
 
     carry = jax.lax.cond(carry.step == 0, lambda c: emit(c, inputs.logits, budgets > 0), lambda c: c, carry)
+    pools, table = (), None
+    if plan.paged is not None:  # the caches as they stand, in pages (one copy per call, not per step)
+        pools, table = paginate(prefix.valid, cache.valid, plan.paged.page,
+                                list(zip(prefix.keys, prefix.values, cache.keys, cache.values)))
 
     def cond(loop):
         c = loop[0]
         return (c.step < inputs.max_steps) & ~jnp.all(c.done) & (c.write_index < capacity)
 
     def body(loop):
-        c, cache = loop
+        c, cache, pools, table = loop
         active = ~c.done
         fed = jnp.maximum(c.tokens[:, c.step - 1], 0)[:, None]
         positions = jnp.broadcast_to(c.next_position[None, :, None], (3, fed.shape[0], 1))
         valid = jax.lax.dynamic_update_slice(cache.valid, active[:, None], (0, c.write_index))
         view = CacheView(KVCache(cache.keys, cache.values, valid), c.write_index, prefix=prefix,
-                         active=active if plan.window == "used" else None)
+                         active=active if plan.window == "used" else None,
+                         paged=None if plan.paged is None else PagedView(pools, table, active, plan.paged))
         block = backend.decode_block if plan.window == "used" else None
-        hidden, cache = lang.forward_cached(fed, positions, view, layers=weights.layers, project=backend.project,
-                                            block=block)
+        hidden, cache, *written = lang.forward_cached(fed, positions, view, layers=weights.layers,
+                                                      project=backend.project, block=block)
+        if plan.paged is not None:
+            pools, table = written[0], advance(table, active)
         new_logits = backend.logits(lang, hidden, weights)[:, 0].astype(jnp.float32)
         c = dataclasses.replace(c, write_index=c.write_index + 1, next_position=c.next_position + active)
-        return emit(c, new_logits, active), constrain(cache, plan.sharding)
+        return emit(c, new_logits, active), constrain(cache, plan.sharding), pools, table
 
-    return jax.lax.while_loop(cond, body, (carry, cache))
+    carry, cache, _, _ = jax.lax.while_loop(cond, body, (carry, cache, pools, table))
+    return carry, cache

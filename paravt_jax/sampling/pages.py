@@ -18,9 +18,11 @@ attention kernels of `jax.experimental.pallas.ops.{tpu,gpu}.paged_attention`. `d
 resolves `auto` for the target platform as `model.attention` resolves splash / cuDNN
 (models/qwen3_vl/attention.py), and refuses a kernel off its platform.
 
-Not yet wired into the Sampler (docs/sampler.md, "The paged read"): `paginate` builds the
-paged form of the sampler's contiguous caches, and `bench/decode.py` measures the paged read
-beside the contiguous one (`contiguous_read`) on the same cache.
+The sampler's decode runs on it with SamplerConfig.decode_cache="paged" (decode.py): each
+decode call builds the pages from the contiguous caches (`paginate`), and every step writes
+(`PagedView.attend`: `write`, then the read; `advance`) and reads them; the prefills and the
+cache growth stay contiguous (docs/sampler.md, "The paged read"). `bench/decode.py` measures
+it beside the contiguous decode, and one layer's paged read beside `contiguous_read`.
 """
 from __future__ import annotations
 
@@ -131,7 +133,13 @@ def paginate_layer(prefix_keys, prefix_values, prefix_valid, keys, values, valid
 
 def paginate(prefix_valid, valid, page: int, layers) -> tuple[tuple[PagedLayer, ...], PageTable]:
     """The paged form of the sampler's caches: layers = [(prefix keys, prefix values, suffix
-    keys, suffix values)] per layer (shapes as `paginate_layer`), the table of their rows."""
+    keys, suffix values)] per layer (shapes as `paginate_layer`; the prompts padded to whole
+    pages), the table of their rows."""
+    extra = -prefix_valid.shape[1] % page
+    if extra:
+        prefix_valid = jnp.pad(prefix_valid, ((0, 0), (0, extra)))
+        layers = [(jnp.pad(pk, ((0, 0), (0, 0), (0, 0), (0, extra))), jnp.pad(pv, ((0, 0), (0, 0), (0, extra), (0, 0))),
+                   k, v) for pk, pv, k, v in layers]
     pools = tuple(paginate_layer(pk, pv, prefix_valid, k, v, valid, page) for pk, pv, k, v in layers)
     table = page_table(prefix_valid.sum(1).astype(jnp.int32), valid.sum(1).astype(jnp.int32), page,
                        prefix_valid.shape[1] // page, row_pages(valid.shape[1], page))
@@ -259,6 +267,34 @@ def paged_read(q: jax.Array, layer: PagedLayer, table: PageTable, kernel: str = 
     if chosen == "xla":
         return xla_read(q, layer, table, block_pages)[0]
     return kernel_read(q, layer, table, chosen, block_pages)
+
+
+@dataclasses.dataclass(frozen=True)
+class PagedPlan:
+    """The static choices of a decode on pages (SamplerConfig.decode_cache="paged"): `page` slots
+    per page, the read `kernel` (resolved: "xla", "paged_tpu" or "paged_gpu") and the table
+    entries per block of the read."""
+    page: int
+    kernel: str
+    block_pages: int
+
+
+@dataclasses.dataclass(frozen=True)
+class PagedView:
+    """What one decode step's cached forward reads and writes on pages (CacheView.paged): the
+    pools (one per layer), the table before the step, the rows that attend."""
+    pools: tuple[PagedLayer, ...]
+    table: PageTable
+    active: jax.Array
+    plan: PagedPlan
+
+    def attend(self, layer: int, q: jax.Array, k_new: jax.Array, v_new: jax.Array) -> tuple[jax.Array, PagedLayer]:
+        """Writes the step's key and value (k_new, v_new [B, 1, KV, hd]) into layer `layer`'s
+        pool at each attending row's length, then reads q [B, 1, H, hd] against the row's
+        tokens, the new one included. -> (out [B, 1, H, hd] float32, the pool)."""
+        pool = write(self.pools[layer], self.table, k_new[:, 0], v_new[:, 0], self.active)
+        table = attending(advance(self.table, self.active), self.active)
+        return paged_read(q[:, 0], pool, table, self.plan.kernel, self.plan.block_pages)[:, None], pool
 
 
 def contiguous_read(q: jax.Array, prefix_keys, prefix_values, prefix_valid, keys, values, valid, active,

@@ -31,8 +31,8 @@ from paravt_jax.infra.buckets import bucket
 from paravt_jax.models.qwen3_vl.model import Qwen3VL
 from paravt_jax.models.qwen3_vl.text import KVCache
 from paravt_jax.sampling import decode as decode_program
+from paravt_jax.sampling import pages, programs
 from paravt_jax.sampling import prefill as prefill_program
-from paravt_jax.sampling import programs
 from paravt_jax.sampling.backend import DecodeWeights, backend_policy
 from paravt_jax.sampling.chunks import chunk_width, collate, has_vision, prefill_group, prepend, text_slice
 from paravt_jax.sampling.decode import DecodeCarry, DecodeInputs, DecodePlan
@@ -80,6 +80,17 @@ class SamplerConfig:
     # episode capacity is not read while empty); "capacity" = every slot of the suffix for every
     # row (the earlier read, kept as the measured baseline of bench/decode.py)
     decode_window: str = "used"
+    # Where a decode step reads the cache: "contiguous" = the prompt and suffix caches in place (two
+    # partial attentions merged); "paged" = each decode call copies them into pages of `decode_page`
+    # slots (sampling/pages.py: a prompt's full pages shared by its samples, each row read up to
+    # its own length) and every step writes and reads there (the contiguous caches are written
+    # too: the prefills and the growth stay contiguous). The pages double the decode's cache
+    # memory; unsharded samplers only; same greedy tokens and log-probs (tests)
+    decode_cache: str = "contiguous"
+    # The paged read (pages.decode_kernel): "auto" = the Pallas paged kernel on TPU / GPU, the
+    # XLA read elsewhere; "xla"; "paged_tpu" / "paged_gpu" (an error off their platform)
+    decode_kernel: str = "auto"
+    decode_page: int = 16
     # > 0: an extend whose chunks hold no image writes them in pieces of this many tokens,
     # one prefill call each (one compiled program, however long the turn's tool responses);
     # 0: one call at the chunks' power-of-two bucket
@@ -173,6 +184,12 @@ class Sampler:
         if config.decode_window not in decode_program.DECODE_WINDOWS:
             raise ValueError(f"SamplerConfig.decode_window={config.decode_window!r}: expected one of "
                              f"{decode_program.DECODE_WINDOWS}")
+        if config.decode_cache not in decode_program.DECODE_CACHES:
+            raise ValueError(f"SamplerConfig.decode_cache={config.decode_cache!r}: expected one of "
+                             f"{decode_program.DECODE_CACHES}")
+        if config.decode_page < 1:
+            raise ValueError(f"SamplerConfig.decode_page={config.decode_page} must be >= 1")
+        kernel = pages.decode_kernel(config.decode_kernel, "SamplerConfig.decode_kernel")
         if config.prefill_window not in PREFILL_WINDOWS:
             raise ValueError(f"SamplerConfig.prefill_window={config.prefill_window!r}: expected one of "
                              f"{PREFILL_WINDOWS}")
@@ -189,6 +206,15 @@ class Sampler:
         self._weights = None
         self.backend = backend_policy(prefill_score_bytes=config.attention_block_bytes,
                                       prefill_tokens=config.prefill_tokens)
+        self.decode_kernel = None  # the paged read, resolved (None: the contiguous read)
+        if config.decode_cache == "paged":
+            if config.decode_window != "used":
+                raise ValueError(f"SamplerConfig.decode_cache='paged' reads each row up to its length: "
+                                 f"decode_window={config.decode_window!r} must be 'used'")
+            if self.mesh is not None and self.mesh.size > 1:
+                raise ValueError("SamplerConfig.decode_cache='paged' runs unsharded only (the page pools and "
+                                 f"kernels are not split over a mesh); this mesh has {self.mesh.size} devices")
+            self.decode_kernel = kernel
 
     @property
     def weights(self) -> DecodeWeights:
@@ -290,6 +316,13 @@ class Sampler:
                 (("vision", programs.vision), ("prefill", prefill_program.prefill),
                  ("decode", decode_program.decode), ("copy", programs.copy_rows), ("grow", programs.grow_layer),
                  ("cache", programs.new_cache))}
+
+    def paged_plan(self) -> pages.PagedPlan | None:
+        """The decode's paged read (None: contiguous), read in blocks of about backend.decode_block slots."""
+        if self.decode_kernel is None:
+            return None
+        page = self.config.decode_page
+        return pages.PagedPlan(page, self.decode_kernel, max(self.backend.decode_block // page, 1))
 
     # -- internals ----------------------------------------------------------------------
     @staticmethod
@@ -411,7 +444,8 @@ class Sampler:
         inputs = DecodeInputs.of(logits, budgets, decode_program.row_keys(np.uint32(seed), ids), sampling, steps)
         carry = DecodeCarry.start(budgets, steps, write_index, next_position)
         while True:  # one segment per suffix size: grow it (at most double) when the slots run out
-            plan = DecodePlan(self._sharding(rows, suffix.capacity), self.backend, self.config.decode_window)
+            plan = DecodePlan(self._sharding(rows, suffix.capacity), self.backend, self.config.decode_window,
+                              self.paged_plan())
             carry, suffix = decode_program.decode(self.graphdef, self.params, self.weights, suffix, prefix, inputs,
                                                   carry, plan)
             n_gen, done = np.asarray(carry.n_gen), np.asarray(carry.done)

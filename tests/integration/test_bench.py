@@ -39,11 +39,11 @@ def test_sampler_bench_smallest(tmp_path):
 
 
 def test_decode_bench_smallest(tmp_path):
-    """The bounded decode read against the full read: same greedy tokens (the bench exits non-zero
-    otherwise), both rows of the table printed."""
+    """The bounded decode read and the paged one against the full read: same greedy tokens (the
+    bench exits non-zero otherwise), every row of the tables printed."""
     out = run_bench(tmp_path, "decode.py", "--prompts", "1", "--samples", "2", "--prompt", "16", "--new", "4",
                     "--turns", "0", "--repeats", "1")
-    assert "| capacity " in out and "| used " in out
+    assert "| capacity " in out and "| used " in out and "| paged " in out
     assert "| paged, XLA " in out  # the paged read beside the contiguous one, outputs checked equal
 
 

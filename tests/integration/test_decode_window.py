@@ -1,6 +1,7 @@
 """The decode's bounded read (SamplerConfig.decode_window="used": rows attend only while they
 sample, each part read up to its last filled block) against the full read of the cache
-("capacity"): the same greedy tokens and log-probs over rows of very different lengths, rows
+("capacity"), and the decode on pages (decode_cache="paged": sampling/pages.py) against the
+contiguous one: the same greedy tokens and log-probs over rows of very different lengths, rows
 that finish early and rows that sit a turn out; one compiled decode for every fill."""
 import dataclasses
 
@@ -9,6 +10,8 @@ import pytest
 
 from paravt_jax.models.qwen3_vl import init_model, preset
 from paravt_jax.sampling import Sampler, SamplerConfig, SamplingParams
+from paravt_jax.sampling import decode as decode_program
+from paravt_jax.sampling.pages import PagedPlan
 from paravt_jax.text.inputs import encode_ids
 
 NEW = 24
@@ -25,11 +28,11 @@ def prompts(rng):
     return [encode_ids(rng.integers(0, 900, n).tolist(), 0) for n in (3, 41, 150)]
 
 
-def episode(model, window: str, stop_ids=(), samples=2):
+def episode(model, window: str, stop_ids=(), samples=2, **config):
     """generate over prompts() (2 samples each, the suffix reserved for a long second turn) and
     one extend with chunks of 2 to 70 tokens, row 1 sitting it out. Returns both outputs."""
     rng = np.random.default_rng(7)
-    sampler = Sampler(model, SamplerConfig(decode_window=window))
+    sampler = Sampler(model, SamplerConfig(decode_window=window, **config))
     # 16-slot decode blocks: the suffix spans several, so the bounded read stops at different
     # blocks for different fills
     sampler.backend = dataclasses.replace(sampler.backend, decode_block=16)
@@ -75,6 +78,38 @@ def test_bounded_decode_equals_full_read_with_rows_finishing_early(model):
 def test_unknown_decode_window_is_an_error(model):
     with pytest.raises(ValueError, match="decode_window"):
         Sampler(model, SamplerConfig(decode_window="all"))
+
+
+def test_paged_decode_equals_contiguous(model):
+    """The decode on pages of 8 slots (prompts of 3, 41 and 150 tokens: partial last pages, a
+    prompt within one page), read in blocks of 2 pages, against the contiguous bounded decode;
+    rows finishing early on stop ids; as many compiled decodes as the contiguous one."""
+    (first, _), _ = episode(model, "used")
+    stops = tuple({first.tokens[0][2], first.tokens[3][11]})
+    compiled = []
+    for stop_ids in ((), stops):
+        decode_program.decode.clear_cache()
+        contiguous, _ = episode(model, "used", stop_ids=stop_ids)
+        compiled.append(decode_program.decode._cache_size())
+        decode_program.decode.clear_cache()
+        paged, sampler = episode(model, "used", stop_ids=stop_ids, decode_cache="paged", decode_page=8)
+        compiled.append(decode_program.decode._cache_size())
+        assert sampler.paged_plan() == PagedPlan(8, "xla", 2)
+        assert_same(paged, contiguous)
+    assert min(contiguous[0].lengths) < NEW and any(contiguous[0].finished)
+    # one compiled decode per cache shape, as the contiguous decode: none per fill or step
+    assert compiled[0] == compiled[1] and compiled[2] == compiled[3]
+
+
+def test_paged_decode_config_errors(model):
+    with pytest.raises(ValueError, match="decode_cache='pages'"):
+        Sampler(model, SamplerConfig(decode_cache="pages"))
+    with pytest.raises(ValueError, match="SamplerConfig.decode_kernel='paged_tpu' runs on tpu only"):
+        Sampler(model, SamplerConfig(decode_cache="paged", decode_kernel="paged_tpu"))
+    with pytest.raises(ValueError, match="decode_window='capacity' must be 'used'"):
+        Sampler(model, SamplerConfig(decode_cache="paged", decode_window="capacity"))
+    with pytest.raises(ValueError, match="decode_page=0"):
+        Sampler(model, SamplerConfig(decode_cache="paged", decode_page=0))
 
 
 def test_partial_attentions_record_their_cost():

@@ -74,13 +74,18 @@ class CacheView:
     `active` ([B] bool, None: every row as before): the attention bounded per row, for a
     decode: a row whose flag is off attends to nothing (its output is not used), and the rows'
     own cache is read only up to the last block that an active row holds a key in (blockwise,
-    one program for every fill; attention.attend_partial)."""
+    one program for every fill; attention.attend_partial). `paged` (None: the contiguous read):
+    a one-token decode step that attends on pages instead (sampling/pages.PagedView: its
+    attend(layer, q, k, v) writes the step's key and value into the layer's pool and returns
+    (the attention output, the pool)); the chunk is still written into `cache`, and
+    forward_cached returns the pools too."""
     cache: KVCache
     write_index: jax.Array
     window: int | None = None
     prefix: KVCache | None = None
     rows: object = None
     active: jax.Array | None = None
+    paged: object = None
 
     def read_rows(self, array):
         return array if self.rows is None else self.rows.read(array)
@@ -146,9 +151,11 @@ class TextDecoder(nnx.Module):
 
     def attention(self, x, params, cos, sin, mask: AttentionMask, kv=None, cache_layout=False,
                   project=dense_projections, block: int | None = None, prefix: PrefixLayer | None = None,
-                  bounded: bool = False):
+                  bounded: bool = False, paged=None):
         """Returns (output [B, L, D], (k, v) of this chunk [B, L, KV, hd]). `kv` maps this
-        chunk's keys and values to the ones attended (the sampler's cache write). With
+        chunk's keys and values to the ones attended (the sampler's cache write); `paged`, a
+        function (q, k, v) -> output [B, L, H, hd], attends instead of them (a decode step on
+        pages: CacheView.paged). With
         `prefix`, the queries also attend to a prefix shared by groups of rows (before every
         key of `mask`), merged with the rest through the two parts' log-sum-exps; `bounded`:
         the row's own keys (`keys`, `values`) are read only as far as they are filled
@@ -166,7 +173,9 @@ class TextDecoder(nnx.Module):
         k = L.apply_rotary(k, cos[:, :, None, :], sin[:, :, None, :])
         keys, values = (k, v) if kv is None else kv(k, v)
         block = block or self.attention_block
-        if prefix is None and not bounded:
+        if paged is not None:
+            out = paged(q, k, v).astype(q.dtype)
+        elif prefix is None and not bounded:
             out = attend(q, keys, values, mask, self.attention_impl, cache_layout=cache_layout, block=block)
         elif prefix is None:
             out = attend_partial(q, keys, values, mask, self.attention_impl, cache_layout=cache_layout, block=block,
@@ -184,10 +193,10 @@ class TextDecoder(nnx.Module):
 
     def layer(self, x, params, cos, sin, mask: AttentionMask, kv=None, cache_layout=False,
               project=dense_projections, block: int | None = None, prefix: PrefixLayer | None = None,
-              bounded: bool = False):
+              bounded: bool = False, paged=None):
         t = self.config
         h, new_kv = self.attention(L.rms_norm(x, params["input_norm"], t.rms_norm_eps),
-                                   params, cos, sin, mask, kv, cache_layout, project, block, prefix, bounded)
+                                   params, cos, sin, mask, kv, cache_layout, project, block, prefix, bounded, paged)
         x = x + h
         y = L.rms_norm(x, params["post_norm"], t.rms_norm_eps)
         gate, up = project(y, params, ("gate_proj", "up_proj"), (t.intermediate_size,) * 2)
@@ -249,7 +258,8 @@ class TextDecoder(nnx.Module):
         sampler's weight layouts, paravt_jax/sampling/backend.py); by default the stacked
         parameters are sliced here. `block` (static): the attention block of a blockwise
         prefill (default config.attention_block). The layers are unrolled.
-        Returns (hidden [B, P, D], the cache with the chunk's keys and values written).
+        Returns (hidden [B, P, D], the cache with the chunk's keys and values written), and with
+        view.paged the pools written as a third element.
         """
         t = self.config
         cache = view.cache
@@ -273,7 +283,7 @@ class TextDecoder(nnx.Module):
         rows, prefix = view.rows, view.prefix
         if layers is None:
             layers = self.layer_slices()
-        out_k, out_v = [], []
+        out_k, out_v, pools = [], [], []
         for i, params in enumerate(layers):
             written = {}
 
@@ -295,12 +305,19 @@ class TextDecoder(nnx.Module):
 
             shared = None if prefix is None else PrefixLayer(prefix.keys[i], prefix.values[i], prefix.valid,
                                                              active if bounded else None)
+            paged = None
+            if view.paged is not None:
+                def paged(q, k_new, v_new, i=i):
+                    out, pool = view.paged.attend(i, q, k_new, v_new)
+                    pools.append(pool)
+                    return out
             x, _ = self.layer(x, params, cos, sin, mask, kv, cache_layout=True, project=project, block=block,
-                              prefix=shared, bounded=bounded)
+                              prefix=shared, bounded=bounded, paged=paged)
             x = add_deepstack(x, i)
             out_k.append(written["k"])
             out_v.append(written["v"])
-        return x, KVCache(tuple(out_k), tuple(out_v), cache.valid)
+        cache = KVCache(tuple(out_k), tuple(out_v), cache.valid)
+        return (x, cache) if view.paged is None else (x, cache, tuple(pools))
 
     # -- full-sequence forward ------------------------------------------------------------
     def __call__(self, input_ids: jax.Array, attention_mask: jax.Array, position_ids: jax.Array,
