@@ -86,6 +86,8 @@ def rollouts(model, prompts, args) -> dict:
 def attention_reads(state, backend, page: int, repeats: int) -> tuple[float, float, float]:
     """(contiguous read s, paged XLA read s, largest output difference) of one decode step's
     attention over layer 0 of `state`'s caches, every row attending, random queries."""
+    import functools
+
     import jax
     import jax.numpy as jnp
 
@@ -98,9 +100,13 @@ def attention_reads(state, backend, page: int, repeats: int) -> tuple[float, flo
     active = jnp.ones(rows, bool)
     layer = (prefix.keys[0], prefix.values[0], suffix.keys[0], suffix.values[0])
     pools, table = PG.paginate(prefix.valid, suffix.valid, page, [layer])
-    contiguous = jax.jit(lambda q: PG.contiguous_read(q, layer[0], layer[1], prefix.valid, layer[2], layer[3],
-                                                      suffix.valid, active, backend.decode_block))
-    paged = jax.jit(lambda q: PG.xla_read(q, pools[0], table, max(backend.decode_block // page, 1))[0])
+    # the caches, pools and table are arguments, as in the decode (constants would let XLA fold
+    # the page table into the gathers)
+    contiguous = functools.partial(jax.jit(lambda q, layer, prefix_valid, valid, active: PG.contiguous_read(
+        q, *layer[:2], prefix_valid, *layer[2:], valid, active, backend.decode_block)),
+        layer=layer, prefix_valid=prefix.valid, valid=suffix.valid, active=active)
+    paged = functools.partial(jax.jit(lambda q, pool, table: PG.xla_read(
+        q, pool, table, max(backend.decode_block // page, 1))[0]), pool=pools[0], table=table)
     want, got = np.asarray(contiguous(q)), np.asarray(paged(q))
     seconds = []
     for read in (contiguous, paged):
