@@ -60,10 +60,12 @@ def hf_greedy(hf, prompt: ModelInputs):
     return out[0, prompt.length:].tolist()
 
 
-def test_greedy_equals_hf_generate_mixed_batch(tiny):
+@pytest.mark.parametrize("decode_cache", ["contiguous", "paged"])
+def test_greedy_equals_hf_generate_mixed_batch(tiny, decode_cache):
     hf, ours = tiny
     prompts = prompts_mixed()
-    result, _ = Sampler(ours).generate(prompts, sampling=SamplingParams(max_new_tokens=NEW))
+    result, _ = Sampler(ours, SamplerConfig(decode_cache=decode_cache)).generate(
+        prompts, sampling=SamplingParams(max_new_tokens=NEW))
     for b, p in enumerate(prompts):
         assert result.tokens[b] == hf_greedy(hf, p), f"row {b}"
         assert len(result.tokens[b]) == NEW and not result.finished[b]
@@ -258,10 +260,12 @@ def test_no_compiles_after_warm_up_with_varied_frames():
     assert sampler.compile_counts() == warm
 
 
-def test_long_decode_grows_the_cache_on_schedule_and_matches_teacher_forced_forward(tiny, monkeypatch):
+@pytest.mark.parametrize("decode_cache", ["contiguous", "paged"])
+def test_long_decode_grows_the_cache_on_schedule_and_matches_teacher_forced_forward(tiny, monkeypatch, decode_cache):
     """An extend whose decode outgrows the suffix grows it twice mid-decode, to the sizes the
     planner's kv_cache.capacity_after predicts (one schedule); the tokens sampled across the
-    growths still carry teacher-forced log-probs."""
+    growths still carry teacher-forced log-probs (also on pages: each decode segment pages the
+    grown caches again)."""
     from paravt_jax.sampling import sampler as sampler_module
     from paravt_jax.sampling.kv_cache import capacity_after, turn_capacity
 
@@ -275,7 +279,7 @@ def test_long_decode_grows_the_cache_on_schedule_and_matches_teacher_forced_forw
     monkeypatch.setattr(sampler_module, "grow_suffix", grow)
     _, ours = tiny
     prompts = prompts_mixed(2)
-    sampler = Sampler(ours)
+    sampler = Sampler(ours, SamplerConfig(decode_cache=decode_cache))
     first, state = sampler.generate(prompts, sampling=SamplingParams(max_new_tokens=1), seed=5)
     assert state.suffix.capacity == 16 and state.write_index == 0
     rng = np.random.default_rng(0)
