@@ -101,6 +101,13 @@ def test_paged_decode_equals_contiguous(model):
     assert compiled[0] == compiled[1] and compiled[2] == compiled[3]
 
 
+def test_paged_decode_equals_contiguous_in_the_copied_layout(model):
+    """shared_prefix=False: one prompt copy per row (G = 1 in the page table)."""
+    contiguous, _ = episode(model, "used", shared_prefix=False)
+    paged, _ = episode(model, "used", shared_prefix=False, decode_cache="paged", decode_page=8)
+    assert_same(paged, contiguous)
+
+
 def test_paged_decode_config_errors(model):
     with pytest.raises(ValueError, match="decode_cache='pages'"):
         Sampler(model, SamplerConfig(decode_cache="pages"))

@@ -36,8 +36,8 @@ def caches(seed=0):
                 valid=jnp.asarray(valid)), normal(ROWS, HEADS, HEAD_DIM)
 
 
-def paged(c):
-    pools, table = PG.paginate(c["prefix_valid"], c["valid"], PAGE,
+def paged(c, page=PAGE):
+    pools, table = PG.paginate(c["prefix_valid"], c["valid"], page,
                                [(c["prefix_keys"], c["prefix_values"], c["keys"], c["values"])])
     return pools[0], table
 
@@ -61,10 +61,11 @@ def test_page_table_shares_the_prompt_pages():
     assert layer.keys.shape == (KV, PROMPTS * prompt_pages + ROWS * PG.row_pages(SLOTS, PAGE), PAGE, HEAD_DIM)
 
 
-@pytest.mark.parametrize("block_pages", [1, 3, 8])
-def test_xla_read_equals_contiguous_read(block_pages):
+@pytest.mark.parametrize("block_pages, page", [(1, PAGE), (3, PAGE), (8, PAGE), (2, 12)])
+def test_xla_read_equals_contiguous_read(block_pages, page):
+    """Pages of 12: the 32 prompt slots padded to 3 pages."""
     c, q = caches()
-    layer, table = paged(c)
+    layer, table = paged(c, page)
     want = PG.contiguous_read(q, **c, active=ACTIVE, block=16)
     out, lse = PG.xla_read(q, layer, PG.attending(table, ACTIVE), block_pages)
     np.testing.assert_allclose(np.asarray(out), np.asarray(want), atol=1e-5)
