@@ -21,6 +21,7 @@ from paravt_jax.models.qwen3_vl.vision import frame_buckets
 from paravt_jax.planner.workload import PlanError, Workload, sampler_calls, sampler_layout
 from paravt_jax.sampling.backend import backend_policy
 from paravt_jax.sampling.chunks import prefill_group
+from paravt_jax.sampling.sampler import vision_split
 from paravt_jax.train.batch import vision_shard_count
 from paravt_jax.video.frames import PATCH
 
@@ -251,8 +252,10 @@ def prefill_estimate(config: Qwen3VLConfig, rl, work: Workload, mesh_sizes: Mapp
     """(bytes, which call) of the largest sampler prefill working set, for ONE row group of
     each call (sampler_calls; at most the token budget in all): one decoder layer
     over the group's chunk attending to its prefix and cache (f32 logits), that layer's K/V,
-    the chunk's hidden states, and the vision tower's one-block working set + outputs for the
-    group's frames (vision inputs replicated). Forward only, one layer live at a time."""
+    the chunk's hidden states, and the vision tower's one-block working set for the frames of
+    a device's shard of rows (the group's, replicated, where the sampler does not split them:
+    sampler.vision_split) + the outputs for the group's frames (joined on every device).
+    Forward only, one layer live at a time."""
     mesh = abstract_mesh(mesh_sizes)
     tensor = mesh_sizes["tensor"]
     t = config.text
@@ -267,8 +270,8 @@ def prefill_estimate(config: Qwen3VLConfig, rl, work: Workload, mesh_sizes: Mapp
         shards = call.rows // _rows_per_device(call.rows, mesh)
         prompts = call.prompts or call.rows
         # every device computes a layer for all of the group's tokens (see sampler.prefill_group)
-        group = prefill_group(call.rows, call.rows // prompts, call.width,
-                              shards if prompts % shards == 0 else 1, budget)
+        shards = shards if prompts % shards == 0 else 1
+        group = prefill_group(call.rows, call.rows // prompts, call.width, shards, budget)
         keys = call.capacity + call.prefix_slots
         kv = _divided(t.num_key_value_heads, tensor)
         layer = _text_layer_bytes(config, group, call.width, keys, tensor)
@@ -276,7 +279,8 @@ def prefill_estimate(config: Qwen3VLConfig, rl, work: Workload, mesh_sizes: Mapp
         patches = group * call.visual_tokens_per_row * merge_unit
         image = frame if call.name.startswith("first") else crop
         vision_out = _vision_outputs_bytes(config, patches) if patches else 0
-        vision = _vision_block_bytes(config, patches, image, tensor) + vision_out if patches else 0
+        split = vision_split(rl.sampler, mesh, shards)
+        vision = _vision_block_bytes(config, patches // split, image, tensor) + vision_out if patches else 0
         total = max(layer + vision_out, vision)
         if total > best:
             best, label = total, call.name

@@ -1,9 +1,10 @@
 """XLA's memory analysis of the sampler's real programs, for the planner (planner/plan.py).
 
-The jitted prefill and decode of sampling/sampler.py are lowered on abstract inputs
-(`jax.ShapeDtypeStruct`s carrying the NamedShardings a run gives them: parameters as
-paravt_jax.infra.sharding lays them out, caches as kv_cache.cache_sharding, host inputs replicated)
-for a mesh of the local devices, and compiled; `memory_analysis()` then gives each program's
+The jitted prefill, decode and vision tower of sampling/sampler.py are lowered on abstract
+inputs (`jax.ShapeDtypeStruct`s carrying the NamedShardings a run gives them: parameters as
+paravt_jax.infra.sharding lays them out, caches as kv_cache.cache_sharding, a vision pass's
+inputs per shard of rows where the sampler splits them (`vision_inputs`), other host inputs
+replicated) for a mesh of the local devices, and compiled; `memory_analysis()` then gives each program's
 per-device temporary buffers: its working set beyond its arguments and outputs. Nothing is
 allocated, so the 8B programs can be measured on a CPU with fake devices
 (XLA_FLAGS=--xla_force_host_platform_device_count=N). On CPU the programs compile with
@@ -52,6 +53,7 @@ from paravt_jax.sampling.decode import DecodeCarry, DecodeInputs, DecodePlan, de
 from paravt_jax.sampling.kv_cache import CacheSpec, cache_sharding, row_shards
 from paravt_jax.sampling.params import MAX_STOP_IDS
 from paravt_jax.sampling.prefill import PrefillChunk, PrefillPlan, prefill
+from paravt_jax.train.batch import shard_frame_targets
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,7 +82,7 @@ class ProgramMemory:
     name: str
     temp_bytes: int
     input_bytes: int
-    group_rows: int  # rows per call (the prefill's row group; all rows for the decode)
+    group_rows: int  # rows per call (the prefill's row group; all rows for the decode); a vision tower: its frames
     seconds: float  # compile seconds
     argument_bytes: int = 0
     output_bytes: int = 0
@@ -105,6 +107,9 @@ class ProgramMemory:
     # instruction's operands read once and output written once, slices and in-place updates at
     # their sizes, loops of known trip count every run, one branch of a conditional)
     physical_bytes: float = 0.0
+    # a vision tower's passes, one per shard of rows, each on its shard's devices
+    # (sampler.vision_split); 1: one pass over every frame, replicated
+    vision_shards: int = 1
 
     @property
     def working_bytes(self) -> int:
@@ -228,16 +233,29 @@ def compile_for(name: str, fn, args, kwargs, own_inputs, group: int, devices, ke
     return (stats, compiled) if keep else stats
 
 
-def vision_inputs(config: Qwen3VLConfig, images: dict[tuple[int, int], int], sharding) -> tuple:
-    """Abstract (pixel_values, vision meta) of `images` single-frame items per (h, w) patch grid,
-    each count padded to a power of two (vision.pad_frames_to_buckets), with the shapes
-    `vision_layout(...).device_arrays()` gives them."""
-    grids = [[1, h, w] for (h, w), count in sorted(images.items()) for _ in range(1 << max(count - 1, 0).bit_length())]
+def vision_inputs(config: Qwen3VLConfig, images: dict[tuple[int, int], int], mesh, split: int = 1) -> tuple:
+    """Abstract (pixel_values, vision meta) of `images` single-frame items per (h, w) patch grid
+    as Sampler.vision_inputs passes them (train/batch.py shard_vision): split = 1, one pass
+    over every frame, replicated, each count padded to a power of two; split = S > 1, S passes
+    of images / S frames each (every row as full as the next), padded alike
+    (shard_frame_targets), every array with a leading S axis placed as sampler.vision_sharding
+    places it. The meta has the shapes `vision_layout(...).device_arrays()` gives them."""
+    if any(count % split for count in images.values()):
+        raise ValueError(f"vision frames {images} do not split into {split} shards of rows")
+    block = np.array([[1, h, w] for (h, w), count in sorted(images.items()) for _ in range(count // split)])
+    targets = shard_frame_targets([block], sum(images.values()), split)
+    grids = [[1, h, w] for (h, w), count in sorted(targets.items()) for _ in range(count)]
     layout = vision_layout(np.array(grids), config.vision).device_arrays()
     patches = sum(h * w for _, h, w in grids)
-    pixels = jax.ShapeDtypeStruct((patches, config.vision.patch_dim), jnp.float32, sharding=sharding)
-    meta = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype, sharding=sharding), layout)
-    return pixels, meta
+    lead = (split,) if split > 1 else ()
+
+    def spec(shape, dtype):
+        shape = (*lead, *shape)
+        sharding = S.vision_sharding(mesh, len(shape), split) if split > 1 else NamedSharding(mesh, PartitionSpec())
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+
+    pixels = spec((patches, config.vision.patch_dim), jnp.float32)
+    return pixels, jax.tree.map(lambda x: spec(np.shape(x), np.asarray(x).dtype), layout)
 
 
 def _bytes_per_device(tree) -> int:
@@ -318,12 +336,22 @@ class SamplerPrograms:
     def _compile(self, name, fn, args, kwargs, own_inputs, group) -> ProgramMemory:
         return compile_for(name, fn, args, kwargs, own_inputs, group, self.devices, mesh=self.mesh)
 
-    def vision(self, name: str, images: dict[tuple[int, int], int]) -> ProgramMemory:
-        """The vision tower of one call (sampler `_vision`): `images` frames of each (h, w) in
-        patches, padded to power-of-two counts as pad_frames_to_buckets pads them."""
-        pixels, meta = vision_inputs(self.config, images, self.replicated)
-        return self._compile(name, P.vision, (self.graphdef, self.params, pixels, meta), {}, (pixels, meta),
-                             sum(images.values()))
+    def vision(self, name: str, images: dict[tuple[int, int], int], shards: int = 1) -> ProgramMemory:
+        """The vision tower of one row group (Sampler.prefill_chunk): `images` frames of each
+        (h, w) in patches, from rows in `shards` device blocks of cache rows, passed as
+        Sampler.vision_inputs passes them (`vision_inputs`): per shard of rows when
+        sampler.vision_split says so (SamplerConfig.vision_shards), else one replicated pass."""
+        split = S.vision_split(self.sampler, self.mesh, shards)
+        pixels, meta = vision_inputs(self.config, images, self.mesh, split)
+        stats = self._compile(name, P.vision, (self.graphdef, self.params, pixels, meta),
+                              dict(mesh=self.mesh if split > 1 else None), (pixels, meta), sum(images.values()))
+        return dataclasses.replace(stats, vision_shards=split)
+
+    def prefill_vision(self, name: str, call: PrefillCall, patches: tuple[int, int], per_row: int) -> ProgramMemory:
+        """The vision tower of one row group of `call`, each row with `per_row` frames of
+        `patches` (h, w), split as the sampler splits the group's rows (`_row_group`)."""
+        shards, group = self._row_group(call, self.cache(call.rows, call.capacity)[1])
+        return self.vision(name, {patches: group * per_row}, shards)
 
     def _row_group(self, call: PrefillCall, shardings) -> tuple[int, int]:
         """(row shards of the call's cache, rows per prefill call) as the sampler splits `call`."""
@@ -333,10 +361,6 @@ class SamplerPrograms:
         prompts = call.prompts or call.rows
         shards = row_shards(shardings, spec, prompts)
         return shards, prefill_group(call.rows, call.rows // prompts, call.width, shards, self.backend.prefill_tokens)
-
-    def prefill_rows(self, call: PrefillCall) -> int:
-        """Rows of one prefill call of `call` (its ProgramMemory.group_rows), without compiling."""
-        return self._row_group(call, self.cache(call.rows, call.capacity)[1])[1]
 
     # -- programs ----------------------------------------------------------------------------
     def prefill(self, call: PrefillCall) -> ProgramMemory:

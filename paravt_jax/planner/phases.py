@@ -246,12 +246,20 @@ def sampler_components(config: Qwen3VLConfig, rl, work: Workload, layout: Sample
                                       "one layer + vision block", estimate=True), notes
     best = max(programs.sampler, key=lambda p: p.working_bytes)
     notes.append("sampler working sets (temp + the call's own inputs, per device): " + "; ".join(
-        f"{p.name} {p.working_bytes / GIB:.2f} GiB ({p.group_rows} rows per call)" for p in programs.sampler))
+        f"{p.name} {p.working_bytes / GIB:.2f} GiB ({p.group_rows} {_per_call(p)} per call)" for p in programs.sampler))
     rows.append(code_row(programs.compiler, f"{len(programs.sampler)} programs",
                          sum(p.code_bytes for p in programs.sampler)))
     working = Component(f"prefill/decode working set ({programs.compiler}, {best.name})", best.working_bytes,
                         best.working_bytes, f"{programs.compiler} buffer assignment")
     return tuple(rows), working, notes
+
+
+def _per_call(program) -> str:
+    """What a sampler program's group_rows counts: a vision tower's frames (over all its shards
+    of rows), a prefill's or decode's rows."""
+    if not program.name.startswith("vision tower"):
+        return "rows"
+    return "frames" + (f" in {program.vision_shards} shards of rows" if program.vision_shards > 1 else "")
 
 
 def layer_copies_row(state: StateBytes) -> Component:

@@ -211,6 +211,19 @@ def programs_note(programs: ProgramSet, target: Target, devices: int) -> str:
             f"{programs.compile_seconds:.1f} s to compile, {process}")
 
 
+def vision_note(programs: ProgramSet) -> tuple[str, ...]:
+    """How each vision tower was compiled (the sampler's rule, sampler.vision_split): per shard
+    of rows, one pass per device block of rows, or one replicated pass; and how to plan the
+    replicated baseline."""
+    towers = [p for p in programs.sampler if p.name.startswith("vision tower")]
+    if not towers:
+        return ()
+    passes = "; ".join(f"{p.name} " + (f"per shard of rows ({p.vision_shards} shards)" if p.vision_shards > 1
+                                       else "replicated") for p in towers)
+    return (f"vision passes as the sampler runs them (SamplerConfig.vision_shards): {passes}; "
+            "--config.rl.sampler.vision_shards=False plans the replicated pass (the baseline)",)
+
+
 def compile_stage(m: Measured, activations: str, target: Target | None = None, depth: str = "auto",
                   compile_in: str = "children", compile_jobs: int = 1) -> Compiled:
     """Stage 2: the RL step's programs compiled for `target` (programs.compile_programs: in
@@ -228,7 +241,8 @@ def compile_stage(m: Measured, activations: str, target: Target | None = None, d
         if str(e).startswith("model.attention="):
             raise PlanError(str(e)) from None
         raise
-    return Compiled(mode, target, programs, (programs_note(programs, target, math.prod(m.sizes.values())),))
+    return Compiled(mode, target, programs,
+                    (programs_note(programs, target, math.prod(m.sizes.values())), *vision_note(programs)))
 
 
 # ----------------------------------------------------------------------------- 3. report

@@ -6,7 +6,8 @@ each one's `memory_analysis()` and `cost_analysis()` (planner/memory.py `Program
   trainer  TrainStep's gradients of the largest micro-batch, its log-prob pass (the proximal
            and the reference log-probs), the optimizer update;
   sampler  the prompt / tool-response / sub-agent prefills, the main and the sub-agent decode
-           loops, the vision tower of each prefill's frames, the weight refresh (Sampler.weights).
+           loops, the vision tower of each prefill's frames (per shard of rows where the sampler
+           splits them, SamplerPrograms.prefill_vision), the weight refresh (Sampler.weights).
 
 Targets:
   cpu-fake  XLA:CPU on fake CPU devices (--xla_force_host_platform_device_count, fixed when a
@@ -300,7 +301,7 @@ def with_depth(config: Qwen3VLConfig, layers: int, scan: bool) -> Qwen3VLConfig:
 
 
 # ProgramMemory fields that do not scale with the layers; the cost analysis' fields
-_FIXED_FIELDS = ("group_rows",)
+_FIXED_FIELDS = ("group_rows", "vision_shards")
 _COST_FIELDS = ("flops", "bytes_accessed", "collective_bytes", "kernel_text_flops", "kernel_text_bytes",
                 "kernel_vision_flops", "kernel_vision_bytes", "physical_bytes")
 
@@ -398,7 +399,8 @@ def _sampler_jobs(rl, work, layout) -> list[tuple[str, Callable[[SamplerPrograms
             layout.subagent_rows, layout.subagent_suffix_slots, layout.subagent_rows, layout.subagent_prefix_slots,
             rl.rollout.subagent_max_tokens, name="sub-agent decode")))
     # the vision tower runs once per prefill row group, on the group's frames padded to
-    # frames_per_row each (Sampler._prefill, pad_frames_to_buckets)
+    # frames_per_row each (Sampler._prefill, shard_vision): per shard of rows where the sampler
+    # splits the group's rows over the devices (SamplerConfig.vision_shards), else replicated
     frames = {"first prompt prefill": (work.frame_size, layout.prompt_frames),
               "tool-response prefill": (work.crop_frame_size, work.calls_per_turn * work.crop_frames),
               "sub-agent prefill": (work.crop_frame_size, layout.subagent_frames)}
@@ -408,8 +410,8 @@ def _sampler_jobs(rl, work, layout) -> list[tuple[str, Callable[[SamplerPrograms
         size, per_row = frames[call.name]
         patches = tuple(s // PATCH for s in size)
         name = f"vision tower ({call.name})"
-        jobs.append((name, lambda programs, call=call, name=name, patches=patches, per_row=per_row: programs.vision(
-            name, {patches: programs.prefill_rows(call) * per_row})))
+        jobs.append((name, lambda programs, call=call, name=name, patches=patches, per_row=per_row:
+                     programs.prefill_vision(name, call, patches, per_row)))
     jobs.append(("weight refresh", lambda programs: programs.refresh))
     return jobs
 

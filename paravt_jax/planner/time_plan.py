@@ -176,7 +176,9 @@ def _kernel_share(program, work, mesh: dict, rows_per_device: int, config) -> tu
     heads = config.text.num_attention_heads
     head_split = tensor if heads % tensor == 0 else 1
     batch = mesh.get("data", 1) * mesh.get("fsdp", 1)
-    vision_split = 1  # a sampler's vision pass is computed on every device for its row group
+    # a sampler's vision tower: each shard of rows on its own devices (Sampler.vision_inputs),
+    # or every frame of the row group on every device (1)
+    vision_split = program.vision_shards
     if program.name in ("gradients", "log-probs"):
         row_split = max(work.micro_batch_rows // max(rows_per_device, 1), 1)
         # a micro-batch's frames in one shard per batch device (train/batch.py shard_vision)

@@ -102,6 +102,19 @@ class SamplerConfig:
     vision_shards: bool = True
 
 
+def vision_split(config: SamplerConfig, mesh, shards: int) -> int:
+    """The vision passes of a row group whose rows lie in `shards` device blocks of cache rows
+    (Sampler.row_shards): one per block under config.vision_shards on a mesh, else 1 (one pass
+    over every frame, replicated). The planner compiles the pass this says (planner/memory.py)."""
+    return shards if config.vision_shards and mesh is not None else 1
+
+
+def vision_sharding(mesh, ndim: int, split: int):
+    """Where a per-shard vision array ([split, ...], `ndim` axes) lies: shard s on the devices
+    of the s-th block of cache rows."""
+    return sh.batch_sharding(mesh, ndim, 0, batch_size=split)
+
+
 @dataclasses.dataclass(frozen=True)
 class PromptShape:
     """Fixed sizes of a generate() call's prompt prefill, so that calls over other prompts run
@@ -405,7 +418,7 @@ class Sampler:
         group's rows in S blocks, one per device block of cache rows, RowGroup order) and
         config.vision_shards: one pass per block, its arrays with a leading S axis placed on
         that block's devices; else one pass over every frame, on every device."""
-        split = shards if self.config.vision_shards and self.mesh is not None else 1
+        split = vision_split(self.config, self.mesh, shards)
         placements = [(b, 0, chunk) for b, chunk in enumerate(part)]
         index, pixels, meta = shard_vision(placements, group, width, self.model.config.vision,
                                            group * frames_per_row, split)
@@ -413,8 +426,8 @@ class Sampler:
             return None
         if split == 1:
             return VisionInputs(index, pixels, meta, None)
-        pixels, meta = jax.tree.map(
-            lambda x: jax.device_put(x, sh.batch_sharding(self.mesh, x.ndim, 0, batch_size=split)), (pixels, meta))
+        pixels, meta = jax.tree.map(lambda x: jax.device_put(x, vision_sharding(self.mesh, x.ndim, split)),
+                                    (pixels, meta))
         return VisionInputs(index, pixels, meta, self.mesh)
 
     def prefill_chunk(self, part: list[ModelInputs | None], group: int, width: int, frames_per_row: int,

@@ -318,6 +318,12 @@ def frame_targets(grids, min_frames: int = 0) -> dict[tuple[int, int], int]:
     return targets
 
 
+def shard_frame_targets(grids, min_frames: int, shards: int) -> dict[tuple[int, int], int]:
+    """`frame_targets` of `shards` blocks' grids with `min_frames` (the whole pass's) split
+    evenly over the blocks: the frames per size each block's pass is padded to."""
+    return frame_targets(grids, -(-int(min_frames) // shards))
+
+
 def shard_vision(placements, rows: int, width: int, vision_config, min_frames: int = 0,
                  shards: int = 1) -> tuple[np.ndarray | None, np.ndarray | None, tuple | None]:
     """(visual_index [rows, width], pixel_values, vision meta) of sequences placed at (row,
@@ -334,7 +340,7 @@ def shard_vision(placements, rows: int, width: int, vision_config, min_frames: i
                                      if s * per <= row < (s + 1) * per], per, width) for s in range(shards)]
     if all(pixels is None for _, pixels, _ in blocks):
         return None, None, None
-    targets = frame_targets([grid for _, _, grid in blocks], -(-int(min_frames) // shards))
+    targets = shard_frame_targets([grid for _, _, grid in blocks], min_frames, shards)
     visual_index = np.concatenate([np.full((per, width), -1, np.int32) if index is None else index
                                    for index, _, _ in blocks])
     padded = [pad_frames_to(pixels, grid, targets, vision_config.patch_dim) for _, pixels, grid in blocks]
