@@ -80,19 +80,13 @@ def _base_preset(arg):
     return {"tiny": "tiny", "tiny_full": "tiny", **{study: "toy" for study in STUDIES}}.get(preset, preset)
 
 
-def _set(config, dotted: str, value) -> None:
-    *path, field = dotted.split(".")
-    for name in path:
-        config = config[name]
-    config[field] = value
-
-
 def get_config(arg: str = "tiny"):
+    from paravt_jax.experiments.sweep import apply_overrides
+
     c = paragrpo.get_config(_base_preset(arg))
     c.preset = arg or "tiny"
     if c.preset in STUDIES:
-        for dotted, value in TOY_STUDY_BASE.items():
-            _set(c, dotted, value)
+        c = apply_overrides(c, list(TOY_STUDY_BASE.items()), arm=c.preset)
     if c.preset == "tiny":
         # Per arm on the 2-core CPU: 2 RL steps and a 2-question evaluation at K = 4 and 16.
         # The SFT (shared by all arms under --shared_sft) is the main job's, 160 steps, so the
