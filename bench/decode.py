@@ -136,7 +136,7 @@ def compiled_step(layers: int, target: str):
     config = config.replace(text=dataclasses.replace(config.text, num_hidden_layers=layers),
                             dtype="bfloat16", param_dtype="bfloat16")
     if target == "tpu":
-        from paravt_jax.planner.programs import tpu_devices
+        from paravt_jax.planner.targets import tpu_devices
 
         mesh = sh.make_mesh({"data": 1}, tpu_devices("v5p:2x2x1")[:1])
         programs = SamplerPrograms(config, SamplerConfig(), mesh)

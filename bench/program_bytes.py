@@ -33,7 +33,7 @@ def _devices(target: str, topology: str, count: int):
     import jax
 
     if target == "tpu":
-        from paravt_jax.planner.programs import tpu_devices
+        from paravt_jax.planner.targets import tpu_devices
 
         return tpu_devices(topology)[:count]
     return jax.devices()[:count]
@@ -45,7 +45,7 @@ def gradients(config_arg: str, mesh_name: str, layers: int, target: str):
     from paravt_jax.infra import meshes
     from paravt_jax.infra import sharding as sh
     from paravt_jax.models.qwen3_vl.hf_io import abstract_model
-    from paravt_jax.planner import arrays, programs
+    from paravt_jax.planner import arrays, programs, targets
     from paravt_jax.planner import workload as W
     from paravt_jax.planner.arrays import train_batch_spec
     from paravt_jax.planner.memory import compile_for
@@ -60,7 +60,7 @@ def gradients(config_arg: str, mesh_name: str, layers: int, target: str):
     tokenizer, _ = W.plan_tokenizer(config)
     count = math.prod(sizes.values())
     work = W.workload(rl, model.vision, tokenizer, W.Assumptions(), sh.batch_devices(arrays.abstract_mesh(sizes)))
-    topology = programs.resolve_target(target, meshes.get_mesh(mesh_name)).topology if target == "tpu" else ""
+    topology = targets.resolve_target(target, meshes.get_mesh(mesh_name)).topology if target == "tpu" else ""
     mesh = sh.make_mesh(sizes, _devices(target, topology, count))
     cut = programs.with_depth(model, layers, False)
     step = TrainStep(abstract_model(cut), rl.optimizer, policy_loss(rl.step), policy_head(rl.step), mesh=mesh)

@@ -9,7 +9,7 @@ from absl import flags, logging
 
 from paravt_jax.cli.flags import UsageError, define_config, parse_flags
 from paravt_jax.infra import meshes
-from paravt_jax.planner import arrays, programs, sft_plan, workload
+from paravt_jax.planner import arrays, programs, sft_plan, targets, workload
 from paravt_jax.planner import plan as planner
 from paravt_jax.run_config import build_run
 
@@ -33,7 +33,7 @@ def main(argv: list[str]) -> planner.MemoryPlan | sft_plan.SFTPlan:
     flags.DEFINE_enum("activations", "auto", list(planner.ACTIVATION_MODES), "activation numbers: XLA "
                       "memory analysis or the shape estimate", flag_values=values)
     flags.DEFINE_string("json", "", "also write the plan as JSON to this path", flag_values=values)
-    flags.DEFINE_enum("target", "auto", list(programs.TARGETS), "where the programs compile: cpu-fake (XLA:CPU on fake "
+    flags.DEFINE_enum("target", "auto", list(targets.TARGETS), "where the programs compile: cpu-fake (XLA:CPU on fake "
                       "devices), tpu (libtpu for the preset's TPU topology, from this CPU process), gpu (XLA:GPU "
                       "for the preset's GPUs, compile-only devices of the CUDA plugin in this CPU process; an axis "
                       "list on --chip's GPU, h100 by default), local (the devices present); auto: tpu for TPU "
@@ -84,8 +84,8 @@ def main(argv: list[str]) -> planner.MemoryPlan | sft_plan.SFTPlan:
                             f"--video_seconds={values.video_seconds} > 0")
         assumptions = workload.Assumptions(question_tokens=values.question_tokens, video_seconds=values.video_seconds)
         try:
-            target = programs.resolve_target(values.target, entry, values.chip)
-        except programs.TargetError as e:
+            target = targets.resolve_target(values.target, entry, values.chip)
+        except targets.TargetError as e:
             raise workload.PlanError(str(e)) from None
         if values.target in ("tpu", "gpu") and values.activations == "estimate":
             raise workload.PlanError(f"--target={values.target} compiles the programs: drop --activations=estimate")

@@ -4,7 +4,7 @@
 host memory does not pile up over a plan's programs in one process: a 32B plan's compiles
 reached 18.5 GB in one process on a 24 GB machine; a child's peak is its own program's, and it
 returns its memory as it exits. A child is also how the compile gets an environment that XLA
-fixes when a process starts (fake CPU devices: XLA_FLAGS; programs.py `target_env`).
+fixes when a process starts (fake CPU devices: XLA_FLAGS; targets.py `target_env`).
 
 The function is named by module and name and must be one of CHILD_FUNCTIONS; it and its
 arguments (the very config objects, overrides applied) go to the child over its stdin as a

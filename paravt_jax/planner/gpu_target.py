@@ -16,7 +16,7 @@ Limits of a compile without the device: no autotuning (XLA keeps its default GEM
 tiles), and `compiled.cost_analysis()` is None; the planner reads FLOPs and bytes from the
 optimised GPU module with XLA:CPU's cost analysis instead (planner/memory.py `module_costs`).
 The plugin is loaded under JAX_PLATFORMS=cpu: the planner's child processes run so
-(programs.py `target_env`).
+(targets.py `target_env`).
 """
 from __future__ import annotations
 

@@ -33,7 +33,8 @@ from paravt_jax.planner.arrays import (
     prefill_estimate,
     tree_bytes,
 )
-from paravt_jax.planner.programs import ProgramSet, Target
+from paravt_jax.planner.programs import ProgramSet
+from paravt_jax.planner.targets import Target
 from paravt_jax.planner.workload import PlanError, SamplerLayout, Workload
 from paravt_jax.sampling.kv_cache import CacheSpec, cache_sharding
 from paravt_jax.train.step import OptimizerConfig, make_optimizer

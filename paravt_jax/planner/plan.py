@@ -83,13 +83,8 @@ from paravt_jax.planner.phases import (
     state_bytes,
     state_rows,
 )
-from paravt_jax.planner.programs import (
-    ProgramSet,
-    Target,
-    TargetError,
-    compile_programs,
-    gpu_topology_of,
-)
+from paravt_jax.planner.programs import ProgramSet, compile_programs
+from paravt_jax.planner.targets import Target, TargetError, gpu_topology_of
 from paravt_jax.planner.time_plan import SideBytes, TimePlan, format_time_plan, split_plan, time_plan
 from paravt_jax.planner.workload import (
     Assumptions,

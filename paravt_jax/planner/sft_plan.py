@@ -33,7 +33,8 @@ from paravt_jax.planner.phases import (
     state_bytes,
     state_rows,
 )
-from paravt_jax.planner.programs import ProgramSet, Target, TargetError, compile_sft_programs
+from paravt_jax.planner.programs import ProgramSet, compile_sft_programs
+from paravt_jax.planner.targets import Target, TargetError
 from paravt_jax.planner.workload import Assumptions, PlanError, SFTWorkload, model_config, plan_tokenizer, sft_workload
 
 

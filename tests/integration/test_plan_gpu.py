@@ -14,6 +14,7 @@ import pytest
 from paravt_jax.infra import meshes
 from paravt_jax.planner import gpu_target as GT
 from paravt_jax.planner import programs as G
+from paravt_jax.planner import targets as T
 from paravt_jax.run_config import build_run
 
 MISSING = GT.missing()
@@ -69,25 +70,25 @@ def test_gpu_topologies_and_targets(monkeypatch):
     where XLA:GPU is installed (cpu-fake where not), and the target's refusals."""
     assert GT.gpu_topology(1, 8) == "1x1x8" and GT.gpu_topology(2, 16) == "2x1x8"
     assert GT.topology_devices("2x1x8") == 16
-    assert G.gpu_topology_of(2) == "1x1x2" and G.gpu_topology_of(16) == "2x1x8"
+    assert T.gpu_topology_of(2) == "1x1x2" and T.gpu_topology_of(16) == "2x1x8"
     monkeypatch.setattr(GT, "missing", lambda: None)
     for name, entry in meshes.MESHES.items():
         if entry["platform"] == "gpu":
-            target = G.resolve_target("gpu", entry)
+            target = T.resolve_target("gpu", entry)
             assert target.compiler == "gpu" and target.accelerator == entry["accelerator"], name
             assert GT.topology_devices(target.topology) == entry["devices"], name
-    assert G.resolve_target("gpu", meshes.get_mesh("gpu16_tp2-h200")) == G.Target("gpu", "gpu", "2x1x8",
+    assert T.resolve_target("gpu", meshes.get_mesh("gpu16_tp2-h200")) == T.Target("gpu", "gpu", "2x1x8",
                                                                                  accelerator="h200")
-    assert G.resolve_target("auto", meshes.get_mesh("gpu8")).name == "gpu"
-    assert G.resolve_target("gpu", None, "a100") == G.Target("gpu", "gpu", accelerator="a100")
-    with pytest.raises(G.TargetError, match="needs a GPU mesh preset"):
-        G.resolve_target("gpu", meshes.get_mesh("v5p-16"))
-    with pytest.raises(G.TargetError, match="no target config for GPU 'v100'"):
-        G.resolve_target("gpu", None, "v100")
+    assert T.resolve_target("auto", meshes.get_mesh("gpu8")).name == "gpu"
+    assert T.resolve_target("gpu", None, "a100") == T.Target("gpu", "gpu", accelerator="a100")
+    with pytest.raises(T.TargetError, match="needs a GPU mesh preset"):
+        T.resolve_target("gpu", meshes.get_mesh("v5p-16"))
+    with pytest.raises(T.TargetError, match="no target config for GPU 'v100'"):
+        T.resolve_target("gpu", None, "v100")
     monkeypatch.setattr(GT, "missing", lambda: "the CUDA plugin is not installed")
-    assert G.resolve_target("auto", meshes.get_mesh("gpu8")) == G.Target("cpu-fake", "gpu")
-    with pytest.raises(G.TargetError, match="needs XLA:GPU here: the CUDA plugin is not installed"):
-        G.resolve_target("gpu", meshes.get_mesh("gpu8"))
+    assert T.resolve_target("auto", meshes.get_mesh("gpu8")) == T.Target("cpu-fake", "gpu")
+    with pytest.raises(T.TargetError, match="needs XLA:GPU here: the CUDA plugin is not installed"):
+        T.resolve_target("gpu", meshes.get_mesh("gpu8"))
 
 
 def tiny_gpu_config(dtype: str = "bfloat16"):
@@ -111,7 +112,7 @@ def test_tiny_plan_compiled_by_the_gpu_compiler(tokenizer):
     from paravt_jax.planner import plan as P
     from paravt_jax.planner.memory import MODULE_COSTS
 
-    target = G.resolve_target("gpu", None, "h100")
+    target = T.resolve_target("gpu", None, "h100")
     result = P.plan(build_run(tiny_gpu_config()), {"data": 1, "fsdp": 2, "tensor": 1}, 80, "xla", tokenizer=tokenizer,
                     target=target, chip="h100", compile_in="process")
     assert result.target == "gpu" and result.activations == "xla"
@@ -122,7 +123,7 @@ def test_tiny_plan_compiled_by_the_gpu_compiler(tokenizer):
     assert "cudnn" in programs.get("gradients").attention
     assert "cudnn" in programs.get("vision tower (first prompt prefill)").attention
     # the sampler's costs: XLA:CPU's analysis of the GPU modules; the trainer's: its unrolled
-    # programs compiled by XLA:CPU (programs.COST_TARGETS)
+    # programs compiled by XLA:CPU (targets.COST_TARGETS)
     for program in programs.sampler:
         assert program.compiler == "gpu" and program.cost_source == MODULE_COSTS, program.name
     for program in programs.trainer:
@@ -153,7 +154,7 @@ def test_gpu_module_flops_match_xla_cpu(tokenizer):
     model = model.replace(scan_layers=False)
     work = workload(rl, model.vision, tokenizer, Assumptions(), 2)
     sizes = {"data": 1, "fsdp": 2, "tensor": 1}
-    gpu_devices = G.target_devices(G.resolve_target("gpu", None, "h100"), 2)
+    gpu_devices = T.target_devices(T.resolve_target("gpu", None, "h100"), 2)
     gpu = G.trainer_programs(model, rl, work, sh.make_mesh(sizes, gpu_devices), ["gradients"])[0]
     cpu = G.trainer_programs(model, rl, work, sh.make_mesh(sizes, jax.devices("cpu")[:2]), ["gradients"])[0]
     assert gpu.compiler == "gpu" and gpu.cost_source == MODULE_COSTS and cpu.compiler == "xla:cpu"
@@ -174,7 +175,7 @@ def test_codegen_options_change_no_number(monkeypatch):
     from paravt_jax.infra import sharding as sh
     from paravt_jax.planner.memory import compile_for
 
-    devices = G.target_devices(G.resolve_target("gpu", None, "h100"), 2)
+    devices = T.target_devices(T.resolve_target("gpu", None, "h100"), 2)
     mesh = sh.make_mesh({"data": 1, "fsdp": 2, "tensor": 1}, devices)
 
     def loss(w, x):
@@ -219,7 +220,7 @@ def test_a_fused_kernel_the_gpu_compiler_refuses_is_named(monkeypatch):
     from paravt_jax.models.qwen3_vl.attention_mask import AttentionMask
     from paravt_jax.planner.memory import compile_for
 
-    devices = G.target_devices(G.resolve_target("gpu", None, "h100"), 1)
+    devices = T.target_devices(T.resolve_target("gpu", None, "h100"), 1)
     mesh = sh.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, devices)
 
     @jax.jit
@@ -263,7 +264,7 @@ def test_children_compile_in_parallel_in_order(monkeypatch):
 
     monkeypatch.setattr(G, "run_in_child", fake_child)
     monkeypatch.setattr(G, "target_env", lambda target, devices: {})
-    jobs = G.Jobs(G.Target("cpu-fake", "gpu"), {"data": 1, "fsdp": 2, "tensor": 1}, None, parallel=2)
+    jobs = G.Jobs(T.Target("cpu-fake", "gpu"), {"data": 1, "fsdp": 2, "tensor": 1}, None, parallel=2)
     out = jobs("sampler", None, None, None, None, ("a", "b", "c"), "test")
     assert [p.name for p in out] == ["a", "b", "c"] and most[0] == 2
     assert [r.label for r in jobs.children] == ["a [test]", "b [test]", "c [test]"]

@@ -2,7 +2,7 @@
 command: tests/unit/test_plan_sft.py)."""
 from paravt_jax.configs import paragrpo
 from paravt_jax.planner import sft_plan as S
-from paravt_jax.planner.programs import Target
+from paravt_jax.planner.targets import Target
 from paravt_jax.run_config import build_run
 
 

@@ -13,6 +13,7 @@ from paravt_jax.infra import meshes
 from paravt_jax.models.qwen3_vl import preset
 from paravt_jax.planner import plan as P
 from paravt_jax.planner import programs as G
+from paravt_jax.planner import targets as TG
 from paravt_jax.planner import time_plan as T
 from paravt_jax.planner import workload as W
 from paravt_jax.planner.memory import collective_bytes
@@ -31,23 +32,23 @@ def tpu_config():
 
 
 def test_topologies_and_targets(monkeypatch):
-    assert G.tpu_topology("v5p", 8) == "v5p:2x2x2" and G.tpu_topology("v5p", 32) == "v5p:2x4x4"
-    assert G.tpu_topology("v5e", 16) == "v5e:4x4"
+    assert TG.tpu_topology("v5p", 8) == "v5p:2x2x2" and TG.tpu_topology("v5p", 32) == "v5p:2x4x4"
+    assert TG.tpu_topology("v5e", 16) == "v5e:4x4"
     for name, entry in meshes.MESHES.items():  # every TPU preset has a topology
         if entry["platform"] == "tpu":
-            target = G.resolve_target("tpu", entry)
+            target = TG.resolve_target("tpu", entry)
             assert target.name == "tpu" and target.compiler == "tpu" and target.slices == entry["slices"], name
-    assert G.resolve_target("auto", meshes.get_mesh("v5p-16")).name == "tpu"  # libtpu is installed here
+    assert TG.resolve_target("auto", meshes.get_mesh("v5p-16")).name == "tpu"  # libtpu is installed here
     # a GPU preset under auto: XLA:CPU where XLA:GPU is missing (as in CI; with the CUDA plugin
     # installed auto picks gpu: tests/integration/test_plan_gpu.py)
-    monkeypatch.setattr(G.gpu_target, "missing", lambda: "the CUDA plugin is not installed")
-    assert G.resolve_target("auto", meshes.get_mesh("gpu8")) == G.Target("cpu-fake", "gpu")
-    with pytest.raises(G.TargetError, match="needs a TPU mesh preset"):
-        G.resolve_target("tpu", meshes.get_mesh("gpu8"))
-    with pytest.raises(G.TargetError, match="--target='cuda'"):
-        G.resolve_target("cuda", None)
-    with pytest.raises(G.TargetError, match="no v5p topology of 6 chips"):
-        G.tpu_topology("v5p", 6)
+    monkeypatch.setattr(TG.gpu_target, "missing", lambda: "the CUDA plugin is not installed")
+    assert TG.resolve_target("auto", meshes.get_mesh("gpu8")) == TG.Target("cpu-fake", "gpu")
+    with pytest.raises(TG.TargetError, match="needs a TPU mesh preset"):
+        TG.resolve_target("tpu", meshes.get_mesh("gpu8"))
+    with pytest.raises(TG.TargetError, match="--target='cuda'"):
+        TG.resolve_target("cuda", None)
+    with pytest.raises(TG.TargetError, match="no v5p topology of 6 chips"):
+        TG.tpu_topology("v5p", 6)
 
 
 def test_collective_bytes_reads_the_hlo_ops():
@@ -65,7 +66,7 @@ def test_collective_bytes_reads_the_hlo_ops():
 def tiny_tpu_plan(tokenizer):
     """The tiny recipe's plan for v5p-16 by the TPU compiler, each program compiled in a child
     process of its own (the default)."""
-    target = G.resolve_target("tpu", meshes.get_mesh("v5p-16"))
+    target = TG.resolve_target("tpu", meshes.get_mesh("v5p-16"))
     return P.plan(build_run(tpu_config()), meshes.mesh_shape("v5p-16"), 95, "xla", tokenizer=tokenizer, target=target,
                   depth="extrapolate", chip="v5p")
 
@@ -122,7 +123,7 @@ def test_programs_compiled_in_children_equal_those_compiled_in_this_process(tiny
     rl = W.rl_settings(build_run(config))[0]
     names = ("decode", "sub-agent prefill", "vision tower (sub-agent prefill)")
     here = G.program_job("sampler", model, rl, result.workload, W.sampler_layout(rl, result.workload),
-                         meshes.mesh_shape("v5p-16"), G.resolve_target("tpu", meshes.get_mesh("v5p-16")), names)
+                         meshes.mesh_shape("v5p-16"), TG.resolve_target("tpu", meshes.get_mesh("v5p-16")), names)
 
     def numbers(program):
         return {k: v for k, v in dataclasses.asdict(program).items() if k != "seconds"}
@@ -134,7 +135,7 @@ def test_programs_compiled_in_children_equal_those_compiled_in_this_process(tiny
 def test_requested_kernel_off_its_platform_is_an_error(tokenizer):
     config = tpu_config()
     config.model.attention = "cudnn"
-    target = G.resolve_target("tpu", meshes.get_mesh("v5p-8"))
+    target = TG.resolve_target("tpu", meshes.get_mesh("v5p-8"))
     with pytest.raises(ValueError, match="model.attention='cudnn' runs on gpu only; this program is compiled for tpu"):
         P.plan(build_run(config), meshes.mesh_shape("v5p-8"), 95, "xla", tokenizer=tokenizer, target=target,
                depth="extrapolate")

@@ -25,7 +25,8 @@ def test_the_tpu_target_still_compiles_after_it(tmp_path):
     code = """
 import jax, jax.numpy as jnp
 from paravt_jax.planner import programs as G
-devices = G.tpu_devices("v5p:2x2x1")
+from paravt_jax.planner import targets as T
+devices = T.tpu_devices("v5p:2x2x1")
 mesh = jax.sharding.Mesh(devices, ("x",))
 sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("x"))
 compiled = jax.jit(lambda a: a * 2, in_shardings=sharding).trace(

@@ -3,6 +3,7 @@ from integration.test_plan_tpu import tpu_config
 from paravt_jax.infra import meshes
 from paravt_jax.models.qwen3_vl import preset
 from paravt_jax.planner import programs as G
+from paravt_jax.planner import targets as T
 from paravt_jax.planner import workload as W
 from paravt_jax.run_config import build_run
 
@@ -13,7 +14,7 @@ def test_depth_extrapolation_matches_a_full_compile(tokenizer):
     12-layer programs as a run compiles them."""
     config = tpu_config()
     config.model.preset = "small125m"
-    target = G.resolve_target("tpu", meshes.get_mesh("v5p-16"))
+    target = T.resolve_target("tpu", meshes.get_mesh("v5p-16"))
     model = preset("small125m")
     rl = W.rl_settings(build_run(config))[0]
     work = W.workload(rl, model.vision, tokenizer, batch_devices=8)

@@ -18,6 +18,7 @@ from paravt_jax.models.qwen3_vl import init_model, preset
 from paravt_jax.planner import arrays as A
 from paravt_jax.planner import plan as P
 from paravt_jax.planner import programs as G
+from paravt_jax.planner import targets as T
 from paravt_jax.planner import workload as W
 from paravt_jax.planner.memory import ProgramMemory
 from paravt_jax.run_config import build_run
@@ -217,7 +218,7 @@ def test_a_failing_child_compile_returns_its_traceback(tokenizer):
     with pytest.raises(P.PlanError, match=r"compiling gradients \[test\] in a child process failed with exit status 1:"
                                           r"\n(?s:.*)AttributeError: 'NoneType' object"):
         C.run_in_child(G.program_job, ("trainer", preset("tiny"), None, bad, None, dict(data=1, fsdp=16, tensor=1),
-                                       target, ("gradients",)), G.target_env(target, 16), "gradients [test]")
+                                       target, ("gradients",)), T.target_env(target, 16), "gradients [test]")
     with pytest.raises(ValueError, match="is not one of"):
         C.run_in_child(P.plan, (), {}, "plan")
 
@@ -240,17 +241,16 @@ def test_cpu_fake_compiles_run_under_the_memory_scheduler(monkeypatch):
     parent's values; this process compiles for the mesh itself only when its XLA has them (the
     suite's processes do not: programs that run under them may deadlock XLA:CPU's collectives,
     seen in bench/vision_shards.py; the planner only compiles)."""
-    from paravt_jax.planner import programs as G
 
-    flags = G.child_xla_flags("--xla_force_host_platform_device_count=8 --xla_dump_to=/tmp/x "
+    flags = T.child_xla_flags("--xla_force_host_platform_device_count=8 --xla_dump_to=/tmp/x "
                               "--xla_cpu_enable_concurrency_optimized_scheduler=true", 16).split()
     assert flags.count("--xla_cpu_enable_concurrency_optimized_scheduler=false") == 1
     assert "--xla_cpu_enable_concurrency_optimized_scheduler=true" not in flags
     assert "--xla_force_host_platform_device_count=16" in flags and "--xla_dump_to=/tmp/x" in flags
     target = P.Target("cpu-fake", "gpu")
-    assert G.target_devices(target, 8) is None  # this process' XLA schedules otherwise: a child compiles
-    monkeypatch.setenv("XLA_FLAGS", " ".join(("--xla_force_host_platform_device_count=8", *G.CPU_FAKE_XLA_FLAGS)))
-    assert G.target_devices(target, 8) == jax.devices()[:8]
+    assert T.target_devices(target, 8) is None  # this process' XLA schedules otherwise: a child compiles
+    monkeypatch.setenv("XLA_FLAGS", " ".join(("--xla_force_host_platform_device_count=8", *T.CPU_FAKE_XLA_FLAGS)))
+    assert T.target_devices(target, 8) == jax.devices()[:8]
 
 
 def test_token_budget_micro_batches_and_rows_per_device(tokenizer):
