@@ -172,3 +172,26 @@ def test_rollout_shards_bench_smallest(tmp_path):
         row = next(line for line in out.splitlines() if line.startswith(f"| {call} ") and "| vision " in line)
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert float(cells[5]) < float(cells[4]), row
+
+
+def test_program_bytes_bench_smallest(tmp_path):
+    """bench/program_bytes.py at its smallest: the tiny recipe's gradient program at 2 layers on
+    one CPU device, saved and reported again from the saved HLO without compiling (the same
+    totals); the 8B-shaped decode step at 3 layers (the fewest the DeepStack taps allow)."""
+    saved = tmp_path / "grads"
+    out = run_bench(tmp_path, "program_bytes.py", "--program", "gradients", "--config", "tiny", "--mesh", "gpu1",
+                    "--layers", "2", "--target", "cpu", "--top", "2", "--save", str(saved))
+    assert (saved / "module.hlo").exists() and "### by kind" in out
+    summary = next(line for line in out.splitlines() if line.startswith("gradients at 2 layers"))
+    again = run_bench(tmp_path, "program_bytes.py", "--load", str(saved), "--top", "2")
+    assert next(line for line in again.splitlines() if line.startswith("gradients at 2 layers")) == summary
+    out = run_bench(tmp_path, "program_bytes.py", "--program", "decode", "--layers", "3", "--target", "cpu",
+                    "--top", "2")
+    assert out.splitlines()[1].startswith("decode at 3 layers") and "largest instructions" in out
+
+
+def test_every_bench_script_runs_here():
+    """Each script under bench/ (but the shared helpers) is run by a test of this file."""
+    source = open(__file__).read()
+    scripts = sorted(n for n in os.listdir(os.path.join(ROOT, "bench")) if n.endswith(".py") and n != "common.py")
+    assert [s for s in scripts if f'"{s}"' not in source] == []
