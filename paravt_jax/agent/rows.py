@@ -91,7 +91,7 @@ class Row:
             self.active = False
             return None
         if protocol.extra_calls == "respond":
-            errors += [f"call {number} was not executed: at most {max_parallel} crop_video calls run per turn"
+            errors += [f"call {number} was not executed: at most {max_parallel} tool calls run per turn"
                        for number in range(max_parallel + 1, len(parsed.calls) + 1)]
         tasks = tuple(CropTask(self.index, k, self.episode.video_path, self.duration, call)
                       for k, call in enumerate(parsed.calls[:max_parallel]))

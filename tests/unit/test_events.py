@@ -244,6 +244,6 @@ def test_call_validity_counts_blocks_less_their_errors():
     call = '<tool_call>\n{"name": "crop_video", "arguments": {}}\n</tool_call>'
     good = Rollout(turn_texts=(f"<think>\nx\n</think>\n{call}\n{call}", "<answer>A</answer>"), errors=())
     bad = Rollout(turn_texts=(f"{call}\n{call}\n{call}",),
-                  errors=("tool_call 2: not JSON", "call 3 was not executed: at most 2 crop_video calls run per turn"))
+                  errors=("tool_call 2: not JSON", "call 3 was not executed: at most 2 tool calls run per turn"))
     assert call_validity([good]) == 1.0 and call_validity([good, bad]) == 0.8
     assert call_validity([Rollout(turn_texts=("<answer>A</answer>",), errors=())]) == 1.0
