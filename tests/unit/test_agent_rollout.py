@@ -94,7 +94,7 @@ def test_scripted_rollout_masks_and_metadata(video, tokenizer):
     assert skipped == [] and len(rollouts) == 2
     a, b = rollouts
     assert a.calls_per_turn == (2,) and a.turns == 2 and b.calls_per_turn == () and b.turns == 1
-    assert any("at most 2 crop_video calls" in e for e in a.errors)
+    assert any("at most 2 tool calls" in e for e in a.errors)
     # both crops of the turn in ONE sub-agent call
     assert [c.rows for c in sampler.calls if c.kind == "subagent"] == [2]
     assert len(a.subagents) == 2 and all(s.row == 0 for s in a.subagents)
