@@ -178,16 +178,18 @@ def test_program_bytes_bench_smallest(tmp_path):
     """bench/program_bytes.py at its smallest: the tiny recipe's gradient program at 2 layers on
     one CPU device, saved and reported again from the saved HLO without compiling (the same
     totals); the 8B-shaped decode step at 3 layers (the fewest the DeepStack taps allow)."""
+    def summary(out: str, program: str, layers: int) -> str:
+        return next(line for line in out.splitlines() if line.startswith(f"{program} at {layers} layers"))
+
     saved = tmp_path / "grads"
     out = run_bench(tmp_path, "program_bytes.py", "--program", "gradients", "--config", "tiny", "--mesh", "gpu1",
                     "--layers", "2", "--target", "cpu", "--top", "2", "--save", str(saved))
     assert (saved / "module.hlo").exists() and "### by kind" in out
-    summary = next(line for line in out.splitlines() if line.startswith("gradients at 2 layers"))
     again = run_bench(tmp_path, "program_bytes.py", "--load", str(saved), "--top", "2")
-    assert next(line for line in again.splitlines() if line.startswith("gradients at 2 layers")) == summary
+    assert summary(again, "gradients", 2) == summary(out, "gradients", 2)
     out = run_bench(tmp_path, "program_bytes.py", "--program", "decode", "--layers", "3", "--target", "cpu",
                     "--top", "2")
-    assert out.splitlines()[1].startswith("decode at 3 layers") and "largest instructions" in out
+    assert "GB physical" in summary(out, "decode", 3) and "largest instructions" in out
 
 
 def test_every_bench_script_runs_here():
