@@ -22,6 +22,9 @@ class Episode:
     video_path: str  # the episode's own video: the only file any crop may open
     nframes: int = 64  # K overview frames (nFrames gating decides it); 0: sampled at PromptFormat.overview_fps
     system_prompt: str = ""  # the data row's own system message ("" = none)
+    # False: the prompt offers no tools (the tool-free prompt: no tool schema, no video path
+    # line); the episode ends after its first turn, a call in it unanswered
+    tools: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +76,10 @@ class Rollout:
     @property
     def nframes(self) -> int:
         return self.episode.nframes
+
+    @property
+    def tools(self) -> bool:  # whether its prompt offered the tools
+        return self.episode.tools
 
     @property
     def num_tool_calls(self) -> int:

@@ -70,17 +70,19 @@ class RolloutConfig:
 def prompt_inputs(episode: Episode, clip: Clip, tokenizer: Tokenizer, prompt: PromptFormat,
                   schemas: Sequence[dict] | None = None) -> ModelInputs:
     """The episode's ParaVT prompt over its overview `clip`: system message (the tools'
-    `schemas`; None: crop_video's in the prompt's layout), the frames (timestamped or bare, or
+    `schemas`; None: crop_video's in the prompt's layout; none when the prompt or the episode
+    offers no tools), the frames (timestamped or bare, or
     one video item), the question with the video-path line, and the generation prompt with the
     turn's forced prefix."""
     if schemas is None:
         schemas = (chat.crop_video_tool(layout=prompt.tool_layout),)
-    tools = tuple(schemas) if prompt.tools else ()
+    offered = prompt.tools and episode.tools
+    tools = tuple(schemas) if offered else ()
     if prompt.system_prompt is not None:
         tools, system = (), prompt.system_prompt
     else:
         system = episode.system_prompt
-    video_name = os.path.basename(episode.video_path) if prompt.tools else None
+    video_name = os.path.basename(episode.video_path) if offered else None
     stamped = prompt.overview_timestamps or prompt.overview_visual == "video"
     messages = chat.paravt_messages(episode.question, clip.frames, clip.timestamps if stamped else None,
                                     video_name=video_name, tools=tools, system_text=system,
@@ -264,7 +266,7 @@ class RolloutLoop:
 
     def parse(self, rows: list[Row], out: SampleOutput) -> list[RowCalls]:
         """The calls of every active row's latest turn (`Row.read_calls`); a row that asked
-        nothing is done."""
+        nothing, or whose episode offers no tools, is done."""
         asked = [row.read_calls(self.tokenizer.decode(out.tokens[row.index]), self.config.protocol, self.max_parallel)
                  for row in rows if row.active]
         return [calls for calls in asked if calls is not None]

@@ -84,7 +84,10 @@ class Row:
         """The tool round of this row's turn `text`, recorded: crop tasks for its first
         max_parallel calls and its errors (malformed blocks and calls beyond max_parallel, each
         unless the protocol ignores them). None, and the row done, when there is nothing to
-        respond to."""
+        respond to (or the episode offers no tools)."""
+        if not self.episode.tools:  # a tool-free prompt: its one turn is the episode
+            self.active = False
+            return None
         parsed = parse_tool_calls(text, all_or_nothing=protocol.malformed == "reference")
         errors = list(parsed.errors) if protocol.malformed == "respond" else []
         if not parsed.calls and not errors:

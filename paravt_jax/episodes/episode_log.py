@@ -9,6 +9,7 @@ object per episode:
 
   step, stage ("rl" or the evaluation's name), episode_id, sample, group (the prompt's place
   in the step), video (the dataset row's path), question, answer, question_type, nframes (K),
+  tools (whether the prompt offered them: an evaluation's setting, an RL prompt's draw),
   overview_times, truth_windows (where the data names them), turns (each assistant turn as
   the model's context shows it, cut to MAX_TEXT characters, with its well-formedness, its
   problems and its calls: the window the call asked for, the window cut, the crop's frame
@@ -87,7 +88,8 @@ def episode_record(rollout, rewards: dict | None = None, advantages: np.ndarray 
         values = np.asarray(advantages, np.float32)[: len(mask)][mask]  # rows are right-padded
         advantage = {"mean": finite(values.mean()), "min": finite(values.min()), "max": finite(values.max())}
     return {
-        **fields, "episode_id": ep.episode_id, "sample": rollout.sample, "video": os.path.abspath(ep.video_path),
+        "tools": ep.tools, **fields, "episode_id": ep.episode_id, "sample": rollout.sample,
+        "video": os.path.abspath(ep.video_path),
         "question": ep.question, "answer": ep.answer, "question_type": ep.question_type,
         "nframes": ep.nframes, "overview_times": list(rollout.overview_times),
         "truth_windows": [list(w) for w in truth], "turns": turns,

@@ -70,6 +70,11 @@ def summarize(rollouts, rewards: list[dict], prefix: str = "") -> dict:
         "response_length": float(np.mean([int(r.inputs.loss_mask.sum()) for r in rollouts])) if rollouts else 0.0,
         "tool_errors": float(sum(len(r.errors) for r in rollouts)),
     }
+    free = [i for i, r in enumerate(rollouts) if not r.tools]
+    if free:  # rl.tool_free_share's prompts: their share and how often they call anyway
+        out["tool_free"] = len(free) / n
+        out["kappa_tool_free"] = sum(R.has_parseable_tool_call("".join(rollouts[i].turn_texts))
+                                     for i in free) / len(free)
     for k in sorted({r.nframes for r in rollouts}):  # K = 0: the overview sampled by fps
         at = [i for i, r in enumerate(rollouts) if r.nframes == k]
         name = k or "fps"

@@ -218,7 +218,7 @@ def anchor_reward(text: str) -> float:
     return bonus
 
 
-def format_reward(text: str, *, answer_suffix: bool, anchor_weight: float) -> float:
+def format_reward(text: str, *, answer_suffix: bool, anchor_weight: float, tools_offered: bool = True) -> float:
     """R_fmt (reference `compute_format_reward`), clipped above at 1.0; it can be negative.
 
     Terms are added in the reference's order (so the float results match bit for bit):
@@ -226,7 +226,8 @@ def format_reward(text: str, *, answer_suffix: bool, anchor_weight: float) -> fl
                          occurs, +0.2 if `</answer>` occurs.
       answer_suffix off: +0.3 / +0.2 / +0.1 instead.
       if anchor_weight > 0: + anchor_weight * anchor_reward(text).
-      +0.3 if substantive think, a parseable tool call and think-before-tool.
+      +0.3 if substantive think, a parseable tool call and think-before-tool (only where the
+                 prompt offered tools: `tools_offered`; the reference's prompts always do).
       +0.1 if the score so far is > 0 and all tag pairs are balanced.
     """
     think = has_substantive_think(text)
@@ -243,7 +244,7 @@ def format_reward(text: str, *, answer_suffix: bool, anchor_weight: float) -> fl
             score += close_w
     if anchor_weight > 0:
         score += anchor_weight * anchor_reward(text)
-    if think and has_parseable_tool_call(text) and think_before_tool(text):
+    if tools_offered and think and has_parseable_tool_call(text) and think_before_tool(text):
         score += 0.3
     if score > 0 and tags_balanced(text):
         score += 0.1
@@ -350,6 +351,7 @@ def compose_reward(
     judge: Any = None,
     question: str = "",
     format_text: str | None = None,
+    tools_offered: bool = True,
 ) -> tuple[float, dict[str, float]]:
     """Total reward and its parts (reference `compose_reward`, released sequence semantics).
 
@@ -358,7 +360,9 @@ def compose_reward(
     fmt = format_reward(format_text, ...) and tool = tool_reward(completion, acc);
     total = acc + format_weight * fmt + tool. `format_text` defaults to the completion (the
     released code); the trainer passes the assistant turns with their forced prefixes, so that
-    a `<think>` forced by the prompt counts as the model's context shows it.
+    a `<think>` forced by the prompt counts as the model's context shows it. Where the prompt
+    offered no tools (`tools_offered` False, rl.tool_free_share's prompts) a call earns nothing:
+    tool = 0 and the format reward's tool term is left out.
     Returns (total, {"acc_reward": acc, "format_reward": fmt, "tool_reward": tool}).
     """
     completion = _as_text(completion)
@@ -367,8 +371,9 @@ def compose_reward(
     acc = accuracy_reward(extract_answer(completion), answer, question_type,
                           mode=mode, judge=judge, question=question)
     format_text = completion if format_text is None else _as_text(format_text)
-    fmt = format_reward(format_text, answer_suffix=answer_suffix, anchor_weight=anchor_weight)
-    tool = tool_reward(completion, acc)
+    fmt = format_reward(format_text, answer_suffix=answer_suffix, anchor_weight=anchor_weight,
+                        tools_offered=tools_offered)
+    tool = tool_reward(completion, acc) if tools_offered else 0.0
     total = acc + format_weight * fmt + tool
     return total, {"acc_reward": acc, "format_reward": fmt, "tool_reward": tool}
 
@@ -443,7 +448,7 @@ def score(rollouts, config: RewardConfig, anchor_weight: float, token_anchor: bo
                                         answer_suffix=config.answer_suffix,
                                         anchor_weight=0.0 if token_anchor else anchor_weight,
                                         format_weight=config.format_weight, mode=config.mode, judge=judge,
-                                        format_text=format_text)
+                                        format_text=format_text, tools_offered=r.episode.tools)
         a = anchor_reward(format_text) if token_anchor and not is_degenerate(text) else 0.0
         out.append({"total": total, **parts, "anchor_reward": a})
         seq.append(total)

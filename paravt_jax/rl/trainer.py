@@ -18,6 +18,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from paravt_jax.agent.dispatch import CropDispatcher, DispatchConfig
 from paravt_jax.agent.rollout import Episode, RolloutConfig, run_rollouts
 from paravt_jax.config import checked, entries, integer, integer_between, integers, refuse, set_by, validate
+from paravt_jax.config import share as share_rule
 from paravt_jax.data import gating
 from paravt_jax.episodes.episode_log import MAX_LOGGED, EpisodeLog
 from paravt_jax.episodes.episode_stats import summarize
@@ -54,6 +55,10 @@ class RLConfig:
     # rollout.prompt.overview_max_frames frames (the reference recipe: 1 fps, 64 frames)
     default_nframes: int = checked(0, integer(0))
     nframes_choices: tuple[int, ...] = checked(gating.NFRAMES_CHOICES, integers(1))
+    # the share of prompts posed without the tools (the tool-free prompt the evaluation's
+    # "without tools" rows use; a call there ends the episode and earns no tool or format
+    # tool term), drawn per prompt and step; 0 = the reference (every prompt offers them)
+    tool_free_share: float = checked(0.0, share_rule())
     rollout: RolloutConfig = RolloutConfig()
     dispatch: DispatchConfig = DispatchConfig()
     reward: RewardConfig = RewardConfig()
@@ -109,14 +114,18 @@ def periodic_evaluators(config: RLConfig, eval_rows, *, output_dir: str = "", da
     return registry.evaluators(config.evals, context, "periodic")
 
 
-def episode(row, config: RLConfig) -> Episode:
-    """One RL row's episode. K is drawn per video, as the reference keys it on the row's video
-    paths (every question on a video sees the same overview), with a stable hash of the path
-    as the table names it (the same draws wherever the data is checked out)."""
-    k = gating.nframes_for_prompt(row.video_key or row.video_path, config.seed,
-                                  config.nframes_gating, config.default_nframes, config.nframes_choices)
+def episode(row, config: RLConfig, step: int = 0) -> Episode:
+    """One RL row's episode at step `step`. K is drawn per video, as the reference keys it on
+    the row's video paths (every question on a video sees the same overview), with a stable
+    hash of the path as the table names it (the same draws wherever the data is checked out);
+    whether the prompt offers the tools (rl.tool_free_share) per row and step."""
+    key = row.video_key or row.video_path
+    k = gating.nframes_for_prompt(key, config.seed, config.nframes_gating, config.default_nframes,
+                                  config.nframes_choices)
+    tools = not gating.tool_free_prompt(f"{key}\x1frow{row.index}\x1fstep{step}", config.seed,
+                                        config.tool_free_share)
     return Episode(f"row{row.index}", row.question, row.answer, row.question_type, row.video_path, k,
-                   system_prompt=row.system_prompt)
+                   system_prompt=row.system_prompt, tools=tools)
 
 
 def gather_scored(rollouts: list, rewards: list[dict], seq_rewards: np.ndarray, anchor_rewards: np.ndarray,
@@ -247,7 +256,7 @@ class RLStep:
 
     def episodes(self, index: int) -> list[Episode]:
         """This process's episodes of step `index` (its share of the step's prompts)."""
-        return [episode(r, self.config) for r in self.prompt_rows(index)[self.share]]
+        return [episode(r, self.config, index) for r in self.prompt_rows(index)[self.share]]
 
     def collect_with(self, model, index: int) -> tuple[list, list[str]]:
         """This process's rollouts of step `index` sampled by `model` (on this process's devices)."""

@@ -5,12 +5,12 @@ step) and the batch is filled up with its readable examples."""
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import time
 
 from absl import logging
 
 from paravt_jax.config import checked, integer, integers, one_of, positive, refuse, set_by, share, validate
+from paravt_jax.data import gating
 from paravt_jax.data.sft_examples import FrameSpec, direct_answer, sft_inputs
 from paravt_jax.infra import distributed as dist
 from paravt_jax.infra import sharding as sh
@@ -128,8 +128,7 @@ def answers_directly(index: int, frames: FrameSpec, config: SFTConfig) -> bool:
     tool-calling trajectory (the shortcut prior: `direct_from_nframes`, `direct_share`)."""
     if not config.direct_from_nframes or frames.nframes < config.direct_from_nframes:
         return False
-    digest = hashlib.sha256(f"paravt-sft-direct\x1f{config.seed}\x1f{index}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64 < config.direct_share
+    return gating.drawn_share("paravt-sft-direct", config.seed, index, config.direct_share)
 
 
 def fill_batch(readable: list, size: int) -> list:

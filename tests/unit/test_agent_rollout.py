@@ -350,3 +350,32 @@ def test_eval_turn_without_a_valid_call_is_the_answer(video, tokenizer):
     assert text.endswith(f"<|im_start|>assistant\n{broken}<|im_end|>")
     retry, retry_text = eval_rollout(video, tokenizer, [[broken, "B"]], max_turns=3, malformed="respond")
     assert retry.turns == 2 and "<tool_response>\nError: <tool_call> block 1: not valid JSON" in retry_text
+
+
+def test_tool_free_episode_beside_a_tool_episode(video, tokenizer):
+    """rl.tool_free_share's episodes in a mixed batch: the tool-free prompt (no schema, no video
+    path line; the evaluation's without-tools prompt) and one turn, a call in it unanswered,
+    while the tool episode beside it runs its round; the rewards give a call there nothing."""
+    from paravt_jax.agent.rollout import prompt_inputs
+    from paravt_jax.episodes import rewards as R
+    from paravt_jax.video.reader import read_frames
+
+    call, answer = calls_text((1, 5)), "<think>it was blue</think>\n<answer>blue</answer>"
+    sampler = ScriptedSampler(tokenizer, [[call, answer], [call, answer]])
+    with_tools = Episode("e0", "What colour?", "blue", "oe", video, nframes=4)
+    tool_free = dataclasses.replace(with_tools, episode_id="e1", tools=False)
+    with CropDispatcher() as dispatcher:
+        rollouts, _ = run_rollouts(sampler, tokenizer, [with_tools, tool_free], 1,
+                                   RolloutConfig(mode="frames", max_turns=2), dispatcher)
+    a, b = rollouts
+    assert a.turns == 2 and a.calls_per_turn == (1,) and "<tool_response>" in a.completion
+    assert b.turns == 1 and b.calls_per_turn == () and "<tool_response>" not in b.completion
+    clip = read_frames(video, nframes=4)
+    free_prompt = tokenizer.decode(prompt_inputs(tool_free, clip, tokenizer, PromptFormat.training()).input_ids)
+    eval_prompt = tokenizer.decode(prompt_inputs(with_tools, clip, tokenizer,
+                                                 dataclasses.replace(PromptFormat.training(), tools=False)).input_ids)
+    assert free_prompt == eval_prompt and "crop_video" not in free_prompt and "video path" not in free_prompt
+    rewards, _, _ = R.score(rollouts, R.RewardConfig(), 0.0, False)
+    assert rewards[0]["tool_reward"] > 0 and rewards[1]["tool_reward"] == 0.0
+    offered = R.format_reward(b.assistant_text, answer_suffix=True, anchor_weight=0.0)
+    assert rewards[1]["format_reward"] == pytest.approx(offered - 0.3)  # the tool term left out

@@ -32,8 +32,8 @@ def test_summarize_splits_the_tool_call_rate_and_accuracy_by_overview_budget():
 
     from paravt_jax.episodes.episode_stats import summarize
 
-    def rollout(text, k):
-        return SimpleNamespace(turn_texts=(text,), nframes=k, calls_per_turn=(), turns=1, errors=(),
+    def rollout(text, k, tools=True):
+        return SimpleNamespace(turn_texts=(text,), nframes=k, tools=tools, calls_per_turn=(), turns=1, errors=(),
                                inputs=SimpleNamespace(loss_mask=np.ones(3)))
 
     rollouts = [rollout(COMPLIANT_WITH_CALL, 4), rollout(COMPLIANT_NO_CALL, 4), rollout(COMPLIANT_NO_CALL, 64),
@@ -45,6 +45,10 @@ def test_summarize_splits_the_tool_call_rate_and_accuracy_by_overview_budget():
     assert got["rl/kappa_at_4"] == 0.5 and got["rl/kappa_at_64"] == 0.0 and got["rl/kappa_at_fps"] == 1.0
     assert got["rl/acc_reward_at_4"] == 0.5 and got["rl/acc_reward_at_64"] == 0.0
     assert "rl/acc_reward_at_4" not in summarize(rollouts, [], prefix="rl/")  # no rewards: no accuracy
+    assert "rl/tool_free" not in got  # every prompt offered the tools
+    tool_free = [rollout(COMPLIANT_WITH_CALL, 4, tools=False), rollout(COMPLIANT_NO_CALL, 64, tools=False)]
+    free = summarize(rollouts + tool_free, [], prefix="rl/")
+    assert free["rl/tool_free"] == 2 / 6 and free["rl/kappa_tool_free"] == 0.5
 
 
 # Turns the episode log flags, each with the problem it names: none of them counts as compliant,

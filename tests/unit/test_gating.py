@@ -91,3 +91,29 @@ def test_rl_episodes_draw_one_k_per_video():
     assert ks_moved == [episode(dataclasses.replace(r, video_path="/x.mp4"), config).nframes for r in moved]
     off = RLConfig(seed=3, nframes_gating=False)
     assert {episode(r, off).nframes for r in rows[:30]} == {0}
+
+
+def test_tool_free_prompts_take_their_share_independently_of_k():
+    from paravt_jax.data.gating import nframes_for_prompt, tool_free_prompt
+
+    keys = [f"videos/v{i}.mp4" for i in range(4000)]
+    free = [tool_free_prompt(k, 0, 0.25) for k in keys]
+    assert abs(sum(free) / len(keys) - 0.25) < 0.03
+    assert free == [tool_free_prompt(k, 0, 0.25) for k in keys]  # stable
+    assert free != [tool_free_prompt(k, 1, 0.25) for k in keys]  # seeded
+    assert not any(tool_free_prompt(k, 0, 0.0) for k in keys) and all(tool_free_prompt(k, 0, 1.0) for k in keys)
+    ks = np.array([nframes_for_prompt(k, 0, True, choices=(4, 64)) for k in keys])
+    assert abs((ks[np.array(free)] == 64).mean() - 0.5) < 0.06  # not the K draw's
+    with pytest.raises(ValueError, match="tool_free_share"):
+        tool_free_prompt("v.mp4", 0, 1.5)
+
+
+def test_rl_episodes_draw_tool_free_per_row_and_step():
+    from paravt_jax.data.paravt_parquet import RLRow
+    from paravt_jax.rl.trainer import RLConfig, episode
+
+    rows = [RLRow(i, "q?", f"v{i}.mp4", "A", "mcq", {}) for i in range(200)]
+    config = RLConfig(tool_free_share=0.5)
+    first = [episode(r, config, 0).tools for r in rows]
+    assert 60 < sum(first) < 140 and first != [episode(r, config, 1).tools for r in rows]
+    assert all(episode(r, RLConfig(), 3).tools for r in rows)  # the reference: always offered
