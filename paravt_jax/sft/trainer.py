@@ -14,7 +14,7 @@ from paravt_jax.data import gating
 from paravt_jax.data.sft_examples import FrameSpec, direct_answer, sft_inputs
 from paravt_jax.infra import distributed as dist
 from paravt_jax.infra import sharding as sh
-from paravt_jax.sft.frames import example_frames
+from paravt_jax.sft.frames import example_frames, example_nframes
 from paravt_jax.sft.objective import HEAD, sft_loss
 from paravt_jax.sft.vision_cache import MIB, VisionFeatureCache, without_pixels
 from paravt_jax.text.chat import VISUALS
@@ -72,6 +72,10 @@ class SFTConfig:
     # `kind` is one of `first_kinds` only, the rest from every row
     first_steps: int = checked(0, integer(0))
     first_kinds: tuple[str, ...] = ()
+    # and, when set, only from rows whose overview K (nframes_choices' draw) is at most this: the
+    # look-up learned on the sparse overviews before any dense row (e.g. a shortcut-prior one) is
+    # mixed in; 0 = rows of any K
+    first_max_nframes: int = checked(0, integer(0))
     # a shortcut prior (the cold start skips the tool on dense overviews, as the paper's does):
     # a tool-calling row whose overview has at least `direct_from_nframes` frames (count sampling)
     # answers straight away instead (data/sft_examples.direct_answer) with probability
@@ -96,6 +100,9 @@ class SFTConfig:
             raise refuse("min_pixels", self.min_pixels, f"must be <= max_pixels ({self.max_pixels})")
         if self.filter_overlong and not self.train_width:
             raise refuse("filter_overlong", self.filter_overlong, "needs train_width (the longest example kept)")
+        if self.first_max_nframes and self.frame_sampling != "count":
+            raise refuse("first_max_nframes", self.first_max_nframes,
+                         f"needs frame_sampling='count' (a row's K; got {self.frame_sampling!r})")
         if self.cache_vision_features and not any(f.split(".")[0] == "visual" for f in self.optimizer.frozen):
             raise refuse("cache_vision_features", self.cache_vision_features,
                          f"needs the vision tower frozen (optimizer.frozen={self.optimizer.frozen!r} names no "
@@ -103,8 +110,9 @@ class SFTConfig:
 
 
 def curriculum_rows(kinds, config: SFTConfig) -> list[int] | None:
-    """The rows the first `config.first_steps` steps draw from (None: no curriculum). A kind
-    that names no row is refused, naming it and the kinds there are."""
+    """The rows the first `config.first_steps` steps draw from (None: no curriculum): those of
+    `first_kinds` whose overview K is at most `first_max_nframes` (when set). A kind that names
+    no row is refused, naming it and the kinds there are, as is a K bound that leaves none."""
     if not config.first_steps:
         return None
     if not config.first_kinds:
@@ -113,7 +121,13 @@ def curriculum_rows(kinds, config: SFTConfig) -> list[int] | None:
     unknown = [k for k in config.first_kinds if k not in present]
     if unknown:
         raise ValueError(f"sft.first_kinds {unknown} name no SFT row; the rows' kinds: {present}")
-    return [i for i, k in enumerate(kinds) if k in config.first_kinds]
+    rows = [i for i, k in enumerate(kinds) if k in config.first_kinds]
+    if config.first_max_nframes:
+        rows = [i for i in rows if example_nframes(i, config) <= config.first_max_nframes]
+        if not rows:
+            raise ValueError(f"sft.first_max_nframes={config.first_max_nframes} leaves no row of "
+                             f"{list(config.first_kinds)} (K drawn from {config.nframes_choices or (config.nframes,)})")
+    return rows
 
 
 def step_rows(index: int, config: SFTConfig, size: int, first: list[int] | None) -> list[int]:

@@ -1,4 +1,5 @@
 """Loaders, the shared loop (resume, SIGTERM, metrics), short SFT and RL runs."""
+import dataclasses
 import json
 import os
 import signal
@@ -82,6 +83,17 @@ def test_sft_curriculum_draws_the_first_steps_from_the_named_kinds(tmp_path):
         curriculum_rows(report.kinds, SFTConfig(first_steps=3, first_kinds=("tool_free",)))
     with pytest.raises(ValueError, match="needs sft.first_kinds"):
         curriculum_rows(report.kinds, SFTConfig(first_steps=3))
+    # a K bound: the first phase keeps only the main rows drawn at K <= the bound
+    from paravt_jax.sft.frames import example_nframes
+    varied = SFTConfig(first_steps=3, first_kinds=("main_subagent",), nframes_choices=(4, 64))
+    ks = {i: example_nframes(i, varied) for i in first}
+    assert set(ks.values()) == {4, 64}  # this seed draws both at the four main rows
+    bounded = curriculum_rows(report.kinds, dataclasses.replace(varied, first_max_nframes=16))
+    assert bounded == [i for i in first if ks[i] == 4]
+    with pytest.raises(ValueError, match=r"first_max_nframes=2 leaves no row of \['main_subagent'\]"):
+        curriculum_rows(report.kinds, dataclasses.replace(varied, first_max_nframes=2))
+    with pytest.raises(ValueError, match="first_max_nframes.*needs frame_sampling='count'"):
+        SFTConfig(first_max_nframes=16, frame_sampling="fps")
 
 
 def test_sft_overview_budget_per_row_follows_the_choices(tmp_path):
