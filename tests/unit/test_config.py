@@ -19,8 +19,9 @@ SECTIONS = (("rl", RLConfig, lambda c: build_run(c).rl), ("sft", SFTConfig, lamb
 # of the tiny preset
 ENTRY_SECTIONS = (("evals", lambda c: build_run(c).evals),)
 # keys whose value the walk leaves at its default: the periodic held-out check refuses cold-start
-# K (tests/unit/test_eval_registry.py)
-LEFT_AT_DEFAULT = ("rl.evals.eval.after_sft",)
+# K (tests/unit/test_eval_registry.py); the curriculum's K bound needs frame_sampling='count',
+# which the walk moves to 'fps' (set on its own below)
+LEFT_AT_DEFAULT = ("rl.evals.eval.after_sft", "sft.first_max_nframes")
 # String fields whose values are checked when the dataclass is built: an allowed other value.
 CHOICES = {"AdvantageConfig.anchor_mode": "sequence", "OptimizerConfig.name": "adam",
            "OptimizerConfig.schedule": "cosine", "RolloutConfig.mode": "frames", "RewardConfig.mode": "exact",
@@ -116,6 +117,12 @@ def test_every_dataclass_field_is_settable_from_the_command_line():
     for key, value in expected.items():
         where, rest = key.split(".", 1)
         assert field_of(built[where], rest) == value, key
+
+
+def test_the_walks_left_keys_are_settable_on_their_own():
+    assert build_run(parse("--config.sft.first_max_nframes=16")).sft.first_max_nframes == 16
+    with pytest.raises(Exception, match="first_max_nframes=16: needs frame_sampling='count'"):
+        build_run(parse("--config.sft.first_max_nframes=16", "--config.sft.frame_sampling=fps"))
 
 
 def _default_of(where):
