@@ -6,7 +6,7 @@ import typing
 
 import pytest
 
-from paravt_jax.config import build, fields_and_keys, section
+from paravt_jax.config import ConfigValueError, build, fields_and_keys, section
 from paravt_jax.configs import paragrpo
 from paravt_jax.episodes.rewards import RewardConfig, make_judge
 from paravt_jax.rl.trainer import RLConfig
@@ -119,9 +119,10 @@ def test_every_dataclass_field_is_settable_from_the_command_line():
         assert field_of(built[where], rest) == value, key
 
 
-def test_the_walks_left_keys_are_settable_on_their_own():
+def test_first_max_nframes_is_settable_on_its_own_and_refused_with_fps_sampling():
+    """The key the walk leaves at its default (after_sft: tests/unit/test_eval_registry.py)."""
     assert build_run(parse("--config.sft.first_max_nframes=16")).sft.first_max_nframes == 16
-    with pytest.raises(Exception, match="first_max_nframes=16: needs frame_sampling='count'"):
+    with pytest.raises(ConfigValueError, match="first_max_nframes=16: needs frame_sampling='count'"):
         build_run(parse("--config.sft.first_max_nframes=16", "--config.sft.frame_sampling=fps"))
 
 
