@@ -181,10 +181,6 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
         # a sub-agent prompt of 16 two-stage crop frames is 1,422 tokens (the planner's count);
         # rl/shapes.py's derived bound counts one resize's 49 tokens a frame
         c.rl.shapes.subagent_width = 2048
-        # a round's up to 280 sub-agent prompts (56 rows x 5 calls) in 3 calls of 128 rows: each
-        # sub-agent decode step reads the weights for twice the rows of the 64-row default (5
-        # calls), for 20% more padded rows in the prefills (docs/scale-out.md, the time plan)
-        c.rl.shapes.subagent_rows = 128
         c.model.param_dtype = c.model.dtype = "bfloat16"
         c.model.remat = True
         c.evals.held_out.max_new_tokens, c.evals.held_out.max_turns, c.evals.held_out.limit = 2048, 3, 0
