@@ -384,9 +384,10 @@ class SamplerPrograms:
         return self._compile(call.name, prefill, args, dict(plan=plan), (chunk, vision), group)
 
     def decode(self, rows: int, capacity: int, prompts: int, prefix_slots: int, max_new_tokens: int,
-               name: str = "decode") -> ProgramMemory:
+               name: str = "decode", truncation: bool = True) -> ProgramMemory:
         """The real jitted decode loop over `rows` rows of a `capacity`-slot suffix attending to
-        `prompts` prefixes of `prefix_slots`."""
+        `prompts` prefixes of `prefix_slots`; with the top-p / top-k branch when `truncation`
+        (the rollout's SamplingParams.truncates)."""
         cache, shardings = self.cache(rows, capacity)
         prefix, _ = self.cache(prompts, prefix_slots)
         steps = S.bucket(max_new_tokens, 16)
@@ -398,6 +399,6 @@ class SamplerPrograms:
                host((rows, 2), jnp.uint32), host((MAX_STOP_IDS,), jnp.int32))
         inputs = DecodeInputs(*own, host((), jnp.float32), host((), jnp.float32), host((), jnp.int32), steps)
         args = (self.graphdef, self.params, self.weights, cache, prefix, inputs, carry)
-        plan = DecodePlan(shardings, self.backend, self.sampler.decode_window)
+        plan = DecodePlan(shardings, self.backend, self.sampler.decode_window, truncation=truncation)
         return self._compile(name, decode, args, dict(plan=plan), (own, carry), rows)
 

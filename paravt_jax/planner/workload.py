@@ -16,6 +16,7 @@ from paravt_jax.planner.memory import PrefillCall
 from paravt_jax.rl.shapes import StepShapes, step_shapes
 from paravt_jax.run_config import SECTIONS, RunConfig, builtin_assets
 from paravt_jax.sampling.kv_cache import capacity_after, episode_capacity, first_capacity
+from paravt_jax.sampling.params import SamplingParams
 from paravt_jax.sft.frames import largest_frames
 from paravt_jax.text import chat
 from paravt_jax.text.inputs import ModelInputs, encode
@@ -401,5 +402,12 @@ def sampler_calls(layout: SamplerLayout, work: Workload, rl):
                                  layout.subagent_prefix_slots,
                                  visual_tokens_per_row=layout.subagent_frames * work.crop_frame_tokens))
     decode = dict(rows=layout.rows, capacity=layout.suffix_slots, prompts=layout.prompt_rows,
-                  prefix_slots=layout.prefix_slots, max_new_tokens=rl.rollout.max_new_tokens)
+                  prefix_slots=layout.prefix_slots, max_new_tokens=rl.rollout.max_new_tokens,
+                  truncation=rollout_truncates(rl.rollout))
     return calls, decode
+
+
+def rollout_truncates(rollout) -> bool:
+    """Whether the rollout's calls (its turns and its sub-agents: agent/rollout.py
+    `sampling_params`) sample with top-k or top-p, so that their decode holds that branch."""
+    return SamplingParams(top_p=rollout.top_p, top_k=rollout.top_k).truncates

@@ -22,11 +22,13 @@ from paravt_jax.sampling.params import MAX_STOP_IDS, SamplingParams
 from paravt_jax.sampling.programs import merge
 
 
-def sample_logits(logits, keys, temperature, top_p, top_k):
+def sample_logits(logits, keys, temperature, top_p, top_k, truncation: bool = True):
     """logits [B, V] float32, keys [B] PRNG keys -> (tokens [B], log-probs [B]).
 
     temperature 0 is greedy. top_k <= 0 and top_p >= 1 disable truncation. Log-probs follow
-    the module convention (temperature-scaled, untruncated).
+    the module convention (temperature-scaled, untruncated). `truncation` (static) False leaves
+    the top-p / top-k branch (a sort of every row's logits) out of the program: for calls that
+    never truncate, where it would not run; the tokens are the same.
     """
     safe_t = jnp.where(temperature > 0, temperature, 1.0)
     scaled = logits / safe_t
@@ -52,6 +54,8 @@ def sample_logits(logits, keys, temperature, top_p, top_k):
         return jnp.take_along_axis(order, choice[:, None], axis=-1)[:, 0]
 
     def stochastic(_):
+        if not truncation:
+            return plain(None).astype(jnp.int32)
         return jax.lax.cond((top_k > 0) | (top_p < 1.0), truncated, plain, None).astype(jnp.int32)
 
     token = jax.lax.cond(temperature > 0, stochastic, lambda _: greedy, None)
@@ -122,11 +126,14 @@ class DecodePlan:
     "capacity" = every row every slot of the cache (dense when the scores are small).
     paged (SamplerConfig.decode_cache="paged"): each call copies the prompt and suffix caches
     into pages (sampling/pages.py: the prompt's full pages shared by its rows) and every step
-    writes its keys and values there too and reads only the pages, each row up to its length."""
+    writes its keys and values there too and reads only the pages, each row up to its length.
+    truncation: whether the program holds the top-p / top-k branch (`SamplingParams.truncates`:
+    a call that never truncates compiles without it, one program for every such call)."""
     sharding: CacheShardings | None  # of the suffix cache's layers (None without a mesh)
     backend: SamplerBackend
     window: str = "used"
     paged: PagedPlan | None = None
+    truncation: bool = True
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "plan"), donate_argnames="cache")
@@ -144,7 +151,8 @@ def decode(graphdef, params, weights, cache: KVCache, prefix: KVCache, inputs: D
         return jax.vmap(lambda k: jax.random.fold_in(k, step))(inputs.row_keys)
 
     def emit(c: DecodeCarry, logits, active) -> DecodeCarry:
-        token, logp = sample_logits(logits, keys_at(c.step), inputs.temperature, inputs.top_p, inputs.top_k)
+        token, logp = sample_logits(logits, keys_at(c.step), inputs.temperature, inputs.top_p, inputs.top_k,
+                                    plan.truncation)
         n_gen = c.n_gen + active
         hit = active & jnp.any(token[:, None] == inputs.stop_ids[None, :], axis=-1)
         return dataclasses.replace(

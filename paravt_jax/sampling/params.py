@@ -46,6 +46,12 @@ class SamplingParams:
         except ConfigValueError as e:
             raise e.within("SamplingParams") from None
 
+    @property
+    def truncates(self) -> bool:
+        """Whether sampling cuts the distribution (top-k or top-p): the decode program holds the
+        truncation branch only for such calls (DecodePlan.truncation)."""
+        return self.top_k > 0 or self.top_p < 1.0
+
     def with_budget(self, max_new_tokens: int) -> SamplingParams:
         """The same settings with another token budget (a turn of another length)."""
         return dataclasses.replace(self, max_new_tokens=max_new_tokens)

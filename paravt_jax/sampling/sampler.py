@@ -458,7 +458,7 @@ class Sampler:
         carry = DecodeCarry.start(budgets, steps, write_index, next_position)
         while True:  # one segment per suffix size: grow it (at most double) when the slots run out
             plan = DecodePlan(self._sharding(rows, suffix.capacity), self.backend, self.config.decode_window,
-                              self.paged_plan())
+                              self.paged_plan(), truncation=sampling.truncates)
             carry, suffix = decode_program.decode(self.graphdef, self.params, self.weights, suffix, prefix, inputs,
                                                   carry, plan)
             n_gen, done = np.asarray(carry.n_gen), np.asarray(carry.done)

@@ -166,6 +166,28 @@ def test_top_k_top_p_never_leave_the_support():
     np.testing.assert_allclose(np.asarray(lp), np.log(0.5), atol=1e-5)
 
 
+def test_a_program_without_the_truncation_branch_samples_the_same_tokens():
+    """SamplingParams.truncates False (top_k 0, top_p 1): the decode compiles sample_logits
+    without the top-p / top-k branch (no sort of the logits in the program), and draws the same
+    tokens and log-probs as the program holding it, sampled or greedy."""
+    rng = np.random.default_rng(0)
+    logits = jax.numpy.asarray(rng.normal(size=(16, 300)).astype(np.float32) * 3)
+    keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.PRNGKey(1), i))(jax.numpy.arange(16))
+    for temperature in (0.0, 0.7, 1.0):
+        with_branch = sample_logits(logits, keys, temperature, 1.0, 0, True)
+        without = sample_logits(logits, keys, temperature, 1.0, 0, False)
+        for a, b in zip(with_branch, without):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+    def hlo(truncation):
+        fn = jax.jit(lambda l, k, t, p, kk: sample_logits(l, k, t, p, kk, truncation))
+        return fn.lower(logits, keys, 0.7, 1.0, 0).compile().as_text()
+
+    assert " sort(" in hlo(True) and " sort(" not in hlo(False)
+    assert not SamplingParams().truncates and not SamplingParams(temperature=0.7).truncates
+    assert SamplingParams(top_k=5).truncates and SamplingParams(top_p=0.9).truncates
+
+
 def test_seed_reproducibility():
     model = init_model(preset("tiny"), seed=4)
     sampling = SamplingParams(max_new_tokens=12, temperature=1.0)
