@@ -69,7 +69,7 @@ from paravt_jax.planner.arrays import train_batch_spec
 from paravt_jax.planner.child import ChildRun, run_in_child
 from paravt_jax.planner.memory import PrefillCall, ProgramMemory, SamplerPrograms, compile_for
 from paravt_jax.planner.targets import COST_TARGETS, Target, TargetError, target_devices, target_env
-from paravt_jax.planner.workload import rollout_truncates, sampler_calls
+from paravt_jax.planner.workload import sampler_calls
 from paravt_jax.rl.objective import policy_head, policy_loss
 from paravt_jax.sft.objective import HEAD, sft_loss
 from paravt_jax.train.step import TrainState, TrainStep
@@ -209,7 +209,7 @@ def _sampler_jobs(rl, work, layout) -> list[tuple[str, Callable[[SamplerPrograms
     if layout.subagent_rows:
         jobs.append(("sub-agent decode", lambda programs: programs.decode(
             layout.subagent_rows, layout.subagent_suffix_slots, layout.subagent_rows, layout.subagent_prefix_slots,
-            rl.rollout.subagent_max_tokens, name="sub-agent decode", truncation=rollout_truncates(rl.rollout))))
+            rl.rollout.subagent_max_tokens, name="sub-agent decode", truncation=decode["truncation"])))
     # the vision tower runs once per prefill row group, on the group's frames padded to
     # frames_per_row each (Sampler._prefill, shard_vision): per shard of rows where the sampler
     # splits the group's rows over the devices (SamplerConfig.vision_shards), else replicated

@@ -403,11 +403,6 @@ def sampler_calls(layout: SamplerLayout, work: Workload, rl):
                                  visual_tokens_per_row=layout.subagent_frames * work.crop_frame_tokens))
     decode = dict(rows=layout.rows, capacity=layout.suffix_slots, prompts=layout.prompt_rows,
                   prefix_slots=layout.prefix_slots, max_new_tokens=rl.rollout.max_new_tokens,
-                  truncation=rollout_truncates(rl.rollout))
+                  # the rollout's calls (turns and sub-agents alike: agent/rollout.py sampling_params)
+                  truncation=SamplingParams(top_p=rl.rollout.top_p, top_k=rl.rollout.top_k).truncates)
     return calls, decode
-
-
-def rollout_truncates(rollout) -> bool:
-    """Whether the rollout's calls (its turns and its sub-agents: agent/rollout.py
-    `sampling_params`) sample with top-k or top-p, so that their decode holds that branch."""
-    return SamplingParams(top_p=rollout.top_p, top_k=rollout.top_k).truncates

@@ -188,6 +188,21 @@ def test_a_program_without_the_truncation_branch_samples_the_same_tokens():
     assert SamplingParams(top_k=5).truncates and SamplingParams(top_p=0.9).truncates
 
 
+def test_the_sampler_compiles_the_truncation_its_call_asks_for():
+    """Sampler.generate passes SamplingParams.truncates to the decode: top_k=1 at temperature 1
+    samples the greedy tokens (it would not if the branch were left out), top_k=0 does not."""
+    model = init_model(preset("tiny"), seed=2)
+    prompts = [encode_ids(list(range(3, 3 + n)), 0) for n in (5, 9)]
+    sampler = Sampler(model)
+    greedy, _ = sampler.generate(prompts, num_samples=4, sampling=SamplingParams(max_new_tokens=12), seed=1)
+    top1, _ = sampler.generate(prompts, num_samples=4, sampling=SamplingParams(max_new_tokens=12, temperature=1.0,
+                                                                                top_k=1), seed=1)
+    plain, _ = sampler.generate(prompts, num_samples=4, sampling=SamplingParams(max_new_tokens=12, temperature=1.0),
+                                seed=1)
+    np.testing.assert_array_equal(np.asarray(top1.tokens), np.asarray(greedy.tokens))
+    assert not np.array_equal(np.asarray(plain.tokens), np.asarray(greedy.tokens))
+
+
 def test_seed_reproducibility():
     model = init_model(preset("tiny"), seed=4)
     sampling = SamplingParams(max_new_tokens=12, temperature=1.0)
