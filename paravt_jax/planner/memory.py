@@ -110,6 +110,10 @@ class ProgramMemory:
     # a vision tower's passes, one per shard of rows, each on its shard's devices
     # (sampler.vision_split); 1: one pass over every frame, replicated
     vision_shards: int = 1
+    # a prefill's row blocks over the devices (kv_cache.row_shards): its attention calls read the
+    # cache rows where they live, each device its block of the group's rows and their prompts'
+    # prefixes (the matmuls still run on every device for all of the group's tokens); 1: not split
+    row_shards: int = 1
 
     @property
     def working_bytes(self) -> int:
@@ -381,7 +385,8 @@ class SamplerPrograms:
         block = self.backend.prefill_block(group, self.config.text.num_attention_heads, self.config.attention_block)
         args = (self.graphdef, self.params, self.weights, cache, prefix, PrefillChunk(*chunk, *vision, scalar, scalar))
         plan = PrefillPlan(shardings, self.backend, window=call.capacity, block=block, shards=shards)
-        return self._compile(call.name, prefill, args, dict(plan=plan), (chunk, vision), group)
+        stats = self._compile(call.name, prefill, args, dict(plan=plan), (chunk, vision), group)
+        return dataclasses.replace(stats, row_shards=shards)
 
     def decode(self, rows: int, capacity: int, prompts: int, prefix_slots: int, max_new_tokens: int,
                name: str = "decode", truncation: bool = True) -> ProgramMemory:

@@ -27,7 +27,8 @@ reserved capacity (planner/decode_reads.py).
 Attention kernels' FLOPs are added analytically (forward: 4 x rows x heads x head_dim x queries
 x keys, halved for causal self-attention; a gradient pass: forward + 2.5 x forward for the
 backward (dq, dk, dv and the recomputed scores) + one more forward with remat), divided over the
-devices the way the program splits rows (the micro-batch over data x fsdp, heads over tensor).
+devices the way the program splits rows (the micro-batch over data x fsdp, a decode's and a
+prefill's cache rows over their row blocks, heads over tensor).
 """
 from __future__ import annotations
 
@@ -185,8 +186,10 @@ def _kernel_share(program, work, mesh: dict, rows_per_device: int, config) -> tu
         vision_split = vision_shard_count(batch, work.micro_batch_rows)
     elif "decode" in program.name:  # the cache rows are split over the batch axes (kv_cache.cache_sharding)
         row_split = batch if program.group_rows % batch == 0 else 1
-    else:  # a prefill group is computed on every device for all its rows (sampler.prefill_group)
-        row_split = 1
+    else:  # a prefill: the matmuls run on every device for all of the group's tokens (XLA counts
+        # them), the attention on each device's block of the group's cache rows and their prompts
+        # (ProgramMemory.row_shards: the compiled loop's rows are the block's)
+        row_split = program.row_shards
     factor = 1.0
     if program.name == "gradients":
         factor = 1.0 + BACKWARD_FACTOR + (1.0 if config.remat else 0.0)

@@ -119,6 +119,48 @@ def test_time_plan_charges_the_mean_fill_and_says_so():
     assert any(line.strip() == phase.kv_read for line in T.format_time_plan(plan))
 
 
+def test_a_prefills_attention_runs_on_each_devices_block_of_rows(monkeypatch):
+    """On an fsdp mesh the prefill's matmuls run on every device for all of the group's tokens,
+    but its blockwise attention reads the cache rows where they live: the compiled loop's score
+    block holds one device's rows (16 rows over 8 devices: 2), and the time plan divides the
+    attention it adds by those row blocks (ProgramMemory.row_shards), not by nothing."""
+    import re
+
+    import jax
+
+    from paravt_jax.infra import sharding as sh
+    from paravt_jax.planner import memory as M
+    from paravt_jax.planner.programs import ProgramSet
+    from paravt_jax.sampling.sampler import SamplerConfig
+
+    if len(jax.devices()) < 8:
+        pytest.skip("needs 8 devices (tests/conftest.py sets XLA_FLAGS)")
+    compiled = {}
+    real = M.compile_for
+
+    def keeping(name, *args, keep=False, **kwargs):  # the real compile; its program kept for reading
+        stats, program = real(name, *args, keep=True, **kwargs)
+        compiled[name] = program
+        return (stats, program) if keep else stats
+
+    monkeypatch.setattr(M, "compile_for", keeping)
+    config = preset("tiny").replace(attention="blockwise")
+    programs = M.SamplerPrograms(config, SamplerConfig(), sh.make_mesh({"data": 1, "fsdp": 8, "tensor": 1},
+                                                                       jax.devices()[:8]), "gpu")
+    call = M.PrefillCall("tool-response prefill", 16, 1024, 64, prompts=8, prefix_slots=256)
+    stats = programs.prefill(call)
+    assert (stats.group_rows, stats.row_shards) == (16, 8) and stats.kernel_text_flops > 0
+    scores = [line for line in compiled[call.name].as_text().splitlines()
+              if " dot(" in line and "bkgqd,bkds->bkgqs" in line]
+    assert scores, "no blockwise score matmul in the compiled prefill"
+    assert {re.search(r"= f32\[(\d+),", line).group(1) for line in scores} == {"2"}
+    rl, work, layout = _small_recipe()
+    plan = T.time_plan(ProgramSet((), (stats,), "gpu", "test", 1.0), rl, work, None, config, "h100",
+                       {"data": 1, "fsdp": 8, "tensor": 1})
+    (phase,) = plan.phases
+    assert phase.kernel_flops == pytest.approx(stats.kernel_text_flops / 8)
+
+
 # An optimised module in HLO text: an in-place cache write (a fusion rooted at a
 # dynamic-update-slice), a read of one slice of the cache through a nested fusion, an add, a
 # loop of known trip count whose body holds a conditional (one branch runs), and an operand in
