@@ -20,6 +20,13 @@ round's responses (`SamplerLayout.extend_width` x `extend_pieces` slots). The ti
 each decode call the mean over those steps. The block is `SamplerBackend.decode_block` under
 `decode_window="used"` and `model.attention_block` under "capacity" (where finished rows keep
 attending, which a full-budget episode has none of).
+
+The tool-response prefill is traced at the whole reserved suffix too (under the fixed shapes its
+window is the capacity, `SamplerConfig.prefill_window`), and its blockwise read stops in the same
+way: a piece of `extend_width` tokens written at slot `w` reads the blocks up to `w + width`
+(its own keys are filled before it attends) and the prompt's filled blocks. `extend_read` charges
+each piece the mean over the pieces of a full-budget episode's extends (`extend_fills`), with the
+prefill's own key block and row group (ProgramMemory.attention_block, group_rows).
 """
 from __future__ import annotations
 
@@ -33,9 +40,9 @@ class DecodeRead:
     per row (suffix) and per prompt (prefix); flops / bytes: the analytic attention of one step,
     whole program (all rows, every layer), for the calls XLA does not count (the blockwise ones)."""
     name: str
-    window: str  # SamplerConfig.decode_window
+    window: str  # SamplerConfig.decode_window (a prefill's: prefill_window)
     block: int  # key slots per block of the blockwise read
-    steps: int  # forward steps the mean is over
+    steps: int  # forward steps (a prefill's: pieces) the mean is over
     suffix_read: float  # mean suffix slots read per row per step
     suffix_slots: int  # the reserved suffix (the static key length the trace counts)
     prefix_read: float  # prompt slots read per prompt per step
@@ -44,12 +51,14 @@ class DecodeRead:
     bytes: float
     full_flops: float  # the same calls at the static key lengths (what the trace recorded)
     full_bytes: float
+    unit: str = "step"  # what one call of the program is: a decode step, a prefill's piece
 
     def describe(self) -> str:
-        return (f"{self.name}: KV read per step = mean fill, {self.suffix_read:,.0f} of {self.suffix_slots:,} suffix "
-                f"slots + {self.prefix_read:,.0f} of {self.prefix_slots:,} prompt slots ({self.block}-slot blocks, "
-                f"decode_window={self.window!r}, mean over {self.steps:,} steps of a full-budget rollout): "
-                f"{self.bytes / 1e9:,.2f} GB of attention a step, {self.full_bytes / 1e9:,.2f} GB at capacity")
+        knob = "decode_window" if self.unit == "step" else "prefill_window"
+        return (f"{self.name}: KV read per {self.unit} = mean fill, {self.suffix_read:,.0f} of {self.suffix_slots:,} "
+                f"suffix slots + {self.prefix_read:,.0f} of {self.prefix_slots:,} prompt slots ({self.block}-slot "
+                f"blocks, {knob}={self.window!r}, mean over {self.steps:,} {self.unit}s of a full-budget rollout): "
+                f"{self.bytes / 1e9:,.2f} GB of attention a {self.unit}, {self.full_bytes / 1e9:,.2f} GB at capacity")
 
 
 def blocks_read(filled: int, block: int, slots: int) -> int:
@@ -78,21 +87,22 @@ def suffix_reads(turns, block: int, slots: int) -> tuple[int, int]:
 
 
 def decode_attention(config, rows: int, prompts: int, suffix_keys: float, suffix_slots: int, prefix_keys: float,
-                     prefix_slots: int, bounded: bool) -> tuple[float, float]:
-    """(FLOPs, bytes) of one decode step's blockwise attention calls over every layer, with
-    `suffix_keys` / `prefix_keys` slots read (the static slots decide dense or blockwise, as
-    attend_partial decides): a row's own suffix (q [rows, 1, H, hd]) and the prompt prefix (the
-    rows of a prompt folded into its queries: q [prompts, rows / prompts, H, hd]). Dense calls
-    are left out (XLA counts them)."""
+                     prefix_slots: int, bounded: bool, queries: int = 1) -> tuple[float, float]:
+    """(FLOPs, bytes) of one decode step's (queries = 1) or prefill piece's (queries = its
+    width) blockwise attention calls over every layer, with `suffix_keys` / `prefix_keys` slots
+    read (the static slots decide dense or blockwise, as attend_partial decides): a row's own
+    suffix (q [rows, queries, H, hd]) and the prompt prefix (the rows of a prompt folded into
+    its queries: q [prompts, rows / prompts x queries, H, hd]). Dense calls are left out (XLA
+    counts them)."""
     from paravt_jax.models.qwen3_vl.attention import attention_cost_of, partial_runs_dense
 
     t = config.text
     size = _itemsize(config.dtype)
     heads, kv_heads, impl = t.num_attention_heads, t.num_key_value_heads, config.attention
     flops = total = 0.0
-    calls = [(rows, 1, suffix_keys, suffix_slots, bounded)]
+    calls = [(rows, queries, suffix_keys, suffix_slots, bounded)]
     if prompts:
-        calls.append((prompts, rows // prompts, prefix_keys, prefix_slots, False))
+        calls.append((prompts, rows // prompts * queries, prefix_keys, prefix_slots, False))
     for batch, q_len, keys, slots, bound in calls:
         if partial_runs_dense(impl, batch, q_len, heads, slots, bound):
             continue
@@ -130,6 +140,46 @@ def decode_read(name: str, config, window: str, block: int, rows: int, prompts: 
     full = decode_attention(config, rows, prompts, suffix_slots, suffix_slots, prefix_slots, prefix_slots, bounded)
     return DecodeRead(name, window, block, steps, suffix, suffix_slots, prefix, prefix_slots if prompts else 0,
                       flops, size, *full)
+
+
+def extend_fills(turns, width: int, pieces: int) -> list[int]:
+    """Suffix slots filled once each tool-response piece is written, in a full-budget episode:
+    the extend before turn t >= 1 (`turns` as `suffix_reads`' ) writes `pieces` pieces of `width`
+    slots from the write pointer the turns before it left."""
+    write, fills = 0, []
+    for t, (advance, budget) in enumerate(turns):
+        if t:
+            fills += [write + (p + 1) * width for p in range(pieces)]
+        write += advance + max(budget - 1, 0)
+    return fills
+
+
+def extend_read(name: str, config, block: int, rows: int, prompts: int, width: int, fills, suffix_slots: int,
+                prompt_tokens: int, prefix_slots: int) -> DecodeRead:
+    """The DecodeRead of a tool-response prefill of `rows` rows (`prompts` prompts) writing
+    pieces of `width` tokens: each piece reads its blocks up to `fills[i]` (see the module
+    docstring), the mean over the pieces."""
+    total = sum(blocks_read(f, block, suffix_slots) for f in fills)
+    suffix = total / len(fills) if fills else 0.0
+    prefix = float(blocks_read(min(prompt_tokens, prefix_slots), block, prefix_slots)) if prompts else 0.0
+    flops, size = decode_attention(config, rows, prompts, suffix, suffix_slots, prefix, prefix_slots, False, width)
+    full = decode_attention(config, rows, prompts, suffix_slots, suffix_slots, prefix_slots, prefix_slots, False, width)
+    return DecodeRead(name, "capacity", block, len(fills), suffix, suffix_slots, prefix, prefix_slots if prompts else 0,
+                      flops, size, *full, unit="piece")
+
+
+def tool_response_read(rl, work, layout, config, program) -> DecodeRead | None:
+    """The tool-response prefill's DecodeRead from its compiled program (its row group and
+    key block), None where the program does not say its block or the episode has no extend."""
+    if not program.attention_block or not layout.extend_width or not layout.prompt_rows:
+        return None
+    per_prompt = max(layout.rows // layout.prompt_rows, 1)
+    fills = extend_fills(main_decode_turns(rl, work, layout), layout.extend_width, layout.extend_pieces)
+    if not fills:
+        return None
+    return extend_read("tool-response prefill", config, program.attention_block, program.group_rows,
+                       max(program.group_rows // per_prompt, 1), layout.extend_width, fills, layout.suffix_slots,
+                       work.prompt_tokens, layout.prefix_slots)
 
 
 def decode_reads(rl, work, layout, config) -> dict[str, DecodeRead]:

@@ -114,6 +114,8 @@ class ProgramMemory:
     # cache rows where they live, each device its block of the group's rows and their prompts'
     # prefixes (the matmuls still run on every device for all of the group's tokens); 1: not split
     row_shards: int = 1
+    # a prefill's attention key block (SamplerBackend.prefill_block of its row group); 0: not a prefill
+    attention_block: int = 0
 
     @property
     def working_bytes(self) -> int:
@@ -386,7 +388,7 @@ class SamplerPrograms:
         args = (self.graphdef, self.params, self.weights, cache, prefix, PrefillChunk(*chunk, *vision, scalar, scalar))
         plan = PrefillPlan(shardings, self.backend, window=call.capacity, block=block, shards=shards)
         stats = self._compile(call.name, prefill, args, dict(plan=plan), (chunk, vision), group)
-        return dataclasses.replace(stats, row_shards=shards)
+        return dataclasses.replace(stats, row_shards=shards, attention_block=block)
 
     def decode(self, rows: int, capacity: int, prompts: int, prefix_slots: int, max_new_tokens: int,
                name: str = "decode", truncation: bool = True) -> ProgramMemory:

@@ -113,7 +113,7 @@ def with_depth(config: Qwen3VLConfig, layers: int, scan: bool) -> Qwen3VLConfig:
 
 
 # ProgramMemory fields that do not scale with the layers; the cost analysis' fields
-_FIXED_FIELDS = ("group_rows", "vision_shards", "row_shards")
+_FIXED_FIELDS = ("group_rows", "vision_shards", "row_shards", "attention_block")
 _COST_FIELDS = ("flops", "bytes_accessed", "collective_bytes", "kernel_text_flops", "kernel_text_bytes",
                 "kernel_vision_flops", "kernel_vision_bytes", "physical_bytes")
 

@@ -21,8 +21,8 @@ Bytes are the optimised HLO's by the physical rule where the program carries tha
 (ProgramMemory.physical_bytes, planner/hlo_counts.py: each instruction reads its operands once
 and writes its output once, slices and in-place updates at their sizes, loops of known trip
 count every run), else the cost analysis' (whose figure the table prints beside it).
-A decode step's attention is counted at the rollout's mean fill of the KV cache, not its
-reserved capacity (planner/decode_reads.py).
+A decode step's attention, and a tool-response prefill piece's, is counted at the rollout's mean
+fill of the KV cache, not its reserved capacity (planner/decode_reads.py).
 
 Attention kernels' FLOPs are added analytically (forward: 4 x rows x heads x head_dim x queries
 x keys, halved for causal self-attention; a gradient pass: forward + 2.5 x forward for the
@@ -35,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from paravt_jax.planner.decode_reads import decode_reads
+from paravt_jax.planner.decode_reads import decode_reads, tool_response_read
 
 # Peak dense bf16 FLOP/s, HBM bandwidth and per-chip interconnect bandwidth (one direction) of
 # each accelerator, from the vendors' published specifications:
@@ -92,7 +92,7 @@ class PhaseTime:
     compute_seconds: float
     memory_seconds: float
     network_seconds: float
-    kv_read: str = ""  # a decode's: what its attention bytes count (decode_reads.DecodeRead.describe)
+    kv_read: str = ""  # a decode's or the tool-response prefill's: what its attention counts (DecodeRead.describe)
     cost_analysis_bytes: float = 0.0  # the compiler's cost analysis' bytes per call (before the physical rule)
 
     @property
@@ -219,7 +219,9 @@ def time_plan(programs, rl, work, layout, config, chip: str, mesh: dict | None =
             group = programs.find(prefill)
             count *= math.ceil(rows / max(group.group_rows if group else rows, 1))
         read = reads.get(program.name)
-        if read is not None:  # the keys a step reads at the rollout's mean fill, not the static length
+        if program.name == "tool-response prefill" and layout is not None:
+            read = tool_response_read(rl, work, layout, config, program)
+        if read is not None:  # the keys a call reads at the rollout's mean fill, not the static length
             program = dataclasses.replace(program, kernel_text_flops=read.flops, kernel_text_bytes=read.bytes)
         kernel_flops, kernel_bytes = _kernel_share(program, work, mesh, rows_per_device, config)
         # bytes by the physical rule where the program was counted so (ProgramMemory.physical_bytes)

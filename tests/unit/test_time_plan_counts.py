@@ -119,6 +119,60 @@ def test_time_plan_charges_the_mean_fill_and_says_so():
     assert any(line.strip() == phase.kv_read for line in T.format_time_plan(plan))
 
 
+def test_extend_fills_follow_the_write_pointer_by_hand():
+    """Turns of 24 tokens, each tool round's extend in two pieces of 16 slots: turn 1 writes 23
+    slots; the pieces before turn 2 fill 39 and 55; turn 2 then writes up to 78; the pieces
+    before turn 3 fill 94 and 110."""
+    assert D.extend_fills([(0, 24), (32, 24), (32, 24)], 16, 2) == [39, 55, 94, 110]
+    assert D.extend_fills([(0, 24)], 16, 2) == []  # no tool round, no extend
+
+
+def test_the_tool_response_read_by_hand_and_at_capacity_as_traced():
+    """tiny, blockwise, 4 rows of 2 prompts, pieces of 16 tokens: 16-slot blocks up to 39, 55,
+    94, 110 filled slots read 48, 64, 96, 112 (mean 80) of the 144 reserved; the prompt's 40
+    tokens 48 of its 64 slots. At the static lengths the count is what the traced prefill
+    records."""
+    import jax
+
+    from paravt_jax.infra import sharding as sh
+    from paravt_jax.planner.memory import PrefillCall, SamplerPrograms
+    from paravt_jax.sampling.sampler import SamplerConfig
+
+    config = preset("tiny").replace(attention="blockwise")
+    read = D.extend_read("tool-response prefill", config, 16, 4, 2, 16, [39, 55, 94, 110], 144, 40, 64)
+    assert (read.steps, read.suffix_read, read.prefix_read) == (4, 80.0, 48.0)
+    # own: 4 rows x 4 heads x 16 dims x 16 queries x 80 keys, two products of 2 FLOPs; prompt: 2
+    # prompts, their 2 rows' 16 queries folded into 32, 48 keys; 2 layers
+    assert read.flops == pytest.approx(2 * (4 * 4 * 4 * 16 * 16 * 80 + 4 * 2 * 4 * 16 * 32 * 48))
+    assert read.flops < read.full_flops and read.bytes < read.full_bytes
+    assert read.describe().startswith("tool-response prefill: KV read per piece = mean fill, 80 of 144 suffix")
+    programs = SamplerPrograms(config, SamplerConfig(), sh.make_mesh({"data": 1}, jax.devices()[:1]), "gpu")
+    traced = programs.prefill(PrefillCall("tool-response prefill", 4, 144, 16, prompts=2, prefix_slots=64))
+    assert traced.group_rows == 4 and traced.attention_block > 0 and traced.kernel_text_flops > 0
+    at_block = D.extend_read("tool-response prefill", config, traced.attention_block, 4, 2, 16, [39], 144, 40, 64)
+    assert (at_block.full_flops, at_block.full_bytes) == (pytest.approx(traced.kernel_text_flops),
+                                                           pytest.approx(traced.kernel_text_bytes))
+
+
+def test_time_plan_charges_the_tool_response_prefill_its_mean_fill():
+    from paravt_jax.planner.memory import ProgramMemory
+    from paravt_jax.planner.programs import ProgramSet
+
+    rl, work, layout = _small_recipe()
+    config = preset("tiny").replace(attention="blockwise")
+    fills = D.extend_fills(D.main_decode_turns(rl, work, layout), layout.extend_width, layout.extend_pieces)
+    assert len(fills) == 2 * layout.extend_pieces and fills == sorted(fills) and fills[-1] <= layout.suffix_slots
+    read = D.tool_response_read(rl, work, layout, config, ProgramMemory(
+        "tool-response prefill", 0, 0, layout.rows, 1.0, attention_block=16))
+    prefill = ProgramMemory("tool-response prefill", 0, 0, layout.rows, 1.0, flops=1e6,
+                            kernel_text_flops=read.full_flops, kernel_text_bytes=read.full_bytes, attention_block=16)
+    plan = T.time_plan(ProgramSet((), (prefill,), "tpu", "test", 1.0), rl, work, layout, config, "v5p", {"data": 1})
+    (phase,) = plan.phases
+    assert read.flops < read.full_flops
+    assert phase.kernel_flops == pytest.approx(read.flops)
+    assert phase.kv_read == read.describe()
+
+
 def test_a_prefills_attention_runs_on_each_devices_block_of_rows(monkeypatch):
     """On an fsdp mesh the prefill's matmuls run on every device for all of the group's tokens,
     but its blockwise attention reads the cache rows where they live: the compiled loop's score
