@@ -26,7 +26,8 @@ calls): the attention's share of the rollout arms' difference.
 `--compiled LAYERS` also compiles one decode step of the 8B's shapes (64 rows x 20,480 suffix
 slots, 8 prompts x 16,384 prefix slots, bf16) with LAYERS decoder layers for `--target`
 (cpu: XLA:CPU on this machine; tpu: libtpu for one v5p chip, minutes to compile) and prints
-XLA's bytes per step and the analytic attention bytes the time plan adds.
+XLA's bytes per step and the analytic attention bytes the time plan adds; as the recipes'
+rollouts compile it (no top-p / top-k branch) unless `--truncation`.
 """
 from __future__ import annotations
 
@@ -121,8 +122,10 @@ def attention_reads(state, backend, page: int, repeats: int) -> tuple[float, flo
     return seconds[0], seconds[1], float(np.max(np.abs(got - want)))
 
 
-def compiled_step(layers: int, target: str):
-    """XLA's bytes and FLOPs per decode step and the analytic attention bytes, 8B shapes."""
+def compiled_step(layers: int, target: str, truncation: bool = False):
+    """XLA's bytes and FLOPs per decode step and the analytic attention bytes, 8B shapes; the
+    sampling's top-p / top-k branch compiled only under `truncation` (the recipes' rollouts
+    do not truncate)."""
     import dataclasses
 
     import jax
@@ -144,7 +147,7 @@ def compiled_step(layers: int, target: str):
         mesh = sh.make_mesh({"data": 1}, jax.devices()[:1])
         programs = SamplerPrograms(config, SamplerConfig(), mesh, platform="gpu")
     start = time.perf_counter()
-    stats = programs.decode(64, 20480, 8, 16384, 2048)
+    stats = programs.decode(64, 20480, 8, 16384, 2048, truncation=truncation)
     return stats, time.perf_counter() - start
 
 
@@ -162,6 +165,8 @@ def main():
     parser.add_argument("--page", type=int, default=16, help="slots per page of the paged read")
     parser.add_argument("--compiled", type=int, default=0, help="decoder layers of the 8B-shaped step (0: skip)")
     parser.add_argument("--target", choices=("cpu", "tpu"), default="cpu")
+    parser.add_argument("--truncation", action="store_true",
+                        help="--compiled: with the sampling's top-p / top-k branch (a rollout that truncates)")
     args = parser.parse_args()
 
     from paravt_jax.models.qwen3_vl import init_model, load_pretrained, preset
@@ -217,8 +222,10 @@ def main():
                 [["contiguous (prefix + suffix merged)", f"{contiguous * 1e3:.3f}", "1.00x"],
                  ["paged, XLA", f"{paged * 1e3:.3f}", f"{paged / contiguous:.2f}x"]])
     if args.compiled:
-        stats, seconds = compiled_step(args.compiled, args.target)
-        print_table(f"One decode step, 8B shapes with {args.compiled} layers ({stats.compiler}, compiled in "
+        stats, seconds = compiled_step(args.compiled, args.target, args.truncation)
+        branch = "with" if args.truncation else "without"
+        print_table(f"One decode step, 8B shapes with {args.compiled} layers, {branch} the top-p / top-k branch "
+                    f"({stats.compiler}, compiled in "
                     f"{seconds:.0f} s)", ["XLA GB/step", "analytic attention GB/step", "XLA TFLOP", "attention"],
                     [[f"{stats.bytes_accessed / 1e9:.2f}", f"{stats.kernel_text_bytes / 1e9:.2f}",
                       f"{stats.flops / 1e12:.3f}", ", ".join(stats.attention)]])

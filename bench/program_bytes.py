@@ -8,7 +8,9 @@ target, its `cost_analysis()` bytes beside the per-instruction count of its opti
     python bench/program_bytes.py --program decode --layers 4 --target tpu
     python bench/program_bytes.py --load /tmp/g3          # the saved HLO and costs, no compile
 
-The gradient program is the RL recipe's (`--config`, default configs/paragrpo.py:qwen3vl_8b) on
+The decode step is compiled as the recipes' rollouts run it (top_p 1, top_k 0: no top-p / top-k
+branch); `--truncation` adds the branch. The gradient program is the RL recipe's (`--config`,
+default configs/paragrpo.py:qwen3vl_8b) on
 the mesh preset (`--mesh`, default v5p-16) with `--layers` unrolled decoder layers: the program
 `paravt-jax plan` compiles for the time plan's trainer costs, on the largest micro-batch. The
 decode step is bench/decode.py's (64 rows x 20,480 suffix slots, 8 prompts x 16,384, one chip).
@@ -71,8 +73,10 @@ def gradients(config_arg: str, mesh_name: str, layers: int, target: str):
     return compiled, stats
 
 
-def decode(layers: int, target: str):
-    """(compiled decode step, its ProgramMemory): bench/decode.py's 8B-shaped step."""
+def decode(layers: int, target: str, truncation: bool = False):
+    """(compiled decode step, its ProgramMemory): bench/decode.py's 8B-shaped step, with the
+    sampling's top-p / top-k branch only under `truncation` (the recipes' rollouts, at top_p 1
+    and top_k 0, compile without it)."""
     import dataclasses
 
     from paravt_jax.infra import sharding as sh
@@ -96,7 +100,7 @@ def decode(layers: int, target: str):
 
     programs._compile = keep
     try:
-        stats = programs.decode(64, 20480, 8, 16384, 2048)
+        stats = programs.decode(64, 20480, 8, 16384, 2048, truncation=truncation)
     finally:
         programs._compile = original
     return kept["compiled"], stats
@@ -151,6 +155,8 @@ def main():
     parser.add_argument("--save", default="", help="directory to write the HLO text and the costs to")
     parser.add_argument("--load", default="", help="a --save directory: report it without compiling")
     parser.add_argument("--top", type=int, default=15)
+    parser.add_argument("--truncation", action="store_true",
+                        help="decode: compile the top-p / top-k branch too (a rollout that truncates)")
     args = parser.parse_args()
     if args.load:
         text = open(os.path.join(args.load, "module.hlo")).read()
@@ -160,9 +166,10 @@ def main():
         if args.program == "gradients":
             compiled, stats = gradients(args.config, args.mesh, args.layers, args.target)
         else:
-            compiled, stats = decode(args.layers, args.target)
+            compiled, stats = decode(args.layers, args.target, args.truncation)
         text = compiled.as_text()
         meta = dict(program=args.program, layers=args.layers, target=args.target, config=args.config, mesh=args.mesh,
+                    truncation=args.truncation if args.program == "decode" else None,
                     bytes_accessed=stats.bytes_accessed, flops=stats.flops, kernel_text_bytes=stats.kernel_text_bytes,
                     kernel_text_flops=stats.kernel_text_flops, compiler=stats.compiler,
                     physical_bytes=stats.physical_bytes,
