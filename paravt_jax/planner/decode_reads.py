@@ -129,17 +129,26 @@ def main_decode_turns(rl, work, layout) -> list[tuple[int, int]]:
     return [(0, r.max_new_tokens)] + [(advance, b) for b in budgets]
 
 
+def _read(name: str, config, window: str, block: int, rows: int, prompts: int, calls: int, suffix: float,
+          suffix_slots: int, prompt_tokens: int, prefix_slots: int, queries: int = 1,
+          unit: str = "step") -> DecodeRead:
+    """A DecodeRead of `calls` calls reading `suffix` suffix slots a row on average and the
+    prompt's filled blocks, at that fill and at the static lengths."""
+    prefix = float(blocks_read(min(prompt_tokens, prefix_slots), block, prefix_slots)) if prompts else 0.0
+    bounded = window == "used"
+    flops, size = decode_attention(config, rows, prompts, suffix, suffix_slots, prefix, prefix_slots, bounded, queries)
+    full = decode_attention(config, rows, prompts, suffix_slots, suffix_slots, prefix_slots, prefix_slots, bounded,
+                            queries)
+    return DecodeRead(name, window, block, calls, suffix, suffix_slots, prefix, prefix_slots if prompts else 0,
+                      flops, size, *full, unit=unit)
+
+
 def decode_read(name: str, config, window: str, block: int, rows: int, prompts: int, turns, suffix_slots: int,
                 prompt_tokens: int, prefix_slots: int) -> DecodeRead:
     """The DecodeRead of one decode program (see the module docstring)."""
     steps, total = suffix_reads(turns, block, suffix_slots)
-    suffix = total / steps if steps else 0.0
-    prefix = float(blocks_read(min(prompt_tokens, prefix_slots), block, prefix_slots)) if prompts else 0.0
-    bounded = window == "used"
-    flops, size = decode_attention(config, rows, prompts, suffix, suffix_slots, prefix, prefix_slots, bounded)
-    full = decode_attention(config, rows, prompts, suffix_slots, suffix_slots, prefix_slots, prefix_slots, bounded)
-    return DecodeRead(name, window, block, steps, suffix, suffix_slots, prefix, prefix_slots if prompts else 0,
-                      flops, size, *full)
+    return _read(name, config, window, block, rows, prompts, steps, total / steps if steps else 0.0, suffix_slots,
+                 prompt_tokens, prefix_slots)
 
 
 def extend_fills(turns, width: int, pieces: int) -> list[int]:
@@ -160,12 +169,8 @@ def extend_read(name: str, config, block: int, rows: int, prompts: int, width: i
     pieces of `width` tokens: each piece reads its blocks up to `fills[i]` (see the module
     docstring), the mean over the pieces."""
     total = sum(blocks_read(f, block, suffix_slots) for f in fills)
-    suffix = total / len(fills) if fills else 0.0
-    prefix = float(blocks_read(min(prompt_tokens, prefix_slots), block, prefix_slots)) if prompts else 0.0
-    flops, size = decode_attention(config, rows, prompts, suffix, suffix_slots, prefix, prefix_slots, False, width)
-    full = decode_attention(config, rows, prompts, suffix_slots, suffix_slots, prefix_slots, prefix_slots, False, width)
-    return DecodeRead(name, "capacity", block, len(fills), suffix, suffix_slots, prefix, prefix_slots if prompts else 0,
-                      flops, size, *full, unit="piece")
+    return _read(name, config, "capacity", block, rows, prompts, len(fills), total / len(fills) if fills else 0.0,
+                 suffix_slots, prompt_tokens, prefix_slots, queries=width, unit="piece")
 
 
 def tool_response_read(rl, work, layout, config, program) -> DecodeRead | None:
@@ -177,13 +182,15 @@ def tool_response_read(rl, work, layout, config, program) -> DecodeRead | None:
     fills = extend_fills(main_decode_turns(rl, work, layout), layout.extend_width, layout.extend_pieces)
     if not fills:
         return None
-    return extend_read("tool-response prefill", config, program.attention_block, program.group_rows,
+    return extend_read(program.name, config, program.attention_block, program.group_rows,
                        max(program.group_rows // per_prompt, 1), layout.extend_width, fills, layout.suffix_slots,
                        work.prompt_tokens, layout.prefix_slots)
 
 
-def decode_reads(rl, work, layout, config) -> dict[str, DecodeRead]:
-    """program name -> DecodeRead of the rollout's decodes (the main one and the sub-agents')."""
+def decode_reads(rl, work, layout, config, programs=()) -> dict[str, DecodeRead]:
+    """program name -> DecodeRead of the rollout's decodes (the main one and the sub-agents'),
+    and of the tool-response prefill among `programs` (its key block and row group are its
+    compiled program's)."""
     from paravt_jax.sampling.backend import SamplerBackend
 
     window = rl.sampler.decode_window
@@ -196,4 +203,9 @@ def decode_reads(rl, work, layout, config) -> dict[str, DecodeRead]:
             "sub-agent decode", config, window, block, layout.subagent_rows, layout.subagent_rows,
             [(0, rl.rollout.subagent_max_tokens)], layout.subagent_suffix_slots, work.subagent_prompt_tokens,
             layout.subagent_prefix_slots)
+    for program in programs:
+        if program.name == "tool-response prefill":
+            read = tool_response_read(rl, work, layout, config, program)
+            if read is not None:
+                out[program.name] = read
     return out

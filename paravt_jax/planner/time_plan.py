@@ -35,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from paravt_jax.planner.decode_reads import decode_reads, tool_response_read
+from paravt_jax.planner.decode_reads import decode_reads
 
 # Peak dense bf16 FLOP/s, HBM bandwidth and per-chip interconnect bandwidth (one direction) of
 # each accelerator, from the vendors' published specifications:
@@ -207,7 +207,7 @@ def time_plan(programs, rl, work, layout, config, chip: str, mesh: dict | None =
     mesh = mesh or {}
     rows_per_device = rows_per_device or work.micro_batch_rows
     calls = step_calls(rl, work, layout)
-    reads = decode_reads(rl, work, layout, config) if layout is not None else {}
+    reads = decode_reads(rl, work, layout, config, programs.sampler) if layout is not None else {}
     phases = []
     for program in programs.trainer + programs.sampler:
         stage, count = calls.get(program.name, ("rollout", 1.0))
@@ -219,8 +219,6 @@ def time_plan(programs, rl, work, layout, config, chip: str, mesh: dict | None =
             group = programs.find(prefill)
             count *= math.ceil(rows / max(group.group_rows if group else rows, 1))
         read = reads.get(program.name)
-        if program.name == "tool-response prefill" and layout is not None:
-            read = tool_response_read(rl, work, layout, config, program)
         if read is not None:  # the keys a call reads at the rollout's mean fill, not the static length
             program = dataclasses.replace(program, kernel_text_flops=read.flops, kernel_text_bytes=read.bytes)
         kernel_flops, kernel_bytes = _kernel_share(program, work, mesh, rows_per_device, config)
