@@ -27,6 +27,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from paravt_jax import config as C
 from paravt_jax.config import checked, integer, non_negative, one_of, positive, strings, validate
 from paravt_jax.infra import sharding as sh
 from paravt_jax.models.qwen3_vl.fused_attention import kernel_mesh
@@ -34,7 +35,7 @@ from paravt_jax.train import stats as S
 from paravt_jax.train.batch import TrainBatch
 
 OPTIMIZERS = ("adamw", "adam")
-SCHEDULES = ("constant", "cosine")
+SCHEDULES = ("constant", "cosine", "wsd")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,13 +49,20 @@ class OptimizerConfig:
     grad_clip: float = checked(1.0, non_negative())
     warmup_steps: int = checked(0, integer(0))
     schedule: str = checked("constant", one_of(SCHEDULES))
-    total_steps: int = checked(1000, integer(1))  # the cosine schedule's length
+    total_steps: int = checked(1000, integer(1))  # the cosine and wsd schedules' length
+    # wsd (warm-up, stable, decay): the rate falls linearly to 0 over the last `decay_steps`
+    # of `total_steps`, constant before them
+    decay_steps: int = checked(0, integer(0))
     # parameters that never change: dotted path prefixes of the model's parameters, e.g.
     # ("visual",) for the whole vision tower, ("language.embed_tokens",) for one array
     frozen: tuple[str, ...] = checked((), strings())
 
     def __post_init__(self):
         validate(self)
+        if self.schedule == "wsd" and not 0 < self.decay_steps <= self.total_steps - self.warmup_steps:
+            raise C.ConfigValueError(problems=[C.Problem(
+                "decay_steps", f"={self.decay_steps}: the wsd schedule decays over 1 to total_steps - warmup_steps "
+                f"= {self.total_steps - self.warmup_steps} steps")])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,9 +88,13 @@ def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
     if cfg.schedule == "cosine":  # the names are checked by OptimizerConfig
         schedule = optax.warmup_cosine_decay_schedule(0.0, cfg.learning_rate, max(cfg.warmup_steps, 1),
                                                       max(cfg.total_steps, cfg.warmup_steps + 1))
+    elif cfg.schedule == "wsd":  # decay_steps is checked against total_steps by OptimizerConfig
+        decay = optax.linear_schedule(cfg.learning_rate, 0.0, cfg.decay_steps)
+        schedule = optax.join_schedules([optax.constant_schedule(cfg.learning_rate), decay],
+                                        [cfg.total_steps - cfg.decay_steps - cfg.warmup_steps])
     else:
         schedule = optax.constant_schedule(cfg.learning_rate)
-    if cfg.warmup_steps and cfg.schedule == "constant":
+    if cfg.warmup_steps and cfg.schedule in ("constant", "wsd"):
         schedule = optax.join_schedules([optax.linear_schedule(0.0, cfg.learning_rate, cfg.warmup_steps),
                                          schedule], [cfg.warmup_steps])
     if cfg.name == "adamw":

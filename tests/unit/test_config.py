@@ -242,7 +242,7 @@ BAD_VALUES = [
     ("paragrpo", "rl.micro_batches", 3, "rl.micro_batches=3: must divide the 8 rows of a step "
      "(prompts_per_step x samples_per_prompt)"),
     ("paragrpo", "rl.optimizer.schedule", "linear", "rl.optimizer.schedule='linear': must be one of ('constant', "
-     "'cosine')"),
+     "'cosine', 'wsd')"),
     ("paragrpo", "rl.optimizer.learning_rate", float("nan"), "rl.optimizer.learning_rate=nan: must be a finite "
      "number > 0"),
     ("paragrpo", "rl.step.eps_clip_high", -0.1, "rl.step.eps_clip_high=-0.1: must be a finite number > 0, or None"),
