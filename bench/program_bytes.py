@@ -106,6 +106,49 @@ def decode(layers: int, target: str, truncation: bool = False):
     return kept["compiled"], stats
 
 
+def prefill(name: str, layers: int, target: str, split_rows: bool):
+    """(compiled prefill, its ProgramMemory): the 8B recipe's prefill `name` ("sub-agent prefill",
+    "tool-response prefill", "first prompt prefill") as the planner compiles it for v5p-16 at
+    `layers` unrolled layers, its hidden states split by rows (`split_rows`,
+    SamplerConfig.prefill_row_split) or not (the baseline)."""
+    import dataclasses
+
+    from paravt_jax.configs import paragrpo
+    from paravt_jax.infra import sharding as sh
+    from paravt_jax.planner import arrays
+    from paravt_jax.planner import workload as W
+    from paravt_jax.planner.memory import SamplerPrograms, compile_for
+    from paravt_jax.run_config import build_run
+
+    run = build_run(paragrpo.get_config("qwen3vl_8b"))
+    sizes, _ = arrays.mesh_preset("v5p-16")
+    _, config = W.model_config(run)
+    rl, _ = W.rl_settings(run)
+    tokenizer, _ = W.plan_tokenizer(run)
+    work = W.workload(rl, config.vision, tokenizer, W.Assumptions(), sh.batch_devices(arrays.abstract_mesh(sizes)))
+    calls, _ = W.sampler_calls(W.sampler_layout(rl, work), work, rl)
+    call = {c.name: c for c in calls}[name]
+    config = config.replace(text=dataclasses.replace(config.text, num_hidden_layers=layers))
+    mesh = sh.make_mesh(sizes, _devices(target, "v5p:2x2x2", 8))
+    settings = dataclasses.replace(rl.sampler, prefill_row_split=split_rows)
+    programs = SamplerPrograms(config, settings, mesh, platform="tpu" if target == "tpu" else "gpu")
+    kept = {}
+    original = programs._compile
+
+    def keep(name, fn, args, kwargs, own_inputs, group):
+        stats, compiled = compile_for(name, fn, args, kwargs, own_inputs, group, programs.devices, keep=True,
+                                      mesh=programs.mesh)
+        kept["compiled"] = compiled
+        return stats
+
+    programs._compile = keep
+    try:
+        stats = programs.prefill(call)
+    finally:
+        programs._compile = original
+    return kept["compiled"], stats
+
+
 def report(text: str, meta: dict, label: str, top: int) -> dict:
     from paravt_jax.planner import hlo_counts as H
 
@@ -147,7 +190,10 @@ def generic_bytes(text: str) -> float:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--program", choices=("gradients", "decode"), default="gradients")
+    parser.add_argument("--program", choices=("gradients", "decode", "prefill"), default="gradients")
+    parser.add_argument("--prefill", default="sub-agent prefill", help="prefill: which of the 8B recipe's prefills")
+    parser.add_argument("--baseline", action="store_true",
+                        help="prefill: compile with SamplerConfig.prefill_row_split=False (every device every token)")
     parser.add_argument("--config", default="qwen3vl_8b", help="configs/paragrpo.py preset (gradients)")
     parser.add_argument("--mesh", default="v5p-16", help="mesh preset (gradients)")
     parser.add_argument("--layers", type=int, default=3)
@@ -165,6 +211,8 @@ def main():
         start = time.perf_counter()
         if args.program == "gradients":
             compiled, stats = gradients(args.config, args.mesh, args.layers, args.target)
+        elif args.program == "prefill":
+            compiled, stats = prefill(args.prefill, args.layers, args.target, not args.baseline)
         else:
             compiled, stats = decode(args.layers, args.target, args.truncation)
         text = compiled.as_text()

@@ -386,7 +386,8 @@ class SamplerPrograms:
                       self._host((layers, visual, d), compute))
         block = self.backend.prefill_block(group, self.config.text.num_attention_heads, self.config.attention_block)
         args = (self.graphdef, self.params, self.weights, cache, prefix, PrefillChunk(*chunk, *vision, scalar, scalar))
-        plan = PrefillPlan(shardings, self.backend, window=call.capacity, block=block, shards=shards)
+        plan = PrefillPlan(shardings, self.backend, window=call.capacity, block=block, shards=shards,
+                           split_rows=self.sampler.prefill_row_split)
         stats = self._compile(call.name, prefill, args, dict(plan=plan), (chunk, vision), group)
         return dataclasses.replace(stats, row_shards=shards, attention_block=block)
 

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
+from paravt_jax.infra import sharding as sh
 from paravt_jax.models.qwen3_vl.text import CacheView, KVCache
 from paravt_jax.sampling.backend import SamplerBackend
 from paravt_jax.sampling.kv_cache import CacheShardings, RowGroup, constrain
@@ -28,6 +29,7 @@ class PrefillPlan:
     window: int
     block: int
     shards: int = 1
+    split_rows: bool = True  # SamplerConfig.prefill_row_split
 
 
 class PrefillChunk(NamedTuple):
@@ -63,6 +65,19 @@ def whole_features(chunk: PrefillChunk, sharding: CacheShardings | None):
     return index, embeds, deepstack
 
 
+def row_split(plan: PrefillPlan) -> tuple:
+    """(constrain_rows, gather_weights) of TextDecoder.forward_cached: where the prefill's rows lie
+    in the devices' blocks of cache rows (plan.shards > 1) its hidden states are split by rows
+    and each layer's weights gathered whole on every device as the layer starts, so a device
+    computes its own rows' tokens only; (None, None) otherwise (XLA's choice: every device
+    computes all the group's tokens against its part of the weights)."""
+    if plan.sharding is None or plan.shards == 1 or not plan.split_rows:
+        return None, None
+    mesh = plan.sharding.values.mesh
+    whole = NamedSharding(mesh, PartitionSpec())
+    return sh.row_constraint(mesh), lambda params: jax.lax.with_sharding_constraint(params, whole)
+
+
 @functools.partial(jax.jit, static_argnames=("graphdef", "plan"), donate_argnames="cache")
 def prefill(graphdef, params, weights, cache: KVCache, prefix: KVCache | None, chunk: PrefillChunk,
             plan: PrefillPlan) -> tuple[jax.Array, KVCache]:
@@ -88,7 +103,8 @@ def prefill(graphdef, params, weights, cache: KVCache, prefix: KVCache | None, c
                      prefix=prefix, rows=rows)
     visual_index, embeds, deepstack = whole_features(chunk, plan.sharding)
     hidden, cache = lang.forward_cached(chunk.ids, chunk.positions, view, visual_index, embeds, deepstack,
-                                        layers=weights.layers, project=plan.backend.project, block=plan.block)
+                                        layers=weights.layers, project=plan.backend.project, block=plan.block,
+                                        **dict(zip(("constrain_rows", "gather_weights"), row_split(plan))))
     last = jnp.maximum(chunk.counts - 1, 0)
     last_hidden = hidden[jnp.arange(group), last][:, None]
     logits = plan.backend.logits(lang, last_hidden, weights)[:, 0].astype(jnp.float32)

@@ -100,6 +100,11 @@ class SamplerConfig:
     # encodes every frame of a row group (the replicated pass, the measured baseline of
     # bench/rollout_shards.py)
     vision_shards: bool = True
+    # True: on a mesh that splits the cache rows, a prefill's hidden states are split by rows too
+    # (each device its own rows' tokens, each layer's weights gathered when it starts, as the train
+    # step's layers); False: every device computes every token of the row group against its part
+    # of the weights (the measured baseline of bench/program_bytes.py --program prefill)
+    prefill_row_split: bool = True
 
 
 def vision_split(config: SamplerConfig, mesh, shards: int) -> int:
@@ -382,7 +387,8 @@ class Sampler:
         window = capacity  # "used": attend only to the slots in use (bucketed, so few compiled variants)
         if self.config.prefill_window == "used":
             window = min(bucket(write_index + width, 16, self.config.cache_multiple), capacity)
-        return PrefillPlan(self._sharding(rows, capacity), self.backend, window, self.prefill_block(group), shards)
+        return PrefillPlan(self._sharding(rows, capacity), self.backend, window, self.prefill_block(group), shards,
+                           self.config.prefill_row_split)
 
     def _prefill(self, cache: KVCache, prefix: KVCache | None, write_index: int, chunks: list[ModelInputs | None],
                  width: int, frames_per_row: int = 0) -> tuple[jax.Array, KVCache]:

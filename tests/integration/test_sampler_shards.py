@@ -9,6 +9,7 @@ from flax import nnx
 from paravt_jax.infra import sharding as sh
 from paravt_jax.models.qwen3_vl import init_model, preset
 from paravt_jax.models.qwen3_vl.rope import get_rope_index
+from paravt_jax.planner.memory import PrefillCall, SamplerPrograms, compile_for
 from paravt_jax.sampling import Sampler, SamplerConfig, SamplingParams, programs
 from paravt_jax.text.inputs import ModelInputs
 from support.hf_tiny import IM_START, image_tokens, patches, text_ids
@@ -88,3 +89,43 @@ def test_each_device_encodes_only_its_rows_frames(models):
     # rows that do not split over the devices: one replicated pass
     fallback, _ = vision_bytes(Sampler(sharded, mesh=mesh), part, 8, 1)
     assert fallback.pixel_values.ndim == 2
+
+
+def test_prefill_split_by_rows_gives_the_unsplit_and_unsharded_tokens(models):
+    plain, sharded, mesh = models
+    expected, expected_logps = rollout(Sampler(plain), seed=3)
+    for split in (False, True):
+        tokens, logps = rollout(Sampler(sharded, SamplerConfig(prefill_row_split=split), mesh=mesh), seed=3)
+        assert tokens == expected, split
+        for a, b in zip(logps, expected_logps):
+            np.testing.assert_allclose(a, b, atol=1e-4)
+
+
+def prefill_hlo(sampler: Sampler, rows: int, width: int) -> tuple[str, int]:
+    """(optimised HLO, per-device temporaries) of the prompt prefill of `rows` text rows of
+    `width` tokens, one row group, as Sampler._prefill compiles it."""
+    programs_ = SamplerPrograms(sampler.model.config, sampler.config, sampler.mesh, platform="gpu")
+    kept = {}
+
+    def keep(name, fn, args, kwargs, own_inputs, group):
+        stats, kept["compiled"] = compile_for(name, fn, args, kwargs, own_inputs, group, programs_.devices,
+                                              keep=True, mesh=programs_.mesh)
+        return stats
+
+    programs_._compile = keep
+    stats = programs_.prefill(PrefillCall("prompt", rows, width, width))
+    assert stats.group_rows == rows
+    return kept["compiled"].as_text(), stats.temp_bytes
+
+
+def test_a_row_split_prefill_computes_each_devices_rows_against_gathered_weights(models):
+    _, sharded, mesh = models
+    width = sharded.config.text.hidden_size
+    split, split_temp = prefill_hlo(Sampler(sharded, mesh=mesh), 8, 256)
+    whole, whole_temp = prefill_hlo(Sampler(sharded, SamplerConfig(prefill_row_split=False), mesh=mesh), 8, 256)
+    # the hidden states on one device: its own row's 256 tokens, every channel (the baseline: all
+    # 8 rows' tokens, an eighth of the channels, the layout of the fsdp-split weights)
+    own_rows, all_rows = f"[1,256,{width}]", f"[8,256,{width // 8}]"
+    assert own_rows in split and all_rows not in split
+    assert all_rows in whole
+    assert split_temp < whole_temp, (split_temp, whole_temp)

@@ -248,7 +248,8 @@ class TextDecoder(nnx.Module):
     def forward_cached(self, input_ids: jax.Array, position_ids: jax.Array, view: CacheView,
                        visual_index: jax.Array | None = None, visual_embeds: jax.Array | None = None,
                        deepstack: jax.Array | None = None, *, layers: tuple[dict, ...] | None = None,
-                       project=dense_projections, block: int | None = None) -> tuple[jax.Array, KVCache]:
+                       project=dense_projections, block: int | None = None,
+                       constrain_rows=None, gather_weights=None) -> tuple[jax.Array, KVCache]:
         """Runs a chunk of P tokens per row on top of a KV cache (see CacheView).
 
         All rows write their chunk to the same slots with one in-place `dynamic_update_slice`
@@ -257,7 +258,12 @@ class TextDecoder(nnx.Module):
         supplies per-layer parameter dicts and `project` the matmuls that read them (the
         sampler's weight layouts, paravt_jax/sampling/backend.py); by default the stacked
         parameters are sliced here. `block` (static): the attention block of a blockwise
-        prefill (default config.attention_block). The layers are unrolled.
+        prefill (default config.attention_block). The layers are unrolled. `constrain_rows` (a
+        function of a [B, ...] array, e.g. `sharding.row_constraint(mesh)`; a prefill whose rows
+        lie in the devices' blocks of cache rows) pins the hidden states to a row-split layout;
+        `gather_weights` (a function of one layer's parameter dict) then gathers each layer's
+        weights whole when that layer starts (after a barrier on the layer's input and weights),
+        not every layer's at once.
         Returns (hidden [B, P, D], the cache with the chunk's keys and values written), and with
         view.paged the pools written as a third element.
         """
@@ -267,7 +273,8 @@ class TextDecoder(nnx.Module):
             raise ValueError(f"forward_cached: {len(cache.keys)}/{len(cache.values)} cache layers for a "
                              f"{t.num_hidden_layers}-layer decoder")
         length = input_ids.shape[1]
-        x = self.embed(input_ids, visual_index, visual_embeds)
+        pin = constrain_rows or (lambda a: a)
+        x = pin(self.embed(input_ids, visual_index, visual_embeds))
         cos, sin = mrope_tables(position_ids, t, self.dtype)
         valid = view.read_rows(cache.valid)
         capacity = valid.shape[1]
@@ -311,9 +318,12 @@ class TextDecoder(nnx.Module):
                     out, pool = view.paged.attend(i, q, k_new, v_new)
                     pools.append(pool)
                     return out
+            if gather_weights is not None:  # this layer's weights are gathered after the last layer's output
+                x, params = jax.lax.optimization_barrier((x, params))
+                params = gather_weights(params)
             x, _ = self.layer(x, params, cos, sin, mask, kv, cache_layout=True, project=project, block=block,
                               prefix=shared, bounded=bounded, paged=paged)
-            x = add_deepstack(x, i)
+            x = pin(add_deepstack(x, i))
             out_k.append(written["k"])
             out_v.append(written["v"])
         cache = KVCache(tuple(out_k), tuple(out_v), cache.valid)
