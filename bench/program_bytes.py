@@ -6,7 +6,13 @@ target, its `cost_analysis()` bytes beside the per-instruction count of its opti
 
     python bench/program_bytes.py --program gradients --layers 3 --target tpu --save /tmp/g3
     python bench/program_bytes.py --program decode --layers 4 --target tpu
+    python bench/program_bytes.py --program prefill --prefill "sub-agent prefill" --layers 4 --target tpu
     python bench/program_bytes.py --load /tmp/g3          # the saved HLO and costs, no compile
+
+A prefill (`--prefill`: one of the recipe's, on `--config` and `--mesh`) is compiled twice, its
+hidden states split by rows (SamplerConfig.prefill_row_split, the default) and as the baseline
+(every device computes every token of the row group against its part of the weights), the two
+side by side, then the split one broken down.
 
 The decode step is compiled as the recipes' rollouts run it (top_p 1, top_k 0: no top-p / top-k
 branch); `--truncation` adds the branch. The gradient program is the RL recipe's (`--config`,
@@ -106,30 +112,34 @@ def decode(layers: int, target: str, truncation: bool = False):
     return kept["compiled"], stats
 
 
-def prefill(name: str, layers: int, target: str, split_rows: bool):
-    """(compiled prefill, its ProgramMemory): the 8B recipe's prefill `name` ("sub-agent prefill",
-    "tool-response prefill", "first prompt prefill") as the planner compiles it for v5p-16 at
-    `layers` unrolled layers, its hidden states split by rows (`split_rows`,
+def prefill(config_arg: str, mesh_name: str, name: str, layers: int, target: str, split_rows: bool):
+    """(compiled prefill, its ProgramMemory): the recipe's prefill `name` ("sub-agent prefill",
+    "tool-response prefill", "first prompt prefill") as the planner compiles it for the mesh
+    preset at `layers` unrolled layers, its hidden states split by rows (`split_rows`,
     SamplerConfig.prefill_row_split) or not (the baseline)."""
     import dataclasses
 
     from paravt_jax.configs import paragrpo
+    from paravt_jax.infra import meshes
     from paravt_jax.infra import sharding as sh
-    from paravt_jax.planner import arrays
+    from paravt_jax.planner import arrays, targets
     from paravt_jax.planner import workload as W
     from paravt_jax.planner.memory import SamplerPrograms, compile_for
     from paravt_jax.run_config import build_run
 
-    run = build_run(paragrpo.get_config("qwen3vl_8b"))
-    sizes, _ = arrays.mesh_preset("v5p-16")
+    run = build_run(paragrpo.get_config(config_arg))
+    sizes, _ = arrays.mesh_preset(mesh_name)
     _, config = W.model_config(run)
     rl, _ = W.rl_settings(run)
     tokenizer, _ = W.plan_tokenizer(run)
     work = W.workload(rl, config.vision, tokenizer, W.Assumptions(), sh.batch_devices(arrays.abstract_mesh(sizes)))
     calls, _ = W.sampler_calls(W.sampler_layout(rl, work), work, rl)
-    call = {c.name: c for c in calls}[name]
+    call = {c.name: c for c in calls}.get(name)
+    if call is None:
+        raise SystemExit(f"--prefill={name!r}: the {config_arg} recipe's prefills are {[c.name for c in calls]}")
     config = config.replace(text=dataclasses.replace(config.text, num_hidden_layers=layers))
-    mesh = sh.make_mesh(sizes, _devices(target, "v5p:2x2x2", 8))
+    topology = targets.resolve_tpu(meshes.MESHES[mesh_name]).topology if target == "tpu" else ""
+    mesh = sh.make_mesh(sizes, _devices(target, topology, math.prod(sizes.values())))
     settings = dataclasses.replace(rl.sampler, prefill_row_split=split_rows)
     programs = SamplerPrograms(config, settings, mesh, platform="tpu" if target == "tpu" else "gpu")
     kept = {}
@@ -147,6 +157,20 @@ def prefill(name: str, layers: int, target: str, split_rows: bool):
     finally:
         programs._compile = original
     return kept["compiled"], stats
+
+
+def prefill_table(layouts: dict) -> None:
+    """The row-split prefill beside the baseline (every device every token of the row group)."""
+    def row(label, stats):
+        return [label, stats.row_shards, f"{stats.temp_bytes / 2**20:,.1f}", f"{stats.flops / 1e12:,.4f}",
+                f"{stats.bytes_accessed / 1e9:,.3f}", f"{stats.physical_bytes / 1e9:,.3f}",
+                f"{stats.collective_bytes / 1e9:,.3f}"]
+
+    print_table("one prefill call per device: rows split vs every token on every device (row blocks 1: the "
+                "rows do not split over the devices, the same program)",
+                ["layout", "row blocks", "temporaries MiB", "TFLOP", "cost analysis GB", "physical GB",
+                 "collectives GB"],
+                [row(label, stats) for label, stats in layouts.items()])
 
 
 def report(text: str, meta: dict, label: str, top: int) -> dict:
@@ -191,11 +215,10 @@ def generic_bytes(text: str) -> float:
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--program", choices=("gradients", "decode", "prefill"), default="gradients")
-    parser.add_argument("--prefill", default="sub-agent prefill", help="prefill: which of the 8B recipe's prefills")
-    parser.add_argument("--baseline", action="store_true",
-                        help="prefill: compile with SamplerConfig.prefill_row_split=False (every device every token)")
-    parser.add_argument("--config", default="qwen3vl_8b", help="configs/paragrpo.py preset (gradients)")
-    parser.add_argument("--mesh", default="v5p-16", help="mesh preset (gradients)")
+    parser.add_argument("--prefill", default="sub-agent prefill",
+                        help="prefill: which of the recipe's prefills (compiled split by rows and as the baseline)")
+    parser.add_argument("--config", default="qwen3vl_8b", help="configs/paragrpo.py preset (gradients, prefill)")
+    parser.add_argument("--mesh", default="v5p-16", help="mesh preset (gradients, prefill)")
     parser.add_argument("--layers", type=int, default=3)
     parser.add_argument("--target", choices=("cpu", "tpu"), default="tpu")
     parser.add_argument("--save", default="", help="directory to write the HLO text and the costs to")
@@ -212,11 +235,14 @@ def main():
         if args.program == "gradients":
             compiled, stats = gradients(args.config, args.mesh, args.layers, args.target)
         elif args.program == "prefill":
-            compiled, stats = prefill(args.prefill, args.layers, args.target, not args.baseline)
+            _, baseline = prefill(args.config, args.mesh, args.prefill, args.layers, args.target, False)
+            compiled, stats = prefill(args.config, args.mesh, args.prefill, args.layers, args.target, True)
+            prefill_table({"every token on every device (baseline)": baseline, "split by rows": stats})
         else:
             compiled, stats = decode(args.layers, args.target, args.truncation)
         text = compiled.as_text()
-        meta = dict(program=args.program, layers=args.layers, target=args.target, config=args.config, mesh=args.mesh,
+        meta = dict(program=args.program, prefill=args.prefill if args.program == "prefill" else None,
+                    layers=args.layers, target=args.target, config=args.config, mesh=args.mesh,
                     truncation=args.truncation if args.program == "decode" else None,
                     bytes_accessed=stats.bytes_accessed, flops=stats.flops, kernel_text_bytes=stats.kernel_text_bytes,
                     kernel_text_flops=stats.kernel_text_flops, compiler=stats.compiler,

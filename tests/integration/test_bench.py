@@ -177,7 +177,8 @@ def test_rollout_shards_bench_smallest(tmp_path):
 def test_program_bytes_bench_smallest(tmp_path):
     """bench/program_bytes.py at its smallest: the tiny recipe's gradient program at 2 layers on
     one CPU device, saved and reported again from the saved HLO without compiling (the same
-    totals); the 8B-shaped decode step at 3 layers (the fewest the DeepStack taps allow)."""
+    totals); the 8B-shaped decode step at 3 layers (the fewest the DeepStack taps allow); the tiny
+recipe's prompt prefill on 2 devices, split by rows beside the baseline."""
     def summary(out: str, program: str, layers: int) -> str:
         return next(line for line in out.splitlines() if line.startswith(f"{program} at {layers} layers"))
 
@@ -190,6 +191,15 @@ def test_program_bytes_bench_smallest(tmp_path):
     out = run_bench(tmp_path, "program_bytes.py", "--program", "decode", "--layers", "3", "--target", "cpu",
                     "--top", "2")
     assert "GB physical" in summary(out, "decode", 3) and "largest instructions" in out
+    out = run_bench(tmp_path, "program_bytes.py", "--program", "prefill", "--config", "tiny", "--mesh", "gpu2",
+                    "--prefill", "first prompt prefill", "--layers", "3", "--target", "cpu", "--top", "2")
+    rows = {line.split("|")[1].strip(): [float(c) for c in line.strip("|").split("|")[1:]]
+            for line in out.splitlines() if line.startswith(("| every token", "| split by rows"))}
+    baseline, split = rows["every token on every device (baseline)"], rows["split by rows"]
+    assert split[0] == baseline[0] == 2, rows  # the tiny recipe's 2 prompts, one a device
+    # the split prefill reads fewer bytes and moves no activations between the devices
+    assert split[3] < baseline[3] and split[5] < baseline[5], rows
+    assert "GB physical" in summary(out, "prefill", 3)
 
 
 def test_every_bench_script_runs_here():
