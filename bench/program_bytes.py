@@ -87,7 +87,7 @@ def decode(layers: int, target: str, truncation: bool = False):
 
     from paravt_jax.infra import sharding as sh
     from paravt_jax.models.qwen3_vl import preset
-    from paravt_jax.planner.memory import SamplerPrograms, compile_for
+    from paravt_jax.planner.memory import SamplerPrograms
     from paravt_jax.sampling.sampler import SamplerConfig
 
     config = preset("8b")
@@ -95,6 +95,14 @@ def decode(layers: int, target: str, truncation: bool = False):
                             dtype="bfloat16", param_dtype="bfloat16")
     mesh = sh.make_mesh({"data": 1}, _devices(target, "v5p:2x2x1", 1))
     programs = SamplerPrograms(config, SamplerConfig(), mesh, platform="tpu" if target == "tpu" else "gpu")
+    return kept_program(programs, lambda: programs.decode(64, 20480, 8, 16384, 2048, truncation=truncation))
+
+
+def kept_program(programs, build):
+    """(compiled program, its ProgramMemory) of `build()`, one SamplerPrograms method's compile,
+    the compiled executable kept (SamplerPrograms keeps only its numbers)."""
+    from paravt_jax.planner.memory import compile_for
+
     kept = {}
     original = programs._compile
 
@@ -106,7 +114,7 @@ def decode(layers: int, target: str, truncation: bool = False):
 
     programs._compile = keep
     try:
-        stats = programs.decode(64, 20480, 8, 16384, 2048, truncation=truncation)
+        stats = build()
     finally:
         programs._compile = original
     return kept["compiled"], stats
@@ -124,7 +132,7 @@ def prefill(config_arg: str, mesh_name: str, name: str, layers: int, target: str
     from paravt_jax.infra import sharding as sh
     from paravt_jax.planner import arrays, targets
     from paravt_jax.planner import workload as W
-    from paravt_jax.planner.memory import SamplerPrograms, compile_for
+    from paravt_jax.planner.memory import SamplerPrograms
     from paravt_jax.run_config import build_run
 
     run = build_run(paragrpo.get_config(config_arg))
@@ -142,21 +150,7 @@ def prefill(config_arg: str, mesh_name: str, name: str, layers: int, target: str
     mesh = sh.make_mesh(sizes, _devices(target, topology, math.prod(sizes.values())))
     settings = dataclasses.replace(rl.sampler, prefill_row_split=split_rows)
     programs = SamplerPrograms(config, settings, mesh, platform="tpu" if target == "tpu" else "gpu")
-    kept = {}
-    original = programs._compile
-
-    def keep(name, fn, args, kwargs, own_inputs, group):
-        stats, compiled = compile_for(name, fn, args, kwargs, own_inputs, group, programs.devices, keep=True,
-                                      mesh=programs.mesh)
-        kept["compiled"] = compiled
-        return stats
-
-    programs._compile = keep
-    try:
-        stats = programs.prefill(call)
-    finally:
-        programs._compile = original
-    return kept["compiled"], stats
+    return kept_program(programs, lambda: programs.prefill(call))
 
 
 def prefill_table(layouts: dict) -> None:
