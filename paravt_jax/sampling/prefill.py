@@ -70,10 +70,14 @@ def row_split(plan: PrefillPlan) -> tuple:
     in the devices' blocks of cache rows (plan.shards > 1) its hidden states are split by rows
     and each layer's weights gathered whole on every device as the layer starts, so a device
     computes its own rows' tokens only; (None, None) otherwise (XLA's choice: every device
-    computes all the group's tokens against its part of the weights)."""
+    computes all the group's tokens against its part of the weights), and on a mesh with a
+    tensor axis, whose devices would each compute their rows with the whole layer instead of
+    their share of it."""
     if plan.sharding is None or plan.shards == 1 or not plan.split_rows:
         return None, None
     mesh = plan.sharding.values.mesh
+    if dict(mesh.shape).get("tensor", 1) > 1:
+        return None, None
     whole = NamedSharding(mesh, PartitionSpec())
     return sh.row_constraint(mesh), lambda params: jax.lax.with_sharding_constraint(params, whole)
 
@@ -102,9 +106,10 @@ def prefill(graphdef, params, weights, cache: KVCache, prefix: KVCache | None, c
     view = CacheView(KVCache(cache.keys, cache.values, valid), chunk.write_index, window=plan.window,
                      prefix=prefix, rows=rows)
     visual_index, embeds, deepstack = whole_features(chunk, plan.sharding)
+    pin_rows, gather = row_split(plan)
     hidden, cache = lang.forward_cached(chunk.ids, chunk.positions, view, visual_index, embeds, deepstack,
                                         layers=weights.layers, project=plan.backend.project, block=plan.block,
-                                        **dict(zip(("constrain_rows", "gather_weights"), row_split(plan))))
+                                        constrain_rows=pin_rows, gather_weights=gather)
     last = jnp.maximum(chunk.counts - 1, 0)
     last_hidden = hidden[jnp.arange(group), last][:, None]
     logits = plan.backend.logits(lang, last_hidden, weights)[:, 0].astype(jnp.float32)
