@@ -186,9 +186,10 @@ def _kernel_share(program, work, mesh: dict, rows_per_device: int, config) -> tu
         vision_split = vision_shard_count(batch, work.micro_batch_rows)
     elif "decode" in program.name:  # the cache rows are split over the batch axes (kv_cache.cache_sharding)
         row_split = batch if program.group_rows % batch == 0 else 1
-    else:  # a prefill: the matmuls run on every device for all of the group's tokens (XLA counts
-        # them), the attention on each device's block of the group's cache rows and their prompts
-        # (ProgramMemory.row_shards: the compiled loop's rows are the block's)
+    else:  # a prefill: the matmuls as XLA counts them (each device its own rows where the prefill
+        # splits them, sampling/prefill.row_split, else all of the group's tokens against its share
+        # of the weights), the attention on each device's block of the group's cache rows and their
+        # prompts (ProgramMemory.row_shards: the compiled loop's rows are the block's)
         row_split = program.row_shards
     factor = 1.0
     if program.name == "gradients":
