@@ -112,8 +112,8 @@ class ProgramMemory:
     vision_shards: int = 1
     # a prefill's row blocks over the devices (kv_cache.row_shards): its attention calls read the
     # cache rows where they live, each device its block of the group's rows and their prompts'
-    # prefixes, and its matmuls each device's rows too unless SamplerConfig.prefill_row_split is
-    # off (then every device runs all of the group's tokens); 1: not split
+    # prefixes, and its matmuls each device's rows too (sampling/prefill.row_split: not with
+    # prefill_row_split off or a tensor axis, where every device runs all the group's tokens); 1: not split
     row_shards: int = 1
     # a prefill's attention key block (SamplerBackend.prefill_block of its row group); 0: not a prefill
     attention_block: int = 0
