@@ -1,6 +1,7 @@
 """The memory planner against compiled programs and real arrays: byte counts of the initialised,
-sharded tiny model, the sampler's cache and working sets from XLA, a plan in one process or a
-child per program, the `plan` command (the unit tests: tests/unit/test_plan.py)."""
+sharded tiny model, the sampler's cache and working sets from XLA, the `plan` command (the unit
+tests: tests/unit/test_plan.py; a plan in one process against a child per program:
+tests/slow/test_plan_compile_in.py)."""
 import json
 import os
 import subprocess
@@ -11,11 +12,10 @@ import pytest
 
 from paravt_jax.configs import paragrpo
 from paravt_jax.models.qwen3_vl import init_model, preset
-from paravt_jax.planner import plan as P
 from paravt_jax.planner import workload as W
 from paravt_jax.run_config import build_run
 from unit import test_plan as unit_tests
-from unit.test_plan import MESH8, ROOT, leaf_bytes, plan_numbers, plan_of, run_plan, small_config
+from unit.test_plan import MESH8, ROOT, leaf_bytes, plan_of, run_plan, small_config
 
 sharded_tiny, xla_plan = unit_tests.sharded_tiny, unit_tests.xla_plan  # the fixtures
 
@@ -97,25 +97,6 @@ def test_xla_activations_agree_with_the_estimate(xla_plan, tokenizer):
     guessed = leaf_bytes(estimate, "activations (ESTIMATE").per_device_bytes
     assert xla.activations == "xla" and measured > 0
     assert 0.5 < guessed / measured < 2.0
-
-
-def test_each_program_in_its_own_child_gives_the_numbers_of_one_process(xla_plan, tokenizer):
-    """compile_in=children (the default: each program in a child process of its own, with its peak
-    memory recorded) and compile_in=process (every program in one process: one child with the 8
-    fake devices) give the same plan, but for compile seconds and host memory."""
-    config, children = xla_plan
-    one = P.plan(build_run(config), MESH8, 16, "xla", tokenizer=tokenizer, compile_in="process")
-    programs = children.programs
-    # the sampler's programs, then the trainer's: scanned (memory) and unrolled (costs), 2 layers
-    trainer = [p.name for p in programs.trainer]
-    assert [run.label for run in programs.children] == (
-        [f"{p.name} [sampler, 2 layers]" for p in programs.sampler]
-        + [f"{name} [2 scanned layers]" for name in trainer] + [f"{name} [2 unrolled layers]" for name in trainer])
-    assert all(run.peak_bytes > 0 and run.seconds > 0 for run in programs.children)
-    assert len(one.programs.children) == 1 and children.host_peak_bytes > 0
-    note = next(n for n in children.notes if n.startswith("host memory:"))
-    assert f"{len(programs.children)} child processes compiled the programs, one each" in note
-    assert plan_numbers(children.to_json()) == plan_numbers(one.to_json())
 
 
 def test_plan_exits_0_and_prints_only_notes_after_the_table(builtin_root, tmp_path):
