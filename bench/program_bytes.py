@@ -94,30 +94,10 @@ def decode(layers: int, target: str, truncation: bool = False):
     config = config.replace(text=dataclasses.replace(config.text, num_hidden_layers=layers),
                             dtype="bfloat16", param_dtype="bfloat16")
     mesh = sh.make_mesh({"data": 1}, _devices(target, "v5p:2x2x1", 1))
-    programs = SamplerPrograms(config, SamplerConfig(), mesh, platform="tpu" if target == "tpu" else "gpu")
-    return kept_program(programs, lambda: programs.decode(64, 20480, 8, 16384, 2048, truncation=truncation))
-
-
-def kept_program(programs, build):
-    """(compiled program, its ProgramMemory) of `build()`, one SamplerPrograms method's compile,
-    the compiled executable kept (SamplerPrograms keeps only its numbers)."""
-    from paravt_jax.planner.memory import compile_for
-
-    kept = {}
-    original = programs._compile
-
-    def keep(name, fn, args, kwargs, own_inputs, group):
-        stats, compiled = compile_for(name, fn, args, kwargs, own_inputs, group, programs.devices, keep=True,
-                                      mesh=programs.mesh)
-        kept["compiled"] = compiled
-        return stats
-
-    programs._compile = keep
-    try:
-        stats = build()
-    finally:
-        programs._compile = original
-    return kept["compiled"], stats
+    programs = SamplerPrograms(config, SamplerConfig(), mesh, platform="tpu" if target == "tpu" else "gpu",
+                               keep_compiled=True)
+    stats = programs.decode(64, 20480, 8, 16384, 2048, truncation=truncation)
+    return programs.compiled[stats.name], stats
 
 
 def prefill(config_arg: str, mesh_name: str, name: str, layers: int, target: str, split_rows: bool):
@@ -149,8 +129,10 @@ def prefill(config_arg: str, mesh_name: str, name: str, layers: int, target: str
     topology = targets.resolve_tpu(meshes.MESHES[mesh_name]).topology if target == "tpu" else ""
     mesh = sh.make_mesh(sizes, _devices(target, topology, math.prod(sizes.values())))
     settings = dataclasses.replace(rl.sampler, prefill_row_split=split_rows)
-    programs = SamplerPrograms(config, settings, mesh, platform="tpu" if target == "tpu" else "gpu")
-    return kept_program(programs, lambda: programs.prefill(call))
+    programs = SamplerPrograms(config, settings, mesh, platform="tpu" if target == "tpu" else "gpu",
+                               keep_compiled=True)
+    stats = programs.prefill(call)
+    return programs.compiled[stats.name], stats
 
 
 def prefill_table(layouts: dict) -> None:

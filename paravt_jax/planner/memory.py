@@ -277,8 +277,11 @@ class SamplerPrograms:
     """Lowers and compiles the sampler's prefill and decode for `config` on `mesh` (a real
     mesh of local devices) with the knobs of `sampler` (a SamplerConfig)."""
 
-    def __init__(self, config: Qwen3VLConfig, sampler: S.SamplerConfig, mesh, platform: str | None = None):
+    def __init__(self, config: Qwen3VLConfig, sampler: S.SamplerConfig, mesh, platform: str | None = None,
+                 keep_compiled: bool = False):
         self.config, self.mesh = config, mesh
+        # keep_compiled: each program's compiled executable in `compiled` by name (for reading its HLO)
+        self.compiled: dict | None = {} if keep_compiled else None
         self.devices = list(mesh.devices.flat)
         self.sampler = sampler
         # the target platform's backend policy: the devices' own for TPU / GPU devices, gpu's
@@ -341,7 +344,10 @@ class SamplerPrograms:
         return stats, compiled
 
     def _compile(self, name, fn, args, kwargs, own_inputs, group) -> ProgramMemory:
-        return compile_for(name, fn, args, kwargs, own_inputs, group, self.devices, mesh=self.mesh)
+        if self.compiled is None:
+            return compile_for(name, fn, args, kwargs, own_inputs, group, self.devices, mesh=self.mesh)
+        stats, self.compiled[name] = self._compile_with(name, fn, args, kwargs, own_inputs, group)
+        return stats
 
     def vision(self, name: str, images: dict[tuple[int, int], int], shards: int = 1) -> ProgramMemory:
         """The vision tower of one row group (Sampler.prefill_chunk): `images` frames of each

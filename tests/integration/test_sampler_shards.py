@@ -11,7 +11,7 @@ from flax import nnx
 from paravt_jax.infra import sharding as sh
 from paravt_jax.models.qwen3_vl import init_model, preset
 from paravt_jax.models.qwen3_vl.rope import get_rope_index
-from paravt_jax.planner.memory import PrefillCall, SamplerPrograms, compile_for
+from paravt_jax.planner.memory import PrefillCall, SamplerPrograms
 from paravt_jax.sampling import Sampler, SamplerConfig, SamplingParams, programs
 from paravt_jax.text.inputs import ModelInputs
 from support.hf_tiny import IM_START, image_tokens, patches, text_ids
@@ -96,18 +96,10 @@ def test_each_device_encodes_only_its_rows_frames(models):
 def prefill_hlo(sampler: Sampler, rows: int, width: int) -> tuple[str, int]:
     """(optimised HLO, per-device temporaries) of the prompt prefill of `rows` text rows of
     `width` tokens, one row group, as Sampler._prefill compiles it."""
-    programs_ = SamplerPrograms(sampler.model.config, sampler.config, sampler.mesh, platform="gpu")
-    kept = {}
-
-    def keep(name, fn, args, kwargs, own_inputs, group):
-        stats, kept["compiled"] = compile_for(name, fn, args, kwargs, own_inputs, group, programs_.devices,
-                                              keep=True, mesh=programs_.mesh)
-        return stats
-
-    programs_._compile = keep
-    stats = programs_.prefill(PrefillCall("prompt", rows, width, width))
+    compiler = SamplerPrograms(sampler.model.config, sampler.config, sampler.mesh, platform="gpu", keep_compiled=True)
+    stats = compiler.prefill(PrefillCall("prompt", rows, width, width))
     assert stats.group_rows == rows
-    return kept["compiled"].as_text(), stats.temp_bytes
+    return compiler.compiled["prompt"].as_text(), stats.temp_bytes
 
 
 def test_a_row_split_prefill_computes_each_devices_rows_against_gathered_weights(models):
