@@ -61,7 +61,13 @@ SEEDS = (0, 1, 2)
 TOY_STUDY_BASE = {"sft.steps": 600, "sft.nframes_choices": (), "rl.steps": 12,
                   "rl.nframes_choices": gating.NFRAMES_CHOICES, "rl.optimizer.learning_rate": 1e-4,
                   "rl.eval_every": 6, "rl.evals.eval.limit": 8, "rl.evals.eval.nframes": (4,),
-                  "evals.held_out.after_sft": (4,)}
+                  "evals.held_out.after_sft": (4,),
+                  # and the fields the main job's later recipe (WS, 2026-12-06) set: direct answers
+                  # at K = 64, the phase cap, the wsd rate, the wider packed rows, tool-free prompts
+                  "sft.direct_from_nframes": 0, "sft.direct_share": 1.0, "sft.first_max_nframes": 0,
+                  "sft.optimizer.schedule": "constant", "sft.optimizer.total_steps": 1000,
+                  "sft.optimizer.decay_steps": 0, "sft.max_tokens_per_micro_batch": 1024,
+                  "sft.train_width": 512, "sft.train_frames": 32, "rl.tool_free_share": 0.0}
 GATING_FIELDS = ("rl.nframes_gating",)
 # toy_paradox: the tool prior, as the shared cold start: its length (strong, weak) and the
 # overview budgets it shows (varied: K drawn per row from 4, 8, 16, so the tool is in use at

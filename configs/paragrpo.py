@@ -122,17 +122,23 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
         # SFT trajectories' tool responses: subagent (summaries, plus a sub-agent example of one
         # crop per question: the rollouts' and the evaluation's mode here) and/or frames
         c.data.sft_modes = ("subagent",)
-        # 450 SFT steps on overviews of K ~ U{4, 8, 16} per row (the `varied` cold start), then 64
-        # RL steps at 5e-5 with K drawn from (4, 64): the recipe chosen by docs/toy_task.md's rule
+        # 450 SFT steps on overviews of K drawn per row from (4, 8, 16, 64), where a K = 64 row
+        # answers directly (the shortcut) 85% of the time, then 80 RL steps at 6e-5 with K drawn
+        # from (4, 32, 64): the recipe chosen by docs/toy_task.md's rule (its sixteenth round, WS)
         c.sft.steps, c.sft.batch_size, c.sft.nframes = 450, 16, 4
-        c.sft.nframes_choices = (4, 8, 16)
-        c.sft.max_tokens_per_micro_batch = 1024  # packed rows: a quarter less padding
-        # one compiled step for the whole SFT: every micro-batch 2 rows of 512 tokens (the longest
-        # K = 4 example is 270), its vision pass padded to 32 frames (at most 28 at K = 4; more
-        # uses its own bucket, a compile the loop reports)
-        c.sft.train_width, c.sft.train_frames = 512, 32
-        c.sft.optimizer.learning_rate = 2e-3  # constant after 20 warm-up steps
+        c.sft.nframes_choices = (4, 8, 16, 4, 8, 16, 64)  # K = 64 one row in seven
+        c.sft.direct_from_nframes, c.sft.direct_share = 64, 0.85
+        c.sft.first_max_nframes = 16  # the first phase's rows at K <= 16
+        c.sft.max_tokens_per_micro_batch = 2048  # packed rows
+        # one compiled step for the whole SFT: every micro-batch 2 rows of 1,024 tokens (a K = 64
+        # example is about 960), its vision pass padded to 128 frames (more uses its own bucket,
+        # a compile the loop reports)
+        c.sft.train_width, c.sft.train_frames = 1024, 128
+        # 2e-3 after 20 warm-up steps, constant to step 300, then linear to 0 at step 450: the
+        # mixed phase's rows learned at the full rate, its last third annealed
+        c.sft.optimizer.learning_rate = 2e-3
         c.sft.optimizer.warmup_steps = 20
+        c.sft.optimizer.schedule, c.sft.optimizer.total_steps, c.sft.optimizer.decay_steps = "wsd", 450, 150
         # main trajectories alone first: beside the sub-agent and tool-free rows from the start,
         # the final turn's look-up of the asked shape in the summaries is not learned
         c.sft.first_steps, c.sft.first_kinds = 150, ("main_subagent",)
@@ -145,10 +151,14 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
         c.sft.cache_vision_features = True
         c.rl.rollout.mode = c.evals.held_out.mode = "subagent"
         c.rl.rollout.subagent_max_tokens = 32  # a toy summary is about 9 tokens
-        c.rl.steps, c.rl.prompts_per_step = 64, 4  # 4 prompts x 4 samples a step
-        # half the prompts at the dense overview where the cold start falls short, half at K = 4
-        c.rl.nframes_choices, c.rl.optimizer.learning_rate = (4, 64), 5e-5
-        c.rl.eval_every, c.rl.evals.eval.limit, c.rl.evals.eval.nframes = 16, 16, (64,)
+        c.rl.steps, c.rl.prompts_per_step = 80, 4  # 4 prompts x 4 samples a step
+        # a third of the prompts at the dense overview where the cold start skips the tool, a third
+        # at K = 32 (where the samples call first), a third at K = 4
+        c.rl.nframes_choices, c.rl.optimizer.learning_rate = (4, 32, 64), 6e-5
+        c.rl.tool_free_share = 0.25  # a quarter of the prompts posed as the tool-free evaluation's
+        # no held-out checks during RL (the tables after it are the comparison; the five checks
+        # cost ~2 minutes of the 15): --config.rl.eval_every=16 puts them back, 16 questions at K = 64
+        c.rl.eval_every, c.rl.evals.eval.limit, c.rl.evals.eval.nframes = 0, 16, (64,)
         c.evals.held_out.limit, c.evals.held_out.max_new_tokens = 0, 160  # every held-out question
         c.evals.held_out.after_sft = (4, 64)  # the cold start's table too: what RL starts from
         # the toy's 64x96 frames are 6 tokens: a K = 64 prompt is 930 tokens, an episode at
