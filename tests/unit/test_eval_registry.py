@@ -20,15 +20,18 @@ ROWS = tuple(f"row{i}" for i in range(6))  # stand-ins for held-out rows: an eva
 
 def test_the_presets_build_the_evaluations_they_built_before_the_registry():
     tiny, toy = paragrpo.get_config("tiny"), paragrpo.get_config("toy")
-    # the RL trainer's periodic check: K = 16 on the first 2 rows (toy: K = 64 on 16), K-major, in the
+    # the RL trainer's periodic check: K = 16 on the first 2 rows (toy, when on: K = 64 on 16), K-major, in the
     # rollout's own budget, with the rollouts' fixed shapes
     (check,) = periodic_evaluators(build_run(tiny).rl, list(ROWS))
     assert isinstance(check, HeldOut) and check.name == "eval"
     assert check.rows == ROWS[:2] and check.settings == ((False, 16), (True, 16))
     assert (check.max_new_tokens, check.max_turns, check.mode) == (None, None, None)
     assert check.rollout.prompt_shape.width == 2048  # tiny's rl.shapes.prompt_width
+    assert periodic_evaluators(build_run(toy).rl, list(ROWS)) == []  # the main job: no checks during RL
+    toy.rl.eval_every = 16
     (check,) = periodic_evaluators(build_run(toy).rl, list(ROWS))
     assert check.rows == ROWS and check.settings == ((False, 64), (True, 64))
+    toy.rl.eval_every = 0
     # the main job's tables: after the last phase K = 4 and 64 tools-major on 4 rows in 256 tokens,
     # 2 turns, frames mode; the toy's on every row in 160 tokens, sub-agent mode, and on the cold start
     context = registry.Context(ROWS)
