@@ -191,6 +191,9 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
         # a sub-agent prompt of 16 two-stage crop frames is 1,422 tokens (the planner's count);
         # rl/shapes.py's derived bound counts one resize's 49 tokens a frame
         c.rl.shapes.subagent_width = 2048
+        # a tool round's sub-agent prompts (up to 64 rows x 5 calls) in one sampler call: each
+        # summary token reads the weights once, not once per call (docs/scale-out.md)
+        c.rl.shapes.subagent_batch = "round"
         c.model.param_dtype = c.model.dtype = "bfloat16"
         c.model.remat = True
         c.evals.held_out.max_new_tokens, c.evals.held_out.max_turns, c.evals.held_out.limit = 2048, 3, 0
@@ -208,6 +211,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
         c.rl.dispatch.max_pixels = 50176
         c.rl.rollout.prompt.overview_sizing = c.rl.dispatch.sizing = "two_stage"
         c.rl.shapes.subagent_width = 2048  # as qwen3vl_8b: 16 two-stage crop frames
+        c.rl.shapes.subagent_batch = "round"  # as qwen3vl_8b
         c.rl.rollout.protocol.malformed = "reference"  # as qwen3vl_8b
         c.model.param_dtype = c.model.dtype = "bfloat16"
         c.model.remat = True

@@ -17,6 +17,7 @@ from paravt_jax.rl.shapes import StepShapes, step_shapes
 from paravt_jax.run_config import SECTIONS, RunConfig, builtin_assets
 from paravt_jax.sampling.kv_cache import capacity_after, episode_capacity, first_capacity
 from paravt_jax.sampling.params import SamplingParams
+from paravt_jax.sampling.sampler import call_rows
 from paravt_jax.sft.frames import largest_frames
 from paravt_jax.text import chat
 from paravt_jax.text.inputs import ModelInputs, encode
@@ -362,7 +363,7 @@ def sampler_layout(rl, work: Workload) -> SamplerLayout:
     r, sampler = rl.rollout, rl.sampler
     shapes = planned_shapes(rl)
     calls = work.calls_per_turn
-    prompt_rows = max(bucket(rl.prompts_per_step, sampler.min_batch_bucket), shapes.prompt.rows)
+    prompt_rows = call_rows(rl.prompts_per_step, shapes.prompt, sampler.min_batch_bucket)
     turns = [(0, r.max_new_tokens)] + episode_turns(r, rl.dispatch, max(calls, 1))
     suffix = episode_capacity(turns, sampler.min_chunk_bucket, sampler.cache_multiple)
     extend, pieces = work.extend_width, 1
@@ -375,7 +376,7 @@ def sampler_layout(rl, work: Workload) -> SamplerLayout:
         # call when 0), each padded to its bucket (Sampler.generate)
         per_call = shapes.subagent.rows or work.subagent_rows
         sub_calls = -(-work.subagent_rows // per_call)
-        sub_rows = max(bucket(min(per_call, work.subagent_rows), sampler.min_batch_bucket), shapes.subagent.rows)
+        sub_rows = call_rows(min(per_call, work.subagent_rows), shapes.subagent, sampler.min_batch_bucket)
         sub_prefix = max(bucket(work.subagent_prompt_tokens, sampler.min_chunk_bucket), shapes.subagent.width)
         sub_suffix = episode_capacity([(0, r.subagent_max_tokens)], sampler.min_chunk_bucket, sampler.cache_multiple)
     return SamplerLayout(prompt_rows, prompt_rows * rl.samples_per_prompt,

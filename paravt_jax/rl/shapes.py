@@ -6,7 +6,7 @@ each prompt, how many crops the policy asked for, how long its episodes ran), so
 call bucketing its own sizes a run keeps compiling new programs long after its first step. The
 `fixed` policy gives every varying size of the step one value chosen from the config:
 
-  prompt prefill   rows: the step's prompts; width: `prompt_width` tokens; the overview's
+  prompt prefill   rows: the step's prompts (their power-of-two bucket); width: `prompt_width` tokens; the overview's
                    vision pass padded to `prompt_frames` frames per prompt
   decode           the same prompt cache width every step; the suffix cache sized for the
                    whole episode up front (as before)
@@ -15,8 +15,10 @@ call bucketing its own sizes a run keeps compiling new programs long after its f
                    power-of-two buckets); the prefill attends every cache slot
                    (`SamplerConfig.prefill_window="capacity"`), so the write pointer's
                    position does not enter the program
-  sub-agents       calls of exactly `subagent_rows` rows of `subagent_width` tokens, their vision
-                   pass padded to `DispatchConfig.max_frames` frames per row
+  sub-agents       calls of exactly `subagent_rows` rows of `subagent_width` tokens (0: the
+                   episode rows' bucket, so a round takes up to max_parallel calls, or with
+                   `subagent_batch = "round"` that times max_parallel, a round's prompts in one
+                   call), their vision pass padded to `DispatchConfig.max_frames` frames per row
   training         micro-batch rows as before; packed width `train_width`; the vision pass
                    padded to `train_frames` frames per micro-batch; advantages in one program
 
@@ -37,6 +39,10 @@ from paravt_jax.sampling.sampler import PromptShape
 from paravt_jax.video.frames import FACTOR
 
 POLICIES = ("fixed", "per_call")
+# How many rows a sub-agent call has when rl.shapes.subagent_rows is 0: the episode rows' bucket
+# (a tool round of c calls a row takes c calls), or that times dispatch.max_parallel (a round's
+# prompts in one call: the weights read once per decode step instead of c times)
+SUBAGENT_BATCHES = ("episode_rows", "round")
 # Bounds of the text around the frames: the system message with the tool schema and the
 # question (prompt), the segment instruction (sub-agent prompt).
 PROMPT_TEXT_TOKENS, SUBAGENT_TEXT_TOKENS = 768, 64
@@ -52,7 +58,8 @@ class ShapeConfig:
     prompt_width: int = checked(0, integer(0))  # tokens of the prompt prefill and of the prompt cache
     prompt_frames: int = checked(0, integer(0))  # overview frames per prompt of its vision pass (0: the largest K)
     extend_width: int = checked(0, integer(0))  # tokens per prefill piece of a turn's tool responses (0: EXTEND_WIDTH)
-    subagent_rows: int = checked(0, integer(0))  # rows of every sub-agent call (0: the step's episode rows)
+    subagent_rows: int = checked(0, integer(0))  # rows of every sub-agent call (0: by subagent_batch)
+    subagent_batch: str = checked("episode_rows", one_of(SUBAGENT_BATCHES))
     subagent_width: int = checked(0, integer(0))  # tokens of a sub-agent prompt prefill
     train_width: int = checked(0, integer(0))  # packed width of the training micro-batches
     train_frames: int = checked(0, integer(0))  # frames of a training micro-batch's vision pass
@@ -102,8 +109,9 @@ def resolve(shapes: ShapeConfig, rollout: RolloutConfig, dispatch: DispatchConfi
     train_width = shapes.train_width or bucket(episode, 256)
     crops = 0 if rollout.mode == "subagent" else rollout.max_turns * max_parallel * crop_frames
     train_frames = shapes.train_frames or micro_rows * (k + crops)
-    return StepShapes(PromptShape(prompts, prompt_width, k),
-                      PromptShape(shapes.subagent_rows or bucket(rows), subagent_width,
+    return StepShapes(PromptShape(bucket(prompts), prompt_width, k),
+                      PromptShape(shapes.subagent_rows or bucket(rows) * (
+                          max_parallel if shapes.subagent_batch == "round" else 1), subagent_width,
                                   crop_frames if rollout.mode == "subagent" else 0),
                       train_width, train_frames, "capacity", shapes.extend_width or EXTEND_WIDTH)
 

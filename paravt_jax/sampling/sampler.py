@@ -123,9 +123,10 @@ def vision_sharding(mesh, ndim: int, split: int):
 @dataclasses.dataclass(frozen=True)
 class PromptShape:
     """Fixed sizes of a generate() call's prompt prefill, so that calls over other prompts run
-    the programs compiled for earlier ones: at least `rows` prompt rows (padding rows when
-    fewer), at least `width` tokens, and a vision pass padded to `frames_per_row` frames per
-    prompt row (per frame size). Zeros: each call's own power-of-two buckets."""
+    the programs compiled for earlier ones: `rows` prompt rows (padding rows when fewer; more
+    prompts than that take their own bucket, see `call_rows`), at least `width` tokens, and a
+    vision pass padded to `frames_per_row` frames per prompt row (per frame size). Zeros: each
+    call's own power-of-two buckets."""
     rows: int = 0
     width: int = 0
     frames_per_row: int = 0
@@ -133,6 +134,15 @@ class PromptShape:
     def __post_init__(self):
         if min(self.rows, self.width, self.frames_per_row) < 0:
             raise ValueError(f"PromptShape sizes must be >= 0, got {self}")
+
+
+def call_rows(prompts: int, shape: PromptShape, min_batch_bucket: int = 1) -> int:
+    """Prompt rows of a generate() call of `prompts` prompts: exactly shape.rows when they fit
+    (a fixed shape need not be a power of two: all of a round's sub-agent prompts, episode rows
+    x calls per turn, in one call), else their power-of-two bucket; never below min_batch_bucket."""
+    if shape.rows and prompts <= shape.rows:
+        return max(shape.rows, min_batch_bucket)
+    return max(bucket(prompts, min_batch_bucket), shape.rows)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -268,7 +278,7 @@ class Sampler:
             raise ValueError("generate: no prompts")
         if num_samples < 1:
             raise ValueError(f"generate: num_samples={num_samples} must be >= 1")
-        prompt_rows = max(bucket(len(prompts), self.config.min_batch_bucket), shape.rows)
+        prompt_rows = call_rows(len(prompts), shape, self.config.min_batch_bucket)
         width = max(chunk_width(prompts, self.config.min_chunk_bucket), shape.width)
         logits, prefix = self._prefill(self._empty_cache(prompt_rows, width), None, 0, list(prompts), width,
                                        shape.frames_per_row)

@@ -117,30 +117,29 @@ def test_planner_token_counts_match_full_budget_rollouts(setup, mode):
 
 
 class RecordingPolicy(FullBudgetPolicy):
-    """FullBudgetPolicy that records the rows each sub-agent call allocates (Sampler.generate pads
-    a call's prompts to max(their bucket, shape.rows)) and the width of its prompt cache."""
+    """FullBudgetPolicy that records the rows and width of each sub-agent call's prompt cache as
+    the sampler allocated it, and the frames per row its shape padded the vision pass to."""
 
     def __init__(self, sampler, tokenizer):
         super().__init__(sampler, tokenizer)
         self.subagent_calls = []
 
     def generate(self, prompts, num_samples=1, **kwargs):
-        if self.main_calls:
-            from paravt_jax.infra.buckets import bucket
-            from paravt_jax.sampling.chunks import chunk_width
-
-            shape, config = kwargs["shape"], self.sampler.config
-            self.subagent_calls.append((max(bucket(len(prompts), config.min_batch_bucket), shape.rows),
-                                        max(chunk_width(prompts, config.min_chunk_bucket), shape.width),
-                                        shape.frames_per_row))
-        return super().generate(prompts, num_samples, **kwargs)
+        sub_agent = self.main_calls > 0
+        out, state = super().generate(prompts, num_samples, **kwargs)
+        if sub_agent:
+            rows, width = state.prefix.valid.shape
+            self.subagent_calls.append((rows, width, kwargs["shape"].frames_per_row))
+        return out, state
 
 
-def test_planner_sampler_calls_match_the_rollouts(setup):
+@pytest.mark.parametrize("batch,calls,rows", [("episode_rows", 3, 4), ("round", 1, 12)])
+def test_planner_sampler_calls_match_the_rollouts(setup, batch, calls, rows):
     """The planner's sub-agent calls are the rollout's under the trainer's fixed shapes
-    (rl/shapes.py step_shapes): a round's sub-agent prompts go in calls of rl.shapes.subagent_rows
-    rows (here the step's 4 episode rows; 3 calls a row), each call's cache as wide as the fixed
-    sub-agent width; the main prompt cache as wide as the fixed prompt width."""
+    (rl/shapes.py step_shapes): a round's sub-agent prompts (4 episode rows x 3 calls) go in
+    calls of the step's 4 episode rows, or with rl.shapes.subagent_batch="round" in one call of
+    exactly 12 rows (not a power of two), each call's cache as wide as the fixed sub-agent
+    width; the main prompt cache as wide as the fixed prompt width."""
     from paravt_jax.rl.shapes import step_shapes
 
     video, tok, model = setup
@@ -149,6 +148,7 @@ def test_planner_sampler_calls_match_the_rollouts(setup):
     c.rl.rollout.mode, c.rl.rollout.max_turns = "subagent", 2
     c.rl.rollout.max_new_tokens, c.rl.rollout.subagent_max_tokens = 128, 24
     c.rl.dispatch.max_parallel, c.rl.dispatch.max_frames = len(WINDOWS), 4
+    c.rl.shapes.subagent_batch = batch
     rl = build_run(c).rl
     assumptions = W.Assumptions(question_tokens=len(tok.encode(QUESTION)), video_seconds=SECONDS,
                                 source_frame=(HEIGHT, WIDTH), source_fps=FPS, video_name=os.path.basename(video))
@@ -167,7 +167,8 @@ def test_planner_sampler_calls_match_the_rollouts(setup):
     assert not skipped and len(rollouts) == 4
     rounds = rl.rollout.max_turns
     assert work.subagent_rows == 4 * len(WINDOWS)  # one prompt per call of every row, each round
-    assert len(policy.subagent_calls) == rounds * layout.subagent_calls == rounds * 3
-    for rows, width, frames in policy.subagent_calls:
-        assert (rows, width, frames) == (layout.subagent_rows, layout.subagent_prefix_slots, layout.subagent_frames)
+    assert len(policy.subagent_calls) == rounds * layout.subagent_calls == rounds * calls
+    assert layout.subagent_rows == rows
+    for allocated, width, frames in policy.subagent_calls:
+        assert (allocated, width, frames) == (rows, layout.subagent_prefix_slots, layout.subagent_frames)
     assert layout.prefix_slots == shapes.prompt.width and layout.extend_width == shapes.extend_width

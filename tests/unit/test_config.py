@@ -30,7 +30,8 @@ CHOICES = {"AdvantageConfig.anchor_mode": "sequence", "OptimizerConfig.name": "a
            "ToolProtocol.frames_response": "images_first", "ToolProtocol.malformed": "ignore",
            "ToolProtocol.extra_calls": "ignore", "PromptFormat.overview_visual": "video",
            "PromptFormat.overview_sizing": "two_stage", "DispatchConfig.sizing": "two_stage",
-           "ShapeConfig.policy": "per_call", "SFTConfig.frame_sampling": "fps", "SFTConfig.sizing": "two_stage",
+           "ShapeConfig.policy": "per_call", "ShapeConfig.subagent_batch": "round",
+           "SFTConfig.frame_sampling": "fps", "SFTConfig.sizing": "two_stage",
            "SFTConfig.visual": "video", "StepConfig.prox_logprobs": "recompute", "HeldOutConfig.mode": "subagent",
            # parameter paths (strings; sft.cache_vision_features, set by the walk, needs the tower frozen)
            "OptimizerConfig.frozen": ("visual",),
