@@ -188,9 +188,11 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
         # each (32 on v5p-64 for the 32B).
         c.rl.max_tokens_per_micro_batch = 8 * 22528
         c.rl.shapes.train_width = 22528  # the episode budget the planner packs (docs/scale-out.md)
-        # a sub-agent prompt of 16 two-stage crop frames is 1,422 tokens (the planner's count);
-        # rl/shapes.py's derived bound counts one resize's 49 tokens a frame
-        c.rl.shapes.subagent_width = 2048
+        # a sub-agent prompt of 16 two-stage crop frames of a 1280x720 video is 1,422 tokens (the
+        # planner's count; rl/shapes.py's derived bound counts one resize's 49 tokens a frame):
+        # prefilled 1,536 wide, a quarter less padded compute than its bucket (2,048); a longer
+        # prompt (another aspect ratio) takes its own bucket, a compile the loop reports
+        c.rl.shapes.subagent_width = 1536
         # a tool round's sub-agent prompts (up to 64 rows x 5 calls) in one sampler call: each
         # summary token reads the weights once, not once per call (docs/scale-out.md)
         c.rl.shapes.subagent_batch = "round"
@@ -210,7 +212,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
         c.rl.rollout.subagent_max_tokens, c.rl.rollout.prompt.overview_max_pixels = 512, 50176
         c.rl.dispatch.max_pixels = 50176
         c.rl.rollout.prompt.overview_sizing = c.rl.dispatch.sizing = "two_stage"
-        c.rl.shapes.subagent_width = 2048  # as qwen3vl_8b: 16 two-stage crop frames
+        c.rl.shapes.subagent_width = 1536  # as qwen3vl_8b: 16 two-stage crop frames
         c.rl.shapes.subagent_batch = "round"  # as qwen3vl_8b
         c.rl.rollout.protocol.malformed = "reference"  # as qwen3vl_8b
         c.model.param_dtype = c.model.dtype = "bfloat16"

@@ -10,7 +10,7 @@ from paravt_jax.agent.responses import frames_responses, images_first_messages, 
 from paravt_jax.agent.rollout import Episode, episode_turns, prompt_inputs, response_chunk, turn_prefix
 from paravt_jax.agent.tools import TOOL_NAME, CropRequest, ToolCall
 from paravt_jax.data.sft_examples import blank_overview
-from paravt_jax.infra.buckets import bucket
+from paravt_jax.infra.buckets import bucket, fit
 from paravt_jax.models.qwen3_vl.config import Qwen3VLConfig, load_config, preset
 from paravt_jax.planner.memory import PrefillCall
 from paravt_jax.rl.shapes import StepShapes, step_shapes
@@ -377,7 +377,7 @@ def sampler_layout(rl, work: Workload) -> SamplerLayout:
         per_call = shapes.subagent.rows or work.subagent_rows
         sub_calls = -(-work.subagent_rows // per_call)
         sub_rows = call_rows(min(per_call, work.subagent_rows), shapes.subagent, sampler.min_batch_bucket)
-        sub_prefix = max(bucket(work.subagent_prompt_tokens, sampler.min_chunk_bucket), shapes.subagent.width)
+        sub_prefix = fit(work.subagent_prompt_tokens, shapes.subagent.width, sampler.min_chunk_bucket)
         sub_suffix = episode_capacity([(0, r.subagent_max_tokens)], sampler.min_chunk_bucket, sampler.cache_multiple)
     return SamplerLayout(prompt_rows, prompt_rows * rl.samples_per_prompt,
                          max(work.prefill_width, shapes.prompt.width), suffix, extend, sub_rows, sub_prefix,

@@ -27,7 +27,7 @@ from flax import nnx
 from paravt_jax.config import set_by
 from paravt_jax.infra import distributed as dist
 from paravt_jax.infra import sharding as sh
-from paravt_jax.infra.buckets import bucket
+from paravt_jax.infra.buckets import bucket, fit
 from paravt_jax.models.qwen3_vl.model import Qwen3VL
 from paravt_jax.models.qwen3_vl.text import KVCache
 from paravt_jax.sampling import decode as decode_program
@@ -138,11 +138,15 @@ class PromptShape:
 
 def call_rows(prompts: int, shape: PromptShape, min_batch_bucket: int = 1) -> int:
     """Prompt rows of a generate() call of `prompts` prompts: exactly shape.rows when they fit
-    (a fixed shape need not be a power of two: all of a round's sub-agent prompts, episode rows
-    x calls per turn, in one call), else their power-of-two bucket; never below min_batch_bucket."""
-    if shape.rows and prompts <= shape.rows:
-        return max(shape.rows, min_batch_bucket)
-    return max(bucket(prompts, min_batch_bucket), shape.rows)
+    (all of a round's sub-agent prompts, episode rows x calls per turn, in one call of 320 rows,
+    not 512), else their power-of-two bucket (infra/buckets.py `fit`)."""
+    return fit(prompts, shape.rows, min_batch_bucket)
+
+
+def call_width(prompts: Sequence[ModelInputs], shape: PromptShape, min_chunk_bucket: int = 1) -> int:
+    """Prefill width of a generate() call: exactly shape.width when the longest prompt fits (a
+    sub-agent prompt of ~1,420 tokens in 1,536, not 2,048), else its power-of-two bucket."""
+    return fit(max([p.length for p in prompts] + [1]), shape.width, min_chunk_bucket)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -279,7 +283,7 @@ class Sampler:
         if num_samples < 1:
             raise ValueError(f"generate: num_samples={num_samples} must be >= 1")
         prompt_rows = call_rows(len(prompts), shape, self.config.min_batch_bucket)
-        width = max(chunk_width(prompts, self.config.min_chunk_bucket), shape.width)
+        width = call_width(prompts, shape, self.config.min_chunk_bucket)
         logits, prefix = self._prefill(self._empty_cache(prompt_rows, width), None, 0, list(prompts), width,
                                        shape.frames_per_row)
         rows = prompt_rows * num_samples

@@ -138,8 +138,9 @@ def test_planner_sampler_calls_match_the_rollouts(setup, batch, calls, rows):
     """The planner's sub-agent calls are the rollout's under the trainer's fixed shapes
     (rl/shapes.py step_shapes): a round's sub-agent prompts (4 episode rows x 3 calls) go in
     calls of the step's 4 episode rows, or with rl.shapes.subagent_batch="round" in one call of
-    exactly 12 rows (not a power of two), each call's cache as wide as the fixed sub-agent
-    width; the main prompt cache as wide as the fixed prompt width."""
+    exactly 12 rows (not a power of two) whose cache is exactly a fixed sub-agent width just above
+    the prompt (not a power of two either); each call's cache as wide as the planner's; the main
+    prompt cache as wide as the fixed prompt width."""
     from paravt_jax.rl.shapes import step_shapes
 
     video, tok, model = setup
@@ -153,7 +154,13 @@ def test_planner_sampler_calls_match_the_rollouts(setup, batch, calls, rows):
     assumptions = W.Assumptions(question_tokens=len(tok.encode(QUESTION)), video_seconds=SECONDS,
                                 source_frame=(HEIGHT, WIDTH), source_fps=FPS, video_name=os.path.basename(video))
     work = W.workload(rl, model.config.vision, tok, assumptions)
+    if batch == "round":  # a width 16 tokens above the planned prompt, a multiple of 16
+        c.rl.shapes.subagent_width = -(-work.subagent_prompt_tokens // 16) * 16 + 16
+        rl = build_run(c).rl
+        work = W.workload(rl, model.config.vision, tok, assumptions)
     layout = W.sampler_layout(rl, work)
+    if batch == "round":
+        assert layout.subagent_prefix_slots == c.rl.shapes.subagent_width
 
     shapes = step_shapes(rl, rl.prompts_per_step)
     config = dataclasses.replace(rl.rollout, temperature=rl.step.temperature, prompt_shape=shapes.prompt,
