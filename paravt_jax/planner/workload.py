@@ -373,7 +373,7 @@ def sampler_layout(rl, work: Workload) -> SamplerLayout:
     sub_rows = sub_calls = sub_prefix = sub_suffix = 0
     if work.subagent_rows:
         # subagent_responses: calls of subagent_shape.rows rows (all the round's prompts in one
-        # call when 0), each padded to its bucket (Sampler.generate)
+        # call when 0), each of exactly those rows when it fits them (Sampler.generate, call_rows)
         per_call = shapes.subagent.rows or work.subagent_rows
         sub_calls = -(-work.subagent_rows // per_call)
         sub_rows = call_rows(min(per_call, work.subagent_rows), shapes.subagent, sampler.min_batch_bucket)

@@ -6,8 +6,8 @@ each prompt, how many crops the policy asked for, how long its episodes ran), so
 call bucketing its own sizes a run keeps compiling new programs long after its first step. The
 `fixed` policy gives every varying size of the step one value chosen from the config:
 
-  prompt prefill   rows: the step's prompts (their power-of-two bucket); width: `prompt_width` tokens; the overview's
-                   vision pass padded to `prompt_frames` frames per prompt
+  prompt prefill   rows: the step's prompts (their power-of-two bucket); width: `prompt_width`
+                   tokens; the overview's vision pass padded to `prompt_frames` frames per prompt
   decode           the same prompt cache width every step; the suffix cache sized for the
                    whole episode up front (as before)
   tool responses   text chunks written in pieces of `extend_width` tokens (one program
