@@ -352,21 +352,3 @@ def test_a_counted_loop_without_a_known_trip_count_runs_its_condition_s_limit():
     assert rows["twice"].runs == 8
     data_dependent = HLO.replace("compare(s32[] %j, s32[] %limit)", "compare(s32[] %j, s32[] %j)")
     assert {r.name: r for r in H.breakdown(data_dependent.replace('"n":"8"', '"m":"8"'))}["twice"].runs == 1
-
-
-def test_a_blockwise_attention_loop_is_left_to_the_analytic_count():
-    """physical_bytes gives the body of a loop traced from models/qwen3_vl/blockwise.py no runs (the
-    time plan adds each attention call's keys and values analytically; one counted run would add
-    a key block of every call again); breakdown without the sources keeps its trip count."""
-    from paravt_jax.planner import hlo_counts as H
-
-    traced = HLO.replace('backend_config={"known_trip_count":{"n":"8"}}',
-                         'backend_config={"known_trip_count":{"n":"8"}}, metadata={op_name="jit(f)/while" '
-                         'source_file="/x/paravt_jax/models/qwen3_vl/blockwise.py" source_line=1}')
-    assert traced != HLO
-    plain = {r.name: r for r in H.breakdown(traced)}
-    analytic = {r.name: r for r in H.breakdown(traced, H.ATTENTION_SOURCES)}
-    assert plain["twice"].runs == 8 and analytic["twice"].runs == 0 and analytic["e"].runs == 0
-    assert analytic["read"].runs == plain["read"].runs == 1  # outside the loop: unchanged
-    body = sum(r.physical * r.runs for r in plain.values() if r.computation in ("body", "large", "small", "cond"))
-    assert body > 0 and H.physical_bytes(traced) == H.physical_bytes(HLO) - body
