@@ -28,10 +28,10 @@ def test_the_presets_build_the_evaluations_they_built_before_the_registry():
     assert (check.max_new_tokens, check.max_turns, check.mode) == (None, None, None)
     assert check.rollout.prompt_shape.width == 2048  # tiny's rl.shapes.prompt_width
     assert periodic_evaluators(build_run(toy).rl, list(ROWS)) == []  # the main job: no checks during RL
-    toy.rl.eval_every = 16
-    (check,) = periodic_evaluators(build_run(toy).rl, list(ROWS))
+    switched_on = paragrpo.get_config("toy")
+    switched_on.rl.eval_every = 16
+    (check,) = periodic_evaluators(build_run(switched_on).rl, list(ROWS))
     assert check.rows == ROWS and check.settings == ((False, 64), (True, 64))
-    toy.rl.eval_every = 0
     # the main job's tables: after the last phase K = 4 and 64 tools-major on 4 rows in 256 tokens,
     # 2 turns, frames mode; the toy's on every row in 160 tokens, sub-agent mode, and on the cold start
     context = registry.Context(ROWS)
