@@ -22,4 +22,8 @@ if [[ "${DRY_RUN:-0}" == "1" ]]; then
 fi
 PY="$(PARAVT_EXTRAS="${PARAVT_EXTRAS-}" bash launch/env.sh)"  # the runtime alone unless asked
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+# glibc's allocator on transparent huge pages where the kernel offers them (THP "madvise" or
+# "always"): XLA:CPU's buffers fault in 2 MiB pages, not 4 KiB ones; same bits, faster steps
+# (bench/host_pages.py)
+export GLIBC_TUNABLES="${GLIBC_TUNABLES:+$GLIBC_TUNABLES:}glibc.malloc.hugetlb=1"
 exec "$PY" -m paravt_jax.cli "$COMMAND" "${ARGS[@]}"
