@@ -132,6 +132,18 @@ def test_cpu_threads_bench_smallest(tmp_path, builtin_root):
     assert len(fixed) == 2 and all(line.rstrip(" |").endswith("yes") for line in fixed), out
 
 
+def test_host_pages_bench_smallest(tmp_path, builtin_root):
+    """Two tiny SFT steps with glibc's default allocator and with huge pages: the table, and
+    the huge-page run's metrics equal the default's bit for bit."""
+    out = run_bench(tmp_path, "host_pages.py", "--config", os.path.join(ROOT, "configs/paragrpo.py:tiny"),
+                    "--steps", "2", "--repeats", "1",
+                    f"--extra=--config.data.builtin_root={builtin_root} --config.sft.batch_size=2",
+                    fast_compile=False)
+    assert "Host allocator pages" in out
+    runs = [line for line in out.splitlines() if line.startswith("| 1 ")]
+    assert len(runs) == 2 and all(line.rstrip(" |").endswith("yes") for line in runs), out
+
+
 def test_append_bench_smallest(tmp_path):
     """bench/append.py at 20 and 80 appends: both arms read back as the local file with nothing
     left beside it; the Appender's requests per append and bytes sent per file byte stay flat
