@@ -152,7 +152,7 @@ def prefill_table(layouts: dict) -> None:
 def report(text: str, meta: dict, label: str, top: int) -> dict:
     from paravt_jax.planner import hlo_counts as H
 
-    rows = H.breakdown(text, H.ATTENTION_SOURCES)
+    rows = H.breakdown(text, H.ATTENTION_SCOPES)
     totals = dict(counted=sum(r.counted for r in rows), physical=sum(r.physical * r.runs for r in rows))
     print(f"{label}: cost_analysis {meta['bytes_accessed'] / 1e9:,.2f} GB, {meta['flops'] / 1e12:,.2f} TFLOP "
           f"(+ analytic attention {meta['kernel_text_bytes'] / 1e9:,.2f} GB, {meta['kernel_text_flops'] / 1e12:,.2f} "

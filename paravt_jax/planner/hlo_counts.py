@@ -26,7 +26,11 @@ Each instruction also gets its runs per program call (`breakdown`): the product 
 trip counts of the loops around it (`trip_count`: backend_config known_trip_count, or a
 `counter < constant` condition; 1 where the trip count is data-dependent, as a cost analysis
 counts such a loop), and only the costliest branch of a
-conditional counts (one branch runs; the others get runs 0). Sizes are the logical shapes'
+conditional counts (one branch runs; the others get runs 0). The blockwise attention's loops
+(traced under `ATTENTION_SCOPES`, found by their instructions' op_name) get runs 0 in
+`physical_bytes`: the time plan adds every attention call's cost analytically (its keys and
+values read at the mean fill), and one counted run of the loop would add one key block of each
+call again. Sizes are the logical shapes'
 (elements x item size, no tile padding). The physical count is a rule applied to the HLO, not a
 measurement: what the compiled data flow needs to touch, each byte once per use.
 """
@@ -36,6 +40,8 @@ import collections
 import dataclasses
 import math
 import re
+
+from paravt_jax.models.qwen3_vl.blockwise import LOOP_SCOPE
 
 ITEMSIZE = {"pred": 1, "s4": 1, "u4": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
             "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16, "f8e4m3fn": 1, "f8e5m2": 1,
@@ -295,7 +301,9 @@ class Row:
     op_name: str
     counted: float
     physical: float
-    runs: int = 1  # runs per program call: known trip counts of the loops around it; 0: a branch not taken
+    # runs per program call: known trip counts of the loops around it; 0: a branch not taken or an
+    # analytic loop's body
+    runs: int = 1
     source: str = ""  # the Python file the instruction was traced from (its metadata's source_file)
 
 
@@ -325,8 +333,8 @@ def trip_count(ins: Instruction, computations: dict[str, list[Instruction]] | No
 class _Walk:
     """breakdown's traversal: each scheduled computation once, with its runs."""
 
-    def __init__(self, computations: dict[str, list[Instruction]], once_sources: tuple[str, ...]):
-        self.computations, self.once_sources = computations, once_sources
+    def __init__(self, computations: dict[str, list[Instruction]], analytic_scopes: tuple[str, ...]):
+        self.computations, self.analytic_scopes = computations, analytic_scopes
         self.seen: set[str] = set()
 
     def rows(self, name: str, runs: int) -> list[Row]:
@@ -342,8 +350,8 @@ class _Walk:
                 root = _fused_root(self.computations.get(ins.fused, []))
                 kind = f"fusion:{root.opcode}" if ins.opcode == "fusion" and root else ins.opcode
                 out.append(Row(name, ins.name, ins.opcode, kind, ins.op_name, counted, physical, runs, ins.source))
-            once = self.once_sources and ins.source.endswith(self.once_sources)
-            trips = 1 if once else trip_count(ins, self.computations)
+            analytic = any(scope in ins.op_name for scope in self.analytic_scopes)
+            trips = 0 if analytic else trip_count(ins, self.computations)
             for called in ins.loops():
                 out += self.rows(called, runs * trips)
             out += self.branches(ins.branches(), runs)
@@ -358,12 +366,13 @@ class _Walk:
         return [r if k == best else dataclasses.replace(r, runs=0) for k, rows in enumerate(taken) for r in rows]
 
 
-def breakdown(text: str, once_sources: tuple[str, ...] = ()) -> list[Row]:
+def breakdown(text: str, analytic_scopes: tuple[str, ...] = ()) -> list[Row]:
     """Every scheduled instruction of an optimised HLO module with its bytes and runs (module
-    docstring); a loop traced from a file ending in one of `once_sources` keeps runs 1 (its
-    work counted elsewhere)."""
+    docstring); the body of a loop whose op_name holds one of the named scopes `analytic_scopes`
+    gets runs 0 (its work is counted analytically, elsewhere: counting one of its runs here as
+    well would count one key block of every blockwise attention call twice)."""
     computations, entry = parse_module(text)
-    return _Walk(computations, once_sources).rows(entry, 1)
+    return _Walk(computations, analytic_scopes).rows(entry, 1)
 
 
 def summarize(rows, key) -> list[tuple[str, int, float, float]]:
@@ -378,11 +387,11 @@ def summarize(rows, key) -> list[tuple[str, int, float, float]]:
 
 
 # Loops whose work the time plan adds analytically (the blockwise attention's: attention.attention_cost)
-ATTENTION_SOURCES = ("models/qwen3_vl/blockwise.py",)
+ATTENTION_SCOPES = (LOOP_SCOPE,)
 
 
 def physical_bytes(text: str) -> float:
     """A program's HBM bytes per call by the physical rule: every run of each instruction
-    (loops at their known trip counts, the blockwise attention's loops once: the time plan adds
-    the attention analytically; one branch of each conditional)."""
-    return sum(r.physical * r.runs for r in breakdown(text, ATTENTION_SOURCES))
+    (loops at their known trip counts, the blockwise attention's loops not at all: the time plan
+    adds the attention analytically; one branch of each conditional)."""
+    return sum(r.physical * r.runs for r in breakdown(text, ATTENTION_SCOPES))

@@ -352,3 +352,41 @@ def test_a_counted_loop_without_a_known_trip_count_runs_its_condition_s_limit():
     assert rows["twice"].runs == 8
     data_dependent = HLO.replace("compare(s32[] %j, s32[] %limit)", "compare(s32[] %j, s32[] %j)")
     assert {r.name: r for r in H.breakdown(data_dependent.replace('"n":"8"', '"m":"8"'))}["twice"].runs == 1
+
+
+def test_the_blockwise_attention_loops_are_left_to_the_analytic_count():
+    """The blockwise attention's loops carry their named scope in the compiled program's op_name
+    (an accelerator's HLO text keeps op_name, not source_file), and physical_bytes gives their
+    bodies no runs (the time plan adds each attention call's keys and values analytically; a
+    counted run would add one key block of every call again); the rest of the program counts as
+    before, and breakdown without the scopes keeps the loops."""
+    import jax
+    import jax.numpy as jnp
+
+    from paravt_jax.models.qwen3_vl import blockwise as B
+    from paravt_jax.models.qwen3_vl.attention_mask import AttentionMask
+    from paravt_jax.planner import hlo_counts as H
+
+    batch, lq, lk, heads, kv_heads, head_dim = 2, 8, 64, 4, 2, 16
+    q = jnp.ones((batch, lq, heads, head_dim), jnp.float32)
+    k = jnp.ones((batch, kv_heads, head_dim, lk), jnp.float32)  # the cache layout
+    v = jnp.ones((batch, kv_heads, lk, head_dim), jnp.float32)
+    valid = jnp.ones((batch, lk), bool)
+
+    def step(q, k, v, valid):
+        out, _ = B.blockwise_partial(q * 2.0, k, v, AttentionMask.cache(valid, (lk - lq) + jnp.arange(lq)),
+                                     cache_layout=True, block=16)
+        return out.sum(-1) + 1.0
+
+    text = jax.jit(step).lower(q, k, v, valid).compile().as_text()
+    loops = [line for line in text.splitlines() if " while(" in line]
+    assert loops and all(B.LOOP_SCOPE in line for line in loops), loops
+    plain = H.breakdown(text)
+    analytic = H.breakdown(text, H.ATTENTION_SCOPES)
+    assert [r.name for r in plain] == [r.name for r in analytic]
+    inside = [(p, a) for p, a in zip(plain, analytic) if p.runs != a.runs]
+    assert inside and all(p.runs >= 1 and a.runs == 0 for p, a in inside)
+    outside = sum(r.physical * r.runs for r in analytic)
+    assert H.physical_bytes(text) == outside
+    assert 0 < outside < sum(r.physical * r.runs for r in plain)
+    assert outside >= q.size * 4  # the query is read outside the loops

@@ -16,6 +16,10 @@ import jax.numpy as jnp
 from paravt_jax.models.qwen3_vl.attention_mask import MASK_VALUE, AttentionMask, visible
 
 DEFAULT_BLOCK = 512
+# The named scope of every loop below: their instructions' op_name carries it (an accelerator's
+# compiled HLO keeps op_name but not source_file), so that the planner's byte count
+# (planner/hlo_counts.py) can leave these loops to the analytic attention cost it adds instead
+LOOP_SCOPE = "blockwise_attention_loop"
 
 
 def _block_summary(segments: jax.Array, positions: jax.Array, block: int):
@@ -44,9 +48,11 @@ def _loop(count: int, body, carry):
     """carry = body(i, carry) for i in range(count), as a `lax.while_loop`. Not `fori_loop` /
     `lax.map`: with static bounds those lower to scans, and partial evaluation inside an outer
     differentiated `lax.scan` (the layer scan) would then save every block's scores and mask
-    as residuals, [T/block, T/block, ...] of them; a while loop is never split that way."""
-    return jax.lax.while_loop(lambda c: c[0] < count, lambda c: (c[0] + 1, body(c[0], c[1])),
-                              (jnp.int32(0), carry))[1]
+    as residuals, [T/block, T/block, ...] of them; a while loop is never split that way. Traced
+    under LOOP_SCOPE."""
+    with jax.named_scope(LOOP_SCOPE):
+        return jax.lax.while_loop(lambda c: c[0] < count, lambda c: (c[0] + 1, body(c[0], c[1])),
+                                  (jnp.int32(0), carry))[1]
 
 
 def _slice(x, start, size, axis):
