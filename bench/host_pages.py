@@ -39,7 +39,8 @@ THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
 
 def tunables(huge: bool) -> str:
     """GLIBC_TUNABLES for an arm: the caller's, without the huge-page tunable, and with it when asked."""
-    kept = [t for t in os.environ.get("GLIBC_TUNABLES", "").split(":") if t and not t.startswith("glibc.malloc.hugetlb")]
+    kept = [t for t in os.environ.get("GLIBC_TUNABLES", "").split(":")
+            if t and not t.startswith("glibc.malloc.hugetlb")]
     return ":".join(kept + [HUGE_PAGES] if huge else kept)
 
 
