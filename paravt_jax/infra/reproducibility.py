@@ -18,8 +18,9 @@ not run on that pool: GPU and TPU runs are unaffected.
 **The manifest** (`manifest()`): commit and dirty flag, the lock file's hash and whether the
 installed packages match it, the numeric packages' versions, Python, platform, the JAX device
 kind and count, the CPU model and vector extension, the usable CPU count and XLA:CPU's thread
-count, XLA_FLAGS, the data's content hash and the seed. `differences()` lists the fields in which
-two manifests differ, those that may change a number first. Not fixed, only recorded: another CPU
+count, glibc's allocator settings (GLIBC_TUNABLES: speed only), XLA_FLAGS, the data's content
+hash and the seed. `differences()` lists the fields in which two manifests differ, those that
+may change a number first. Not fixed, only recorded: another CPU
 architecture or vector extension (SSE-only code rounds otherwise; `cpu.isa`), another package set
 (`lock`, `packages`), another PJRT_NPROC (`cpu.xla_threads`).
 """
@@ -173,7 +174,8 @@ def manifest(seed: int | None = None, data: Mapping[str, Any] | None = None) -> 
         "platform": f"{sys.platform} {platform.machine()}",
         "device": device_state(),
         "cpu": {"model": cpu_model(), "isa": cpu_isa(), "usable": usable_cpus(),
-                "xla_threads": os.environ.get(CPU_THREADS_ENV, "unset (one per usable CPU)")},
+                "xla_threads": os.environ.get(CPU_THREADS_ENV, "unset (one per usable CPU)"),
+                "malloc": os.environ.get("GLIBC_TUNABLES", "")},
         "xla_flags": " ".join(sorted(os.environ.get("XLA_FLAGS", "").split())),
         "data": dict(data or {}),
         "seed": seed,

@@ -151,6 +151,7 @@ def test_tiny_main_job_twice_the_second_beside_a_busy_process(tmp_path, builtin_
         assert field in first["manifest"], field
     assert first["manifest"]["data"]["content"] and first["manifest"]["seed"] == 0
     assert first["manifest"]["packages"]["jax"] and first["manifest"]["cpu"]["xla_threads"] == "2"
+    assert first["manifest"]["cpu"]["malloc"] == os.environ.get("GLIBC_TUNABLES", "")  # speed only: recorded
     assert reproducibility.differences(first["manifest"], second["manifest"]) == []
 
 
