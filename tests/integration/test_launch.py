@@ -594,8 +594,8 @@ def test_env_builds_only_what_a_request_lacks(tmp_path):
     drops stamps of an older setup.py or lock. pip is a fake that records its arguments."""
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
-    write_tool(venv / "bin", "python", "exit 0\n")
-    log = tmp_path / "pip.log"
+    log, python_log = tmp_path / "pip.log", tmp_path / "python.log"
+    write_tool(venv / "bin", "python", f'echo "$*" >> {python_log}\n')
     write_tool(venv / "bin", "pip", f'echo "$*" >> {log}\n')
 
     def env(extras=None, **more):
@@ -613,20 +613,26 @@ def test_env_builds_only_what_a_request_lacks(tmp_path):
     def stamps():
         return sorted(p.name.rsplit("-", 1)[1] for p in venv.glob(".paravt-setup-*"))
 
+    def byte_compiles():  # compileall runs: an environment with extras is byte-compiled, the runtime's not
+        lines = python_log.read_text().splitlines() if python_log.exists() else []
+        return [line for line in lines if "compileall" in line]
+
     (venv / ".paravt-setup-0123456789abcdef-test").touch()  # a build of another setup.py
     python, err = env("")  # the main job: the runtime alone
     assert python == f"{venv}/bin/python" and "extras: none" in err
     lock = f"-c {ROOT}/requirements.lock"
-    assert installs() == [f"install -q -e {ROOT} {lock}"] and stamps() == ["none"]
+    assert installs() == [f"install -q --no-compile -e {ROOT} {lock}"] and stamps() == ["none"]
+    assert byte_compiles() == []
     assert env("") == (python, "")  # met: nothing built
     _, err = env()  # the tests: the test extra, installed into the same venv
-    assert "extras: test" in err and installs()[-1] == f"install -q -e {ROOT}[test] {lock}"
+    assert "extras: test" in err and installs()[-1] == f"install -q --no-compile -e {ROOT}[test] {lock}"
+    assert len(byte_compiles()) == 1 and "-j 0" in byte_compiles()[0]
     assert stamps() == ["none", "test"]
     count = len(installs())
     assert env("")[1] == "" and env("test")[1] == "" and len(installs()) == count
     env("test,gpu")
-    assert installs()[-1] == f"install -q -e {ROOT}[test,gpu] {lock}" and "test,gpu" in stamps()
+    assert installs()[-1] == f"install -q --no-compile -e {ROOT}[test,gpu] {lock}" and "test,gpu" in stamps()
     assert env("gpu")[1] == "" and len(installs()) == count + 1  # covered by test,gpu
     # without the lock: setup.py's ranges, under a stamp of their own (a locked build does not meet it)
     _, err = env("", PARAVT_LOCK="0")
-    assert "extras: none" in err and installs()[-1] == f"install -q -e {ROOT}" and stamps() == ["none"]
+    assert "extras: none" in err and installs()[-1] == f"install -q --no-compile -e {ROOT}" and stamps() == ["none"]
