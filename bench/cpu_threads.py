@@ -36,6 +36,15 @@ def numbers(record: dict) -> dict:
     return {k: v for k, v in record.items() if k != "time" and not k.endswith(TIMING_SUFFIXES)}
 
 
+def read_sft_run(workdir: str) -> dict:
+    """An SFT workdir's median step seconds (after the first two steps, its compiles) and each
+    step's non-timing metrics."""
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        records = [json.loads(line) for line in f]
+    steps = [r["sft/step_s"] for r in records[2:]] or [r["sft/step_s"] for r in records]
+    return {"step": statistics.median(steps), "numbers": [numbers(r) for r in records]}
+
+
 def run_arm(cores: str, threads: int, args, workdir: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k != reproducibility.CPU_THREADS_ENV}
     env.update(PYTHONPATH=ROOT, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", PJRT_NPROC=str(threads))
@@ -46,10 +55,7 @@ def run_arm(cores: str, threads: int, args, workdir: str) -> dict:
     wall = time.perf_counter() - start
     if done.returncode != 0:
         raise SystemExit(f"cpu_threads: {' '.join(command)} failed:\n{done.stderr[-3000:]}")
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        records = [json.loads(line) for line in f]
-    steps = [r["sft/step_s"] for r in records[2:]] or [r["sft/step_s"] for r in records]
-    return {"wall": wall, "step": statistics.median(steps), "numbers": [numbers(r) for r in records]}
+    return {"wall": wall, **read_sft_run(workdir)}
 
 
 def main(argv=None):

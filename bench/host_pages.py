@@ -17,7 +17,6 @@ first default-allocator run (where a page lives cannot change a number: they mus
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import statistics
@@ -31,7 +30,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from common import print_table  # noqa: E402
-from cpu_threads import numbers  # noqa: E402
+from cpu_threads import read_sft_run  # noqa: E402
 
 HUGE_PAGES = "glibc.malloc.hugetlb=1"
 THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
@@ -66,11 +65,8 @@ def run_arm(huge: bool, args, workdir: str) -> dict:
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         raise SystemExit(f"host_pages: {' '.join(command)} failed:\n{done.stderr[-3000:]}")
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        records = [json.loads(line) for line in f]
-    steps = [r["sft/step_s"] for r in records[2:]] or [r["sft/step_s"] for r in records]
-    return {"wall": wall, "step": statistics.median(steps), "faults": after.ru_minflt - before.ru_minflt,
-            "system": after.ru_stime - before.ru_stime, "numbers": [numbers(r) for r in records]}
+    return {"wall": wall, "faults": after.ru_minflt - before.ru_minflt, "system": after.ru_stime - before.ru_stime,
+            **read_sft_run(workdir)}
 
 
 def main(argv=None):
