@@ -140,6 +140,20 @@ def once_per_session(name: str, make) -> str:
     return directory
 
 
+def computed_once_per_session(name: str, compute):
+    """compute()'s value, computed in whichever pytest-xdist worker asks first and pickled in the
+    session's shared directory (once_per_session); the other workers unpickle it. For a costly
+    module fixture whose tests the workers share (a plan compiled in 90 s, not twice)."""
+    import pickle
+
+    def make(directory):
+        with open(os.path.join(directory, "value.pkl"), "wb") as f:
+            pickle.dump(compute(), f)
+
+    with open(os.path.join(once_per_session(name, make), "value.pkl"), "rb") as f:
+        return pickle.load(f)
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     """A small BPE tokenizer whose corpus holds the tool's words (a module whose tests need

@@ -8,6 +8,7 @@ import os
 
 import pytest
 
+from conftest import computed_once_per_session
 from paravt_jax.configs import paragrpo
 from paravt_jax.infra import meshes
 from paravt_jax.models.qwen3_vl import preset
@@ -66,9 +67,12 @@ def test_collective_bytes_reads_the_hlo_ops():
 def tiny_tpu_plan(tokenizer):
     """The tiny recipe's plan for v5p-16 by the TPU compiler, each program compiled in a child
     process of its own (the default)."""
-    target = TG.resolve_target("tpu", meshes.get_mesh("v5p-16"))
-    return P.plan(build_run(tpu_config()), meshes.mesh_shape("v5p-16"), 95, "xla", tokenizer=tokenizer, target=target,
-                  depth="extrapolate", chip="v5p")
+    def compute():
+        target = TG.resolve_target("tpu", meshes.get_mesh("v5p-16"))
+        return P.plan(build_run(tpu_config()), meshes.mesh_shape("v5p-16"), 95, "xla", tokenizer=tokenizer,
+                      target=target, depth="extrapolate", chip="v5p")
+
+    return computed_once_per_session("tiny_tpu_plan", compute)
 
 
 def test_tiny_plan_compiled_by_the_tpu_compiler(tiny_tpu_plan):

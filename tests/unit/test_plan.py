@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from conftest import computed_once_per_session
 from paravt_jax.cli.flags import UsageError
 from paravt_jax.configs import paragrpo
 from paravt_jax.infra import sharding as sh
@@ -100,9 +101,12 @@ def test_preset_parameter_counts_from_eval_shape(name, billions, tokenizer):
 def xla_plan(tokenizer):
     """The tiny recipe's plan from XLA's analysis of its compiled programs on 8 devices (the
     prefill token budget small enough to split the tool-response prefill into row groups)."""
-    config = small_config()
-    config.rl.sampler.prefill_tokens = 64
-    return config, plan_of(config, MESH8, 16, "xla", tokenizer)
+    def compute():
+        config = small_config()
+        config.rl.sampler.prefill_tokens = 64
+        return config, plan_of(config, MESH8, 16, "xla", tokenizer)
+
+    return computed_once_per_session("xla_plan", compute)
 
 
 def test_batch_spec_vision_layout_matches_vision_layout(tokenizer):
