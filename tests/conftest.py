@@ -60,6 +60,14 @@ def pytest_unconfigure(config):
 
 
 TIERS = ("unit", "integration", "slow")
+# Run first, in this order: the modules whose tests share a result made once per session
+# (once_per_session), then the longest ones. pytest-xdist's worksteal scheduler hands each worker
+# a contiguous share of the list and steals from the ends of the shares, so a module at the head
+# stays on one worker (its second test does not sit idle waiting for the first one's result on
+# another) and the longest tests start early instead of ending the run alone.
+FIRST = ("integration/test_multihost.py", "integration/test_plan_tpu.py", "integration/test_plan.py",
+         "integration/test_sweep.py", "integration/test_hf_export.py", "integration/test_bench.py",
+         "integration/test_reproducibility.py", "integration/test_storage.py", "integration/test_cli.py")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -67,13 +75,16 @@ def pytest_collection_modifyitems(config, items):
     """Each test gets the marker of its tier, the directory it is in, so `-m unit`,
     `-m integration` or `-m slow` selects a tier: tests/unit/ (fast, no real programs or
     processes), tests/integration/ (compiles real programs or starts processes), tests/slow/
-    (end to end and slower, excluded by default). tests/support/ holds their helpers."""
+    (end to end and slower, excluded by default). tests/support/ holds their helpers. The
+    modules of FIRST go first (a stable sort: the rest keep their order)."""
     tests = os.path.dirname(os.path.abspath(__file__))
     for item in items:
         tier = os.path.relpath(str(item.path), tests).split(os.sep)[0]
         if tier not in TIERS:
             raise pytest.UsageError(f"{item.path}: a test belongs in tests/unit/, tests/integration/ or tests/slow/")
         item.add_marker(getattr(pytest.mark, tier))
+    rank = {name: i for i, name in enumerate(FIRST)}
+    items.sort(key=lambda item: rank.get(os.path.relpath(str(item.path), tests).replace(os.sep, "/"), len(FIRST)))
 
 
 _LOOPBACK = ("127.0.0.1", "::1", "localhost")

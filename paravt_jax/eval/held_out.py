@@ -1,6 +1,7 @@
 """Greedy evaluation of the policy on held-out rows, with or without tools, at a fixed K."""
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 from collections.abc import Iterator
 
@@ -29,6 +30,10 @@ class HeldOutConfig:
     max_turns: int | None = checked(None, optional(integer(0)))  # tool rounds (None: the rollout's)
     # what a crop returns: frames | subagent | sequential (agent/rollout.py; None: the rollout's)
     mode: str | None = checked(None, optional(one_of(MODES)))
+    # settings evaluated at once, each in a thread of its own on the one sampler (the outcomes
+    # in order, the same as one at a time; each setting's sampler programs and KV cache held at
+    # once: on an accelerator, memory for that many)
+    concurrent: int = checked(1, integer(1))
 
     def __post_init__(self):
         validate(self)
@@ -108,6 +113,7 @@ class HeldOut:
     max_new_tokens: int | None = None
     max_turns: int | None = None
     mode: str | None = None
+    concurrent: int = 1
 
     @classmethod
     def grid(cls, rows, nframes, *, tools_major: bool, **kwargs) -> HeldOut:
@@ -118,17 +124,33 @@ class HeldOut:
         return cls(tuple(rows), tuple(settings), **kwargs)
 
     def run(self, sampler, tokenizer, step: int | None = None) -> Iterator[Outcome]:
-        """Each setting's Outcome as it finishes: named by setting_name, its EvalResult as the
-        result and its episodes as records (tools and K on each)."""
-        for tools, k in self.settings:
-            result, rollouts = evaluate_episodes(sampler, tokenizer, self.rows, nframes=k, tools=tools,
-                                                 rollout=self.rollout, dispatch=self.dispatch,
-                                                 max_new_tokens=self.max_new_tokens, max_turns=self.max_turns,
-                                                 mode=self.mode)
-            metrics = {key: value for key, value in result.row().items() if key not in ("tools", "nframes")}
-            setting = {"tools": tools, "nframes": k}
-            yield Outcome(setting_name(self.settings[0][1], k, tools, self.name), metrics, setting, result,
-                          tuple(eval_records(rollouts, self.rows, **setting)))
+        """Each setting's Outcome in the order of `settings`: named by setting_name, its
+        EvalResult as the result and its episodes as records (tools and K on each). With
+        `concurrent` > 1 that many settings run at once, in threads (each setting's episodes are
+        decoded greedily from its own programs' calls: the same outcomes as one at a time)."""
+        if self.concurrent == 1 or len(self.settings) == 1:
+            for tools, k in self.settings:
+                yield self._setting(sampler, tokenizer, tools, k)
+            return
+        getattr(sampler, "weights", None)  # a Sampler's decode weights, made once before the threads share it
+        with concurrent.futures.ThreadPoolExecutor(self.concurrent, thread_name_prefix="held-out") as pool:
+            futures = [pool.submit(self._setting, sampler, tokenizer, *setting) for setting in self.settings]
+            try:
+                for future in futures:
+                    yield future.result()
+            finally:  # an error or an abandoned generator: the settings not started are dropped
+                for future in futures:
+                    future.cancel()
+
+    def _setting(self, sampler, tokenizer, tools: bool, k: int) -> Outcome:
+        result, rollouts = evaluate_episodes(sampler, tokenizer, self.rows, nframes=k, tools=tools,
+                                             rollout=self.rollout, dispatch=self.dispatch,
+                                             max_new_tokens=self.max_new_tokens, max_turns=self.max_turns,
+                                             mode=self.mode)
+        metrics = {key: value for key, value in result.row().items() if key not in ("tools", "nframes")}
+        setting = {"tools": tools, "nframes": k}
+        return Outcome(setting_name(self.settings[0][1], k, tools, self.name), metrics, setting, result,
+                       tuple(eval_records(rollouts, self.rows, **setting)))
 
 
 def call_validity(rollouts) -> float:

@@ -61,7 +61,7 @@ def held_out(name: str, settings: HeldOutConfig, context: Context, stage: str) -
     rows = context.rows[:settings.limit] if settings.limit else context.rows
     return HeldOut.grid(rows, nframes, tools_major=stage != "periodic", name=name, rollout=context.rollout,
                         dispatch=context.dispatch, max_new_tokens=settings.max_new_tokens,
-                        max_turns=settings.max_turns, mode=settings.mode)
+                        max_turns=settings.max_turns, mode=settings.mode, concurrent=settings.concurrent)
 
 
 def benchmark_eval(settings: BenchmarkConfig, output_dir: str, context: Context, where: str = "",

@@ -373,6 +373,30 @@ def test_periodic_evaluation_uses_the_rollout_mode_and_logs_its_episodes(dataset
         record[f"{tag}/accuracy"] for tag in ("eval_notools", "eval_tools", "eval_notools_K4", "eval_tools_K4")]
 
 
+def test_held_out_settings_evaluated_at_once_equal_one_at_a_time(dataset):
+    """`concurrent`: the held-out settings run two at a time in threads on one sampler give the
+    outcomes of one at a time (metrics and episodes), in the settings' order; 0 is refused."""
+    from paravt_jax.config import ConfigValueError
+    from paravt_jax.eval.evaluator import evaluate
+    from paravt_jax.eval.held_out import HeldOut
+
+    root, ds, tok = dataset
+    rows, _ = load_rl_rows(ds.rl_train, root)
+    model = init_model(preset("tiny"), seed=2)
+    rollout = dataclasses.replace(_rl_config(1).rollout, mode="subagent", max_new_tokens=8, subagent_max_tokens=8)
+
+    def outcomes(concurrent):
+        held_out = HeldOut.grid(rows[:2], (2, 4), tools_major=True, rollout=rollout, max_turns=1,
+                                concurrent=concurrent)
+        return [(o.name, o.metrics, o.records) for o in evaluate([held_out], model, tok)]
+
+    one = outcomes(1)
+    assert [name for name, _, _ in one] == ["eval_notools", "eval_notools_K4", "eval_tools", "eval_tools_K4"]
+    assert outcomes(2) == one and all(records for _, _, records in one)
+    with pytest.raises(ConfigValueError, match="concurrent"):
+        HeldOutConfig(concurrent=0)
+
+
 def test_no_program_compiles_after_the_second_step_nor_in_later_evaluations(dataset, tmp_path):
     """16 RL steps whose tool responses sometimes need two prefill pieces (a piece of 16 tokens)
     and a held-out check every 4 steps: the steps compile nothing after step 1 and the checks
