@@ -79,7 +79,7 @@ def lines(workdir):
     return [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
 
 
-@pytest.mark.parametrize("bound", [1, 2])
+@pytest.mark.parametrize("bound", [1])  # 2: tests/slow/test_async_rl.py
 def test_bounded_staleness_on_4_plus_4_devices_and_a_sigterm_rerun_repeats_nothing(dataset, tmp_path, bound):
     """Every consumed step is at most `bound` versions behind (staleness = step - the version
     that sampled it, the producer never more than `bound` steps ahead). SIGTERM while the

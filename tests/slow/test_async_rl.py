@@ -1,7 +1,8 @@
 """The asynchronous rollouts' slow end-to-end checks (tests/integration/test_async_rl.py runs the
-others by default): a split mesh at staleness 0 reproduces the colocated synchronous run (two
-2-step runs on 8 fake devices), and a slow crop does not stall the trainer while steps are
-queued (three steps with crops 1.5 s slower)."""
+others by default): the bounded-staleness run at bound 2 (bound 1 runs by default), a split mesh
+at staleness 0 reproduces the colocated synchronous run (two 2-step runs on 8 fake devices), and
+a slow crop does not stall the trainer while steps are queued (three steps with crops 1.5 s
+slower)."""
 import time
 
 import jax
@@ -20,6 +21,12 @@ from paravt_jax.text.tokenizer import train_tokenizer
 from paravt_jax.train.step import OptimizerConfig
 
 dataset = integration_tests.dataset  # the fixture
+
+
+@pytest.mark.parametrize("bound", [2])
+def test_bounded_staleness_on_4_plus_4_devices_and_a_sigterm_rerun_repeats_nothing(dataset, tmp_path, bound):
+    integration_tests.test_bounded_staleness_on_4_plus_4_devices_and_a_sigterm_rerun_repeats_nothing(
+        dataset, tmp_path, bound)
 
 
 def test_a_split_mesh_at_staleness_0_is_the_colocated_synchronous_run(dataset, tmp_path):
