@@ -162,7 +162,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
         c.evals.held_out.limit, c.evals.held_out.max_new_tokens = 0, 160  # every held-out question
         c.evals.held_out.after_sft = (4, 64)  # the cold start's table too: what RL starts from
         # two settings at a time: their compiles and small decodes fill both cores (the same
-        # tables; 53 s instead of 64 for the first evaluation, the compiling one)
+        # tables; a process evaluating a cold start, its programs compiled: 53 s instead of 64)
         c.evals.held_out.concurrent = 2
         # the toy's 64x96 frames are 6 tokens: a K = 64 prompt is 930 tokens, an episode at
         # most ~1.7k, a 16-frame crop's sub-agent prompt 273 (rl/shapes.py's bounds assume

@@ -178,8 +178,9 @@ def evaluate_after_sft(run: RunConfig, model, tokenizer, eval_rows, workdir: str
     with other settings evaluates again. Process 0 reads, evaluates and returns it, and the
     others follow its decision and get None. Collective: every process must call it."""
     rl = run.rl
-    cold_start = {name: dataclasses.asdict(settings) for name, settings in run.evals.items()
-                  if getattr(settings, "after_sft", ())}
+    cold_start = {name: {k: v for k, v in dataclasses.asdict(settings).items()
+                         if k not in getattr(settings, "SPEED_ONLY", ())}  # not what the table holds
+                  for name, settings in run.evals.items() if getattr(settings, "after_sft", ())}
     settings = json.loads(json.dumps({"sft_steps": int(run.sft.steps), "evals": cold_start,
                                       "rollout": dataclasses.asdict(rl.rollout),
                                       "dispatch": dataclasses.asdict(rl.dispatch)}))

@@ -28,8 +28,10 @@ from paravt_jax.run_config import RunConfig
 CONFIG_NAME = "run_config.json"
 CHANGES_NAME = "config_changes.jsonl"
 # Fields a resumed run may change: its length, and where and how it is placed and compiled
-# (another mesh on requeued hardware); none of them changes what a step computes.
-RESUMABLE = ("sft.steps", "rl.steps", "workdir", "mesh.*", "mesh_preset", "compilation_cache_dir")
+# (another mesh on requeued hardware), how many evaluation settings run at once; none of them
+# changes what a step or an evaluation computes.
+RESUMABLE = ("sft.steps", "rl.steps", "workdir", "mesh.*", "mesh_preset", "compilation_cache_dir",
+             "evals.*.concurrent", "rl.evals.*.concurrent")
 CONFIG_CHANGED = ("refuse", "ok")
 MANIFEST = "manifest"  # the stored record's key for the run's manifest (not compared as config)
 

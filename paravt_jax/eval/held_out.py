@@ -35,6 +35,9 @@ class HeldOutConfig:
     # once: on an accelerator, memory for that many)
     concurrent: int = checked(1, integer(1))
 
+    # fields that change how fast the evaluation runs, not its outcomes
+    SPEED_ONLY = ("concurrent",)
+
     def __post_init__(self):
         validate(self)
 

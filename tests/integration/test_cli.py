@@ -138,7 +138,8 @@ def test_mesh_preset_builds_the_named_mesh(builtin_root):
 
 def test_after_sft_evaluation_is_stored_and_read_back_on_resume(tmp_path, monkeypatch):
     """The cold start's table is evaluated once (sft/eval.json) and read back by a resumed run,
-    unless the evaluation settings or the SFT step count changed since."""
+    unless the evaluation settings (other than how many run at once) or the SFT step count
+    changed since."""
     from paravt_jax.cli import jobs
     from paravt_jax.configs import paragrpo
     from paravt_jax.eval.evaluator import Outcome
@@ -159,6 +160,8 @@ def test_after_sft_evaluation_is_stored_and_read_back_on_resume(tmp_path, monkey
     workdir = str(tmp_path)
     first = jobs.evaluate_after_sft(build_run(config), None, None, ["row"], workdir)
     assert calls == [("after_sft", (4, 16))] and len(first) == 4 and os.path.isfile(f"{workdir}/sft/eval.json")
+    assert jobs.evaluate_after_sft(build_run(config), None, None, ["row"], workdir) == first and len(calls) == 1
+    config.evals.held_out.concurrent = 2  # speed only: still the stored table
     assert jobs.evaluate_after_sft(build_run(config), None, None, ["row"], workdir) == first and len(calls) == 1
     config.evals.held_out.limit = 3  # other settings: the stored table is not theirs
     again = jobs.evaluate_after_sft(build_run(config), None, None, ["row"], workdir)

@@ -207,6 +207,7 @@ def test_a_rerun_under_another_config_is_refused_with_the_differing_fields(tmp_p
     workdir = str(tmp_path)
     assert workdirs.check_config(workdir, workdirs.config_record(build_run(config), "run")) == []
     config.rl.steps, config.sft.steps, config.mesh.fsdp = 40, 900, 2  # run length and placement
+    config.evals.held_out.concurrent = config.rl.evals.eval.concurrent = 2  # evaluation speed
     assert workdirs.check_config(workdir, workdirs.config_record(build_run(config), "run")) == []
     config.rl.optimizer.learning_rate, config.evals.held_out.nframes = 1e-3, (4,)
     with pytest.raises(workdirs.ConfigChanged, match=r"evals\.held_out\.nframes: \[4, 64\] -> \[4\]; "
