@@ -36,12 +36,13 @@ def numbers(record: dict) -> dict:
     return {k: v for k, v in record.items() if k != "time" and not k.endswith(TIMING_SUFFIXES)}
 
 
-def read_sft_run(workdir: str) -> dict:
-    """An SFT workdir's median step seconds (after the first two steps, its compiles) and each
-    step's non-timing metrics."""
+def read_run(workdir: str, phase: str = "sft") -> dict:
+    """A training workdir's median step seconds of `phase` (sft, rl; after the first two steps,
+    their compiles) and each step's non-timing metrics."""
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
         records = [json.loads(line) for line in f]
-    steps = [r["sft/step_s"] for r in records[2:]] or [r["sft/step_s"] for r in records]
+    key = f"{phase}/step_s"
+    steps = [r[key] for r in records[2:]] or [r[key] for r in records]
     return {"step": statistics.median(steps), "numbers": [numbers(r) for r in records]}
 
 
@@ -55,7 +56,7 @@ def run_arm(cores: str, threads: int, args, workdir: str) -> dict:
     wall = time.perf_counter() - start
     if done.returncode != 0:
         raise SystemExit(f"cpu_threads: {' '.join(command)} failed:\n{done.stderr[-3000:]}")
-    return {"wall": wall, **read_sft_run(workdir)}
+    return {"wall": wall, **read_run(workdir)}
 
 
 def main(argv=None):

@@ -1,9 +1,11 @@
 """What backing glibc's allocator with transparent huge pages buys on a CPU: N steps of the toy
-SFT (the main job's first phase) in processes with glibc's default allocator (the peer) and with
+SFT (the main job's first phase) or of its PARA-GRPO (`--phase rl`, from `--checkpoint`) in
+processes with glibc's default allocator (the peer) and with
 `GLIBC_TUNABLES=glibc.malloc.hugetlb=1` (what launch/local.sh and launch/test.sh set), the arms
 alternated `--repeats` times so that a slow minute of the machine falls on both.
 
     python bench/host_pages.py --steps 60 --repeats 2   # the toy preset
+    python bench/host_pages.py --phase rl --checkpoint runs/toy/final --steps 16 --repeats 2
     python bench/host_pages.py --steps 2 --repeats 1 --config configs/paragrpo.py:tiny   # the suite's size
 
 XLA:CPU allocates a step's buffers afresh (large ones by mmap, returned at free), so every step
@@ -30,7 +32,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from common import print_table  # noqa: E402
-from cpu_threads import read_sft_run  # noqa: E402
+from cpu_threads import read_run  # noqa: E402
 
 HUGE_PAGES = "glibc.malloc.hugetlb=1"
 THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
@@ -54,10 +56,17 @@ def transparent_huge_pages() -> str:
     return text[start + 1:end] if 0 <= start < end else text.strip()
 
 
+# per phase: the command that runs it alone and its step count
+PHASES = {"sft": ("sft", "sft.steps"), "rl": ("train", "rl.steps")}
+
+
 def run_arm(huge: bool, args, workdir: str) -> dict:
     env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", GLIBC_TUNABLES=tunables(huge))
-    command = [sys.executable, "-m", "paravt_jax.cli", "sft", f"--config={args.config}",
-               f"--config.sft.steps={args.steps}", f"--workdir={workdir}", *args.extra.split()]
+    command_name, steps = PHASES[args.phase]
+    command = [sys.executable, "-m", "paravt_jax.cli", command_name, f"--config={args.config}",
+               f"--config.{steps}={args.steps}", f"--workdir={workdir}", *args.extra.split()]
+    if args.checkpoint:
+        command.append(f"--config.model.checkpoint={args.checkpoint}")
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     done = subprocess.run(command, env=env, capture_output=True, text=True)
@@ -66,7 +75,7 @@ def run_arm(huge: bool, args, workdir: str) -> dict:
     if done.returncode != 0:
         raise SystemExit(f"host_pages: {' '.join(command)} failed:\n{done.stderr[-3000:]}")
     return {"wall": wall, "faults": after.ru_minflt - before.ru_minflt, "system": after.ru_stime - before.ru_stime,
-            **read_sft_run(workdir)}
+            **read_run(workdir, args.phase)}
 
 
 def main(argv=None):
@@ -75,6 +84,9 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--repeats", type=int, default=2, help="runs of each arm, alternated")
     parser.add_argument("--extra", default="", help="more --config.* overrides, space-separated")
+    parser.add_argument("--phase", choices=sorted(PHASES), default="sft",
+                        help="sft (`paravt-jax sft`) or rl (`paravt-jax train`: PARA-GRPO alone)")
+    parser.add_argument("--checkpoint", default="", help="HF checkpoint the arms start from (default: the preset's)")
     args = parser.parse_args(argv)
     if args.steps < 1 or args.repeats < 1:
         parser.error(f"--steps {args.steps} and --repeats {args.repeats} must be at least 1")
@@ -94,7 +106,7 @@ def main(argv=None):
         steps = [r["step"] for (_, h), r in zip(arms, results) if h == huge]
         rows.append(["median", HUGE_PAGES if huge else "glibc default (peer)", f"{statistics.median(steps):.3f}",
                      "", "", "", ""])
-    print_table(f"Host allocator pages: {args.steps} SFT steps of {os.path.basename(args.config)}, "
+    print_table(f"Host allocator pages: {args.steps} {args.phase.upper()} steps of {os.path.basename(args.config)}, "
                 f"{len(os.sched_getaffinity(0))} usable cores, transparent huge pages {transparent_huge_pages()}",
                 ["run", "allocator", "median step s", "process wall s", "system s", "minor faults (M)",
                  "metrics = first peer run"], rows)
