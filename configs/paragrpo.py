@@ -168,9 +168,11 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
         # most ~1.7k, a 16-frame crop's sub-agent prompt 273 (rl/shapes.py's bounds assume
         # full-size frames)
         c.rl.shapes.prompt_width, c.rl.shapes.subagent_width, c.rl.shapes.train_width = 1024, 512, 2048
-        # episodes packed into rows of 2,048 tokens, 4 rows a micro-batch (the 16 episodes of a
-        # step fill 4-8 rows, not 16); a micro-batch's frames padded to 512
-        c.rl.max_tokens_per_micro_batch, c.rl.shapes.train_frames = 4 * 2048, 512
+        # episodes packed into rows of 2,048 tokens, 2 rows a micro-batch (the 16 episodes of a
+        # step fill 4-8 rows, not 16: with 4 rows a micro-batch, 5 rows took 8, 37% more padding);
+        # a micro-batch's frames padded to 256. bench/rl_step.py: 5.32 -> 4.72 s a step
+        # (docs/benchmarks.md#the-rl-step)
+        c.rl.max_tokens_per_micro_batch, c.rl.shapes.train_frames = 2 * 2048, 256
         # a packed row holds ~2-4 episodes: 128-token attention blocks skip more of the other
         # episodes' keys than 512 (one toy training micro-batch's gradients ~3x faster)
         c.model.attention_block = 128
