@@ -169,9 +169,9 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
         # full-size frames)
         c.rl.shapes.prompt_width, c.rl.shapes.subagent_width, c.rl.shapes.train_width = 1024, 512, 2048
         # episodes packed into rows of 2,048 tokens, 2 rows a micro-batch (the 16 episodes of a
-        # step fill 4-8 rows, not 16: with 4 rows a micro-batch, 5 rows took 8, 37% more padding);
-        # a micro-batch's frames padded to 256. bench/rl_step.py: 5.32 -> 4.72 s a step
-        # (docs/benchmarks.md#the-rl-step)
+        # step fill 4-8 rows, not 16: a step of 5 rows computes 6 row slots, not 8 as at 4 rows a
+        # micro-batch); a micro-batch's frames padded to 256. bench/rl_step.py: 5.32 -> 4.72 s a
+        # step (docs/benchmarks.md#the-rl-step)
         c.rl.max_tokens_per_micro_batch, c.rl.shapes.train_frames = 2 * 2048, 256
         # a packed row holds ~2-4 episodes: 128-token attention blocks skip more of the other
         # episodes' keys than 512 (one toy training micro-batch's gradients ~3x faster)
