@@ -21,6 +21,7 @@ import time
 from absl import logging
 
 from paravt_jax.cli.flags import UsageError
+from paravt_jax.eval.held_out import HeldOutConfig
 from paravt_jax.infra import distributed, reproducibility, storage
 from paravt_jax.infra.locking import WorkdirLock, WorkdirLocked
 from paravt_jax.run_config import RunConfig
@@ -28,10 +29,10 @@ from paravt_jax.run_config import RunConfig
 CONFIG_NAME = "run_config.json"
 CHANGES_NAME = "config_changes.jsonl"
 # Fields a resumed run may change: its length, and where and how it is placed and compiled
-# (another mesh on requeued hardware), how many evaluation settings run at once; none of them
-# changes what a step or an evaluation computes.
+# (another mesh on requeued hardware), the evaluations' speed settings (HeldOutConfig.SPEED_ONLY:
+# how many settings run at once); none of them changes what a step or an evaluation computes.
 RESUMABLE = ("sft.steps", "rl.steps", "workdir", "mesh.*", "mesh_preset", "compilation_cache_dir",
-             "evals.*.concurrent", "rl.evals.*.concurrent")
+             *(f"{section}.*.{name}" for section in ("evals", "rl.evals") for name in HeldOutConfig.SPEED_ONLY))
 CONFIG_CHANGED = ("refuse", "ok")
 MANIFEST = "manifest"  # the stored record's key for the run's manifest (not compared as config)
 
