@@ -134,6 +134,11 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
         # example is about 960), its vision pass padded to 128 frames (more uses its own bucket,
         # a compile the loop reports)
         c.sft.train_width, c.sft.train_frames = 1024, 128
+        # a step's ~4 micro-batch passes at once on host threads: one of the toy's small programs
+        # leaves a core idle much of its time; the same bits, SFT steps 1.13-1.26x faster
+        # (bench/rl_step.py --phase sft, docs/benchmarks.md#micro-batch-passes-at-once); the RL
+        # step's larger passes fill both cores already (its reference log-probs gain ~0.1 s)
+        c.sft.concurrent_micro_batches = c.rl.concurrent_micro_batches = 4
         # 2e-3 after 20 warm-up steps, constant to step 300, then linear to 0 at step 450: the
         # mixed phase's rows learned at the full rate, its last third annealed
         c.sft.optimizer.learning_rate = 2e-3

@@ -30,8 +30,10 @@ CONFIG_NAME = "run_config.json"
 CHANGES_NAME = "config_changes.jsonl"
 # Fields a resumed run may change: its length, and where and how it is placed and compiled
 # (another mesh on requeued hardware), the evaluations' speed settings (HeldOutConfig.SPEED_ONLY:
-# how many settings run at once); none of them changes what a step or an evaluation computes.
+# how many settings run at once) and the micro-batch passes run at once; none of them changes
+# what a step or an evaluation computes.
 RESUMABLE = ("sft.steps", "rl.steps", "workdir", "mesh.*", "mesh_preset", "compilation_cache_dir",
+             "sft.concurrent_micro_batches", "rl.concurrent_micro_batches",
              *(f"{section}.*.{name}" for section in ("evals", "rl.evals") for name in HeldOutConfig.SPEED_ONLY))
 CONFIG_CHANGED = ("refuse", "ok")
 MANIFEST = "manifest"  # the stored record's key for the run's manifest (not compared as config)

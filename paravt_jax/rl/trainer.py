@@ -49,6 +49,10 @@ class RLConfig:
     # (segment ids, each episode its own positions), a long one alone in its row;
     # micro_batches is then unused
     max_tokens_per_micro_batch: int = checked(0, integer(0))
+    # micro-batch passes run at once on host threads (TrainStep's `concurrent`): the same bits,
+    # faster on a CPU whose cores one small program leaves idle; 1 on accelerators (one program
+    # at a time there) and required with several devices or processes
+    concurrent_micro_batches: int = checked(1, integer(1))
     seed: int = set_by(0, "seed (the top of the config)")
     nframes_gating: bool = True
     # K with gating off; 0 = the overview sampled at rollout.prompt.overview_fps, at most
@@ -200,7 +204,8 @@ class RLStep:
         share = dist.process_slice(config.prompts_per_step, "prompts_per_step")
         judge = judge if judge is not None else make_judge(config.reward)  # fails now, not at the first score
         step = TrainStep(model, config.optimizer, policy_loss(config.step), policy_head(config.step),
-                         mesh=dist.model_mesh(model), keep_reference=config.advantage.kl_ctl > 0)
+                         mesh=dist.model_mesh(model), keep_reference=config.advantage.kl_ctl > 0,
+                         concurrent=config.concurrent_micro_batches)
         shapes = step_shapes(config, share.stop - share.start)
         rollout_config = dataclasses.replace(config.rollout, temperature=config.step.temperature,
                                              prompt_shape=shapes.prompt, subagent_shape=shapes.subagent)
@@ -304,7 +309,8 @@ class RLStep:
         """[N, T] the frozen reference policy's log-probs (zeros without the KL term)."""
         if self.step.reference_params is None:
             return np.zeros(data.packed.input_ids.shape, np.float32)
-        logprobs = [self.step.reference_logprobs(b, self.config.step.reference_temperature) for b in data.batches]
+        logprobs = self.step.logprobs_many(self.step.reference_params, data.batches,
+                                           self.config.step.reference_temperature)
         return data.plan.merge(logprobs, data.packed.input_ids.shape[1])
 
     def advantages(self, scored: Scored, data: StepBatch, reference: np.ndarray) -> tuple[np.ndarray, dict]:
@@ -326,7 +332,7 @@ class RLStep:
         batches = [b.with_extras(advantages=split[i]) for i, b in enumerate(data.batches)]
         start = time.perf_counter()
         if self.config.step.prox_logprobs == "recompute":
-            prox = jax.block_until_ready([self.step.logprobs(state.params, b) for b in batches])
+            prox = jax.block_until_ready(self.step.logprobs_many(state.params, batches))
             batches = [b.with_extras(prox_logp=prox[i]) for i, b in enumerate(batches)]
         return batches, time.perf_counter() - start
 

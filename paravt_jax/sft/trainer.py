@@ -35,6 +35,10 @@ class SFTConfig:
     # > 0: micro-batches of at most this many tokens, short examples packed into shared rows
     # (segment ids); micro_batches is then unused
     max_tokens_per_micro_batch: int = checked(0, integer(0))
+    # micro-batch passes run at once on host threads (TrainStep's `concurrent`): the same bits,
+    # faster on a CPU whose cores one small program leaves idle; 1 on accelerators (one program
+    # at a time there) and required with several devices or processes
+    concurrent_micro_batches: int = checked(1, integer(1))
     # fixed shapes (one compiled step for the whole run): the packed width of every batch (0 =
     # each batch's own bucket; with token budgets, the budget itself packs one row per
     # micro-batch; set, every token-budget micro-batch gets as many rows as the budget holds) and
@@ -226,7 +230,8 @@ def train_sft(model, tokenizer, rows: list, video_root: str, workdir: str, confi
             examples[i] = read_example(i, rows[i], tokenizer, video_root, config)
         return examples[i]
 
-    step = TrainStep(model, config.optimizer, sft_loss, HEAD, mesh=dist.model_mesh(model))
+    step = TrainStep(model, config.optimizer, sft_loss, HEAD, mesh=dist.model_mesh(model),
+                     concurrent=config.concurrent_micro_batches)
     vision = CachedVision(step, config, examples) if config.cache_vision_features else None
     unreadable = {"examples": 0}  # examples in a row that could not be read
 

@@ -13,9 +13,17 @@ computes them) and `batch` the micro-batch's arrays with its per-token extras by
 loss returns SUMS and COUNTS (see paravt_jax.rl.loss): `step(state, micro_batches)` adds the
 micro-batch gradients exactly (sums / total token count) and skips the update when the loss
 or the gradients are not finite.
+
+`concurrent` > 1 runs that many micro-batches' passes at once on host threads (`passes`). On a
+CPU the programs of a small model leave cores idle between their operations (the toy's
+gradient passes use ~1.6 of 2 cores), and several at once fill them; each program computes
+what it would alone, and the sums are taken in the micro-batches' order, so the results are
+the same bits (tests/integration/test_train_step.py, bench/rl_step.py). An accelerator runs
+one program at a time: leave it at 1 there.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -199,9 +207,19 @@ def token_scores(model: nnx.Module, batch: Mapping[str, Any], head: HeadConfig, 
 class TrainStep:
     def __init__(self, model: nnx.Module, optimizer: OptimizerConfig, loss_fn: LossFn,
                  head: HeadConfig = HeadConfig(), mesh=None, rules=sh.DEFAULT_RULES,
-                 keep_reference: bool = False):
+                 keep_reference: bool = False, concurrent: int = 1):
         """keep_reference: hold a frozen copy of the initial parameters (the reference policy of
-        a KL penalty; leave it off when unused: it costs a model copy)."""
+        a KL penalty; leave it off when unused: it costs a model copy). concurrent: micro-batch
+        passes run at once (host threads; one process whose programs run on one device)."""
+        if not isinstance(concurrent, int) or concurrent < 1:
+            raise ValueError(f"concurrent={concurrent!r}: expected a positive number of micro-batch passes")
+        if concurrent > 1 and (jax.process_count() > 1 or (mesh is not None and mesh.devices.size > 1)):
+            raise ValueError(f"concurrent={concurrent} micro-batch passes need the step on one device of one "
+                             f"process (mesh {None if mesh is None else dict(mesh.shape)}, "
+                             f"{jax.process_count()} processes): every process must launch its sharded programs "
+                             "in one order")
+        self.concurrent = concurrent
+        self._pool = None  # the host threads of concurrent passes, started on first use
         self.head = head
         self.mesh = mesh
         self.graphdef, self.params, self.rest = nnx.split(model, nnx.Param, ...)
@@ -311,6 +329,22 @@ class TrainStep:
                                                                         batch_size=rows))
         return tree
 
+    def passes(self, run: Callable[[dict], Any], placed: Sequence[dict]) -> list:
+        """[run(p) for p in placed] (p: a placed micro-batch), in order. With `concurrent` > 1,
+        up to that many run at once on host threads, each result ready when returned (a new
+        program asked for by several threads at once still compiles once: JAX waits for the
+        first compile)."""
+        if self.concurrent <= 1 or len(placed) <= 1:
+            return [run(p) for p in placed]
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(self.concurrent, thread_name_prefix="micro-batch")
+        return list(self._pool.map(lambda p: jax.block_until_ready(run(p)), placed))
+
+    def logprobs_many(self, params, batches: Sequence[TrainBatch], temperature: float | None = None) -> list:
+        """`logprobs` of each micro-batch (concurrent passes as `passes`), in order."""
+        t = self.head.temperature if temperature is None else float(temperature)
+        return self.passes(lambda p: self._logprobs(params, p, t), [self._place(b) for b in batches])
+
     def logprobs(self, params, batch: TrainBatch, temperature: float | None = None) -> jax.Array:
         """[B, T] token log-probs of the head under `params` (on device), at `temperature`
         (default: the head's)."""
@@ -327,8 +361,8 @@ class TrainStep:
         """The summed (gradients, loss sum, token count) of the micro-batches, on device, and
         their merged statistics."""
         acc, stats = None, {}
-        for b in batches:
-            g, total, n, metrics = self._grads(params, self._place(b))
+        parts = self.passes(lambda p: self._grads(params, p), [self._place(b) for b in batches])
+        for g, total, n, metrics in parts:  # summed in the micro-batches' order, however they ran
             acc = (g, total, n) if acc is None else self._add(acc, (g, total, n))
             stats = metrics if not stats else S.merge_stats(stats, metrics)
         return acc, stats

@@ -11,6 +11,7 @@ from paravt_jax.sft.objective import HEAD, sft_loss
 from paravt_jax.text import chat
 from paravt_jax.text.inputs import encode, encode_ids
 from paravt_jax.text.tokenizer import train_tokenizer
+from paravt_jax.train import compiles
 from paravt_jax.train.batch import micro_batches, pack
 from paravt_jax.train.step import OptimizerConfig, TrainStep, token_scores
 
@@ -106,6 +107,63 @@ def test_reference_logprobs_use_the_reference_temperature(sequences):
     np.testing.assert_array_equal(np.asarray(step.reference_logprobs(batch)), at_sampling)
     m = packed.loss_mask > 0
     assert np.abs(at_one[m] - at_sampling[m]).min() > 1e-4
+
+
+def test_concurrent_micro_batch_passes_give_the_same_bits(sequences):
+    """Three micro-batch passes at once on host threads (TrainStep's `concurrent`, the toy
+    preset's concurrent_micro_batches): the same log-probs, gradients, update and metrics as one
+    at a time, bit for bit, over micro-batches of two shapes (with and without frames); every
+    program compiled once, as serially (a program asked for by several threads at once would
+    compile in each)."""
+    model = init_model(preset("tiny"), seed=2)
+    parts = [make(model, sequences[k::2], [1.0, -0.5, 0.25, -1.0], None, num_micro=2)[1] for k in (0, 1)]
+    batches = [parts[0][0], parts[1][0], parts[0][1], parts[1][1], parts[1][0]]
+    assert len({b.input_ids.shape for b in batches}) == 2
+    results = {}
+    for concurrent in (1, 1, 3):  # the first run compiles the eager operations both share
+        step = policy_step(model, keep_reference=True, concurrent=concurrent)
+        state = step.init_state()
+        before = compiles.snapshot()
+        prox = jax.block_until_ready(step.logprobs_many(state.params, batches))
+        reference = jax.block_until_ready(step.logprobs_many(step.reference_params, batches, 1.0))
+        state, metrics = step.step(state, [b.with_extras(prox_logp=p) for b, p in zip(batches, prox)])
+        leaves = [np.asarray(x) for x in jax.tree.leaves((prox, reference, state))]
+        results[concurrent] = (leaves, metrics, before.since().count)
+    (serial, serial_metrics, serial_compiles), (threaded, threaded_metrics, threaded_compiles) = results[1], results[3]
+    assert len(serial) == len(threaded)
+    for a, b in zip(serial, threaded):
+        np.testing.assert_array_equal(a, b)
+    timings = ("grads_s", "update_s")
+    assert {k: v for k, v in serial_metrics.items() if k not in timings} == \
+        {k: v for k, v in threaded_metrics.items() if k not in timings}
+    assert serial_compiles == threaded_compiles > 0
+
+
+def test_concurrent_passes_compile_a_new_program_once():
+    """Four passes at once of one new program: compiled once (JAX's compile waits for the
+    first thread's), each result that of a pass alone."""
+    step = policy_step(init_model(preset("tiny"), seed=2), concurrent=4)
+
+    @jax.jit
+    def chain(x):
+        for _ in range(100):
+            x = jax.numpy.sin(x) @ x
+        return x
+
+    before = compiles.snapshot()
+    out = step.passes(chain, [np.full((32, 32), i / 100, np.float32) for i in range(4)])
+    assert before.since().count == 1
+    np.testing.assert_array_equal(np.asarray(out[2]), np.asarray(chain(np.full((32, 32), 0.02, np.float32))))
+
+
+def test_concurrent_passes_are_refused_on_a_multi_device_mesh():
+    """Sharded programs must start in one order on every process and device: refused, named."""
+    model = init_model(preset("tiny"), seed=2)
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("fsdp",))
+    with pytest.raises(ValueError, match="concurrent=2 micro-batch passes need the step on one device"):
+        policy_step(model, mesh=mesh, concurrent=2)
+    with pytest.raises(ValueError, match="concurrent=0"):
+        policy_step(model, concurrent=0)
 
 
 def test_one_step_moves_logprobs_by_advantage_sign(sequences):
