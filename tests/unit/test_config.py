@@ -415,7 +415,7 @@ def test_every_driver_field_is_settable_from_the_command_line():
 @pytest.mark.parametrize("study", ["toy_paradox", "toy_paradox_varied", "toy_long", "toy_long_pilot"])
 def test_the_toy_studies_keep_the_recipe_they_ran_with_after_the_main_job_changed(study):
     """docs/toy_paradox.md and docs/long_rl.md ran on the toy preset of before the main job took
-    its 450 + 64-step recipe: their cold start stays 600 SFT steps at K = 4 and their RL draws K
+    its 450 + 80-step recipe: their cold start stays 600 SFT steps at K = 4 and their RL draws K
     from every gating budget, while the main job's preset is the new recipe."""
     from paravt_jax.configs import ablations
     from paravt_jax.data import gating
@@ -428,7 +428,7 @@ def test_the_toy_studies_keep_the_recipe_they_ran_with_after_the_main_job_change
         "constant", 0, 0.0)
     assert (main.sft.optimizer.schedule, main.sft.direct_from_nframes, main.rl.tool_free_share) == ("wsd", 64, 0.25)
     assert (config.sft.train_width, main.sft.train_width, main.rl.eval_every) == (512, 1024, 0)
-    assert (main.sft.steps, tuple(main.sft.nframes_choices), main.rl.steps) == (450, (4, 8, 16, 4, 8, 16, 64), 64)
+    assert (main.sft.steps, tuple(main.sft.nframes_choices), main.rl.steps) == (450, (4, 8, 16, 4, 8, 16, 64), 80)
     assert tuple(main.rl.nframes_choices) == (4, 32, 64) and tuple(main.evals.held_out.after_sft) == (4, 64)
     if study == "toy_paradox":
         assert (config.rl.steps, config.rl.optimizer.learning_rate) == (12, 1e-4)
