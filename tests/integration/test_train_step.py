@@ -111,10 +111,9 @@ def test_reference_logprobs_use_the_reference_temperature(sequences):
 
 def test_concurrent_micro_batch_passes_give_the_same_bits(sequences):
     """Three micro-batch passes at once on host threads (TrainStep's `concurrent`, the toy
-    preset's concurrent_micro_batches): the same log-probs, gradients, update and metrics as one
-    at a time, bit for bit, over micro-batches of two shapes (with and without frames); every
-    program compiled once, as serially (a program asked for by several threads at once would
-    compile in each)."""
+    preset's sft.concurrent_micro_batches): the same log-probs, gradients, update and metrics as one
+    at a time, bit for bit, over micro-batches of two shapes (with and without frames); as many
+    programs compiled as serially."""
     model = init_model(preset("tiny"), seed=2)
     parts = [make(model, sequences[k::2], [1.0, -0.5, 0.25, -1.0], None, num_micro=2)[1] for k in (0, 1)]
     batches = [parts[0][0], parts[1][0], parts[0][1], parts[1][1], parts[1][0]]
