@@ -34,7 +34,16 @@ from paravt_jax.rl.schedules import schedule_for
 from paravt_jax.rl.shapes import ShapeConfig, StepShapes, step_shapes
 from paravt_jax.sampling import Sampler, SamplerConfig
 from paravt_jax.train import compiles
-from paravt_jax.train.batch import MicroBatchPlan, Packed, TrainBatch, micro_batch_plan, pack, planned_micro_batches
+from paravt_jax.train.batch import (
+    MicroBatchPlan,
+    Packed,
+    SharedPrompts,
+    TrainBatch,
+    micro_batch_plan,
+    pack,
+    planned_micro_batches,
+    share_prompts,
+)
 from paravt_jax.train.loop import LoopConfig, data_indices, run_loop
 from paravt_jax.train.step import OptimizerConfig, TrainStep
 
@@ -53,6 +62,11 @@ class RLConfig:
     # faster on a CPU whose cores one small program leaves idle; 1 on accelerators (one program
     # at a time there) and required with several devices or processes
     concurrent_micro_batches: int = checked(1, integer(1))
+    # True: the samples of a prompt share its tokens in the packed rows (train/batch.py
+    # SharedPrompts: the prompt stored once, each sample's rest attending to it; the same
+    # attention, positions and loss, the prompt's tokens and frames computed once per group
+    # instead of once per sample); needs max_tokens_per_micro_batch > 0
+    share_prompts: bool = False
     seed: int = set_by(0, "seed (the top of the config)")
     nframes_gating: bool = True
     # K with gating off; 0 = the overview sampled at rollout.prompt.overview_fps, at most
@@ -96,6 +110,9 @@ class RLConfig:
             if getattr(settings, "after_sft", ()):
                 raise refuse(f"evals.{name}.after_sft", settings.after_sft, "the periodic evaluation has no cold "
                              "start; the main job's is evals.<name>.after_sft (the top-level evals section)")
+        if self.share_prompts and not self.max_tokens_per_micro_batch:
+            raise refuse("share_prompts", self.share_prompts,
+                         "shares a prompt within packed rows: set max_tokens_per_micro_batch > 0")
         rows = self.prompts_per_step * self.samples_per_prompt
         if rows % self.micro_batches:
             raise refuse("micro_batches", self.micro_batches,
@@ -166,10 +183,27 @@ class Scored:
 @dataclasses.dataclass
 class StepBatch:
     """The step's training data: the packed episodes, their micro-batch plan and the
-    micro-batches (vision inputs included), built once for every pass over them."""
+    micro-batches (vision inputs included), built once for every pass over them. With
+    rl.share_prompts, `shared` is the layout the micro-batches hold (its sequences packed as
+    `laid`) and `packed` the episodes whole, the layout the advantages are computed in."""
     packed: Packed
     plan: MicroBatchPlan
     batches: list[TrainBatch]
+    shared: SharedPrompts | None = None
+    laid: Packed | None = None
+
+    def to_batches(self, array: np.ndarray) -> list[np.ndarray]:
+        """A per-token [N, T] array of the episodes -> one [rows, width] array per micro-batch."""
+        if self.shared is not None:
+            array = self.shared.derive(array, self.laid.input_ids.shape[1])
+        return self.plan.split(array)
+
+    def from_batches(self, parts: Sequence[np.ndarray]) -> np.ndarray:
+        """The inverse of `to_batches`: per-micro-batch arrays -> [N, T] of the episodes."""
+        if self.shared is None:
+            return self.plan.merge(parts, self.packed.input_ids.shape[1])
+        laid = self.plan.merge(parts, self.laid.input_ids.shape[1])
+        return self.shared.restore(laid, self.packed.input_ids.shape[1])
 
 
 @dataclasses.dataclass
@@ -295,15 +329,21 @@ class RLStep:
         of the batch's devices as rows (else replicated)."""
         config, shapes = self.config, self.shapes
         rollouts = scored.rollouts
-        packed = pack([r.inputs for r in rollouts], {"behaviour_logp": [r.logprobs for r in rollouts],
+        behaviour = [r.logprobs for r in rollouts]
+        packed = pack([r.inputs for r in rollouts], {"behaviour_logp": behaviour,
                                                      "structural_mask": [r.structural_mask for r in rollouts]},
                       width=shapes.train_width)
-        plan = micro_batch_plan(packed, config.micro_batches, config.max_tokens_per_micro_batch,
-                                sh.batch_devices(self.step.mesh), full_rows=shapes.train_width > 0)
-        batches = planned_micro_batches(packed, plan, self.vision,
-                                        {"behaviour_logp": packed.extras["behaviour_logp"]},
+        shared, laid = None, packed
+        if config.share_prompts:
+            shared = share_prompts([r.inputs for r in rollouts], max_length=packed.input_ids.shape[1])
+            # the whole episodes' width: a group laid out fits it (share_prompts' max_length)
+            laid = pack(shared.sequences, {"behaviour_logp": shared.pieces(behaviour)}, width=packed.input_ids.shape[1])
+        plan = micro_batch_plan(laid, config.micro_batches, config.max_tokens_per_micro_batch,
+                                sh.batch_devices(self.step.mesh), full_rows=shapes.train_width > 0, shared=shared)
+        batches = planned_micro_batches(laid, plan, self.vision,
+                                        {"behaviour_logp": laid.extras["behaviour_logp"]},
                                         min_frames=shapes.train_frames, vision_shards=sh.batch_devices(self.step.mesh))
-        return StepBatch(packed, plan, batches)
+        return StepBatch(packed, plan, batches, shared, laid)
 
     def reference_logprobs(self, data: StepBatch) -> np.ndarray:
         """[N, T] the frozen reference policy's log-probs (zeros without the KL term)."""
@@ -311,7 +351,7 @@ class RLStep:
             return np.zeros(data.packed.input_ids.shape, np.float32)
         logprobs = self.step.logprobs_many(self.step.reference_params, data.batches,
                                            self.config.step.reference_temperature)
-        return data.plan.merge(logprobs, data.packed.input_ids.shape[1])
+        return data.from_batches(logprobs)
 
     def advantages(self, scored: Scored, data: StepBatch, reference: np.ndarray) -> tuple[np.ndarray, dict]:
         """[N, T] per-token advantages (the KL penalty, the group-normalised sequence reward and
@@ -328,7 +368,7 @@ class RLStep:
     def update_batches(self, state, data: StepBatch, advantages: np.ndarray) -> tuple[list, float]:
         """The micro-batches with their advantages (and, under prox_logprobs="recompute", PPO's
         "old" log-probs from a pass of their own) and the seconds of that pass."""
-        split = data.plan.split(advantages)
+        split = data.to_batches(advantages)
         batches = [b.with_extras(advantages=split[i]) for i, b in enumerate(data.batches)]
         start = time.perf_counter()
         if self.config.step.prox_logprobs == "recompute":
@@ -361,6 +401,8 @@ class RLStep:
         metrics.update(timings, train_s=t3 - t2, batch_s=t_batch - t2, ref_logprobs_s=t_ref - t_batch,
                        prox_logprobs_s=prox_s, skipped_episodes=len(scored.skipped),
                        rollouts=len(scored.rollouts), padding_fraction=data.plan.padding_fraction())
+        if data.shared is not None:  # prompt tokens the shared layout did not compute again
+            metrics["shared_prompt_tokens"] = data.shared.shared_tokens
         metrics["tokens"] = int(data.packed.loss_mask.sum())
         if scored.judge_fallbacks is not None:  # judge failures this step: those answers were scored by F1
             metrics["judge_f1_fallbacks"] = scored.judge_fallbacks

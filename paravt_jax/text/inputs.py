@@ -69,6 +69,38 @@ class ModelInputs:
             next_position=chunk.next_position if chunk.length else self.next_position,
         )
 
+    def slice(self, start: int, stop: int) -> ModelInputs:
+        """Tokens [start, stop) with their own positions and the images and videos whose tokens
+        lie there; an image or video with tokens on both sides of a cut is an error."""
+        if not 0 <= start < stop <= self.length:
+            raise ValueError(f"slice [{start}, {stop}) of a {self.length}-token sequence: expected "
+                             "0 <= start < stop <= length")
+        kept = {}
+        for kind, pixels, grids in ((IMAGE, self.pixel_values, self.image_grid_thw),
+                                    (VIDEO, self.pixel_values_videos, self.video_grid_thw)):
+            where = np.nonzero(self.mm_token_type_ids == kind)[0]
+            grids = np.asarray(grids).reshape(-1, 3)
+            before = inside = rows_before = rows_inside = token = 0
+            for grid in grids:  # items in token order, each llm_tokens(grid) tokens and prod(grid) patches
+                span = where[token:token + llm_tokens(grid)]
+                token += len(span)
+                within = (span >= start) & (span < stop)
+                if within.any() and not within.all():
+                    raise ValueError(f"slice [{start}, {stop}) cuts an image or video (its tokens "
+                                     f"{int(span[0])}-{int(span[-1])})")
+                if within.all() and len(span):
+                    inside, rows_inside = inside + 1, rows_inside + int(np.prod(grid))
+                elif len(span) and span[0] < start:
+                    before, rows_before = before + 1, rows_before + int(np.prod(grid))
+            kept[kind] = (pixels[rows_before:rows_before + rows_inside], grids[before:before + inside])
+        positions = self.position_ids[:, start:stop]
+        return ModelInputs(
+            input_ids=self.input_ids[start:stop], mm_token_type_ids=self.mm_token_type_ids[start:stop],
+            loss_mask=self.loss_mask[start:stop], position_ids=positions,
+            pixel_values=kept[IMAGE][0], image_grid_thw=kept[IMAGE][1].astype(self.image_grid_thw.dtype),
+            pixel_values_videos=kept[VIDEO][0], video_grid_thw=kept[VIDEO][1].astype(self.video_grid_thw.dtype),
+            next_position=self.next_position if stop == self.length else int(positions.max()) + 1)
+
     def model_kwargs(self) -> dict:
         """Batch-of-one keyword arguments for `Qwen3VL.__call__`."""
         kwargs = dict(input_ids=self.input_ids[None], attention_mask=self.attention_mask[None],

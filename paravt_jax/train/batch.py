@@ -20,7 +20,7 @@ from paravt_jax.text.inputs import ModelInputs, collate_vision_placed
 
 # Fields of every batch; an extra may not reuse one of these names.
 TOKEN_FIELDS = ("input_ids", "attention_mask", "position_ids", "loss_mask", "visual_index",
-                "pixel_values", "vision_meta", "segment_ids", "visual_embeds", "visual_deepstack")
+                "pixel_values", "vision_meta", "segment_ids", "visual_embeds", "visual_deepstack", "parent_ids")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +50,114 @@ class Packed:
     position_ids: np.ndarray  # [3, N, T]
     loss_mask: np.ndarray
     extras: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class SharedPrompts:
+    """Sequences laid out with each prompt stored once for the consecutive sequences that begin
+    with it (the samples of one prompt in RL): per group of G, the prompt but its last token
+    (the head) and then each member's rest from that token on (its tail), whose tokens attend to
+    the head as to their own earlier tokens (`parents`, segment ids in the packed rows:
+    AttentionMask.query_parents). Each member keeps its own copy of the prompt's last token, so
+    that its first generated token is scored within its own tail; every token keeps its
+    positions. The same attention, positions and loss as the sequences packed whole, over
+    P + sum(L_i - P) tokens instead of sum(L_i) and the prompt's frames encoded once.
+
+    sequences: the layout's sequences (a group's head, then its tails; an unshared sequence
+    whole); sources[j]: the original sequences layout sequence j holds tokens [starts[j],
+    stops[j]) of (every member for a head); units: the layout sequences that go into one row,
+    in order; parents[j]: the head a tail attends to, or -1."""
+    sequences: tuple[ModelInputs, ...]
+    sources: tuple[tuple[int, ...], ...]
+    starts: tuple[int, ...]
+    stops: tuple[int, ...]
+    units: tuple[tuple[int, ...], ...]
+    parents: tuple[int, ...]
+    count: int  # original sequences
+
+    @property
+    def shared_tokens(self) -> int:
+        """Tokens the layout saves: each head's length once per member beyond the first."""
+        return sum((len(src) - 1) * (stop - start) for src, start, stop, parent in
+                   zip(self.sources, self.starts, self.stops, self.parents) if len(src) > 1)
+
+    def pieces(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """One [L_i] array per original sequence -> one array per layout sequence."""
+        if len(arrays) != self.count:
+            raise ValueError(f"{len(arrays)} arrays for {self.count} sequences")
+        return [np.asarray(arrays[src[0]])[start:stop] for src, start, stop in zip(self.sources, self.starts, self.stops)]
+
+    def derive(self, array: np.ndarray, width: int) -> np.ndarray:
+        """A per-token [N, T] array of the original sequences -> [N', width] of the layout's."""
+        out = np.zeros((len(self.sequences), width), array.dtype)
+        for j, (src, start, stop) in enumerate(zip(self.sources, self.starts, self.stops)):
+            out[j, :stop - start] = array[src[0], start:stop]
+        return out
+
+    def restore(self, array: np.ndarray, width: int) -> np.ndarray:
+        """The inverse of `derive`: [N', T'] -> [N, width], a head's values in every member."""
+        out = np.zeros((self.count, width), np.asarray(array).dtype)
+        for j, (src, start, stop) in enumerate(zip(self.sources, self.starts, self.stops)):
+            for i in src:
+                out[i, start:stop] = array[j, :stop - start]
+        return out
+
+
+def _same_prompt(a: ModelInputs, b: ModelInputs, length: int) -> bool:
+    return (b.length > length and np.array_equal(a.input_ids[:length], b.input_ids[:length])
+            and np.array_equal(a.position_ids[:, :length], b.position_ids[:, :length])
+            and np.array_equal(a.mm_token_type_ids[:length], b.mm_token_type_ids[:length])
+            and not b.loss_mask[:length].any())
+
+
+def share_prompts(sequences: Sequence[ModelInputs], max_length: int = 0) -> SharedPrompts:
+    """The `SharedPrompts` layout of `sequences`: each run of consecutive sequences whose tokens
+    before the first one's first loss token (its prompt) are the same, with the same positions
+    and frames, and none of them trained, shares that prompt but its last token. A run of one,
+    a sequence without loss tokens, or a group longer than `max_length` tokens laid out (0: no
+    bound) stays whole."""
+    out = dict(sequences=[], sources=[], starts=[], stops=[], units=[], parents=[])
+
+    def add(seq, src, start, stop, parent):
+        out["sequences"].append(seq)
+        out["sources"].append(tuple(src))
+        out["starts"].append(start)
+        out["stops"].append(stop)
+        out["parents"].append(parent)
+        return len(out["sequences"]) - 1
+
+    i, n = 0, len(sequences)
+    while i < n:
+        first = sequences[i]
+        trained = np.nonzero(first.loss_mask)[0]
+        prompt = int(trained[0]) if len(trained) else 0
+        j = i + 1
+        while prompt > 1 and j < n and _same_prompt(first, sequences[j], prompt):
+            j += 1
+        group = list(range(i, j))
+        head_length = prompt - 1
+        laid = head_length + sum(sequences[g].length - head_length for g in group)
+        heads = tails = None
+        if len(group) > 1 and (not max_length or laid <= max_length):
+            try:
+                heads = [sequences[g].slice(0, head_length) for g in group]
+                tails = [sequences[g].slice(head_length, sequences[g].length) for g in group]
+            except ValueError:  # the cut falls inside an image or video: packed whole
+                heads = None
+            if heads is not None and not all(
+                    np.array_equal(h.pixel_values, heads[0].pixel_values)
+                    and np.array_equal(h.pixel_values_videos, heads[0].pixel_values_videos) for h in heads[1:]):
+                heads = None
+        if heads is None:
+            for g in group:
+                out["units"].append((add(sequences[g], (g,), 0, sequences[g].length, -1),))
+        else:
+            head = add(heads[0], group, 0, head_length, -1)
+            out["units"].append((head, *(add(tail, (g,), head_length, sequences[g].length, head)
+                                         for g, tail in zip(group, tails))))
+        i = j
+    return SharedPrompts(tuple(out["sequences"]), tuple(out["sources"]), tuple(out["starts"]), tuple(out["stops"]),
+                         tuple(out["units"]), tuple(out["parents"]), n)
 
 
 def _check_extra_names(names) -> None:
@@ -110,6 +218,9 @@ class TrainBatch:
     # [S, Nv, D] and [n_ds, S, Nv, D]); None when the step encodes the pixels itself
     visual_embeds: np.ndarray | None = None
     visual_deepstack: np.ndarray | None = None
+    # packed rows with shared prompts: [B, T] int32, the segment whose earlier tokens each token
+    # also sees (its prompt, stored once; 0 = none); None when no sequence shares a prompt
+    parent_ids: np.ndarray | None = None
 
     def with_extras(self, **extras) -> TrainBatch:
         """A copy with these extras added or replaced."""
@@ -141,12 +252,14 @@ class MicroBatchPlan:
     placements[m]: one (row, offset, sequence index) per sequence of micro-batch m; rows[m]
     and width: the micro-batch's [rows, width] shape; lengths: tokens per sequence.
     `packed`: rows may hold several sequences (segment ids); otherwise one sequence per row at
-    offset 0."""
+    offset 0. parents[i] (packed rows): the sequence whose tokens sequence i also attends to,
+    placed before it in its row (a shared prompt, `SharedPrompts`), or -1; empty: none."""
     placements: tuple[tuple[tuple[int, int, int], ...], ...]
     rows: tuple[int, ...]
     width: int
     lengths: tuple[int, ...]
     packed: bool
+    parents: tuple[int, ...] = ()
 
     def split(self, array: np.ndarray) -> list[np.ndarray]:
         """A per-token [N, T] array (the Packed layout) -> one [rows, width] array per micro-batch."""
@@ -186,7 +299,8 @@ def plan_rows(lengths: Sequence[int], width: int, num_micro: int) -> MicroBatchP
 
 def plan_token_budget(lengths: Sequence[int], max_tokens: int, min_length: int = 16,
                       multiple: int = 256, width: int | None = None, row_multiple: int = 1,
-                      full_rows: bool = False) -> MicroBatchPlan:
+                      full_rows: bool = False, units: Sequence[Sequence[int]] | None = None,
+                      parents: Sequence[int] = ()) -> MicroBatchPlan:
     """Sequences packed into rows (first fit, longest first) of one bucketed width (or the
     given `width`, at least the longest sequence), the rows grouped into micro-batches of at
     most `max_tokens` tokens (rows x width; a row longer than the budget is a micro-batch of
@@ -198,23 +312,32 @@ def plan_token_budget(lengths: Sequence[int], max_tokens: int, min_length: int =
     multiple, whatever the budget: one row per device costs no more memory than a replicated
     single row) and the last micro-batch is filled up with empty rows (all padding, no loss):
     to the multiple, or with `full_rows` to as many rows as the others (one shape for every
-    micro-batch)."""
+    micro-batch).
+
+    units: sequences that go into one row, one after another in this order (a shared prompt and
+    the sequences that attend to it: `SharedPrompts.units`); default: each sequence alone.
+    parents: recorded in the plan (`MicroBatchPlan.parents`)."""
     if max_tokens < 1:
         raise ValueError(f"max_tokens_per_micro_batch={max_tokens} must be >= 1")
+    units = [(i,) for i in range(len(lengths))] if units is None else [tuple(u) for u in units]
+    if sorted(i for unit in units for i in unit) != list(range(len(lengths))):
+        raise ValueError(f"units {units} do not hold each of the {len(lengths)} sequences once")
+    size = [sum(lengths[i] for i in unit) for unit in units]
     if width is None:
-        width = bucket(max(lengths), min_length, multiple)
-    elif width < max(lengths):
-        raise ValueError(f"width {width} is shorter than the longest sequence ({max(lengths)} tokens)")
+        width = bucket(max(size), min_length, multiple)
+    elif width < max(size):
+        raise ValueError(f"width {width} is shorter than the longest sequence ({max(size)} tokens)")
     free: list[int] = []  # tokens left per row
     rows: list[list[tuple[int, int]]] = []  # (offset, sequence index)
-    for index in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
-        row = next((r for r, left in enumerate(free) if left >= lengths[index]), None)
+    for u in sorted(range(len(units)), key=lambda u: -size[u]):
+        row = next((r for r, left in enumerate(free) if left >= size[u]), None)
         if row is None:
             free.append(width)
             rows.append([])
             row = len(rows) - 1
-        rows[row].append((width - free[row], index))
-        free[row] -= lengths[index]
+        for index in units[u]:
+            rows[row].append((width - free[row], index))
+            free[row] -= lengths[index]
     if row_multiple < 1:
         raise ValueError(f"row_multiple={row_multiple} must be >= 1")
     per_micro = max(1, max_tokens // width)
@@ -224,24 +347,32 @@ def plan_token_budget(lengths: Sequence[int], max_tokens: int, min_length: int =
         group = rows[start:start + per_micro]
         placements.append(tuple((r, offset, index) for r, row in enumerate(group) for offset, index in row))
         counts.append(per_micro if full_rows else -(-len(group) // row_multiple) * row_multiple)
-    return MicroBatchPlan(tuple(placements), tuple(counts), width, tuple(lengths), packed=True)
+    return MicroBatchPlan(tuple(placements), tuple(counts), width, tuple(lengths), packed=True,
+                          parents=tuple(parents))
 
 
 def micro_batch_plan(packed: Packed, num_micro: int, max_tokens: int = 0, row_multiple: int = 1,
-                     full_rows: bool = False) -> MicroBatchPlan:
+                     full_rows: bool = False, shared: SharedPrompts | None = None) -> MicroBatchPlan:
     """`max_tokens` > 0: token-budget micro-batches of packed rows (`plan_token_budget`, at the
-    width `pack` chose); 0: `num_micro` equal groups of one sequence per row."""
+    width `pack` chose); 0: `num_micro` equal groups of one sequence per row. `shared`: the
+    layout `packed` was made from (`SharedPrompts.sequences`), whose units stay in one row
+    (token budgets only)."""
+    if shared is not None and not max_tokens:
+        raise ValueError("shared prompts need token-budget micro-batches (max_tokens_per_micro_batch > 0)")
     return plan_micro_batches([s.length for s in packed.sequences], packed.input_ids.shape[1], num_micro,
-                              max_tokens, row_multiple, full_rows)
+                              max_tokens, row_multiple, full_rows, shared)
 
 
 def plan_micro_batches(lengths: Sequence[int], width: int, num_micro: int, max_tokens: int = 0,
-                       row_multiple: int = 1, full_rows: bool = False) -> MicroBatchPlan:
+                       row_multiple: int = 1, full_rows: bool = False,
+                       shared: SharedPrompts | None = None) -> MicroBatchPlan:
     """`micro_batch_plan` for sequences of these lengths padded to `width` (what `pack` gives):
     the memory planner calls it with the workload's episode lengths. row_multiple: see
     `plan_token_budget` (token budgets only), and full_rows."""
     if max_tokens:  # pack's width as is: bucket(width, width, width) rounds 20,480 up to 32,768
-        return plan_token_budget(lengths, max_tokens, width=width, row_multiple=row_multiple, full_rows=full_rows)
+        return plan_token_budget(lengths, max_tokens, width=width, row_multiple=row_multiple, full_rows=full_rows,
+                                 units=None if shared is None else shared.units,
+                                 parents=() if shared is None else shared.parents)
     return plan_rows(lengths, width, num_micro)
 
 
@@ -280,13 +411,23 @@ def planned_micro_batches(packed: Packed, plan: MicroBatchPlan, vision_config,
     positions = [np.stack(parts, 0) for parts in zip(*(plan.split(p) for p in packed.position_ids))]
     out = []
     for m, placements in enumerate(plan.placements):
-        segment_ids = None
+        segment_ids = parent_ids = None
         if plan.packed:
             segment_ids = np.zeros((plan.rows[m], plan.width), np.int32)
             seen: dict[int, int] = {}
+            numbered: dict[int, tuple[int, int]] = {}  # sequence -> (row, segment)
             for row, start, index in placements:
                 seen[row] = seen.get(row, 0) + 1
                 segment_ids[row, start:start + lengths[index]] = seen[row]
+                numbered[index] = (row, seen[row])
+            if any(p >= 0 for p in plan.parents):
+                parent_ids = np.zeros((plan.rows[m], plan.width), np.int32)
+                for row, start, index in placements:
+                    parent = plan.parents[index]
+                    if parent >= 0:
+                        if numbered.get(parent, (None,))[0] != row:
+                            raise ValueError(f"sequence {index}'s shared prompt (sequence {parent}) is not in its row")
+                        parent_ids[row, start:start + lengths[index]] = numbered[parent][1]
         shards = vision_shard_count(vision_shards, plan.rows[m])
         pixels = meta = embeds = deepstack = None
         if features is None:
@@ -302,7 +443,7 @@ def planned_micro_batches(packed: Packed, plan: MicroBatchPlan, vision_config,
             position_ids=positions[m], loss_mask=split["loss_mask"][m], visual_index=visual_index,
             pixel_values=pixels, vision_meta=meta,
             extras={name: split[name][m] for name in extras}, segment_ids=segment_ids,
-            visual_embeds=embeds, visual_deepstack=deepstack))
+            visual_embeds=embeds, visual_deepstack=deepstack, parent_ids=parent_ids))
     return out
 
 

@@ -170,11 +170,12 @@ def token_scores(model: nnx.Module, batch: Mapping[str, Any], head: HeadConfig, 
     if embeds is not None:
         if embeds.ndim == 3:  # vision shards (train/batch.py shard_vision): each on its rows' devices
             embeds, deepstack = sh.row_constraint(mesh)(embeds), sh.row_constraint(mesh, batch_axis=1)(deepstack)
-    # packed rows (several sequences each) attend within their segment ids
+    # packed rows (several sequences each) attend within their segment ids (and a shared prompt's)
     packed = batch.get("segment_ids") is not None
     hidden = model.language(batch["input_ids"], batch["segment_ids"] if packed else batch["attention_mask"],
                             batch["position_ids"], batch["visual_index"], embeds, deepstack,
-                            return_hidden=True, packed=packed, constrain_rows=sh.row_constraint(mesh))
+                            return_hidden=True, packed=packed, constrain_rows=sh.row_constraint(mesh),
+                            parents=batch.get("parent_ids"))
     ids = batch["input_ids"]
     b, t, d = hidden.shape
     targets = jnp.concatenate([ids[:, 1:], jnp.zeros((b, 1), ids.dtype)], axis=1)
@@ -321,8 +322,8 @@ class TrainStep:
                 self.mesh, 3, 0, batch_size=shards))
             tree["visual_deepstack"] = jax.device_put(batch.visual_deepstack, sh.batch_sharding(
                 self.mesh, 4, 1, batch_size=shards))
-        for key in ("input_ids", "attention_mask", "segment_ids", "loss_mask", "visual_index", "position_ids",
-                    *batch.extras):
+        for key in ("input_ids", "attention_mask", "segment_ids", "parent_ids", "loss_mask", "visual_index",
+                    "position_ids", *batch.extras):
             if tree.get(key) is not None:
                 axis = 1 if key == "position_ids" else 0
                 tree[key] = jax.device_put(tree[key], sh.batch_sharding(self.mesh, tree[key].ndim, axis,

@@ -1,6 +1,7 @@
 """The factored attention mask every attention implementation takes (models/qwen3_vl/attention.py).
 
-Key j is visible to query i when both are in the same non-zero segment and, for a causal mask,
+Key j is visible to query i when both are in the same non-zero segment (or key j is in query i's
+parent segment: a prompt shared by several packed sequences) and, for a causal mask,
 key_positions[j] <= query_positions[i]. Segment 0 marks padding queries and empty keys. The
 mask stays in this form (O(L) memory) and is expanded to [B, Lq, Lk] only by `dense()`.
 """
@@ -25,6 +26,8 @@ class AttentionMask:
     `kind` (static) tells the fused kernels what structure the mask has: "full" (no mask),
     "causal" (self-attention, positions 0..L-1, segments either one per row with right padding
     or, with `packed`, several) or "cache" (queries over a KV cache).
+    query_parents [B, Lq] int32 or None: a query also sees the keys of this segment (0: none);
+    packed rows whose sequences share a prompt stored once (train/batch.py, shared prefixes).
     """
     query_segments: jax.Array
     key_segments: jax.Array
@@ -33,6 +36,7 @@ class AttentionMask:
     causal: bool
     kind: str
     packed: bool = False
+    query_parents: jax.Array | None = None
 
     @staticmethod
     def full(batch: int, query_len: int, key_len: int) -> AttentionMask:
@@ -42,13 +46,18 @@ class AttentionMask:
         return AttentionMask(q, k, jnp.zeros_like(q), jnp.zeros_like(k), causal=False, kind="full")
 
     @staticmethod
-    def causal_segments(segment_ids: jax.Array, packed: bool = False) -> AttentionMask:
+    def causal_segments(segment_ids: jax.Array, packed: bool = False,
+                        parent_ids: jax.Array | None = None) -> AttentionMask:
         """Causal self-attention over segment_ids [B, L] (0 = padding; one segment per row is an
-        attention mask, several with `packed`); token order is position order."""
+        attention mask, several with `packed`); token order is position order. parent_ids [B, L]
+        (packed rows only): each token also sees the earlier tokens of that segment (0: none)."""
         segments = jnp.asarray(segment_ids).astype(jnp.int32)
         positions = jnp.broadcast_to(jnp.arange(segments.shape[1], dtype=jnp.int32), segments.shape)
+        if parent_ids is not None and not packed:
+            raise ValueError("parent segments need packed rows (segment ids)")
+        parents = None if parent_ids is None else jnp.asarray(parent_ids).astype(jnp.int32)
         return AttentionMask(segments, segments, positions, positions, causal=True, kind="causal",
-                             packed=packed)
+                             packed=packed, query_parents=parents)
 
     @staticmethod
     def prefix(valid: jax.Array, query_len: int) -> AttentionMask:
@@ -72,17 +81,21 @@ class AttentionMask:
     def dense(self) -> jax.Array:
         """The [B, Lq, Lk] boolean mask (True = attend)."""
         return visible(self.query_segments, self.query_positions, self.key_segments,
-                        self.key_positions, self.causal)
+                       self.key_positions, self.causal, self.query_parents)
 
 
 jax.tree_util.register_dataclass(
-    AttentionMask, data_fields=["query_segments", "key_segments", "query_positions", "key_positions"],
+    AttentionMask, data_fields=["query_segments", "key_segments", "query_positions", "key_positions",
+                                "query_parents"],
     meta_fields=["causal", "kind", "packed"])
 
 
-def visible(q_seg, q_pos, k_seg, k_pos, causal: bool) -> jax.Array:
-    """[B, Lq] and [B, Lk] -> [B, Lq, Lk] bool."""
-    allowed = (q_seg[:, :, None] == k_seg[:, None, :]) & (k_seg[:, None, :] != 0)
+def visible(q_seg, q_pos, k_seg, k_pos, causal: bool, q_par=None) -> jax.Array:
+    """[B, Lq] and [B, Lk] -> [B, Lq, Lk] bool (q_par [B, Lq]: each query's parent segment)."""
+    same = q_seg[:, :, None] == k_seg[:, None, :]
+    if q_par is not None:
+        same |= q_par[:, :, None] == k_seg[:, None, :]
+    allowed = same & (k_seg[:, None, :] != 0)
     if causal:
         allowed &= k_pos[:, None, :] <= q_pos[:, :, None]
     return allowed

@@ -22,14 +22,17 @@ DEFAULT_BLOCK = 512
 LOOP_SCOPE = "blockwise_attention_loop"
 
 
-def _block_summary(segments: jax.Array, positions: jax.Array, block: int):
+def _block_summary(segments: jax.Array, positions: jax.Array, block: int, parents: jax.Array | None = None):
     """Per block of `block` tokens: (lowest non-zero segment, highest segment, lowest and highest
-    position), each [B, n_blocks]; a block without a non-zero segment has highest segment 0."""
+    position), each [B, n_blocks]; a block without a non-zero segment has highest segment 0.
+    With `parents` (queries that also see a parent segment, numbered below their own) the
+    lowest counts the parents: the segments the block's queries see span [lowest, highest]."""
     batch, length = segments.shape
     seg = segments.reshape(batch, length // block, block)
+    low = seg if parents is None else jnp.where(parents > 0, parents, segments).reshape(seg.shape)
     pos = positions.reshape(batch, length // block, block)
     big = jnp.iinfo(jnp.int32).max
-    return (jnp.min(jnp.where(seg > 0, seg, big), -1), jnp.max(seg, -1),
+    return (jnp.min(jnp.where(low > 0, low, big), -1), jnp.max(seg, -1),
             jnp.min(pos, -1), jnp.max(pos, -1))
 
 
@@ -59,18 +62,18 @@ def _slice(x, start, size, axis):
     return jax.lax.dynamic_slice_in_dim(x, start, size, axis)
 
 
-def _scores(qi, kj, q_seg, q_pos, k_seg, k_pos, causal, scale, keys_t: bool = False):
+def _scores(qi, kj, q_seg, q_pos, k_seg, k_pos, causal, scale, keys_t: bool = False, q_par=None):
     """qi [B, KV, G, bq, hd], kj [B, KV, bk, hd] (with keys_t the KV cache's [B, KV, hd, bk])
     -> (scores [B, KV, G, bq, bk] f32, mask [B, 1, 1, bq, bk])."""
     form = "bkgqd,bkds->bkgqs" if keys_t else "bkgqd,bksd->bkgqs"
     s = jnp.einsum(form, qi, kj, preferred_element_type=jnp.float32) * scale
-    allowed = visible(q_seg, q_pos, k_seg, k_pos, causal)[:, None, None]
+    allowed = visible(q_seg, q_pos, k_seg, k_pos, causal, q_par)[:, None, None]
     return jnp.where(allowed, s, MASK_VALUE), allowed
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9))
-def _flash(q, k, v, q_seg, q_pos, k_seg, k_pos, causal, block_q, block_k):
-    return _flash_forward(q, k, v, q_seg, q_pos, k_seg, k_pos, causal, block_q, block_k)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(8, 9, 10))
+def _flash(q, k, v, q_seg, q_pos, k_seg, k_pos, q_par, causal, block_q, block_k):
+    return _flash_forward(q, k, v, q_seg, q_pos, k_seg, k_pos, causal, block_q, block_k, q_par=q_par)[0]
 
 
 def _key_blocks(q_seg, k_seg, block_k: int) -> jax.Array:
@@ -83,17 +86,18 @@ def _key_blocks(q_seg, k_seg, block_k: int) -> jax.Array:
 
 
 def _flash_forward(q, k, v, q_seg, q_pos, k_seg, k_pos, causal, block_q, block_k, keys_t: bool = False,
-                   bounded: bool = False):
+                   bounded: bool = False, q_par=None):
     """q [B, KV, G, Lq, hd], k/v [B, KV, Lk, hd] (lengths multiples of the blocks; with keys_t
     k in the KV cache's layout [B, KV, hd, Lk], read in place, block by block) ->
     (out [B, KV, G, Lq, hd] in q.dtype, log-sum-exp [B, KV, G, Lq] f32; MASK_VALUE and a zero
     output where a query sees no key). With `bounded` the loop over key blocks stops after the
     last block a row with a seeing query holds a key in (`_key_blocks`), not at Lk: a KV cache
-    is read only as far as it is filled, in one program for every fill."""
+    is read only as far as it is filled, in one program for every fill. q_par: each query's
+    parent segment (AttentionMask.query_parents) or None."""
     batch, kv_heads, groups, q_len, head_dim = q.shape
     k_len = v.shape[2]
     scale = head_dim**-0.5
-    q_sum = _block_summary(q_seg, q_pos, block_q)
+    q_sum = _block_summary(q_seg, q_pos, block_q, q_par)
     k_sum = _block_summary(k_seg, k_pos, block_k)
     key_blocks = _key_blocks(q_seg, k_seg, block_k) if bounded else k_len // block_k
 
@@ -101,6 +105,7 @@ def _flash_forward(q, k, v, q_seg, q_pos, k_seg, k_pos, causal, block_q, block_k
         start = i * block_q
         qi = _slice(q, start, block_q, 3)
         qs, qp = _slice(q_seg, start, block_q, 1), _slice(q_pos, start, block_q, 1)
+        qa = None if q_par is None else _slice(q_par, start, block_q, 1)
 
         def key_block(j, carry):
             def compute(carry):
@@ -108,7 +113,7 @@ def _flash_forward(q, k, v, q_seg, q_pos, k_seg, k_pos, causal, block_q, block_k
                 kstart = j * block_k
                 kj, vj = _slice(k, kstart, block_k, 3 if keys_t else 2), _slice(v, kstart, block_k, 2)
                 s, allowed = _scores(qi, kj, qs, qp, _slice(k_seg, kstart, block_k, 1),
-                                     _slice(k_pos, kstart, block_k, 1), causal, scale, keys_t)
+                                     _slice(k_pos, kstart, block_k, 1), causal, scale, keys_t, qa)
                 m_new = jnp.maximum(m, jnp.max(s, -1))
                 p = jnp.where(allowed, jnp.exp(s - m_new[..., None]), 0.0)
                 correction = jnp.exp(m - m_new)
@@ -133,20 +138,20 @@ def _flash_forward(q, k, v, q_seg, q_pos, k_seg, k_pos, causal, block_q, block_k
                  (jnp.zeros(q.shape, q.dtype), jnp.zeros(q.shape[:-1], jnp.float32)))
 
 
-def _flash_fwd(q, k, v, q_seg, q_pos, k_seg, k_pos, causal, block_q, block_k):
-    out, lse = _flash_forward(q, k, v, q_seg, q_pos, k_seg, k_pos, causal, block_q, block_k)
-    return out, (q, k, v, q_seg, q_pos, k_seg, k_pos, out, lse)
+def _flash_fwd(q, k, v, q_seg, q_pos, k_seg, k_pos, q_par, causal, block_q, block_k):
+    out, lse = _flash_forward(q, k, v, q_seg, q_pos, k_seg, k_pos, causal, block_q, block_k, q_par=q_par)
+    return out, (q, k, v, q_seg, q_pos, k_seg, k_pos, q_par, out, lse)
 
 
 def _flash_bwd(causal, block_q, block_k, residuals, d_out):
     """FlashAttention-2's backward: for each key block, loop over the query blocks that see it,
     recompute the probabilities from the saved log-sum-exp and accumulate dk, dv (carried per
     key block) and dq (one float32 [B, KV, G, Lq, hd] accumulator)."""
-    q, k, v, q_seg, q_pos, k_seg, k_pos, out, lse = residuals
+    q, k, v, q_seg, q_pos, k_seg, k_pos, q_par, out, lse = residuals
     head_dim = q.shape[-1]
     q_len, k_len = q.shape[3], k.shape[2]
     scale = head_dim**-0.5
-    q_sum = _block_summary(q_seg, q_pos, block_q)
+    q_sum = _block_summary(q_seg, q_pos, block_q, q_par)
     k_sum = _block_summary(k_seg, k_pos, block_k)
     # D_i = sum_d dO_id O_id: the softmax backward's row term
     delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), -1)
@@ -163,7 +168,8 @@ def _flash_bwd(causal, block_q, block_k, residuals, d_out):
                 start = i * block_q
                 qi, doi = _slice(q, start, block_q, 3), _slice(d_out, start, block_q, 3)
                 s, allowed = _scores(qi, kj, _slice(q_seg, start, block_q, 1),
-                                     _slice(q_pos, start, block_q, 1), ks, kp, causal, scale)
+                                     _slice(q_pos, start, block_q, 1), ks, kp, causal, scale,
+                                     q_par=None if q_par is None else _slice(q_par, start, block_q, 1))
                 p = jnp.where(allowed, jnp.exp(s - _slice(lse, start, block_q, 3)[..., None]), 0.0)
                 dv = dv + jnp.einsum("bkgqs,bkgqd->bksd", p.astype(doi.dtype), doi,
                                      preferred_element_type=jnp.float32)
@@ -186,7 +192,7 @@ def _flash_bwd(causal, block_q, block_k, residuals, d_out):
     dq, dk, dv = _loop(k_len // block_k, key_block, (jnp.zeros(q.shape, jnp.float32),
                                                     jnp.zeros(k.shape, jnp.float32),
                                                     jnp.zeros(v.shape, jnp.float32)))
-    return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None, None)
+    return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None, None, None)
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
@@ -220,7 +226,7 @@ def blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: Attentio
     blocks = block_sizes(q_len, k.shape[-1] if cache_layout else k.shape[1], block)
     inputs = _flash_inputs(q, k, v, mask, cache_layout, block)
     if cache_layout:
-        out = _flash_forward(*inputs, mask.causal, *blocks, keys_t=True)[0]
+        out = _flash_forward(*inputs[:7], mask.causal, *blocks, keys_t=True, q_par=inputs[7])[0]
     else:
         out = _flash(*inputs, mask.causal, *blocks)
     out = out[:, :, :, :q_len].transpose(0, 3, 1, 2, 4)
@@ -231,7 +237,8 @@ def _flash_inputs(q, k, v, mask: AttentionMask, cache_layout: bool, block: int):
     """The blockwise kernels' operands: q [B, KV, G, Lq', hd], k/v [B, KV, Lk', hd] (with
     cache_layout k stays [B, KV, hd, Lk']: a transpose here would copy a layer's whole key
     cache at every decode step) and the mask's segments and positions, padded to multiples of
-    the blocks (block_sizes; a cache whose capacity the block divides is never copied)."""
+    the blocks (block_sizes; a cache whose capacity the block divides is never copied), then
+    the queries' parent segments (None without)."""
     batch, q_len, heads, head_dim = q.shape
     if not cache_layout:
         k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
@@ -242,7 +249,8 @@ def _flash_inputs(q, k, v, mask: AttentionMask, cache_layout: bool, block: int):
     k, v = _pad_to(k, 3 if cache_layout else 2, block_k), _pad_to(v, 2, block_k)
     q_seg, q_pos = (_pad_to(x, 1, block_q) for x in (mask.query_segments, mask.query_positions))
     k_seg, k_pos = (_pad_to(x, 1, block_k) for x in (mask.key_segments, mask.key_positions))
-    return qg, k, v, q_seg, q_pos, k_seg, k_pos
+    q_par = None if mask.query_parents is None else _pad_to(mask.query_parents, 1, block_q)
+    return qg, k, v, q_seg, q_pos, k_seg, k_pos, q_par
 
 
 def blockwise_partial(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMask, cache_layout: bool = False,
@@ -253,8 +261,9 @@ def blockwise_partial(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionM
     in: rows whose queries see nothing (a decode's finished rows) do not extend the read."""
     batch, q_len, heads, head_dim = q.shape
     key_len = k.shape[-1] if cache_layout else k.shape[1]
-    out, lse = _flash_forward(*_flash_inputs(q, k, v, mask, cache_layout, block), mask.causal,
-                              *block_sizes(q_len, key_len, block), keys_t=cache_layout, bounded=True)
+    inputs = _flash_inputs(q, k, v, mask, cache_layout, block)
+    out, lse = _flash_forward(*inputs[:7], mask.causal, *block_sizes(q_len, key_len, block), keys_t=cache_layout,
+                              bounded=True, q_par=inputs[7])
     out = out[:, :, :, :q_len].transpose(0, 3, 1, 2, 4).reshape(batch, q_len, heads, head_dim).astype(jnp.float32)
     lse = lse[:, :, :, :q_len].transpose(0, 3, 1, 2).reshape(batch, q_len, heads)
     return out, lse

@@ -105,6 +105,8 @@ def splash_accepts(q: jax.Array, k: jax.Array, mask: AttentionMask, cache_layout
         return f"backend {target_platform()} is not tpu"
     if cache_layout or mask.kind == "cache":
         return "a KV-cache mask"
+    if mask.query_parents is not None:
+        return "parent segments (shared prompts; the kernel's segment ids are equality only)"
     if q.shape[1] != k.shape[1]:
         return f"query length {q.shape[1]} != key length {k.shape[1]}"
     if q.shape[1] % SPLASH_BLOCK:

@@ -333,20 +333,22 @@ class TextDecoder(nnx.Module):
     def __call__(self, input_ids: jax.Array, attention_mask: jax.Array, position_ids: jax.Array,
                  visual_index: jax.Array | None = None, visual_embeds: jax.Array | None = None,
                  deepstack: jax.Array | None = None, return_hidden: bool = False,
-                 packed: bool = False, constrain_rows=None) -> jax.Array:
+                 packed: bool = False, constrain_rows=None, parents: jax.Array | None = None) -> jax.Array:
         """input_ids, attention_mask, visual_index [B, L]; position_ids [3, B, L];
         visual_embeds [Nv, D]; deepstack [n_ds, Nv, D]. Returns logits [B, L, vocab] in float32
         (or the final hidden states [B, L, D] before the norm when return_hidden).
         attention_mask: 0 for padding; with `packed` (static) it holds segment ids (1, 2, ...
         per packed sequence of a row) and a token attends only within its own segment (each
-        segment then carries its own position_ids). `constrain_rows` (a function of a [B, ...]
+        segment then carries its own position_ids); `parents` [B, L] (packed only): the segment
+        whose earlier tokens each token also sees (0: none; a prompt stored once for the packed
+        sequences that share it). `constrain_rows` (a function of a [B, ...]
         array, e.g. `sharding.row_constraint(mesh)`) pins each layer's input and output to a
         row-split layout on a mesh."""
         t = self.config
         x = self.embed(input_ids, visual_index, visual_embeds)
         cos, sin = mrope_tables(position_ids, t, self.dtype)
         segments = attention_mask.astype(jnp.int32) if packed else (attention_mask != 0).astype(jnp.int32)
-        mask = AttentionMask.causal_segments(segments, packed=packed)
+        mask = AttentionMask.causal_segments(segments, packed=packed, parent_ids=parents)
         add_deepstack = self._deepstack_adder(visual_index, deepstack)
 
         def body(x, params, i):
