@@ -333,4 +333,5 @@ def train_batch_spec(config: Qwen3VLConfig, work: Workload, mesh, extras=POLICY_
                 **{name: tokens((rows, length), dtype) for name, dtype in extras},
                 visual_index=tokens((rows, length), jnp.int32),
                 pixel_values=host((patches, config.vision.patch_dim), jnp.float32),
-                vision_meta=meta, **({"segment_ids": tokens((rows, length), jnp.int32)} if work.packed else {}))
+                vision_meta=meta, **({"segment_ids": tokens((rows, length), jnp.int32)} if work.packed else {}),
+                **({"parent_ids": tokens((rows, length), jnp.int32)} if work.shared_prompts else {}))

@@ -66,6 +66,9 @@ class Workload:
     subagent_rows: int  # sub-agent prompts per tool round (0 unless mode == subagent)
     subagent_prompt_tokens: int
     subagent_capacity: int
+    # rl.share_prompts: the train step's rows also carry parent segments (its program takes
+    # parent_ids); the plan still counts every episode whole, an upper bound on the shared rows
+    shared_prompts: bool = False
 
 
 # ----------------------------------------------------------------------------- config
@@ -258,7 +261,8 @@ def workload(rl, vision, tokenizer, assumptions: Assumptions = Assumptions(), ba
         patches_per_row=per_row * patches, cache_capacity=capacity, cache_capacity_before_growth=previous,
         prefill_width=prefill_width, chunk_bucket=sampler.min_chunk_bucket, prefill_capacity=prefill_capacity,
         extend_width=extend_width,
-        subagent_rows=sub_rows, subagent_prompt_tokens=sub_prompt, subagent_capacity=sub_capacity)
+        subagent_rows=sub_rows, subagent_prompt_tokens=sub_prompt, subagent_capacity=sub_capacity,
+        shared_prompts=bool(rl.share_prompts and micro.packed))
 
 
 # ----------------------------------------------------------------------------- SFT

@@ -85,7 +85,8 @@ class SharedPrompts:
         """One [L_i] array per original sequence -> one array per layout sequence."""
         if len(arrays) != self.count:
             raise ValueError(f"{len(arrays)} arrays for {self.count} sequences")
-        return [np.asarray(arrays[src[0]])[start:stop] for src, start, stop in zip(self.sources, self.starts, self.stops)]
+        return [np.asarray(arrays[src[0]])[start:stop]
+                for src, start, stop in zip(self.sources, self.starts, self.stops)]
 
     def derive(self, array: np.ndarray, width: int) -> np.ndarray:
         """A per-token [N, T] array of the original sequences -> [N', width] of the layout's."""
