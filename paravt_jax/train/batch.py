@@ -78,8 +78,7 @@ class SharedPrompts:
     @property
     def shared_tokens(self) -> int:
         """Tokens the layout saves: each head's length once per member beyond the first."""
-        return sum((len(src) - 1) * (stop - start) for src, start, stop, parent in
-                   zip(self.sources, self.starts, self.stops, self.parents) if len(src) > 1)
+        return sum((len(src) - 1) * (stop - start) for src, start, stop in zip(self.sources, self.starts, self.stops))
 
     def pieces(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         """One [L_i] array per original sequence -> one array per layout sequence."""
@@ -421,7 +420,7 @@ def planned_micro_batches(packed: Packed, plan: MicroBatchPlan, vision_config,
                 seen[row] = seen.get(row, 0) + 1
                 segment_ids[row, start:start + lengths[index]] = seen[row]
                 numbered[index] = (row, seen[row])
-            if any(p >= 0 for p in plan.parents):
+            if plan.parents:  # a shared layout: every micro-batch carries them (one program), zeros or not
                 parent_ids = np.zeros((plan.rows[m], plan.width), np.int32)
                 for row, start, index in placements:
                     parent = plan.parents[index]

@@ -221,6 +221,7 @@ class TrainStep:
                              "in one order")
         self.concurrent = concurrent
         self._pool = None  # the host threads of concurrent passes, started on first use
+        self._sums_compiled = False  # the programs that sum micro-batches have run once (`_gradients`)
         self.head = head
         self.mesh = mesh
         self.graphdef, self.params, self.rest = nnx.split(model, nnx.Param, ...)
@@ -366,6 +367,13 @@ class TrainStep:
         for g, total, n, metrics in parts:  # summed in the micro-batches' order, however they ran
             acc = (g, total, n) if acc is None else self._add(acc, (g, total, n))
             stats = metrics if not stats else S.merge_stats(stats, metrics)
+        if len(parts) == 1 and not self._sums_compiled:
+            # A step of one micro-batch compiles the programs that sum several too (their results
+            # dropped): a later step of two (token-budget micro-batches vary in number) would
+            # otherwise compile them then, a stall the loop reports
+            self._add(jax.tree.map(jnp.zeros_like, acc), acc)
+            S.merge_stats(stats, stats)
+        self._sums_compiled = True
         return acc, stats
 
     def step(self, state: TrainState, batches: Sequence[TrainBatch]) -> tuple[TrainState, dict]:

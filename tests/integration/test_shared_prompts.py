@@ -148,3 +148,21 @@ def test_share_prompts_needs_token_budget_rows():
         seqs = sequences(np.random.default_rng(3))
         shared = share_prompts(seqs)
         micro_batch_plan(pack(shared.sequences), 1, shared=shared)
+
+
+def test_a_step_of_one_micro_batch_compiles_the_sums_of_two():
+    """Shared prompts leave a step 1 or 2 micro-batches: the first step, of one, also compiles
+    what sums two (and merges their metrics), so a later step of two compiles nothing."""
+    from paravt_jax.train import compiles
+
+    seqs = sequences(np.random.default_rng(4))
+    model = init_model(preset("tiny", attention_block=16), seed=0)
+    step = TrainStep(model, OptimizerConfig(learning_rate=1e-3), sft_loss, HEAD)
+    state = step.init_state()
+    packed = pack(seqs, width=96)
+    batch = planned_micro_batches(packed, micro_batch_plan(packed, 1, max_tokens=2 * 96), model.config.vision)[0]
+    compiles.install()
+    state, one = step.step(state, [batch])
+    before = compiles.snapshot()
+    state, two = step.step(state, [batch, batch])  # the same shapes twice: no new pass program
+    assert before.since().count == 0 and two["loss_tokens"] == 2 * one["loss_tokens"] > 0
