@@ -285,6 +285,7 @@ class SFTWorkload:
     train_length: int
     row_frames: int  # vision frames of one row (every row as full as the largest micro-batch's fullest)
     patches_per_row: int
+    shared_prompts: bool = False  # SFT rows never share a prompt (RL's Workload.shared_prompts)
 
     # what train_batch_spec and activation_estimate read: one frame size, the row's frames
     @property

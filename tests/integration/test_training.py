@@ -330,6 +330,32 @@ def test_two_rl_steps(dataset, tmp_path, anchor_mode, gating, max_tokens):
         assert ("anchor/positions" in h) == (anchor_mode == "token")
 
 
+def test_rl_steps_with_shared_prompts_train_on_the_same_episodes(dataset, tmp_path):
+    """rl.share_prompts end to end: the first step (the same policy, so the same rollouts) scores
+    the same rewards and trains the same tokens as with each episode whole, logs the prompt tokens
+    it did not compute again on fewer row slots, and its second step compiles nothing. (The
+    gradients' equality is tests/integration/test_shared_prompts.py's: in this tiny run every
+    sample of a prompt earns the same reward, so the normalised advantages are rounding noise.)"""
+    root, ds, tok = dataset
+    rows, _ = load_rl_rows(ds.rl_train, root)
+    results = {}
+    for share in (False, True):
+        config = RLConfig(steps=2, prompts_per_step=2, samples_per_prompt=3, default_nframes=4, nframes_choices=(4,),
+                          rollout=RolloutConfig(max_turns=1, max_new_tokens=12, subagent_max_tokens=8,
+                                                prompt=PromptFormat(overview_max_pixels=64 * 96)),
+                          optimizer=OptimizerConfig(learning_rate=1e-4), max_tokens_per_micro_batch=4096,
+                          share_prompts=share)
+        _, result = train_rl(init_model(preset("tiny"), seed=2), tok, rows, str(tmp_path / str(share)), config)
+        results[share] = result.history
+    whole, shared = results[False][0], results[True][0]
+    for key in ("reward", "acc_reward", "format_reward", "loss_tokens", "rollouts", "kappa"):
+        assert shared[key] == whole[key], key
+    assert shared["loss_tokens"] > 0 and np.isfinite(shared["loss"]) and not shared["skipped"]
+    assert shared["shared_prompt_tokens"] > 0 and "shared_prompt_tokens" not in whole
+    assert shared["padding_fraction"] > whole["padding_fraction"]  # the same rows, fewer tokens in them
+    assert results[True][1]["compiles"] == 0
+
+
 def test_periodic_evaluation_uses_the_rollout_mode_and_logs_its_episodes(dataset, tmp_path, monkeypatch):
     """The held-out check during RL runs episodes as the rollouts do (here: subagent), on the
     first `limit` held-out rows, with and without tools, logs both, and (with episode

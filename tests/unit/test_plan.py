@@ -131,6 +131,22 @@ def test_batch_spec_vision_layout_matches_vision_layout(tokenizer):
         assert spec["pixel_values"].shape == lead + (int(grids.prod(1).sum()), model.vision.patch_dim)
 
 
+def test_batch_spec_takes_parent_ids_with_shared_prompts(tokenizer):
+    """rl.share_prompts: the planned train step takes parent ids beside the segment ids, as the
+    run's micro-batches carry them; without it, neither it nor the workload's flag."""
+    config = small_config()
+    model = preset("tiny")
+    config.rl.max_tokens_per_micro_batch = 8 * 1024
+    plain = W.workload(W.rl_settings(build_run(config))[0], model.vision, tokenizer)
+    config.rl.share_prompts = True
+    shared = W.workload(W.rl_settings(build_run(config))[0], model.vision, tokenizer)
+    assert plain.packed and shared.packed and not plain.shared_prompts and shared.shared_prompts
+    mesh = A.abstract_mesh(MESH8)
+    assert "parent_ids" not in A.train_batch_spec(model, plain, mesh)
+    spec = A.train_batch_spec(model, shared, mesh)
+    assert spec["parent_ids"].shape == spec["segment_ids"].shape
+
+
 def test_fit_verdicts(tokenizer):
     config = paragrpo.get_config("tiny")
     roomy = plan_of(config, MESH8, 16, "estimate", tokenizer)
