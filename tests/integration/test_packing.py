@@ -1,6 +1,5 @@
 """Token-budget micro-batches with packing (train/batch.py): the plan, and a packed step equal
 to the unpacked one (loss sums, counts and gradients), vision and 3-D MRoPE positions included."""
-import jax
 import numpy as np
 import pytest
 
@@ -11,6 +10,7 @@ from paravt_jax.text.inputs import ModelInputs
 from paravt_jax.train.batch import micro_batches, pack, plan_rows, plan_token_budget, planned_micro_batches
 from paravt_jax.train.step import OptimizerConfig, TrainStep
 from support.hf_tiny import IMAGE, image_tokens
+from support.steps import assert_same_step
 
 
 def sequence(rng, prompt: int, response: int, grid=None) -> ModelInputs:
@@ -95,25 +95,12 @@ def test_packed_step_equals_unpacked(attention):
         len({r for r, _, _ in micro}) < len(micro) for micro in plan.placements)  # rows shared
     packed_batches = planned_micro_batches(packed, plan, model.config.vision)
 
-    def summed(batches):
-        acc = None
-        for b in batches:
-            g, total, n, _ = step._grads(params, step._place(b))
-            acc = (g, total, n) if acc is None else step._add(acc, (g, total, n))
-        return acc
-
     # rows filled up to a multiple of 4 with empty rows (all padding) change nothing
     filled = plan_token_budget([s.length for s in seqs], max_tokens=2 * 48, min_length=16, multiple=16,
                                row_multiple=4)
     assert filled.rows == (4,) and sum(filled.rows) > len({r for r, _, _ in filled.placements[0]})
-    (g_ref, total_ref, n_ref) = summed(unpacked_batches)
     for batches in (packed_batches, planned_micro_batches(packed, filled, model.config.vision)):
-        g, total, n = summed(batches)
-        assert int(n) == int(n_ref) == sum(int(s.loss_mask.sum()) for s in seqs)
-        count = float(n)
-        assert abs(float(total) / count - float(total_ref) / count) <= 1e-6
-        for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g_ref)):
-            np.testing.assert_allclose(np.asarray(a) / count, np.asarray(b) / count, atol=1e-6, rtol=0)
+        assert_same_step(step, params, batches, unpacked_batches, sum(int(s.loss_mask.sum()) for s in seqs))
 
 
 def test_token_budget_full_rows():

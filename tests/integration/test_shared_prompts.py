@@ -2,7 +2,6 @@
 a prompt stored with the prompt once, each sample's rest attending to it. The layout, its
 round trips, and a step over it equal to the same sequences packed whole (loss, token counts,
 gradients, per-token log-probs), frames and 3-D MRoPE positions included."""
-import jax
 import numpy as np
 import pytest
 
@@ -15,6 +14,7 @@ from paravt_jax.text.inputs import ModelInputs
 from paravt_jax.train.batch import micro_batch_plan, pack, planned_micro_batches, share_prompts
 from paravt_jax.train.step import OptimizerConfig, TrainStep
 from support.hf_tiny import IMAGE, image_tokens
+from support.steps import assert_same_step
 
 
 def sample(prompt_ids, grid, pixels, response) -> ModelInputs:
@@ -118,20 +118,8 @@ def test_shared_step_equals_whole(attention):
     assert any(b.parent_ids is not None and b.parent_ids.any() for b in batches)
     assert sum(plan.lengths) == sum(whole_plan.lengths) - shared.shared_tokens < sum(whole_plan.lengths)
 
-    def summed(batches):
-        acc = None
-        for b in batches:
-            g, total, n, _ = step._grads(params, step._place(b))
-            acc = (g, total, n) if acc is None else step._add(acc, (g, total, n))
-        return acc
-
-    g_ref, total_ref, n_ref = summed(planned_micro_batches(whole, whole_plan, model.config.vision))
-    g, total, n = summed(batches)
-    assert int(n) == int(n_ref) == sum(int(s.loss_mask.sum()) for s in seqs)
-    count = float(n)
-    assert abs(float(total) / count - float(total_ref) / count) <= 1e-6
-    for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g_ref)):
-        np.testing.assert_allclose(np.asarray(a) / count, np.asarray(b) / count, atol=1e-6, rtol=0)
+    assert_same_step(step, params, batches, planned_micro_batches(whole, whole_plan, model.config.vision),
+                     sum(int(s.loss_mask.sum()) for s in seqs))
 
     reference = whole_plan.merge(step.logprobs_many(params, planned_micro_batches(
         whole, whole_plan, model.config.vision)), whole.input_ids.shape[1])

@@ -27,7 +27,7 @@ class AttentionMask:
     "causal" (self-attention, positions 0..L-1, segments either one per row with right padding
     or, with `packed`, several) or "cache" (queries over a KV cache).
     query_parents [B, Lq] int32 or None: a query also sees the keys of this segment (0: none);
-    packed rows whose sequences share a prompt stored once (train/batch.py, shared prefixes).
+    packed rows whose sequences share a prompt stored once (train/batch.py `SharedPrompts`).
     """
     query_segments: jax.Array
     key_segments: jax.Array
