@@ -14,7 +14,7 @@ from paravt_jax.text.inputs import ModelInputs
 from paravt_jax.train.batch import micro_batch_plan, pack, planned_micro_batches, share_prompts
 from paravt_jax.train.step import OptimizerConfig, TrainStep
 from support.hf_tiny import IMAGE, image_tokens
-from support.steps import assert_same_step
+from support.steps import assert_same_step, summed_gradients
 
 
 def sample(prompt_ids, grid, pixels, response) -> ModelInputs:
@@ -118,8 +118,8 @@ def test_shared_step_equals_whole(attention):
     assert any(b.parent_ids is not None and b.parent_ids.any() for b in batches)
     assert sum(plan.lengths) == sum(whole_plan.lengths) - shared.shared_tokens < sum(whole_plan.lengths)
 
-    assert_same_step(step, params, batches, planned_micro_batches(whole, whole_plan, model.config.vision),
-                     sum(int(s.loss_mask.sum()) for s in seqs))
+    reference = summed_gradients(step, params, planned_micro_batches(whole, whole_plan, model.config.vision))
+    assert_same_step(step, params, batches, reference, sum(int(s.loss_mask.sum()) for s in seqs))
 
     reference = whole_plan.merge(step.logprobs_many(params, planned_micro_batches(
         whole, whole_plan, model.config.vision)), whole.input_ids.shape[1])

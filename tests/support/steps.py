@@ -13,9 +13,10 @@ def summed_gradients(step, params, batches) -> tuple:
     return acc
 
 
-def assert_same_step(step, params, batches, reference_batches, tokens: int, atol: float = 1e-6) -> None:
-    """The same trained-token count (`tokens`), and the mean loss and mean gradients within atol."""
-    g_ref, total_ref, n_ref = summed_gradients(step, params, reference_batches)
+def assert_same_step(step, params, batches, reference: tuple, tokens: int, atol: float = 1e-6) -> None:
+    """`batches` give the same trained-token count (`tokens`) as `reference` (a
+    `summed_gradients` result), and the mean loss and mean gradients within atol."""
+    g_ref, total_ref, n_ref = reference
     g, total, n = summed_gradients(step, params, batches)
     assert int(n) == int(n_ref) == tokens
     count = float(n)
