@@ -73,3 +73,20 @@ def text_slice(chunk: ModelInputs, start: int, stop: int) -> ModelInputs:
 def prepend(token: int, position: int, chunk: ModelInputs | None) -> ModelInputs:
     head = encode_ids([token], position, trainable=True)
     return head if chunk is None else head.extend(chunk)
+
+
+def pack_rows(lengths: Sequence[int], width: int) -> tuple[list[tuple[int, int]], int]:
+    """Places sequences of `lengths` (each at most `width`) whole into rows of `width` tokens,
+    in order, each into the first row with room (first fit). Returns ((row, offset) of each
+    sequence, the rows used); the same lengths always give the same layout."""
+    if any(n > width for n in lengths):
+        raise ValueError(f"pack_rows: a sequence of {max(lengths)} tokens does not fit rows of {width}")
+    filled: list[int] = []
+    places = []
+    for n in lengths:
+        row = next((r for r, used in enumerate(filled) if used + n <= width), len(filled))
+        if row == len(filled):
+            filled.append(0)
+        places.append((row, filled[row]))
+        filled[row] += n
+    return places, len(filled)

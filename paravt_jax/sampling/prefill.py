@@ -114,3 +114,60 @@ def prefill(graphdef, params, weights, cache: KVCache, prefix: KVCache | None, c
     last_hidden = hidden[jnp.arange(group), last][:, None]
     logits = plan.backend.logits(lang, last_hidden, weights)[:, 0].astype(jnp.float32)
     return logits, constrain(cache, plan.sharding)
+
+
+class PackedChunk(NamedTuple):
+    """Fresh prompts packed into R rows of W tokens (sampling/chunks.py `pack_rows`): each
+    prompt's tokens whole in one row at its offset, several prompts a row, no padding between
+    them. `slot_rows` / `slot_index` [R * W]: the cache row and slot of each token (row = the
+    cache's row count for padding tokens: dropped); `last` [P]: the flat index (row * W +
+    column) of each cache row's last prompt token (0 for padding rows)."""
+    ids: jax.Array  # [R, W] int32
+    positions: jax.Array  # [3, R, W] int32
+    segments: jax.Array  # [R, W] int32: 1, 2, ... per prompt of a row, 0 = padding
+    visual_index: jax.Array | None  # [R, W]
+    visual_embeds: jax.Array | None  # [Nv, D]
+    deepstack: jax.Array | None  # [n_ds, Nv, D]
+    slot_rows: jax.Array  # [R * W] int32
+    slot_index: jax.Array  # [R * W] int32
+    last: jax.Array  # [P] int32
+
+
+@dataclasses.dataclass(frozen=True)
+class PackedPlan:
+    """The static arguments of a packed prompt prefill: the cache it fills (`rows` x `capacity`
+    slots of `dtype`) and the attention block of its packed rows."""
+    backend: SamplerBackend
+    rows: int
+    capacity: int
+    dtype: str
+    block: int
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "plan"))
+def packed_prefill(graphdef, params, weights, chunk: PackedChunk, plan: PackedPlan) -> tuple[jax.Array, KVCache]:
+    """The prompts of `chunk` through the decoder at once, only their own tokens computed
+    (TextDecoder.forward_packed), their keys and values scattered into a new cache of
+    plan.rows rows (row p: prompt p from slot 0, as a right-padded prefill writes it). Returns
+    (logits [rows, V] of each prompt's last token, the cache)."""
+    lang = merge(graphdef, params).language
+    hidden, keys, values = lang.forward_packed(chunk.ids, chunk.positions, chunk.segments, chunk.visual_index,
+                                               chunk.visual_embeds, chunk.deepstack, layers=weights.layers,
+                                               project=plan.backend.project, block=plan.block)
+    dtype = jnp.dtype(plan.dtype)
+    rows, slots = chunk.slot_rows, chunk.slot_index
+
+    def scatter(per_token, layout):  # [R, W, KV, hd] -> the cache layer
+        flat = per_token.reshape(-1, *per_token.shape[2:]).astype(dtype)  # [T, KV, hd]
+        kv_heads, head_dim = flat.shape[1:]
+        if layout == "keys":  # [P, KV, hd, S]
+            empty = jnp.zeros((plan.rows, kv_heads, head_dim, plan.capacity), dtype)
+            return empty.at[rows, :, :, slots].set(flat, mode="drop")
+        empty = jnp.zeros((plan.rows, kv_heads, plan.capacity, head_dim), dtype)  # [P, KV, S, hd]
+        return empty.at[rows, :, slots, :].set(flat, mode="drop")
+
+    valid = jnp.zeros((plan.rows, plan.capacity), bool).at[rows, slots].set(True, mode="drop")
+    cache = KVCache(tuple(scatter(k, "keys") for k in keys), tuple(scatter(v, "values") for v in values), valid)
+    last = hidden.reshape(-1, hidden.shape[-1])[chunk.last][:, None]
+    logits = plan.backend.logits(lang, last, weights)[:, 0].astype(jnp.float32)
+    return logits, cache

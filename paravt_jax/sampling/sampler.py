@@ -34,7 +34,15 @@ from paravt_jax.sampling import decode as decode_program
 from paravt_jax.sampling import pages, programs
 from paravt_jax.sampling import prefill as prefill_program
 from paravt_jax.sampling.backend import DecodeWeights, backend_policy
-from paravt_jax.sampling.chunks import chunk_width, collate, has_vision, prefill_group, prepend, text_slice
+from paravt_jax.sampling.chunks import (
+    chunk_width,
+    collate,
+    has_vision,
+    pack_rows,
+    prefill_group,
+    prepend,
+    text_slice,
+)
 from paravt_jax.sampling.decode import DecodeCarry, DecodeInputs, DecodePlan
 from paravt_jax.sampling.kv_cache import (
     CacheSpec,
@@ -46,7 +54,7 @@ from paravt_jax.sampling.kv_cache import (
     turn_capacity,
 )
 from paravt_jax.sampling.params import SamplingParams
-from paravt_jax.sampling.prefill import PrefillChunk, PrefillPlan
+from paravt_jax.sampling.prefill import PackedChunk, PackedPlan, PrefillChunk, PrefillPlan
 from paravt_jax.sampling.programs import grow_suffix
 from paravt_jax.text.inputs import ModelInputs, encode_ids
 from paravt_jax.train.batch import shard_vision
@@ -105,6 +113,13 @@ class SamplerConfig:
     # step's layers); False: every device computes every token of the row group against its part
     # of the weights (the measured baseline of bench/program_bytes.py --program prefill)
     prefill_row_split: bool = True
+    # True: a generate() call's prompts are prefilled packed, several prompts a row of the call's
+    # width (sampling/chunks.py `pack_rows`), only their own tokens computed, and their keys and
+    # values scattered into the prompt cache (prefill.packed_prefill): a call of short prompts
+    # (a sub-agent's crop, a prompt of few overview frames) does not compute its rows' padding.
+    # False: one right-padded row per prompt. The same cache either way; the attention's sums run
+    # in other blocks (other bits). Unsharded samplers only
+    prompt_packing: bool = False
 
 
 def vision_split(config: SamplerConfig, mesh, shards: int) -> int:
@@ -147,6 +162,24 @@ def call_width(prompts: Sequence[ModelInputs], shape: PromptShape, min_chunk_buc
     """Prefill width of a generate() call: exactly shape.width when the longest prompt fits (a
     sub-agent prompt of ~1,420 tokens in 1,536, not 2,048), else its power-of-two bucket."""
     return fit(max([p.length for p in prompts] + [1]), shape.width, min_chunk_bucket)
+
+
+def packed_rows(rows: int) -> tuple[int, ...]:
+    """The row counts a packed prompt prefill of `rows` prompt rows takes (Sampler._packed_prefill):
+    the fewest of a quarter, half or all of them that hold its prompts, so that a run's calls
+    compile at most three programs a call shape, all when the shape is first used."""
+    return tuple(sorted({-(-rows // 4), -(-rows // 2), rows}))
+
+
+def empty_rows(chunk: PackedChunk, packed: int, rows: int) -> PackedChunk:
+    """A packed chunk of `packed` rows holding no token, with `chunk`'s vision features: the
+    program of that row count, run once so that it is compiled (its cache rows are dropped)."""
+    width = chunk.ids.shape[1]
+    zeros = np.zeros((packed, width), np.int32)
+    index = None if chunk.visual_index is None else np.full((packed, width), -1, np.int32)
+    return PackedChunk(zeros, np.zeros((3, packed, width), np.int32), zeros, index, chunk.visual_embeds,
+                       chunk.deepstack, np.full(packed * width, rows, np.int32), np.zeros(packed * width, np.int32),
+                       np.zeros_like(chunk.last))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -239,6 +272,7 @@ class Sampler:
         self.backend = backend_policy(prefill_score_bytes=config.attention_block_bytes,
                                       prefill_tokens=config.prefill_tokens)
         self.decode_kernel = None  # the paged read, resolved (None: the contiguous read)
+        self._packed_shapes = set()  # the packed prefill's call shapes compiled at every row count
         if config.decode_cache == "paged":
             if config.decode_window != "used":
                 raise ValueError(f"SamplerConfig.decode_cache='paged' reads each row up to its length: "
@@ -247,6 +281,9 @@ class Sampler:
                 raise ValueError("SamplerConfig.decode_cache='paged' runs unsharded only (the page pools and "
                                  f"kernels are not split over a mesh); this mesh has {self.mesh.size} devices")
             self.decode_kernel = kernel
+        if config.prompt_packing and self.mesh is not None and self.mesh.size > 1:
+            raise ValueError("SamplerConfig.prompt_packing runs unsharded only (the packed rows are not split over "
+                             f"the mesh's cache rows); this mesh has {self.mesh.size} devices")
 
     @property
     def weights(self) -> DecodeWeights:
@@ -284,8 +321,11 @@ class Sampler:
             raise ValueError(f"generate: num_samples={num_samples} must be >= 1")
         prompt_rows = call_rows(len(prompts), shape, self.config.min_batch_bucket)
         width = call_width(prompts, shape, self.config.min_chunk_bucket)
-        logits, prefix = self._prefill(self._empty_cache(prompt_rows, width), None, 0, list(prompts), width,
-                                       shape.frames_per_row)
+        if self.config.prompt_packing:
+            logits, prefix = self._packed_prefill(list(prompts), prompt_rows, width, shape.frames_per_row)
+        else:
+            logits, prefix = self._prefill(self._empty_cache(prompt_rows, width), None, 0, list(prompts), width,
+                                           shape.frames_per_row)
         rows = prompt_rows * num_samples
         total = len(prompts) * num_samples
         logits = jnp.repeat(logits, num_samples, axis=0)
@@ -346,6 +386,7 @@ class Sampler:
     def compile_counts(self) -> dict[str, int]:
         return {name: fn._cache_size() for name, fn in
                 (("vision", programs.vision), ("prefill", prefill_program.prefill),
+                 ("packed_prefill", prefill_program.packed_prefill),
                  ("decode", decode_program.decode), ("copy", programs.copy_rows), ("grow", programs.grow_layer),
                  ("cache", programs.new_cache))}
 
@@ -430,6 +471,53 @@ class Sampler:
             return logits[0], cache
         inverse = np.argsort(np.concatenate(order))
         return jnp.concatenate(logits)[inverse], cache
+
+    def _packed_prefill(self, prompts: list[ModelInputs], rows: int, width: int, frames_per_row: int
+                        ) -> tuple[jax.Array, KVCache]:
+        """The prompts packed into rows of `width` (at least a quarter of `rows` rows, so that a
+        run's calls take few row counts), prefilled at once into a prompt cache of `rows` x
+        `width` slots (prefill.packed_prefill). Returns (logits [rows, V], the cache)."""
+        places, used = pack_rows([p.length for p in prompts], width)
+        packed = min(count for count in packed_rows(rows) if count >= used)
+        chunk = self.packed_chunk(prompts, places, packed, width, rows * frames_per_row, rows)
+        shape = (rows, width, frames_per_row, chunk.visual_embeds is not None)
+        if shape not in self._packed_shapes:  # the first call of this shape compiles every row count
+            self._packed_shapes.add(shape)
+            for other in packed_rows(rows):
+                if other != packed:
+                    self._run_packed(empty_rows(chunk, other, rows), rows, width)
+        return self._run_packed(chunk, rows, width)
+
+    def _run_packed(self, chunk: PackedChunk, rows: int, width: int) -> tuple[jax.Array, KVCache]:
+        plan = PackedPlan(self.backend, rows, width, self.cache_dtype.name, self.prefill_block(chunk.ids.shape[0]))
+        return prefill_program.packed_prefill(self.graphdef, self.params, self.weights, chunk, plan)
+
+    def packed_chunk(self, prompts: list[ModelInputs], places: list[tuple[int, int]], packed: int, width: int,
+                     frames: int, rows: int) -> PackedChunk:
+        """The packed rows of `prompts` placed at `places` ((row, offset) each, `packed` rows of
+        `width`), their vision pass padded to at least `frames` frames, and each token's cache
+        row and slot in a prompt cache of `rows` rows."""
+        ids = np.zeros((packed, width), np.int32)
+        positions = np.zeros((3, packed, width), np.int32)
+        segments = np.zeros((packed, width), np.int32)
+        slot_rows = np.full((packed, width), rows, np.int32)
+        slot_index = np.zeros((packed, width), np.int32)
+        last = np.zeros(rows, np.int32)
+        for p, (prompt, (row, start)) in enumerate(zip(prompts, places)):
+            stop = start + prompt.length
+            ids[row, start:stop] = prompt.input_ids
+            positions[:, row, start:stop] = prompt.position_ids
+            segments[row, start:stop] = p + 1
+            slot_rows[row, start:stop] = p
+            slot_index[row, start:stop] = np.arange(prompt.length)
+            last[p] = row * width + max(stop - 1, start)
+        placements = [(row, start, prompt) for prompt, (row, start) in zip(prompts, places)]
+        visual_index, pixels, meta = shard_vision(placements, packed, width, self.model.config.vision, frames, 1)
+        embeds = deepstack = None
+        if pixels is not None:
+            embeds, deepstack = programs.vision(self.graphdef, self.params, pixels, meta, None)
+        return PackedChunk(ids, positions, segments, visual_index, embeds, deepstack, slot_rows.reshape(-1),
+                           slot_index.reshape(-1), last)
 
     def vision_inputs(self, part: list[ModelInputs | None], group: int, width: int, frames_per_row: int,
                       shards: int = 1) -> VisionInputs | None:

@@ -60,11 +60,13 @@ def hf_greedy(hf, prompt: ModelInputs):
     return out[0, prompt.length:].tolist()
 
 
-@pytest.mark.parametrize("decode_cache", ["contiguous", "paged"])
-def test_greedy_equals_hf_generate_mixed_batch(tiny, decode_cache):
+@pytest.mark.parametrize("decode_cache,prompt_packing", [("contiguous", False), ("paged", False),
+                                                          ("contiguous", True)])
+def test_greedy_equals_hf_generate_mixed_batch(tiny, decode_cache, prompt_packing):
+    """Text, image and video prompts; prompt_packing: all three prefilled in one packed row."""
     hf, ours = tiny
     prompts = prompts_mixed()
-    result, _ = Sampler(ours, SamplerConfig(decode_cache=decode_cache)).generate(
+    result, _ = Sampler(ours, SamplerConfig(decode_cache=decode_cache, prompt_packing=prompt_packing)).generate(
         prompts, sampling=SamplingParams(max_new_tokens=NEW))
     for b, p in enumerate(prompts):
         assert result.tokens[b] == hf_greedy(hf, p), f"row {b}"

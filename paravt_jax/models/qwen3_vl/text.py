@@ -329,6 +329,29 @@ class TextDecoder(nnx.Module):
         cache = KVCache(tuple(out_k), tuple(out_v), cache.valid)
         return (x, cache) if view.paged is None else (x, cache, tuple(pools))
 
+    def forward_packed(self, input_ids: jax.Array, position_ids: jax.Array, segment_ids: jax.Array,
+                       visual_index: jax.Array | None = None, visual_embeds: jax.Array | None = None,
+                       deepstack: jax.Array | None = None, *, layers: tuple[dict, ...] | None = None,
+                       project=dense_projections, block: int | None = None
+                       ) -> tuple[jax.Array, tuple[jax.Array, ...], tuple[jax.Array, ...]]:
+        """Fresh sequences (no cache) packed into rows: input_ids, segment_ids [R, W] (segment
+        ids 1, 2, ... per sequence of a row, 0 = padding), position_ids [3, R, W] (each sequence
+        its own). A token attends to the earlier tokens of its own sequence only (blockwise, the
+        blocks of other sequences skipped). `layers`, `project` and `block` as forward_cached's.
+        Returns (hidden [R, W, D], and per layer the keys and values [R, W, KV, hd] that a cache
+        of those sequences holds: the sampler's ragged prompt prefill, sampling/prefill.py)."""
+        x = self.embed(input_ids, visual_index, visual_embeds)
+        cos, sin = mrope_tables(position_ids, self.config, self.dtype)
+        mask = AttentionMask.causal_segments(segment_ids, packed=True)
+        add_deepstack = self._deepstack_adder(visual_index, deepstack)
+        keys, values = [], []
+        for i, params in enumerate(self.layer_slices() if layers is None else layers):
+            x, (k, v) = self.layer(x, params, cos, sin, mask, project=project, block=block)
+            x = add_deepstack(x, i)
+            keys.append(k)
+            values.append(v)
+        return x, tuple(keys), tuple(values)
+
     # -- full-sequence forward ------------------------------------------------------------
     def __call__(self, input_ids: jax.Array, attention_mask: jax.Array, position_ids: jax.Array,
                  visual_index: jax.Array | None = None, visual_embeds: jax.Array | None = None,
