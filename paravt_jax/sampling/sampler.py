@@ -164,6 +164,10 @@ def call_width(prompts: Sequence[ModelInputs], shape: PromptShape, min_chunk_buc
     return fit(max([p.length for p in prompts] + [1]), shape.width, min_chunk_bucket)
 
 
+# The packed prefill's call shapes whose every row count is compiled (Sampler._packed_prefill)
+PACKED_SHAPES: set = set()
+
+
 def packed_rows(rows: int) -> tuple[int, ...]:
     """The row counts a packed prompt prefill of `rows` prompt rows takes (Sampler._packed_prefill):
     the fewest of a quarter, half or all of them that hold its prompts, so that a run's calls
@@ -272,7 +276,6 @@ class Sampler:
         self.backend = backend_policy(prefill_score_bytes=config.attention_block_bytes,
                                       prefill_tokens=config.prefill_tokens)
         self.decode_kernel = None  # the paged read, resolved (None: the contiguous read)
-        self._packed_shapes = set()  # the packed prefill's call shapes compiled at every row count
         if config.decode_cache == "paged":
             if config.decode_window != "used":
                 raise ValueError(f"SamplerConfig.decode_cache='paged' reads each row up to its length: "
@@ -480,9 +483,12 @@ class Sampler:
         places, used = pack_rows([p.length for p in prompts], width)
         packed = min(count for count in packed_rows(rows) if count >= used)
         chunk = self.packed_chunk(prompts, places, packed, width, rows * frames_per_row, rows)
-        shape = (rows, width, frames_per_row, chunk.visual_embeds is not None)
-        if shape not in self._packed_shapes:  # the first call of this shape compiles every row count
-            self._packed_shapes.add(shape)
+        # the first call of this shape (in this process: a run builds a Sampler a step) compiles
+        # every row count
+        shape = (self.graphdef, rows, width, self.cache_dtype.name, None if chunk.visual_embeds is None else
+                 (chunk.visual_embeds.shape, chunk.visual_embeds.dtype.name))
+        if shape not in PACKED_SHAPES:
+            PACKED_SHAPES.add(shape)
             for other in packed_rows(rows):
                 if other != packed:
                     self._run_packed(empty_rows(chunk, other, rows), rows, width)
