@@ -194,7 +194,7 @@ def decode_reads(rl, work, layout, config, programs=()) -> dict[str, DecodeRead]
     from paravt_jax.sampling.backend import SamplerBackend
 
     window = rl.sampler.decode_window
-    block = SamplerBackend.decode_block if window == "used" else config.attention_block
+    block = (rl.sampler.decode_block or SamplerBackend.decode_block) if window == "used" else config.attention_block
     out = {"decode": decode_read("decode", config, window, block, layout.rows, layout.prompt_rows,
                                  main_decode_turns(rl, work, layout), layout.suffix_slots, work.prompt_tokens,
                                  layout.prefix_slots)}

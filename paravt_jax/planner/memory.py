@@ -288,7 +288,7 @@ class SamplerPrograms:
         # for fake CPU devices unless `platform` says otherwise
         own = self.devices[0].platform
         self.backend = backend_policy(platform or ("gpu" if own == "cpu" else own), sampler.attention_block_bytes,
-                                      sampler.prefill_tokens)
+                                      sampler.prefill_tokens, sampler.decode_block)
         self.cache_dtype = jnp.dtype(sampler.cache_dtype or config.dtype)
         self.replicated = NamedSharding(mesh, PartitionSpec())
         model = abstract_model(config)

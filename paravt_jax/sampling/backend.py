@@ -103,12 +103,13 @@ def decode_weights(lang, fuse: bool) -> DecodeWeights:
 
 
 def backend_policy(platform: str | None = None, prefill_score_bytes: int = 0,
-                   prefill_tokens: int = 0) -> SamplerBackend:
-    """The policy for `platform` (default: jax's default backend); prefill_score_bytes and
-    prefill_tokens 0 = the platform's default."""
+                   prefill_tokens: int = 0, decode_block: int = 0) -> SamplerBackend:
+    """The policy for `platform` (default: jax's default backend); prefill_score_bytes,
+    prefill_tokens and decode_block 0 = the platform's default."""
     platform = platform or jax.default_backend()
     cpu = platform == "cpu"
     return SamplerBackend(weight_first_max_rows=64 if cpu else 0,
                           weight_first_min_bytes=1 << 20,
                           prefill_score_bytes=prefill_score_bytes or ((8 << 20) if cpu else (256 << 20)),
-                          prefill_tokens=prefill_tokens or SamplerBackend.prefill_tokens)
+                          prefill_tokens=prefill_tokens or SamplerBackend.prefill_tokens,
+                          decode_block=decode_block or SamplerBackend.decode_block)

@@ -76,6 +76,9 @@ class SamplerConfig:
     # Row groups: a prefill runs at most this many chunk tokens (rows x chunk width) per call,
     # each group writing its own rows of the cache; 0 = the backend's default (backend.py)
     prefill_tokens: int = 0
+    # The key block of a decode step's bounded read (decode_window "used"): one loop iteration
+    # per filled block, at most one block read past the fill; 0 = the backend's default (512)
+    decode_block: int = 0
     # True: the samples of a prompt share one copy of its keys and values; False: every sample
     # holds its own copy (the copied layout, kept as the measured baseline of bench/sampler.py)
     shared_prefix: bool = True
@@ -246,7 +249,7 @@ class Sampler:
     its batch axes and each device encodes its own rows' frames."""
 
     def __init__(self, model: Qwen3VL, config: SamplerConfig = SamplerConfig(), mesh=None):
-        for field in ("attention_block_bytes", "prefill_tokens"):
+        for field in ("attention_block_bytes", "prefill_tokens", "decode_block"):
             if getattr(config, field) < 0:
                 raise ValueError(f"SamplerConfig.{field}={getattr(config, field)} "
                                  "must be >= 0 (0 = the backend's default)")
@@ -274,7 +277,7 @@ class Sampler:
         self._layout = (text.num_hidden_layers, text.num_key_value_heads, text.head_dim)
         self._weights = None
         self.backend = backend_policy(prefill_score_bytes=config.attention_block_bytes,
-                                      prefill_tokens=config.prefill_tokens)
+                                      prefill_tokens=config.prefill_tokens, decode_block=config.decode_block)
         self.decode_kernel = None  # the paged read, resolved (None: the contiguous read)
         if config.decode_cache == "paged":
             if config.decode_window != "used":

@@ -47,6 +47,12 @@ def test_decode_bench_smallest(tmp_path):
     assert "| paged, XLA " in out  # the paged read beside the contiguous one, outputs checked equal
 
 
+def test_prompt_packing_bench_smallest(tmp_path):
+    """The packed prompt prefill beside the padded one, same greedy tokens (else it exits non-zero)."""
+    out = run_bench(tmp_path, "prompt_packing.py", "--model", "toy", "--calls", "first_turn", "--repeats", "1")
+    assert "| first_turn | padded | 4 x 1024" in out and "| first_turn | packed |" in out
+
+
 def test_forward_bench_smallest(tmp_path):
     out = run_bench(tmp_path, "forward.py", "--presets", "tiny", "--batch", "1", "--length", "96",
                     "--repeats", "1")

@@ -142,3 +142,10 @@ def test_partial_attentions_record_their_cost():
     assert shared.flops == 4 * prompts * heads * head_dim * 2 * slots
     assert shared.bytes == 4 * head_dim * prompts * (2 * heads * 2 + 2 * kv_heads * slots)
     assert own.flops == 4 * rows * heads * head_dim * 1 * 32
+
+
+def test_decode_block_sets_the_bounded_reads_block(model):
+    assert Sampler(model).backend.decode_block == 512  # the backend's default
+    assert Sampler(model, SamplerConfig(decode_block=256)).backend.decode_block == 256
+    with pytest.raises(ValueError, match="decode_block=-1"):
+        Sampler(model, SamplerConfig(decode_block=-1))
