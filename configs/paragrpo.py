@@ -173,8 +173,13 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
         c.evals.held_out.concurrent = 2
         # the toy's 64x96 frames are 6 tokens: a K = 64 prompt is 930 tokens, an episode at
         # most ~1.7k, a 16-frame crop's sub-agent prompt 273 (rl/shapes.py's bounds assume
-        # full-size frames)
-        c.rl.shapes.prompt_width, c.rl.shapes.subagent_width, c.rl.shapes.train_width = 1024, 512, 2048
+        # full-size frames): sub-agent calls of 288 tokens a row, the tool responses in pieces of
+        # 128, and a call's prompts packed several to a row (the first turn's 4 and every
+        # sub-agent call: only their own tokens computed): the rollout 1.90 -> 1.31 s a step
+        # (docs/toy_task.md, the twentieth round)
+        c.rl.shapes.prompt_width, c.rl.shapes.subagent_width, c.rl.shapes.train_width = 1024, 288, 2048
+        c.rl.shapes.extend_width = 128
+        c.rl.sampler.prompt_packing = True
         # episodes packed into rows of 2,048 tokens, 2 rows a micro-batch (the 16 episodes of a
         # step fill 4-8 rows, not 16: a step of 5 rows computes 6 row slots, not 8 as at 4 rows a
         # micro-batch); a micro-batch's frames padded to 256. bench/rl_step.py: 5.32 -> 4.72 s a

@@ -18,7 +18,7 @@ from absl import logging
 
 from paravt_jax.agent.dispatch import CropDispatcher
 from paravt_jax.agent.rollout import Episode, run_rollouts
-from paravt_jax.cli.assembly import build_model, build_rollout_mesh, save_export, setup
+from paravt_jax.cli.assembly import build_model, build_rollout_mesh, check_rollout_sampler, save_export, setup
 from paravt_jax.cli.workdirs import claims_workdir, record_manifest
 from paravt_jax.episodes.episode_log import write_eval_episodes
 from paravt_jax.episodes.rewards import extract_answer
@@ -280,6 +280,9 @@ def run_command(run: RunConfig, workdir: str = "") -> dict:
     t0 = time.perf_counter()
     inputs = setup(run)
     model, tokenizer, eval_rows = inputs.model, inputs.tokenizer, inputs.eval_rows  # model: each phase's output
+    rollout_mesh = build_rollout_mesh(run) if run.rl.steps else None
+    if run.rl.steps:
+        check_rollout_sampler(run, model, rollout_mesh)  # before SFT, not after it
     manifest = run_manifest(run, inputs, workdir)
     logging.info(f"[run] workdir {storage.absolute(workdir)}; {len(inputs.sft.rows)} SFT rows, "
                  f"{len(inputs.rl_rows)} RL rows, {len(eval_rows)} held-out rows")
@@ -298,7 +301,7 @@ def run_command(run: RunConfig, workdir: str = "") -> dict:
                             evaluators=periodic_evaluators(run.rl, eval_rows,
                                                            output_dir=storage.join(workdir, "rl", "eval"),
                                                            data_dir=inputs.data_dir),
-                            rollout_mesh=build_rollout_mesh(run))
+                            rollout_mesh=rollout_mesh)
     model = distributed.local_model(model)  # multi-process: a whole copy on this process's devices
     summary = {"workdir": storage.absolute(workdir), "manifest": manifest, **phase_histories(workdir)}
     if not distributed.is_primary():  # process 0 alone saves, evaluates and writes the summary
@@ -346,11 +349,13 @@ def sft_command(run: RunConfig, workdir: str = ""):
 @claims_workdir("train")
 def train_command(run: RunConfig, workdir: str = ""):
     inputs = setup(run)
+    rollout_mesh = build_rollout_mesh(run)
+    check_rollout_sampler(run, inputs.model, rollout_mesh)
     run_manifest(run, inputs, workdir)
     return train_rl(inputs.model, inputs.tokenizer, inputs.rl_rows, workdir, run.rl,
                     evaluators=periodic_evaluators(run.rl, inputs.eval_rows,
                                                    output_dir=storage.join(workdir, "eval"), data_dir=inputs.data_dir),
-                    rollout_mesh=build_rollout_mesh(run))
+                    rollout_mesh=rollout_mesh)
 
 
 def export_command(run: RunConfig, workdir: str = ""):

@@ -27,6 +27,7 @@ tool-free trajectories answer from the overview alone (the tool-free evaluation'
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
 import os
@@ -299,12 +300,18 @@ def write_events_dataset(root: str, num_train: int = 384, num_eval: int = 48, se
         raise ValueError(f"events dataset: duration {duration} s outside [24, 600]")
     os.makedirs(os.path.join(root, "videos"), exist_ok=True)
     questions = make_questions(num_train + num_eval, seed, duration)
-    for q in questions:
+
+    def write(q: EventQuestion):
         path = os.path.join(root, "videos", q.video.name)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         if not os.path.exists(path):
             write_video(path, q.video.duration, list(q.video.events), fps, height, width, BACKGROUND_SEED,
                         SHAPE_SIZE)
+
+    # the encoder releases the GIL: every core writes videos (each file's bytes are its own:
+    # the same set, content hash and all, as one at a time; 2.6 against 4.8-6.6 s for 48 on 2 cores)
+    with concurrent.futures.ThreadPoolExecutor(max(os.cpu_count() or 1, 1)) as pool:
+        list(pool.map(write, questions))
     train, held_out = questions[:num_train], questions[num_train:]
     rng = np.random.default_rng(seed + 1)
     sft_rows = []

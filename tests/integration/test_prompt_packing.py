@@ -81,3 +81,21 @@ def test_prompt_packing_is_refused_on_a_mesh():
     model = init_model(preset("tiny"), seed=0, mesh=mesh)
     with pytest.raises(ValueError, match="prompt_packing runs unsharded only"):
         Sampler(model, SamplerConfig(prompt_packing=True), mesh=mesh)
+
+
+def test_a_run_with_packed_prompts_on_several_devices_is_refused_before_training():
+    """`paravt-jax run` / `train` check the rollout sampler against the rollouts' devices first
+    (cli/assembly.py), not at the first RL step after the cold start's SFT."""
+    from paravt_jax.cli.assembly import check_rollout_sampler
+    from paravt_jax.config import ConfigValueError
+    from paravt_jax.configs import paragrpo
+    from paravt_jax.run_config import build_run
+
+    run = build_run(paragrpo.get_config("toy"))
+    assert run.rl.sampler.prompt_packing
+    mesh = sh.make_mesh({"data": 2, "fsdp": 1, "tensor": 1}, devices=jax.devices()[:2])
+    model = init_model(preset("tiny"), seed=0, mesh=mesh)
+    with pytest.raises(ConfigValueError, match="rl.sampler.prompt_packing=True run unsharded only"):
+        check_rollout_sampler(run, model, None)
+    one = sh.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, devices=jax.devices()[:1])
+    check_rollout_sampler(run, model, one)  # sampling on a device of its own
