@@ -175,11 +175,12 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
         # most ~1.7k, a 16-frame crop's sub-agent prompt 273 (rl/shapes.py's bounds assume
         # full-size frames): sub-agent calls of 288 tokens a row, the tool responses in pieces of
         # 128, and a call's prompts packed several to a row (the first turn's 4 and every
-        # sub-agent call: only their own tokens computed): the rollout 1.90 -> 1.31 s a step
-        # (docs/toy_task.md, the twentieth round)
+        # sub-agent call: only their own tokens computed), and the decode's bounded read in blocks
+        # of 256 (a turn fills a few dozen slots of a 512 block): the rollout 1.90 -> 1.02 s a step
+        # (docs/toy_task.md, the twentieth and twenty-first rounds)
         c.rl.shapes.prompt_width, c.rl.shapes.subagent_width, c.rl.shapes.train_width = 1024, 288, 2048
         c.rl.shapes.extend_width = 128
-        c.rl.sampler.prompt_packing = True
+        c.rl.sampler.prompt_packing, c.rl.sampler.decode_block = True, 256
         # episodes packed into rows of 2,048 tokens, 2 rows a micro-batch (the 16 episodes of a
         # step fill 4-8 rows, not 16: a step of 5 rows computes 6 row slots, not 8 as at 4 rows a
         # micro-batch); a micro-batch's frames padded to 256. bench/rl_step.py: 5.32 -> 4.72 s a
