@@ -2,12 +2,14 @@
 same run, on the same prompts: a generate() call's seconds (its prefill and one sampled token),
 the token slots each computes, and whether both sample the same greedy tokens.
 
-Two calls of the toy RL rollout, with its fixed sizes (configs/paragrpo.py:toy, rl.shapes):
-  sub-agent   16 prompt rows of 288 tokens; prompts of 60-273 tokens (a crop of 1-16 frames)
-  first turn  4 prompt rows of 1,024 tokens; prompts of ~930, ~480 and ~100 tokens (K = 64, 32, 4)
+Calls of the toy RL rollout, with its fixed sizes (configs/paragrpo.py:toy, rl.shapes):
+  subagent       16 prompt rows of 288 tokens, 16 prompts of 152-208 tokens (a crop of 1-8 frames:
+                 152 tokens and 8 a frame; the toy's 4-second windows are 4 frames, 176)
+  subagent_part  the same call with 5 prompts (a round's last call: its other rows padding)
+  first_turn     4 prompt rows of 1,024 tokens; prompts of ~930, ~480 and ~100 tokens (K = 64, 32, 4)
 Text prompts of those lengths (the vision pass is the same in both layouts, and not timed here).
 
-    python bench/prompt_packing.py [--model CHECKPOINT|PRESET] [--repeats 5] [--calls subagent,first_turn]
+    python bench/prompt_packing.py [--model CHECKPOINT|PRESET] [--repeats 5] [--calls subagent,subagent_part,first_turn]
 
 The model: the toy main job's trained checkpoint (notebooks/assets/toy_paragrpo); a preset name
 runs it randomly initialised. Exits non-zero when the two layouts sample other tokens.
@@ -27,8 +29,9 @@ from common import machine, print_table  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOY = os.path.join(ROOT, "notebooks", "assets", "toy_paragrpo")
-# call -> (prompt rows, width, prompt lengths drawn as (low, high) or given)
-CALLS = {"subagent": (16, 288, (60, 274)), "first_turn": (4, 1024, [930, 480, 100, 104])}
+# call -> (prompt rows, width, prompt lengths drawn as (low, high, count) or given)
+CALLS = {"subagent": (16, 288, (152, 209, 16)), "subagent_part": (16, 288, (152, 209, 5)),
+         "first_turn": (4, 1024, [930, 480, 100, 104])}
 
 
 def load(name: str):
@@ -45,7 +48,8 @@ def call_prompts(call: str, seed: int):
     rows, _, lengths = CALLS[call]
     rng = np.random.default_rng(seed)
     if isinstance(lengths, tuple):
-        lengths = rng.integers(*lengths, rows).tolist()
+        low, high, count = lengths
+        lengths = rng.integers(low, high, count).tolist()
     return [encode_ids(rng.integers(0, 900, n).tolist(), 0) for n in lengths]
 
 
@@ -80,7 +84,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=TOY if os.path.isdir(TOY) else "toy")
     parser.add_argument("--repeats", type=int, default=5, help="timed calls per layout (the best is reported)")
-    parser.add_argument("--calls", default="subagent,first_turn")
+    parser.add_argument("--calls", default="subagent,subagent_part,first_turn")
     args = parser.parse_args(argv)
     calls = [c for c in args.calls.split(",") if c]
     unknown = [c for c in calls if c not in CALLS]
