@@ -183,14 +183,14 @@ class Scored:
 @dataclasses.dataclass
 class StepBatch:
     """The step's training data: the packed episodes, their micro-batch plan and the
-    micro-batches (vision inputs included), built once for every pass over them. With
-    rl.share_prompts, `shared` is the layout the micro-batches hold (its sequences packed as
-    `laid`) and `packed` the episodes whole, the layout the advantages are computed in."""
+    micro-batches (vision inputs included), built once for every pass over them. `packed`:
+    the episodes whole, the layout the advantages are computed in; `laid`: the sequences the
+    micro-batches hold, `packed` itself or, with rl.share_prompts, the `shared` layout's."""
     packed: Packed
     plan: MicroBatchPlan
     batches: list[TrainBatch]
+    laid: Packed
     shared: SharedPrompts | None = None
-    laid: Packed | None = None
 
     def to_batches(self, array: np.ndarray) -> list[np.ndarray]:
         """A per-token [N, T] array of the episodes -> one [rows, width] array per micro-batch."""
@@ -200,10 +200,8 @@ class StepBatch:
 
     def from_batches(self, parts: Sequence[np.ndarray]) -> np.ndarray:
         """The inverse of `to_batches`: per-micro-batch arrays -> [N, T] of the episodes."""
-        if self.shared is None:
-            return self.plan.merge(parts, self.packed.input_ids.shape[1])
         laid = self.plan.merge(parts, self.laid.input_ids.shape[1])
-        return self.shared.restore(laid, self.packed.input_ids.shape[1])
+        return laid if self.shared is None else self.shared.restore(laid, self.packed.input_ids.shape[1])
 
 
 @dataclasses.dataclass
@@ -343,7 +341,7 @@ class RLStep:
         batches = planned_micro_batches(laid, plan, self.vision,
                                         {"behaviour_logp": laid.extras["behaviour_logp"]},
                                         min_frames=shapes.train_frames, vision_shards=sh.batch_devices(self.step.mesh))
-        return StepBatch(packed, plan, batches, shared, laid)
+        return StepBatch(packed, plan, batches, laid, shared)
 
     def reference_logprobs(self, data: StepBatch) -> np.ndarray:
         """[N, T] the frozen reference policy's log-probs (zeros without the KL term)."""

@@ -90,8 +90,8 @@ class SharedPrompts:
     def derive(self, array: np.ndarray, width: int) -> np.ndarray:
         """A per-token [N, T] array of the original sequences -> [N', width] of the layout's."""
         out = np.zeros((len(self.sequences), width), array.dtype)
-        for j, (src, start, stop) in enumerate(zip(self.sources, self.starts, self.stops)):
-            out[j, :stop - start] = array[src[0], start:stop]
+        for j, piece in enumerate(self.pieces(list(array))):
+            out[j, :len(piece)] = piece
         return out
 
     def restore(self, array: np.ndarray, width: int) -> np.ndarray:
