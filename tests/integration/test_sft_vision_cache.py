@@ -84,8 +84,10 @@ def test_features_feed_the_step_as_the_pixels_do(sequences):
     (g2, t2, n2), _ = step._gradients(state.params, fed)
     assert int(n1) == int(n2)
     np.testing.assert_allclose(float(t1), float(t2), rtol=1e-6)
+    # float32 sums in another order: on an AVX2 host one element of 64,000 differed by 1.05e-6
+    # (2026-12-07), just past 1e-6
     for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=2e-6)
 
 
 def test_features_in_vision_shards_on_a_mesh(sequences):
