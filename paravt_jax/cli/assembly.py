@@ -64,13 +64,7 @@ def check_rollout_sampler(run: RunConfig, model, rollout_mesh) -> None:
     prefill and the paged decode run unsharded only (the rollouts' devices: `rollout_mesh`, else
     the model's)."""
     mesh = rollout_mesh if rollout_mesh is not None else distributed.model_mesh(model)
-    devices = 1 if mesh is None else mesh.size
-    sampler = run.rl.sampler
-    unsharded = [name for name, on in (("rl.sampler.prompt_packing=True", sampler.prompt_packing),
-                                       ("rl.sampler.decode_cache='paged'", sampler.decode_cache == "paged")) if on]
-    if unsharded and devices > 1:
-        raise ConfigValueError(f"{' and '.join(unsharded)} run unsharded only, and the rollouts' mesh has {devices} "
-                               "devices: set them off, or sample on one device (mesh.rollout_devices=1)")
+    run.rl.sampler.check_devices(1 if mesh is None else mesh.size, prefix="rl.sampler.")
 
 
 def _split_devices(run: RunConfig, held: int) -> tuple[list, list]:

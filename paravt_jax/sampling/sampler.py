@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from paravt_jax.config import set_by
+from paravt_jax.config import ConfigValueError, set_by
 from paravt_jax.infra import distributed as dist
 from paravt_jax.infra import sharding as sh
 from paravt_jax.infra.buckets import bucket, fit
@@ -123,6 +123,20 @@ class SamplerConfig:
     # False: one right-padded row per prompt. The same cache either way; the attention's sums run
     # in other blocks (other bits). Unsharded samplers only
     prompt_packing: bool = False
+
+    def unsharded_only(self) -> tuple[str, ...]:
+        """The settings on which this sampler runs only on one device (the packed prompt rows and the
+        paged decode's pools are not split over a mesh), each as `field=value`."""
+        return tuple(name for name, on in (("prompt_packing=True", self.prompt_packing),
+                                           ("decode_cache='paged'", self.decode_cache == "paged")) if on)
+
+    def check_devices(self, devices: int, prefix: str = "SamplerConfig.") -> None:
+        """Refuses the settings of `unsharded_only` on a mesh of `devices` > 1, naming each field
+        with `prefix` (the config section that holds this sampler)."""
+        if devices > 1 and (fields := self.unsharded_only()):
+            raise ConfigValueError(f"{' and '.join(prefix + f for f in fields)} run unsharded only (the packed "
+                                   f"prompt rows and the page pools are not split over a mesh), and the mesh has "
+                                   f"{devices} devices: set them off, or sample on one device")
 
 
 def vision_split(config: SamplerConfig, mesh, shards: int) -> int:
@@ -283,13 +297,8 @@ class Sampler:
             if config.decode_window != "used":
                 raise ValueError(f"SamplerConfig.decode_cache='paged' reads each row up to its length: "
                                  f"decode_window={config.decode_window!r} must be 'used'")
-            if self.mesh is not None and self.mesh.size > 1:
-                raise ValueError("SamplerConfig.decode_cache='paged' runs unsharded only (the page pools and "
-                                 f"kernels are not split over a mesh); this mesh has {self.mesh.size} devices")
             self.decode_kernel = kernel
-        if config.prompt_packing and self.mesh is not None and self.mesh.size > 1:
-            raise ValueError("SamplerConfig.prompt_packing runs unsharded only (the packed rows are not split over "
-                             f"the mesh's cache rows); this mesh has {self.mesh.size} devices")
+        config.check_devices(1 if self.mesh is None else self.mesh.size)
 
     @property
     def weights(self) -> DecodeWeights:

@@ -79,7 +79,7 @@ def test_packed_calls_compile_every_row_count_on_their_first_call(model):
 def test_prompt_packing_is_refused_on_a_mesh():
     mesh = sh.make_mesh({"data": 2, "fsdp": 1, "tensor": 1}, devices=jax.devices()[:2])
     model = init_model(preset("tiny"), seed=0, mesh=mesh)
-    with pytest.raises(ValueError, match="prompt_packing runs unsharded only"):
+    with pytest.raises(ValueError, match="SamplerConfig.prompt_packing=True run unsharded only"):
         Sampler(model, SamplerConfig(prompt_packing=True), mesh=mesh)
 
 

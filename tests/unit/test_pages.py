@@ -121,3 +121,20 @@ def test_decode_kernel_resolution():
     with compile_platform("cpu"):  # auto on CPU: the XLA read
         np.testing.assert_array_equal(np.asarray(PG.paged_read(q, layer, table)),
                                       np.asarray(PG.xla_read(q, layer, table)[0]))
+
+
+def test_unsharded_only_settings_are_refused_on_a_mesh_naming_their_fields():
+    """One rule, used by the Sampler and by `run`/`train` before SFT (cli/assembly.py)."""
+    from paravt_jax.config import ConfigValueError
+    from paravt_jax.sampling.sampler import SamplerConfig
+
+    both = SamplerConfig(prompt_packing=True, decode_cache="paged")
+    assert both.unsharded_only() == ("prompt_packing=True", "decode_cache='paged'")
+    assert SamplerConfig().unsharded_only() == ()
+    both.check_devices(1)
+    SamplerConfig().check_devices(8)
+    expected = r"rl\.sampler\.prompt_packing=True and rl\.sampler\.decode_cache='paged' run unsharded only .* 4 devices"
+    with pytest.raises(ConfigValueError, match=expected):
+        both.check_devices(4, prefix="rl.sampler.")
+    with pytest.raises(ConfigValueError, match=r"^SamplerConfig\.decode_cache='paged' run unsharded only"):
+        SamplerConfig(decode_cache="paged").check_devices(2)
