@@ -15,14 +15,30 @@ share it (measured in docs/benchmarks.md#reproducibility), on a larger machine s
 (the manifest records it, and `paravt-jax report` names the difference). Accelerator programs do
 not run on that pool: GPU and TPU runs are unaffected.
 
+**The vector extension.** XLA:CPU's kernels are picked for the host: oneDNN's matrix products
+(those with a transposed left operand, as every weight gradient has) dispatch on the CPU's
+widest extension at run time, and an AVX-512 host sums them in another order than an AVX2 host;
+the reciprocal square root (every RMSNorm) is XLA's "platform-dependent math", a hardware
+estimate (`vrsqrt14ps` on AVX-512, `vrsqrtps` on AVX2, whose bits differ between vendors) refined
+by a Newton step. On 2026-12-07 an AVX2 host and an AVX-512 host ran the same main job into
+cold starts 0.04-0.05 apart. `fix_cpu_isa` (called when the package is imported) therefore pins
+one extension, CPU_ISA, on every x86-64 host: ONEDNN_MAX_CPU_ISA=AVX2 and XLA's
+`--xla_cpu_max_isa=AVX2` (LLVM's own code), and `--xla_cpu_enable_platform_dependent_math=false`
+on every host (the square root and a division: IEEE-exact everywhere). Measured: every probe
+program and the toy's SFT steps give an AVX-512 host's bits on an emulated AVX2 CPU (qemu,
+`bench/cpu_isa.py`). `PARAVT_CPU_ISA=native` leaves the host's own choice, for speed, knowing
+that numbers then match only hosts with the same `cpu.isa`; a setting already in the
+environment is kept. A host older than AVX2 with FMA computes other bits (recorded: `cpu.isa`).
+
 **The manifest** (`manifest()`): commit and dirty flag, the lock file's hash and whether the
 installed packages match it, the numeric packages' versions, Python, platform, the JAX device
 kind and count, the CPU model and vector extension, the usable CPU count and XLA:CPU's thread
 count, glibc's allocator settings (GLIBC_TUNABLES: speed only), XLA_FLAGS, the data's content
 hash and the seed. `differences()` lists the fields in which two manifests differ, those that
 may change a number first. Not fixed, only recorded: another CPU
-architecture or vector extension (SSE-only code rounds otherwise; `cpu.isa`), another package set
-(`lock`, `packages`), another PJRT_NPROC (`cpu.xla_threads`).
+architecture (ARM's kernels are their own; `platform`), an x86 host without AVX2 (`cpu.isa`), the
+pin turned off (`cpu.kernels`: the extension the kernels use), another package set (`lock`,
+`packages`), another PJRT_NPROC (`cpu.xla_threads`).
 """
 from __future__ import annotations
 
@@ -47,10 +63,15 @@ NUMERIC_PACKAGES = ("jax", "jaxlib", "libtpu", "jax-cuda12-plugin", "jax-cuda12-
                     "decord", "av", "pillow", "pyarrow", "grain", "tensorflow-datasets", "torch")
 # Fields whose difference may change a metric; the rest (paths, hostnames) only describe.
 NUMERIC_FIELDS = ("commit", "dirty", "lock.sha256", "lock.matches", "packages.", "device.", "cpu.xla_threads",
-                  "cpu.isa", "xla_flags", "data.", "seed", "python")
-# x86 vector extensions, widest first: XLA:CPU compiles for the host's, and SSE-only code gives
-# other bits than AVX2's (AVX2 and AVX-512 agreed on every program measured)
+                  "cpu.kernels", "xla_flags", "data.", "seed", "python")
+# x86 vector extensions, widest first (the manifest's `cpu.isa`)
 ISA_FLAGS = ("avx512f", "avx2", "avx", "sse4_2")
+# The extension every x86-64 host computes with (fix_cpu_isa); PARAVT_CPU_ISA=native: the host's own
+CPU_ISA = "AVX2"
+CPU_ISA_ENV = "PARAVT_CPU_ISA"
+ONEDNN_ISA_ENV = "ONEDNN_MAX_CPU_ISA"  # read by oneDNN when it first dispatches a kernel
+MAX_ISA_FLAG = "--xla_cpu_max_isa"
+EXACT_MATH_FLAG = "--xla_cpu_enable_platform_dependent_math"
 
 
 def fix_cpu_threads(environ: dict | None = None) -> str:
@@ -61,6 +82,33 @@ def fix_cpu_threads(environ: dict | None = None) -> str:
     if not value.isdigit() or int(value) < 1:
         raise ValueError(f"{CPU_THREADS_ENV}={value!r}: expected a positive thread count")
     return value
+
+
+def x86_host(machine: str | None = None) -> bool:
+    return (machine or platform.machine()).lower() in ("x86_64", "amd64")
+
+
+def fix_cpu_isa(environ: dict | None = None, machine: str | None = None) -> str:
+    """Pins XLA:CPU's kernels to one vector extension (see the module's docstring) unless
+    PARAVT_CPU_ISA=native: on x86-64, ONEDNN_MAX_CPU_ISA and XLA's max ISA set to CPU_ISA, and on
+    every host the platform-dependent math off, each only where the environment does not already
+    name it. Returns the pin ("AVX2", "native", or "exact math" off x86). Effective only before
+    JAX starts its CPU client and oneDNN its first kernel."""
+    environ = os.environ if environ is None else environ
+    pin = environ.get(CPU_ISA_ENV, CPU_ISA)
+    if pin == "native":
+        return pin
+    if pin != CPU_ISA:
+        raise ValueError(f"{CPU_ISA_ENV}={pin!r}: expected {CPU_ISA!r} (the default) or 'native'")
+    flags = environ.get("XLA_FLAGS", "").split()
+    named = {flag.split("=", 1)[0] for flag in flags}
+    extra = [f"{EXACT_MATH_FLAG}=false"]
+    if x86_host(machine):
+        extra.append(f"{MAX_ISA_FLAG}={CPU_ISA}")
+        environ.setdefault(ONEDNN_ISA_ENV, CPU_ISA)
+    flags += [flag for flag in extra if flag.split("=", 1)[0] not in named]
+    environ["XLA_FLAGS"] = " ".join(flags)
+    return CPU_ISA if x86_host(machine) else "exact math"
 
 
 def git_state(directory: str = REPOSITORY) -> dict[str, Any]:
@@ -149,6 +197,16 @@ def cpu_isa() -> str:
     return next((isa for isa in ISA_FLAGS if isa in flags), platform.machine())
 
 
+def kernel_isa(environ: Mapping[str, str] | None = None, machine: str | None = None) -> str:
+    """The vector extension XLA:CPU's kernels compute with: CPU_ISA (lower case) where the pin
+    (fix_cpu_isa) holds on a host that has it, else the host's own (`cpu_isa`)."""
+    environ = os.environ if environ is None else environ
+    host = cpu_isa()
+    pinned = (x86_host(machine) and environ.get(ONEDNN_ISA_ENV) == CPU_ISA
+              and f"{MAX_ISA_FLAG}={CPU_ISA}" in environ.get("XLA_FLAGS", "").split())
+    return CPU_ISA.lower() if pinned and host in ("avx512f", "avx2") else host
+
+
 def usable_cpus() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -175,6 +233,7 @@ def manifest(seed: int | None = None, data: Mapping[str, Any] | None = None) -> 
         "device": device_state(),
         "cpu": {"model": cpu_model(), "isa": cpu_isa(), "usable": usable_cpus(),
                 "xla_threads": os.environ.get(CPU_THREADS_ENV, "unset (one per usable CPU)"),
+                "kernels": kernel_isa(),
                 "malloc": os.environ.get("GLIBC_TUNABLES", "")},
         "xla_flags": " ".join(sorted(os.environ.get("XLA_FLAGS", "").split())),
         "data": dict(data or {}),

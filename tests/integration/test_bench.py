@@ -138,6 +138,16 @@ def test_cpu_threads_bench_smallest(tmp_path, builtin_root):
     assert len(fixed) == 2 and all(line.rstrip(" |").endswith("yes") for line in fixed), out
 
 
+def test_cpu_isa_bench_smallest(tmp_path, builtin_root):
+    """Two arms (the pinned vector extension and the host's own) of 2 tiny SFT steps: the table,
+    the pinned arm its own reference. (--emulate needs QEMU: measured in docs/benchmarks.md.)"""
+    out = run_bench(tmp_path, "cpu_isa.py", "--config", os.path.join(ROOT, "configs/paragrpo.py:tiny"),
+                    "--steps", "2", f"--extra=--config.data.builtin_root={builtin_root} --config.sft.batch_size=2")
+    assert "XLA:CPU vector extension" in out
+    rows = [line for line in out.splitlines() if line.startswith("| pinned") or line.startswith("| native")]
+    assert len(rows) == 2 and rows[0].rstrip(" |").endswith("yes (2 steps)"), out
+
+
 def test_host_pages_bench_smallest(tmp_path, builtin_root):
     """Two tiny SFT steps with glibc's default allocator and with huge pages: the table, and
     the huge-page run's metrics equal the default's bit for bit."""

@@ -31,7 +31,8 @@ def numbers(record: dict) -> dict:
 
 def plain_env(**extra) -> dict:
     """The main job's environment: no fake devices, no fast-compile flag (the suite's)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", reproducibility.CPU_THREADS_ENV)}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("XLA_FLAGS", reproducibility.CPU_THREADS_ENV, reproducibility.ONEDNN_ISA_ENV)}
     env.update(JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, **extra)
     return env
 
@@ -54,6 +55,54 @@ def test_fix_cpu_threads_sets_the_constant_unless_the_environment_names_one():
     with pytest.raises(ValueError, match="PJRT_NPROC='two'"):
         reproducibility.fix_cpu_threads({"PJRT_NPROC": "two"})
     assert os.environ["PJRT_NPROC"] == str(reproducibility.CPU_THREADS)  # importing the package set it
+
+
+def test_fix_cpu_isa_pins_avx2_kernels_and_exact_math_unless_told_otherwise():
+    R = reproducibility
+    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    assert R.fix_cpu_isa(env, machine="x86_64") == "AVX2"
+    assert env["XLA_FLAGS"].split() == ["--xla_force_host_platform_device_count=8",
+                                        "--xla_cpu_enable_platform_dependent_math=false", "--xla_cpu_max_isa=AVX2"]
+    assert env["ONEDNN_MAX_CPU_ISA"] == "AVX2"
+    assert R.fix_cpu_isa(env, machine="x86_64") == "AVX2" and env["XLA_FLAGS"].count("max_isa") == 1  # idempotent
+    assert R.kernel_isa(env, machine="x86_64") == ("avx2" if R.cpu_isa() in ("avx512f", "avx2") else R.cpu_isa())
+    # the environment's own settings are kept; off x86 only the exact math
+    env = {"XLA_FLAGS": "--xla_cpu_max_isa=AVX512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}
+    R.fix_cpu_isa(env, machine="x86_64")
+    assert env == {"XLA_FLAGS": "--xla_cpu_max_isa=AVX512 --xla_cpu_enable_platform_dependent_math=false",
+                   "ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}
+    assert R.kernel_isa(env, machine="x86_64") == R.cpu_isa()
+    env = {}
+    assert R.fix_cpu_isa(env, machine="aarch64") == "exact math"
+    assert env == {"XLA_FLAGS": "--xla_cpu_enable_platform_dependent_math=false"}
+    assert R.fix_cpu_isa(env := {"PARAVT_CPU_ISA": "native"}) == "native" and env == {"PARAVT_CPU_ISA": "native"}
+    with pytest.raises(ValueError, match="PARAVT_CPU_ISA='avx512'"):
+        R.fix_cpu_isa({"PARAVT_CPU_ISA": "avx512"})
+    # importing the package pinned this process
+    assert "--xla_cpu_enable_platform_dependent_math=false" in os.environ["XLA_FLAGS"].split()
+
+
+TRANSPOSED_DOT = ("import hashlib, numpy as np, paravt_jax, jax, jax.numpy as jnp; "
+                  "x = jax.random.normal(jax.random.PRNGKey(1), (96, 128), jnp.float32); "
+                  "print(hashlib.sha256(np.asarray(jax.jit(lambda x: x.T @ x)(x)).tobytes()).hexdigest())")
+
+
+def test_the_pin_reaches_onednn_and_xla():
+    """A product with a transposed left operand (a weight gradient's) runs in oneDNN, which picks
+    its kernel by the host's extension: on an AVX-512 host the pin changes its bits (so the pin is
+    in force; on an AVX2 host both are its AVX2 kernel); the exact math changes an RMSNorm's
+    reciprocal square root on any x86 host."""
+    if not reproducibility.x86_host():
+        pytest.skip("the pin's extension is x86-64's")
+    def run(program, pin):
+        return subprocess.run([sys.executable, "-c", program], env=plain_env(PARAVT_CPU_ISA=pin),
+                              capture_output=True, text=True, timeout=120, check=True).stdout.strip()
+    if reproducibility.cpu_isa() == "avx512f":
+        assert run(TRANSPOSED_DOT, "AVX2") != run(TRANSPOSED_DOT, "native")
+    elif reproducibility.cpu_isa() == "avx2":
+        assert run(TRANSPOSED_DOT, "AVX2") == run(TRANSPOSED_DOT, "native")
+    rsqrt = TRANSPOSED_DOT.replace("lambda x: x.T @ x", "lambda x: jax.lax.rsqrt(x * x + 1)")
+    assert run(rsqrt, "AVX2") != run(rsqrt, "native")
 
 
 def test_a_float32_sum_follows_the_thread_count_not_the_cores():
