@@ -22,17 +22,15 @@ import argparse
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from common import print_table  # noqa: E402
-from cpu_threads import read_run  # noqa: E402
+from cpu_threads import run_sft  # noqa: E402
 from paravt_jax.infra import reproducibility as R  # noqa: E402
 
 # the environment the pin writes (an arm starts from none of it, so each sets its own)
@@ -42,16 +40,7 @@ PIN_ENV = (R.CPU_ISA_ENV, R.ONEDNN_ISA_ENV, "XLA_FLAGS")
 def run_arm(pin: str, emulate: str, steps: int, args, workdir: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in PIN_ENV}
     env.update(PYTHONPATH=ROOT, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", **{R.CPU_ISA_ENV: pin})
-    command = [sys.executable, "-m", "paravt_jax.cli", "sft", f"--config={args.config}",
-               f"--config.sft.steps={steps}", f"--workdir={workdir}", *args.extra.split()]
-    if emulate:
-        command = ["qemu-x86_64", "-cpu", emulate, *command]
-    start = time.perf_counter()
-    done = subprocess.run(command, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - start
-    if done.returncode != 0:
-        raise SystemExit(f"cpu_isa: {' '.join(command)} failed:\n{done.stderr[-3000:]}")
-    return {"wall": wall, **read_run(workdir)}
+    return run_sft(["qemu-x86_64", "-cpu", emulate] if emulate else [], env, args, steps, workdir)
 
 
 def main(argv=None):

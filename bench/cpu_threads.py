@@ -46,17 +46,23 @@ def read_run(workdir: str, phase: str = "sft") -> dict:
     return {"step": statistics.median(steps), "numbers": [numbers(r) for r in records]}
 
 
-def run_arm(cores: str, threads: int, args, workdir: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != reproducibility.CPU_THREADS_ENV}
-    env.update(PYTHONPATH=ROOT, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", PJRT_NPROC=str(threads))
-    command = ["taskset", "-c", cores, sys.executable, "-m", "paravt_jax.cli", "sft", f"--config={args.config}",
-               f"--config.sft.steps={args.steps}", f"--workdir={workdir}", *args.extra.split()]
+def run_sft(prefix: list[str], env: dict, args, steps: int, workdir: str) -> dict:
+    """`steps` SFT steps of args.config (+ args.extra) in a fresh process started under `prefix`
+    (taskset, an emulator) with `env`: its wall seconds and `read_run`."""
+    command = [*prefix, sys.executable, "-m", "paravt_jax.cli", "sft", f"--config={args.config}",
+               f"--config.sft.steps={steps}", f"--workdir={workdir}", *args.extra.split()]
     start = time.perf_counter()
     done = subprocess.run(command, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - start
     if done.returncode != 0:
-        raise SystemExit(f"cpu_threads: {' '.join(command)} failed:\n{done.stderr[-3000:]}")
+        raise SystemExit(f"{os.path.basename(sys.argv[0])}: {' '.join(command)} failed:\n{done.stderr[-3000:]}")
     return {"wall": wall, **read_run(workdir)}
+
+
+def run_arm(cores: str, threads: int, args, workdir: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != reproducibility.CPU_THREADS_ENV}
+    env.update(PYTHONPATH=ROOT, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", PJRT_NPROC=str(threads))
+    return run_sft(["taskset", "-c", cores], env, args, args.steps, workdir)
 
 
 def main(argv=None):
