@@ -72,6 +72,9 @@ CPU_ISA_ENV = "PARAVT_CPU_ISA"
 ONEDNN_ISA_ENV = "ONEDNN_MAX_CPU_ISA"  # read by oneDNN when it first dispatches a kernel
 MAX_ISA_FLAG = "--xla_cpu_max_isa"
 EXACT_MATH_FLAG = "--xla_cpu_enable_platform_dependent_math"
+# XLA aborts a process on a flag it does not know: the pin's flags are set only for jaxlib
+# releases known to have them (0.10.2 checked here; the exact-math flag is DebugOptions field 425)
+PIN_JAXLIB = (0, 10)
 
 
 def fix_cpu_threads(environ: dict | None = None) -> str:
@@ -84,6 +87,14 @@ def fix_cpu_threads(environ: dict | None = None) -> str:
     return value
 
 
+def pin_supported(jaxlib: str | None) -> bool:
+    """Whether a jaxlib release knows the pin's XLA flags (PIN_JAXLIB or newer)."""
+    try:
+        return jaxlib is not None and tuple(int(p) for p in jaxlib.split(".")[:2]) >= PIN_JAXLIB
+    except ValueError:
+        return False
+
+
 def x86_host(machine: str | None = None) -> bool:
     return (machine or platform.machine()).lower() in ("x86_64", "amd64")
 
@@ -92,14 +103,17 @@ def fix_cpu_isa(environ: dict | None = None, machine: str | None = None) -> str:
     """Pins XLA:CPU's kernels to one vector extension (see the module's docstring) unless
     PARAVT_CPU_ISA=native: on x86-64, ONEDNN_MAX_CPU_ISA and XLA's max ISA set to CPU_ISA, and on
     every host the platform-dependent math off, each only where the environment does not already
-    name it. Returns the pin ("AVX2", "native", or "exact math" off x86). Effective only before
-    JAX starts its CPU client and oneDNN its first kernel."""
+    name it. Returns the pin ("AVX2", "native", or "exact math" off x86); "native" too under a
+    jaxlib older than PIN_JAXLIB, which would abort on the flags. Effective only before JAX starts
+    its CPU client and oneDNN its first kernel."""
     environ = os.environ if environ is None else environ
     pin = environ.get(CPU_ISA_ENV, CPU_ISA)
     if pin == "native":
         return pin
     if pin != CPU_ISA:
         raise ValueError(f"{CPU_ISA_ENV}={pin!r}: expected {CPU_ISA!r} (the default) or 'native'")
+    if not pin_supported(installed_version("jaxlib")):
+        return "native"
     flags = environ.get("XLA_FLAGS", "").split()
     named = {flag.split("=", 1)[0] for flag in flags}
     extra = [f"{EXACT_MATH_FLAG}=false"]

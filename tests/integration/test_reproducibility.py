@@ -78,6 +78,9 @@ def test_fix_cpu_isa_pins_avx2_kernels_and_exact_math_unless_told_otherwise():
     assert R.fix_cpu_isa(env := {"PARAVT_CPU_ISA": "native"}) == "native" and env == {"PARAVT_CPU_ISA": "native"}
     with pytest.raises(ValueError, match="PARAVT_CPU_ISA='avx512'"):
         R.fix_cpu_isa({"PARAVT_CPU_ISA": "avx512"})
+    # jaxlib releases older than the flags: nothing set (XLA would abort on an unknown flag)
+    assert [R.pin_supported(v) for v in ("0.10.2", "0.11.2", "1.0", "0.9.1", "0.4.38", None, "dev")] == [
+        True, True, True, False, False, False, False]
     # importing the package pinned this process
     assert "--xla_cpu_enable_platform_dependent_math=false" in os.environ["XLA_FLAGS"].split()
 
