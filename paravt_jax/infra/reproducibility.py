@@ -212,12 +212,14 @@ def cpu_isa() -> str:
 
 
 def kernel_isa(environ: Mapping[str, str] | None = None, machine: str | None = None) -> str:
-    """The vector extension XLA:CPU's kernels compute with: CPU_ISA (lower case) where the pin
-    (fix_cpu_isa) holds on a host that has it, else the host's own (`cpu_isa`)."""
+    """The vector extension XLA:CPU's kernels compute with: CPU_ISA (lower case) where the whole
+    pin (fix_cpu_isa: oneDNN, LLVM and the exact math) holds on a host that has it, else the
+    host's own (`cpu_isa`)."""
     environ = os.environ if environ is None else environ
     host = cpu_isa()
+    flags = environ.get("XLA_FLAGS", "").split()
     pinned = (x86_host(machine) and environ.get(ONEDNN_ISA_ENV) == CPU_ISA
-              and f"{MAX_ISA_FLAG}={CPU_ISA}" in environ.get("XLA_FLAGS", "").split())
+              and {f"{MAX_ISA_FLAG}={CPU_ISA}", f"{EXACT_MATH_FLAG}=false"} <= set(flags))
     return CPU_ISA.lower() if pinned and host in ("avx512f", "avx2") else host
 
 

@@ -66,6 +66,7 @@ def test_fix_cpu_isa_pins_avx2_kernels_and_exact_math_unless_told_otherwise():
     assert env["ONEDNN_MAX_CPU_ISA"] == "AVX2"
     assert R.fix_cpu_isa(env, machine="x86_64") == "AVX2" and env["XLA_FLAGS"].count("max_isa") == 1  # idempotent
     assert R.kernel_isa(env, machine="x86_64") == ("avx2" if R.cpu_isa() in ("avx512f", "avx2") else R.cpu_isa())
+    assert R.kernel_isa(dict(env, XLA_FLAGS="--xla_cpu_max_isa=AVX2"), machine="x86_64") == R.cpu_isa()  # partial
     # the environment's own settings are kept; off x86 only the exact math
     env = {"XLA_FLAGS": "--xla_cpu_max_isa=AVX512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}
     R.fix_cpu_isa(env, machine="x86_64")
