@@ -36,12 +36,18 @@ def merge(graphdef: HashOnce, params):
     return nnx.merge(graphdef.value, params)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "mesh"))
-def vision(graphdef, params, pixel_values, meta, mesh=None):
+@functools.partial(jax.jit, static_argnames=("graphdef", "mesh", "feature_rows"))
+def vision(graphdef, params, pixel_values, meta, mesh=None, feature_rows: int = 0):
     """The vision tower over one row group's frames: pixel_values [N, patch_dim] (one pass) or
     [S, N, patch_dim] (one pass per shard of rows, Sampler.vision_inputs); with `mesh` the
-    features [S, Nv, D] and DeepStack [n_ds, S, Nv, D] stay split by shard over its batch axes."""
+    features [S, Nv, D] and DeepStack [n_ds, S, Nv, D] stay split by shard over its batch axes.
+    `feature_rows` > Nv (one pass only): the features padded with zero rows to that many (a pass
+    over fewer blank frames gives the features the shape of the call's fixed frame count)."""
     embeds, deepstack = merge(graphdef, params).encode_vision(pixel_values, *meta)
+    if feature_rows > embeds.shape[0]:
+        extra = feature_rows - embeds.shape[0]
+        embeds = jnp.pad(embeds, ((0, extra), (0, 0)))
+        deepstack = jnp.pad(deepstack, ((0, 0), (0, extra), (0, 0)))
     if mesh is not None:
         embeds, deepstack = sh.row_constraint(mesh)(embeds), sh.row_constraint(mesh, batch_axis=1)(deepstack)
     return embeds, deepstack

@@ -30,6 +30,7 @@ from paravt_jax.infra import sharding as sh
 from paravt_jax.infra.buckets import bucket, fit
 from paravt_jax.models.qwen3_vl.model import Qwen3VL
 from paravt_jax.models.qwen3_vl.text import KVCache
+from paravt_jax.models.qwen3_vl.vision import frame_buckets, frame_counts, pad_frames_to, vision_layout
 from paravt_jax.sampling import decode as decode_program
 from paravt_jax.sampling import pages, programs
 from paravt_jax.sampling import prefill as prefill_program
@@ -57,7 +58,7 @@ from paravt_jax.sampling.params import SamplingParams
 from paravt_jax.sampling.prefill import PackedChunk, PackedPlan, PrefillChunk, PrefillPlan
 from paravt_jax.sampling.programs import grow_suffix
 from paravt_jax.text.inputs import ModelInputs, encode_ids
-from paravt_jax.train.batch import shard_vision
+from paravt_jax.train.batch import feature_rows, shard_vision
 
 PREFILL_WINDOWS = ("used", "capacity")
 
@@ -123,6 +124,11 @@ class SamplerConfig:
     # False: one right-padded row per prompt. The same cache either way; the attention's sums run
     # in other blocks (other bits). Unsharded samplers only
     prompt_packing: bool = False
+    # True: a packed prompt prefill's vision pass runs over the fewest of a quarter, half or all of
+    # the call's fixed frames that hold its frames (sampler.vision_floors), its features padded with
+    # zero rows to the fixed count; False: over the fixed count (blank frames encoded too). The same
+    # features for the real frames either way
+    vision_buckets: bool = True
 
     def unsharded_only(self) -> tuple[str, ...]:
         """The settings on which this sampler runs only on one device (the packed prompt rows and the
@@ -190,6 +196,24 @@ def packed_rows(rows: int) -> tuple[int, ...]:
     the fewest of a quarter, half or all of them that hold its prompts, so that a run's calls
     compile at most three programs a call shape, all when the shape is first used."""
     return tuple(sorted({-(-rows // 4), -(-rows // 2), rows}))
+
+
+# The (graphdef, frame sizes, fixed frames) of the packed prefills' vision passes whose floors are
+# compiled (Sampler.packed_chunk), as PACKED_SHAPES for the row counts.
+VISION_SHAPES: set = set()
+
+
+def vision_floors(frames: int) -> tuple[int, ...]:
+    """The frame counts a packed prefill's vision pass of at most `frames` frames a size is padded
+    to (SamplerConfig.vision_buckets): a quarter, half or all of them, as packed_rows."""
+    return tuple(sorted({-(-frames // 4), -(-frames // 2), frames}))
+
+
+def vision_floor(counts: dict[tuple[int, int], int], frames: int) -> int:
+    """The fewest of `vision_floors(frames)` that hold every size's frames (`counts`) rounded up
+    to a power of two; beyond `frames`, that power of two (the call's own bucket)."""
+    need = max(frame_buckets(counts).values(), default=1)
+    return min((floor for floor in vision_floors(frames) if floor >= need), default=need)
 
 
 def empty_rows(chunk: PackedChunk, packed: int, rows: int) -> PackedChunk:
@@ -530,10 +554,26 @@ class Sampler:
             slot_index[row, start:stop] = np.arange(prompt.length)
             last[p] = row * width + max(stop - 1, start)
         placements = [(row, start, prompt) for prompt, (row, start) in zip(prompts, places)]
-        visual_index, pixels, meta = shard_vision(placements, packed, width, self.model.config.vision, frames, 1)
+        vision_config = self.model.config.vision
+        counts = frame_counts(np.concatenate([np.asarray(g, np.int64).reshape(-1, 3) for p in prompts
+                                              for g in (p.image_grid_thw, p.video_grid_thw) if g is not None]
+                                             or [np.zeros((0, 3), np.int64)]))
+        floor = vision_floor(counts, frames) if self.config.vision_buckets else frames
+        visual_index, pixels, meta = shard_vision(placements, packed, width, vision_config, floor, 1)
         embeds = deepstack = None
         if pixels is not None:
-            embeds, deepstack = programs.vision(self.graphdef, self.params, pixels, meta, None)
+            # the features padded to the call's fixed frame count: the prefill's shape is one
+            rows_out = feature_rows(frame_buckets(counts, frames), vision_config)
+            shape = (self.graphdef, tuple(sorted(counts)), frames)
+            if self.config.vision_buckets and shape not in VISION_SHAPES:  # compile every floor on first use
+                VISION_SHAPES.add(shape)
+                for other in vision_floors(frames):
+                    if other != floor:
+                        blank, grid = pad_frames_to(None, None, {size: other for size in counts},
+                                                    vision_config.patch_dim)
+                        programs.vision(self.graphdef, self.params, blank,
+                                        vision_layout(grid, vision_config).device_arrays(), None, rows_out)
+            embeds, deepstack = programs.vision(self.graphdef, self.params, pixels, meta, None, rows_out)
         return PackedChunk(ids, positions, segments, visual_index, embeds, deepstack, slot_rows.reshape(-1),
                            slot_index.reshape(-1), last)
 

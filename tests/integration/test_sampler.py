@@ -10,6 +10,7 @@ from paravt_jax.infra.buckets import bucket
 from paravt_jax.models.qwen3_vl import init_model, load_pretrained, preset
 from paravt_jax.models.qwen3_vl.rope import get_rope_index
 from paravt_jax.sampling import Sampler, SamplerConfig, SamplingParams, generate, sample_logits
+from paravt_jax.sampling.sampler import PromptShape
 from paravt_jax.text import chat
 from paravt_jax.text.inputs import ModelInputs, encode_ids
 from support.hf_tiny import IM_START, build_hf_tiny, image_tokens, patches, text_ids, video_tokens
@@ -411,3 +412,51 @@ def test_prefill_blockwise_attention_equals_dense():
     other = run(init_model(preset("tiny", attention="blockwise"), seed=0).language)
     for a, b in zip(jax.tree.leaves(dense), jax.tree.leaves(other)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+
+
+def test_packed_vision_pass_over_the_fewest_frames_gives_the_fixed_pass_tokens(monkeypatch):
+    """SamplerConfig.vision_buckets: a packed prefill whose prompts hold few of the call's fixed
+    frames (4 rows x 8 frames) encodes a quarter or half of them, its features padded to the fixed
+    count; the same greedy tokens and log-probs as encoding every blank frame, and the first call
+    of the shape compiles each floor's pass (later calls compile nothing)."""
+    from paravt_jax.sampling import programs
+    from paravt_jax.sampling.sampler import vision_floor, vision_floors
+
+    assert vision_floors(32) == (8, 16, 32) and vision_floors(1) == (1,)
+    assert vision_floor({(4, 6): 3}, 32) == 8 and vision_floor({(4, 6): 9, (4, 4): 1}, 32) == 16
+    assert vision_floor({(4, 6): 20}, 32) == 32 and vision_floor({(4, 6): 40}, 32) == 64  # beyond: its own bucket
+    model = init_model(preset("tiny"), seed=6)
+    rng = np.random.default_rng(2)
+    grid = [1, 4, 6]
+
+    def frames_row(n):
+        row = [IM_START] + text_ids(rng, 3) + image_tokens(grid) * n + text_ids(rng, 2)
+        return as_inputs(row, (np.array(row) == 912).astype(np.int64), patches(rng, [grid] * n), [grid] * n)
+
+    shape = PromptShape(rows=4, width=128, frames_per_row=8)
+    calls = [[frames_row(n) for n in counts] for counts in ((1, 2), (3, 4, 2), (6, 5, 7, 3), (2,))]
+    frames = []
+    real = programs.vision
+
+    def spy(graphdef, params, pixels, meta, mesh=None, feature_rows=0):
+        frames.append(pixels.shape[0] // (grid[1] * grid[2]))
+        return real(graphdef, params, pixels, meta, mesh, feature_rows)
+
+    monkeypatch.setattr(programs, "vision", spy)
+    outs = {}
+    for buckets in (False, True):
+        sampler = Sampler(model, SamplerConfig(prompt_packing=True, vision_buckets=buckets))
+        frames.clear()
+        outs[buckets] = [sampler.generate(prompts, sampling=SamplingParams(max_new_tokens=6), shape=shape)[0]
+                         for prompts in calls]
+        if buckets:  # the first call compiles the other floors on blank frames first, then runs its own
+            assert frames == [16, 32, 8, 16, 32, 8]  # 3, 9, 21 and 2 frames
+            warm = real._cache_size()
+            sampler.generate(calls[1], sampling=SamplingParams(max_new_tokens=2), shape=shape)
+            assert real._cache_size() == warm
+        else:
+            assert frames == [32, 32, 32, 32]
+    for fixed, bucketed in zip(outs[False], outs[True]):
+        assert fixed.tokens == bucketed.tokens
+        for a, b in zip(fixed.logprobs, bucketed.logprobs):
+            np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
