@@ -6,6 +6,7 @@ target, its `cost_analysis()` bytes beside the per-instruction count of its opti
 
     python bench/program_bytes.py --program gradients --layers 3 --target tpu --save /tmp/g3
     python bench/program_bytes.py --program decode --layers 4 --target tpu
+    python bench/program_bytes.py --program decode --decode decode --layers 36 --target tpu  # the recipe's, v5p-16
     python bench/program_bytes.py --program prefill --prefill "sub-agent prefill" --layers 4 --target tpu
     python bench/program_bytes.py --load /tmp/g3          # the saved HLO and costs, no compile
 
@@ -97,6 +98,40 @@ def decode(layers: int, target: str, truncation: bool = False):
     programs = SamplerPrograms(config, SamplerConfig(), mesh, platform="tpu" if target == "tpu" else "gpu",
                                keep_compiled=True)
     stats = programs.decode(64, 20480, 8, 16384, 2048, truncation=truncation)
+    return programs.compiled[stats.name], stats
+
+
+def recipe_decode(config_arg: str, mesh_name: str, name: str, layers: int, target: str):
+    """(compiled decode, its ProgramMemory): the recipe's decode `name` ("decode", "sub-agent
+    decode") as the planner compiles it for the mesh preset (its rows, caches and shardings) at
+    `layers` unrolled layers."""
+    import dataclasses
+
+    from paravt_jax.configs import paragrpo
+    from paravt_jax.infra import meshes
+    from paravt_jax.infra import sharding as sh
+    from paravt_jax.planner import arrays, targets
+    from paravt_jax.planner import programs as P
+    from paravt_jax.planner import workload as W
+    from paravt_jax.planner.memory import SamplerPrograms
+    from paravt_jax.run_config import build_run
+
+    run = build_run(paragrpo.get_config(config_arg))
+    sizes, _ = arrays.mesh_preset(mesh_name)
+    _, config = W.model_config(run)
+    rl, _ = W.rl_settings(run)
+    tokenizer, _ = W.plan_tokenizer(run)
+    work = W.workload(rl, config.vision, tokenizer, W.Assumptions(), sh.batch_devices(arrays.abstract_mesh(sizes)))
+    jobs = dict(P._sampler_jobs(rl, work, W.sampler_layout(rl, work)))
+    if name not in jobs or "decode" not in name:
+        raise SystemExit(f"--decode={name!r}: the {config_arg} recipe's decodes are "
+                         f"{[n for n in jobs if 'decode' in n]}")
+    config = config.replace(text=dataclasses.replace(config.text, num_hidden_layers=layers))
+    topology = targets.resolve_tpu(meshes.MESHES[mesh_name]).topology if target == "tpu" else ""
+    mesh = sh.make_mesh(sizes, _devices(target, topology, math.prod(sizes.values())))
+    programs = SamplerPrograms(config, rl.sampler, mesh, platform="tpu" if target == "tpu" else "gpu",
+                               keep_compiled=True)
+    stats = jobs[name](programs)
     return programs.compiled[stats.name], stats
 
 
@@ -193,8 +228,11 @@ def main():
     parser.add_argument("--program", choices=("gradients", "decode", "prefill"), default="gradients")
     parser.add_argument("--prefill", default="sub-agent prefill",
                         help="prefill: which of the recipe's prefills (compiled split by rows and as the baseline)")
-    parser.add_argument("--config", default="qwen3vl_8b", help="configs/paragrpo.py preset (gradients, prefill)")
-    parser.add_argument("--mesh", default="v5p-16", help="mesh preset (gradients, prefill)")
+    parser.add_argument("--decode", default="", help="decode: the recipe's decode (\"decode\", \"sub-agent decode\") "
+                        "on --config and --mesh instead of the one-chip 8B-shaped step")
+    parser.add_argument("--config", default="qwen3vl_8b", help="configs/paragrpo.py preset (gradients, prefill, "
+                        "--decode)")
+    parser.add_argument("--mesh", default="v5p-16", help="mesh preset (gradients, prefill, --decode)")
     parser.add_argument("--layers", type=int, default=3)
     parser.add_argument("--target", choices=("cpu", "tpu"), default="tpu")
     parser.add_argument("--save", default="", help="directory to write the HLO text and the costs to")
@@ -214,10 +252,13 @@ def main():
             _, baseline = prefill(args.config, args.mesh, args.prefill, args.layers, args.target, False)
             compiled, stats = prefill(args.config, args.mesh, args.prefill, args.layers, args.target, True)
             prefill_table({"every token on every device (baseline)": baseline, "split by rows": stats})
+        elif args.decode:
+            compiled, stats = recipe_decode(args.config, args.mesh, args.decode, args.layers, args.target)
         else:
             compiled, stats = decode(args.layers, args.target, args.truncation)
         text = compiled.as_text()
         meta = dict(program=args.program, prefill=args.prefill if args.program == "prefill" else None,
+                    decode=args.decode if args.program == "decode" else None,
                     layers=args.layers, target=args.target, config=args.config, mesh=args.mesh,
                     truncation=args.truncation if args.program == "decode" else None,
                     bytes_accessed=stats.bytes_accessed, flops=stats.flops, kernel_text_bytes=stats.kernel_text_bytes,

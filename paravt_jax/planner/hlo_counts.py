@@ -18,7 +18,11 @@ how it touches its operands) two ways:
             in-place update (a dynamic-update-slice or scatter, alone or as a fusion's output,
             writing into the updated operand's buffer) at the update, not the buffer; arrays in
             a memory space other than 0 (a TPU's on-chip VMEM / SMEM: `S(n)` in the layout)
-            not at all; no bytes for what moves nothing (parameters, tuples, bitcasts,
+            not at all; an asynchronous start whose output tuple holds its operands aliased
+            (`ASYNC_OUTPUT`: a copy-start's destination, source and context) writes only what
+            it writes, so a prefetch of weights into on-chip memory reads them once and writes
+            nothing to HBM;
+            no bytes for what moves nothing (parameters, tuples, bitcasts,
             optimisation barriers, the done half of async pairs, loops and conditionals
             themselves).
 
@@ -54,6 +58,11 @@ FREE = {"parameter", "get-tuple-element", "tuple", "bitcast", "constant", "after
         "domain", "get-dimension-size", "iota", "async-update"}
 SLICING = {"slice", "dynamic-slice", "gather"}
 IN_PLACE = {"dynamic-update-slice", "scatter"}
+# asynchronous starts whose output tuple holds their operands aliased beside what they write: the
+# index of the element written (copy-start: destination, source, context; all-gather-start:
+# operand, output; collective-permute-start: operand, output, contexts; async-start: operands,
+# output, context)
+ASYNC_OUTPUT = {"copy-start": 0, "all-gather-start": 1, "collective-permute-start": 1, "async-start": 1}
 # the attributes naming computations that run as scheduled code (counted once each)
 _CALLED = re.compile(r"\b(?:body|condition|to_apply)=%?([\w.\-]+)")
 _BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}|(?:true|false)_computation=%?([\w.\-]+)")
@@ -287,6 +296,9 @@ def instruction_bytes(ins: Instruction, computations: dict[str, list[Instruction
             seen.add(name)
             whole = shape_bytes(shape, hbm_only=True)
             physical += min(reads.get(number, whole), whole)
+    if ins.opcode in ASYNC_OUTPUT and ins.shape.strip().startswith("("):  # the output tuple aliases the operands
+        elements = _split_top(ins.shape.strip()[1:-1])
+        return counted, physical + float(shape_bytes(elements[ASYNC_OUTPUT[ins.opcode]], hbm_only=True))
     return counted, physical + _written(ins, fused)
 
 
