@@ -222,6 +222,9 @@ recipe's prompt prefill on 2 devices, split by rows beside the baseline."""
     out = run_bench(tmp_path, "program_bytes.py", "--program", "decode", "--layers", "3", "--target", "cpu",
                     "--top", "2")
     assert "GB physical" in summary(out, "decode", 3) and "largest instructions" in out
+    out = run_bench(tmp_path, "program_bytes.py", "--program", "decode", "--decode", "decode", "--config", "tiny",
+                    "--mesh", "gpu2", "--layers", "2", "--target", "cpu", "--top", "2")
+    assert '"decode": "decode"' in out and "GB physical" in summary(out, "decode", 2)  # the recipe's, on 2 devices
     out = run_bench(tmp_path, "program_bytes.py", "--program", "prefill", "--config", "tiny", "--mesh", "gpu2",
                     "--prefill", "first prompt prefill", "--layers", "3", "--target", "cpu", "--top", "2")
     rows = {line.split("|")[1].strip(): [float(c) for c in line.strip("|").split("|")[1:]]
