@@ -13,6 +13,7 @@ is the exact block-diagonal cost with no padding waste.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -65,38 +66,45 @@ def _axis_interpolation(n: int, side: int) -> tuple[np.ndarray, np.ndarray, np.n
     return low, high, (src - low)
 
 
+@functools.lru_cache(maxsize=256)
+def _frame_layout(h: int, w: int, m: int, side: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(pos_index [h*w, 4], pos_weight [h*w, 4], rotary [h*w, 2]) of one h x w frame, in merge-block
+    order (block_row, block_col, in_row, in_col): the same for every frame of that size, computed
+    once per size in the process (a call of 256 frames had recomputed it per frame)."""
+    br, bc, ir, ic = np.meshgrid(np.arange(h // m), np.arange(w // m), np.arange(m), np.arange(m), indexing="ij")
+    rows = (br * m + ir).reshape(-1)
+    cols = (bc * m + ic).reshape(-1)
+    r_lo, r_hi, r_d = _axis_interpolation(h, side)
+    c_lo, c_hi, c_d = _axis_interpolation(w, side)
+    idx = np.stack([r_lo[rows] * side + c_lo[cols], r_lo[rows] * side + c_hi[cols],
+                    r_hi[rows] * side + c_lo[cols], r_hi[rows] * side + c_hi[cols]], -1)
+    dr, dc = r_d[rows], c_d[cols]
+    wts = np.stack([(1 - dr) * (1 - dc), (1 - dr) * dc, dr * (1 - dc), dr * dc], -1)
+    arrays = (idx, wts, np.stack([rows, cols], -1))
+    for a in arrays:
+        a.setflags(write=False)
+    return arrays
+
+
 def vision_layout(grid_thw, config: VisionConfig, pad_to: int | None = None) -> VisionLayout:
     grid = check_grid(grid_thw, config, "grid_thw")
     m = config.spatial_merge_size
     side = int(round(config.num_position_embeddings**0.5))
-    index, weight, rotary, segments = [], [], [], []
-    segment = 0
+    index, weight, rotary, lengths = [], [], [], []
     for t, h, w in grid:
-        # Merge-block order: (block_row, block_col, in_row, in_col).
-        br, bc, ir, ic = np.meshgrid(np.arange(h // m), np.arange(w // m), np.arange(m),
-                                     np.arange(m), indexing="ij")
-        rows = (br * m + ir).reshape(-1)
-        cols = (bc * m + ic).reshape(-1)
-        r_lo, r_hi, r_d = _axis_interpolation(int(h), side)
-        c_lo, c_hi, c_d = _axis_interpolation(int(w), side)
-        idx = np.stack([r_lo[rows] * side + c_lo[cols], r_lo[rows] * side + c_hi[cols],
-                        r_hi[rows] * side + c_lo[cols], r_hi[rows] * side + c_hi[cols]], -1)
-        dr, dc = r_d[rows], c_d[cols]
-        wts = np.stack([(1 - dr) * (1 - dc), (1 - dr) * dc, dr * (1 - dc), dr * dc], -1)
-        for _ in range(int(t)):
-            index.append(idx)
-            weight.append(wts)
-            rotary.append(np.stack([rows, cols], -1))
-            segments.append(np.full(rows.shape, segment))
-            segment += 1
-    n = sum(len(s) for s in segments)
+        idx, wts, rot = _frame_layout(int(h), int(w), m, side)
+        index += [idx] * int(t)
+        weight += [wts] * int(t)
+        rotary += [rot] * int(t)
+        lengths += [len(idx)] * int(t)  # each frame a segment of its own
+    n = sum(lengths)
     if pad_to is not None and pad_to > n:
         extra = pad_to - n
         index.append(np.zeros((extra, 4), np.int64))
         weight.append(np.zeros((extra, 4)))
         rotary.append(np.zeros((extra, 2), np.int64))
-        segments.append(np.full((extra,), -1))
-    groups, inverse = attention_groups([len(s) for s in segments])
+        lengths.append(extra)
+    groups, inverse = attention_groups(lengths)
     return VisionLayout(
         pos_index=np.concatenate(index).astype(np.int32),
         pos_weight=np.concatenate(weight).astype(np.float32),
