@@ -19,6 +19,15 @@ PATCH_DIM = 1536
 VIDEO_ITEM_LAYOUT = "time groups, no outer vision pair"
 
 
+def _joined(first: np.ndarray, second: np.ndarray) -> np.ndarray:
+    """first then second (rows); an empty side returns the other as it is (the arrays of a
+    ModelInputs are never written in place), so appending a text chunk to a sequence with frames
+    does not copy its pixels."""
+    if second.shape[1:] == first.shape[1:] and second.dtype == first.dtype and not (len(first) and len(second)):
+        return second if len(second) else first
+    return np.concatenate([first, second])
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelInputs:
     """One unpadded sequence (host numpy). L tokens, N image patches, M video patches.
@@ -62,10 +71,10 @@ class ModelInputs:
             mm_token_type_ids=np.concatenate([self.mm_token_type_ids, chunk.mm_token_type_ids]),
             loss_mask=np.concatenate([self.loss_mask, chunk.loss_mask]),
             position_ids=np.concatenate([self.position_ids, chunk.position_ids], axis=1),
-            pixel_values=np.concatenate([self.pixel_values, chunk.pixel_values]),
-            image_grid_thw=np.concatenate([self.image_grid_thw, chunk.image_grid_thw]),
-            pixel_values_videos=np.concatenate([self.pixel_values_videos, chunk.pixel_values_videos]),
-            video_grid_thw=np.concatenate([self.video_grid_thw, chunk.video_grid_thw]),
+            pixel_values=_joined(self.pixel_values, chunk.pixel_values),
+            image_grid_thw=_joined(self.image_grid_thw, chunk.image_grid_thw),
+            pixel_values_videos=_joined(self.pixel_values_videos, chunk.pixel_values_videos),
+            video_grid_thw=_joined(self.video_grid_thw, chunk.video_grid_thw),
             next_position=chunk.next_position if chunk.length else self.next_position,
         )
 

@@ -143,7 +143,9 @@ def pad_frames_to(pixel_values: np.ndarray | None, grid_thw, targets: dict[tuple
         return pixels, grid
     blank = [np.array([[1, h, w]] * k, np.int64) for h, w, k in extra]
     rows = sum(h * w * k for h, w, k in extra)
-    return np.concatenate([pixels, np.zeros((rows, pixels.shape[1]), pixels.dtype)]), np.concatenate([grid, *blank])
+    padded = np.zeros((len(pixels) + rows, pixels.shape[1]), pixels.dtype)  # the blank rows never written
+    padded[:len(pixels)] = pixels
+    return padded, np.concatenate([grid, *blank])
 
 
 def pad_frames_to_buckets(pixel_values: np.ndarray, grid_thw, min_frames: int = 0) -> tuple[np.ndarray, np.ndarray]:
