@@ -101,19 +101,13 @@ def decode(layers: int, target: str, truncation: bool = False):
     return programs.compiled[stats.name], stats
 
 
-def recipe_decode(config_arg: str, mesh_name: str, name: str, layers: int, target: str):
-    """(compiled decode, its ProgramMemory): the recipe's decode `name` ("decode", "sub-agent
-    decode") as the planner compiles it for the mesh preset (its rows, caches and shardings) at
-    `layers` unrolled layers."""
-    import dataclasses
-
+def _recipe(config_arg: str, mesh_name: str):
+    """(the RL settings, the model config, the planned workload) of a configs/paragrpo.py preset on a
+    mesh preset, as `paravt-jax plan` derives them."""
     from paravt_jax.configs import paragrpo
-    from paravt_jax.infra import meshes
     from paravt_jax.infra import sharding as sh
-    from paravt_jax.planner import arrays, targets
-    from paravt_jax.planner import programs as P
+    from paravt_jax.planner import arrays
     from paravt_jax.planner import workload as W
-    from paravt_jax.planner.memory import SamplerPrograms
     from paravt_jax.run_config import build_run
 
     run = build_run(paragrpo.get_config(config_arg))
@@ -122,15 +116,39 @@ def recipe_decode(config_arg: str, mesh_name: str, name: str, layers: int, targe
     rl, _ = W.rl_settings(run)
     tokenizer, _ = W.plan_tokenizer(run)
     work = W.workload(rl, config.vision, tokenizer, W.Assumptions(), sh.batch_devices(arrays.abstract_mesh(sizes)))
+    return rl, config, work
+
+
+def _sampler_programs(config, settings, mesh_name: str, layers: int, target: str):
+    """The planner's SamplerPrograms for `config` cut to `layers` decoder layers on the mesh preset,
+    compiled for `target` (keeping each compiled program)."""
+    import dataclasses
+
+    from paravt_jax.infra import meshes
+    from paravt_jax.infra import sharding as sh
+    from paravt_jax.planner import arrays, targets
+    from paravt_jax.planner.memory import SamplerPrograms
+
+    sizes, _ = arrays.mesh_preset(mesh_name)
+    config = config.replace(text=dataclasses.replace(config.text, num_hidden_layers=layers))
+    topology = targets.resolve_tpu(meshes.MESHES[mesh_name]).topology if target == "tpu" else ""
+    mesh = sh.make_mesh(sizes, _devices(target, topology, math.prod(sizes.values())))
+    return SamplerPrograms(config, settings, mesh, platform="tpu" if target == "tpu" else "gpu", keep_compiled=True)
+
+
+def recipe_decode(config_arg: str, mesh_name: str, name: str, layers: int, target: str):
+    """(compiled decode, its ProgramMemory): the recipe's decode `name` ("decode", "sub-agent
+    decode") as the planner compiles it for the mesh preset (its rows, caches and shardings) at
+    `layers` unrolled layers."""
+    from paravt_jax.planner import programs as P
+    from paravt_jax.planner import workload as W
+
+    rl, config, work = _recipe(config_arg, mesh_name)
     jobs = dict(P._sampler_jobs(rl, work, W.sampler_layout(rl, work)))
     if name not in jobs or "decode" not in name:
         raise SystemExit(f"--decode={name!r}: the {config_arg} recipe's decodes are "
                          f"{[n for n in jobs if 'decode' in n]}")
-    config = config.replace(text=dataclasses.replace(config.text, num_hidden_layers=layers))
-    topology = targets.resolve_tpu(meshes.MESHES[mesh_name]).topology if target == "tpu" else ""
-    mesh = sh.make_mesh(sizes, _devices(target, topology, math.prod(sizes.values())))
-    programs = SamplerPrograms(config, rl.sampler, mesh, platform="tpu" if target == "tpu" else "gpu",
-                               keep_compiled=True)
+    programs = _sampler_programs(config, rl.sampler, mesh_name, layers, target)
     stats = jobs[name](programs)
     return programs.compiled[stats.name], stats
 
@@ -142,30 +160,15 @@ def prefill(config_arg: str, mesh_name: str, name: str, layers: int, target: str
     SamplerConfig.prefill_row_split) or not (the baseline)."""
     import dataclasses
 
-    from paravt_jax.configs import paragrpo
-    from paravt_jax.infra import meshes
-    from paravt_jax.infra import sharding as sh
-    from paravt_jax.planner import arrays, targets
     from paravt_jax.planner import workload as W
-    from paravt_jax.planner.memory import SamplerPrograms
-    from paravt_jax.run_config import build_run
 
-    run = build_run(paragrpo.get_config(config_arg))
-    sizes, _ = arrays.mesh_preset(mesh_name)
-    _, config = W.model_config(run)
-    rl, _ = W.rl_settings(run)
-    tokenizer, _ = W.plan_tokenizer(run)
-    work = W.workload(rl, config.vision, tokenizer, W.Assumptions(), sh.batch_devices(arrays.abstract_mesh(sizes)))
+    rl, config, work = _recipe(config_arg, mesh_name)
     calls, _ = W.sampler_calls(W.sampler_layout(rl, work), work, rl)
     call = {c.name: c for c in calls}.get(name)
     if call is None:
         raise SystemExit(f"--prefill={name!r}: the {config_arg} recipe's prefills are {[c.name for c in calls]}")
-    config = config.replace(text=dataclasses.replace(config.text, num_hidden_layers=layers))
-    topology = targets.resolve_tpu(meshes.MESHES[mesh_name]).topology if target == "tpu" else ""
-    mesh = sh.make_mesh(sizes, _devices(target, topology, math.prod(sizes.values())))
     settings = dataclasses.replace(rl.sampler, prefill_row_split=split_rows)
-    programs = SamplerPrograms(config, settings, mesh, platform="tpu" if target == "tpu" else "gpu",
-                               keep_compiled=True)
+    programs = _sampler_programs(config, settings, mesh_name, layers, target)
     stats = programs.prefill(call)
     return programs.compiled[stats.name], stats
 
