@@ -558,21 +558,23 @@ class Sampler:
         counts = frame_counts(np.concatenate([np.asarray(g, np.int64).reshape(-1, 3) for p in prompts
                                               for g in (p.image_grid_thw, p.video_grid_thw) if g is not None]
                                              or [np.zeros((0, 3), np.int64)]))
-        floor = vision_floor(counts, frames) if self.config.vision_buckets else frames
+        buckets = self.config.vision_buckets and frames > 0  # without a fixed count: each call's own buckets
+        floor = vision_floor(counts, frames) if buckets else frames
         visual_index, pixels, meta = shard_vision(placements, packed, width, vision_config, floor, 1)
         embeds = deepstack = None
         if pixels is not None:
             # the features padded to the call's fixed frame count: the prefill's shape is one
             rows_out = feature_rows(frame_buckets(counts, frames), vision_config)
             shape = (self.graphdef, tuple(sorted(counts)), frames)
-            if self.config.vision_buckets and shape not in VISION_SHAPES:  # compile every floor on first use
+            if buckets and shape not in VISION_SHAPES:  # compile every floor on first use
                 VISION_SHAPES.add(shape)
+                fixed = feature_rows({size: frames for size in counts}, vision_config)  # an in-bounds call's
                 for other in vision_floors(frames):
-                    if other != floor:
+                    if other != floor or rows_out != fixed:
                         blank, grid = pad_frames_to(None, None, {size: other for size in counts},
                                                     vision_config.patch_dim)
                         programs.vision(self.graphdef, self.params, blank,
-                                        vision_layout(grid, vision_config).device_arrays(), None, rows_out)
+                                        vision_layout(grid, vision_config).device_arrays(), None, fixed)
             embeds, deepstack = programs.vision(self.graphdef, self.params, pixels, meta, None, rows_out)
         return PackedChunk(ids, positions, segments, visual_index, embeds, deepstack, slot_rows.reshape(-1),
                            slot_index.reshape(-1), last)
