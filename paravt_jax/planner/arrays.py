@@ -21,7 +21,7 @@ from paravt_jax.models.qwen3_vl.vision import frame_buckets
 from paravt_jax.planner.workload import PlanError, Workload, sampler_calls, sampler_layout
 from paravt_jax.sampling.backend import backend_policy
 from paravt_jax.sampling.chunks import prefill_group
-from paravt_jax.sampling.sampler import vision_split
+from paravt_jax.sampling.vision_pass import vision_split
 from paravt_jax.train.batch import vision_shard_count
 from paravt_jax.video.frames import PATCH
 
@@ -254,7 +254,7 @@ def prefill_estimate(config: Qwen3VLConfig, rl, work: Workload, mesh_sizes: Mapp
     over the group's chunk attending to its prefix and cache (f32 logits), that layer's K/V,
     the chunk's hidden states, and the vision tower's one-block working set for the frames of
     a device's shard of rows (the group's, replicated, where the sampler does not split them:
-    sampler.vision_split) + the outputs for the group's frames (joined on every device).
+    vision_pass.vision_split) + the outputs for the group's frames (joined on every device).
     Forward only, one layer live at a time."""
     mesh = abstract_mesh(mesh_sizes)
     tensor = mesh_sizes["tensor"]

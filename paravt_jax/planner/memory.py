@@ -108,7 +108,7 @@ class ProgramMemory:
     # their sizes, loops of known trip count every run, one branch of a conditional)
     physical_bytes: float = 0.0
     # a vision tower's passes, one per shard of rows, each on its shard's devices
-    # (sampler.vision_split); 1: one pass over every frame, replicated
+    # (vision_pass.vision_split); 1: one pass over every frame, replicated
     vision_shards: int = 1
     # a prefill's row blocks over the devices (kv_cache.row_shards): its attention calls read the
     # cache rows where they live, each device its block of the group's rows and their prompts'
@@ -245,7 +245,7 @@ def vision_inputs(config: Qwen3VLConfig, images: dict[tuple[int, int], int], mes
     as Sampler.vision_inputs passes them (train/batch.py shard_vision): split = 1, one pass
     over every frame, replicated, each count padded to a power of two; split = S > 1, S passes
     of images / S frames each (every row as full as the next), padded alike
-    (shard_frame_targets), every array with a leading S axis placed as sampler.vision_sharding
+    (shard_frame_targets), every array with a leading S axis placed as vision_pass.vision_sharding
     places it. The meta has the shapes `vision_layout(...).device_arrays()` gives them."""
     if any(count % split for count in images.values()):
         raise ValueError(f"vision frames {images} do not split into {split} shards of rows")
@@ -353,7 +353,7 @@ class SamplerPrograms:
         """The vision tower of one row group (Sampler.prefill_chunk): `images` frames of each
         (h, w) in patches, from rows in `shards` device blocks of cache rows, passed as
         Sampler.vision_inputs passes them (`vision_inputs`): per shard of rows when
-        sampler.vision_split says so (SamplerConfig.vision_shards), else one replicated pass."""
+        vision_pass.vision_split says so (SamplerConfig.vision_shards), else one replicated pass."""
         split = S.vision_split(self.sampler, self.mesh, shards)
         pixels, meta = vision_inputs(self.config, images, self.mesh, split)
         stats = self._compile(name, P.vision, (self.graphdef, self.params, pixels, meta),

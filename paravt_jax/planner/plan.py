@@ -207,7 +207,7 @@ def programs_note(programs: ProgramSet, target: Target, devices: int) -> str:
 
 
 def vision_note(programs: ProgramSet) -> tuple[str, ...]:
-    """How each vision tower was compiled (the sampler's rule, sampler.vision_split): per shard
+    """How each vision tower was compiled (the sampler's rule, vision_pass.vision_split): per shard
     of rows, one pass per device block of rows, or one replicated pass; and how to plan the
     replicated baseline."""
     towers = [p for p in programs.sampler if p.name.startswith("vision tower")]

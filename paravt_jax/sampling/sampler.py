@@ -26,11 +26,9 @@ from flax import nnx
 
 from paravt_jax.config import ConfigValueError, set_by
 from paravt_jax.infra import distributed as dist
-from paravt_jax.infra import sharding as sh
 from paravt_jax.infra.buckets import bucket, fit
 from paravt_jax.models.qwen3_vl.model import Qwen3VL
 from paravt_jax.models.qwen3_vl.text import KVCache
-from paravt_jax.models.qwen3_vl.vision import frame_buckets, frame_counts, pad_frames_to, vision_layout
 from paravt_jax.sampling import decode as decode_program
 from paravt_jax.sampling import pages, programs
 from paravt_jax.sampling import prefill as prefill_program
@@ -57,8 +55,9 @@ from paravt_jax.sampling.kv_cache import (
 from paravt_jax.sampling.params import SamplingParams
 from paravt_jax.sampling.prefill import PackedChunk, PackedPlan, PrefillChunk, PrefillPlan
 from paravt_jax.sampling.programs import grow_suffix
+from paravt_jax.sampling.vision_pass import VisionInputs, packed_vision, vision_sharding, vision_split
 from paravt_jax.text.inputs import ModelInputs, encode_ids
-from paravt_jax.train.batch import feature_rows, shard_vision
+from paravt_jax.train.batch import shard_vision
 
 PREFILL_WINDOWS = ("used", "capacity")
 
@@ -125,7 +124,7 @@ class SamplerConfig:
     # in other blocks (other bits). Unsharded samplers only
     prompt_packing: bool = False
     # True: a packed prompt prefill's vision pass runs over the fewest of a quarter, half or all of
-    # the call's fixed frames that hold its frames (sampler.vision_floors), its features padded with
+    # the call's fixed frames that hold its frames (vision_pass.vision_floors), its features padded with
     # zero rows to the fixed count; False: over the fixed count (blank frames encoded too). The same
     # features for the real frames either way
     vision_buckets: bool = True
@@ -143,19 +142,6 @@ class SamplerConfig:
             raise ConfigValueError(f"{' and '.join(prefix + f for f in fields)} run unsharded only (the packed "
                                    f"prompt rows and the page pools are not split over a mesh), and the mesh has "
                                    f"{devices} devices: set them off, or sample on one device")
-
-
-def vision_split(config: SamplerConfig, mesh, shards: int) -> int:
-    """The vision passes of a row group whose rows lie in `shards` device blocks of cache rows
-    (Sampler.row_shards): one per block under config.vision_shards on a mesh, else 1 (one pass
-    over every frame, replicated). The planner compiles the pass this says (planner/memory.py)."""
-    return shards if config.vision_shards and mesh is not None else 1
-
-
-def vision_sharding(mesh, ndim: int, split: int):
-    """Where a per-shard vision array ([split, ...], `ndim` axes) lies: shard s on the devices
-    of the s-th block of cache rows."""
-    return sh.batch_sharding(mesh, ndim, 0, batch_size=split)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,24 +184,6 @@ def packed_rows(rows: int) -> tuple[int, ...]:
     return tuple(sorted({-(-rows // 4), -(-rows // 2), rows}))
 
 
-# The (graphdef, frame sizes, fixed frames) of the packed prefills' vision passes whose floors are
-# compiled (Sampler.packed_chunk), as PACKED_SHAPES for the row counts.
-VISION_SHAPES: set = set()
-
-
-def vision_floors(frames: int) -> tuple[int, ...]:
-    """The frame counts a packed prefill's vision pass of at most `frames` frames a size is padded
-    to (SamplerConfig.vision_buckets): a quarter, half or all of them, as packed_rows."""
-    return tuple(sorted({-(-frames // 4), -(-frames // 2), frames}))
-
-
-def vision_floor(counts: dict[tuple[int, int], int], frames: int) -> int:
-    """The fewest of `vision_floors(frames)` that hold every size's frames (`counts`) rounded up
-    to a power of two; beyond `frames`, that power of two (the call's own bucket)."""
-    need = max(frame_buckets(counts).values(), default=1)
-    return min((floor for floor in vision_floors(frames) if floor >= need), default=need)
-
-
 def empty_rows(chunk: PackedChunk, packed: int, rows: int) -> PackedChunk:
     """A packed chunk of `packed` rows holding no token, with `chunk`'s vision features: the
     program of that row count, run once so that it is compiled (its cache rows are dropped)."""
@@ -225,18 +193,6 @@ def empty_rows(chunk: PackedChunk, packed: int, rows: int) -> PackedChunk:
     return PackedChunk(zeros, np.zeros((3, packed, width), np.int32), zeros, index, chunk.visual_embeds,
                        chunk.deepstack, np.full(packed * width, rows, np.int32), np.zeros(packed * width, np.int32),
                        np.zeros_like(chunk.last))
-
-
-@dataclasses.dataclass(frozen=True)
-class VisionInputs:
-    """A row group's vision pass: visual_index [g, W] (a vision pad's row of its shard's
-    features; -1 elsewhere), pixel_values [N, patch_dim] and the tower's metadata, or per shard
-    of rows [S, N, patch_dim] (each array with a leading S axis) placed on the shard's devices,
-    `mesh` then set (the pass keeps its features there: programs.vision)."""
-    visual_index: np.ndarray
-    pixel_values: object
-    meta: tuple
-    mesh: object = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -554,28 +510,9 @@ class Sampler:
             slot_index[row, start:stop] = np.arange(prompt.length)
             last[p] = row * width + max(stop - 1, start)
         placements = [(row, start, prompt) for prompt, (row, start) in zip(prompts, places)]
-        vision_config = self.model.config.vision
-        counts = frame_counts(np.concatenate([np.asarray(g, np.int64).reshape(-1, 3) for p in prompts
-                                              for g in (p.image_grid_thw, p.video_grid_thw) if g is not None]
-                                             or [np.zeros((0, 3), np.int64)]))
-        buckets = self.config.vision_buckets and frames > 0  # without a fixed count: each call's own buckets
-        floor = vision_floor(counts, frames) if buckets else frames
-        visual_index, pixels, meta = shard_vision(placements, packed, width, vision_config, floor, 1)
-        embeds = deepstack = None
-        if pixels is not None:
-            # the features padded to the call's fixed frame count: the prefill's shape is one
-            rows_out = feature_rows(frame_buckets(counts, frames), vision_config)
-            shape = (self.graphdef, tuple(sorted(counts)), frames)
-            if buckets and shape not in VISION_SHAPES:  # compile every floor on first use
-                VISION_SHAPES.add(shape)
-                fixed = feature_rows({size: frames for size in counts}, vision_config)  # an in-bounds call's
-                for other in vision_floors(frames):
-                    if other != floor or rows_out != fixed:
-                        blank, grid = pad_frames_to(None, None, {size: other for size in counts},
-                                                    vision_config.patch_dim)
-                        programs.vision(self.graphdef, self.params, blank,
-                                        vision_layout(grid, vision_config).device_arrays(), None, fixed)
-            embeds, deepstack = programs.vision(self.graphdef, self.params, pixels, meta, None, rows_out)
+        visual_index, embeds, deepstack = packed_vision(self.graphdef, self.params, prompts, placements, packed,
+                                                        width, self.model.config.vision, frames,
+                                                        self.config.vision_buckets)
         return PackedChunk(ids, positions, segments, visual_index, embeds, deepstack, slot_rows.reshape(-1),
                            slot_index.reshape(-1), last)
 

@@ -11,7 +11,7 @@ from integration.test_sampler_shards import image_row
 from paravt_jax.planner import memory as M
 from paravt_jax.planner.time_plan import _kernel_share
 from paravt_jax.sampling import Sampler, SamplerConfig, programs
-from paravt_jax.sampling.sampler import vision_split
+from paravt_jax.sampling.vision_pass import vision_split
 from unit import test_plan as unit_tests
 
 sharded_tiny = unit_tests.sharded_tiny  # the fixture: (fsdp=8 mesh, the tiny model on it)

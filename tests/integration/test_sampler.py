@@ -420,7 +420,7 @@ def test_packed_vision_pass_over_the_fewest_frames_gives_the_fixed_pass_tokens(m
     count; the same greedy tokens and log-probs as encoding every blank frame, and the first call
     of the shape compiles each floor's pass (later calls compile nothing)."""
     from paravt_jax.sampling import programs
-    from paravt_jax.sampling.sampler import vision_floor, vision_floors
+    from paravt_jax.sampling.vision_pass import vision_floor, vision_floors
 
     assert vision_floors(32) == (8, 16, 32) and vision_floors(1) == (1,)
     assert vision_floor({(4, 6): 3}, 32) == 8 and vision_floor({(4, 6): 9, (4, 4): 1}, 32) == 16
