@@ -36,23 +36,30 @@ def summary_text(tokens: Sequence[int], finished: bool, tokenizer: Tokenizer) ->
 
 def subagent_responses(results: list[CropResult], sampler: Sampler, tokenizer: Tokenizer,
                        sampling: SamplingParams, shape: PromptShape, seed: int,
-                       stream_ids: Sequence[int] | None = None) -> tuple[list, list[SubTrajectory | None]]:
+                       stream_ids: Sequence[int] | None = None,
+                       refill: bool = False) -> tuple[list, list[SubTrajectory | None]]:
     """Sub-agent mode: each result's response text and, for a call answered with frames, the
     sub-agent's trajectory. All sub-agent prompts of the round go through one batched sampler
-    call (same weights), or calls of shape.rows rows when set; stream_ids[i]: the random stream
-    of results[i]'s summary (default: its place in `results`), so the summaries do not depend
-    on how the calls split them."""
+    call (same weights), or, when shape.rows is set, rows of that many: with `refill` one call
+    whose rows take the next waiting prompt as their summary ends (Sampler.sample_queued), else
+    calls of shape.rows prompts one after another. stream_ids[i]: the random stream of
+    results[i]'s summary (default: its place in `results`), so the summaries do not depend on
+    how the calls split them."""
     texts: list = [None] * len(results)
     trajectories: list[SubTrajectory | None] = [None] * len(results)
     ok = [i for i, r in enumerate(results) if r.ok and r.clip is not None]
     streams = list(range(len(results))) if stream_ids is None else list(stream_ids)
     size = shape.rows or max(len(ok), 1)
-    for start in range(0, len(ok), size):
-        part = ok[start:start + size]
+    queued = refill and len(ok) > size
+    for start in range(0, len(ok), len(ok) if queued else size):
+        part = ok[start:start + (len(ok) if queued else size)]
         prompts = [subagent_prompt(results[i].clip, results[i].request.start, results[i].request.end, tokenizer)
                    for i in part]
-        out, _ = sampler.generate(prompts, sampling=sampling, seed=seed, row_ids=[streams[i] for i in part],
-                                  shape=shape)
+        row_ids = [streams[i] for i in part]
+        if queued:
+            out = sampler.sample_queued(prompts, size, sampling=sampling, seed=seed, row_ids=row_ids, shape=shape)
+        else:
+            out, _ = sampler.generate(prompts, sampling=sampling, seed=seed, row_ids=row_ids, shape=shape)
         for j, i in enumerate(part):
             tokens = out.tokens[j]
             texts[i] = summary_text(tokens, bool(out.finished[j]), tokenizer)

@@ -47,6 +47,10 @@ class RolloutConfig:
     max_new_tokens: int = checked(512, integer(1))  # per assistant turn
     # the summary budget; a summary cut there ends in " [truncated]"
     subagent_max_tokens: int = checked(512, integer(1))
+    # True: a round's sub-agent prompts beyond subagent_shape.rows wait for a free row of one
+    # call, taking it as a summary ends (Sampler.sample_queued); False: calls of
+    # subagent_shape.rows prompts one after another, each as long as its longest summary
+    subagent_refill: bool = False
     temperature: float = set_by(0.7, "rl.step.temperature: rollouts sample at the log-prob temperature")
     top_p: float = 1.0
     top_k: int = 0
@@ -291,7 +295,7 @@ class RolloutLoop:
             texts, trajectories = subagent_responses(
                 results, self.sampler, self.tokenizer,
                 sampling_params(config, self.tokenizer, config.subagent_max_tokens), config.subagent_shape,
-                config.seed + 1000 * (turn + 1), stream_ids)
+                config.seed + 1000 * (turn + 1), stream_ids, config.subagent_refill)
             return [Answer(r, text, text, trajectory) for r, text, trajectory in zip(results, texts, trajectories)]
         images_first = config.protocol.frames_response == "images_first"
         bodies = images_first_messages(results) if images_first else frames_responses(results)

@@ -79,34 +79,51 @@ class DecodeInputs(NamedTuple):
     top_p: jax.Array  # [] float32
     top_k: jax.Array  # [] int32
     max_steps: jax.Array  # [] int32: tokens emitted at most (the carry's token columns)
+    # a refilled decode (DecodePlan.refill): the loop also stops once this many rows are done
+    # (the host then refills them); None otherwise
+    stop_when_done: jax.Array | None = None
 
     @staticmethod
-    def of(logits, budgets: np.ndarray, keys, sampling: SamplingParams, max_steps: int) -> DecodeInputs:
+    def of(logits, budgets: np.ndarray, keys, sampling: SamplingParams, max_steps: int,
+           stop_when_done: int | None = None) -> DecodeInputs:
         stop = np.full(MAX_STOP_IDS, -2, np.int32)
         stop[:len(sampling.stop_ids)] = sampling.stop_ids
         return DecodeInputs(logits, budgets, keys, stop, np.float32(sampling.temperature),
-                            np.float32(sampling.top_p), np.int32(sampling.top_k), max_steps)
+                            np.float32(sampling.top_p), np.int32(sampling.top_k), max_steps,
+                            None if stop_when_done is None else np.int32(stop_when_done))
 
 
 @dataclasses.dataclass(frozen=True)
 class DecodeCarry:
     """Decode progress that survives between the segments of one decode (see Sampler._decode)."""
-    step: jax.Array  # [] tokens emitted so far per row slot (0 = the prefill logits not used yet)
+    step: jax.Array  # [] loop steps so far (0 = the prefill logits not used yet)
     tokens: jax.Array  # [B, max_steps] int32, -1 where nothing was emitted
     logps: jax.Array  # [B, max_steps] float32
     n_gen: jax.Array  # [B]
     done: jax.Array  # [B] stop id hit or budget used up
     finished: jax.Array  # [B] stop id hit
-    write_index: jax.Array  # [] next free cache slot
+    write_index: jax.Array  # [] next free cache slot ([B]: each row's, a refilled decode)
     next_position: jax.Array  # [B]
 
     @staticmethod
-    def start(budgets: np.ndarray, max_steps: int, write_index: int, next_position: np.ndarray):
+    def start(budgets: np.ndarray, max_steps: int, write_index, next_position: np.ndarray):
         rows = budgets.shape[0]
         return DecodeCarry(np.int32(0), np.full((rows, max_steps), -1, np.int32),
                             np.zeros((rows, max_steps), np.float32), np.zeros(rows, np.int32),
-                            budgets <= 0, np.zeros(rows, bool), np.int32(write_index),
+                            budgets <= 0, np.zeros(rows, bool), np.asarray(write_index, np.int32),
                             next_position.astype(np.int32))
+
+    def restart(self, rows: np.ndarray, next_position: np.ndarray) -> DecodeCarry:
+        """This carry (on the host) with `rows` begun afresh, for a new prompt each (a refilled
+        decode): no token yet, not done, writing from slot 0 of their suffix, the next token at
+        `next_position` (one per row of `rows`)."""
+        arrays = {f.name: np.array(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        arrays["tokens"][rows], arrays["logps"][rows] = -1, 0.0
+        for name in ("n_gen", "write_index"):
+            arrays[name][rows] = 0
+        arrays["done"][rows] = arrays["finished"][rows] = False
+        arrays["next_position"][rows] = next_position
+        return DecodeCarry(**arrays)
 
 
 jax.tree_util.register_dataclass(DecodeCarry, data_fields=[f.name for f in dataclasses.fields(DecodeCarry)],
@@ -128,12 +145,18 @@ class DecodePlan:
     into pages (sampling/pages.py: the prompt's full pages shared by its rows) and every step
     writes its keys and values there too and reads only the pages, each row up to its length.
     truncation: whether the program holds the top-p / top-k branch (`SamplingParams.truncates`:
-    a call that never truncates compiles without it, one program for every such call)."""
+    a call that never truncates compiles without it, one program for every such call).
+    refill: see the field."""
     sharding: CacheShardings | None  # of the suffix cache's layers (None without a mesh)
     backend: SamplerBackend
     window: str = "used"
     paged: PagedPlan | None = None
     truncation: bool = True
+    # a refilled decode: each row writes its own suffix slots (carry.write_index [B]) and token
+    # columns (at its n_gen) and draws its k-th token from fold_in(row key, k), so a row can
+    # restart with a new prompt mid-call (Sampler.sample_queued); the loop also stops once
+    # inputs.stop_when_done rows are done
+    refill: bool = False
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "plan"), donate_argnames="cache")
@@ -142,25 +165,39 @@ def decode(graphdef, params, weights, cache: KVCache, prefix: KVCache, inputs: D
     """Samples until every row is done, `inputs.max_steps` tokens were emitted, or the suffix
     `cache` is full (the caller grows it and calls again with the returned carry); every step
     attends to the row's prompt in `prefix` and to its own suffix. The first call (step 0)
-    samples from the prefill's logits; see the module docstring for the log-prob convention."""
+    samples from the prefill's logits; see the module docstring for the log-prob convention.
+    A refilled decode (plan.refill) samples each row's first token from the logits whenever the
+    row starts (n_gen 0, not done) and also stops once inputs.stop_when_done rows are done."""
     lang = merge(graphdef, params).language
     capacity = cache.capacity
     backend, budgets = plan.backend, inputs.budgets
+    rows = jnp.arange(budgets.shape[0])
 
-    def keys_at(step):
-        return jax.vmap(lambda k: jax.random.fold_in(k, step))(inputs.row_keys)
+    def keys_at(c: DecodeCarry):  # a refilled row's k-th token: fold_in(its key, k), wherever it started
+        if plan.refill:
+            return jax.vmap(jax.random.fold_in)(inputs.row_keys, c.n_gen)
+        return jax.vmap(lambda k: jax.random.fold_in(k, c.step))(inputs.row_keys)
 
     def emit(c: DecodeCarry, logits, active) -> DecodeCarry:
-        token, logp = sample_logits(logits, keys_at(c.step), inputs.temperature, inputs.top_p, inputs.top_k,
+        token, logp = sample_logits(logits, keys_at(c), inputs.temperature, inputs.top_p, inputs.top_k,
                                     plan.truncation)
         n_gen = c.n_gen + active
         hit = active & jnp.any(token[:, None] == inputs.stop_ids[None, :], axis=-1)
-        return dataclasses.replace(
-            c, step=c.step + 1, tokens=c.tokens.at[:, c.step].set(jnp.where(active, token, -1)),
-            logps=c.logps.at[:, c.step].set(jnp.where(active, logp, 0.0)), n_gen=n_gen,
-            done=c.done | hit | (n_gen >= budgets), finished=c.finished | hit)
+        if plan.refill:  # each active row's token at its own column, the others' columns untouched
+            column = jnp.where(active, c.n_gen, c.tokens.shape[1])
+            tokens = c.tokens.at[rows, column].set(token, mode="drop")
+            logps = c.logps.at[rows, column].set(logp, mode="drop")
+        else:
+            tokens = c.tokens.at[:, c.step].set(jnp.where(active, token, -1))
+            logps = c.logps.at[:, c.step].set(jnp.where(active, logp, 0.0))
+        return dataclasses.replace(c, step=c.step + 1, tokens=tokens, logps=logps, n_gen=n_gen,
+                                   done=c.done | hit | (n_gen >= budgets), finished=c.finished | hit)
 
-    carry = jax.lax.cond(carry.step == 0, lambda c: emit(c, inputs.logits, budgets > 0), lambda c: c, carry)
+    if plan.refill:  # rows (re)started since the last call sample their first token from the prefill's logits
+        fresh = (carry.n_gen == 0) & ~carry.done
+        carry = jax.lax.cond(jnp.any(fresh), lambda c: emit(c, inputs.logits, fresh), lambda c: c, carry)
+    else:
+        carry = jax.lax.cond(carry.step == 0, lambda c: emit(c, inputs.logits, budgets > 0), lambda c: c, carry)
     pools, table = (), None
     if plan.paged is not None:  # the caches as they stand, in pages (one copy per call, not per step)
         pools, table = paginate(prefix.valid, cache.valid, plan.paged.page,
@@ -168,14 +205,21 @@ def decode(graphdef, params, weights, cache: KVCache, prefix: KVCache, inputs: D
 
     def cond(loop):
         c = loop[0]
+        if plan.refill:  # every row within its budget's columns and slots; stop for the host to refill
+            room = jnp.all(c.done | (c.write_index < capacity))
+            return ~jnp.all(c.done) & room & (jnp.sum(c.done) < inputs.stop_when_done)
         return (c.step < inputs.max_steps) & ~jnp.all(c.done) & (c.write_index < capacity)
 
     def body(loop):
         c, cache, pools, table = loop
         active = ~c.done
-        fed = jnp.maximum(c.tokens[:, c.step - 1], 0)[:, None]
+        last = c.tokens[rows, jnp.maximum(c.n_gen - 1, 0)] if plan.refill else c.tokens[:, c.step - 1]
+        fed = jnp.maximum(last, 0)[:, None]
         positions = jnp.broadcast_to(c.next_position[None, :, None], (3, fed.shape[0], 1))
-        valid = jax.lax.dynamic_update_slice(cache.valid, active[:, None], (0, c.write_index))
+        if plan.refill:
+            valid = cache.valid.at[rows, c.write_index].set(active, mode="drop")
+        else:
+            valid = jax.lax.dynamic_update_slice(cache.valid, active[:, None], (0, c.write_index))
         view = CacheView(KVCache(cache.keys, cache.values, valid), c.write_index, prefix=prefix,
                          active=active if plan.window == "used" else None,
                          paged=None if plan.paged is None else PagedView(pools, table, active, plan.paged))
@@ -185,7 +229,8 @@ def decode(graphdef, params, weights, cache: KVCache, prefix: KVCache, inputs: D
         if plan.paged is not None:
             pools, table = written[0], advance(table, active)
         new_logits = backend.logits(lang, hidden, weights)[:, 0].astype(jnp.float32)
-        c = dataclasses.replace(c, write_index=c.write_index + 1, next_position=c.next_position + active)
+        c = dataclasses.replace(c, write_index=c.write_index + (active if plan.refill else 1),
+                                next_position=c.next_position + active)
         return emit(c, new_logits, active), constrain(cache, plan.sharding), pools, table
 
     carry, cache, _, _ = jax.lax.while_loop(cond, body, (carry, cache, pools, table))

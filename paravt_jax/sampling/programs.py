@@ -113,3 +113,20 @@ def grow_suffix(cache: KVCache, extra: int, shardings: CacheShardings | None) ->
 def pick_rows(take, new, old):
     """Rows of `new` where `take` [B] is set, else of `old` ([B, V] logits)."""
     return jnp.where(take[:, None], new, old)
+
+
+@functools.partial(jax.jit, static_argnames=("prefix_sharding", "suffix_sharding"),
+                   donate_argnames=("prefix", "suffix", "logits"))
+def admit_rows(prefix: KVCache, suffix: KVCache, logits, fresh: KVCache, fresh_logits, rows,
+               prefix_sharding, suffix_sharding) -> tuple[KVCache, KVCache, jax.Array]:
+    """A refilled decode's new prompts moved into their rows (Sampler.sample_queued): row i of
+    `fresh` (a prompt cache as wide as `prefix`) and of `fresh_logits` goes to row rows[i] of
+    `prefix` and `logits` (rows[i] past the end: dropped), and those rows' suffix slots are
+    emptied. In place (the caches and logits are donated)."""
+    def put(old, new):
+        return old.at[rows].set(new, mode="drop")
+
+    prefix = constrain(jax.tree.map(put, prefix, fresh), prefix_sharding)
+    suffix = constrain(KVCache(suffix.keys, suffix.values, suffix.valid.at[rows].set(False, mode="drop")),
+                       suffix_sharding)
+    return prefix, suffix, put(logits, fresh_logits)

@@ -316,11 +316,7 @@ class Sampler:
             raise ValueError(f"generate: num_samples={num_samples} must be >= 1")
         prompt_rows = call_rows(len(prompts), shape, self.config.min_batch_bucket)
         width = call_width(prompts, shape, self.config.min_chunk_bucket)
-        if self.config.prompt_packing:
-            logits, prefix = self._packed_prefill(list(prompts), prompt_rows, width, shape.frames_per_row)
-        else:
-            logits, prefix = self._prefill(self._empty_cache(prompt_rows, width), None, 0, list(prompts), width,
-                                           shape.frames_per_row)
+        logits, prefix = self._prompt_prefill(list(prompts), prompt_rows, width, shape.frames_per_row)
         rows = prompt_rows * num_samples
         total = len(prompts) * num_samples
         logits = jnp.repeat(logits, num_samples, axis=0)
@@ -378,11 +374,93 @@ class Sampler:
                             state.num_rows, seed, sampling, keep_pending=state.pending, takes_part=takes_part,
                             row_ids=row_ids)
 
+    def sample_queued(self, prompts: Sequence[ModelInputs], slots: int, *,
+                      sampling: SamplingParams = SamplingParams(), seed: int = 0,
+                      row_ids: Sequence[int] | None = None, shape: PromptShape = PromptShape(),
+                      refill_at: int = 1) -> SampleOutput:
+        """One sample of each prompt, one turn each (independent calls: a tool round's sub-agent
+        prompts), through `slots` decode rows kept busy: a row whose sample ends takes the next
+        waiting prompt, prefilled into that row's prompt cache while its suffix restarts at slot 0
+        (DecodePlan.refill), so the call decodes about sum(tokens) / slots steps instead of, in
+        calls of `slots` prompts one after another, each call's longest sample. The decode stops
+        for a refill once `refill_at` rows are free (and prompts wait). Prompt i draws its k-th
+        token from fold_in(fold_in(PRNGKey(seed), row_ids[i]), k) (default row id: i), whichever
+        row it ran in and when: the tokens of `generate` over the same prompts, greedy or sampled
+        (the log-probs to the bits of the prefill's sums). `shape` fixes the prefill and the rows as
+        in generate (rows: `slots` when shape.rows is 0). The contiguous decode only."""
+        if not prompts:
+            raise ValueError("sample_queued: no prompts")
+        if slots < 1 or refill_at < 1:
+            raise ValueError(f"sample_queued: slots={slots} and refill_at={refill_at} must be >= 1")
+        if self.decode_kernel is not None:
+            raise ValueError("sample_queued: SamplerConfig.decode_cache='paged' copies the caches into pages "
+                             "once per decode call; a refilled decode runs on the contiguous caches")
+        ids = list(range(len(prompts))) if row_ids is None else [int(i) for i in row_ids]
+        if len(ids) != len(prompts):
+            raise ValueError(f"row_ids: {len(ids)} ids for {len(prompts)} prompts")
+        if not 0 <= int(seed) < 2**32:
+            raise ValueError(f"seed={seed} must be in [0, 2**32)")
+        rows = call_rows(slots, shape, self.config.min_batch_bucket)
+        width = call_width(prompts, shape, self.config.min_chunk_bucket)
+        budget = sampling.max_new_tokens
+        capacity = episode_capacity([(0, budget)], self.config.min_chunk_bucket, self.config.cache_multiple)
+        steps = bucket(budget, 16)
+        owner = np.full(rows, -1)  # the prompt each row samples (-1: none)
+        row_stream = np.zeros(rows, np.int64)
+        budgets = np.zeros(rows, np.int32)
+        carry = DecodeCarry.start(budgets, steps, np.zeros(rows, np.int32), np.zeros(rows, np.int32))
+        queue = list(range(len(prompts)))[::-1]  # popped from the end: prompt order
+        tokens: list = [None] * len(prompts)
+        logps: list = [None] * len(prompts)
+        finished = np.zeros(len(prompts), bool)
+        prefix = suffix = logits = None
+        plan = DecodePlan(self._sharding(rows, capacity), self.backend, self.config.decode_window,
+                          truncation=sampling.truncates, refill=True)
+        while True:
+            free = np.flatnonzero(owner < 0)
+            admitted = [queue.pop() for _ in range(min(len(free), len(queue)))]
+            if admitted:
+                target = free[:len(admitted)]
+                fresh_logits, fresh = self._prompt_prefill([prompts[i] for i in admitted], rows, width,
+                                                           shape.frames_per_row)
+                if prefix is None:  # the first call: every row free, the prompts in row order
+                    prefix, logits, suffix = fresh, fresh_logits, self._empty_cache(rows, capacity)
+                else:
+                    index = np.full(rows, rows, np.int32)
+                    index[:len(admitted)] = target
+                    prefix, suffix, logits = programs.admit_rows(prefix, suffix, logits, fresh, fresh_logits, index,
+                                                                 self._sharding(rows, width), plan.sharding)
+                owner[target] = admitted
+                row_stream[target] = [ids[i] for i in admitted]
+                budgets[target] = budget
+                carry = carry.restart(target, np.array([prompts[i].next_position for i in admitted], np.int32))
+            if (owner < 0).all():
+                break
+            empty = int((owner < 0).sum())
+            stop_when_done = empty + min(refill_at, len(queue)) if queue else rows + 1
+            inputs = DecodeInputs.of(logits, budgets, decode_program.row_keys(np.uint32(seed), row_stream),
+                                     sampling, steps, stop_when_done)
+            carry, suffix = decode_program.decode(self.graphdef, self.params, self.weights, suffix, prefix, inputs,
+                                                  carry, plan)
+            done, n_gen = np.asarray(carry.done), np.asarray(carry.n_gen)
+            ended = np.flatnonzero(done & (owner >= 0))
+            if ended.size:
+                all_tokens, all_logps, hit = (np.asarray(a) for a in (carry.tokens, carry.logps, carry.finished))
+                for b in ended:
+                    i = owner[b]
+                    tokens[i], logps[i] = all_tokens[b, :n_gen[b]].tolist(), all_logps[b, :n_gen[b]].copy()
+                    finished[i] = hit[b]
+                owner[ended] = -1
+                budgets[ended] = 0
+        lengths = np.array([len(t) for t in tokens], np.int32)
+        return SampleOutput(tokens=tokens, logprobs=logps, finished=finished, lengths=lengths)
+
     def compile_counts(self) -> dict[str, int]:
         return {name: fn._cache_size() for name, fn in
                 (("vision", programs.vision), ("prefill", prefill_program.prefill),
                  ("packed_prefill", prefill_program.packed_prefill),
                  ("decode", decode_program.decode), ("copy", programs.copy_rows), ("grow", programs.grow_layer),
+                 ("admit", programs.admit_rows),
                  ("cache", programs.new_cache))}
 
     def paged_plan(self) -> pages.PagedPlan | None:
@@ -466,6 +544,14 @@ class Sampler:
             return logits[0], cache
         inverse = np.argsort(np.concatenate(order))
         return jnp.concatenate(logits)[inverse], cache
+
+    def _prompt_prefill(self, prompts: list[ModelInputs], rows: int, width: int, frames_per_row: int
+                        ) -> tuple[jax.Array, KVCache]:
+        """A prompt cache of `rows` x `width` slots holding `prompts` in its first rows, packed
+        (config.prompt_packing) or a right-padded row each. Returns (logits [rows, V], the cache)."""
+        if self.config.prompt_packing:
+            return self._packed_prefill(prompts, rows, width, frames_per_row)
+        return self._prefill(self._empty_cache(rows, width), None, 0, prompts, width, frames_per_row)
 
     def _packed_prefill(self, prompts: list[ModelInputs], rows: int, width: int, frames_per_row: int
                         ) -> tuple[jax.Array, KVCache]:

@@ -64,7 +64,8 @@ jax.tree_util.register_dataclass(KVCache, data_fields=["keys", "values", "valid"
 class CacheView:
     """What a cached forward reads and writes. `cache`: the KV cache whose rows the call writes
     (its `valid` already marks the chunk's slots, so padding slots are never attended); the
-    chunk goes to slots [write_index, write_index + P) of every row. `window` (static, >=
+    chunk goes to slots [write_index, write_index + P) of every row (write_index [B]: each row at
+    its own slot, a scattered write; rows=None only). `window` (static, >=
     write_index + P; None = the capacity) limits attention to the first `window` slots: a
     prefill into an empty or short cache then costs O(P * window), not O(P * S). `prefix`:
     keys and values that groups of rows share and attend before their own cache (row b reads
@@ -253,8 +254,9 @@ class TextDecoder(nnx.Module):
         """Runs a chunk of P tokens per row on top of a KV cache (see CacheView).
 
         All rows write their chunk to the same slots with one in-place `dynamic_update_slice`
-        per layer, so rows of different lengths and turns share the cache. Token p attends to
-        valid slots <= write_index + p. input_ids [B, P], position_ids [3, B, P]. `layers`
+        per layer, so rows of different lengths and turns share the cache (or, write_index [B],
+        each row at its own slot: a decode whose rows restart as they are refilled). Token p
+        attends to valid slots <= write_index + p. input_ids [B, P], position_ids [3, B, P]. `layers`
         supplies per-layer parameter dicts and `project` the matmuls that read them (the
         sampler's weight layouts, paravt_jax/sampling/backend.py); by default the stacked
         parameters are sliced here. `block` (static): the attention block of a blockwise
@@ -279,14 +281,18 @@ class TextDecoder(nnx.Module):
         valid = view.read_rows(cache.valid)
         capacity = valid.shape[1]
         window = capacity if view.window is None else min(int(view.window), capacity)
-        mask = AttentionMask.cache(valid[:, :window], view.write_index + jnp.arange(length))
+        slot = jnp.asarray(view.write_index, jnp.int32)
+        per_row = slot.ndim == 1
+        if per_row and view.rows is not None:
+            raise ValueError("forward_cached: a write slot per row takes every row of the cache (rows=None)")
+        query_slots = (slot[:, None] if per_row else slot) + jnp.arange(length)
+        mask = AttentionMask.cache(valid[:, :window], query_slots)
         bounded = view.active is not None
         if bounded:  # rows that no longer sample see nothing, and so never extend the read
             active = view.read_rows(view.active)
             seeing = jnp.broadcast_to(active[:, None], mask.query_segments.shape).astype(jnp.int32)
             mask = dataclasses.replace(mask, query_segments=seeing)
         add_deepstack = self._deepstack_adder(visual_index, deepstack)
-        slot = jnp.asarray(view.write_index, jnp.int32)
         rows, prefix = view.rows, view.prefix
         if layers is None:
             layers = self.layer_slices()
@@ -298,7 +304,10 @@ class TextDecoder(nnx.Module):
                 # chunk [B, P, KV, hd] -> keys [B, KV, hd, P], values [B, KV, P, hd]
                 k_chunk = k_new.transpose(0, 2, 3, 1).astype(ck.dtype)
                 v_chunk = v_new.transpose(0, 2, 1, 3).astype(cv.dtype)
-                if rows is None:
+                if per_row:  # each row's chunk at its own slot
+                    new_k = jax.vmap(lambda c, k, s: jax.lax.dynamic_update_slice(c, k, (0, 0, s)))(ck, k_chunk, slot)
+                    new_v = jax.vmap(lambda c, v, s: jax.lax.dynamic_update_slice(c, v, (0, s, 0)))(cv, v_chunk, slot)
+                elif rows is None:
                     new_k = jax.lax.dynamic_update_slice(ck, k_chunk, (0, 0, 0, slot))
                     new_v = jax.lax.dynamic_update_slice(cv, v_chunk, (0, 0, slot, 0))
                 else:
