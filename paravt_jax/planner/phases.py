@@ -234,12 +234,14 @@ def sampler_components(config: Qwen3VLConfig, rl, work: Workload, layout: Sample
     if layout.subagent_rows:
         prompts = cache_row("sub-agent", layout.subagent_rows, layout.subagent_prefix_slots)
         own = cache_row("sub-agent", layout.subagent_rows, layout.subagent_suffix_slots)
+        copies = 2 if layout.subagent_refill else 1  # a refill's new prompts beside the rows' own
+        how = (f"{layout.subagent_calls} waves of one refilled call a round, a second prompt cache while one "
+               "moves in" if layout.subagent_refill else f"{layout.subagent_calls} call(s) a round")
         rows.append(dataclasses.replace(
             prompts, name=f"sub-agent KV cache ({layout.subagent_rows} rows x "
-                          f"{layout.subagent_prefix_slots} + {layout.subagent_suffix_slots} slots; "
-                          f"{layout.subagent_calls} call(s) a round)",
-            per_device_bytes=prompts.per_device_bytes + own.per_device_bytes,
-            global_bytes=prompts.global_bytes + own.global_bytes))
+                          f"{layout.subagent_prefix_slots} + {layout.subagent_suffix_slots} slots; {how})",
+            per_device_bytes=copies * prompts.per_device_bytes + own.per_device_bytes,
+            global_bytes=copies * prompts.global_bytes + own.global_bytes))
     notes = ["no cache growth copy: the rollout sizes each row's cache for its whole episode up front"]
     if programs is None:
         size, which = prefill_estimate(config, rl, work, mesh_sizes)

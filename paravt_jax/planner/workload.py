@@ -342,7 +342,10 @@ class SamplerLayout:
     up front (generate(reserve=...) from agent/rollout.episode_turns: never grown), the turn's
     tool responses written in pieces of `extend_width` tokens when they are text, and the
     sub-agent prompts of a tool round in `subagent_calls` calls of `subagent_rows` rows each
-    (agent/responses.py `subagent_responses`), one call's caches alive at a time."""
+    (agent/responses.py `subagent_responses`), one call's caches alive at a time; with
+    `rl.rollout.subagent_refill` those calls are the waves of one call whose rows are refilled
+    (Sampler.sample_queued: at full budget every summary ends at once, so the same steps), a
+    second prompt cache alive while a wave's prompts move in (`subagent_refill`)."""
     prompt_rows: int  # prompts, bucketed (prefix rows)
     rows: int  # prompt_rows x G (suffix rows)
     prefix_slots: int
@@ -356,6 +359,7 @@ class SamplerLayout:
     subagent_calls: int = 0  # sub-agent calls per tool round
     subagent_frames: int = 0  # crop frames per sub-agent row of its vision pass
     policy: str = "per_call"  # rl.shapes.policy
+    subagent_refill: bool = False  # the sub-agent calls refill one call's rows (a second prompt cache)
 
 
 def planned_shapes(rl) -> StepShapes:
@@ -389,7 +393,7 @@ def sampler_layout(rl, work: Workload) -> SamplerLayout:
                          sub_suffix, prompt_frames=max(work.overview_frames, shapes.prompt.frames_per_row),
                          extend_pieces=pieces, subagent_calls=sub_calls,
                          subagent_frames=max(work.crop_frames, shapes.subagent.frames_per_row),
-                         policy=rl.shapes.policy)
+                         policy=rl.shapes.policy, subagent_refill=bool(r.subagent_refill and sub_calls > 1))
 
 
 def sampler_calls(layout: SamplerLayout, work: Workload, rl):

@@ -201,6 +201,7 @@ class SampleOutput:
     logprobs: list[np.ndarray]  # per row, float32, same length as tokens
     finished: np.ndarray  # [B] bool: hit a stop id
     lengths: np.ndarray  # [B] generated tokens
+    row_steps: int = 0  # the call's decode work: its rows x the decode steps they ran, busy or not
 
 
 @dataclasses.dataclass(frozen=True)
@@ -377,21 +378,23 @@ class Sampler:
     def sample_queued(self, prompts: Sequence[ModelInputs], slots: int, *,
                       sampling: SamplingParams = SamplingParams(), seed: int = 0,
                       row_ids: Sequence[int] | None = None, shape: PromptShape = PromptShape(),
-                      refill_at: int = 1) -> SampleOutput:
+                      refill_at: int = 0) -> SampleOutput:
         """One sample of each prompt, one turn each (independent calls: a tool round's sub-agent
         prompts), through `slots` decode rows kept busy: a row whose sample ends takes the next
         waiting prompt, prefilled into that row's prompt cache while its suffix restarts at slot 0
         (DecodePlan.refill), so the call decodes about sum(tokens) / slots steps instead of, in
         calls of `slots` prompts one after another, each call's longest sample. The decode stops
-        for a refill once `refill_at` rows are free (and prompts wait). Prompt i draws its k-th
+        for a refill once `refill_at` rows are free and prompts wait (0: a quarter of the rows;
+        refilling row by row costs a prefill and a host round trip per row, measured slower on a
+        CPU: bench/queued.py). Prompt i draws its k-th
         token from fold_in(fold_in(PRNGKey(seed), row_ids[i]), k) (default row id: i), whichever
         row it ran in and when: the tokens of `generate` over the same prompts, greedy or sampled
         (the log-probs to the bits of the prefill's sums). `shape` fixes the prefill and the rows as
         in generate (rows: `slots` when shape.rows is 0). The contiguous decode only."""
         if not prompts:
             raise ValueError("sample_queued: no prompts")
-        if slots < 1 or refill_at < 1:
-            raise ValueError(f"sample_queued: slots={slots} and refill_at={refill_at} must be >= 1")
+        if slots < 1 or refill_at < 0:
+            raise ValueError(f"sample_queued: slots={slots} must be >= 1 and refill_at={refill_at} >= 0")
         if self.decode_kernel is not None:
             raise ValueError("sample_queued: SamplerConfig.decode_cache='paged' copies the caches into pages "
                              "once per decode call; a refilled decode runs on the contiguous caches")
@@ -401,6 +404,7 @@ class Sampler:
         if not 0 <= int(seed) < 2**32:
             raise ValueError(f"seed={seed} must be in [0, 2**32)")
         rows = call_rows(slots, shape, self.config.min_batch_bucket)
+        refill_at = refill_at or max(rows // 4, 1)
         width = call_width(prompts, shape, self.config.min_chunk_bucket)
         budget = sampling.max_new_tokens
         capacity = episode_capacity([(0, budget)], self.config.min_chunk_bucket, self.config.cache_multiple)
@@ -453,7 +457,8 @@ class Sampler:
                 owner[ended] = -1
                 budgets[ended] = 0
         lengths = np.array([len(t) for t in tokens], np.int32)
-        return SampleOutput(tokens=tokens, logprobs=logps, finished=finished, lengths=lengths)
+        return SampleOutput(tokens=tokens, logprobs=logps, finished=finished, lengths=lengths,
+                            row_steps=rows * int(carry.step))
 
     def compile_counts(self) -> dict[str, int]:
         return {name: fn._cache_size() for name, fn in
@@ -666,7 +671,7 @@ class Sampler:
         result = SampleOutput(
             tokens=[tokens[b, :n_gen[b]].tolist() for b in range(num_rows)],
             logprobs=[logps[b, :n_gen[b]] for b in range(num_rows)],
-            finished=np.asarray(carry.finished)[:num_rows], lengths=n_gen[:num_rows])
+            finished=np.asarray(carry.finished)[:num_rows], lengths=n_gen[:num_rows], row_steps=rows * int(carry.step))
         state = SamplerState(prefix, suffix, int(carry.write_index), np.asarray(carry.next_position),
                              pending.astype(np.int64), num_rows)
         return result, state

@@ -47,6 +47,14 @@ def test_decode_bench_smallest(tmp_path):
     assert "| paged, XLA " in out  # the paged read beside the contiguous one, outputs checked equal
 
 
+def test_queued_bench_smallest(tmp_path):
+    """Rows refilled as samples end against calls one after another: the same tokens (the bench
+    exits non-zero otherwise), every arm's row printed."""
+    out = run_bench(tmp_path, "queued.py", "--model", "tiny", "--prompts", "5", "--slots", "2", "--prompt", "12",
+                    "--new", "8", "--mean", "4", "--repeats", "1")
+    assert "| calls of --slots prompts, one after another " in out and "| one call, rows refilled" in out
+
+
 def test_prompt_packing_bench_smallest(tmp_path):
     """The packed prompt prefill beside the padded one, same greedy tokens (else it exits non-zero)."""
     out = run_bench(tmp_path, "prompt_packing.py", "--model", "toy", "--calls", "first_turn", "--repeats", "1")

@@ -128,6 +128,18 @@ def test_local_dry_run_passes_arguments_through(sandbox):
     assert not sandbox.calls.exists()
 
 
+@pytest.mark.parametrize("args,want", [
+    ((), "run --config=configs/paragrpo.py:toy"),
+    (("train", "--config.rl.steps=2"), "train --config=configs/paragrpo.py:toy --config.rl.steps=2"),
+    (("forward",), "forward --config=configs/base.py:tiny"),
+    (("report", "runs/ablations"), "report runs/ablations"),  # a workdir, no config
+    (("eval", "--config.model.checkpoint=runs/x"), "eval --config.model.checkpoint=runs/x"),
+])
+def test_local_default_config_only_for_commands_that_read_one(sandbox, args, want):
+    lines = launch(sandbox, "local.sh", *args, DRY_RUN="1").stdout.splitlines()
+    assert lines == ["python -m paravt_jax.cli " + want]
+
+
 @pytest.mark.parametrize("script", ["gpu.sh", "tpu_pod.sh"])
 def test_the_default_workdir_is_the_jobs_own_so_a_requeued_job_resumes(sandbox, script):
     """No timestamp: the same call (a requeue) gets the same workdir; another config another one."""

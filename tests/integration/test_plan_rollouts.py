@@ -65,6 +65,10 @@ class FullBudgetPolicy:
         out, state = self.sampler.extend(state, chunks, **kwargs)
         return self._replace(out, self._turn), state
 
+    def sample_queued(self, prompts, slots, **kwargs):  # sub-agents through refilled rows
+        kwargs["sampling"] = dataclasses.replace(kwargs["sampling"], stop_ids=())
+        return self._replace(self.sampler.sample_queued(prompts, slots, **kwargs), lambda n: self.filler * n)
+
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
@@ -123,6 +127,22 @@ class RecordingPolicy(FullBudgetPolicy):
     def __init__(self, sampler, tokenizer):
         super().__init__(sampler, tokenizer)
         self.subagent_calls = []
+        self.queued_calls, self.queued_caches = 0, []
+        prefill = sampler._prompt_prefill
+
+        def recorded(prompts, rows, width, frames_per_row):  # every prompt cache a queued call fills
+            logits, cache = prefill(prompts, rows, width, frames_per_row)
+            self.queued_caches.append((*cache.valid.shape, frames_per_row))
+            return logits, cache
+        self.recorded_prefill = recorded
+
+    def sample_queued(self, prompts, slots, **kwargs):
+        self.queued_calls += 1
+        self.sampler._prompt_prefill = self.recorded_prefill
+        try:
+            return super().sample_queued(prompts, slots, **kwargs)
+        finally:
+            del self.sampler._prompt_prefill
 
     def generate(self, prompts, num_samples=1, **kwargs):
         sub_agent = self.main_calls > 0
@@ -133,14 +153,16 @@ class RecordingPolicy(FullBudgetPolicy):
         return out, state
 
 
-@pytest.mark.parametrize("batch,calls,rows", [("episode_rows", 3, 4), ("round", 1, 12)])
-def test_planner_sampler_calls_match_the_rollouts(setup, batch, calls, rows):
+@pytest.mark.parametrize("batch,calls,rows,refill", [("episode_rows", 3, 4, False), ("round", 1, 12, False),
+                                                     ("episode_rows", 3, 4, True)])
+def test_planner_sampler_calls_match_the_rollouts(setup, batch, calls, rows, refill):
     """The planner's sub-agent calls are the rollout's under the trainer's fixed shapes
     (rl/shapes.py step_shapes): a round's sub-agent prompts (4 episode rows x 3 calls) go in
     calls of the step's 4 episode rows, or with rl.shapes.subagent_batch="round" in one call of
     exactly 12 rows (not a power of two) whose cache is exactly a fixed sub-agent width just above
     the prompt (not a power of two either); each call's cache as wide as the planner's; the main
-    prompt cache as wide as the fixed prompt width."""
+    prompt cache as wide as the fixed prompt width. With rl.rollout.subagent_refill the 3 calls a
+    round are one call's waves (Sampler.sample_queued), each wave's prompt cache the planner's."""
     from paravt_jax.rl.shapes import step_shapes
 
     video, tok, model = setup
@@ -150,6 +172,7 @@ def test_planner_sampler_calls_match_the_rollouts(setup, batch, calls, rows):
     c.rl.rollout.max_new_tokens, c.rl.rollout.subagent_max_tokens = 128, 24
     c.rl.dispatch.max_parallel, c.rl.dispatch.max_frames = len(WINDOWS), 4
     c.rl.shapes.subagent_batch = batch
+    c.rl.rollout.subagent_refill = refill
     rl = build_run(c).rl
     assumptions = W.Assumptions(question_tokens=len(tok.encode(QUESTION)), video_seconds=SECONDS,
                                 source_frame=(HEIGHT, WIDTH), source_fps=FPS, video_name=os.path.basename(video))
@@ -174,8 +197,13 @@ def test_planner_sampler_calls_match_the_rollouts(setup, batch, calls, rows):
     assert not skipped and len(rollouts) == 4
     rounds = rl.rollout.max_turns
     assert work.subagent_rows == 4 * len(WINDOWS)  # one prompt per call of every row, each round
-    assert len(policy.subagent_calls) == rounds * layout.subagent_calls == rounds * calls
-    assert layout.subagent_rows == rows
+    assert layout.subagent_rows == rows and layout.subagent_calls == calls and layout.subagent_refill == refill
+    if refill:  # one refilled call a round, its waves' prompt caches the planner's calls'
+        assert policy.queued_calls == rounds and not policy.subagent_calls
+        assert len(policy.queued_caches) == rounds * calls  # at full budget a wave ends at once
+        assert set(policy.queued_caches) == {(rows, layout.subagent_prefix_slots, layout.subagent_frames)}
+    else:
+        assert len(policy.subagent_calls) == rounds * layout.subagent_calls == rounds * calls
     for allocated, width, frames in policy.subagent_calls:
         assert (allocated, width, frames) == (rows, layout.subagent_prefix_slots, layout.subagent_frames)
     assert layout.prefix_slots == shapes.prompt.width and layout.extend_width == shapes.extend_width

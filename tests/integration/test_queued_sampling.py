@@ -47,7 +47,7 @@ def assert_same(got, want, atol=2e-5):
         np.testing.assert_allclose(x, y, atol=atol, rtol=0)
 
 
-@pytest.mark.parametrize("slots,refill_at", [(3, 1), (4, 2), (16, 1)])
+@pytest.mark.parametrize("slots,refill_at", [(3, 1), (4, 2), (4, 0), (16, 1)])
 def test_queued_greedy_equals_one_call(model, slots, refill_at):
     sampler = sampler_of(model)
     sampling = SamplingParams(max_new_tokens=NEW)
@@ -58,6 +58,12 @@ def test_queued_greedy_equals_one_call(model, slots, refill_at):
     got = sampler.sample_queued(prompts(), slots, sampling=sampling, refill_at=refill_at)
     assert_same(got, want)
     assert sampler.compile_counts()["decode"] - before <= 1  # one refilled decode for every refill
+    if slots < len(LENGTHS):  # fewer row-steps than calls of `slots` prompts one after another
+        starts = range(0, len(LENGTHS), slots)
+        calls = [sampler.generate(prompts()[i:i + slots], sampling=sampling,
+                                  row_ids=list(range(i, min(i + slots, len(LENGTHS)))))[0] for i in starts]
+        assert [t for c in calls for t in c.tokens] == want.tokens
+        assert got.row_steps < sum(c.row_steps for c in calls)
 
 
 def test_queued_sampling_follows_each_prompts_stream(model):
@@ -98,6 +104,8 @@ def test_bad_arguments_are_refused(model):
         sampler.sample_queued([], 2)
     with pytest.raises(ValueError, match="slots=0"):
         sampler.sample_queued(prompts(), 0)
+    with pytest.raises(ValueError, match="refill_at=-1"):
+        sampler.sample_queued(prompts(), 2, refill_at=-1)
     with pytest.raises(ValueError, match="row_ids: 2 ids for 9 prompts"):
         sampler.sample_queued(prompts(), 2, row_ids=[1, 2])
     with pytest.raises(ValueError, match="decode_cache='paged'"):
