@@ -216,11 +216,13 @@ def decode(graphdef, params, weights, cache: KVCache, prefix: KVCache, inputs: D
         last = c.tokens[rows, jnp.maximum(c.n_gen - 1, 0)] if plan.refill else c.tokens[:, c.step - 1]
         fed = jnp.maximum(last, 0)[:, None]
         positions = jnp.broadcast_to(c.next_position[None, :, None], (3, fed.shape[0], 1))
-        if plan.refill:
-            valid = cache.valid.at[rows, c.write_index].set(active, mode="drop")
+        write = c.write_index
+        if plan.refill:  # a row that is done writes nothing (its slot past the capacity: dropped)
+            write = jnp.where(active, c.write_index, capacity)
+            valid = cache.valid.at[rows, write].set(True, mode="drop")
         else:
             valid = jax.lax.dynamic_update_slice(cache.valid, active[:, None], (0, c.write_index))
-        view = CacheView(KVCache(cache.keys, cache.values, valid), c.write_index, prefix=prefix,
+        view = CacheView(KVCache(cache.keys, cache.values, valid), write, prefix=prefix,
                          active=active if plan.window == "used" else None,
                          paged=None if plan.paged is None else PagedView(pools, table, active, plan.paged))
         block = backend.decode_block if plan.window == "used" else None

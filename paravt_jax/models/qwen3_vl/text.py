@@ -65,7 +65,7 @@ class CacheView:
     """What a cached forward reads and writes. `cache`: the KV cache whose rows the call writes
     (its `valid` already marks the chunk's slots, so padding slots are never attended); the
     chunk goes to slots [write_index, write_index + P) of every row (write_index [B]: each row at
-    its own slot, a scattered write; rows=None only). `window` (static, >=
+    its own slots, a scattered write that drops the slots past the capacity; rows=None only). `window` (static, >=
     write_index + P; None = the capacity) limits attention to the first `window` slots: a
     prefill into an empty or short cache then costs O(P * window), not O(P * S). `prefix`:
     keys and values that groups of rows share and attend before their own cache (row b reads
@@ -304,9 +304,11 @@ class TextDecoder(nnx.Module):
                 # chunk [B, P, KV, hd] -> keys [B, KV, hd, P], values [B, KV, P, hd]
                 k_chunk = k_new.transpose(0, 2, 3, 1).astype(ck.dtype)
                 v_chunk = v_new.transpose(0, 2, 1, 3).astype(cv.dtype)
-                if per_row:  # each row's chunk at its own slot
-                    new_k = jax.vmap(lambda c, k, s: jax.lax.dynamic_update_slice(c, k, (0, 0, s)))(ck, k_chunk, slot)
-                    new_v = jax.vmap(lambda c, v, s: jax.lax.dynamic_update_slice(c, v, (0, s, 0)))(cv, v_chunk, slot)
+                if per_row:  # each row's chunk at its own slots (past the capacity: dropped, not clamped)
+                    b = jnp.arange(ck.shape[0])[:, None]
+                    slots = slot[:, None] + jnp.arange(length)[None]
+                    new_k = ck.at[b, :, :, slots].set(k_chunk.transpose(0, 3, 1, 2), mode="drop")
+                    new_v = cv.at[b, :, slots, :].set(v_chunk.transpose(0, 2, 1, 3), mode="drop")
                 elif rows is None:
                     new_k = jax.lax.dynamic_update_slice(ck, k_chunk, (0, 0, 0, slot))
                     new_v = jax.lax.dynamic_update_slice(cv, v_chunk, (0, 0, slot, 0))
