@@ -55,8 +55,9 @@ def call_prompts(call: str, seed: int):
 
 def measure(model, call: str, repeats: int) -> list:
     from paravt_jax.sampling import Sampler, SamplerConfig, SamplingParams
+    from paravt_jax.sampling.calls import PromptShape
     from paravt_jax.sampling.chunks import pack_rows
-    from paravt_jax.sampling.sampler import PromptShape, packed_rows
+    from paravt_jax.sampling.sampler import packed_rows
 
     rows, width, _ = CALLS[call]
     shape = PromptShape(rows, width, 0)

@@ -67,7 +67,7 @@ def main():
     args = parser.parse_args()
 
     from paravt_jax.sampling import Sampler, SamplerConfig, SamplingParams
-    from paravt_jax.sampling.sampler import PromptShape
+    from paravt_jax.sampling.calls import PromptShape
     from paravt_jax.text.inputs import encode_ids
 
     print(f"machine: {machine()}")

@@ -80,7 +80,7 @@ def group_bytes(sampler, chunks, rows: int, prompts: int, width: int, capacity: 
     out = {"vision": program_bytes(programs.vision, sampler.graphdef, sampler.params, vision.pixel_values,
                                    vision.meta, vision.mesh)}
     chunk = sampler.prefill_chunk(part, group, width, 0, write_index, 0, shards)
-    cache = sampler._empty_cache(rows, capacity)
+    cache = sampler.empty_cache(rows, capacity)
     plan = sampler.prefill_plan(rows, capacity, write_index, width, group, shards)
     out["prefill"] = program_bytes(prefill_program.prefill, sampler.graphdef, sampler.params, sampler.weights,
                                    cache, prefix, chunk, plan=plan)

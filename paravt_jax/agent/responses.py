@@ -12,8 +12,9 @@ import numpy as np
 from paravt_jax.agent.dispatch import CropResult
 from paravt_jax.agent.records import SubTrajectory
 from paravt_jax.agent.tools import lenient_window
+from paravt_jax.sampling.calls import PromptShape
 from paravt_jax.sampling.params import SamplingParams
-from paravt_jax.sampling.sampler import PromptShape, Sampler
+from paravt_jax.sampling.sampler import Sampler
 from paravt_jax.text import chat
 from paravt_jax.text.inputs import ModelInputs, encode, encode_ids
 from paravt_jax.text.tokenizer import Tokenizer

@@ -22,8 +22,9 @@ from paravt_jax.agent.records import CallRecord, Episode, Rollout, SubTrajectory
 from paravt_jax.agent.responses import answer_caption, frames_responses, images_first_messages, subagent_responses
 from paravt_jax.agent.rows import Answer, Row, RowCalls
 from paravt_jax.config import checked, integer, one_of, set_by, validate
+from paravt_jax.sampling.calls import PromptShape, SampleOutput
 from paravt_jax.sampling.params import SamplingParams
-from paravt_jax.sampling.sampler import PromptShape, SampleOutput, Sampler, SamplerState
+from paravt_jax.sampling.sampler import Sampler, SamplerState
 from paravt_jax.text import chat
 from paravt_jax.text.inputs import ModelInputs, encode
 from paravt_jax.text.tokenizer import Tokenizer

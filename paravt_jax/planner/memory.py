@@ -327,7 +327,7 @@ class SamplerPrograms:
         return jax.ShapeDtypeStruct(shape, dtype, sharding=self.replicated)
 
     def cache(self, rows: int, capacity: int) -> tuple[KVCache, object]:
-        """Abstract (cache, its shardings) of a cache as Sampler._empty_cache makes it."""
+        """Abstract (cache, its shardings) of a cache as Sampler.empty_cache makes it."""
         t = self.config.text
         spec = CacheSpec(t.num_hidden_layers, rows, capacity, t.num_key_value_heads, t.head_dim,
                          self.cache_dtype.name)

@@ -15,9 +15,9 @@ from paravt_jax.models.qwen3_vl.config import Qwen3VLConfig, load_config, preset
 from paravt_jax.planner.memory import PrefillCall
 from paravt_jax.rl.shapes import StepShapes, step_shapes
 from paravt_jax.run_config import SECTIONS, RunConfig, builtin_assets
+from paravt_jax.sampling.calls import call_rows
 from paravt_jax.sampling.kv_cache import capacity_after, episode_capacity, first_capacity
 from paravt_jax.sampling.params import SamplingParams
-from paravt_jax.sampling.sampler import call_rows
 from paravt_jax.sft.frames import largest_frames
 from paravt_jax.text import chat
 from paravt_jax.text.inputs import ModelInputs, encode

@@ -35,7 +35,7 @@ from paravt_jax.agent.dispatch import DispatchConfig
 from paravt_jax.agent.rollout import FRAME_TEXT_TOKENS, RolloutConfig, response_tokens_bound
 from paravt_jax.config import checked, integer, one_of, validate
 from paravt_jax.infra.buckets import bucket
-from paravt_jax.sampling.sampler import PromptShape
+from paravt_jax.sampling.calls import PromptShape
 from paravt_jax.video.frames import FACTOR
 
 POLICIES = ("fixed", "per_call")

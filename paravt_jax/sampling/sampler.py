@@ -26,13 +26,14 @@ from flax import nnx
 
 from paravt_jax.config import ConfigValueError, set_by
 from paravt_jax.infra import distributed as dist
-from paravt_jax.infra.buckets import bucket, fit
+from paravt_jax.infra.buckets import bucket
 from paravt_jax.models.qwen3_vl.model import Qwen3VL
 from paravt_jax.models.qwen3_vl.text import KVCache
 from paravt_jax.sampling import decode as decode_program
-from paravt_jax.sampling import pages, programs
+from paravt_jax.sampling import pages, programs, refill
 from paravt_jax.sampling import prefill as prefill_program
 from paravt_jax.sampling.backend import DecodeWeights, backend_policy
+from paravt_jax.sampling.calls import PromptShape, SampleOutput, call_rows, call_width
 from paravt_jax.sampling.chunks import (
     chunk_width,
     collate,
@@ -144,35 +145,6 @@ class SamplerConfig:
                                    f"{devices} devices: set them off, or sample on one device")
 
 
-@dataclasses.dataclass(frozen=True)
-class PromptShape:
-    """Fixed sizes of a generate() call's prompt prefill, so that calls over other prompts run
-    the programs compiled for earlier ones: `rows` prompt rows (padding rows when fewer; more
-    prompts than that take their own bucket, see `call_rows`), at least `width` tokens, and a
-    vision pass padded to `frames_per_row` frames per prompt row (per frame size). Zeros: each
-    call's own power-of-two buckets."""
-    rows: int = 0
-    width: int = 0
-    frames_per_row: int = 0
-
-    def __post_init__(self):
-        if min(self.rows, self.width, self.frames_per_row) < 0:
-            raise ValueError(f"PromptShape sizes must be >= 0, got {self}")
-
-
-def call_rows(prompts: int, shape: PromptShape, min_batch_bucket: int = 1) -> int:
-    """Prompt rows of a generate() call of `prompts` prompts: exactly shape.rows when they fit
-    (all of a round's sub-agent prompts, episode rows x calls per turn, in one call of 320 rows,
-    not 512), else their power-of-two bucket (infra/buckets.py `fit`)."""
-    return fit(prompts, shape.rows, min_batch_bucket)
-
-
-def call_width(prompts: Sequence[ModelInputs], shape: PromptShape, min_chunk_bucket: int = 1) -> int:
-    """Prefill width of a generate() call: exactly shape.width when the longest prompt fits (a
-    sub-agent prompt of ~1,420 tokens in 1,536, not 2,048), else its power-of-two bucket."""
-    return fit(max([p.length for p in prompts] + [1]), shape.width, min_chunk_bucket)
-
-
 # The packed prefill's call shapes whose every row count is compiled (Sampler._packed_prefill)
 PACKED_SHAPES: set = set()
 
@@ -193,15 +165,6 @@ def empty_rows(chunk: PackedChunk, packed: int, rows: int) -> PackedChunk:
     return PackedChunk(zeros, np.zeros((3, packed, width), np.int32), zeros, index, chunk.visual_embeds,
                        chunk.deepstack, np.full(packed * width, rows, np.int32), np.zeros(packed * width, np.int32),
                        np.zeros_like(chunk.last))
-
-
-@dataclasses.dataclass(frozen=True)
-class SampleOutput:
-    tokens: list[list[int]]  # per row, the stop token included when hit
-    logprobs: list[np.ndarray]  # per row, float32, same length as tokens
-    finished: np.ndarray  # [B] bool: hit a stop id
-    lengths: np.ndarray  # [B] generated tokens
-    row_steps: int = 0  # the call's decode work: its rows x the decode steps they ran, busy or not
 
 
 @dataclasses.dataclass(frozen=True)
@@ -317,20 +280,20 @@ class Sampler:
             raise ValueError(f"generate: num_samples={num_samples} must be >= 1")
         prompt_rows = call_rows(len(prompts), shape, self.config.min_batch_bucket)
         width = call_width(prompts, shape, self.config.min_chunk_bucket)
-        logits, prefix = self._prompt_prefill(list(prompts), prompt_rows, width, shape.frames_per_row)
+        logits, prefix = self.prompt_prefill(list(prompts), prompt_rows, width, shape.frames_per_row)
         rows = prompt_rows * num_samples
         total = len(prompts) * num_samples
         logits = jnp.repeat(logits, num_samples, axis=0)
         if not self.config.shared_prefix and num_samples > 1:
             index = jnp.repeat(jnp.arange(prompt_rows), num_samples)
-            prefix = programs.copy_rows(prefix, index, self._sharding(rows, width))
+            prefix = programs.copy_rows(prefix, index, self.cache_shardings(rows, width))
         capacity = episode_capacity([(0, sampling.max_new_tokens), *reserve], self.config.min_chunk_bucket,
                                     self.config.cache_multiple)
         next_position = np.zeros(rows, np.int32)
         next_position[:total] = np.repeat([p.next_position for p in prompts], num_samples)
         budgets = np.zeros(rows, np.int32)
         budgets[:total] = sampling.max_new_tokens
-        return self._decode(prefix, self._empty_cache(rows, capacity), 0, logits, next_position, budgets, total,
+        return self._decode(prefix, self.empty_cache(rows, capacity), 0, logits, next_position, budgets, total,
                             seed, sampling, row_ids=row_ids)
 
     def extend(self, state: SamplerState, chunks: Sequence[ModelInputs | None], *,
@@ -391,74 +354,8 @@ class Sampler:
         row it ran in and when: the tokens of `generate` over the same prompts, greedy or sampled
         (the log-probs to the bits of the prefill's sums). `shape` fixes the prefill and the rows as
         in generate (rows: `slots` when shape.rows is 0). The contiguous decode only."""
-        if not prompts:
-            raise ValueError("sample_queued: no prompts")
-        if slots < 1 or refill_at < 0:
-            raise ValueError(f"sample_queued: slots={slots} must be >= 1 and refill_at={refill_at} >= 0")
-        if self.decode_kernel is not None:
-            raise ValueError("sample_queued: SamplerConfig.decode_cache='paged' copies the caches into pages "
-                             "once per decode call; a refilled decode runs on the contiguous caches")
-        ids = list(range(len(prompts))) if row_ids is None else [int(i) for i in row_ids]
-        if len(ids) != len(prompts):
-            raise ValueError(f"row_ids: {len(ids)} ids for {len(prompts)} prompts")
-        if not 0 <= int(seed) < 2**32:
-            raise ValueError(f"seed={seed} must be in [0, 2**32)")
-        rows = call_rows(slots, shape, self.config.min_batch_bucket)
-        refill_at = refill_at or max(rows // 4, 1)
-        width = call_width(prompts, shape, self.config.min_chunk_bucket)
-        budget = sampling.max_new_tokens
-        capacity = episode_capacity([(0, budget)], self.config.min_chunk_bucket, self.config.cache_multiple)
-        steps = bucket(budget, 16)
-        owner = np.full(rows, -1)  # the prompt each row samples (-1: none)
-        row_stream = np.zeros(rows, np.int64)
-        budgets = np.zeros(rows, np.int32)
-        carry = DecodeCarry.start(budgets, steps, np.zeros(rows, np.int32), np.zeros(rows, np.int32))
-        queue = list(range(len(prompts)))[::-1]  # popped from the end: prompt order
-        tokens: list = [None] * len(prompts)
-        logps: list = [None] * len(prompts)
-        finished = np.zeros(len(prompts), bool)
-        prefix = suffix = logits = None
-        plan = DecodePlan(self._sharding(rows, capacity), self.backend, self.config.decode_window,
-                          truncation=sampling.truncates, refill=True)
-        while True:
-            free = np.flatnonzero(owner < 0)
-            admitted = [queue.pop() for _ in range(min(len(free), len(queue)))]
-            if admitted:
-                target = free[:len(admitted)]
-                fresh_logits, fresh = self._prompt_prefill([prompts[i] for i in admitted], rows, width,
-                                                           shape.frames_per_row)
-                if prefix is None:  # the first call: every row free, the prompts in row order
-                    prefix, logits, suffix = fresh, fresh_logits, self._empty_cache(rows, capacity)
-                else:
-                    index = np.full(rows, rows, np.int32)
-                    index[:len(admitted)] = target
-                    prefix, suffix, logits = programs.admit_rows(prefix, suffix, logits, fresh, fresh_logits, index,
-                                                                 self._sharding(rows, width), plan.sharding)
-                owner[target] = admitted
-                row_stream[target] = [ids[i] for i in admitted]
-                budgets[target] = budget
-                carry = carry.restart(target, np.array([prompts[i].next_position for i in admitted], np.int32))
-            if (owner < 0).all():
-                break
-            empty = int((owner < 0).sum())
-            stop_when_done = empty + min(refill_at, len(queue)) if queue else rows + 1
-            inputs = DecodeInputs.of(logits, budgets, decode_program.row_keys(np.uint32(seed), row_stream),
-                                     sampling, steps, stop_when_done)
-            carry, suffix = decode_program.decode(self.graphdef, self.params, self.weights, suffix, prefix, inputs,
-                                                  carry, plan)
-            done, n_gen = np.asarray(carry.done), np.asarray(carry.n_gen)
-            ended = np.flatnonzero(done & (owner >= 0))
-            if ended.size:
-                all_tokens, all_logps, hit = (np.asarray(a) for a in (carry.tokens, carry.logps, carry.finished))
-                for b in ended:
-                    i = owner[b]
-                    tokens[i], logps[i] = all_tokens[b, :n_gen[b]].tolist(), all_logps[b, :n_gen[b]].copy()
-                    finished[i] = hit[b]
-                owner[ended] = -1
-                budgets[ended] = 0
-        lengths = np.array([len(t) for t in tokens], np.int32)
-        return SampleOutput(tokens=tokens, logprobs=logps, finished=finished, lengths=lengths,
-                            row_steps=rows * int(carry.step))
+        return refill.sample_queued(self, prompts, slots, sampling=sampling, seed=seed, row_ids=row_ids, shape=shape,
+                                    refill_at=refill_at)
 
     def compile_counts(self) -> dict[str, int]:
         return {name: fn._cache_size() for name, fn in
@@ -489,17 +386,18 @@ class Sampler:
             return chunk
         return prepend(int(state.pending[b]), int(state.next_position[b]), chunk)
 
-    def _sharding(self, rows: int, capacity: int):
+    def cache_shardings(self, rows: int, capacity: int):
         layers, kv, hd = self._layout
         return cache_sharding(self.mesh, CacheSpec(layers, rows, capacity, kv, hd, self.cache_dtype.name))
 
     def _grow(self, cache: KVCache, new_capacity: int) -> KVCache:
         rows, capacity = cache.valid.shape
-        return grow_suffix(cache, new_capacity - capacity, self._sharding(rows, new_capacity))
+        return grow_suffix(cache, new_capacity - capacity, self.cache_shardings(rows, new_capacity))
 
-    def _empty_cache(self, rows: int, capacity: int) -> KVCache:
+    def empty_cache(self, rows: int, capacity: int) -> KVCache:
         layers, kv, hd = self._layout
-        return programs.new_cache(layers, (rows, kv, capacity, hd), self.cache_dtype, self._sharding(rows, capacity))
+        return programs.new_cache(layers, (rows, kv, capacity, hd), self.cache_dtype,
+                                  self.cache_shardings(rows, capacity))
 
     def row_shards(self, rows: int, prompts: int) -> int:
         layers, kv, hd = self._layout
@@ -520,8 +418,8 @@ class Sampler:
         window = capacity  # "used": attend only to the slots in use (bucketed, so few compiled variants)
         if self.config.prefill_window == "used":
             window = min(bucket(write_index + width, 16, self.config.cache_multiple), capacity)
-        return PrefillPlan(self._sharding(rows, capacity), self.backend, window, self.prefill_block(group), shards,
-                           self.config.prefill_row_split)
+        return PrefillPlan(self.cache_shardings(rows, capacity), self.backend, window, self.prefill_block(group),
+                           shards, self.config.prefill_row_split)
 
     def _prefill(self, cache: KVCache, prefix: KVCache | None, write_index: int, chunks: list[ModelInputs | None],
                  width: int, frames_per_row: int = 0) -> tuple[jax.Array, KVCache]:
@@ -550,13 +448,13 @@ class Sampler:
         inverse = np.argsort(np.concatenate(order))
         return jnp.concatenate(logits)[inverse], cache
 
-    def _prompt_prefill(self, prompts: list[ModelInputs], rows: int, width: int, frames_per_row: int
+    def prompt_prefill(self, prompts: list[ModelInputs], rows: int, width: int, frames_per_row: int
                         ) -> tuple[jax.Array, KVCache]:
         """A prompt cache of `rows` x `width` slots holding `prompts` in its first rows, packed
         (config.prompt_packing) or a right-padded row each. Returns (logits [rows, V], the cache)."""
         if self.config.prompt_packing:
             return self._packed_prefill(prompts, rows, width, frames_per_row)
-        return self._prefill(self._empty_cache(rows, width), None, 0, prompts, width, frames_per_row)
+        return self._prefill(self.empty_cache(rows, width), None, 0, prompts, width, frames_per_row)
 
     def _packed_prefill(self, prompts: list[ModelInputs], rows: int, width: int, frames_per_row: int
                         ) -> tuple[jax.Array, KVCache]:
@@ -653,7 +551,7 @@ class Sampler:
         inputs = DecodeInputs.of(logits, budgets, decode_program.row_keys(np.uint32(seed), ids), sampling, steps)
         carry = DecodeCarry.start(budgets, steps, write_index, next_position)
         while True:  # one segment per suffix size: grow it (at most double) when the slots run out
-            plan = DecodePlan(self._sharding(rows, suffix.capacity), self.backend, self.config.decode_window,
+            plan = DecodePlan(self.cache_shardings(rows, suffix.capacity), self.backend, self.config.decode_window,
                               self.paged_plan(), truncation=sampling.truncates)
             carry, suffix = decode_program.decode(self.graphdef, self.params, self.weights, suffix, prefix, inputs,
                                                   carry, plan)

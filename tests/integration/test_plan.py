@@ -45,7 +45,7 @@ def test_kv_cache_matches_the_samplers_own_cache(sharded_tiny, tokenizer):
     sampler = Sampler(model, mesh=mesh)
     for name, rows, slots in (("prompt KV cache (", layout.prompt_rows, layout.prefix_slots),
                               ("KV cache (", layout.rows, layout.suffix_slots)):
-        cache = sampler._empty_cache(rows, slots)
+        cache = sampler.empty_cache(rows, slots)
         arrays = cache.keys + cache.values
         row = next(c for c in result.sampler.components if c.name.startswith(name))
         assert row.per_device_bytes == sum(a.addressable_shards[0].data.nbytes for a in arrays)

@@ -16,7 +16,7 @@ from paravt_jax.models.qwen3_vl import init_model, preset
 from paravt_jax.planner import workload as W
 from paravt_jax.run_config import build_run
 from paravt_jax.sampling import Sampler, SamplerConfig
-from paravt_jax.sampling.sampler import SampleOutput
+from paravt_jax.sampling.calls import SampleOutput
 from paravt_jax.text.tokenizer import train_tokenizer
 
 CORPUS = ["<think>I will look at two windows.</think> the answer is blue", "crop_video start_time end_time",
@@ -128,7 +128,7 @@ class RecordingPolicy(FullBudgetPolicy):
         super().__init__(sampler, tokenizer)
         self.subagent_calls = []
         self.queued_calls, self.queued_caches = 0, []
-        prefill = sampler._prompt_prefill
+        prefill = sampler.prompt_prefill
 
         def recorded(prompts, rows, width, frames_per_row):  # every prompt cache a queued call fills
             logits, cache = prefill(prompts, rows, width, frames_per_row)
@@ -138,11 +138,11 @@ class RecordingPolicy(FullBudgetPolicy):
 
     def sample_queued(self, prompts, slots, **kwargs):
         self.queued_calls += 1
-        self.sampler._prompt_prefill = self.recorded_prefill
+        self.sampler.prompt_prefill = self.recorded_prefill
         try:
             return super().sample_queued(prompts, slots, **kwargs)
         finally:
-            del self.sampler._prompt_prefill
+            del self.sampler.prompt_prefill
 
     def generate(self, prompts, num_samples=1, **kwargs):
         sub_agent = self.main_calls > 0

@@ -10,8 +10,9 @@ import pytest
 from paravt_jax.infra import sharding as sh
 from paravt_jax.models.qwen3_vl import init_model, preset
 from paravt_jax.sampling import Sampler, SamplerConfig, SamplingParams
+from paravt_jax.sampling.calls import PromptShape
 from paravt_jax.sampling.chunks import pack_rows
-from paravt_jax.sampling.sampler import PromptShape, packed_rows
+from paravt_jax.sampling.sampler import packed_rows
 from paravt_jax.text.inputs import encode_ids
 
 NEW = 20

@@ -9,7 +9,7 @@ import pytest
 
 from paravt_jax.models.qwen3_vl import init_model, preset
 from paravt_jax.sampling import Sampler, SamplerConfig, SamplingParams
-from paravt_jax.sampling.sampler import PromptShape
+from paravt_jax.sampling.calls import PromptShape
 from paravt_jax.text.inputs import encode_ids
 
 NEW = 24

@@ -10,7 +10,7 @@ from paravt_jax.infra.buckets import bucket
 from paravt_jax.models.qwen3_vl import init_model, load_pretrained, preset
 from paravt_jax.models.qwen3_vl.rope import get_rope_index
 from paravt_jax.sampling import Sampler, SamplerConfig, SamplingParams, generate, sample_logits
-from paravt_jax.sampling.sampler import PromptShape
+from paravt_jax.sampling.calls import PromptShape
 from paravt_jax.text import chat
 from paravt_jax.text.inputs import ModelInputs, encode_ids
 from support.hf_tiny import IM_START, build_hf_tiny, image_tokens, patches, text_ids, video_tokens

@@ -8,9 +8,9 @@ import pytest
 from paravt_jax.models.qwen3_vl import init_model, preset
 from paravt_jax.models.qwen3_vl.rope import get_rope_index
 from paravt_jax.sampling import Sampler, SamplerConfig, SamplingParams
+from paravt_jax.sampling.calls import PromptShape
 from paravt_jax.sampling.chunks import group_rows
 from paravt_jax.sampling.programs import grow_layer
-from paravt_jax.sampling.sampler import PromptShape
 from paravt_jax.text.inputs import ModelInputs, encode_ids
 from paravt_jax.train import compiles
 from support.hf_tiny import image_tokens, patches, text_ids
@@ -113,7 +113,7 @@ def test_row_grouped_prefill_equals_one_group(model):
         assert grouped.prefill_group(rows, 1, width) == want
         results = []
         for s in (sampler, grouped):
-            logits, cache = s._prefill(s._empty_cache(rows, width), None, 0, prompts(), width)
+            logits, cache = s._prefill(s.empty_cache(rows, width), None, 0, prompts(), width)
             results.append([x[:3] for x in [logits, *jax.tree.leaves(cache)]])  # the padding row differs
         for a, b in zip(*results):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)

@@ -34,8 +34,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from paravt_jax.sampling.calls import PromptShape, SampleOutput
 from paravt_jax.sampling.params import SamplingParams
-from paravt_jax.sampling.sampler import PromptShape, SampleOutput
 from paravt_jax.text import chat
 from paravt_jax.text.inputs import ModelInputs
 

@@ -5,7 +5,7 @@ from paravt_jax.configs import paragrpo
 from paravt_jax.infra.buckets import bucket, fit
 from paravt_jax.rl.shapes import step_shapes
 from paravt_jax.run_config import build_run
-from paravt_jax.sampling.sampler import PromptShape, call_rows, call_width
+from paravt_jax.sampling.calls import PromptShape, call_rows, call_width
 from paravt_jax.text.inputs import encode_ids
 
 
