@@ -21,6 +21,11 @@ def model(request):
     return init_model(preset(request.param, attention_block=16), seed=5)
 
 
+@pytest.fixture(scope="module")
+def tiny():
+    return init_model(preset("tiny", attention_block=16), seed=5)
+
+
 def prompts(seed=3):
     rng = np.random.default_rng(seed)
     return [encode_ids(rng.integers(0, 900, n).tolist(), 0) for n in LENGTHS]
@@ -79,11 +84,11 @@ def test_queued_sampling_follows_each_prompts_stream(model):
     assert_same(got, want)
 
 
-def test_queued_packed_prompts_with_a_fixed_shape(model):
+def test_queued_packed_prompts_with_a_fixed_shape(tiny):
     """The prompts prefilled packed (prompt_packing) into a call of fixed rows and width: the
     same tokens as one packed call over all of them (the log-probs to the bits of the packed
     attention's other blocks)."""
-    sampler = sampler_of(model, prompt_packing=True)
+    sampler = sampler_of(tiny, prompt_packing=True)
     sampling = SamplingParams(max_new_tokens=NEW)
     sampling = dataclasses.replace(sampling, stop_ids=stops_of(sampler, sampling))
     want, _ = sampler.generate(prompts(), sampling=sampling)
@@ -91,15 +96,15 @@ def test_queued_packed_prompts_with_a_fixed_shape(model):
     assert_same(got, want, atol=2e-4)
 
 
-def test_fewer_prompts_than_slots(model):
-    sampler = sampler_of(model)
+def test_fewer_prompts_than_slots(tiny):
+    sampler = sampler_of(tiny)
     sampling = SamplingParams(max_new_tokens=NEW)
     want, _ = sampler.generate(prompts()[:2], sampling=sampling)
     assert_same(sampler.sample_queued(prompts()[:2], 8, sampling=sampling), want)
 
 
-def test_bad_arguments_are_refused(model):
-    sampler = sampler_of(model)
+def test_bad_arguments_are_refused(tiny):
+    sampler = sampler_of(tiny)
     with pytest.raises(ValueError, match="no prompts"):
         sampler.sample_queued([], 2)
     with pytest.raises(ValueError, match="slots=0"):
@@ -109,7 +114,7 @@ def test_bad_arguments_are_refused(model):
     with pytest.raises(ValueError, match="row_ids: 2 ids for 9 prompts"):
         sampler.sample_queued(prompts(), 2, row_ids=[1, 2])
     with pytest.raises(ValueError, match="decode_cache='paged'"):
-        sampler_of(model, decode_cache="paged").sample_queued(prompts(), 2)
+        sampler_of(tiny, decode_cache="paged").sample_queued(prompts(), 2)
 
 
 def test_subagent_round_through_refilled_rows(tmp_path):
