@@ -52,8 +52,9 @@ def subagent_responses(results: list[CropResult], sampler: Sampler, tokenizer: T
     streams = list(range(len(results))) if stream_ids is None else list(stream_ids)
     size = shape.rows or max(len(ok), 1)
     queued = refill and len(ok) > size
-    for start in range(0, len(ok), len(ok) if queued else size):
-        part = ok[start:start + (len(ok) if queued else size)]
+    per_call = len(ok) if queued else size  # one refilled call takes every prompt
+    for start in range(0, len(ok), per_call):
+        part = ok[start:start + per_call]
         prompts = [subagent_prompt(results[i].clip, results[i].request.start, results[i].request.end, tokenizer)
                    for i in part]
         row_ids = [streams[i] for i in part]

@@ -88,7 +88,7 @@ def sample_queued(sampler, prompts: Sequence[ModelInputs], slots: int, *, sampli
     rows, samples = Rows.empty(count), Samples.of(len(prompts))
     carry = DecodeCarry.start(rows.budgets, steps, np.zeros(count, np.int32), np.zeros(count, np.int32))
     queue = list(range(len(prompts)))[::-1]  # popped from the end: prompt order
-    prefix = suffix = logits = None
+    prefix = suffix = logits = keys = None
     plan = DecodePlan(sampler.cache_shardings(count, capacity), sampler.backend, config.decode_window,
                       truncation=sampling.truncates, refill=True)
     while True:
@@ -107,13 +107,13 @@ def sample_queued(sampler, prompts: Sequence[ModelInputs], slots: int, *, sampli
                                                              sampler.cache_shardings(count, width), plan.sharding)
             rows.owner[target], rows.budgets[target] = admitted, budget
             rows.stream[target] = [ids[i] for i in admitted]
+            keys = decode_program.row_keys(np.uint32(seed), rows.stream)  # only when the rows' prompts change
             carry = carry.restart(target, np.array([prompts[i].next_position for i in admitted], np.int32))
         if (rows.owner < 0).all():
             break
         # decode until refill_at more rows are free (while prompts wait), else until every row is done
         stop_when_done = int((rows.owner < 0).sum()) + min(refill_at, len(queue)) if queue else count + 1
-        inputs = DecodeInputs.of(logits, rows.budgets, decode_program.row_keys(np.uint32(seed), rows.stream),
-                                 sampling, steps, stop_when_done)
+        inputs = DecodeInputs.of(logits, rows.budgets, keys, sampling, steps, stop_when_done)
         carry, suffix = decode_program.decode(sampler.graphdef, sampler.params, sampler.weights, suffix, prefix,
                                               inputs, carry, plan)
         samples.collect(carry, rows)
