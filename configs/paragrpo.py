@@ -4,7 +4,7 @@
     paravt-jax train --config=configs/paragrpo.py:qwen3vl_8b --config.model.checkpoint=/data/Qwen3-VL-8B
 
 Presets: toy (the main job's built-in default, `bash launch/local.sh`: the learnable `events`
-task of paravt_jax/data/events.py with the `toy` model, docs/toy_task.md; about 14.5 minutes on a
+task of paravt_jax/data/events.py with the `toy` model, docs/toy_task.md; 9.5-11.5 minutes on a
 2-core CPU), tiny (the `shapes` set and the 2-layer `tiny` model; every stage in a few minutes,
 nothing learned), qwen3vl_2b, qwen3vl_8b
 (the reference hyper-parameters of paragrpo_8b.yaml), qwen3vl_32b (the same recipe on the
