@@ -149,13 +149,15 @@ class RowGroup:
 
 
 def row_shards(shardings: CacheShardings | None, spec: CacheSpec, prompts: int) -> int:
-    """Blocks the cache rows are split into over the devices: 1 without a mesh, or when
-    `prompts` prefix rows do not split alike (then a prefill row group may read rows of other
+    """Blocks the cache rows are split into over the devices: each block holds whole prompts
+    (`prompts` a multiple of the blocks) or lies within one prompt (the blocks a multiple of the
+    prompts: a prefill gives each block its prompt's prefix, prefill.block_prefixes); 1 without a
+    mesh, or when the prompts split otherwise (a prefill row group would read rows of other
     devices)."""
     if shardings is None:
         return 1
     shards = spec.batch // shardings.values.shard_shape(spec.layer_shape)[0]
-    return shards if prompts % shards == 0 else 1
+    return shards if prompts % shards == 0 or shards % prompts == 0 else 1
 
 
 def constrain(cache: KVCache, shardings: CacheShardings | None) -> KVCache:

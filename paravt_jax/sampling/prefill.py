@@ -82,6 +82,19 @@ def row_split(plan: PrefillPlan) -> tuple:
     return sh.row_constraint(mesh), lambda params: jax.lax.with_sharding_constraint(params, whole)
 
 
+def block_prefixes(prefix: KVCache, shards: int, pin_rows=None) -> KVCache:
+    """The prefix row of each of `shards` blocks of cache rows when the blocks outnumber the
+    prompts (each block lies within one prompt: block b reads prompt b // (shards / P)), split
+    by rows as the hidden states are (`pin_rows`, row_split's), so each device holds its own
+    prompt's keys and values: the attention then folds a block's rows onto one prefix row, as it
+    folds a prompt's samples. (With the prefix read whole against rows split over more devices
+    than prompts, no device's rows would hold whole prompts: 8B or 32B prompts on 16 or 32 row
+    blocks would run every token of the group on every device.)"""
+    spread = shards // prefix.valid.shape[0]
+    pin = pin_rows or (lambda x: x)
+    return jax.tree.map(lambda a: pin(jnp.repeat(a, spread, axis=0)), prefix)
+
+
 @functools.partial(jax.jit, static_argnames=("graphdef", "plan"), donate_argnames="cache")
 def prefill(graphdef, params, weights, cache: KVCache, prefix: KVCache | None, chunk: PrefillChunk,
             plan: PrefillPlan) -> tuple[jax.Array, KVCache]:
@@ -93,7 +106,10 @@ def prefill(graphdef, params, weights, cache: KVCache, prefix: KVCache | None, c
     lang = merge(graphdef, params).language
     group, width = chunk.ids.shape
     rows = None if group == cache.valid.shape[0] else RowGroup(chunk.row_start, group // plan.shards, plan.shards)
-    if prefix is not None and rows is not None:
+    pin_rows, gather = row_split(plan)
+    if prefix is not None and plan.shards > prefix.valid.shape[0]:
+        prefix = block_prefixes(prefix, plan.shards, pin_rows)
+    elif prefix is not None and rows is not None:
         per_prompt = cache.valid.shape[0] // prefix.valid.shape[0]
         prompts = RowGroup(chunk.row_start // per_prompt, max(rows.local // per_prompt, 1), plan.shards)
         prefix = jax.tree.map(prompts.read, prefix)
@@ -106,7 +122,6 @@ def prefill(graphdef, params, weights, cache: KVCache, prefix: KVCache | None, c
     view = CacheView(KVCache(cache.keys, cache.values, valid), chunk.write_index, window=plan.window,
                      prefix=prefix, rows=rows)
     visual_index, embeds, deepstack = whole_features(chunk, plan.sharding)
-    pin_rows, gather = row_split(plan)
     hidden, cache = lang.forward_cached(chunk.ids, chunk.positions, view, visual_index, embeds, deepstack,
                                         layers=weights.layers, project=plan.backend.project, block=plan.block,
                                         constrain_rows=pin_rows, gather_weights=gather)

@@ -45,13 +45,13 @@ def models():
     return plain, sharded, mesh
 
 
-def rollout(sampler: Sampler, seed: int = 0):
+def rollout(sampler: Sampler, seed: int = 0, prompts: int = 8, samples: int = 2):
     """A greedy prompt of 1-3 frames per prompt (8 prompts x 2 samples), then a tool response of
     1-2 frames on every row: the tokens and log-probs of both turns."""
     rng = np.random.default_rng(seed)
     greedy = SamplingParams(max_new_tokens=6)
-    first, state = sampler.generate([image_row(rng, int(rng.integers(1, 4))) for _ in range(8)], num_samples=2,
-                                    sampling=greedy, seed=1)
+    first, state = sampler.generate([image_row(rng, int(rng.integers(1, 4))) for _ in range(prompts)],
+                                    num_samples=samples, sampling=greedy, seed=1)
     chunks = [image_row(rng, int(rng.integers(1, 3)), int(s)) for s in state.chunk_start[:state.num_rows]]
     second, _ = sampler.extend(state, chunks, sampling=greedy, seed=2)
     return first.tokens + second.tokens, first.logprobs + second.logprobs
@@ -63,6 +63,23 @@ def test_vision_per_shard_gives_the_replicated_and_unsharded_tokens(models):
     for vision_shards in (False, True):
         tokens, logps = rollout(Sampler(sharded, SamplerConfig(vision_shards=vision_shards), mesh=mesh))
         assert tokens == expected, vision_shards
+        for a, b in zip(logps, expected_logps):
+            np.testing.assert_allclose(a, b, atol=1e-4)
+
+
+@pytest.mark.parametrize("prompts,samples", [(4, 4), (2, 8)])
+def test_fewer_prompts_than_row_blocks_split_the_extend_by_rows(models, prompts, samples):
+    """16 rows of 4 or 2 prompts on 8 devices: each device's block of 2 rows lies within one
+    prompt, so the tool-response extend still splits by rows (each block given its prompt's
+    prefix) instead of running every token on every device; the same greedy tokens and log-probs
+    as the unsharded sampler and as the extend left to XLA (prefill_row_split off)."""
+    plain, sharded, mesh = models
+    split = Sampler(sharded, mesh=mesh)
+    assert split.row_shards(16, prompts) == 8 and split.row_shards(16, 16) == 8
+    expected, expected_logps = rollout(Sampler(plain), prompts=prompts, samples=samples)
+    for sampler in (split, Sampler(sharded, SamplerConfig(prefill_row_split=False), mesh=mesh)):
+        tokens, logps = rollout(sampler, prompts=prompts, samples=samples)
+        assert tokens == expected
         for a, b in zip(logps, expected_logps):
             np.testing.assert_allclose(a, b, atol=1e-4)
 
