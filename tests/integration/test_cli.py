@@ -83,7 +83,8 @@ def test_main_job_end_to_end_then_export(builtin_root, tmp_path):
     common = [f"--config={ROOT}/configs/paragrpo.py:tiny", f"--workdir={workdir}",
               f"--config.data.builtin_root={builtin_root}"]
     text, log = run_cli_logged("run", *common, "--config.sft.steps=2", "--config.sft.batch_size=2",
-                               "--config.sft.nframes=2", "--config.rl.steps=1", "--config.rl.samples_per_prompt=2",
+                               "--config.sft.nframes=2", "--config.sft.train_frames=8", "--config.rl.steps=1",
+                               "--config.rl.samples_per_prompt=2",
                                "--config.rl.prompts_per_step=1", "--config.rl.rollout.max_new_tokens=8",
                                "--config.rl.rollout.max_turns=1",
                                "--config.rl.rollout.subagent_max_tokens=8", "--config.rl.eval_every=1",

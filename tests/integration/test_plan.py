@@ -101,13 +101,15 @@ def test_xla_activations_agree_with_the_estimate(xla_plan, tokenizer):
 
 def test_plan_exits_0_and_prints_only_notes_after_the_table(builtin_root, tmp_path):
     """`python -m paravt_jax.cli plan` from a plain environment (no XLA_FLAGS: the xla compile
-    for 2 devices runs in a child process): exit 0, nothing after the table but notes."""
+    for 2 devices runs in a child process, here one for all the programs; a child per program,
+    the default, in tests/integration/test_plan_tpu.py and tests/unit/test_plan.py): exit 0,
+    nothing after the table but notes."""
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
     env["PYTHONPATH"] = ROOT
     done = subprocess.run([sys.executable, "-m", "paravt_jax.cli", "plan", f"--config={ROOT}/configs/paragrpo.py:tiny",
                            f"--config.data.builtin_root={builtin_root}", "--config.rl.rollout.max_new_tokens=32",
                            "--config.rl.rollout.max_turns=1", "--mesh=data=1,fsdp=2,tensor=1", "--device_memory_gb=16",
-                           "--activations=xla", "--question_tokens=40", "--stage=rl"],
+                           "--activations=xla", "--question_tokens=40", "--stage=rl", "--compile_in=process"],
                           capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "MemoryPlan(" not in done.stderr and "Traceback" not in done.stderr
@@ -121,7 +123,7 @@ def test_plan_exits_0_and_prints_only_notes_after_the_table(builtin_root, tmp_pa
     assert all(line.startswith(("  ", "TIME PLAN")) for line in after[1:first_note]), after[:first_note]
     tail = after[first_note:]
     assert tail and all(line.startswith("note: ") for line in tail), tail
-    assert any("2 fake CPU devices" in line and "each program in a child process of its own" in line for line in tail)
+    assert any("2 fake CPU devices" in line and "in one child process" in line for line in tail)
     assert any(line.startswith("note: host memory: ") for line in tail)
     assert any("assumed question 40 tokens" in line for line in tail)
 

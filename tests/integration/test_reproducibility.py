@@ -148,7 +148,10 @@ def test_toy_sft_steps_identical_on_one_core_and_on_two(tmp_path, builtin_root):
     assert [d.split(":")[0] for d in reproducibility.differences(*manifests)] == ["cpu.usable"]
 
 
-TINY_RUN = ["--config.sft.steps=2", "--config.sft.batch_size=2", "--config.sft.nframes=2", "--config.rl.steps=2",
+# sft.train_frames: both SFT steps in one program (the second batch holds 8 frames, the first 4:
+# per-batch frame counts would compile a second program, ~11 s)
+TINY_RUN = ["--config.sft.steps=2", "--config.sft.batch_size=2", "--config.sft.nframes=2",
+            "--config.sft.train_frames=8", "--config.rl.steps=2",
             "--config.rl.samples_per_prompt=2", "--config.rl.prompts_per_step=1",
             "--config.rl.rollout.max_new_tokens=8",
             "--config.rl.rollout.max_turns=1", "--config.rl.rollout.subagent_max_tokens=8", "--config.rl.eval_every=0",
