@@ -86,7 +86,9 @@ def test_sampler_working_sets_come_from_xla(xla_plan):
     rl = W.rl_settings(build_run(config))[0]
     layout = W.sampler_layout(rl, result.workload)
     extend = result.programs.get("tool-response prefill")
-    assert extend.group_rows < layout.rows  # the budget splits the extend into row groups
+    # the extend's 8 rows (2 prompts x 4 samples) split by rows over the 8 devices, one a device:
+    # each device's block lies within one prompt (prefill.block_prefixes)
+    assert (extend.row_shards, extend.group_rows) == (8, layout.rows) and layout.prompt_rows == 2
     assert result.trainer.compiler == result.sampler.compiler == "xla:cpu" and result.target == "cpu-fake"
 
 
