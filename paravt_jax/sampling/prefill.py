@@ -83,13 +83,12 @@ def row_split(plan: PrefillPlan) -> tuple:
 
 
 def block_prefixes(prefix: KVCache, shards: int, pin_rows=None) -> KVCache:
-    """The prefix row of each of `shards` blocks of cache rows when the blocks outnumber the
-    prompts (each block lies within one prompt: block b reads prompt b // (shards / P)), split
-    by rows as the hidden states are (`pin_rows`, row_split's), so each device holds its own
-    prompt's keys and values: the attention then folds a block's rows onto one prefix row, as it
-    folds a prompt's samples. (With the prefix read whole against rows split over more devices
-    than prompts, no device's rows would hold whole prompts: 8B or 32B prompts on 16 or 32 row
-    blocks would run every token of the group on every device.)"""
+    """One prefix row per block of cache rows when the `shards` blocks outnumber the P prompts
+    (each block lies within one prompt: block b reads prompt b // (shards / P)), split by rows as
+    the hidden states are (`pin_rows`, row_split's), so each device holds its own prompt's keys
+    and values; the attention then folds a block's rows onto its prefix row as it folds a
+    prompt's samples. Without it such an extend (the 32B recipe's 8 prompts on 32 chips) could
+    not split by rows: every device would compute every token of the group."""
     spread = shards // prefix.valid.shape[0]
     pin = pin_rows or (lambda x: x)
     return jax.tree.map(lambda a: pin(jnp.repeat(a, spread, axis=0)), prefix)
