@@ -46,7 +46,7 @@ def models():
 
 
 def rollout(sampler: Sampler, seed: int = 0, prompts: int = 8, samples: int = 2):
-    """A greedy prompt of 1-3 frames per prompt (8 prompts x 2 samples), then a tool response of
+    """A greedy prompt of 1-3 frames per prompt (`prompts` x `samples`), then a tool response of
     1-2 frames on every row: the tokens and log-probs of both turns."""
     rng = np.random.default_rng(seed)
     greedy = SamplingParams(max_new_tokens=6)
