@@ -139,7 +139,7 @@ def test_gpu_preset_prints_the_time_plan_from_xla(tmp_path, builtin_root):
                     "--config.rl.rollout.max_new_tokens=32", "--config.rl.rollout.max_turns=1",
                     "--config.rl.dispatch.max_parallel=1", "--config.rl.dispatch.max_frames=2",
                     "--config.mesh.rollout_devices=4", "--mesh=gpu8", "--target=cpu-fake", f"--json={path}",
-                    "--stage=rl", "--compile_in=process")  # children: test_plan_exits_0_and_prints_only_notes_...
+                    "--stage=rl", "--compile_in=process")
     assert "TRAINER: one optimizer step [xla:cpu" in text and "TIME PLAN: one RL step, lower bound on h100" in text
     assert "ASYNCHRONOUS ROLLOUTS" in text and "<- config" in text and "suggested: mesh.rollout_devices=" in text
     saved = json.loads(path.read_text())
