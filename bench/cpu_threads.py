@@ -4,7 +4,7 @@ as the machine would size it (one thread per usable core: the peer, what runs di
 with the project's fixed count (paravt_jax.infra.reproducibility.CPU_THREADS, PJRT_NPROC).
 
     python bench/cpu_threads.py --steps 20            # the toy preset, 20 SFT steps per arm
-    python bench/cpu_threads.py --steps 2 --config configs/paragrpo.py:tiny   # the suite's size
+    python bench/cpu_threads.py --steps 2 --config configs/paragrpo.py:tiny --arms fixed   # the suite's size
 
 Prints per arm: cores, XLA:CPU threads, the median step time after the first two steps
 (compiles), the process's wall time, and whether its non-timing metrics equal those of the
@@ -70,17 +70,21 @@ def main(argv=None):
     parser.add_argument("--config", default=os.path.join(ROOT, "configs/paragrpo.py:toy"))
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--extra", default="", help="more --config.* overrides, space-separated")
+    parser.add_argument("--arms", choices=("all", "fixed"), default="all",
+                        help="fixed: only the fixed count's two arms (their bit-for-bit check, the suite's run)")
     args = parser.parse_args(argv)
     cores = sorted(os.sched_getaffinity(0))
     every = ",".join(map(str, cores))
     fixed = reproducibility.CPU_THREADS
     arms = [("every core", every, len(cores), "machine-sized (before)"), ("every core", every, fixed, "fixed"),
             ("1 core", str(cores[0]), 1, "machine-sized (before)"), ("1 core", str(cores[0]), fixed, "fixed")]
+    if args.arms == "fixed":
+        arms = [arm for arm in arms if arm[3] == "fixed"]
     results = {}
     with tempfile.TemporaryDirectory(prefix="paravt-cpu-threads-") as tmp:
         for number, (_, core_set, threads, _) in enumerate(arms):
             results[number] = run_arm(core_set, threads, args, os.path.join(tmp, str(number)))
-    reference = results[1]["numbers"]
+    reference = results[arms.index(("every core", every, fixed, "fixed"))]["numbers"]
     rows = []
     for number, (where, _, threads, kind) in enumerate(arms):
         r = results[number]
