@@ -330,7 +330,9 @@ def test_two_rl_steps(dataset, tmp_path, anchor_mode, gating, max_tokens):
         assert ("anchor/positions" in h) == (anchor_mode == "token")
 
 
-def test_rl_steps_with_shared_prompts_train_on_the_same_episodes(dataset, tmp_path):
+# run by tests/slow/test_training.py (~57 s; the shared layout's step equality runs here by default:
+# tests/integration/test_shared_prompts.py)
+def shared_prompts_train_on_the_same_episodes(dataset, tmp_path):
     """rl.share_prompts end to end: the first step (the same policy, so the same rollouts) scores
     the same rewards and trains the same tokens as with each episode whole, and logs the prompt
     tokens it did not compute again on fewer row slots; the second step runs. (The

@@ -1,10 +1,12 @@
 """The training loops' slow variants (tests/integration/test_training.py runs the others by
-default): the SIGINT resume, and the RL steps without token-budget micro-batches."""
+default): the SIGINT resume, the RL steps without token-budget micro-batches, and rl.share_prompts
+end to end."""
 import signal
 
 import pytest
 
 from integration import test_training as integration_tests
+from integration.test_training import shared_prompts_train_on_the_same_episodes
 from integration.test_training import test_resume_is_bit_exact_and_a_signal_checkpoints_then_stops as resume_test
 from integration.test_training import test_two_rl_steps as two_rl_steps
 
@@ -20,3 +22,7 @@ def test_resume_is_bit_exact_and_a_signal_checkpoints_then_stops(tmp_path, signu
                                                            ("token", False, 0)])
 def test_two_rl_steps(dataset, tmp_path, anchor_mode, gating, max_tokens):
     two_rl_steps(dataset, tmp_path, anchor_mode, gating, max_tokens)
+
+
+def test_rl_steps_with_shared_prompts_train_on_the_same_episodes(dataset, tmp_path):
+    shared_prompts_train_on_the_same_episodes(dataset, tmp_path)
