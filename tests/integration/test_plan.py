@@ -130,7 +130,8 @@ def test_plan_exits_0_and_prints_only_notes_after_the_table(builtin_root, tmp_pa
     assert any("assumed question 40 tokens" in line for line in tail)
 
 
-def test_gpu_preset_prints_the_time_plan_from_xla(tmp_path, builtin_root):
+# run by tests/slow/test_plan_compile_in.py (~41 s)
+def gpu_preset_prints_the_time_plan_from_xla(tmp_path, builtin_root):
     """`--mesh=gpu8`: the programs compile with XLA (fake CPU devices planning GPU kernels) and
     the time plan uses the H100's peaks; --json names the compiler of each phase and holds it."""
     path = tmp_path / "plan.json"

@@ -1,5 +1,6 @@
 """The planner's two ways to compile (slow tier: the XLA plan again, then every program once
 more in one process): compile_in=children and compile_in=process give the same plan."""
+from integration.test_plan import gpu_preset_prints_the_time_plan_from_xla
 from paravt_jax.planner import plan as P
 from paravt_jax.run_config import build_run
 from unit import test_plan as unit_tests
@@ -25,3 +26,9 @@ def test_each_program_in_its_own_child_gives_the_numbers_of_one_process(xla_plan
     note = next(n for n in children.notes if n.startswith("host memory:"))
     assert f"{len(programs.children)} child processes compiled the programs, one each" in note
     assert plan_numbers(children.to_json()) == plan_numbers(one.to_json())
+
+
+def test_gpu_preset_prints_the_time_plan_from_xla(tmp_path, builtin_root):
+    """`--mesh=gpu8` on fake CPU devices: the H100 time plan and the asynchronous split's table
+    (tests/integration/test_plan.py's helper, here for the default tier's time)."""
+    gpu_preset_prints_the_time_plan_from_xla(tmp_path, builtin_root)
