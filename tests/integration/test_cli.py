@@ -77,6 +77,7 @@ def test_main_job_end_to_end_then_export(builtin_root, tmp_path):
     curves PNG, final HF checkpoint; then `export` restores the RL checkpoint."""
     import json
 
+    from paravt_jax.infra import reproducibility
     from paravt_jax.models.qwen3_vl import load_pretrained
 
     workdir = str(tmp_path / "run")
@@ -101,6 +102,14 @@ def test_main_job_end_to_end_then_export(builtin_root, tmp_path):
     assert [(r["tools"], r["nframes"]) for r in summary["eval_after_sft"]] == [(False, 4), (True, 4)]
     assert summary["eval_after_sft"] == json.load(open(f"{workdir}/sft/eval.json"))["results"]
     assert os.path.isfile(summary["curves"]) and summary["curves"].endswith(".png")
+    # what produced the run (paravt_jax/infra/reproducibility.py), in its summary and its config file
+    manifest = summary["manifest"]
+    for field in ("commit", "dirty", "lock", "packages", "python", "platform", "device", "cpu", "xla_flags",
+                  "data", "seed"):
+        assert field in manifest, field
+    assert manifest["data"]["content"] and manifest["seed"] == 0 and manifest["packages"]["jax"]
+    assert manifest["cpu"]["xla_threads"] and manifest["cpu"]["usable"] >= 1
+    assert reproducibility.differences(manifest, json.load(open(f"{workdir}/run_config.json"))["manifest"]) == []
     assert len(summary["sft_loss"]) == 2 and len(summary["eval"]) == 4
     rl_lines = [json.loads(l) for l in open(f"{workdir}/rl/metrics.jsonl")]
     assert "rl/eval_tools/accuracy" in rl_lines[0] and "rl/kappa" in rl_lines[0]

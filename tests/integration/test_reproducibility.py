@@ -158,9 +158,11 @@ def busy(seconds: float) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", program], start_new_session=True)
 
 
-def test_tiny_main_job_twice_the_second_beside_a_busy_process(tmp_path, builtin_root):
+def check_tiny_main_job_twice_the_second_beside_a_busy_process(tmp_path, builtin_root):
     """The tiny main job run twice, the second while another process keeps a core busy:
-    the same tables, histories, per-step metrics and episodes (timing aside)."""
+    the same tables, histories, per-step metrics and episodes (timing aside). Run by
+    tests/slow/test_reproducibility.py (~100 s); the default tier checks two runs' bits through
+    bench/cpu_threads.py's fixed arms (test_bench) and the manifest in test_cli's main job."""
     first = tiny_main_job(str(tmp_path / "first"), builtin_root)
     load = busy(600)
     try:

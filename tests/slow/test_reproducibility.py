@@ -1,11 +1,18 @@
 """The toy's SFT on one core and on two (the slow tier: ~60 s; the default tier checks the same
 fixed XLA:CPU thread count on the tiny model in tests/integration/test_bench.py's
-bench/cpu_threads.py run and in tests/integration/test_reproducibility.py)."""
+bench/cpu_threads.py run and in tests/integration/test_reproducibility.py); the tiny main job
+twice, the second beside a busy process (~100 s)."""
 import json
 import subprocess
 import sys
 
-from integration.test_reproducibility import ROOT, needs_two_cores, plain_env, sft_metrics
+from integration.test_reproducibility import (
+    ROOT,
+    check_tiny_main_job_twice_the_second_beside_a_busy_process,
+    needs_two_cores,
+    plain_env,
+    sft_metrics,
+)
 from paravt_jax.infra import reproducibility
 
 
@@ -33,3 +40,7 @@ def test_toy_sft_steps_identical_on_one_core_and_on_two(tmp_path, builtin_root):
     assert [m["cpu"]["usable"] for m in manifests] == [1, 2]
     assert manifests[0]["cpu"]["xla_threads"] == manifests[1]["cpu"]["xla_threads"] == "2"
     assert [d.split(":")[0] for d in reproducibility.differences(*manifests)] == ["cpu.usable"]
+
+
+def test_tiny_main_job_twice_the_second_beside_a_busy_process(tmp_path, builtin_root):
+    check_tiny_main_job_twice_the_second_beside_a_busy_process(tmp_path, builtin_root)
