@@ -13,7 +13,9 @@ target, its `cost_analysis()` bytes beside the per-instruction count of its opti
 A prefill (`--prefill`: one of the recipe's, on `--config` and `--mesh`) is compiled twice, its
 hidden states split by rows (SamplerConfig.prefill_row_split, the default) and as the baseline
 (every device computes every token of the row group against its part of the weights), the two
-side by side, then the split one broken down.
+side by side, then the split one broken down. A recipe's decode (`--decode`) is compiled
+twice too, its weight copies' MLP and lm head split as tensor parallelism
+(SamplerConfig.decode_weight_split, the default) and in the parameters' layout (the baseline).
 
 The decode step is compiled as the recipes' rollouts run it (top_p 1, top_k 0: no top-p / top-k
 branch); `--truncation` adds the branch. The gradient program is the RL recipe's (`--config`,
@@ -136,10 +138,13 @@ def _sampler_programs(config, settings, mesh_name: str, layers: int, target: str
     return SamplerPrograms(config, settings, mesh, platform="tpu" if target == "tpu" else "gpu", keep_compiled=True)
 
 
-def recipe_decode(config_arg: str, mesh_name: str, name: str, layers: int, target: str):
+def recipe_decode(config_arg: str, mesh_name: str, name: str, layers: int, target: str, split: bool = True):
     """(compiled decode, its ProgramMemory): the recipe's decode `name` ("decode", "sub-agent
     decode") as the planner compiles it for the mesh preset (its rows, caches and shardings) at
-    `layers` unrolled layers."""
+    `layers` unrolled layers, the weight copies' MLP and head split as tensor parallelism
+    (`split`, SamplerConfig.decode_weight_split) or in the parameters' layout (the baseline)."""
+    import dataclasses
+
     from paravt_jax.planner import programs as P
     from paravt_jax.planner import workload as W
 
@@ -148,7 +153,8 @@ def recipe_decode(config_arg: str, mesh_name: str, name: str, layers: int, targe
     if name not in jobs or "decode" not in name:
         raise SystemExit(f"--decode={name!r}: the {config_arg} recipe's decodes are "
                          f"{[n for n in jobs if 'decode' in n]}")
-    programs = _sampler_programs(config, rl.sampler, mesh_name, layers, target)
+    settings = dataclasses.replace(rl.sampler, decode_weight_split=split)
+    programs = _sampler_programs(config, settings, mesh_name, layers, target)
     stats = jobs[name](programs)
     return programs.compiled[stats.name], stats
 
@@ -184,6 +190,18 @@ def prefill_table(layouts: dict) -> None:
                 "rows do not split over the devices, the same program)",
                 ["layout", "row blocks", "temporaries MiB", "TFLOP", "cost analysis GB", "physical GB",
                  "collectives GB"],
+                [row(label, stats) for label, stats in layouts.items()])
+
+
+def decode_table(layouts: dict) -> None:
+    """The decode step with the weight copies split as tensor parallelism beside the baseline."""
+    def row(label, stats):
+        return [label, f"{stats.temp_bytes / 2**20:,.1f}", f"{stats.bytes_accessed / 1e9:,.3f}",
+                f"{stats.physical_bytes / 1e9:,.3f}", f"{stats.collective_bytes / 1e9:,.4f}"]
+
+    print_table("one decode step per device: the MLP and the lm head split as tensor parallelism vs the "
+                "parameters' layout (the attention's analytic bytes, the same in both, not included)",
+                ["weight copies", "temporaries MiB", "cost analysis GB", "physical GB", "collectives GB"],
                 [row(label, stats) for label, stats in layouts.items()])
 
 
@@ -256,7 +274,9 @@ def main():
             compiled, stats = prefill(args.config, args.mesh, args.prefill, args.layers, args.target, True)
             prefill_table({"every token on every device (baseline)": baseline, "split by rows": stats})
         elif args.decode:
+            _, baseline = recipe_decode(args.config, args.mesh, args.decode, args.layers, args.target, False)
             compiled, stats = recipe_decode(args.config, args.mesh, args.decode, args.layers, args.target)
+            decode_table({"the parameters' layout (baseline)": baseline, "split as tensor parallelism": stats})
         else:
             compiled, stats = decode(args.layers, args.target, args.truncation)
         text = compiled.as_text()

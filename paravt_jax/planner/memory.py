@@ -299,8 +299,11 @@ class SamplerPrograms:
                 v.get_value().shape, v.get_value().dtype,
                 sharding=sh.named_sharding(mesh, sh.param_axes(v), v.get_value().shape))),
             state, is_leaf=lambda x: isinstance(x, nnx.Variable))
-        q_proj = next(v for path, v in nnx.to_flat_state(self.params) if path[-1] == "q_proj").get_value()
-        self.fuse = q_proj.sharding.shard_shape(q_proj.shape)[2] == q_proj.shape[2]
+        flat = {path[-1]: v.get_value() for path, v in nnx.to_flat_state(self.params)
+                if path[-1] in ("q_proj", "gate_proj") or path[-2:] == ("language", "lm_head")}
+        if config.tie_word_embeddings:
+            flat.pop("lm_head", None)
+        self.layout = P.weight_layout(flat, config.text, sampler.decode_weight_split)
 
     # the weight refresh: Sampler.weights' per-layer copies, made after every optimizer step.
     # Compiled when first needed (a prefill, a decode or the refresh's own numbers): the copies'
@@ -308,8 +311,8 @@ class SamplerPrograms:
     @functools.cached_property
     def _refresh(self) -> tuple[ProgramMemory, object]:
         stats, compiled = self._compile_with("weight refresh", P.decode_weights_program,
-                                             (self.graphdef, self.params, self.fuse), {}, (), 0)
-        shapes = jax.eval_shape(lambda p: P.decode_weights_program(self.graphdef, p, self.fuse), self.params)
+                                             (self.graphdef, self.params, self.layout), {}, (), 0)
+        shapes = jax.eval_shape(lambda p: P.decode_weights_program(self.graphdef, p, self.layout), self.params)
         weights = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                                shapes, compiled.output_shardings)
         return stats, weights

@@ -4,14 +4,14 @@ The model (models/qwen3_vl/text.py) keeps the math; the choices here only change
 sampler's prefill and decode run on one platform, never what they compute:
   - decode weights: per-layer copies with the projections stored [out, in], q/k/v and gate/up
     fused into one weight each where no device holds a slice of their output axis (fewer,
-    wider matmuls at decode's few rows), and an untied lm head as [vocab, D];
+    wider matmuls at decode's few rows), and an untied lm head as [vocab, D]; on a mesh the MLP
+    split as tensor parallelism and the head by the vocabulary (WeightLayout);
   - weight-first matmuls on XLA:CPU: weight @ x^T for few rows and a large weight;
   - the prefill's attention block, sized from a score budget per backend.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -22,10 +22,46 @@ PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "
 FUSED = {("q_proj", "k_proj", "v_proj"): "qkv_t", ("gate_proj", "up_proj"): "gate_up_t"}
 
 
-class DecodeWeights(NamedTuple):
+@dataclasses.dataclass(frozen=True)
+class WeightLayout:
+    """How `decode_weights` lays the sampler's copies out (a static jit argument).
+    fuse: q/k/v and gate/up as one [sum(out), in] weight each (where no device holds a slice of
+    their output axis: the split of a fused output would not line up with the shards).
+    split: on a mesh, the MLP copies split over `axes` as tensor parallelism, gate and up by
+    their output and down by its input, so a decode layer all-reduces one [rows, D] output
+    instead of the [rows, 2 x intermediate] partial sums of the parameters' own layout (their
+    contraction axis split); the untied lm head [vocab, D] split by the vocabulary, so no
+    device sums [rows, vocab] partial logits. `axes`: the mesh axes that shard the parameters
+    (the split holds the same bytes a device); empty: the parameters' layout."""
+    fuse: bool = False
+    mesh: object = None  # jax.sharding.Mesh of `axes`
+    axes: tuple[str, ...] = ()
+    head_axes: tuple[str, ...] = ()  # the lm head's split (empty: the parameters' layout)
+
+    def constrain(self, array: jax.Array, axis: int, axes: tuple[str, ...]) -> jax.Array:
+        """`array` split over `axes` along `axis`, whole along the others."""
+        if not axes:
+            return array
+        from jax.sharding import NamedSharding, PartitionSpec
+
+        spec = [None] * array.ndim
+        spec[axis] = axes if len(axes) > 1 else axes[0]
+        return jax.lax.with_sharding_constraint(array, NamedSharding(self.mesh, PartitionSpec(*spec)))
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeWeights:
     """Weight copies laid out for the sampler (see decode_weights)."""
     layers: tuple  # per-layer parameter dicts, projections [out, in] under `<name>_t`
     head_t: jax.Array | None  # the untied lm head [vocab, D]; None when tied to the embeddings
+    # the mesh the head is split over by the vocabulary (WeightLayout.head_axes; static): the
+    # hidden states go to every device before the head, whose matmul then reads each device's
+    # share once (with rows split over the devices, the TPU compiler otherwise loops over the
+    # row shards, reading the share once a loop step)
+    head_mesh: object = None
+
+
+jax.tree_util.register_dataclass(DecodeWeights, data_fields=["layers", "head_t"], meta_fields=["head_mesh"])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +105,10 @@ class SamplerBackend:
         """The decoder's output logits from the [vocab, D] head copy (XLA:CPU multiplies it
         ~1.4x faster at 8-32 rows than the [D, vocab] kernel)."""
         head_t = lang.head() if weights.head_t is None else weights.head_t
+        if weights.head_mesh is not None:
+            from jax.sharding import NamedSharding, PartitionSpec
+
+            hidden = jax.lax.with_sharding_constraint(hidden, NamedSharding(weights.head_mesh, PartitionSpec()))
         return self.matmul_t(lang.final_norm(hidden), head_t)
 
     def prefill_block(self, rows: int, heads: int, max_block: int) -> int:
@@ -80,26 +120,30 @@ class SamplerBackend:
         return block
 
 
-def decode_weights(lang, fuse: bool) -> DecodeWeights:
-    """Per-layer copies of the decoder weights, projections stored [out, in] under `<name>_t`;
-    with `fuse`, q/k/v and gate/up as one [sum(out), in] weight each (`FUSED`).
+def decode_weights(lang, layout: WeightLayout) -> DecodeWeights:
+    """Per-layer copies of the decoder weights, projections stored [out, in] under `<name>_t`,
+    laid out as `layout` says (WeightLayout: fused, or the MLP and the head split as tensor
+    parallelism).
 
     XLA:CPU and XLA:GPU copy a slice of a stacked weight that feeds a matmul; inside the
     sampler's decode loop that meant reading and writing the decoder weights once more per
-    token, so the Sampler builds these buffers once and passes them in. Fusing suits weights
-    whose output axis is not split over devices (the split of a fused output would not line up
-    with the shards)."""
+    token, so the Sampler builds these buffers once and passes them in."""
     stacked = lang.layer_params()
-    fused_names = {n for names in FUSED for n in names} if fuse else set()
+    fused = {names: name for names, name in FUSED.items() if layout.fuse and not (layout.axes and name == "gate_up_t")}
+    fused_names = {n for names in fused for n in names}
+    split = {"gate_proj": 0, "up_proj": 0, "down_proj": 1} if layout.axes else {}  # [out, in]: the axis split
     layers = []
     for i in range(lang.config.num_hidden_layers):
         layer = {name: p[i] for name, p in stacked.items() if name not in PROJECTIONS}
-        layer.update({name + "_t": stacked[name][i].T for name in PROJECTIONS if name not in fused_names})
-        if fuse:
-            layer.update({fused: jnp.concatenate([stacked[n][i].T for n in names], axis=0)
-                          for names, fused in FUSED.items()})
+        for name in PROJECTIONS:
+            if name not in fused_names:
+                weight = stacked[name][i].T
+                layer[name + "_t"] = layout.constrain(weight, split[name], layout.axes) if name in split else weight
+        layer.update({name: jnp.concatenate([stacked[n][i].T for n in names], axis=0) for names, name in fused.items()})
         layers.append(layer)
-    return DecodeWeights(tuple(layers), None if lang.tie_word_embeddings else lang.head())
+    split_head = layout.head_axes and not lang.tie_word_embeddings
+    head = None if lang.tie_word_embeddings else layout.constrain(lang.head(), 0, layout.head_axes)
+    return DecodeWeights(tuple(layers), head, layout.mesh if split_head else None)
 
 
 def backend_policy(platform: str | None = None, prefill_score_bytes: int = 0,

@@ -9,12 +9,13 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from paravt_jax.infra import sharding as sh
 from paravt_jax.models.qwen3_vl.model import Qwen3VL
 from paravt_jax.models.qwen3_vl.text import KVCache
-from paravt_jax.sampling.backend import decode_weights
+from paravt_jax.sampling.backend import WeightLayout, decode_weights
 from paravt_jax.sampling.kv_cache import CacheShardings, constrain
 
 
@@ -53,20 +54,44 @@ def vision(graphdef, params, pixel_values, meta, mesh=None, feature_rows: int = 
     return embeds, deepstack
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "fuse"))
-def decode_weights_program(graphdef, params, fuse):
-    return decode_weights(merge(graphdef, params).language, fuse)
+@functools.partial(jax.jit, static_argnames=("graphdef", "layout"))
+def decode_weights_program(graphdef, params, layout: WeightLayout):
+    return decode_weights(merge(graphdef, params).language, layout)
 
 
-def output_axis_whole(model: Qwen3VL) -> bool:
-    """Whether no device holds a slice of a projection's output axis (then the sampler may
-    fuse q/k/v and gate/up into one matmul each)."""
-    for name in ("q_proj", "gate_proj"):
-        weight = model.language.layers[name][...]  # [layers, in, out]
-        sharding = getattr(weight, "sharding", None)
-        if sharding is not None and sharding.shard_shape(weight.shape)[2] != weight.shape[2]:
-            return False
-    return True
+def weight_layout(params, config, split: bool = True) -> WeightLayout:
+    """The sampler's WeightLayout for parameters `params` ({name: array or ShapeDtypeStruct with
+    a sharding} of the stacked decoder projections q_proj and gate_proj [layers, in, out] and the
+    lm head [D, vocab], the head optional) of text config `config`: fused where no device holds a
+    slice of q_proj's output axis; with `split`, the MLP split over every mesh axis that shards
+    gate_proj (when the intermediate size divides over them) and the untied head over every axis
+    that shards it (when the vocabulary does)."""
+    q_proj, gate = params["q_proj"], params["gate_proj"]
+    sharding = getattr(q_proj, "sharding", None)
+    fuse = sharding is None or sharding.shard_shape(q_proj.shape)[2] == q_proj.shape[2]
+    if not split or not hasattr(getattr(gate, "sharding", None), "mesh"):  # NamedSharding alone
+        return WeightLayout(fuse=fuse)
+
+    def axes_of(array, size: int) -> tuple[str, ...]:
+        if not hasattr(array.sharding, "spec"):
+            return ()
+        mesh = array.sharding.mesh
+        used = {a for part in array.sharding.spec if part for a in ((part,) if isinstance(part, str) else part)}
+        axes = tuple(a for a in mesh.axis_names if a in used and mesh.shape[a] > 1)
+        return axes if axes and size % int(np.prod([mesh.shape[a] for a in axes])) == 0 else ()
+
+    head = params.get("lm_head")
+    return WeightLayout(fuse=fuse, mesh=gate.sharding.mesh, axes=axes_of(gate, config.intermediate_size),
+                        head_axes=() if head is None else axes_of(head, config.vocab_size))
+
+
+def model_weight_layout(model: Qwen3VL, split: bool = True) -> WeightLayout:
+    """weight_layout of a model's own parameters."""
+    lang = model.language
+    params = {name: lang.layers[name][...] for name in ("q_proj", "gate_proj")}
+    if not lang.tie_word_embeddings:
+        params["lm_head"] = lang.lm_head[...]
+    return weight_layout(params, lang.config, split)
 
 
 @functools.partial(jax.jit, static_argnames=("layers", "shape", "dtype", "sharding"))

@@ -117,6 +117,12 @@ class SamplerConfig:
     # step's layers); False: every device computes every token of the row group against its part
     # of the weights (the measured baseline of bench/program_bytes.py --program prefill)
     prefill_row_split: bool = True
+    # True: on a mesh, the sampler's copies of the MLP weights are split as tensor parallelism (gate
+    # and up by their output, down by its input: a layer all-reduces one [rows, D] output) and the
+    # untied lm head by the vocabulary (backend.WeightLayout); False: as the parameters are (their
+    # contraction axis split: every decode layer all-reduces [rows, 2 x intermediate] partial sums,
+    # the head [rows, vocab]), the measured baseline of bench/program_bytes.py --program decode
+    decode_weight_split: bool = True
     # True: a generate() call's prompts are prefilled packed, several prompts a row of the call's
     # width (sampling/chunks.py `pack_rows`), only their own tokens computed, and their keys and
     # values scattered into the prompt cache (prefill.packed_prefill): a call of short prompts
@@ -255,8 +261,8 @@ class Sampler:
         ~1.4x faster at 8-32 rows on XLA:CPU. Costs one copy of the decoder layers (and of an
         untied head) while the Sampler lives (build a new Sampler after a weight update)."""
         if self._weights is None:
-            self._weights = programs.decode_weights_program(self.graphdef, self.params,
-                                                           programs.output_axis_whole(self.model))
+            layout = programs.model_weight_layout(self.model, self.config.decode_weight_split)
+            self._weights = programs.decode_weights_program(self.graphdef, self.params, layout)
         return self._weights
 
     # -- public -------------------------------------------------------------------------

@@ -122,11 +122,59 @@ def prefill_hlo(sampler: Sampler, rows: int, width: int) -> tuple[str, int]:
 def test_a_row_split_prefill_computes_each_devices_rows_against_gathered_weights(models):
     _, sharded, mesh = models
     width = sharded.config.text.hidden_size
-    split, split_temp = prefill_hlo(Sampler(sharded, mesh=mesh), 8, 256)
-    whole, whole_temp = prefill_hlo(Sampler(sharded, SamplerConfig(prefill_row_split=False), mesh=mesh), 8, 256)
+    # the weight copies in the parameters' layout (decode_weight_split=False): the baseline's
+    # matmuls then run against the fsdp-split contraction axis (with the MLP split as tensor
+    # parallelism, the default, its MLP activations are an eighth as wide)
+    params_layout = dict(decode_weight_split=False)
+    split, split_temp = prefill_hlo(Sampler(sharded, SamplerConfig(**params_layout), mesh=mesh), 8, 256)
+    whole, whole_temp = prefill_hlo(Sampler(sharded, SamplerConfig(prefill_row_split=False, **params_layout),
+                                            mesh=mesh), 8, 256)
     # the hidden states on one device: its own row's 256 tokens, every channel (the baseline: all
     # 8 rows' tokens, an eighth of the channels, the layout of the fsdp-split weights)
     own_rows, all_rows = f"[1,256,{width}]", f"[8,256,{width // 8}]"
     assert own_rows in split and all_rows not in split
     assert all_rows in whole
     assert split_temp < whole_temp, (split_temp, whole_temp)
+
+
+def decode_hlo(sampler: Sampler, rows: int) -> str:
+    """The optimised HLO of the decode loop over `rows` rows (one prompt each), as the sampler compiles it."""
+    compiler = SamplerPrograms(sampler.model.config, sampler.config, sampler.mesh, platform="gpu", keep_compiled=True)
+    compiler.decode(rows, 512, rows, 256, 8)
+    return compiler.compiled["decode"].as_text()
+
+
+def all_reduce_widths(hlo: str) -> set[int]:
+    """The widths W of the [rows, 1, W] all-reduces in `hlo` (a decode step's, per token)."""
+    import re
+
+    return {int(m.group(1)) for m in re.finditer(r"= \w+\[\d+,1,(\d+)\]\{[^}]*\} all-reduce(?:-start)?\(", hlo)}
+
+
+def test_decode_weights_split_the_mlp_as_tensor_parallelism(models):
+    """On the fsdp=8 mesh the sampler's copies hold gate and up split by their output, down by its
+    input and the head by the vocabulary (SamplerConfig.decode_weight_split), so a decode step
+    all-reduces no [rows, intermediate] partial sums nor [rows, vocab] partial logits, where the
+    parameters' layout (the contraction axis split) does; both give the unsharded sampler's
+    greedy tokens and log-probs."""
+    plain, sharded, mesh = models
+    text = sharded.config.text
+    split, params_layout = Sampler(sharded, mesh=mesh), Sampler(sharded, SamplerConfig(decode_weight_split=False),
+                                                                  mesh=mesh)
+    layer = split.weights.layers[0]
+    assert layer["gate_proj_t"].sharding.spec == jax.sharding.PartitionSpec("fsdp")
+    assert layer["up_proj_t"].sharding.spec == jax.sharding.PartitionSpec("fsdp")
+    assert layer["down_proj_t"].sharding.spec == jax.sharding.PartitionSpec(None, "fsdp")
+    assert "gate_up_t" not in layer and "qkv_t" in layer  # q/k/v's output axis stays whole: still fused
+    assert split.weights.head_t.sharding.spec == jax.sharding.PartitionSpec("fsdp")
+    assert "gate_up_t" in params_layout.weights.layers[0]
+    widths, baseline = all_reduce_widths(decode_hlo(split, 8)), all_reduce_widths(decode_hlo(params_layout, 8))
+    # the baseline: q/k/v's and gate/up's partial sums (fused), the logits'; split: q/k/v's, down's
+    qkv = (text.num_attention_heads + 2 * text.num_key_value_heads) * text.head_dim
+    assert baseline == {qkv, 2 * text.intermediate_size, text.vocab_size}, baseline
+    assert widths == {qkv, text.hidden_size}, widths
+    expected = rollout(Sampler(plain))
+    for sampler in (split, params_layout):
+        tokens, logprobs = rollout(sampler)
+        assert tokens == expected[0]
+        np.testing.assert_allclose(np.concatenate(logprobs), np.concatenate(expected[1]), atol=1e-4)
