@@ -64,7 +64,7 @@ class StateBytes:
     parameters: TreeBytes
     count: int  # parameter elements
     optimizer: TreeBytes  # the optimizer's state (`make_optimizer`), its moments sharded like their parameters
-    layer_copies: TreeBytes  # LAYER_COPIES, sharded as the stacked parameters
+    layer_copies: TreeBytes  # LAYER_COPIES, a device's bytes as the stacked parameters'
 
 
 def state_bytes(model: Qwen3VLConfig, optimizer: OptimizerConfig, mesh) -> StateBytes:
@@ -270,7 +270,8 @@ def layer_copies_row(state: StateBytes) -> Component:
     (dropped before the update)."""
     b = state.layer_copies
     return Component("decoder layer + lm head copies (Sampler.weights)", b.per_device, b.total,
-                     "per-layer buffers; sharded as the stacked parameters")
+                     "per-layer buffers; a device's bytes as the stacked parameters' (on a mesh the MLP "
+                     "and the head split as tensor parallelism: SamplerConfig.decode_weight_split)")
 
 
 def host_note(programs: ProgramSet | None, own_peak: int) -> str:

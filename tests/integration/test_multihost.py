@@ -2,8 +2,9 @@
 
 The end-to-end check starts real processes on this machine: `paravt-jax run` (RL only, 2 steps)
 as 2 processes x 2 CPU devices (localhost coordinator, gloo collectives) and as 1 process x 4
-devices (fewer fake devices compile faster: 104 -> 67 s), then compares rollouts, metrics, final parameters, checkpoints and who wrote which
-file. That one SPMD train step on a mesh equals the unsharded step is covered by
+devices (fewer fake devices compile faster: 104 -> 67 s), then compares rollouts, metrics, final
+parameters, checkpoints and who wrote which file. That one SPMD train step on a mesh equals the
+unsharded step is covered by
 tests/integration/test_train_step.py::test_sharded_step_equals_single_device, not repeated here.
 """
 import json
