@@ -299,11 +299,7 @@ class SamplerPrograms:
                 v.get_value().shape, v.get_value().dtype,
                 sharding=sh.named_sharding(mesh, sh.param_axes(v), v.get_value().shape))),
             state, is_leaf=lambda x: isinstance(x, nnx.Variable))
-        flat = {path[-1]: v.get_value() for path, v in nnx.to_flat_state(self.params)
-                if path[-1] in ("q_proj", "gate_proj") or path[-2:] == ("language", "lm_head")}
-        if config.tie_word_embeddings:
-            flat.pop("lm_head", None)
-        self.layout = P.weight_layout(flat, config.text, sampler.decode_weight_split)
+        self.layout = P.weight_layout(self.params, config, sampler.decode_weight_split)
 
     # the weight refresh: Sampler.weights' per-layer copies, made after every optimizer step.
     # Compiled when first needed (a prefill, a decode or the refresh's own numbers): the copies'

@@ -141,9 +141,8 @@ def decode_weights(lang, layout: WeightLayout) -> DecodeWeights:
                 layer[name + "_t"] = layout.constrain(weight, split[name], layout.axes) if name in split else weight
         layer.update({name: jnp.concatenate([stacked[n][i].T for n in names], axis=0) for names, name in fused.items()})
         layers.append(layer)
-    split_head = layout.head_axes and not lang.tie_word_embeddings
     head = None if lang.tie_word_embeddings else layout.constrain(lang.head(), 0, layout.head_axes)
-    return DecodeWeights(tuple(layers), head, layout.mesh if split_head else None)
+    return DecodeWeights(tuple(layers), head, layout.mesh if layout.head_axes else None)
 
 
 def backend_policy(platform: str | None = None, prefill_score_bytes: int = 0,

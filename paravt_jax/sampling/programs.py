@@ -13,7 +13,7 @@ import numpy as np
 from flax import nnx
 
 from paravt_jax.infra import sharding as sh
-from paravt_jax.models.qwen3_vl.model import Qwen3VL
+from paravt_jax.models.qwen3_vl.config import Qwen3VLConfig
 from paravt_jax.models.qwen3_vl.text import KVCache
 from paravt_jax.sampling.backend import WeightLayout, decode_weights
 from paravt_jax.sampling.kv_cache import CacheShardings, constrain
@@ -59,39 +59,28 @@ def decode_weights_program(graphdef, params, layout: WeightLayout):
     return decode_weights(merge(graphdef, params).language, layout)
 
 
-def weight_layout(params, config, split: bool = True) -> WeightLayout:
-    """The sampler's WeightLayout for parameters `params` ({name: array or ShapeDtypeStruct with
-    a sharding} of the stacked decoder projections q_proj and gate_proj [layers, in, out] and the
-    lm head [D, vocab], the head optional) of text config `config`: fused where no device holds a
-    slice of q_proj's output axis; with `split`, the MLP split over every mesh axis that shards
-    gate_proj (when the intermediate size divides over them) and the untied head over every axis
-    that shards it (when the vocabulary does)."""
-    q_proj, gate = params["q_proj"], params["gate_proj"]
+def weight_layout(state, config: Qwen3VLConfig, split: bool = True) -> WeightLayout:
+    """The sampler's WeightLayout for a model's parameter `state` (an nnx State of arrays, or of
+    ShapeDtypeStructs with shardings: the planner's) of model config `config`: fused where no
+    device holds a slice of q_proj's output axis; with `split`, the MLP split over every mesh axis
+    that shards the stacked gate_proj [layers, in, out] (when the intermediate size divides over
+    them) and an untied lm head over every axis that shards it (when the vocabulary does)."""
+    flat = {path: v.get_value() for path, v in nnx.to_flat_state(state) if path[0] == "language"}
+    q_proj, gate = flat[("language", "layers", "q_proj")], flat[("language", "layers", "gate_proj")]
     sharding = getattr(q_proj, "sharding", None)
     fuse = sharding is None or sharding.shard_shape(q_proj.shape)[2] == q_proj.shape[2]
-    if not split or not hasattr(getattr(gate, "sharding", None), "mesh"):  # NamedSharding alone
+    if not split or not hasattr(getattr(gate, "sharding", None), "spec"):  # a NamedSharding alone
         return WeightLayout(fuse=fuse)
 
     def axes_of(array, size: int) -> tuple[str, ...]:
-        if not hasattr(array.sharding, "spec"):
-            return ()
         mesh = array.sharding.mesh
         used = {a for part in array.sharding.spec if part for a in ((part,) if isinstance(part, str) else part)}
         axes = tuple(a for a in mesh.axis_names if a in used and mesh.shape[a] > 1)
         return axes if axes and size % int(np.prod([mesh.shape[a] for a in axes])) == 0 else ()
 
-    head = params.get("lm_head")
-    return WeightLayout(fuse=fuse, mesh=gate.sharding.mesh, axes=axes_of(gate, config.intermediate_size),
-                        head_axes=() if head is None else axes_of(head, config.vocab_size))
-
-
-def model_weight_layout(model: Qwen3VL, split: bool = True) -> WeightLayout:
-    """weight_layout of a model's own parameters."""
-    lang = model.language
-    params = {name: lang.layers[name][...] for name in ("q_proj", "gate_proj")}
-    if not lang.tie_word_embeddings:
-        params["lm_head"] = lang.lm_head[...]
-    return weight_layout(params, lang.config, split)
+    head = None if config.tie_word_embeddings else flat[("language", "lm_head")]
+    return WeightLayout(fuse=fuse, mesh=gate.sharding.mesh, axes=axes_of(gate, config.text.intermediate_size),
+                        head_axes=() if head is None else axes_of(head, config.text.vocab_size))
 
 
 @functools.partial(jax.jit, static_argnames=("layers", "shape", "dtype", "sharding"))

@@ -261,7 +261,7 @@ class Sampler:
         ~1.4x faster at 8-32 rows on XLA:CPU. Costs one copy of the decoder layers (and of an
         untied head) while the Sampler lives (build a new Sampler after a weight update)."""
         if self._weights is None:
-            layout = programs.model_weight_layout(self.model, self.config.decode_weight_split)
+            layout = programs.weight_layout(self.params, self.model.config, self.config.decode_weight_split)
             self._weights = programs.decode_weights_program(self.graphdef, self.params, layout)
         return self._weights
 
