@@ -52,6 +52,10 @@ class RolloutConfig:
     # call, taking it as a summary ends (Sampler.sample_queued); False: calls of
     # subagent_shape.rows prompts one after another, each as long as its longest summary
     subagent_refill: bool = False
+    # True: each row's turns run on their own (Sampler.start_turns): a row whose turn ends has its
+    # calls answered and its next turn started while the other rows decode, instead of every
+    # row waiting for the round's longest turn; the same rollouts (tokens, calls, responses)
+    turn_refill: bool = False
     temperature: float = set_by(0.7, "rl.step.temperature: rollouts sample at the log-prob temperature")
     top_p: float = 1.0
     top_k: int = 0
@@ -220,7 +224,7 @@ class RolloutLoop:
         """`run_rollouts`: the rollouts and the skipped episodes' read errors."""
         prompts, rows, skipped = self.start(episodes, num_samples)
         if rows:
-            self.play(prompts, rows, num_samples)
+            (self.play_refilled if self.config.turn_refill else self.play)(prompts, rows, num_samples)
         return [row.finish(self.tokenizer) for row in rows], skipped
 
     def start(self, episodes: Sequence[Episode], num_samples: int
@@ -254,6 +258,41 @@ class RolloutLoop:
             if last_round:  # the forced answer ends every row that was still asking
                 self.add_turns(rows, [calls.row for calls in asked], out)
                 return
+
+    def play_refilled(self, prompts: list[ModelInputs], rows: list[Row], num_samples: int):
+        """`play`, each row on its own (config.turn_refill): the sampler returns the turns that
+        ended (a few rows at a time); their rows' calls are answered (a round's calls together,
+        seeded by the round as in `play`) and each asking row's responses start its next turn,
+        while the other rows go on decoding. Each row's turns, calls and responses are `play`'s."""
+        config = self.config
+        state = self.sampler.start_turns(prompts, num_samples, sampling=self.sampling, seed=config.seed,
+                                         row_ids=[row.stream for row in rows],
+                                         reserve=episode_turns(config, self.dispatcher.config, self.max_parallel),
+                                         shape=config.prompt_shape)
+        rounds = [0] * len(rows)  # the rounds answered before each row's current turn
+        final: set[int] = set()  # rows in the forced final-answer turn
+        while ends := self.sampler.decode_turns(state):
+            asked = []
+            for end in ends:
+                row = rows[end.row]
+                row.add_generated(end.tokens, end.logprobs, end.finished, self.tokenizer)
+                if end.row in final or not config.prompt.tools:
+                    continue
+                calls = row.read_calls(self.tokenizer.decode(end.tokens), config.protocol, self.max_parallel)
+                if calls is not None and rounds[end.row] < config.max_turns:
+                    asked.append(calls)
+            chunks, budgets, seeds = {}, {}, {}
+            for turn in sorted({rounds[calls.row] for calls in asked}):  # each round's calls together
+                group = [calls for calls in asked if rounds[calls.row] == turn]
+                last_round = config.protocol.final_answer and turn == config.max_turns - 1
+                made = self.respond(rows, group, self.answer(rows, group, turn), state.chunk_start(), last_round)
+                for calls in group:
+                    b = calls.row
+                    chunks[b], seeds[b], rounds[b] = made[b], config.seed + turn + 1, turn + 1
+                    budgets[b] = config.protocol.final_answer_tokens if last_round else config.max_new_tokens
+                    if last_round:
+                        final.add(b)
+            self.sampler.extend_turns(state, chunks, budget=budgets, seed=seeds)
 
     def generate(self, prompts: list[ModelInputs], rows: list[Row], num_samples: int
                  ) -> tuple[SampleOutput, SamplerState]:

@@ -64,9 +64,10 @@ def sample_logits(logits, keys, temperature, top_p, top_k, truncation: bool = Tr
 
 @jax.jit
 def row_keys(seed, row_ids):
-    """Row b's random stream: fold_in(PRNGKey(seed), row_ids[b])."""
-    base = jax.random.PRNGKey(seed)
-    return jax.vmap(lambda r: jax.random.fold_in(base, r))(row_ids)
+    """Row b's random stream: fold_in(PRNGKey(seed), row_ids[b]); `seed` one for every row or
+    [B], each row's own (a refilled decode whose rows are at different turns)."""
+    seeds = jnp.broadcast_to(jnp.asarray(seed, jnp.uint32), jnp.shape(row_ids))
+    return jax.vmap(lambda s, r: jax.random.fold_in(jax.random.PRNGKey(s), r))(seeds, row_ids)
 
 
 class DecodeInputs(NamedTuple):
@@ -113,14 +114,15 @@ class DecodeCarry:
                             budgets <= 0, np.zeros(rows, bool), np.asarray(write_index, np.int32),
                             next_position.astype(np.int32))
 
-    def restart(self, rows: np.ndarray, next_position: np.ndarray) -> DecodeCarry:
-        """This carry (on the host) with `rows` begun afresh, for a new prompt each (a refilled
-        decode): no token yet, not done, writing from slot 0 of their suffix, the next token at
-        `next_position` (one per row of `rows`)."""
+    def restart(self, rows: np.ndarray, next_position: np.ndarray, write_index=0) -> DecodeCarry:
+        """This carry (on the host) with `rows` begun afresh (a refilled decode): no token yet,
+        not done, the next token at `next_position` (one per row of `rows`), writing from
+        `write_index` of their suffix (0: a new prompt each; a row's next turn: past its tool
+        responses)."""
         arrays = {f.name: np.array(getattr(self, f.name)) for f in dataclasses.fields(self)}
         arrays["tokens"][rows], arrays["logps"][rows] = -1, 0.0
-        for name in ("n_gen", "write_index"):
-            arrays[name][rows] = 0
+        arrays["n_gen"][rows] = 0
+        arrays["write_index"][rows] = write_index
         arrays["done"][rows] = arrays["finished"][rows] = False
         arrays["next_position"][rows] = next_position
         return DecodeCarry(**arrays)

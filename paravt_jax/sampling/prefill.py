@@ -40,7 +40,9 @@ class PrefillChunk(NamedTuple):
     visual_index: jax.Array | None  # [g, W]: row of visual_embeds (of its shard's) for vision pads, -1 elsewhere
     visual_embeds: jax.Array | None  # [Nv, D], or [S, Nv, D] per shard of rows (whole_features)
     deepstack: jax.Array | None  # [n_ds, Nv, D], or [n_ds, S, Nv, D]
-    write_index: jax.Array  # [] int32: the cache slot of each row's first chunk token
+    # [] int32: the cache slot of each row's first chunk token; [g]: each row's own (the group is
+    # every row of the cache; a row past the capacity writes nothing)
+    write_index: jax.Array
     row_start: jax.Array  # [] int32: the group's first row in each device's block of rows
 
 
@@ -99,7 +101,8 @@ def prefill(graphdef, params, weights, cache: KVCache, prefix: KVCache | None, c
             plan: PrefillPlan) -> tuple[jax.Array, KVCache]:
     """One row group: the chunk's g rows are the cache rows RowGroup(row_start, g / shards,
     shards).order(B) (rows [row_start, row_start + g / shards) of each device's block of rows),
-    written at `write_index`, in place (the cache is donated); with `prefix` (None for a prompt
+    written at `write_index` (or each row at its own, write_index [B]), in place (the cache is
+    donated); with `prefix` (None for a prompt
     prefill) the rows also attend to their prompts' prefixes. Returns (logits [g, V] of each
     row's last chunk token, the cache)."""
     lang = merge(graphdef, params).language
@@ -113,7 +116,12 @@ def prefill(graphdef, params, weights, cache: KVCache, prefix: KVCache | None, c
         prompts = RowGroup(chunk.row_start // per_prompt, max(rows.local // per_prompt, 1), plan.shards)
         prefix = jax.tree.map(prompts.read, prefix)
     fresh = jnp.arange(width)[None, :] < chunk.counts[:, None]
-    if rows is None:
+    if chunk.write_index.ndim == 1:  # each row's chunk at its own slots (Sampler.extend_turns)
+        if rows is not None:
+            raise ValueError("prefill: a write slot per row takes every row of the cache in one group")
+        slots = chunk.write_index[:, None] + jnp.arange(width)[None, :]
+        valid = cache.valid.at[jnp.arange(group)[:, None], slots].set(fresh, mode="drop")
+    elif rows is None:
         valid = jax.lax.dynamic_update_slice(cache.valid, fresh, (0, chunk.write_index))
     else:
         valid = rows.write(cache.valid, jax.lax.dynamic_update_slice(rows.read(cache.valid), fresh,

@@ -30,7 +30,7 @@ from paravt_jax.infra.buckets import bucket
 from paravt_jax.models.qwen3_vl.model import Qwen3VL
 from paravt_jax.models.qwen3_vl.text import KVCache
 from paravt_jax.sampling import decode as decode_program
-from paravt_jax.sampling import pages, programs, refill
+from paravt_jax.sampling import pages, programs, refill, turns
 from paravt_jax.sampling import prefill as prefill_program
 from paravt_jax.sampling.backend import DecodeWeights, backend_policy
 from paravt_jax.sampling.calls import PromptShape, SampleOutput, call_rows, call_width
@@ -280,6 +280,16 @@ class Sampler:
         not depend on which other rows share the call (multi-host rollouts). `shape`: fixed
         prompt-prefill sizes (see PromptShape); a call whose prompts exceed them uses its own
         buckets."""
+        prefix, logits, suffix, next_position, budgets, total = self.prompt_rows(prompts, num_samples, sampling,
+                                                                                 reserve, shape)
+        return self._decode(prefix, suffix, 0, logits, next_position, budgets, total, seed, sampling,
+                            row_ids=row_ids)
+
+    def prompt_rows(self, prompts: Sequence[ModelInputs], num_samples: int, sampling: SamplingParams,
+                    reserve: Sequence[tuple[int, int]], shape: PromptShape):
+        """`generate`'s start: the prompts prefilled once, their rows (prompt-major) and an empty
+        suffix cache sized for the episode. Returns (prefix, logits [rows, V], suffix,
+        next_position [rows], budgets [rows]: 0 for padding rows, the number of real rows)."""
         if not prompts:
             raise ValueError("generate: no prompts")
         if num_samples < 1:
@@ -299,8 +309,7 @@ class Sampler:
         next_position[:total] = np.repeat([p.next_position for p in prompts], num_samples)
         budgets = np.zeros(rows, np.int32)
         budgets[:total] = sampling.max_new_tokens
-        return self._decode(prefix, self.empty_cache(rows, capacity), 0, logits, next_position, budgets, total,
-                            seed, sampling, row_ids=row_ids)
+        return prefix, logits, self.empty_cache(rows, capacity), next_position, budgets, total
 
     def extend(self, state: SamplerState, chunks: Sequence[ModelInputs | None], *,
                sampling: SamplingParams = SamplingParams(), seed: int = 0,
@@ -313,29 +322,13 @@ class Sampler:
             raise ValueError(f"extend: {len(chunks)} chunks for {state.num_rows} rows")
         rows = state.next_position.shape[0]
         full = [self._with_pending(state, b, chunk) for b, chunk in enumerate(chunks)]
-        width = chunk_width(full, self.config.min_chunk_bucket)
-        piece = self.config.extend_width
-        text_only = all(c is None or not has_vision(c) for c in full)
-        if piece and text_only:  # the turn's chunks in pieces of one width
-            width = piece * -(-max([c.length for c in full if c is not None] + [1]) // piece)
         suffix = state.suffix
+        width = self.write_width(full)
         capacity = turn_capacity(suffix.capacity, state.write_index + width, sampling.max_new_tokens,
                                  self.config.cache_multiple)
         if capacity > suffix.capacity:
             suffix = self._grow(suffix, capacity)
-        if piece and text_only:
-            logits = None
-            for start in range(0, width, piece):
-                part = [None if c is None or c.length <= start else text_slice(c, start, start + piece)
-                        for c in full]
-                out, suffix = self._prefill(suffix, state.prefix, state.write_index + start, part, piece)
-                ends_here = np.array([c is not None and start < c.length <= start + piece for c in full]
-                                     + [False] * (rows - len(full)))
-                # picked from the first piece on, so that the program compiles on a run's first
-                # extend, not on the first one whose responses need two pieces
-                logits = programs.pick_rows(ends_here, out, out if logits is None else logits)
-        else:
-            logits, suffix = self._prefill(suffix, state.prefix, state.write_index, full, width)
+        logits, suffix = self.write_chunks(suffix, state.prefix, state.write_index, full, width)
         takes_part = np.array([c is not None for c in full] + [False] * (rows - len(full)))
         next_position = np.array([(int(c.next_position) if c is not None else int(state.next_position[b]))
                                   for b, c in enumerate(full)] + [0] * (rows - len(full)), np.int32)
@@ -343,6 +336,61 @@ class Sampler:
         return self._decode(state.prefix, suffix, state.write_index + width, logits, next_position, budgets,
                             state.num_rows, seed, sampling, keep_pending=state.pending, takes_part=takes_part,
                             row_ids=row_ids)
+
+    def write_width(self, chunks: Sequence[ModelInputs | None]) -> int:
+        """The slots an extend of `chunks` writes: their bucket, or a multiple of
+        config.extend_width when they hold no image."""
+        width = chunk_width(chunks, self.config.min_chunk_bucket)
+        piece = self.config.extend_width
+        if piece and all(c is None or not has_vision(c) for c in chunks):
+            width = piece * -(-max([c.length for c in chunks if c is not None] + [1]) // piece)
+        return width
+
+    def write_chunks(self, suffix: KVCache, prefix: KVCache, write_index, chunks: Sequence[ModelInputs | None],
+                     width: int) -> tuple[jax.Array, KVCache]:
+        """An extend's prefill: `chunks` (one per row, None = nothing) written into `suffix` from
+        `write_index` (one slot for every row, or [B] each row's own: one group of every row), in
+        pieces of config.extend_width when they hold no image. Returns (logits [B, V] of each
+        row's last chunk token, the suffix)."""
+        piece = self.config.extend_width
+        if not (piece and all(c is None or not has_vision(c) for c in chunks)):
+            return self._prefill(suffix, prefix, write_index, chunks, width)
+        rows = suffix.valid.shape[0]
+        logits = None
+        for start in range(0, width, piece):
+            part = [None if c is None or c.length <= start else text_slice(c, start, start + piece) for c in chunks]
+            out, suffix = self._prefill(suffix, prefix, write_index + start, part, piece)
+            ends_here = np.array([c is not None and start < c.length <= start + piece for c in chunks]
+                                 + [False] * (rows - len(chunks)))
+            # picked from the first piece on, so that the program compiles on a run's first
+            # extend, not on the first one whose responses need two pieces
+            logits = programs.pick_rows(ends_here, out, out if logits is None else logits)
+        return logits, suffix
+
+    def start_turns(self, prompts: Sequence[ModelInputs], num_samples: int = 1, *,
+                    sampling: SamplingParams = SamplingParams(), seed: int = 0,
+                    row_ids: Sequence[int] | None = None, reserve: Sequence[tuple[int, int]] = (),
+                    shape: PromptShape = PromptShape(), refill_at: int = 0) -> turns.Turns:
+        """`generate`'s rows as a refilled decode of many episodes' turns (sampling/turns.py): each
+        row's turn ends on its own (`decode_turns`) and the row's next turn starts as soon as its
+        chunk is written (`extend_turns`), while the other rows decode. Each row draws its turns
+        from the random streams of `generate` and `extend` (the seed of the row's turn), so the
+        tokens are theirs, greedy or sampled. `refill_at`: `decode_turns` returns once that many
+        rows ended their turns (0: a quarter of the rows). The contiguous decode only."""
+        return turns.start(self, prompts, num_samples, sampling=sampling, seed=seed, row_ids=row_ids,
+                           reserve=reserve, shape=shape, refill_at=refill_at)
+
+    def decode_turns(self, state: turns.Turns) -> list[turns.TurnEnd]:
+        """Decodes `state`'s rows until `refill_at` of them ended their turns (or all did), and
+        returns those turns (see start_turns)."""
+        return turns.decode(self, state)
+
+    def extend_turns(self, state: turns.Turns, chunks: dict[int, ModelInputs], *, budget: dict[int, int],
+                     seed: dict[int, int]) -> None:
+        """Writes each row's `chunks[row]` (its pending token in front) at the row's own suffix
+        slot and starts the row's next turn: `budget[row]` tokens from the stream of `seed[row]`
+        (see start_turns). The other rows are not written to."""
+        turns.extend(self, state, chunks, budget, seed)
 
     def sample_queued(self, prompts: Sequence[ModelInputs], slots: int, *,
                       sampling: SamplingParams = SamplingParams(), seed: int = 0,
@@ -435,8 +483,12 @@ class Sampler:
         rows = cache.valid.shape[0]
         prompts = rows if prefix is None else prefix.valid.shape[0]
         shards = self.row_shards(rows, prompts)
-        group = self.prefill_group(rows, rows // prompts, width, shards)
-        plan = self.prefill_plan(rows, cache.capacity, write_index, width, group, shards)
+        per_row = np.ndim(write_index) == 1  # each row at its own slot: one group of every row
+        group = rows if per_row else self.prefill_group(rows, rows // prompts, width, shards)
+        reach = write_index
+        if per_row:  # the window reaches the furthest row that writes (the others write past the capacity)
+            reach = int(np.max(write_index[write_index < cache.capacity], initial=0))
+        plan = self.prefill_plan(rows, cache.capacity, reach, width, group, shards)
         chunks = list(chunks) + [None] * (rows - len(chunks))
         logits, order = [], []
         for start in range(0, rows // shards, group // shards):
@@ -541,7 +593,7 @@ class Sampler:
             embeds, deepstack = programs.vision(self.graphdef, self.params, vision.pixel_values, vision.meta,
                                                 vision.mesh)
         return PrefillChunk(batch.ids, batch.positions, batch.counts.astype(np.int32), visual_index, embeds,
-                            deepstack, np.int32(write_index), np.int32(row_start))
+                            deepstack, np.asarray(write_index, np.int32), np.int32(row_start))
 
     def _decode(self, prefix: KVCache, suffix: KVCache, write_index, logits, next_position, budgets, num_rows,
                 seed, sampling: SamplingParams, keep_pending=None, takes_part=None, row_ids=None):

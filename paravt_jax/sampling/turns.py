@@ -1,0 +1,158 @@
+"""A refilled decode of many episodes' turns (`Sampler.start_turns`, `decode_turns`,
+`extend_turns`): the rows of `generate`, each ending its turn on its own. The decode
+(DecodePlan.refill: each row its own suffix slots and token columns) returns once a few rows
+ended their turns; the caller answers their tool calls and writes each row's responses at that
+row's own slot (a prefill with a write slot per row), and the row's next turn starts at the
+next decode while the others go on with theirs. A row's turns draw from the streams of
+`generate` and `extend` (each turn's seed, the row's id, the token's index in its turn), so the
+tokens are the round-by-round rollout's, whichever rows share a decode call."""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+
+from paravt_jax.infra.buckets import bucket
+from paravt_jax.models.qwen3_vl.text import KVCache
+from paravt_jax.sampling import decode as decode_program
+from paravt_jax.sampling import programs
+from paravt_jax.sampling.calls import PromptShape
+from paravt_jax.sampling.chunks import prepend
+from paravt_jax.sampling.decode import DecodeCarry, DecodeInputs, DecodePlan
+from paravt_jax.sampling.kv_cache import grown_capacity, turn_capacity
+from paravt_jax.sampling.params import SamplingParams
+from paravt_jax.text.inputs import ModelInputs
+
+
+@dataclasses.dataclass(frozen=True)
+class TurnEnd:
+    """One row's turn as it ended: its tokens, their log-probs, whether a stop id ended it."""
+    row: int
+    tokens: list[int]
+    logprobs: np.ndarray
+    finished: bool
+
+
+@dataclasses.dataclass
+class Turns:
+    """The rows of a refilled multi-turn decode (host side; the caches and logits on device).
+    `seeds` [B]: the seed of each row's current turn; `budgets` [B]: its tokens at most;
+    `running` [B]: in a turn whose end was not returned yet. `row_steps`: the decode's work so
+    far (its rows x the loop steps they ran, busy or idle)."""
+    prefix: KVCache
+    suffix: KVCache
+    logits: jax.Array
+    carry: DecodeCarry
+    seeds: np.ndarray
+    streams: np.ndarray
+    budgets: np.ndarray
+    running: np.ndarray
+    sampling: SamplingParams
+    steps: int
+    refill_at: int
+    num_rows: int
+    row_steps: int = 0
+
+    def chunk_start(self) -> np.ndarray:
+        """[B] the position of each row's next chunk (after its pending token)."""
+        return np.asarray(self.carry.next_position) + 1
+
+
+def start(sampler, prompts: Sequence[ModelInputs], num_samples: int, *, sampling: SamplingParams, seed: int,
+          row_ids: Sequence[int] | None, reserve: Sequence[tuple[int, int]], shape: PromptShape,
+          refill_at: int) -> Turns:
+    """`Sampler.start_turns` (see there) on `sampler`."""
+    if sampler.decode_kernel is not None:
+        raise ValueError("start_turns: SamplerConfig.decode_cache='paged' copies the caches into pages once per "
+                         "decode call; a refilled decode runs on the contiguous caches")
+    if refill_at < 0:
+        raise ValueError(f"start_turns: refill_at={refill_at} must be >= 0 (0: a quarter of the rows)")
+    if not 0 <= int(seed) < 2**32:
+        raise ValueError(f"seed={seed} must be in [0, 2**32)")
+    prefix, logits, suffix, next_position, budgets, total = sampler.prompt_rows(prompts, num_samples, sampling,
+                                                                                reserve, shape)
+    rows = budgets.shape[0]
+    streams = np.arange(rows, dtype=np.int64)
+    if row_ids is not None:
+        if len(row_ids) != total:
+            raise ValueError(f"row_ids: {len(row_ids)} ids for {total} rows")
+        streams[:total] = row_ids
+    steps = bucket(sampling.max_new_tokens, 16)
+    carry = DecodeCarry.start(budgets, steps, np.zeros(rows, np.int32), next_position)
+    return Turns(prefix, suffix, logits, carry, np.full(rows, seed, np.uint32), streams, budgets, budgets > 0,
+                 sampling, steps, refill_at or max(total // 4, 1), total)
+
+
+def decode(sampler, state: Turns) -> list[TurnEnd]:
+    """`Sampler.decode_turns`: the turns that ended, in row order ([] once no row is in a turn)."""
+    rows = state.budgets.shape[0]
+    if not state.running.any():
+        return []
+    keys = decode_program.row_keys(state.seeds, state.streams.astype(np.int32))
+    while True:
+        done = np.asarray(state.carry.done)
+        decoding = int((~done).sum())
+        stop = int(done.sum()) + min(state.refill_at, decoding) if decoding else rows + 1
+        plan = DecodePlan(sampler.cache_shardings(rows, state.suffix.capacity), sampler.backend,
+                          sampler.config.decode_window, truncation=state.sampling.truncates, refill=True)
+        inputs = DecodeInputs.of(state.logits, state.budgets, keys, state.sampling, state.steps, stop)
+        before = int(state.carry.step)
+        # on the host between calls, as restart leaves it (else one more jit cache entry for device arrays)
+        state.carry = jax.tree.map(np.asarray, state.carry)
+        state.carry, state.suffix = decode_program.decode(sampler.graphdef, sampler.params, sampler.weights,
+                                                          state.suffix, state.prefix, inputs, state.carry, plan)
+        state.row_steps += rows * (int(state.carry.step) - before)
+        done, n_gen = np.asarray(state.carry.done), np.asarray(state.carry.n_gen)
+        ended = np.flatnonzero(done & state.running)
+        if ended.size:
+            break
+        # no turn ended: a row that samples reached the suffix's last slot; grow it (at most double)
+        left = int(np.max(np.where(done, 0, state.budgets - n_gen)))
+        state.suffix = sampler._grow(state.suffix, grown_capacity(state.suffix.capacity, left,
+                                                                  sampler.config.cache_multiple))
+    tokens, logps, hit = (np.asarray(a) for a in (state.carry.tokens, state.carry.logps, state.carry.finished))
+    state.running[ended] = False
+    return [TurnEnd(int(b), tokens[b, :n_gen[b]].tolist(), logps[b, :n_gen[b]].copy(), bool(hit[b]))
+            for b in ended]
+
+
+def extend(sampler, state: Turns, chunks: dict[int, ModelInputs], budget: dict[int, int],
+           seed: dict[int, int]) -> None:
+    """`Sampler.extend_turns` (see there)."""
+    if not chunks:
+        return
+    rows = state.budgets.shape[0]
+    carry = state.carry
+    n_gen, tokens, position = (np.asarray(a) for a in (carry.n_gen, carry.tokens, carry.next_position))
+    full: list[ModelInputs | None] = [None] * rows
+    for b, chunk in chunks.items():
+        if not 0 <= b < state.num_rows or state.running[b] or n_gen[b] < 1:
+            raise ValueError(f"extend_turns: row {b} has no ended turn to extend")
+        if b not in budget or b not in seed or budget[b] < 1 or not 0 <= int(seed[b]) < 2**32:
+            raise ValueError(f"extend_turns: row {b} needs a budget >= 1 and a seed in [0, 2**32)")
+        if chunk.length and int(chunk.position_ids.min()) != int(position[b]) + 1:
+            raise ValueError(f"extend_turns: row {b} chunk starts at position {int(chunk.position_ids.min())}, "
+                             f"expected {int(position[b]) + 1}")
+        full[b] = prepend(int(tokens[b, n_gen[b] - 1]), int(position[b]), chunk)
+    if max(budget[b] for b in chunks) > state.steps:
+        raise ValueError(f"extend_turns: a budget of {max(budget.values())} tokens exceeds the decode's "
+                         f"{state.steps} token columns (start_turns' sampling.max_new_tokens)")
+    index = np.array(sorted(chunks))
+    takes = np.zeros(rows, bool)
+    takes[index] = True
+    write = np.asarray(carry.write_index)
+    width = sampler.write_width(full)
+    capacity = turn_capacity(state.suffix.capacity, int(write[index].max()) + width, max(budget.values()),
+                             sampler.config.cache_multiple)
+    if capacity > state.suffix.capacity:
+        state.suffix = sampler._grow(state.suffix, capacity)
+    slots = np.where(takes, write, state.suffix.capacity).astype(np.int32)  # past the capacity: nothing written
+    logits, state.suffix = sampler.write_chunks(state.suffix, state.prefix, slots, full, width)
+    state.logits = programs.pick_rows(takes, logits, state.logits)
+    state.carry = carry.restart(index, np.array([full[b].next_position for b in index], np.int32),
+                                write[index] + np.array([full[b].length for b in index], np.int32))
+    state.budgets[index] = [budget[b] for b in index]
+    state.seeds[index] = [seed[b] for b in index]
+    state.running[index] = True

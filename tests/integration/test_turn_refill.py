@@ -1,0 +1,134 @@
+"""Sampler.start_turns / decode_turns / extend_turns: episodes' turns refilled row by row (each
+row's next turn started as soon as its turn ends and its chunk is written at its own slot) give
+the tokens of generate + extend round by round, greedy and sampled, whatever the rows' turns
+and budgets; one compiled decode for every turn; bad arguments refused."""
+import dataclasses
+
+import numpy as np
+import pytest
+
+from paravt_jax.models.qwen3_vl import init_model, preset
+from paravt_jax.sampling import Sampler, SamplerConfig, SamplingParams
+from paravt_jax.text.inputs import encode_ids
+
+NEW = 20
+LENGTHS = (30, 75, 12)  # three prompts, two samples each: six rows
+# each row's episode: the chunk length of each of its later turns (rows 2 and 5 answer at once,
+# row 4 runs three turns, the last one the short final-answer turn of FINAL tokens)
+TURNS = ((9, 17), (4,), (), (21,), (6, 3, 11), ())
+FINAL = 5
+
+
+@pytest.fixture(scope="module", params=["tiny", "toy"])
+def model(request):
+    return init_model(preset(request.param, attention_block=16), seed=5)
+
+
+def sampler_of(model, **config):
+    sampler = Sampler(model, SamplerConfig(**config))
+    sampler.backend = dataclasses.replace(sampler.backend, decode_block=16)
+    return sampler
+
+
+def prompts():
+    rng = np.random.default_rng(3)
+    return [encode_ids(rng.integers(0, 900, n).tolist(), 0) for n in LENGTHS]
+
+
+def chunk(row, turn, start):
+    """Row `row`'s chunk before its turn `turn` + 1 (its tool responses), from position `start`."""
+    rng = np.random.default_rng(100 * row + turn)
+    return encode_ids(rng.integers(0, 900, TURNS[row][turn]).tolist(), start, trainable=False)
+
+
+def budget_of(row, turn):
+    return FINAL if turn == len(TURNS[row]) - 1 and row == 4 else NEW
+
+
+def reserve():
+    return [(32, NEW)] * 3
+
+
+def by_rounds(sampler, sampling, seed):
+    """generate, then one extend per round for the rows with a turn left (each round's rows
+    share the budget: row 4's final turn runs alone in round 3). Returns {row: [turns]}."""
+    out, state = sampler.generate(prompts(), 2, sampling=sampling, seed=seed, reserve=reserve())
+    turns = {b: [(out.tokens[b], out.logprobs[b], bool(out.finished[b]))] for b in range(6)}
+    for turn in range(3):
+        rows = [b for b in range(6) if len(TURNS[b]) > turn]
+        budgets = {budget_of(b, turn) for b in rows}
+        for budget in sorted(budgets):
+            part = [b for b in rows if budget_of(b, turn) == budget]
+            chunks = [chunk(b, turn, int(state.chunk_start[b])) if b in part else None for b in range(6)]
+            out, state = sampler.extend(state, chunks, sampling=sampling.with_budget(budget),
+                                        seed=seed + turn + 1)
+            for b in part:
+                turns[b].append((out.tokens[b], out.logprobs[b], bool(out.finished[b])))
+    return turns
+
+
+def by_rows(sampler, sampling, seed, refill_at=1):
+    state = sampler.start_turns(prompts(), 2, sampling=sampling, seed=seed, reserve=reserve(), refill_at=refill_at)
+    turns = {b: [] for b in range(6)}
+    order = []
+    while ends := sampler.decode_turns(state):
+        chunks, budgets, seeds = {}, {}, {}
+        for end in ends:
+            b, turn = end.row, len(turns[end.row])
+            turns[b].append((end.tokens, end.logprobs, end.finished))
+            order.append(b)
+            if turn < len(TURNS[b]):
+                chunks[b] = chunk(b, turn, int(state.chunk_start()[b]))
+                budgets[b], seeds[b] = budget_of(b, turn), seed + turn + 1
+        sampler.extend_turns(state, chunks, budget=budgets, seed=seeds)
+    return turns, order, state
+
+
+def stops_of(sampler, sampling):
+    out, _ = sampler.generate(prompts(), 2, sampling=sampling, seed=1)
+    return tuple({out.tokens[0][2], out.tokens[3][11], out.tokens[5][5]})
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_rows_refilled_turn_by_turn_equal_round_by_round(model, temperature):
+    sampler = sampler_of(model)
+    sampling = SamplingParams(max_new_tokens=NEW, temperature=temperature)
+    sampling = dataclasses.replace(sampling, stop_ids=stops_of(sampler, sampling))
+    want = by_rounds(sampler, sampling, seed=7)
+    decodes = sampler.compile_counts()["decode"]
+    got, order, state = by_rows(sampler, sampling, seed=7)
+    assert [len(t) for t in got.values()] == [len(TURNS[b]) + 1 for b in range(6)]
+    for b in range(6):
+        for (tokens, logps, finished), (want_tokens, want_logps, want_finished) in zip(got[b], want[b]):
+            assert tokens == want_tokens and finished == want_finished, (b, tokens, want_tokens)
+            np.testing.assert_allclose(logps, want_logps, atol=2e-5, rtol=0)
+    assert len({len(t[0]) for b in range(6) for t in got[b]}) > 2  # the stops end turns at varied steps
+    assert order != sorted(order)  # rows ended out of order: a row's next turn ran beside the others' turns
+    assert state.row_steps > 0 and not state.running.any()
+    refilled = sampler.compile_counts()["decode"]
+    assert refilled <= decodes + 1  # one refilled decode program for every turn (compiled by an earlier case, or here)
+    again, _, _ = by_rows(sampler, sampling, seed=7, refill_at=3)
+    assert [[t[0] for t in again[b]] for b in range(6)] == [[t[0] for t in got[b]] for b in range(6)]
+    assert sampler.compile_counts()["decode"] == refilled
+
+
+def test_bad_turn_arguments_are_refused():
+    sampler = sampler_of(init_model(preset("tiny", attention_block=16), seed=5))
+    sampling = SamplingParams(max_new_tokens=NEW)
+    state = sampler.start_turns(prompts(), 2, sampling=sampling, seed=1, reserve=reserve())
+    with pytest.raises(ValueError, match="row 0 has no ended turn"):
+        sampler.extend_turns(state, {0: chunk(0, 0, 0)}, budget={0: NEW}, seed={0: 2})
+    ends = sampler.decode_turns(state)
+    b = ends[0].row
+    start = int(state.chunk_start()[b])
+    with pytest.raises(ValueError, match=f"row {b} chunk starts at position {start + 1}, expected {start}"):
+        sampler.extend_turns(state, {b: chunk(0, 0, start + 1)}, budget={b: NEW}, seed={b: 2})
+    with pytest.raises(ValueError, match="needs a budget"):
+        sampler.extend_turns(state, {b: chunk(0, 0, start)}, budget={}, seed={b: 2})
+    with pytest.raises(ValueError, match="exceeds the decode's 32 token columns"):
+        sampler.extend_turns(state, {b: chunk(0, 0, start)}, budget={b: 40}, seed={b: 2})
+    with pytest.raises(ValueError, match="refill_at=-1"):
+        sampler.start_turns(prompts(), sampling=sampling, refill_at=-1)
+    with pytest.raises(ValueError, match="decode_cache='paged'"):
+        sampler_of(init_model(preset("tiny", attention_block=16), seed=5), decode_cache="paged").start_turns(
+            prompts(), sampling=sampling)
