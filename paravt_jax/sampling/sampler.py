@@ -350,12 +350,16 @@ class Sampler:
                      width: int) -> tuple[jax.Array, KVCache]:
         """An extend's prefill: `chunks` (one per row, None = nothing) written into `suffix` from
         `write_index` (one slot for every row, or [B] each row's own: one group of every row), in
-        pieces of config.extend_width when they hold no image. Returns (logits [B, V] of each
-        row's last chunk token, the suffix)."""
+        pieces of config.extend_width when they hold no image (with a slot per row, also pieces
+        narrow enough that the group keeps within the prefill token budget). Returns (logits
+        [B, V] of each row's last chunk token, the suffix)."""
+        rows = suffix.valid.shape[0]
         piece = self.config.extend_width
+        if np.ndim(write_index) == 1 and rows * (piece or width) > self.backend.prefill_tokens:
+            piece = max(self.backend.prefill_tokens // rows // 16 * 16, 16)
         if not (piece and all(c is None or not has_vision(c) for c in chunks)):
             return self._prefill(suffix, prefix, write_index, chunks, width)
-        rows = suffix.valid.shape[0]
+        width = piece * -(-width // piece)
         logits = None
         for start in range(0, width, piece):
             part = [None if c is None or c.length <= start else text_slice(c, start, start + piece) for c in chunks]

@@ -54,6 +54,14 @@ def test_queued_bench_smallest(tmp_path):
     assert "| calls of --slots prompts, one after another " in out and "| one call, rows refilled" in out
 
 
+def test_turns_bench_smallest(tmp_path):
+    """Episodes' turns refilled row by row against round by round: the same tokens (the bench
+    exits non-zero otherwise), every arm's row printed."""
+    out = run_bench(tmp_path, "turns.py", "--model", "tiny", "--prompts", "2", "--samples", "2", "--prompt", "12",
+                    "--turns", "2", "--chunk", "8", "--new", "8", "--mean", "4", "--repeats", "1")
+    assert "| round by round (generate + extend) " in out and "| rows refilled turn by turn" in out
+
+
 def test_prompt_packing_bench_smallest(tmp_path):
     """The packed prompt prefill beside the padded one, same greedy tokens (else it exits non-zero)."""
     out = run_bench(tmp_path, "prompt_packing.py", "--model", "toy", "--calls", "first_turn", "--repeats", "1")

@@ -57,6 +57,38 @@ def rollout(sampler: Sampler, seed: int = 0, prompts: int = 8, samples: int = 2)
     return first.tokens + second.tokens, first.logprobs + second.logprobs
 
 
+def turn_rollout(sampler: Sampler, seed: int = 0, prompts: int = 8, samples: int = 2):
+    """`rollout`'s episodes with each row's turns refilled on its own (Sampler.start_turns): the
+    tool response of a row written at its own slot as soon as its first turn ends."""
+    rng = np.random.default_rng(seed)
+    greedy = SamplingParams(max_new_tokens=6)
+    state = sampler.start_turns([image_row(rng, int(rng.integers(1, 4))) for _ in range(prompts)],
+                                num_samples=samples, sampling=greedy, seed=1, refill_at=3)
+    frames = [int(rng.integers(1, 3)) for _ in range(prompts * samples)]  # rollout's draws, in row order
+    turns = {}
+    while ends := sampler.decode_turns(state):
+        chunks = {}
+        for end in ends:
+            turns.setdefault(end.row, []).append((end.tokens, end.logprobs))
+            if len(turns[end.row]) == 1:
+                chunks[end.row] = image_row(np.random.default_rng(100 + end.row), frames[end.row],
+                                            int(state.chunk_start()[end.row]))
+        sampler.extend_turns(state, chunks, budget={b: 6 for b in chunks}, seed={b: 2 for b in chunks})
+    rows = range(prompts * samples)
+    return [turns[b][k][0] for k in (0, 1) for b in rows], [turns[b][k][1] for k in (0, 1) for b in rows]
+
+
+def test_turns_refilled_row_by_row_on_a_mesh(models):
+    """Each row's turns on its own over the fsdp=8 mesh (its tool-response frames written at its
+    own slot, one group of every row) give the unsharded sampler's tokens and log-probs."""
+    plain, sharded, mesh = models
+    tokens, logps = turn_rollout(Sampler(sharded, mesh=mesh))
+    want_tokens, want_logps = turn_rollout(Sampler(plain))
+    assert tokens == want_tokens
+    for got, want in zip(logps, want_logps):
+        np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+
+
 def test_vision_per_shard_gives_the_replicated_and_unsharded_tokens(models):
     plain, sharded, mesh = models
     expected, expected_logps = rollout(Sampler(plain))

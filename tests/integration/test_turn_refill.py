@@ -110,6 +110,10 @@ def test_rows_refilled_turn_by_turn_equal_round_by_round(model, temperature):
     again, _, _ = by_rows(sampler, sampling, seed=7, refill_at=3)
     assert [[t[0] for t in again[b]] for b in range(6)] == [[t[0] for t in got[b]] for b in range(6)]
     assert sampler.compile_counts()["decode"] == refilled
+    # a prefill token budget below every row x the chunk's width: the chunks in pieces of 16 slots
+    sampler.backend = dataclasses.replace(sampler.backend, prefill_tokens=6 * 16)
+    pieces, _, _ = by_rows(sampler, sampling, seed=7)
+    assert [[t[0] for t in pieces[b]] for b in range(6)] == [[t[0] for t in got[b]] for b in range(6)]
 
 
 def test_bad_turn_arguments_are_refused():

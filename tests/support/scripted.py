@@ -26,6 +26,12 @@ script does not have fails the test with the row and the turn.
 
 Every call is recorded in `calls` (kind, rows, seed, row_ids, budget, prompt shape), which is
 what tests read for batching, random streams and budgets.
+
+The turns of a refilled rollout (`start_turns`, `decode_turns`, `extend_turns`, as the real
+sampler's): `start_turns` records a "policy" call; `decode_turns` ends the `refill_at` rows in a
+turn (1 by default) whose turn text is shortest (ties: the lower row), so that rows end out of
+order and a row's next turn starts while others are in theirs; each `extend_turns` records one
+"turn" call per row (rows 1, the row's seed, its stream, its budget).
 """
 from __future__ import annotations
 
@@ -36,6 +42,7 @@ import numpy as np
 
 from paravt_jax.sampling.calls import PromptShape, SampleOutput
 from paravt_jax.sampling.params import SamplingParams
+from paravt_jax.sampling.turns import TurnEnd
 from paravt_jax.text import chat
 from paravt_jax.text.inputs import ModelInputs
 
@@ -69,6 +76,25 @@ class ScriptedState:
     @property
     def chunk_start(self) -> np.ndarray:
         return self.next_position + (self.pending >= 0)
+
+
+@dataclasses.dataclass
+class ScriptedTurns:
+    """What the rollout reads of a sampling.turns.Turns (`chunk_start()`), and the rows' scripts:
+    `texts[b]`: row b's turn in progress (None: none), started at `starts[b]` with `budgets[b]`."""
+    num_rows: int
+    next_position: np.ndarray
+    scripts: tuple[tuple[str, ...], ...]
+    turn: list[int]
+    texts: list[str | None]
+    starts: np.ndarray
+    budgets: list[int]
+    streams: list[int]
+    sampling: SamplingParams
+    refill_at: int
+
+    def chunk_start(self) -> np.ndarray:
+        return self.next_position + 1
 
 
 class ScriptedSampler:
@@ -135,6 +161,46 @@ class ScriptedSampler:
                            for b, chunk in enumerate(chunks)], np.int64)
         out = self._output(texts, sampling)
         return out, self._state(starts, out, state.scripts, turn, state.pending, ~takes_part)
+
+    def start_turns(self, prompts: Sequence[ModelInputs], num_samples: int = 1, *,
+                    sampling: SamplingParams = SamplingParams(), seed: int = 0,
+                    row_ids: Sequence[int] | None = None, reserve: Sequence[tuple[int, int]] = (),
+                    shape: PromptShape = WHOLE_CALL, refill_at: int = 0) -> ScriptedTurns:
+        _, state = self.generate(prompts, num_samples, sampling=sampling, seed=seed, row_ids=row_ids,
+                                 reserve=reserve, shape=shape)
+        rows = state.num_rows
+        starts = np.array([prompts[b // num_samples].next_position for b in range(rows)], np.int64)
+        return ScriptedTurns(rows, np.zeros(rows, np.int64), state.scripts, [0] * rows,
+                             [script[0] for script in state.scripts], starts, [sampling.max_new_tokens] * rows,
+                             list(row_ids) if row_ids is not None else list(range(rows)), sampling, refill_at or 1)
+
+    def decode_turns(self, state: ScriptedTurns) -> list[TurnEnd]:
+        running = [b for b in range(state.num_rows) if state.texts[b] is not None]
+        ending = sorted(sorted(running, key=lambda b: (len(state.texts[b]), b))[:state.refill_at])
+        ends = []
+        for b in ending:
+            out = self._output([state.texts[b]], state.sampling.with_budget(state.budgets[b]))
+            ends.append(TurnEnd(b, out.tokens[0], out.logprobs[0], bool(out.finished[0])))
+            state.next_position[b] = state.starts[b] + len(out.tokens[0]) - 1
+            state.turn[b] += 1
+            state.texts[b] = None
+        return ends
+
+    def extend_turns(self, state: ScriptedTurns, chunks: dict[int, ModelInputs], *, budget: dict[int, int],
+                     seed: dict[int, int]) -> None:
+        for b, chunk in chunks.items():
+            if state.texts[b] is not None:
+                raise ValueError(f"extend_turns: row {b} has no ended turn to extend")
+            if chunk.length and int(chunk.position_ids.min()) != int(state.chunk_start()[b]):
+                raise ValueError(f"extend_turns: row {b} chunk starts at position {int(chunk.position_ids.min())}, "
+                                 f"expected {int(state.chunk_start()[b])}")
+            if state.turn[b] >= len(state.scripts[b]):
+                raise AssertionError(f"row {b}: turn {state.turn[b] + 1} asked, its script has "
+                                     f"{len(state.scripts[b])}")
+            self._check_call(1, seed[b], None)
+            self.calls.append(Call("turn", 1, seed[b], (state.streams[b],), budget[b], None))
+            state.texts[b], state.starts[b], state.budgets[b] = state.scripts[b][state.turn[b]], chunk.next_position, \
+                budget[b]
 
     # -- internals ------------------------------------------------------------------------
     def _turns(self, prompt_text: str, row: int, sample: int) -> Sequence[str]:

@@ -379,3 +379,43 @@ def test_tool_free_episode_beside_a_tool_episode(video, tokenizer):
     assert rewards[0]["tool_reward"] > 0 and rewards[1]["tool_reward"] == 0.0
     offered = R.format_reward(b.assistant_text, answer_suffix=True, anchor_weight=0.0)
     assert rewards[1]["format_reward"] == pytest.approx(offered - 0.3)  # the tool term left out
+
+
+def rollout_fields(r):
+    return (r.episode.episode_id, r.sample, r.inputs.input_ids.tolist(), r.inputs.loss_mask.tolist(),
+            r.inputs.position_ids.tolist(), r.logprobs.tolist(), r.structural_mask.tolist(), r.completion,
+            r.turn_texts, r.calls_per_turn, r.turns, r.errors, r.truncated, len(r.subagents),
+            [(c.turn, c.response) for c in r.calls])
+
+
+@pytest.mark.parametrize("mode,final_answer", [("subagent", False), ("frames", True)])
+def test_turn_refill_plays_the_rounds_rollouts(video, tokenizer, mode, final_answer):
+    """rl.rollout.turn_refill: each row's turns on their own (rows end out of order, a row's next
+    turn starting while others are in theirs) give the rollouts of the round-by-round loop, each
+    row's turn t + 1 on seed + t + 1 and its stream, the round's sub-agents on seed + 1000 (t + 1)."""
+    answer = "<think>done</think>\n<answer>blue</answer>"
+    long_calls = calls_text((1, 5), (9, 15), (20, 25))
+    scripts = [[calls_text((1, 5)), calls_text((9, 15), (2, 3)), "B", "x"], [answer],
+               [long_calls, answer], [calls_text((30, 35)), long_calls, calls_text((3, 4)), "tail"]]
+    episodes = [Episode("e0", "What colour?", "blue", "oe", video, nframes=4),
+                Episode("e1", "What shape?", "circle", "oe", video, nframes=4)]
+    protocol = ToolProtocol(final_answer=True, final_answer_tokens=7) if final_answer else ToolProtocol.training()
+    runs = {}
+    for refill in (False, True):
+        config = RolloutConfig(mode=mode, max_turns=2, seed=5, row_offset=10, turn_refill=refill, protocol=protocol)
+        sampler = ScriptedSampler(tokenizer, scripts)
+        with CropDispatcher(DispatchConfig(max_parallel=2)) as dispatcher:
+            rollouts, _ = run_rollouts(sampler, tokenizer, episodes, 2, config, dispatcher)
+        runs[refill] = rollouts, sampler.calls
+    (rounds, round_calls), (rows, row_calls) = runs[False], runs[True]
+    assert [rollout_fields(r) for r in rows] == [rollout_fields(r) for r in rounds]
+    assert [r.turns for r in rows] == [3, 1, 2, 3]
+    turns = sorted((c.row_ids[0], c.seed, c.max_new_tokens) for c in row_calls if c.kind == "turn")
+    budget = 7 if final_answer else 512
+    assert turns == [(10, 6, 512), (10, 7, budget), (12, 6, 512), (13, 6, 512), (13, 7, budget)]
+    seeds = [c.seed for c in row_calls if c.kind == "turn"]
+    assert seeds != sorted(seeds)  # a row's third turn began before another row's second
+
+    def subagent_streams(calls):
+        return sorted((c.seed, s) for c in calls if c.kind == "subagent" for s in c.row_ids)
+    assert subagent_streams(row_calls) == subagent_streams(round_calls)
