@@ -370,6 +370,10 @@ def planned_shapes(rl) -> StepShapes:
 
 def sampler_layout(rl, work: Workload) -> SamplerLayout:
     r, sampler = rl.rollout, rl.sampler
+    if r.turn_refill:  # its refilled decode and its extends of one group of every row are other programs
+        raise PlanError("rl.rollout.turn_refill=True: the planner compiles the round-by-round rollout's decode and "
+                        "extends (at full budget every row's turn ends at once, where a refill changes nothing); "
+                        "plan with it off")
     shapes = planned_shapes(rl)
     calls = work.calls_per_turn
     prompt_rows = call_rows(rl.prompts_per_step, shapes.prompt, sampler.min_batch_bucket)

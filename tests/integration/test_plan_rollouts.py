@@ -207,3 +207,15 @@ def test_planner_sampler_calls_match_the_rollouts(setup, batch, calls, rows, ref
     for allocated, width, frames in policy.subagent_calls:
         assert (allocated, width, frames) == (rows, layout.subagent_prefix_slots, layout.subagent_frames)
     assert layout.prefix_slots == shapes.prompt.width and layout.extend_width == shapes.extend_width
+
+
+def test_a_turn_refilled_rollout_is_refused(setup):
+    """rl.rollout.turn_refill runs other programs (a refilled decode, extends of one group of every
+    row) than the ones the planner compiles: planning it is an error that names the field."""
+    video, tok, model = setup
+    c = paragrpo.get_config("tiny")
+    c.rl.rollout.turn_refill = True
+    rl = build_run(c).rl
+    work = W.workload(rl, model.config.vision, tok, W.Assumptions(video_name=os.path.basename(video)))
+    with pytest.raises(W.PlanError, match="rl.rollout.turn_refill=True"):
+        W.sampler_layout(rl, work)
