@@ -301,16 +301,26 @@ class SamplerPrograms:
             state, is_leaf=lambda x: isinstance(x, nnx.Variable))
         self.layout = P.weight_layout(self.params, config, sampler.decode_weight_split)
 
-    # the weight refresh: Sampler.weights' per-layer copies, made after every optimizer step.
-    # Compiled when first needed (a prefill, a decode or the refresh's own numbers): the copies'
-    # shardings are the compiled program's output shardings; a vision tower needs neither.
+    # the weight refresh: Sampler.weights' per-layer copies, made after every optimizer step, one
+    # layer a call (programs.decode_weights); the program compiled is the first layer's, which
+    # copies the lm head too (the time plan runs it once per layer). Compiled when first needed
+    # (a prefill, a decode or the refresh's own numbers): the copies' shardings are the compiled
+    # program's output shardings; a vision tower needs neither.
     @functools.cached_property
     def _refresh(self) -> tuple[ProgramMemory, object]:
-        stats, compiled = self._compile_with("weight refresh", P.decode_weights_program,
-                                             (self.graphdef, self.params, self.layout), {}, (), 0)
-        shapes = jax.eval_shape(lambda p: P.decode_weights_program(self.graphdef, p, self.layout), self.params)
-        weights = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                               shapes, compiled.output_shardings)
+        index = jax.ShapeDtypeStruct((), jnp.int32, sharding=self.replicated)
+        stats, compiled = self._compile_with("weight refresh", P.layer_copy_program,
+                                             (self.graphdef, self.params, index, self.layout),
+                                             {"with_head": True}, (), 0)
+        layer_sharding, head_sharding = compiled.output_shardings
+        layers = self.config.text.num_hidden_layers
+        shapes = jax.eval_shape(lambda p: P.decode_weights(self.graphdef, p, self.layout, layers), self.params)
+
+        def placed(tree, shardings):
+            return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
+
+        weights = dataclasses.replace(shapes, layers=tuple(placed(layer, layer_sharding) for layer in shapes.layers),
+                                      head_t=None if shapes.head_t is None else placed(shapes.head_t, head_sharding))
         return stats, weights
 
     @property

@@ -138,9 +138,10 @@ class TimePlan:
                     notes=list(self.notes), split=self.split.to_json() if self.split else None)
 
 
-def step_calls(rl, work, layout) -> dict[str, tuple[str, float]]:
+def step_calls(rl, work, layout, layers: int = 1) -> dict[str, tuple[str, float]]:
     """program name -> (stage, runs per RL step) for the recipe's workload, before the prefills'
-    row groups (`time_plan` multiplies a prefill and its vision tower by its row groups)."""
+    row groups (`time_plan` multiplies a prefill and its vision tower by its row groups); `layers`:
+    the decoder's (the weight refresh runs once per layer)."""
     from paravt_jax.infra.buckets import bucket
 
     r = rl.rollout
@@ -164,7 +165,7 @@ def step_calls(rl, work, layout) -> dict[str, tuple[str, float]]:
         "log-probs": ("log-probs", float(passes * work.micro_batches)),
         "gradients": ("gradients", float(work.micro_batches)),
         "optimizer update": ("update", 1.0),
-        "weight refresh": ("refresh", 1.0),
+        "weight refresh": ("refresh", float(layers)),  # one layer a call
     }
     return calls
 
@@ -207,7 +208,7 @@ def time_plan(programs, rl, work, layout, config, chip: str, mesh: dict | None =
     peak = CHIPS[chip]
     mesh = mesh or {}
     rows_per_device = rows_per_device or work.micro_batch_rows
-    calls = step_calls(rl, work, layout)
+    calls = step_calls(rl, work, layout, config.text.num_hidden_layers)
     reads = decode_reads(rl, work, layout, config, programs.sampler) if layout is not None else {}
     phases = []
     for program in programs.trainer + programs.sampler:

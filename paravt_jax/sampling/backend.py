@@ -24,7 +24,7 @@ FUSED = {("q_proj", "k_proj", "v_proj"): "qkv_t", ("gate_proj", "up_proj"): "gat
 
 @dataclasses.dataclass(frozen=True)
 class WeightLayout:
-    """How `decode_weights` lays the sampler's copies out (a static jit argument).
+    """How `programs.decode_weights` lays the sampler's copies out (a static jit argument).
     fuse: q/k/v and gate/up as one [sum(out), in] weight each (where no device holds a slice of
     their output axis: the split of a fused output would not line up with the shards).
     split: on a mesh, the MLP copies split over `axes` as tensor parallelism, gate and up by
@@ -51,7 +51,7 @@ class WeightLayout:
 
 @dataclasses.dataclass(frozen=True)
 class DecodeWeights:
-    """Weight copies laid out for the sampler (see decode_weights)."""
+    """Weight copies laid out for the sampler (see programs.decode_weights)."""
     layers: tuple  # per-layer parameter dicts, projections [out, in] under `<name>_t`
     head_t: jax.Array | None  # the untied lm head [vocab, D]; None when tied to the embeddings
     # the mesh the head is split over by the vocabulary (WeightLayout.head_axes; static): the
@@ -93,7 +93,7 @@ class SamplerBackend:
 
     def project(self, x: jax.Array, params: dict, names: tuple[str, ...],
                 sizes: tuple[int, ...]) -> tuple[jax.Array, ...]:
-        """(x @ kernel for each name) from `decode_weights`' layouts: the fused [sum(sizes), in]
+        """(x @ kernel for each name) from `programs.decode_weights`' layouts: the fused [sum(sizes), in]
         weight when present, else each `<name>_t` [out, in]."""
         fused = FUSED.get(names)
         if fused in params:
@@ -120,29 +120,31 @@ class SamplerBackend:
         return block
 
 
-def decode_weights(lang, layout: WeightLayout) -> DecodeWeights:
-    """Per-layer copies of the decoder weights, projections stored [out, in] under `<name>_t`,
-    laid out as `layout` says (WeightLayout: fused, or the MLP and the head split as tensor
-    parallelism).
+def layer_copy(own: dict, layout: WeightLayout) -> dict:
+    """One decoder layer's copies (`own`: its parameters, sliced from the stacked ones),
+    projections stored [out, in] under `<name>_t`, laid out as `layout` says (WeightLayout:
+    fused, or the MLP split as tensor parallelism).
 
     XLA:CPU and XLA:GPU copy a slice of a stacked weight that feeds a matmul; inside the
     sampler's decode loop that meant reading and writing the decoder weights once more per
-    token, so the Sampler builds these buffers once and passes them in."""
-    stacked = lang.layer_params()
+    token, so the Sampler builds these buffers once and passes them in (programs.decode_weights:
+    one layer a call, so that only one layer's resharding is in flight at a time)."""
     fused = {names: name for names, name in FUSED.items() if layout.fuse and not (layout.axes and name == "gate_up_t")}
     fused_names = {n for names in fused for n in names}
     split = {"gate_proj": 0, "up_proj": 0, "down_proj": 1} if layout.axes else {}  # [out, in]: the axis split
-    layers = []
-    for i in range(lang.config.num_hidden_layers):
-        layer = {name: p[i] for name, p in stacked.items() if name not in PROJECTIONS}
-        for name in PROJECTIONS:
-            if name not in fused_names:
-                weight = stacked[name][i].T
-                layer[name + "_t"] = layout.constrain(weight, split[name], layout.axes) if name in split else weight
-        layer.update({name: jnp.concatenate([stacked[n][i].T for n in names], axis=0) for names, name in fused.items()})
-        layers.append(layer)
-    head = None if lang.tie_word_embeddings else layout.constrain(lang.head(), 0, layout.head_axes)
-    return DecodeWeights(tuple(layers), head, layout.mesh if layout.head_axes else None)
+    layer = {name: p for name, p in own.items() if name not in PROJECTIONS}
+    for name in PROJECTIONS:
+        if name not in fused_names:
+            weight = own[name].T
+            layer[name + "_t"] = layout.constrain(weight, split[name], layout.axes) if name in split else weight
+    layer.update({name: jnp.concatenate([own[n].T for n in names], axis=0) for names, name in fused.items()})
+    return layer
+
+
+def head_copy(lang, layout: WeightLayout) -> jax.Array | None:
+    """The untied lm head's [vocab, D] copy, split by the vocabulary as `layout` says (None when
+    the head is tied to the embeddings: the sampler reads those)."""
+    return None if lang.tie_word_embeddings else layout.constrain(lang.head(), 0, layout.head_axes)
 
 
 def backend_policy(platform: str | None = None, prefill_score_bytes: int = 0,

@@ -15,7 +15,7 @@ from flax import nnx
 from paravt_jax.infra import sharding as sh
 from paravt_jax.models.qwen3_vl.config import Qwen3VLConfig
 from paravt_jax.models.qwen3_vl.text import KVCache
-from paravt_jax.sampling.backend import WeightLayout, decode_weights
+from paravt_jax.sampling.backend import DecodeWeights, WeightLayout, head_copy, layer_copy
 from paravt_jax.sampling.kv_cache import CacheShardings, constrain
 
 
@@ -54,9 +54,27 @@ def vision(graphdef, params, pixel_values, meta, mesh=None, feature_rows: int = 
     return embeds, deepstack
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "layout"))
-def decode_weights_program(graphdef, params, layout: WeightLayout):
-    return decode_weights(merge(graphdef, params).language, layout)
+@functools.partial(jax.jit, static_argnames=("graphdef", "layout", "with_head"))
+def layer_copy_program(graphdef, params, index, layout: WeightLayout, with_head: bool = False):
+    """Layer `index`'s decode copies (backend.layer_copy), and with `with_head` the lm head's
+    (backend.head_copy): (the layer's dict, the head or None). One program for every layer: the
+    index is traced."""
+    lang = merge(graphdef, params).language
+    own = {name: jax.lax.dynamic_index_in_dim(p, index, keepdims=False) for name, p in lang.layer_params().items()}
+    return layer_copy(own, layout), head_copy(lang, layout) if with_head else None
+
+
+def decode_weights(graphdef, params, layout: WeightLayout, layers: int) -> DecodeWeights:
+    """Sampler.weights: the decoder's per-layer copies and the lm head's, one layer a call of
+    `layer_copy_program` (the head with the first), so that a layer's resharding temporaries
+    (a split MLP's: every layer's at once in one program, 9.95 GiB a device for the 32B on
+    gpu16_tp2 by XLA:GPU) are freed before the next layer's."""
+    copies, head = [], None
+    for i in range(layers):
+        layer, own_head = layer_copy_program(graphdef, params, np.int32(i), layout, with_head=i == 0)
+        copies.append(layer)
+        head = own_head if i == 0 else head
+    return DecodeWeights(tuple(copies), head, layout.mesh if layout.head_axes else None)
 
 
 def weight_layout(state, config: Qwen3VLConfig, split: bool = True) -> WeightLayout:

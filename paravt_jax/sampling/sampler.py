@@ -262,7 +262,8 @@ class Sampler:
         untied head) while the Sampler lives (build a new Sampler after a weight update)."""
         if self._weights is None:
             layout = programs.weight_layout(self.params, self.model.config, self.config.decode_weight_split)
-            self._weights = programs.decode_weights_program(self.graphdef, self.params, layout)
+            self._weights = programs.decode_weights(self.graphdef, self.params, layout,
+                                                    self.model.config.text.num_hidden_layers)
         return self._weights
 
     # -- public -------------------------------------------------------------------------
