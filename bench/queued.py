@@ -55,27 +55,68 @@ def stop_ids_for(sampler, prompts, sampling, mean: int) -> tuple[int, ...]:
     return tuple(stops)
 
 
-def main():
+def sampling_parser(prompts: int) -> argparse.ArgumentParser:
+    """The arguments this bench and bench/turns.py share: the model, the prompts and their
+    length, the budget, the mean sample the stop ids aim at, the repeats."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="trained", help="'trained' (the toy main job's), a checkpoint or a preset")
-    parser.add_argument("--prompts", type=int, default=48)
-    parser.add_argument("--slots", type=int, default=16)
+    parser.add_argument("--prompts", type=int, default=prompts)
     parser.add_argument("--prompt", type=int, default=300)
     parser.add_argument("--new", type=int, default=128)
     parser.add_argument("--mean", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
+    return parser
+
+
+def random_prompts(rng, count: int, length: int, vocab: int) -> list:
+    """`count` prompts of `length` / 2 to `length` random token ids below min(vocab, 900)."""
+    from paravt_jax.text.inputs import encode_ids
+
+    return [encode_ids(rng.integers(0, min(vocab, 900), int(n)).tolist(), 0)
+            for n in rng.integers(max(length // 2, 1), length + 1, count)]
+
+
+def best_of(arms: dict, repeats: int) -> dict:
+    """name -> (the best seconds of `repeats` runs after a warm-up that compiles, then what the
+    arm's function returns: its tokens and row-steps)."""
+    results = {}
+    for name, fn in arms.items():
+        fn()  # compiles
+        best = None
+        for _ in range(repeats):
+            start = time.perf_counter()
+            out = fn()
+            seconds = time.perf_counter() - start
+            best = seconds if best is None else min(best, seconds)
+        results[name] = (best, *out)
+    return results
+
+
+def speed_rows(results: dict, generated: int, baseline: str) -> list[list[str]]:
+    """The table's rows of `best_of`'s results (the first arm the baseline): seconds, tokens a
+    second, decode row-steps and speed-up; exits non-zero if an arm's tokens differ from it."""
+    first = next(iter(results))
+    rows = []
+    for name, (seconds, tokens, row_steps) in results.items():
+        if tokens != results[first][1]:
+            raise SystemExit(f"{name}: other tokens than {baseline}")
+        rows.append([name, f"{seconds:.3f}", f"{generated / seconds:,.0f}", f"{row_steps:,}",
+                     f"{results[first][0] / seconds:.2f}x"])
+    return rows
+
+
+def main():
+    parser = sampling_parser(prompts=48)
+    parser.add_argument("--slots", type=int, default=16)
     args = parser.parse_args()
 
     from paravt_jax.sampling import Sampler, SamplerConfig, SamplingParams
     from paravt_jax.sampling.calls import PromptShape
-    from paravt_jax.text.inputs import encode_ids
 
     print(f"machine: {machine()}")
     model = load(args.model)
     rng = np.random.default_rng(0)
-    vocab = model.config.text.vocab_size
-    prompts = [encode_ids(rng.integers(0, min(vocab, 900), int(n)).tolist(), 0)
-               for n in rng.integers(max(args.prompt // 2, 1), args.prompt + 1, args.prompts)]
+    prompts = random_prompts(rng, args.prompts, args.prompt, model.config.text.vocab_size)
     sampler = Sampler(model, SamplerConfig(prompt_packing=True))
     shape = PromptShape(rows=args.slots, width=args.prompt)
     sampling = SamplingParams(max_new_tokens=args.new, temperature=1.0)
@@ -102,25 +143,11 @@ def main():
     arms = {"calls of --slots prompts, one after another": one_after_another,
             "one call, rows refilled as samples end": refilled(1),
             f"one call, refilled {max(args.slots // 4, 1)} rows at a time (the default)": refilled(0)}
-    results = {}
-    for name, fn in arms.items():
-        fn()  # compiles
-        best = None
-        for _ in range(args.repeats):
-            start = time.perf_counter()
-            tokens, row_steps = fn()
-            seconds = time.perf_counter() - start
-            best = seconds if best is None else min(best, seconds)
-        results[name] = (best, tokens, row_steps)
+    results = best_of(arms, args.repeats)
     reference = results[next(iter(arms))][1]
     generated = sum(len(t) for t in reference)
     lengths = np.array([len(t) for t in reference])
-    rows = []
-    for name, (seconds, tokens, row_steps) in results.items():
-        if tokens != reference:
-            raise SystemExit(f"{name}: other tokens than the calls one after another")
-        rows.append([name, f"{seconds:.3f}", f"{generated / seconds:,.0f}",
-                     f"{row_steps:,}", f"{results[next(iter(arms))][0] / seconds:.2f}x"])
+    rows = speed_rows(results, generated, "the calls one after another")
     print(f"{len(prompts)} prompts of {args.prompt // 2}-{args.prompt} tokens, {args.slots} rows, "
           f"budget {args.new}, stop ids {list(stops)}: samples of {lengths.min()}-{lengths.max()} tokens "
           f"(mean {lengths.mean():.1f}, {generated:,} in all); the same tokens in every arm")

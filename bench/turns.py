@@ -18,30 +18,22 @@ runs it randomly initialised.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
-import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from common import machine, print_table  # noqa: E402
-from queued import load, stop_ids_for  # noqa: E402
+from queued import best_of, load, random_prompts, sampling_parser, speed_rows, stop_ids_for  # noqa: E402
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--model", default="trained", help="'trained' (the toy main job's), a checkpoint or a preset")
-    parser.add_argument("--prompts", type=int, default=4)
+    parser = sampling_parser(prompts=4)
     parser.add_argument("--samples", type=int, default=4)
-    parser.add_argument("--prompt", type=int, default=300)
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--chunk", type=int, default=48)
-    parser.add_argument("--new", type=int, default=128)
-    parser.add_argument("--mean", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
 
     from paravt_jax.sampling import Sampler, SamplerConfig, SamplingParams
@@ -51,8 +43,7 @@ def main():
     model = load(args.model)
     rng = np.random.default_rng(0)
     vocab = min(model.config.text.vocab_size, 900)
-    prompts = [encode_ids(rng.integers(0, vocab, int(n)).tolist(), 0)
-               for n in rng.integers(max(args.prompt // 2, 1), args.prompt + 1, args.prompts)]
+    prompts = random_prompts(rng, args.prompts, args.prompt, vocab)
     rows = args.prompts * args.samples
     # each row's later turns: the length of the chunk before each
     chunks = [rng.integers(max(args.chunk // 4, 1), args.chunk + 1, int(rng.integers(0, args.turns))).tolist()
@@ -102,26 +93,12 @@ def main():
     arms = {"round by round (generate + extend)": by_rounds,
             "rows refilled turn by turn, one row at a time": by_rows(1),
             f"rows refilled, {max(rows // 4, 1)} rows at a time (the default)": by_rows(0)}
-    results = {}
-    for name, fn in arms.items():
-        fn()  # compiles
-        best = None
-        for _ in range(args.repeats):
-            start = time.perf_counter()
-            turns, row_steps = fn()
-            seconds = time.perf_counter() - start
-            best = seconds if best is None else min(best, seconds)
-        results[name] = (best, turns, row_steps)
+    results = best_of(arms, args.repeats)
     first = next(iter(arms))
     reference = results[first][1]
     generated = sum(len(t) for row in reference for t in row)
     lengths = np.array([len(t) for row in reference for t in row])
-    table = []
-    for name, (seconds, turns, row_steps) in results.items():
-        if turns != reference:
-            raise SystemExit(f"{name}: other tokens than round by round")
-        table.append([name, f"{seconds:.3f}", f"{generated / seconds:,.0f}", f"{row_steps:,}",
-                      f"{results[first][0] / seconds:.2f}x"])
+    table = speed_rows(results, generated, "round by round")
     print(f"{args.prompts} prompts x {args.samples} samples ({rows} rows) of {args.prompt // 2}-{args.prompt} "
           f"tokens, {sum(len(c) + 1 for c in chunks)} turns ({args.turns} at most a row), chunks of "
           f"{max(args.chunk // 4, 1)}-{args.chunk} tokens, budget {args.new}, stop ids {list(stops)}: turns of "
