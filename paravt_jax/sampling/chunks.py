@@ -75,6 +75,16 @@ def prepend(token: int, position: int, chunk: ModelInputs | None) -> ModelInputs
     return head if chunk is None else head.extend(chunk)
 
 
+def with_pending(chunk: ModelInputs, pending: int, position: int, row: int, caller: str) -> ModelInputs:
+    """Row `row`'s next chunk with its pending token (sampled at `position`, not yet in the cache;
+    -1: none) in front. A chunk that does not start right after it is refused, naming `caller`."""
+    start = position + (pending >= 0)
+    if chunk.length and int(chunk.position_ids.min()) != start:
+        raise ValueError(f"{caller}: row {row} chunk starts at position {int(chunk.position_ids.min())}, "
+                         f"expected {start}")
+    return chunk if pending < 0 else prepend(pending, position, chunk)
+
+
 def pack_rows(lengths: Sequence[int], width: int) -> tuple[list[tuple[int, int]], int]:
     """Places sequences of `lengths` (each at most `width`) whole into rows of `width` tokens,
     in order, each into the first row with room (first fit). Returns ((row, offset) of each

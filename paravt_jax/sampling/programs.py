@@ -69,12 +69,9 @@ def decode_weights(graphdef, params, layout: WeightLayout, layers: int) -> Decod
     `layer_copy_program` (the head with the first), so that a layer's resharding temporaries
     (a split MLP's: every layer's at once in one program, 9.95 GiB a device for the 32B on
     gpu16_tp2 by XLA:GPU) are freed before the next layer's."""
-    copies, head = [], None
-    for i in range(layers):
-        layer, own_head = layer_copy_program(graphdef, params, np.int32(i), layout, with_head=i == 0)
-        copies.append(layer)
-        head = own_head if i == 0 else head
-    return DecodeWeights(tuple(copies), head, layout.mesh if layout.head_axes else None)
+    first, head = layer_copy_program(graphdef, params, np.int32(0), layout, with_head=True)
+    rest = [layer_copy_program(graphdef, params, np.int32(i), layout)[0] for i in range(1, layers)]
+    return DecodeWeights((first, *rest), head, layout.mesh if layout.head_axes else None)
 
 
 def weight_layout(state, config: Qwen3VLConfig, split: bool = True) -> WeightLayout:

@@ -40,8 +40,8 @@ from paravt_jax.sampling.chunks import (
     has_vision,
     pack_rows,
     prefill_group,
-    prepend,
     text_slice,
+    with_pending,
 )
 from paravt_jax.sampling.decode import DecodeCarry, DecodeInputs, DecodePlan
 from paravt_jax.sampling.kv_cache import (
@@ -322,7 +322,9 @@ class Sampler:
         if len(chunks) != state.num_rows:
             raise ValueError(f"extend: {len(chunks)} chunks for {state.num_rows} rows")
         rows = state.next_position.shape[0]
-        full = [self._with_pending(state, b, chunk) for b, chunk in enumerate(chunks)]
+        full = [None if chunk is None else
+                with_pending(chunk, int(state.pending[b]), int(state.next_position[b]), b, "extend")
+                for b, chunk in enumerate(chunks)]
         suffix = state.suffix
         width = self.write_width(full)
         capacity = turn_capacity(suffix.capacity, state.write_index + width, sampling.max_new_tokens,
@@ -432,19 +434,6 @@ class Sampler:
         return pages.PagedPlan(page, self.decode_kernel, max(self.backend.decode_block // page, 1))
 
     # -- internals ----------------------------------------------------------------------
-    @staticmethod
-    def _with_pending(state: SamplerState, b: int, chunk: ModelInputs | None) -> ModelInputs | None:
-        """Row b's chunk with its pending token in front (None: the row sits the turn out)."""
-        if chunk is None:
-            return None
-        start = int(state.chunk_start[b])
-        if chunk.length and int(chunk.position_ids.min()) != start:
-            raise ValueError(f"extend: row {b} chunk starts at position "
-                             f"{int(chunk.position_ids.min())}, expected {start}")
-        if state.pending[b] < 0:
-            return chunk
-        return prepend(int(state.pending[b]), int(state.next_position[b]), chunk)
-
     def cache_shardings(self, rows: int, capacity: int):
         layers, kv, hd = self._layout
         return cache_sharding(self.mesh, CacheSpec(layers, rows, capacity, kv, hd, self.cache_dtype.name))

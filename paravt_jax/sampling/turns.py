@@ -19,7 +19,7 @@ from paravt_jax.models.qwen3_vl.text import KVCache
 from paravt_jax.sampling import decode as decode_program
 from paravt_jax.sampling import programs
 from paravt_jax.sampling.calls import PromptShape
-from paravt_jax.sampling.chunks import prepend
+from paravt_jax.sampling.chunks import with_pending
 from paravt_jax.sampling.decode import DecodeCarry, DecodeInputs, DecodePlan
 from paravt_jax.sampling.kv_cache import grown_capacity, turn_capacity
 from paravt_jax.sampling.params import SamplingParams
@@ -50,10 +50,14 @@ class Turns:
     budgets: np.ndarray
     running: np.ndarray
     sampling: SamplingParams
-    steps: int
     refill_at: int
     num_rows: int
     row_steps: int = 0
+
+    @property
+    def steps(self) -> int:
+        """The decode's token columns: the longest turn's budget, bucketed."""
+        return bucket(self.sampling.max_new_tokens, 16)
 
     def chunk_start(self) -> np.ndarray:
         """[B] the position of each row's next chunk (after its pending token)."""
@@ -79,10 +83,9 @@ def start(sampler, prompts: Sequence[ModelInputs], num_samples: int, *, sampling
         if len(row_ids) != total:
             raise ValueError(f"row_ids: {len(row_ids)} ids for {total} rows")
         streams[:total] = row_ids
-    steps = bucket(sampling.max_new_tokens, 16)
-    carry = DecodeCarry.start(budgets, steps, np.zeros(rows, np.int32), next_position)
+    carry = DecodeCarry.start(budgets, bucket(sampling.max_new_tokens, 16), np.zeros(rows, np.int32), next_position)
     return Turns(prefix, suffix, logits, carry, np.full(rows, seed, np.uint32), streams, budgets, budgets > 0,
-                 sampling, steps, refill_at or max(total // 4, 1), total)
+                 sampling, refill_at or max(total // 4, 1), total)
 
 
 def decode(sampler, state: Turns) -> list[TurnEnd]:
@@ -91,30 +94,27 @@ def decode(sampler, state: Turns) -> list[TurnEnd]:
     if not state.running.any():
         return []
     keys = decode_program.row_keys(state.seeds, state.streams.astype(np.int32))
+    plan = DecodePlan(sampler.cache_shardings(rows, state.suffix.capacity), sampler.backend,
+                      sampler.config.decode_window, truncation=state.sampling.truncates, refill=True)
     while True:
-        done = np.asarray(state.carry.done)
-        decoding = int((~done).sum())
-        stop = int(done.sum()) + min(state.refill_at, decoding) if decoding else rows + 1
-        plan = DecodePlan(sampler.cache_shardings(rows, state.suffix.capacity), sampler.backend,
-                          sampler.config.decode_window, truncation=state.sampling.truncates, refill=True)
+        carry = state.carry  # on the host between calls (start, restart and each call below leave it there)
+        stop = int(carry.done.sum()) + min(state.refill_at, int((~carry.done).sum()))
         inputs = DecodeInputs.of(state.logits, state.budgets, keys, state.sampling, state.steps, stop)
-        before = int(state.carry.step)
-        # on the host between calls, as restart leaves it (else one more jit cache entry for device arrays)
-        state.carry = jax.tree.map(np.asarray, state.carry)
-        state.carry, state.suffix = decode_program.decode(sampler.graphdef, sampler.params, sampler.weights,
-                                                          state.suffix, state.prefix, inputs, state.carry, plan)
-        state.row_steps += rows * (int(state.carry.step) - before)
-        done, n_gen = np.asarray(state.carry.done), np.asarray(state.carry.n_gen)
-        ended = np.flatnonzero(done & state.running)
+        out, state.suffix = decode_program.decode(sampler.graphdef, sampler.params, sampler.weights, state.suffix,
+                                                  state.prefix, inputs, carry, plan)
+        state.carry = jax.tree.map(np.asarray, out)  # one transfer a call: the host reads it below
+        state.row_steps += rows * int(state.carry.step - carry.step)
+        ended = np.flatnonzero(state.carry.done & state.running)
         if ended.size:
             break
         # no turn ended: a row that samples reached the suffix's last slot; grow it (at most double)
-        left = int(np.max(np.where(done, 0, state.budgets - n_gen)))
+        left = int(np.max(np.where(state.carry.done, 0, state.budgets - state.carry.n_gen)))
         state.suffix = sampler._grow(state.suffix, grown_capacity(state.suffix.capacity, left,
                                                                   sampler.config.cache_multiple))
-    tokens, logps, hit = (np.asarray(a) for a in (state.carry.tokens, state.carry.logps, state.carry.finished))
+        plan = dataclasses.replace(plan, sharding=sampler.cache_shardings(rows, state.suffix.capacity))
+    c = state.carry
     state.running[ended] = False
-    return [TurnEnd(int(b), tokens[b, :n_gen[b]].tolist(), logps[b, :n_gen[b]].copy(), bool(hit[b]))
+    return [TurnEnd(int(b), c.tokens[b, :c.n_gen[b]].tolist(), c.logps[b, :c.n_gen[b]].copy(), bool(c.finished[b]))
             for b in ended]
 
 
@@ -125,24 +125,21 @@ def extend(sampler, state: Turns, chunks: dict[int, ModelInputs], budget: dict[i
         return
     rows = state.budgets.shape[0]
     carry = state.carry
-    n_gen, tokens, position = (np.asarray(a) for a in (carry.n_gen, carry.tokens, carry.next_position))
+    n_gen, tokens, position = carry.n_gen, carry.tokens, carry.next_position
     full: list[ModelInputs | None] = [None] * rows
     for b, chunk in chunks.items():
         if not 0 <= b < state.num_rows or state.running[b] or n_gen[b] < 1:
             raise ValueError(f"extend_turns: row {b} has no ended turn to extend")
         if b not in budget or b not in seed or budget[b] < 1 or not 0 <= int(seed[b]) < 2**32:
             raise ValueError(f"extend_turns: row {b} needs a budget >= 1 and a seed in [0, 2**32)")
-        if chunk.length and int(chunk.position_ids.min()) != int(position[b]) + 1:
-            raise ValueError(f"extend_turns: row {b} chunk starts at position {int(chunk.position_ids.min())}, "
-                             f"expected {int(position[b]) + 1}")
-        full[b] = prepend(int(tokens[b, n_gen[b] - 1]), int(position[b]), chunk)
+        full[b] = with_pending(chunk, int(tokens[b, n_gen[b] - 1]), int(position[b]), b, "extend_turns")
     if max(budget[b] for b in chunks) > state.steps:
         raise ValueError(f"extend_turns: a budget of {max(budget.values())} tokens exceeds the decode's "
                          f"{state.steps} token columns (start_turns' sampling.max_new_tokens)")
     index = np.array(sorted(chunks))
     takes = np.zeros(rows, bool)
     takes[index] = True
-    write = np.asarray(carry.write_index)
+    write = carry.write_index
     width = sampler.write_width(full)
     capacity = turn_capacity(state.suffix.capacity, int(write[index].max()) + width, max(budget.values()),
                              sampler.config.cache_multiple)
