@@ -83,15 +83,18 @@ class DecodeInputs(NamedTuple):
     # a refilled decode (DecodePlan.refill): the loop also stops once this many rows are done
     # (the host then refills them); None otherwise
     stop_when_done: jax.Array | None = None
+    # [B] bool: the rows that read their prompt's prefix (None: all; CacheView.prefix_rows)
+    prefix_rows: jax.Array | None = None
 
     @staticmethod
     def of(logits, budgets: np.ndarray, keys, sampling: SamplingParams, max_steps: int,
-           stop_when_done: int | None = None) -> DecodeInputs:
+           stop_when_done: int | None = None, prefix_rows: np.ndarray | None = None) -> DecodeInputs:
         stop = np.full(MAX_STOP_IDS, -2, np.int32)
         stop[:len(sampling.stop_ids)] = sampling.stop_ids
         return DecodeInputs(logits, budgets, keys, stop, np.float32(sampling.temperature),
                             np.float32(sampling.top_p), np.int32(sampling.top_k), max_steps,
-                            None if stop_when_done is None else np.int32(stop_when_done))
+                            None if stop_when_done is None else np.int32(stop_when_done),
+                            None if prefix_rows is None else np.asarray(prefix_rows, bool))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,6 +203,8 @@ def decode(graphdef, params, weights, cache: KVCache, prefix: KVCache, inputs: D
         carry = jax.lax.cond(jnp.any(fresh), lambda c: emit(c, inputs.logits, fresh), lambda c: c, carry)
     else:
         carry = jax.lax.cond(carry.step == 0, lambda c: emit(c, inputs.logits, budgets > 0), lambda c: c, carry)
+    if plan.paged is not None and inputs.prefix_rows is not None:
+        raise ValueError("decode: prefix_rows needs the contiguous decode (the paged one reads every row's prompt)")
     pools, table = (), None
     if plan.paged is not None:  # the caches as they stand, in pages (one copy per call, not per step)
         pools, table = paginate(prefix.valid, cache.valid, plan.paged.page,
@@ -226,7 +231,8 @@ def decode(graphdef, params, weights, cache: KVCache, prefix: KVCache, inputs: D
             valid = jax.lax.dynamic_update_slice(cache.valid, active[:, None], (0, c.write_index))
         view = CacheView(KVCache(cache.keys, cache.values, valid), write, prefix=prefix,
                          active=active if plan.window == "used" else None,
-                         paged=None if plan.paged is None else PagedView(pools, table, active, plan.paged))
+                         paged=None if plan.paged is None else PagedView(pools, table, active, plan.paged),
+                         prefix_rows=inputs.prefix_rows)
         block = backend.decode_block if plan.window == "used" else None
         hidden, cache, *written = lang.forward_cached(fed, positions, view, layers=weights.layers,
                                                       project=backend.project, block=block)

@@ -44,6 +44,8 @@ class PrefillChunk(NamedTuple):
     # every row of the cache; a row past the capacity writes nothing)
     write_index: jax.Array
     row_start: jax.Array  # [] int32: the group's first row in each device's block of rows
+    # [g] bool: the rows that read their prompt's prefix (a write slot per row only; None: all)
+    prefix_rows: jax.Array | None = None
 
 
 def whole_features(chunk: PrefillChunk, sharding: CacheShardings | None):
@@ -127,7 +129,7 @@ def prefill(graphdef, params, weights, cache: KVCache, prefix: KVCache | None, c
         valid = rows.write(cache.valid, jax.lax.dynamic_update_slice(rows.read(cache.valid), fresh,
                                                                      (0, chunk.write_index)))
     view = CacheView(KVCache(cache.keys, cache.values, valid), chunk.write_index, window=plan.window,
-                     prefix=prefix, rows=rows)
+                     prefix=prefix, rows=rows, prefix_rows=chunk.prefix_rows)
     visual_index, embeds, deepstack = whole_features(chunk, plan.sharding)
     hidden, cache = lang.forward_cached(chunk.ids, chunk.positions, view, visual_index, embeds, deepstack,
                                         layers=weights.layers, project=plan.backend.project, block=plan.block,

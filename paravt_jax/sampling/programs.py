@@ -159,3 +159,11 @@ def admit_rows(prefix: KVCache, suffix: KVCache, logits, fresh: KVCache, fresh_l
     suffix = constrain(KVCache(suffix.keys, suffix.values, suffix.valid.at[rows].set(False, mode="drop")),
                        suffix_sharding)
     return prefix, suffix, put(logits, fresh_logits)
+
+
+@functools.partial(jax.jit, static_argnames="sharding", donate_argnames="cache")
+def forget_rows(cache: KVCache, rows, sharding) -> KVCache:
+    """`cache` with every slot of the rows set in `rows` [B] bool emptied (a refilled decode's
+    row that takes other work: Sampler.admit_turns). In place (the cache is donated)."""
+    valid = jnp.where(rows[:, None], False, cache.valid)
+    return constrain(KVCache(cache.keys, cache.values, valid), sharding)

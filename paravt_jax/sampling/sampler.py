@@ -287,15 +287,16 @@ class Sampler:
                             row_ids=row_ids)
 
     def prompt_rows(self, prompts: Sequence[ModelInputs], num_samples: int, sampling: SamplingParams,
-                    reserve: Sequence[tuple[int, int]], shape: PromptShape):
+                    reserve: Sequence[tuple[int, int]], shape: PromptShape, spare_prompts: int = 0):
         """`generate`'s start: the prompts prefilled once, their rows (prompt-major) and an empty
-        suffix cache sized for the episode. Returns (prefix, logits [rows, V], suffix,
+        suffix cache sized for the episode (`spare_prompts`: room for that many more prompts'
+        rows, padding rows). Returns (prefix, logits [rows, V], suffix,
         next_position [rows], budgets [rows]: 0 for padding rows, the number of real rows)."""
         if not prompts:
             raise ValueError("generate: no prompts")
         if num_samples < 1:
             raise ValueError(f"generate: num_samples={num_samples} must be >= 1")
-        prompt_rows = call_rows(len(prompts), shape, self.config.min_batch_bucket)
+        prompt_rows = call_rows(len(prompts) + spare_prompts, shape, self.config.min_batch_bucket)
         width = call_width(prompts, shape, self.config.min_chunk_bucket)
         logits, prefix = self.prompt_prefill(list(prompts), prompt_rows, width, shape.frames_per_row)
         rows = prompt_rows * num_samples
@@ -350,23 +351,24 @@ class Sampler:
         return width
 
     def write_chunks(self, suffix: KVCache, prefix: KVCache, write_index, chunks: Sequence[ModelInputs | None],
-                     width: int) -> tuple[jax.Array, KVCache]:
+                     width: int, prefix_rows: np.ndarray | None = None) -> tuple[jax.Array, KVCache]:
         """An extend's prefill: `chunks` (one per row, None = nothing) written into `suffix` from
         `write_index` (one slot for every row, or [B] each row's own: one group of every row), in
         pieces of config.extend_width when they hold no image (with a slot per row, also pieces
-        narrow enough that the group keeps within the prefill token budget). Returns (logits
-        [B, V] of each row's last chunk token, the suffix)."""
+        narrow enough that the group keeps within the prefill token budget). `prefix_rows` [B]
+        (a slot per row only; None: all): the rows that read their prompt's prefix. Returns
+        (logits [B, V] of each row's last chunk token, the suffix)."""
         rows = suffix.valid.shape[0]
         piece = self.config.extend_width
         if np.ndim(write_index) == 1 and rows * (piece or width) > self.backend.prefill_tokens:
             piece = max(self.backend.prefill_tokens // rows // 16 * 16, 16)
         if not (piece and all(c is None or not has_vision(c) for c in chunks)):
-            return self._prefill(suffix, prefix, write_index, chunks, width)
+            return self._prefill(suffix, prefix, write_index, chunks, width, prefix_rows=prefix_rows)
         width = piece * -(-width // piece)
         logits = None
         for start in range(0, width, piece):
             part = [None if c is None or c.length <= start else text_slice(c, start, start + piece) for c in chunks]
-            out, suffix = self._prefill(suffix, prefix, write_index + start, part, piece)
+            out, suffix = self._prefill(suffix, prefix, write_index + start, part, piece, prefix_rows=prefix_rows)
             ends_here = np.array([c is not None and start < c.length <= start + piece for c in chunks]
                                  + [False] * (rows - len(chunks)))
             # picked from the first piece on, so that the program compiles on a run's first
@@ -377,15 +379,16 @@ class Sampler:
     def start_turns(self, prompts: Sequence[ModelInputs], num_samples: int = 1, *,
                     sampling: SamplingParams = SamplingParams(), seed: int = 0,
                     row_ids: Sequence[int] | None = None, reserve: Sequence[tuple[int, int]] = (),
-                    shape: PromptShape = PromptShape(), refill_at: int = 0) -> turns.Turns:
+                    shape: PromptShape = PromptShape(), refill_at: int = 0, spare_rows: int = 0) -> turns.Turns:
         """`generate`'s rows as a refilled decode of many episodes' turns (sampling/turns.py): each
         row's turn ends on its own (`decode_turns`) and the row's next turn starts as soon as its
         chunk is written (`extend_turns`), while the other rows decode. Each row draws its turns
         from the random streams of `generate` and `extend` (the seed of the row's turn), so the
         tokens are theirs, greedy or sampled. `refill_at`: `decode_turns` returns once that many
-        rows ended their turns (0: a quarter of the rows). The contiguous decode only."""
+        rows ended their turns (0: a quarter of the rows). `spare_rows`: at least that many rows
+        more, in no turn, for other work (`admit_turns`). The contiguous decode only."""
         return turns.start(self, prompts, num_samples, sampling=sampling, seed=seed, row_ids=row_ids,
-                           reserve=reserve, shape=shape, refill_at=refill_at)
+                           reserve=reserve, shape=shape, refill_at=refill_at, spare_rows=spare_rows)
 
     def decode_turns(self, state: turns.Turns) -> list[turns.TurnEnd]:
         """Decodes `state`'s rows until `refill_at` of them ended their turns (or all did), and
@@ -398,6 +401,15 @@ class Sampler:
         slot and starts the row's next turn: `budget[row]` tokens from the stream of `seed[row]`
         (see start_turns). The other rows are not written to."""
         turns.extend(self, state, chunks, budget, seed)
+
+    def admit_turns(self, state: turns.Turns, prompts: dict[int, ModelInputs], *, budget: dict[int, int],
+                    seed: dict[int, int], stream: dict[int, int]) -> None:
+        """Gives each free row (not in a turn: its episode over, or a spare row) in `prompts` a
+        prompt of its own: written into the row's emptied suffix from slot 0, decoded from the
+        next `decode_turns` without the row's shared prompt, `budget[row]` tokens drawn from
+        fold_in(PRNGKey(seed[row]), stream[row]) as `generate` draws them (see sampling/turns.py).
+        Its turn ends like any other (`decode_turns`); the other rows are not written to."""
+        turns.admit(self, state, prompts, budget, seed, stream)
 
     def sample_queued(self, prompts: Sequence[ModelInputs], slots: int, *,
                       sampling: SamplingParams = SamplingParams(), seed: int = 0,
@@ -470,14 +482,17 @@ class Sampler:
                            shards, self.config.prefill_row_split)
 
     def _prefill(self, cache: KVCache, prefix: KVCache | None, write_index: int, chunks: list[ModelInputs | None],
-                 width: int, frames_per_row: int = 0) -> tuple[jax.Array, KVCache]:
+                 width: int, frames_per_row: int = 0, prefix_rows: np.ndarray | None = None
+                 ) -> tuple[jax.Array, KVCache]:
         """Writes `chunks` (one per row, None = nothing) at `write_index` in row groups of at
         most the token budget, each group taking the same rows of every device's block of
-        rows. Returns (logits [rows, V], the cache)."""
+        rows (`prefix_rows`: see write_chunks). Returns (logits [rows, V], the cache)."""
         rows = cache.valid.shape[0]
         prompts = rows if prefix is None else prefix.valid.shape[0]
         shards = self.row_shards(rows, prompts)
         per_row = np.ndim(write_index) == 1  # each row at its own slot: one group of every row
+        if prefix_rows is not None and not per_row:
+            raise ValueError("_prefill: prefix_rows takes a write slot per row")
         group = rows if per_row else self.prefill_group(rows, rows // prompts, width, shards)
         reach = write_index
         if per_row:  # the window reaches the furthest row that writes (the others write past the capacity)
@@ -493,6 +508,8 @@ class Sampler:
                 logits.append(jnp.zeros((group, self.model.config.text.vocab_size), jnp.float32))
                 continue  # padding rows / rows sitting the turn out: nothing to write
             chunk = self.prefill_chunk(part, group, width, frames_per_row, write_index, start, shards)
+            if prefix_rows is not None:
+                chunk = chunk._replace(prefix_rows=np.asarray(prefix_rows, bool))
             out, cache = prefill_program.prefill(self.graphdef, self.params, self.weights, cache, prefix, chunk, plan)
             logits.append(out)
         if len(logits) == 1:

@@ -5,7 +5,14 @@ ended their turns; the caller answers their tool calls and writes each row's res
 row's own slot (a prefill with a write slot per row), and the row's next turn starts at the
 next decode while the others go on with theirs. A row's turns draw from the streams of
 `generate` and `extend` (each turn's seed, the row's id, the token's index in its turn), so the
-tokens are the round-by-round rollout's, whichever rows share a decode call."""
+tokens are the round-by-round rollout's, whichever rows share a decode call.
+
+A row that is not in a turn (its episode over, or one of the spare rows `start_turns` adds)
+can take other work (`Sampler.admit_turns`): a whole new prompt, written into the row's own
+slots from slot 0 (the row's old slots emptied), which the row then decodes without reading
+its group's shared prompt; it draws from the stream `generate` gives that prompt (seed, row
+id), so its tokens are those of a call of its own: a tool round's sub-agent prompts decoded in
+the episodes' rows, between their turns."""
 from __future__ import annotations
 
 import dataclasses
@@ -39,7 +46,8 @@ class TurnEnd:
 class Turns:
     """The rows of a refilled multi-turn decode (host side; the caches and logits on device).
     `seeds` [B]: the seed of each row's current turn; `budgets` [B]: its tokens at most;
-    `running` [B]: in a turn whose end was not returned yet. `row_steps`: the decode's work so
+    `running` [B]: in a turn whose end was not returned yet; `reads_prefix` [B]: the row reads
+    its group's prompt (False: it took a prompt of its own, `admit`). `row_steps`: the decode's work so
     far (its rows x the loop steps they ran, busy or idle)."""
     prefix: KVCache
     suffix: KVCache
@@ -49,6 +57,7 @@ class Turns:
     streams: np.ndarray
     budgets: np.ndarray
     running: np.ndarray
+    reads_prefix: np.ndarray
     sampling: SamplingParams
     refill_at: int
     num_rows: int
@@ -66,7 +75,7 @@ class Turns:
 
 def start(sampler, prompts: Sequence[ModelInputs], num_samples: int, *, sampling: SamplingParams, seed: int,
           row_ids: Sequence[int] | None, reserve: Sequence[tuple[int, int]], shape: PromptShape,
-          refill_at: int) -> Turns:
+          refill_at: int, spare_rows: int = 0) -> Turns:
     """`Sampler.start_turns` (see there) on `sampler`."""
     if sampler.decode_kernel is not None:
         raise ValueError("start_turns: SamplerConfig.decode_cache='paged' copies the caches into pages once per "
@@ -75,8 +84,10 @@ def start(sampler, prompts: Sequence[ModelInputs], num_samples: int, *, sampling
         raise ValueError(f"start_turns: refill_at={refill_at} must be >= 0 (0: a quarter of the rows)")
     if not 0 <= int(seed) < 2**32:
         raise ValueError(f"seed={seed} must be in [0, 2**32)")
-    prefix, logits, suffix, next_position, budgets, total = sampler.prompt_rows(prompts, num_samples, sampling,
-                                                                                reserve, shape)
+    if spare_rows < 0:
+        raise ValueError(f"start_turns: spare_rows={spare_rows} must be >= 0")
+    prefix, logits, suffix, next_position, budgets, total = sampler.prompt_rows(
+        prompts, num_samples, sampling, reserve, shape, spare_prompts=-(-spare_rows // max(num_samples, 1)))
     rows = budgets.shape[0]
     streams = np.arange(rows, dtype=np.int64)
     if row_ids is not None:
@@ -85,7 +96,7 @@ def start(sampler, prompts: Sequence[ModelInputs], num_samples: int, *, sampling
         streams[:total] = row_ids
     carry = DecodeCarry.start(budgets, bucket(sampling.max_new_tokens, 16), np.zeros(rows, np.int32), next_position)
     return Turns(prefix, suffix, logits, carry, np.full(rows, seed, np.uint32), streams, budgets, budgets > 0,
-                 sampling, refill_at or max(total // 4, 1), total)
+                 np.ones(rows, bool), sampling, refill_at or max(total // 4, 1), total)
 
 
 def decode(sampler, state: Turns) -> list[TurnEnd]:
@@ -93,13 +104,14 @@ def decode(sampler, state: Turns) -> list[TurnEnd]:
     rows = state.budgets.shape[0]
     if not state.running.any():
         return []
-    keys = decode_program.row_keys(state.seeds, state.streams.astype(np.int32))
+    keys = decode_program.row_keys(state.seeds, state.streams.astype(np.int32))  # per call: admit changes them
     plan = DecodePlan(sampler.cache_shardings(rows, state.suffix.capacity), sampler.backend,
                       sampler.config.decode_window, truncation=state.sampling.truncates, refill=True)
     while True:
         carry = state.carry  # on the host between calls (start, restart and each call below leave it there)
         stop = int(carry.done.sum()) + min(state.refill_at, int((~carry.done).sum()))
-        inputs = DecodeInputs.of(state.logits, state.budgets, keys, state.sampling, state.steps, stop)
+        inputs = DecodeInputs.of(state.logits, state.budgets, keys, state.sampling, state.steps, stop,
+                                 state.reads_prefix)
         out, state.suffix = decode_program.decode(sampler.graphdef, sampler.params, sampler.weights, state.suffix,
                                                   state.prefix, inputs, carry, plan)
         state.carry = jax.tree.map(np.asarray, out)  # one transfer a call: the host reads it below
@@ -146,10 +158,48 @@ def extend(sampler, state: Turns, chunks: dict[int, ModelInputs], budget: dict[i
     if capacity > state.suffix.capacity:
         state.suffix = sampler._grow(state.suffix, capacity)
     slots = np.where(takes, write, state.suffix.capacity).astype(np.int32)  # past the capacity: nothing written
-    logits, state.suffix = sampler.write_chunks(state.suffix, state.prefix, slots, full, width)
+    logits, state.suffix = sampler.write_chunks(state.suffix, state.prefix, slots, full, width, state.reads_prefix)
     state.logits = programs.pick_rows(takes, logits, state.logits)
     state.carry = carry.restart(index, np.array([full[b].next_position for b in index], np.int32),
                                 write[index] + np.array([full[b].length for b in index], np.int32))
     state.budgets[index] = [budget[b] for b in index]
     state.seeds[index] = [seed[b] for b in index]
+    state.running[index] = True
+
+
+def admit(sampler, state: Turns, prompts: dict[int, ModelInputs], budget: dict[int, int], seed: dict[int, int],
+          stream: dict[int, int]) -> None:
+    """`Sampler.admit_turns` (see there)."""
+    if not prompts:
+        return
+    rows = state.budgets.shape[0]
+    for b, prompt in prompts.items():
+        if not 0 <= b < rows or state.running[b]:
+            raise ValueError(f"admit_turns: row {b} is not a free row (rows 0..{rows - 1} not in a turn)")
+        if b not in budget or b not in seed or b not in stream or budget[b] < 1 or not 0 <= int(seed[b]) < 2**32:
+            raise ValueError(f"admit_turns: row {b} needs a budget >= 1, a seed in [0, 2**32) and a stream")
+        if prompt.length < 1:
+            raise ValueError(f"admit_turns: row {b}'s prompt is empty")
+    if max(budget[b] for b in prompts) > state.steps:
+        raise ValueError(f"admit_turns: a budget of {max(budget[b] for b in prompts)} tokens exceeds the decode's "
+                         f"{state.steps} token columns (start_turns' sampling.max_new_tokens)")
+    index = np.array(sorted(prompts))
+    takes = np.zeros(rows, bool)
+    takes[index] = True
+    full = [prompts.get(b) for b in range(rows)]
+    width = sampler.write_width(full)
+    capacity = turn_capacity(state.suffix.capacity, width, max(budget[b] for b in prompts),
+                             sampler.config.cache_multiple)
+    if capacity > state.suffix.capacity:
+        state.suffix = sampler._grow(state.suffix, capacity)
+    state.suffix = programs.forget_rows(state.suffix, takes, sampler.cache_shardings(rows, state.suffix.capacity))
+    state.reads_prefix[index] = False
+    slots = np.where(takes, 0, state.suffix.capacity).astype(np.int32)  # past the capacity: nothing written
+    logits, state.suffix = sampler.write_chunks(state.suffix, state.prefix, slots, full, width, state.reads_prefix)
+    state.logits = programs.pick_rows(takes, logits, state.logits)
+    state.carry = state.carry.restart(index, np.array([prompts[b].next_position for b in index], np.int32),
+                                      np.array([prompts[b].length for b in index], np.int32))
+    state.budgets[index] = [budget[b] for b in index]
+    state.seeds[index] = [seed[b] for b in index]
+    state.streams[index] = [stream[b] for b in index]
     state.running[index] = True

@@ -1,7 +1,9 @@
 """Sampler.start_turns / decode_turns / extend_turns: episodes' turns refilled row by row (each
 row's next turn started as soon as its turn ends and its chunk is written at its own slot) give
 the tokens of generate + extend round by round, greedy and sampled, whatever the rows' turns
-and budgets; one compiled decode for every turn; bad arguments refused."""
+and budgets; one compiled decode for every turn; rows not in a turn (an ended episode's, spare
+ones) take other prompts (admit_turns), each decoded as a call of its own; bad arguments
+refused."""
 import dataclasses
 
 import numpy as np
@@ -116,12 +118,89 @@ def test_rows_refilled_turn_by_turn_equal_round_by_round(model, temperature):
     assert [[t[0] for t in pieces[b]] for b in range(6)] == [[t[0] for t in got[b]] for b in range(6)]
 
 
+GUESTS = (23, 8, 41, 16, 5)  # other prompts' lengths (a tool round's sub-agent prompts)
+GUEST_NEW = 12
+
+
+def guest(i):
+    rng = np.random.default_rng(500 + i)
+    return encode_ids(rng.integers(0, 900, GUESTS[i]).tolist(), 0)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_other_prompts_take_the_free_rows(model, temperature):
+    """Guest prompts admitted into the rows whose episodes ended and into two spare rows while
+    the episodes' turns go on: each guest's tokens are those of generate over that prompt alone
+    (its seed and stream), and the episodes' turns are unchanged."""
+    sampler = sampler_of(model)
+    sampling = SamplingParams(max_new_tokens=NEW, temperature=temperature)
+    sampling = dataclasses.replace(sampling, stop_ids=stops_of(sampler, sampling))
+    want = by_rounds(sampler, sampling, seed=7)
+    state = sampler.start_turns(prompts(), 2, sampling=sampling, seed=7, reserve=reserve(), refill_at=1,
+                                spare_rows=2)
+    rows = state.budgets.shape[0]
+    assert rows >= 8 and state.num_rows == 6
+    decodes = None
+    turns, guests, hosts = {b: [] for b in range(6)}, {}, {}
+    queue, host_of = list(range(len(GUESTS))), {}
+    free = set(range(6, rows))
+    overlapped = False
+    while True:
+        admitted = {}
+        while queue and free:
+            b, i = min(free), queue.pop(0)
+            free.discard(b)
+            admitted[b], host_of[b] = guest(i), i
+            hosts.setdefault(i, b)
+        if admitted:
+            overlapped |= bool(state.running[:6].any())
+            sampler.admit_turns(state, admitted, budget={b: GUEST_NEW for b in admitted},
+                                seed={b: 1000 + host_of[b] for b in admitted},
+                                stream={b: 50 + host_of[b] for b in admitted})
+        ends = sampler.decode_turns(state)
+        if decodes is None:
+            decodes = sampler.compile_counts()["decode"]
+        if not ends:
+            break
+        chunks, budgets, seeds = {}, {}, {}
+        for end in ends:
+            b = end.row
+            if b in host_of:  # a guest ended: its row is free again
+                guests[host_of.pop(b)] = (end.tokens, end.logprobs, end.finished)
+                free.add(b)
+                continue
+            turn = len(turns[b])
+            turns[b].append((end.tokens, end.logprobs, end.finished))
+            if turn < len(TURNS[b]):
+                chunks[b] = chunk(b, turn, int(state.chunk_start()[b]))
+                budgets[b], seeds[b] = budget_of(b, turn), 7 + turn + 1
+            else:
+                free.add(b)  # the episode is over: its row takes other work
+        sampler.extend_turns(state, chunks, budget=budgets, seed=seeds)
+    assert sampler.compile_counts()["decode"] == decodes  # one decode program for turns and guests
+    assert sorted(guests) == list(range(len(GUESTS))) and overlapped
+    assert {hosts[i] for i in hosts} & set(range(6)) and {hosts[i] for i in hosts} & set(range(6, rows))
+    for b in range(6):
+        assert [t[0] for t in turns[b]] == [t[0] for t in want[b]], b
+        for got, expected in zip(turns[b], want[b]):
+            np.testing.assert_allclose(got[1], expected[1], atol=2e-5, rtol=0)
+    guest_sampling = sampling.with_budget(GUEST_NEW)
+    for i in range(len(GUESTS)):
+        out, _ = sampler.generate([guest(i)], sampling=guest_sampling, seed=1000 + i, row_ids=[50 + i])
+        tokens, logps, finished = guests[i]
+        assert tokens == out.tokens[0] and finished == bool(out.finished[0]), (i, tokens, out.tokens[0])
+        np.testing.assert_allclose(logps, out.logprobs[0], atol=2e-5, rtol=0)
+
+
 def test_bad_turn_arguments_are_refused():
     sampler = sampler_of(init_model(preset("tiny", attention_block=16), seed=5))
     sampling = SamplingParams(max_new_tokens=NEW)
     state = sampler.start_turns(prompts(), 2, sampling=sampling, seed=1, reserve=reserve())
     with pytest.raises(ValueError, match="row 0 has no ended turn"):
         sampler.extend_turns(state, {0: chunk(0, 0, 0)}, budget={0: NEW}, seed={0: 2})
+    for row in (0, state.budgets.shape[0]):  # in its first turn; past the rows
+        with pytest.raises(ValueError, match=f"admit_turns: row {row} is not a free row"):
+            sampler.admit_turns(state, {row: chunk(0, 0, 0)}, budget={row: 4}, seed={row: 1}, stream={row: 1})
     ends = sampler.decode_turns(state)
     b = ends[0].row
     start = int(state.chunk_start()[b])
@@ -131,6 +210,12 @@ def test_bad_turn_arguments_are_refused():
         sampler.extend_turns(state, {b: chunk(0, 0, start)}, budget={}, seed={b: 2})
     with pytest.raises(ValueError, match="exceeds the decode's 32 token columns"):
         sampler.extend_turns(state, {b: chunk(0, 0, start)}, budget={b: 40}, seed={b: 2})
+    with pytest.raises(ValueError, match=f"admit_turns: row {b} needs a budget"):
+        sampler.admit_turns(state, {b: chunk(0, 0, 0)}, budget={b: 4}, seed={b: 1}, stream={})
+    with pytest.raises(ValueError, match="admit_turns: a budget of 40 tokens exceeds"):
+        sampler.admit_turns(state, {b: chunk(0, 0, 0)}, budget={b: 40}, seed={b: 1}, stream={b: 1})
+    with pytest.raises(ValueError, match="spare_rows=-1"):
+        sampler.start_turns(prompts(), sampling=sampling, spare_rows=-1)
     with pytest.raises(ValueError, match="refill_at=-1"):
         sampler.start_turns(prompts(), sampling=sampling, refill_at=-1)
     with pytest.raises(ValueError, match="decode_cache='paged'"):

@@ -79,7 +79,9 @@ class CacheView:
     a one-token decode step that attends on pages instead (sampling/pages.PagedView: its
     attend(layer, q, k, v) writes the step's key and value into the layer's pool and returns
     (the attention output, the pool)); the chunk is still written into `cache`, and
-    forward_cached returns the pools too."""
+    forward_cached returns the pools too. `prefix_rows` ([B] bool, None: every row): the rows
+    that read `prefix`; the others attend to their own cache only (a refilled decode's row
+    that took other work, its whole prompt in its own cache: Sampler.admit_turns)."""
     cache: KVCache
     write_index: jax.Array
     window: int | None = None
@@ -87,6 +89,7 @@ class CacheView:
     rows: object = None
     active: jax.Array | None = None
     paged: object = None
+    prefix_rows: jax.Array | None = None
 
     def read_rows(self, array):
         return array if self.rows is None else self.rows.read(array)
@@ -294,6 +297,10 @@ class TextDecoder(nnx.Module):
             mask = dataclasses.replace(mask, query_segments=seeing)
         add_deepstack = self._deepstack_adder(visual_index, deepstack)
         rows, prefix = view.rows, view.prefix
+        reading = active if bounded else None  # the rows whose queries read the prefix (None: all)
+        if view.prefix_rows is not None:
+            own = view.read_rows(view.prefix_rows)
+            reading = own if reading is None else reading & own
         if layers is None:
             layers = self.layer_slices()
         out_k, out_v, pools = [], [], []
@@ -322,7 +329,7 @@ class TextDecoder(nnx.Module):
                 return keys.astype(k_new.dtype), values.astype(v_new.dtype)
 
             shared = None if prefix is None else PrefixLayer(prefix.keys[i], prefix.values[i], prefix.valid,
-                                                             active if bounded else None)
+                                                             reading)
             paged = None
             if view.paged is not None:
                 def paged(q, k_new, v_new, i=i):
