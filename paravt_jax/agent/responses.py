@@ -35,45 +35,63 @@ def summary_text(tokens: Sequence[int], finished: bool, tokenizer: Tokenizer) ->
     return tokenizer.decode(body, skip_special_tokens=True).strip() + ("" if finished else " [truncated]")
 
 
+def subagent_prompts(results: list[CropResult], tokenizer: Tokenizer) -> dict[int, ModelInputs]:
+    """The sub-agent prompt of every result answered with frames (read, with a clip), by index."""
+    return {i: subagent_prompt(r.clip, r.request.start, r.request.end, tokenizer)
+            for i, r in enumerate(results) if r.ok and r.clip is not None}
+
+
+def subagent_answers(results: list[CropResult], prompts: dict[int, ModelInputs], summaries: dict[int, tuple],
+                     tokenizer: Tokenizer) -> tuple[list, list[SubTrajectory | None]]:
+    """Each result's response text and, for a call answered with frames, the sub-agent's
+    trajectory: `summaries[i]` = (tokens, log-probs, finished) of prompts[i]'s summary; an
+    error's text, a text tool's answer, for the others."""
+    texts: list = [None] * len(results)
+    trajectories: list[SubTrajectory | None] = [None] * len(results)
+    for i, r in enumerate(results):
+        if i in prompts:
+            tokens, logprobs, finished = summaries[i]
+            texts[i] = summary_text(tokens, bool(finished), tokenizer)
+            seq = prompts[i].extend(encode_ids(tokens, prompts[i].next_position, trainable=True))
+            trajectories[i] = SubTrajectory(r.task.row, seq,
+                                            np.concatenate([np.zeros(prompts[i].length, np.float32), logprobs]))
+        elif not r.ok:
+            texts[i] = f"Error: {r.error}"
+        else:
+            texts[i] = r.text
+    return texts, trajectories
+
+
 def subagent_responses(results: list[CropResult], sampler: Sampler, tokenizer: Tokenizer,
                        sampling: SamplingParams, shape: PromptShape, seed: int,
                        stream_ids: Sequence[int] | None = None,
                        refill: bool = False) -> tuple[list, list[SubTrajectory | None]]:
     """Sub-agent mode: each result's response text and, for a call answered with frames, the
-    sub-agent's trajectory. All sub-agent prompts of the round go through one batched sampler
-    call (same weights), or, when shape.rows is set, rows of that many: with `refill` one call
-    whose rows take the next waiting prompt as their summary ends (Sampler.sample_queued), else
-    calls of shape.rows prompts one after another. stream_ids[i]: the random stream of
-    results[i]'s summary (default: its place in `results`), so the summaries do not depend on
-    how the calls split them."""
-    texts: list = [None] * len(results)
-    trajectories: list[SubTrajectory | None] = [None] * len(results)
-    ok = [i for i, r in enumerate(results) if r.ok and r.clip is not None]
+    sub-agent's trajectory (`subagent_answers`). All sub-agent prompts of the round go through
+    one batched sampler call (same weights), or, when shape.rows is set, rows of that many: with
+    `refill` one call whose rows take the next waiting prompt as their summary ends
+    (Sampler.sample_queued), else calls of shape.rows prompts one after another. stream_ids[i]:
+    the random stream of results[i]'s summary (default: its place in `results`), so the
+    summaries do not depend on how the calls split them."""
+    prompts = subagent_prompts(results, tokenizer)
+    ok = sorted(prompts)
     streams = list(range(len(results))) if stream_ids is None else list(stream_ids)
     size = shape.rows or max(len(ok), 1)
     queued = refill and len(ok) > size
     per_call = len(ok) if queued else size  # one refilled call takes every prompt
+    summaries = {}
     for start in range(0, len(ok), per_call):
         part = ok[start:start + per_call]
-        prompts = [subagent_prompt(results[i].clip, results[i].request.start, results[i].request.end, tokenizer)
-                   for i in part]
         row_ids = [streams[i] for i in part]
         if queued:
-            out = sampler.sample_queued(prompts, size, sampling=sampling, seed=seed, row_ids=row_ids, shape=shape)
+            out = sampler.sample_queued([prompts[i] for i in part], size, sampling=sampling, seed=seed,
+                                        row_ids=row_ids, shape=shape)
         else:
-            out, _ = sampler.generate(prompts, sampling=sampling, seed=seed, row_ids=row_ids, shape=shape)
+            out, _ = sampler.generate([prompts[i] for i in part], sampling=sampling, seed=seed, row_ids=row_ids,
+                                      shape=shape)
         for j, i in enumerate(part):
-            tokens = out.tokens[j]
-            texts[i] = summary_text(tokens, bool(out.finished[j]), tokenizer)
-            seq = prompts[j].extend(encode_ids(tokens, prompts[j].next_position, trainable=True))
-            logps = np.concatenate([np.zeros(prompts[j].length, np.float32), out.logprobs[j]])
-            trajectories[i] = SubTrajectory(results[i].task.row, seq, logps)
-    for i, r in enumerate(results):
-        if not r.ok:
-            texts[i] = f"Error: {r.error}"
-        elif r.clip is None:
-            texts[i] = r.text
-    return texts, trajectories
+            summaries[i] = (out.tokens[j], out.logprobs[j], out.finished[j])
+    return subagent_answers(results, prompts, summaries, tokenizer)
 
 
 def answer_caption(result: CropResult) -> str:

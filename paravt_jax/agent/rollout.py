@@ -19,9 +19,16 @@ import numpy as np
 from paravt_jax.agent.dispatch import CropDispatcher, CropResult, DispatchConfig
 from paravt_jax.agent.protocol import THINK_PREFIX, PromptFormat, ToolProtocol
 from paravt_jax.agent.records import CallRecord, Episode, Rollout, SubTrajectory
-from paravt_jax.agent.responses import answer_caption, frames_responses, images_first_messages, subagent_responses
+from paravt_jax.agent.responses import (
+    answer_caption,
+    frames_responses,
+    images_first_messages,
+    subagent_answers,
+    subagent_prompts,
+    subagent_responses,
+)
 from paravt_jax.agent.rows import Answer, Row, RowCalls
-from paravt_jax.config import checked, integer, one_of, set_by, validate
+from paravt_jax.config import checked, integer, one_of, refuse, set_by, validate
 from paravt_jax.sampling.calls import PromptShape, SampleOutput
 from paravt_jax.sampling.params import SamplingParams
 from paravt_jax.sampling.sampler import Sampler, SamplerState
@@ -56,6 +63,10 @@ class RolloutConfig:
     # calls answered and its next turn started while the other rows decode, instead of every
     # row waiting for the round's longest turn; the same rollouts (tokens, calls, responses)
     turn_refill: bool = False
+    # with turn_refill in subagent mode: the turns' decode keeps this many more rows for the
+    # sub-agent prompts, which also take the rows of ended episodes (Sampler.admit_turns), so a
+    # round's summaries decode beside the other rows' turns, not in calls of their own (0)
+    subagent_rows: int = checked(0, integer(0))
     temperature: float = set_by(0.7, "rl.step.temperature: rollouts sample at the log-prob temperature")
     top_p: float = 1.0
     top_k: int = 0
@@ -73,6 +84,12 @@ class RolloutConfig:
 
     def __post_init__(self):
         validate(self)
+        if self.subagent_rows and not (self.turn_refill and self.mode == "subagent"):
+            raise refuse("subagent_rows", self.subagent_rows, "needs turn_refill=True and mode='subagent'")
+        if self.subagent_rows and self.subagent_max_tokens > self.max_new_tokens:
+            raise refuse("subagent_rows", self.subagent_rows, f"the summaries decode in the turns' rows, whose "
+                         f"columns hold max_new_tokens={self.max_new_tokens} tokens: subagent_max_tokens="
+                         f"{self.subagent_max_tokens} must not exceed it")
 
 
 # ----------------------------------------------------------------------------- prompts
@@ -263,29 +280,50 @@ class RolloutLoop:
         """`play`, each row on its own (config.turn_refill): the sampler returns the turns that
         ended (a few rows at a time); their rows' calls are answered (a round's calls together,
         seeded by the round as in `play`) and each asking row's responses start its next turn,
-        while the other rows go on decoding. Each row's turns, calls and responses are `play`'s."""
+        while the other rows go on decoding. With config.subagent_rows the round's sub-agent
+        prompts decode in the turns' free rows (`Summaries`), and the asking rows' responses
+        follow once their summaries end. Each row's turns, calls and responses are `play`'s."""
         config = self.config
         state = self.sampler.start_turns(prompts, num_samples, sampling=self.sampling, seed=config.seed,
                                          row_ids=[row.stream for row in rows],
                                          reserve=episode_turns(config, self.dispatcher.config, self.max_parallel),
-                                         shape=config.prompt_shape)
+                                         shape=config.prompt_shape, spare_rows=config.subagent_rows)
         rounds = [0] * len(rows)  # the rounds answered before each row's current turn
         final: set[int] = set()  # rows in the forced final-answer turn
-        while ends := self.sampler.decode_turns(state):
-            asked = []
+        guests = Guests(self.tokenizer, set(range(len(rows), state.rows))) if config.subagent_rows else None
+        while True:
+            if guests is not None:
+                self.admit(state, guests)
+            ends = self.sampler.decode_turns(state)
+            if not ends:
+                return
+            asked, answered = [], []
             for end in ends:
+                if guests is not None and end.row in guests.hosts:
+                    answered += guests.ended(end)
+                    continue
                 row = rows[end.row]
                 row.add_generated(end.tokens, end.logprobs, end.finished, self.tokenizer)
-                if end.row in final or not config.prompt.tools:
-                    continue
-                calls = row.read_calls(self.tokenizer.decode(end.tokens), config.protocol, self.max_parallel)
+                calls = None
+                if end.row not in final and config.prompt.tools:
+                    calls = row.read_calls(self.tokenizer.decode(end.tokens), config.protocol, self.max_parallel)
                 if calls is not None and rounds[end.row] < config.max_turns:
                     asked.append(calls)
-            chunks, budgets, seeds = {}, {}, {}
+                elif guests is not None:  # the episode is over: its row takes sub-agent prompts
+                    guests.free.add(end.row)
             for turn in sorted({rounds[calls.row] for calls in asked}):  # each round's calls together
                 group = [calls for calls in asked if rounds[calls.row] == turn]
+                results = self.dispatcher.run([task for calls in group for task in calls.tasks])
+                if guests is None:
+                    answered.append((turn, group, self.answers(results, [row.stream for row in rows], turn)))
+                else:
+                    streams = self.subagent_streams([row.stream for row in rows], results)
+                    answered += guests.add(Summaries(turn, group, results, subagent_prompts(results, self.tokenizer),
+                                                     streams))
+            chunks, budgets, seeds = {}, {}, {}
+            for turn, group, answers in answered:
                 last_round = config.protocol.final_answer and turn == config.max_turns - 1
-                made = self.respond(rows, group, self.answer(rows, group, turn), state.chunk_start(), last_round)
+                made = self.respond(rows, group, self.record(rows, group, answers), state.chunk_start(), last_round)
                 for calls in group:
                     b = calls.row
                     chunks[b], seeds[b], rounds[b] = made[b], config.seed + turn + 1, turn + 1
@@ -293,6 +331,16 @@ class RolloutLoop:
                     if last_round:
                         final.add(b)
             self.sampler.extend_turns(state, chunks, budget=budgets, seed=seeds)
+
+    def admit(self, state, guests: Guests) -> None:
+        """The waiting sub-agent prompts into the turns' free rows (the lowest first), each
+        seeded and streamed as `answers` would run it."""
+        admitted = guests.admit()
+        if admitted:
+            seeds = {b: self.config.seed + 1000 * (summaries.turn + 1) for b, (summaries, _) in admitted.items()}
+            self.sampler.admit_turns(state, {b: summaries.prompts[i] for b, (summaries, i) in admitted.items()},
+                                     budget={b: self.config.subagent_max_tokens for b in admitted}, seed=seeds,
+                                     stream={b: summaries.streams[i] for b, (summaries, i) in admitted.items()})
 
     def generate(self, prompts: list[ModelInputs], rows: list[Row], num_samples: int
                  ) -> tuple[SampleOutput, SamplerState]:
@@ -319,11 +367,19 @@ class RolloutLoop:
         """Runs every call of the round at once and answers each (`answers`), recorded on the
         rows; the answers grouped as `asked`."""
         results = self.dispatcher.run([task for calls in asked for task in calls.tasks])
-        answers = self.answers(results, [row.stream for row in rows], turn)
+        return self.record(rows, asked, self.answers(results, [row.stream for row in rows], turn))
+
+    @staticmethod
+    def record(rows: list[Row], asked: list[RowCalls], answers: list[Answer]) -> list[list[Answer]]:
+        """`answers` (one per task of `asked`, in order) recorded on their rows; grouped as `asked`."""
         for answer in answers:
             rows[answer.result.task.row].add_answer(answer)
         remaining = iter(answers)
         return [[next(remaining) for _ in calls.tasks] for calls in asked]
+
+    def subagent_streams(self, streams: Sequence[int], results: list[CropResult]) -> list[int]:
+        """Each result's sub-agent stream: its row's stream x max_parallel + its call's index."""
+        return [streams[r.task.row] * self.max_parallel + r.task.call_index for r in results]
 
     def answers(self, results: list[CropResult], streams: Sequence[int], turn: int) -> list[Answer]:
         """One answer per call result, by mode: sub-agent summaries (one batched sampler call,
@@ -331,7 +387,7 @@ class RolloutLoop:
         round), or the frames themselves (timestamped or images_first)."""
         config = self.config
         if config.mode == "subagent":
-            stream_ids = [streams[r.task.row] * self.max_parallel + r.task.call_index for r in results]
+            stream_ids = self.subagent_streams(streams, results)
             texts, trajectories = subagent_responses(
                 results, self.sampler, self.tokenizer,
                 sampling_params(config, self.tokenizer, config.subagent_max_tokens), config.subagent_shape,
@@ -366,3 +422,56 @@ class RolloutLoop:
         budget = self.config.protocol.final_answer_tokens if last_round else self.config.max_new_tokens
         return self.sampler.extend(state, chunks, sampling=self.sampling.with_budget(budget),
                                    seed=self.config.seed + turn + 1, row_ids=[row.stream for row in rows])
+
+
+# ----------------------------------------------------------------------------- sub-agents in the turns' rows
+@dataclasses.dataclass
+class Summaries:
+    """Some rows' calls of round `turn` (`asked`, their crops' `results`), whose sub-agent
+    prompts (`prompts`, by result index; `streams` each result's stream) decode in the turns'
+    rows; `done[i]`: prompt i's summary as (tokens, log-probs, finished)."""
+    turn: int
+    asked: list[RowCalls]
+    results: list[CropResult]
+    prompts: dict[int, ModelInputs]
+    streams: list[int]
+    done: dict[int, tuple] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class Guests:
+    """The sub-agent prompts of a turn-refilled rollout (RolloutConfig.subagent_rows): the rows
+    free for them (`free`: the spare rows, then the rows of ended episodes), the prompts waiting
+    for one (`queue`) and the row each decoding prompt is in (`hosts`)."""
+    tokenizer: Tokenizer
+    free: set[int]
+    queue: list[tuple[Summaries, int]] = dataclasses.field(default_factory=list)
+    hosts: dict[int, tuple[Summaries, int]] = dataclasses.field(default_factory=dict)
+
+    def add(self, summaries: Summaries) -> list[tuple]:
+        """Queues the round's sub-agent prompts; the round's answers at once when it has none."""
+        self.queue += [(summaries, i) for i in sorted(summaries.prompts)]
+        return self.answered(summaries)
+
+    def admit(self) -> dict[int, tuple[Summaries, int]]:
+        """The waiting prompts given the free rows (the lowest row first, in queue order)."""
+        admitted = {}
+        for b in sorted(self.free)[:len(self.queue)]:
+            admitted[b] = self.hosts[b] = self.queue.pop(0)
+            self.free.discard(b)
+        return admitted
+
+    def ended(self, end) -> list[tuple]:
+        """A summary ended in row end.row (freed): its round's answers once all of them ended."""
+        summaries, i = self.hosts.pop(end.row)
+        self.free.add(end.row)
+        summaries.done[i] = (end.tokens, end.logprobs, end.finished)
+        return self.answered(summaries)
+
+    def answered(self, summaries: Summaries) -> list[tuple]:
+        """[(turn, asked, answers)] once every prompt of `summaries` has its summary, else []."""
+        if len(summaries.done) < len(summaries.prompts):
+            return []
+        texts, trajectories = subagent_answers(summaries.results, summaries.prompts, summaries.done, self.tokenizer)
+        return [(summaries.turn, summaries.asked, [Answer(r, text, text, trajectory) for r, text, trajectory
+                                                   in zip(summaries.results, texts, trajectories)])]

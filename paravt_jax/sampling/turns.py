@@ -64,6 +64,11 @@ class Turns:
     row_steps: int = 0
 
     @property
+    def rows(self) -> int:
+        """The decode's rows: the episodes' (num_rows), padding and spare ones."""
+        return self.budgets.shape[0]
+
+    @property
     def steps(self) -> int:
         """The decode's token columns: the longest turn's budget, bucketed."""
         return bucket(self.sampling.max_new_tokens, 16)
@@ -140,7 +145,7 @@ def extend(sampler, state: Turns, chunks: dict[int, ModelInputs], budget: dict[i
     n_gen, tokens, position = carry.n_gen, carry.tokens, carry.next_position
     full: list[ModelInputs | None] = [None] * rows
     for b, chunk in chunks.items():
-        if not 0 <= b < state.num_rows or state.running[b] or n_gen[b] < 1:
+        if not 0 <= b < state.rows or state.running[b] or n_gen[b] < 1:
             raise ValueError(f"extend_turns: row {b} has no ended turn to extend")
         if b not in budget or b not in seed or budget[b] < 1 or not 0 <= int(seed[b]) < 2**32:
             raise ValueError(f"extend_turns: row {b} needs a budget >= 1 and a seed in [0, 2**32)")

@@ -91,12 +91,22 @@ def stops_of(sampler, sampling):
     return tuple({out.tokens[0][2], out.tokens[3][11], out.tokens[5][5]})
 
 
+ROUNDS = {}  # (model, temperature) -> (sampling, the round-by-round turns): shared by the cases
+
+
+def rounds_of(model, sampler, temperature):
+    key = (id(model), temperature)
+    if key not in ROUNDS:
+        sampling = SamplingParams(max_new_tokens=NEW, temperature=temperature)
+        sampling = dataclasses.replace(sampling, stop_ids=stops_of(sampler, sampling))
+        ROUNDS[key] = sampling, by_rounds(sampler, sampling, seed=7)
+    return ROUNDS[key]
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_rows_refilled_turn_by_turn_equal_round_by_round(model, temperature):
     sampler = sampler_of(model)
-    sampling = SamplingParams(max_new_tokens=NEW, temperature=temperature)
-    sampling = dataclasses.replace(sampling, stop_ids=stops_of(sampler, sampling))
-    want = by_rounds(sampler, sampling, seed=7)
+    sampling, want = rounds_of(model, sampler, temperature)
     decodes = sampler.compile_counts()["decode"]
     got, order, state = by_rows(sampler, sampling, seed=7)
     assert [len(t) for t in got.values()] == [len(TURNS[b]) + 1 for b in range(6)]
@@ -118,8 +128,9 @@ def test_rows_refilled_turn_by_turn_equal_round_by_round(model, temperature):
     assert [[t[0] for t in pieces[b]] for b in range(6)] == [[t[0] for t in got[b]] for b in range(6)]
 
 
-GUESTS = (23, 8, 41, 16, 5)  # other prompts' lengths (a tool round's sub-agent prompts)
+GUESTS = (23, 8, 41, 16, 5)  # other prompts' lengths (a tool round's sub-agent prompts, another episode)
 GUEST_NEW = 12
+GUEST_TURNS = {0: (7,), 3: (5, 9)}  # guests 0 and 3 are episodes: their later turns' chunk lengths
 
 
 def guest(i):
@@ -127,15 +138,31 @@ def guest(i):
     return encode_ids(rng.integers(0, 900, GUESTS[i]).tolist(), 0)
 
 
+def guest_chunk(i, turn, start):
+    rng = np.random.default_rng(700 + 10 * i + turn)
+    return encode_ids(rng.integers(0, 900, GUEST_TURNS[i][turn]).tolist(), start, trainable=False)
+
+
+def guest_alone(sampler, sampling, i):
+    """Guest i's turns in calls of its own: generate, then an extend per later turn."""
+    out, state = sampler.generate([guest(i)], sampling=sampling, seed=1000 + i, row_ids=[50 + i])
+    turns = [(out.tokens[0], out.logprobs[0], bool(out.finished[0]))]
+    for turn in range(len(GUEST_TURNS.get(i, ()))):
+        out, state = sampler.extend(state, [guest_chunk(i, turn, int(state.chunk_start[0]))], sampling=sampling,
+                                    seed=2000 + 10 * i + turn, row_ids=[50 + i])
+        turns.append((out.tokens[0], out.logprobs[0], bool(out.finished[0])))
+    return turns
+
+
+@pytest.mark.parametrize("model", ["toy"], indirect=True)  # the main job's model (tiny: the cases above)
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_other_prompts_take_the_free_rows(model, temperature):
     """Guest prompts admitted into the rows whose episodes ended and into two spare rows while
-    the episodes' turns go on: each guest's tokens are those of generate over that prompt alone
-    (its seed and stream), and the episodes' turns are unchanged."""
+    the episodes' turns go on, two of them episodes whose later turns follow (extend_turns):
+    each guest's tokens are those of generate (+ extend) over that prompt alone (its seeds and
+    stream), and the episodes' turns are unchanged."""
     sampler = sampler_of(model)
-    sampling = SamplingParams(max_new_tokens=NEW, temperature=temperature)
-    sampling = dataclasses.replace(sampling, stop_ids=stops_of(sampler, sampling))
-    want = by_rounds(sampler, sampling, seed=7)
+    sampling, want = rounds_of(model, sampler, temperature)
     state = sampler.start_turns(prompts(), 2, sampling=sampling, seed=7, reserve=reserve(), refill_at=1,
                                 spare_rows=2)
     rows = state.budgets.shape[0]
@@ -165,9 +192,16 @@ def test_other_prompts_take_the_free_rows(model, temperature):
         chunks, budgets, seeds = {}, {}, {}
         for end in ends:
             b = end.row
-            if b in host_of:  # a guest ended: its row is free again
-                guests[host_of.pop(b)] = (end.tokens, end.logprobs, end.finished)
-                free.add(b)
+            if b in host_of:  # a guest's turn ended: its next turn, or its row is free again
+                i = host_of[b]
+                guests.setdefault(i, []).append((end.tokens, end.logprobs, end.finished))
+                turn = len(guests[i]) - 1
+                if turn < len(GUEST_TURNS.get(i, ())):
+                    chunks[b] = guest_chunk(i, turn, int(state.chunk_start()[b]))
+                    budgets[b], seeds[b] = GUEST_NEW, 2000 + 10 * i + turn
+                else:
+                    del host_of[b]
+                    free.add(b)
                 continue
             turn = len(turns[b])
             turns[b].append((end.tokens, end.logprobs, end.finished))
@@ -186,10 +220,11 @@ def test_other_prompts_take_the_free_rows(model, temperature):
             np.testing.assert_allclose(got[1], expected[1], atol=2e-5, rtol=0)
     guest_sampling = sampling.with_budget(GUEST_NEW)
     for i in range(len(GUESTS)):
-        out, _ = sampler.generate([guest(i)], sampling=guest_sampling, seed=1000 + i, row_ids=[50 + i])
-        tokens, logps, finished = guests[i]
-        assert tokens == out.tokens[0] and finished == bool(out.finished[0]), (i, tokens, out.tokens[0])
-        np.testing.assert_allclose(logps, out.logprobs[0], atol=2e-5, rtol=0)
+        alone = guest_alone(sampler, guest_sampling, i)
+        assert [t[0] for t in guests[i]] == [t[0] for t in alone], i
+        assert [t[2] for t in guests[i]] == [t[2] for t in alone], i
+        for got, expected in zip(guests[i], alone):
+            np.testing.assert_allclose(got[1], expected[1], atol=2e-5, rtol=0)
 
 
 def test_bad_turn_arguments_are_refused():

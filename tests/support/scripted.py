@@ -31,7 +31,10 @@ The turns of a refilled rollout (`start_turns`, `decode_turns`, `extend_turns`, 
 sampler's): `start_turns` records a "policy" call; `decode_turns` ends the `refill_at` rows in a
 turn (1 by default) whose turn text is shortest (ties: the lower row), so that rows end out of
 order and a row's next turn starts while others are in theirs; each `extend_turns` records one
-"turn" call per row (rows 1, the row's seed, its stream, its budget).
+"turn" call per row (rows 1, the row's seed, its stream, its budget); `admit_turns` gives a
+free row (a spare one of `start_turns(spare_rows=)`, or one whose turns ended) a sub-agent
+prompt, recorded as a "subagent" call of 1 row (its seed, its stream, its budget), whose
+`summary` ends like a turn in `decode_turns`.
 """
 from __future__ import annotations
 
@@ -92,6 +95,10 @@ class ScriptedTurns:
     streams: list[int]
     sampling: SamplingParams
     refill_at: int
+
+    @property
+    def rows(self) -> int:
+        return len(self.texts)
 
     def chunk_start(self) -> np.ndarray:
         return self.next_position + 1
@@ -165,17 +172,19 @@ class ScriptedSampler:
     def start_turns(self, prompts: Sequence[ModelInputs], num_samples: int = 1, *,
                     sampling: SamplingParams = SamplingParams(), seed: int = 0,
                     row_ids: Sequence[int] | None = None, reserve: Sequence[tuple[int, int]] = (),
-                    shape: PromptShape = WHOLE_CALL, refill_at: int = 0) -> ScriptedTurns:
+                    shape: PromptShape = WHOLE_CALL, refill_at: int = 0, spare_rows: int = 0) -> ScriptedTurns:
         _, state = self.generate(prompts, num_samples, sampling=sampling, seed=seed, row_ids=row_ids,
                                  reserve=reserve, shape=shape)
-        rows = state.num_rows
-        starts = np.array([prompts[b // num_samples].next_position for b in range(rows)], np.int64)
-        return ScriptedTurns(rows, np.zeros(rows, np.int64), state.scripts, [0] * rows,
-                             [script[0] for script in state.scripts], starts, [sampling.max_new_tokens] * rows,
-                             list(row_ids) if row_ids is not None else list(range(rows)), sampling, refill_at or 1)
+        rows, spare = state.num_rows, [None] * spare_rows
+        starts = np.array([prompts[b // num_samples].next_position for b in range(rows)] + [0] * spare_rows, np.int64)
+        return ScriptedTurns(rows, np.zeros(rows + spare_rows, np.int64), state.scripts + ((),) * spare_rows,
+                             [0] * (rows + spare_rows), [script[0] for script in state.scripts] + spare, starts,
+                             [sampling.max_new_tokens] * rows + [0] * spare_rows,
+                             (list(row_ids) if row_ids is not None else list(range(rows))) + [0] * spare_rows,
+                             sampling, refill_at or 1)
 
     def decode_turns(self, state: ScriptedTurns) -> list[TurnEnd]:
-        running = [b for b in range(state.num_rows) if state.texts[b] is not None]
+        running = [b for b in range(state.rows) if state.texts[b] is not None]
         ending = sorted(sorted(running, key=lambda b: (len(state.texts[b]), b))[:state.refill_at])
         ends = []
         for b in ending:
@@ -201,6 +210,19 @@ class ScriptedSampler:
             self.calls.append(Call("turn", 1, seed[b], (state.streams[b],), budget[b], None))
             state.texts[b], state.starts[b], state.budgets[b] = state.scripts[b][state.turn[b]], chunk.next_position, \
                 budget[b]
+
+    def admit_turns(self, state: ScriptedTurns, prompts: dict[int, ModelInputs], *, budget: dict[int, int],
+                    seed: dict[int, int], stream: dict[int, int]) -> None:
+        for b, prompt in prompts.items():
+            if not 0 <= b < state.rows or state.texts[b] is not None:
+                raise ValueError(f"admit_turns: row {b} is not a free row (rows 0..{state.rows - 1} not in a turn)")
+            text = self.tokenizer.decode(prompt.input_ids)
+            if SUBAGENT_MARK not in text:
+                raise AssertionError(f"admit_turns: row {b} was given a policy prompt; the fake scripts sub-agents")
+            self._check_call(1, seed[b], None)
+            self.calls.append(Call("subagent", 1, seed[b], (stream[b],), budget[b], None))
+            state.texts[b] = self.summary(text) if callable(self.summary) else self.summary
+            state.starts[b], state.budgets[b], state.streams[b] = prompt.next_position, budget[b], stream[b]
 
     # -- internals ------------------------------------------------------------------------
     def _turns(self, prompt_text: str, row: int, sample: int) -> Sequence[str]:

@@ -60,7 +60,7 @@ def parameters(function):
     return [(p.name, p.kind, p.default) for p in inspect.signature(function).parameters.values()]
 
 
-@pytest.mark.parametrize("method", ["generate", "extend", "start_turns", "decode_turns", "extend_turns"])
+@pytest.mark.parametrize("method", ["generate", "extend", "start_turns", "decode_turns", "extend_turns", "admit_turns"])
 def test_the_scripted_sampler_takes_the_real_samplers_parameters(method):
     """Same names, kinds and defaults: a change to the real sampler's calls breaks the fake here."""
     assert parameters(getattr(ScriptedSampler, method)) == parameters(getattr(Sampler, method))
