@@ -148,6 +148,41 @@ class RowGroup:
                 + np.arange(self.local)[None]).reshape(-1)
 
 
+@dataclasses.dataclass(frozen=True)
+class RowIndex:
+    """Any rows of the cache, `index` [g] (a prefill of the rows that write, each at its own
+    slots: Sampler.extend_turns / admit_turns). The cached forward gathers the rows' caches for
+    its reads and writes each row's chunk into the whole cache at the row's slots."""
+    index: jax.Array
+
+    def read(self, array):
+        return array[self.index]
+
+
+def row_group(rows: int) -> int:
+    """Rows of a prefill with a slot per row (Sampler.extend_turns / admit_turns): a quarter of
+    the cache's rows (a refilled decode's default refill) to a power of two, at most every row:
+    one compiled program for every refill, whatever number of rows writes."""
+    return min(1 << (max(rows // 4, 1) - 1).bit_length(), rows)
+
+
+def writing_groups(write_index: np.ndarray, capacity: int, size: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The groups of `size` rows of a prefill with a slot per row: the rows that write (slot <
+    capacity) in order, the last group padded with rows that do not (row 0 when none is left).
+    Each group: (its cache rows [size] int32, where its outputs go [size]: the row, or the
+    row count for a padding entry, which is dropped)."""
+    rows = write_index.shape[0]
+    writing = np.flatnonzero(write_index < capacity)
+    idle = np.flatnonzero(write_index >= capacity)
+    groups = []
+    for start in range(0, max(len(writing), 1), size):
+        part = writing[start:start + size]
+        pads = np.resize(idle if idle.size else np.zeros(1, np.int64), size - len(part))
+        groups.append((np.concatenate([part, pads]).astype(np.int32),
+                       np.concatenate([part, np.full(size - len(part), rows)]).astype(np.int32)))
+    return groups
+
+
 def row_shards(shardings: CacheShardings | None, spec: CacheSpec, prompts: int) -> int:
     """Blocks the cache rows are split into over the devices: each block holds whole prompts
     (`prompts` a multiple of the blocks) or lies within one prompt (the blocks a multiple of the

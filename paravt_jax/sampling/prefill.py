@@ -14,7 +14,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from paravt_jax.infra import sharding as sh
 from paravt_jax.models.qwen3_vl.text import CacheView, KVCache
 from paravt_jax.sampling.backend import SamplerBackend
-from paravt_jax.sampling.kv_cache import CacheShardings, RowGroup, constrain
+from paravt_jax.sampling.kv_cache import CacheShardings, RowGroup, RowIndex, constrain
 from paravt_jax.sampling.programs import merge
 
 
@@ -44,8 +44,11 @@ class PrefillChunk(NamedTuple):
     # every row of the cache; a row past the capacity writes nothing)
     write_index: jax.Array
     row_start: jax.Array  # [] int32: the group's first row in each device's block of rows
-    # [g] bool: the rows that read their prompt's prefix (a write slot per row only; None: all)
+    # a write slot per row: [B] bool, the cache rows that read their prompt's prefix (None: all)
     prefix_rows: jax.Array | None = None
+    # a write slot per row: [g] int32, the cache row of each chunk row (None: the g rows are
+    # every row of the cache)
+    row_index: jax.Array | None = None
 
 
 def whole_features(chunk: PrefillChunk, sharding: CacheShardings | None):
@@ -103,15 +106,21 @@ def prefill(graphdef, params, weights, cache: KVCache, prefix: KVCache | None, c
             plan: PrefillPlan) -> tuple[jax.Array, KVCache]:
     """One row group: the chunk's g rows are the cache rows RowGroup(row_start, g / shards,
     shards).order(B) (rows [row_start, row_start + g / shards) of each device's block of rows),
-    written at `write_index` (or each row at its own, write_index [B]), in place (the cache is
-    donated); with `prefix` (None for a prompt
+    written at `write_index` (or each row at its own, write_index [g]: the g rows every row of
+    the cache, or the rows `chunk.row_index`), in place (the cache is donated); with `prefix`
+    (None for a prompt
     prefill) the rows also attend to their prompts' prefixes. Returns (logits [g, V] of each
     row's last chunk token, the cache)."""
     lang = merge(graphdef, params).language
     group, width = chunk.ids.shape
     rows = None if group == cache.valid.shape[0] else RowGroup(chunk.row_start, group // plan.shards, plan.shards)
+    if chunk.row_index is not None:
+        rows = RowIndex(chunk.row_index)
     pin_rows, gather = row_split(plan)
-    if prefix is not None and plan.shards > prefix.valid.shape[0]:
+    if prefix is not None and chunk.row_index is not None:  # each row's own prompt, gathered
+        per_prompt = cache.valid.shape[0] // prefix.valid.shape[0]
+        prefix = jax.tree.map(lambda a: a[chunk.row_index // per_prompt], prefix)
+    elif prefix is not None and plan.shards > prefix.valid.shape[0]:
         prefix = block_prefixes(prefix, plan.shards, pin_rows)
     elif prefix is not None and rows is not None:
         per_prompt = cache.valid.shape[0] // prefix.valid.shape[0]
@@ -119,10 +128,11 @@ def prefill(graphdef, params, weights, cache: KVCache, prefix: KVCache | None, c
         prefix = jax.tree.map(prompts.read, prefix)
     fresh = jnp.arange(width)[None, :] < chunk.counts[:, None]
     if chunk.write_index.ndim == 1:  # each row's chunk at its own slots (Sampler.extend_turns)
-        if rows is not None:
-            raise ValueError("prefill: a write slot per row takes every row of the cache in one group")
+        if rows is not None and chunk.row_index is None:
+            raise ValueError("prefill: a write slot per row takes every row of the cache, or rows by index")
         slots = chunk.write_index[:, None] + jnp.arange(width)[None, :]
-        valid = cache.valid.at[jnp.arange(group)[:, None], slots].set(fresh, mode="drop")
+        index = jnp.arange(group) if chunk.row_index is None else chunk.row_index
+        valid = cache.valid.at[index[:, None], slots].set(fresh, mode="drop")
     elif rows is None:
         valid = jax.lax.dynamic_update_slice(cache.valid, fresh, (0, chunk.write_index))
     else:

@@ -167,3 +167,20 @@ def forget_rows(cache: KVCache, rows, sharding) -> KVCache:
     row that takes other work: Sampler.admit_turns). In place (the cache is donated)."""
     valid = jnp.where(rows[:, None], False, cache.valid)
     return constrain(KVCache(cache.keys, cache.values, valid), sharding)
+
+
+@functools.partial(jax.jit, donate_argnames="logits")
+def put_rows(logits, out, rows):
+    """`logits` [B, V] with row rows[i] set to out[i] (rows[i] = B: dropped). In place."""
+    return logits.at[rows].set(out, mode="drop")
+
+
+@functools.partial(jax.jit, static_argnames=("extra", "sharding"))
+def pad_rows(cache: KVCache, logits, extra: int, sharding) -> tuple[KVCache, jax.Array]:
+    """A prompt cache and its logits with `extra` rows more, empty (no valid slot): the prompts
+    of a refilled decode's spare rows (Sampler.start_turns)."""
+    def pad(a):
+        return jnp.pad(a, [(0, extra)] + [(0, 0)] * (a.ndim - 1))
+
+    cache = KVCache(tuple(map(pad, cache.keys)), tuple(map(pad, cache.values)), pad(cache.valid))
+    return constrain(cache, sharding), pad(logits)

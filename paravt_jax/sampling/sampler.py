@@ -50,8 +50,10 @@ from paravt_jax.sampling.kv_cache import (
     cache_sharding,
     episode_capacity,
     grown_capacity,
+    row_group,
     row_shards,
     turn_capacity,
+    writing_groups,
 )
 from paravt_jax.sampling.params import SamplingParams
 from paravt_jax.sampling.prefill import PackedChunk, PackedPlan, PrefillChunk, PrefillPlan
@@ -289,16 +291,19 @@ class Sampler:
     def prompt_rows(self, prompts: Sequence[ModelInputs], num_samples: int, sampling: SamplingParams,
                     reserve: Sequence[tuple[int, int]], shape: PromptShape, spare_prompts: int = 0):
         """`generate`'s start: the prompts prefilled once, their rows (prompt-major) and an empty
-        suffix cache sized for the episode (`spare_prompts`: room for that many more prompts'
-        rows, padding rows). Returns (prefix, logits [rows, V], suffix,
+        suffix cache sized for the episode (`spare_prompts`: that many empty prompts more, after
+        the prefill, their rows padding rows). Returns (prefix, logits [rows, V], suffix,
         next_position [rows], budgets [rows]: 0 for padding rows, the number of real rows)."""
         if not prompts:
             raise ValueError("generate: no prompts")
         if num_samples < 1:
             raise ValueError(f"generate: num_samples={num_samples} must be >= 1")
-        prompt_rows = call_rows(len(prompts) + spare_prompts, shape, self.config.min_batch_bucket)
+        prompt_rows = call_rows(len(prompts), shape, self.config.min_batch_bucket)
         width = call_width(prompts, shape, self.config.min_chunk_bucket)
         logits, prefix = self.prompt_prefill(list(prompts), prompt_rows, width, shape.frames_per_row)
+        if spare_prompts:
+            prompt_rows += spare_prompts
+            prefix, logits = programs.pad_rows(prefix, logits, spare_prompts, self.cache_shardings(prompt_rows, width))
         rows = prompt_rows * num_samples
         total = len(prompts) * num_samples
         logits = jnp.repeat(logits, num_samples, axis=0)
@@ -360,6 +365,8 @@ class Sampler:
         (logits [B, V] of each row's last chunk token, the suffix)."""
         rows = suffix.valid.shape[0]
         piece = self.config.extend_width
+        if np.ndim(write_index) == 1:  # groups of `row_group` rows that write
+            rows = row_group(rows)
         if np.ndim(write_index) == 1 and rows * (piece or width) > self.backend.prefill_tokens:
             piece = max(self.backend.prefill_tokens // rows // 16 * 16, 16)
         if not (piece and all(c is None or not has_vision(c) for c in chunks)):
@@ -489,15 +496,14 @@ class Sampler:
         rows (`prefix_rows`: see write_chunks). Returns (logits [rows, V], the cache)."""
         rows = cache.valid.shape[0]
         prompts = rows if prefix is None else prefix.valid.shape[0]
-        shards = self.row_shards(rows, prompts)
-        per_row = np.ndim(write_index) == 1  # each row at its own slot: one group of every row
+        per_row = np.ndim(write_index) == 1  # each row at its own slot: one group of the rows that write
         if prefix_rows is not None and not per_row:
             raise ValueError("_prefill: prefix_rows takes a write slot per row")
-        group = rows if per_row else self.prefill_group(rows, rows // prompts, width, shards)
-        reach = write_index
-        if per_row:  # the window reaches the furthest row that writes (the others write past the capacity)
-            reach = int(np.max(write_index[write_index < cache.capacity], initial=0))
-        plan = self.prefill_plan(rows, cache.capacity, reach, width, group, shards)
+        if per_row:
+            return self._prefill_rows(cache, prefix, np.asarray(write_index), chunks, width, prefix_rows)
+        shards = self.row_shards(rows, prompts)
+        group = self.prefill_group(rows, rows // prompts, width, shards)
+        plan = self.prefill_plan(rows, cache.capacity, write_index, width, group, shards)
         chunks = list(chunks) + [None] * (rows - len(chunks))
         logits, order = [], []
         for start in range(0, rows // shards, group // shards):
@@ -508,14 +514,36 @@ class Sampler:
                 logits.append(jnp.zeros((group, self.model.config.text.vocab_size), jnp.float32))
                 continue  # padding rows / rows sitting the turn out: nothing to write
             chunk = self.prefill_chunk(part, group, width, frames_per_row, write_index, start, shards)
-            if prefix_rows is not None:
-                chunk = chunk._replace(prefix_rows=np.asarray(prefix_rows, bool))
             out, cache = prefill_program.prefill(self.graphdef, self.params, self.weights, cache, prefix, chunk, plan)
             logits.append(out)
         if len(logits) == 1:
             return logits[0], cache
         inverse = np.argsort(np.concatenate(order))
         return jnp.concatenate(logits)[inverse], cache
+
+    def _prefill_rows(self, cache: KVCache, prefix: KVCache | None, write_index: np.ndarray,
+                      chunks: list[ModelInputs | None], width: int, prefix_rows: np.ndarray | None
+                      ) -> tuple[jax.Array, KVCache]:
+        """`_prefill` with a slot per row (write_index [B]; a row at or past the capacity writes
+        nothing): the rows that write, in groups of `row_group` rows gathered by index
+        (kv_cache.writing_groups), so that a refill of a few rows computes those rows, not every
+        row of the cache, through one program whatever their number. Returns (logits [B, V],
+        those of the rows that write; the cache)."""
+        rows = cache.valid.shape[0]
+        chunks = list(chunks) + [None] * (rows - len(chunks))
+        reach = int(np.max(write_index[write_index < cache.capacity], initial=0))  # the furthest row that writes
+        size = row_group(rows)
+        plan = self.prefill_plan(rows, cache.capacity, reach, width, size, 1)
+        logits = jnp.zeros((rows, self.model.config.text.vocab_size), jnp.float32)
+        for index, targets in writing_groups(write_index, cache.capacity, size):
+            slots = np.where(targets < rows, write_index[index], cache.capacity)  # padding entries write nothing
+            part = [chunks[r] if t < rows else None for r, t in zip(index, targets)]
+            chunk = self.prefill_chunk(part, size, width, 0, slots, 0)
+            chunk = chunk._replace(row_index=index, prefix_rows=None if prefix_rows is None else
+                                   np.asarray(prefix_rows, bool))
+            out, cache = prefill_program.prefill(self.graphdef, self.params, self.weights, cache, prefix, chunk, plan)
+            logits = programs.put_rows(logits, out, targets)
+        return logits, cache
 
     def prompt_prefill(self, prompts: list[ModelInputs], rows: int, width: int, frames_per_row: int
                         ) -> tuple[jax.Array, KVCache]:

@@ -62,6 +62,16 @@ def test_turns_bench_smallest(tmp_path):
     assert "| round by round (generate + extend) " in out and "| rows refilled turn by turn" in out
 
 
+def test_subagent_rows_bench_smallest(tmp_path):
+    """Sub-agent prompts in the turns' rows against in calls of their own: the same turns and
+    summaries (the bench exits non-zero otherwise), every arm's row printed."""
+    out = run_bench(tmp_path, "subagent_rows.py", "--model", "tiny", "--prompts", "2", "--samples", "2", "--prompt",
+                    "12", "--turns", "2", "--chunk", "8", "--new", "8", "--mean", "4", "--subagents", "2",
+                    "--subagent-prompt", "8", "--subagent-new", "4", "--spare", "2", "--repeats", "1")
+    assert "| round by round (generate, sub-agent call, extend) " in out
+    assert "| turns refilled, sub-agents in calls of their own " in out and "in the turns' rows (2 spare)" in out
+
+
 def test_prompt_packing_bench_smallest(tmp_path):
     """The packed prompt prefill beside the padded one, same greedy tokens (else it exits non-zero)."""
     out = run_bench(tmp_path, "prompt_packing.py", "--model", "toy", "--calls", "first_turn", "--repeats", "1")

@@ -71,7 +71,9 @@ class CacheView:
     keys and values that groups of rows share and attend before their own cache (row b reads
     prefix b // (B / P)); read, never written. `rows`: which rows of the cache the call's rows
     are (an object with read(array) -> those rows and write(array, chunk, slot_axis, slot) ->
-    the array with chunk written at those rows; sampling/kv_cache.RowGroup); None: all rows.
+    the array with chunk written at those rows; sampling/kv_cache.RowGroup), or, with a write
+    slot per row, rows by index (an object with read(array) and `index` [g]:
+    sampling/kv_cache.RowIndex); None: all rows.
     `active` ([B] bool, None: every row as before): the attention bounded per row, for a
     decode: a row whose flag is off attends to nothing (its output is not used), and the rows'
     own cache is read only up to the last block that an active row holds a key in (blockwise,
@@ -286,8 +288,8 @@ class TextDecoder(nnx.Module):
         window = capacity if view.window is None else min(int(view.window), capacity)
         slot = jnp.asarray(view.write_index, jnp.int32)
         per_row = slot.ndim == 1
-        if per_row and view.rows is not None:
-            raise ValueError("forward_cached: a write slot per row takes every row of the cache (rows=None)")
+        if per_row and view.rows is not None and not hasattr(view.rows, "index"):
+            raise ValueError("forward_cached: a write slot per row takes every row of the cache or rows by index")
         query_slots = (slot[:, None] if per_row else slot) + jnp.arange(length)
         mask = AttentionMask.cache(valid[:, :window], query_slots)
         bounded = view.active is not None
@@ -312,7 +314,7 @@ class TextDecoder(nnx.Module):
                 k_chunk = k_new.transpose(0, 2, 3, 1).astype(ck.dtype)
                 v_chunk = v_new.transpose(0, 2, 1, 3).astype(cv.dtype)
                 if per_row:  # each row's chunk at its own slots (past the capacity: dropped, not clamped)
-                    b = jnp.arange(ck.shape[0])[:, None]
+                    b = (jnp.arange(ck.shape[0]) if rows is None else rows.index)[:, None]
                     slots = slot[:, None] + jnp.arange(length)[None]
                     new_k = ck.at[b, :, :, slots].set(k_chunk.transpose(0, 3, 1, 2), mode="drop")
                     new_v = cv.at[b, :, slots, :].set(v_chunk.transpose(0, 2, 1, 3), mode="drop")
