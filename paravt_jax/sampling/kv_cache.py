@@ -159,6 +159,12 @@ class RowIndex:
         return array[self.index]
 
 
+def replicated(mesh) -> jax.sharding.NamedSharding:
+    """Every device of `mesh` holds the whole array (one placement for the logits of a
+    prefill with a slot per row, whichever program made them)."""
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+
 def row_group(rows: int) -> int:
     """Rows of a prefill with a slot per row (Sampler.extend_turns / admit_turns): a quarter of
     the cache's rows (a refilled decode's default refill) to a power of two, at most every row:

@@ -14,7 +14,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from paravt_jax.infra import sharding as sh
 from paravt_jax.models.qwen3_vl.text import CacheView, KVCache
 from paravt_jax.sampling.backend import SamplerBackend
-from paravt_jax.sampling.kv_cache import CacheShardings, RowGroup, RowIndex, constrain
+from paravt_jax.sampling.kv_cache import CacheShardings, RowGroup, RowIndex, constrain, replicated
 from paravt_jax.sampling.programs import merge
 
 
@@ -147,6 +147,8 @@ def prefill(graphdef, params, weights, cache: KVCache, prefix: KVCache | None, c
     last = jnp.maximum(chunk.counts - 1, 0)
     last_hidden = hidden[jnp.arange(group), last][:, None]
     logits = plan.backend.logits(lang, last_hidden, weights)[:, 0].astype(jnp.float32)
+    if chunk.row_index is not None and plan.sharding is not None:  # one placement for programs.put_rows
+        logits = jax.lax.with_sharding_constraint(logits, replicated(plan.sharding.values.mesh))
     return logits, constrain(cache, plan.sharding)
 
 

@@ -16,7 +16,7 @@ from paravt_jax.infra import sharding as sh
 from paravt_jax.models.qwen3_vl.config import Qwen3VLConfig
 from paravt_jax.models.qwen3_vl.text import KVCache
 from paravt_jax.sampling.backend import DecodeWeights, WeightLayout, head_copy, layer_copy
-from paravt_jax.sampling.kv_cache import CacheShardings, constrain
+from paravt_jax.sampling.kv_cache import CacheShardings, constrain, replicated
 
 
 class HashOnce:
@@ -169,10 +169,25 @@ def forget_rows(cache: KVCache, rows, sharding) -> KVCache:
     return constrain(KVCache(cache.keys, cache.values, valid), sharding)
 
 
-@functools.partial(jax.jit, donate_argnames="logits")
-def put_rows(logits, out, rows):
-    """`logits` [B, V] with row rows[i] set to out[i] (rows[i] = B: dropped). In place."""
-    return logits.at[rows].set(out, mode="drop")
+def mesh_sharding(array) -> jax.sharding.NamedSharding | None:
+    """`replicated` over the array's mesh, None for an array of no mesh (one device, uncommitted)."""
+    return replicated(array.sharding.mesh) if isinstance(array.sharding, jax.sharding.NamedSharding) else None
+
+
+def zero_rows(out, count: int):
+    """[count, V] zeros placed as put_rows' outputs are (`mesh_sharding(out)`: a row-index
+    prefill's logits, prefill.py, are), so that put_rows runs one program for every call."""
+    zeros = np.zeros((count, *out.shape[1:]), out.dtype)
+    sharding = mesh_sharding(out)
+    return jnp.asarray(zeros) if sharding is None else jax.device_put(zeros, sharding)
+
+
+@functools.partial(jax.jit, donate_argnames="logits", static_argnames="sharding")
+def put_rows(logits, out, rows, sharding):
+    """`logits` [B, V] with row rows[i] set to out[i] (rows[i] = B: dropped), placed as
+    `sharding` (`mesh_sharding(out)`; None: as XLA places it). In place."""
+    logits = logits.at[rows].set(out, mode="drop")
+    return logits if sharding is None else jax.lax.with_sharding_constraint(logits, sharding)
 
 
 @functools.partial(jax.jit, static_argnames=("extra", "sharding"))

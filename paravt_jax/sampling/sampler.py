@@ -534,7 +534,7 @@ class Sampler:
         reach = int(np.max(write_index[write_index < cache.capacity], initial=0))  # the furthest row that writes
         size = row_group(rows)
         plan = self.prefill_plan(rows, cache.capacity, reach, width, size, 1)
-        logits = jnp.zeros((rows, self.model.config.text.vocab_size), jnp.float32)
+        logits = None
         for index, targets in writing_groups(write_index, cache.capacity, size):
             slots = np.where(targets < rows, write_index[index], cache.capacity)  # padding entries write nothing
             part = [chunks[r] if t < rows else None for r, t in zip(index, targets)]
@@ -542,7 +542,8 @@ class Sampler:
             chunk = chunk._replace(row_index=index, prefix_rows=None if prefix_rows is None else
                                    np.asarray(prefix_rows, bool))
             out, cache = prefill_program.prefill(self.graphdef, self.params, self.weights, cache, prefix, chunk, plan)
-            logits = programs.put_rows(logits, out, targets)
+            logits = programs.put_rows(programs.zero_rows(out, rows) if logits is None else logits, out, targets,
+                                       programs.mesh_sharding(out))
         return logits, cache
 
     def prompt_prefill(self, prompts: list[ModelInputs], rows: int, width: int, frames_per_row: int

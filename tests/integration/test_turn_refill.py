@@ -128,7 +128,7 @@ def test_rows_refilled_turn_by_turn_equal_round_by_round(model, temperature):
     assert [[t[0] for t in pieces[b]] for b in range(6)] == [[t[0] for t in got[b]] for b in range(6)]
 
 
-GUESTS = (23, 8, 41, 16, 5, 30, 12, 19, 27)  # other prompts' lengths (a tool round's sub-agent prompts, another episode)
+GUESTS = (23, 8, 41, 16, 5, 30, 12, 19, 27)  # other prompts' lengths (sub-agent prompts, episodes)
 GUEST_NEW = 12
 GUEST_TURNS = {0: (7,), 3: (5, 9)}  # guests 0 and 3 are episodes: their later turns' chunk lengths
 
