@@ -1,6 +1,6 @@
-"""A tool round's sub-agent prompts in sampler calls of their own against in the rows of the
-episodes' refilled turns (Sampler.admit_turns, rl.rollout.subagent_rows), in the same run, on
-the same episodes, every turn's and every summary's tokens checked equal.
+"""A tool round's sub-agent prompts in sampler calls of their own against in the free rows of
+the episodes' refilled turns (Sampler.admit_turns, rl.rollout.subagent_in_turns), in the same
+run, on the same episodes, every turn's and every summary's tokens checked equal.
 
 The episodes are bench/turns.py's (`--prompts` x `--samples` rows, 1 to `--turns` turns, each
 later turn after a chunk of `--chunk`/4 to `--chunk` tokens); before a row's later turn, its
@@ -11,9 +11,10 @@ call, as the rollout seeds them), and the row's chunk is written once they all e
                            prompts and one extend (RolloutLoop.play);
   turns refilled, own calls  start_turns; the sub-agent prompts of the rows that ended together
                            in one call, then their rows' chunks (turn_refill);
-  turns refilled, in rows  start_turns with `--spare` spare rows; the sub-agent prompts decode in
-                           the spare rows and the rows of ended episodes beside the other rows'
-                           turns (turn_refill + subagent_rows).
+  turns refilled, in rows  the sub-agent prompts take the free rows (the rows of ended
+                           episodes; then also `--spare` spare rows) and decode beside the other
+                           rows' turns, those that find none in one call at once (turn_refill +
+                           subagent_in_turns, subagent_spare_rows).
 Per arm: seconds (best of `--repeats` after a warm-up that compiles), generated tokens per
 second and the decode row-steps (rows x steps of every decode, a row idle or not).
 
@@ -111,45 +112,53 @@ class Episodes:
             sampler.extend_turns(state, more, budget=budgets, seed=seeds)
         return (turns, summaries), row_steps + state.row_steps
 
-    def in_rows(self):
-        sampler, args = self.sampler, self.args
-        state = sampler.start_turns(self.prompts, args.samples, sampling=self.sampling, seed=1, reserve=self.reserve,
-                                    spare_rows=args.spare)
-        turns, summaries = [[] for _ in range(self.rows)], {}
-        free, queue, hosts, waiting = set(range(self.rows, state.rows)), [], {}, {}
-        while True:
-            admitted = {}
-            for b in sorted(free)[:len(queue)]:
-                admitted[b] = hosts[b] = queue.pop(0)
-                free.discard(b)
-            if admitted:
-                sampler.admit_turns(state, {b: self.subagents[(r, t)][k] for b, (r, t, k) in admitted.items()},
-                                    budget={b: args.subagent_new for b in admitted},
-                                    seed={b: 1000 * (t + 1) for b, (_, t, _) in admitted.items()},
-                                    stream={b: self.streams(r)[k] for b, (r, _, k) in admitted.items()})
-            ends = sampler.decode_turns(state)
-            if not ends:
-                return (turns, summaries), state.row_steps
-            more, budgets, seeds = {}, {}, {}
-            for end in ends:
-                if end.row in hosts:  # a summary ended: its row is free; its asking row goes on once all did
-                    r, t, k = hosts.pop(end.row)
-                    free.add(end.row)
-                    summaries[r, t, k] = end.tokens
+    def in_rows(self, spare: int):
+        def run():
+            sampler, args = self.sampler, self.args
+            state = sampler.start_turns(self.prompts, args.samples, sampling=self.sampling, seed=1,
+                                        reserve=self.reserve, spare_rows=spare)
+            turns, summaries, row_steps = [[] for _ in range(self.rows)], {}, 0
+            free, hosts, waiting = set(range(self.rows, state.rows)), {}, {}
+            while ends := sampler.decode_turns(state):
+                queue, more, budgets, seeds = [], {}, {}, {}
+
+                def summarized(r, t, k, tokens):  # its asking row goes on once all its summaries did
+                    summaries[r, t, k] = tokens
                     waiting[r] -= 1
                     if not waiting[r]:
                         more[r] = self.chunk(r, t, int(state.chunk_start()[r]))
                         budgets[r], seeds[r] = args.new, 2 + t
-                    continue
-                b = end.row
-                turns[b].append(end.tokens)
-                turn = len(turns[b]) - 1
-                if turn < len(self.chunks[b]):
-                    queue += [(b, turn, k) for k in range(args.subagents)]
-                    waiting[b] = args.subagents
-                else:
-                    free.add(b)  # the episode is over: its row takes sub-agent prompts
-            sampler.extend_turns(state, more, budget=budgets, seed=seeds)
+
+                for end in ends:
+                    if end.row in hosts:  # a summary ended: its row is free again
+                        free.add(end.row)
+                        summarized(*hosts.pop(end.row), end.tokens)
+                        continue
+                    b = end.row
+                    turns[b].append(end.tokens)
+                    if len(turns[b]) <= len(self.chunks[b]):
+                        queue += [(b, len(turns[b]) - 1, k) for k in range(args.subagents)]
+                        waiting[b] = args.subagents
+                    else:
+                        free.add(b)  # the episode is over: its row takes sub-agent prompts
+                admitted = {}
+                for b in sorted(free)[:len(queue)]:
+                    admitted[b] = hosts[b] = queue.pop(0)
+                    free.discard(b)
+                if admitted:
+                    sampler.admit_turns(state, {b: self.subagents[(r, t)][k] for b, (r, t, k) in admitted.items()},
+                                        budget={b: args.subagent_new for b in admitted},
+                                        seed={b: 1000 * (t + 1) for b, (_, t, _) in admitted.items()},
+                                        stream={b: self.streams(r)[k] for b, (r, _, k) in admitted.items()})
+                for turn in sorted({t for _, t, _ in queue}):  # no free row left: a call of their own
+                    part = sorted({r for r, t, _ in queue if t == turn})
+                    got = {}
+                    row_steps += self.summaries_of(part, turn, got)
+                    for (r, t, k), tokens in got.items():
+                        summarized(r, t, k, tokens)
+                sampler.extend_turns(state, more, budget=budgets, seed=seeds)
+            return (turns, summaries), row_steps + state.row_steps
+        return run
 
 
 def main():
@@ -173,7 +182,9 @@ def main():
                         min(model.config.text.vocab_size, 900))
     arms = {"round by round (generate, sub-agent call, extend)": episodes.by_rounds,
             "turns refilled, sub-agents in calls of their own": episodes.own_calls,
-            f"turns refilled, sub-agents in the turns' rows ({args.spare} spare)": episodes.in_rows}
+            "turns refilled, sub-agents in the turns' free rows": episodes.in_rows(0)}
+    if args.spare:
+        arms[f"turns refilled, sub-agents in the free rows and {args.spare} spare"] = episodes.in_rows(args.spare)
     results = best_of(arms, args.repeats)
     turns, summaries = results[next(iter(arms))][1]
     generated = sum(len(t) for row in turns for t in row) + sum(len(s) for s in summaries.values())

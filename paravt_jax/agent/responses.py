@@ -76,22 +76,26 @@ def subagent_responses(results: list[CropResult], sampler: Sampler, tokenizer: T
     prompts = subagent_prompts(results, tokenizer)
     ok = sorted(prompts)
     streams = list(range(len(results))) if stream_ids is None else list(stream_ids)
-    size = shape.rows or max(len(ok), 1)
-    queued = refill and len(ok) > size
-    per_call = len(ok) if queued else size  # one refilled call takes every prompt
-    summaries = {}
-    for start in range(0, len(ok), per_call):
-        part = ok[start:start + per_call]
-        row_ids = [streams[i] for i in part]
+    summaries = summarize(sampler, [prompts[i] for i in ok], [streams[i] for i in ok], sampling, shape, seed, refill)
+    return subagent_answers(results, prompts, dict(zip(ok, summaries)), tokenizer)
+
+
+def summarize(sampler: Sampler, prompts: list[ModelInputs], streams: list[int], sampling: SamplingParams,
+              shape: PromptShape, seed: int, refill: bool = False) -> list[tuple]:
+    """Each sub-agent prompt's summary, (tokens, log-probs, finished), `streams[i]` its random
+    stream: one batched sampler call, or rows of shape.rows (see subagent_responses)."""
+    size = shape.rows or max(len(prompts), 1)
+    queued = refill and len(prompts) > size
+    per_call = len(prompts) if queued else size  # one refilled call takes every prompt
+    summaries = []
+    for start in range(0, len(prompts), per_call):
+        part, row_ids = prompts[start:start + per_call], streams[start:start + per_call]
         if queued:
-            out = sampler.sample_queued([prompts[i] for i in part], size, sampling=sampling, seed=seed,
-                                        row_ids=row_ids, shape=shape)
+            out = sampler.sample_queued(part, size, sampling=sampling, seed=seed, row_ids=row_ids, shape=shape)
         else:
-            out, _ = sampler.generate([prompts[i] for i in part], sampling=sampling, seed=seed, row_ids=row_ids,
-                                      shape=shape)
-        for j, i in enumerate(part):
-            summaries[i] = (out.tokens[j], out.logprobs[j], out.finished[j])
-    return subagent_answers(results, prompts, summaries, tokenizer)
+            out, _ = sampler.generate(part, sampling=sampling, seed=seed, row_ids=row_ids, shape=shape)
+        summaries += [(out.tokens[j], out.logprobs[j], out.finished[j]) for j in range(len(part))]
+    return summaries
 
 
 def answer_caption(result: CropResult) -> str:

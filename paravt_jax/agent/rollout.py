@@ -26,6 +26,7 @@ from paravt_jax.agent.responses import (
     subagent_answers,
     subagent_prompts,
     subagent_responses,
+    summarize,
 )
 from paravt_jax.agent.rows import Answer, Row, RowCalls
 from paravt_jax.config import checked, integer, one_of, refuse, set_by, validate
@@ -63,10 +64,12 @@ class RolloutConfig:
     # calls answered and its next turn started while the other rows decode, instead of every
     # row waiting for the round's longest turn; the same rollouts (tokens, calls, responses)
     turn_refill: bool = False
-    # with turn_refill in subagent mode: the turns' decode keeps this many more rows for the
-    # sub-agent prompts, which also take the rows of ended episodes (Sampler.admit_turns), so a
-    # round's summaries decode beside the other rows' turns, not in calls of their own (0)
-    subagent_rows: int = checked(0, integer(0))
+    # with turn_refill in subagent mode: a round's sub-agent prompts take the turns' free rows
+    # (the rows of ended episodes, and subagent_spare_rows more rows kept for them) and decode
+    # beside the other rows' turns (Sampler.admit_turns); those that find no free row run in
+    # calls of their own at once, as all of them do without it
+    subagent_in_turns: bool = False
+    subagent_spare_rows: int = checked(0, integer(0))
     temperature: float = set_by(0.7, "rl.step.temperature: rollouts sample at the log-prob temperature")
     top_p: float = 1.0
     top_k: int = 0
@@ -84,11 +87,13 @@ class RolloutConfig:
 
     def __post_init__(self):
         validate(self)
-        if self.subagent_rows and not (self.turn_refill and self.mode == "subagent"):
-            raise refuse("subagent_rows", self.subagent_rows, "needs turn_refill=True and mode='subagent'")
-        if self.subagent_rows and self.subagent_max_tokens > self.max_new_tokens:
-            raise refuse("subagent_rows", self.subagent_rows, f"the summaries decode in the turns' rows, whose "
-                         f"columns hold max_new_tokens={self.max_new_tokens} tokens: subagent_max_tokens="
+        if self.subagent_in_turns and not (self.turn_refill and self.mode == "subagent"):
+            raise refuse("subagent_in_turns", True, "needs turn_refill=True and mode='subagent'")
+        if self.subagent_spare_rows and not self.subagent_in_turns:
+            raise refuse("subagent_spare_rows", self.subagent_spare_rows, "needs subagent_in_turns=True")
+        if self.subagent_in_turns and self.subagent_max_tokens > self.max_new_tokens:
+            raise refuse("subagent_in_turns", True, f"the summaries decode in the turns' rows, whose columns hold "
+                         f"max_new_tokens={self.max_new_tokens} tokens: subagent_max_tokens="
                          f"{self.subagent_max_tokens} must not exceed it")
 
 
@@ -280,20 +285,19 @@ class RolloutLoop:
         """`play`, each row on its own (config.turn_refill): the sampler returns the turns that
         ended (a few rows at a time); their rows' calls are answered (a round's calls together,
         seeded by the round as in `play`) and each asking row's responses start its next turn,
-        while the other rows go on decoding. With config.subagent_rows the round's sub-agent
-        prompts decode in the turns' free rows (`Summaries`), and the asking rows' responses
-        follow once their summaries end. Each row's turns, calls and responses are `play`'s."""
+        while the other rows go on decoding. With config.subagent_in_turns the round's sub-agent
+        prompts decode in the turns' free rows where there are some (`Guests`, `place`), and the
+        asking rows' responses follow once their summaries end. Each row's turns, calls and
+        responses are `play`'s."""
         config = self.config
         state = self.sampler.start_turns(prompts, num_samples, sampling=self.sampling, seed=config.seed,
                                          row_ids=[row.stream for row in rows],
                                          reserve=episode_turns(config, self.dispatcher.config, self.max_parallel),
-                                         shape=config.prompt_shape, spare_rows=config.subagent_rows)
+                                         shape=config.prompt_shape, spare_rows=config.subagent_spare_rows)
         rounds = [0] * len(rows)  # the rounds answered before each row's current turn
         final: set[int] = set()  # rows in the forced final-answer turn
-        guests = Guests(self.tokenizer, set(range(len(rows), state.rows))) if config.subagent_rows else None
+        guests = Guests(self.tokenizer, set(range(len(rows), state.rows))) if config.subagent_in_turns else None
         while True:
-            if guests is not None:
-                self.admit(state, guests)
             ends = self.sampler.decode_turns(state)
             if not ends:
                 return
@@ -320,6 +324,8 @@ class RolloutLoop:
                     streams = self.subagent_streams([row.stream for row in rows], results)
                     answered += guests.add(Summaries(turn, group, results, subagent_prompts(results, self.tokenizer),
                                                      streams))
+            if guests is not None:
+                answered += self.place(state, guests)
             chunks, budgets, seeds = {}, {}, {}
             for turn, group, answers in answered:
                 last_round = config.protocol.final_answer and turn == config.max_turns - 1
@@ -332,15 +338,26 @@ class RolloutLoop:
                         final.add(b)
             self.sampler.extend_turns(state, chunks, budget=budgets, seed=seeds)
 
-    def admit(self, state, guests: Guests) -> None:
-        """The waiting sub-agent prompts into the turns' free rows (the lowest first), each
-        seeded and streamed as `answers` would run it."""
+    def place(self, state, guests: Guests) -> list[tuple]:
+        """The waiting sub-agent prompts into the turns' free rows (the lowest first); those that
+        find none summarized at once in calls of their own, a round's together. Each is seeded
+        and streamed as `answers` runs it. Returns the rounds' answers this completes."""
+        config = self.config
         admitted = guests.admit()
         if admitted:
-            seeds = {b: self.config.seed + 1000 * (summaries.turn + 1) for b, (summaries, _) in admitted.items()}
+            seeds = {b: config.seed + 1000 * (summaries.turn + 1) for b, (summaries, _) in admitted.items()}
             self.sampler.admit_turns(state, {b: summaries.prompts[i] for b, (summaries, i) in admitted.items()},
-                                     budget={b: self.config.subagent_max_tokens for b in admitted}, seed=seeds,
+                                     budget={b: config.subagent_max_tokens for b in admitted}, seed=seeds,
                                      stream={b: summaries.streams[i] for b, (summaries, i) in admitted.items()})
+        answered, waiting = [], guests.take_queue()
+        sampling = sampling_params(config, self.tokenizer, config.subagent_max_tokens)
+        for turn in sorted({summaries.turn for summaries, _ in waiting}):
+            part = [(summaries, i) for summaries, i in waiting if summaries.turn == turn]
+            outs = summarize(self.sampler, [s.prompts[i] for s, i in part], [s.streams[i] for s, i in part], sampling,
+                             config.subagent_shape, config.seed + 1000 * (turn + 1), config.subagent_refill)
+            for (summaries, i), out in zip(part, outs):
+                answered += guests.finish(summaries, i, out)
+        return answered
 
     def generate(self, prompts: list[ModelInputs], rows: list[Row], num_samples: int
                  ) -> tuple[SampleOutput, SamplerState]:
@@ -440,9 +457,9 @@ class Summaries:
 
 @dataclasses.dataclass
 class Guests:
-    """The sub-agent prompts of a turn-refilled rollout (RolloutConfig.subagent_rows): the rows
-    free for them (`free`: the spare rows, then the rows of ended episodes), the prompts waiting
-    for one (`queue`) and the row each decoding prompt is in (`hosts`)."""
+    """The sub-agent prompts of a turn-refilled rollout (RolloutConfig.subagent_in_turns): the
+    rows free for them (`free`: the spare and padding rows, then the rows of ended episodes),
+    the prompts waiting for one (`queue`) and the row each decoding prompt is in (`hosts`)."""
     tokenizer: Tokenizer
     free: set[int]
     queue: list[tuple[Summaries, int]] = dataclasses.field(default_factory=list)
@@ -461,11 +478,20 @@ class Guests:
             self.free.discard(b)
         return admitted
 
+    def take_queue(self) -> list[tuple[Summaries, int]]:
+        """The prompts still waiting (no free row was left for them), the queue emptied."""
+        waiting, self.queue = self.queue, []
+        return waiting
+
     def ended(self, end) -> list[tuple]:
         """A summary ended in row end.row (freed): its round's answers once all of them ended."""
         summaries, i = self.hosts.pop(end.row)
         self.free.add(end.row)
-        summaries.done[i] = (end.tokens, end.logprobs, end.finished)
+        return self.finish(summaries, i, (end.tokens, end.logprobs, end.finished))
+
+    def finish(self, summaries: Summaries, i: int, summary: tuple) -> list[tuple]:
+        """Prompt i's summary (tokens, log-probs, finished): its round's answers once all ended."""
+        summaries.done[i] = summary
         return self.answered(summaries)
 
     def answered(self, summaries: Summaries) -> list[tuple]:

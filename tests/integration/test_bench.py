@@ -69,7 +69,8 @@ def test_subagent_rows_bench_smallest(tmp_path):
                     "12", "--turns", "2", "--chunk", "8", "--new", "8", "--mean", "4", "--subagents", "2",
                     "--subagent-prompt", "8", "--subagent-new", "4", "--spare", "2", "--repeats", "1")
     assert "| round by round (generate, sub-agent call, extend) " in out
-    assert "| turns refilled, sub-agents in calls of their own " in out and "in the turns' rows (2 spare)" in out
+    assert "| turns refilled, sub-agents in calls of their own " in out
+    assert "| turns refilled, sub-agents in the turns' free rows " in out and "free rows and 2 spare" in out
 
 
 def test_prompt_packing_bench_smallest(tmp_path):

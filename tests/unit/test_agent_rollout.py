@@ -421,11 +421,13 @@ def test_turn_refill_plays_the_rounds_rollouts(video, tokenizer, mode, final_ans
     assert subagent_streams(row_calls) == subagent_streams(round_calls)
 
 
-def test_subagents_in_the_turns_rows_play_the_rounds_rollouts(video, tokenizer):
-    """rl.rollout.subagent_rows: a round's sub-agent prompts decode in the turns' spare rows and
-    in the rows of ended episodes, beside the other rows' turns (Sampler.admit_turns), and the
-    rollouts are the round-by-round loop's: the same summaries (seed + 1000 (t + 1), each call's
-    stream), responses, records and trajectories."""
+@pytest.mark.parametrize("spare", [0, 2])
+def test_subagents_in_the_turns_rows_play_the_rounds_rollouts(video, tokenizer, spare):
+    """rl.rollout.subagent_in_turns: a round's sub-agent prompts decode in the turns' free rows
+    (spare rows, the rows of ended episodes) beside the other rows' turns (Sampler.admit_turns),
+    those that find none in calls of their own, and the rollouts are the round-by-round loop's:
+    the same summaries (seed + 1000 (t + 1), each call's stream), responses, records and
+    trajectories."""
     answer = "<think>done</think>\n<answer>blue</answer>"
     long_calls = calls_text((1, 5), (9, 15), (20, 25))
     scripts = [[calls_text((1, 5)), calls_text((9, 15), (2, 3)), "B", "x"], [answer],
@@ -433,14 +435,14 @@ def test_subagents_in_the_turns_rows_play_the_rounds_rollouts(video, tokenizer):
     episodes = [Episode("e0", "What colour?", "blue", "oe", video, nframes=4),
                 Episode("e1", "What shape?", "circle", "oe", video, nframes=4)]
     runs = {}
-    for rows in (0, 1):
-        config = RolloutConfig(mode="subagent", max_turns=2, seed=5, row_offset=10, turn_refill=bool(rows),
-                               subagent_rows=rows)
+    for rows in (False, True):
+        config = RolloutConfig(mode="subagent", max_turns=2, seed=5, row_offset=10, turn_refill=rows,
+                               subagent_in_turns=rows, subagent_spare_rows=spare if rows else 0)
         sampler = ScriptedSampler(tokenizer, scripts, summary=lambda text: f"seen {text.count('<|vision_start|>')}")
         with CropDispatcher(DispatchConfig(max_parallel=2)) as dispatcher:
             rollouts, _ = run_rollouts(sampler, tokenizer, episodes, 2, config, dispatcher)
         runs[rows] = rollouts, sampler.calls
-    (rounds, round_calls), (guests, guest_calls) = runs[0], runs[1]
+    (rounds, round_calls), (guests, guest_calls) = runs[False], runs[True]
     assert [rollout_fields(r) for r in guests] == [rollout_fields(r) for r in rounds]
     assert [[(s.row, s.inputs.input_ids.tolist(), s.logprobs.tolist()) for s in r.subagents] for r in guests] == \
         [[(s.row, s.inputs.input_ids.tolist(), s.logprobs.tolist()) for s in r.subagents] for r in rounds]
@@ -449,16 +451,19 @@ def test_subagents_in_the_turns_rows_play_the_rounds_rollouts(video, tokenizer):
     def summaries(calls):
         return sorted((c.seed, s, c.max_new_tokens) for c in calls if c.kind == "subagent" for s in c.row_ids)
     assert summaries(guest_calls) == summaries(round_calls)
-    assert all(c.rows == 1 for c in guest_calls if c.kind == "subagent")  # each in a row of the turns' decode
-    kinds = [c.kind for c in guest_calls]
-    assert "turn" in kinds[kinds.index("subagent"):]  # summaries decoded before other rows' next turns
+    in_rows = [i for i, c in enumerate(guest_calls) if c.kind == "subagent" and c.shape is None]  # admit_turns
+    own = [c for c in guest_calls if c.kind == "subagent" and c.shape is not None]  # no free row: own calls
+    assert in_rows and (own if not spare else True)
+    assert "turn" in [c.kind for c in guest_calls[in_rows[0]:]]  # summaries decoded beside other rows' turns
 
 
 @pytest.mark.parametrize("fields,message", [
-    (dict(subagent_rows=2), "subagent_rows=2: needs turn_refill=True and mode='subagent'"),
-    (dict(subagent_rows=2, turn_refill=True, mode="frames"), "needs turn_refill=True and mode='subagent'"),
-    (dict(subagent_rows=1, turn_refill=True, subagent_max_tokens=600), "subagent_max_tokens=600 must not exceed"),
+    (dict(subagent_in_turns=True), "subagent_in_turns=True: needs turn_refill=True and mode='subagent'"),
+    (dict(subagent_in_turns=True, turn_refill=True, mode="frames"), "needs turn_refill=True and mode='subagent'"),
+    (dict(subagent_spare_rows=2, turn_refill=True), "subagent_spare_rows=2: needs subagent_in_turns=True"),
+    (dict(subagent_in_turns=True, turn_refill=True, subagent_max_tokens=600),
+     "subagent_max_tokens=600 must not exceed"),
 ])
-def test_subagent_rows_need_the_refilled_subagent_rollout(fields, message):
+def test_subagents_in_turns_need_the_refilled_subagent_rollout(fields, message):
     with pytest.raises(ValueError, match=message):
         RolloutConfig(**fields)
