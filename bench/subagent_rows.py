@@ -64,14 +64,14 @@ class Episodes:
     def streams(self, b):
         return [b * self.args.subagents + k for k in range(self.args.subagents)]
 
-    def summaries_of(self, asking, turn, summaries) -> int:
-        """The sub-agent prompts of rows `asking` before their turn `turn` + 1, in one call."""
-        k = self.args.subagents
-        batch = [p for b in asking for p in self.subagents[(b, turn)]]
-        ids = [s for b in asking for s in self.streams(b)]
-        out, _ = self.sampler.generate(batch, sampling=self.summary, seed=1000 * (turn + 1), row_ids=ids)
-        for j, s in enumerate(ids):
-            summaries[s // k, turn, s % k] = out.tokens[j]
+    def summaries_of(self, asking, turn, summaries, only=None) -> int:
+        """The sub-agent prompts of rows `asking` before their turn `turn` + 1 (`only`: those
+        (row, k) of them), in one call."""
+        items = [(b, k) for b in asking for k in range(self.args.subagents) if only is None or (b, k) in only]
+        out, _ = self.sampler.generate([self.subagents[(b, turn)][k] for b, k in items], sampling=self.summary,
+                                       seed=1000 * (turn + 1), row_ids=[self.streams(b)[k] for b, k in items])
+        for j, (b, k) in enumerate(items):
+            summaries[b, turn, k] = out.tokens[j]
         return out.row_steps
 
     def by_rounds(self):
@@ -153,7 +153,7 @@ class Episodes:
                 for turn in sorted({t for _, t, _ in queue}):  # no free row left: a call of their own
                     part = sorted({r for r, t, _ in queue if t == turn})
                     got = {}
-                    row_steps += self.summaries_of(part, turn, got)
+                    row_steps += self.summaries_of(part, turn, got, {(r, k) for r, t, k in queue if t == turn})
                     for (r, t, k), tokens in got.items():
                         summarized(r, t, k, tokens)
                 sampler.extend_turns(state, more, budget=budgets, seed=seeds)
