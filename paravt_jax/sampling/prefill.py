@@ -106,9 +106,8 @@ def prefill(graphdef, params, weights, cache: KVCache, prefix: KVCache | None, c
             plan: PrefillPlan) -> tuple[jax.Array, KVCache]:
     """One row group: the chunk's g rows are the cache rows RowGroup(row_start, g / shards,
     shards).order(B) (rows [row_start, row_start + g / shards) of each device's block of rows),
-    written at `write_index` (or each row at its own, write_index [g]: the g rows every row of
-    the cache, or the rows `chunk.row_index`), in place (the cache is donated); with `prefix`
-    (None for a prompt
+    written at `write_index` (or each row at its own, write_index [g], the g rows then the cache
+    rows `chunk.row_index`), in place (the cache is donated); with `prefix` (None for a prompt
     prefill) the rows also attend to their prompts' prefixes. Returns (logits [g, V] of each
     row's last chunk token, the cache)."""
     lang = merge(graphdef, params).language
@@ -127,12 +126,11 @@ def prefill(graphdef, params, weights, cache: KVCache, prefix: KVCache | None, c
         prompts = RowGroup(chunk.row_start // per_prompt, max(rows.local // per_prompt, 1), plan.shards)
         prefix = jax.tree.map(prompts.read, prefix)
     fresh = jnp.arange(width)[None, :] < chunk.counts[:, None]
-    if chunk.write_index.ndim == 1:  # each row's chunk at its own slots (Sampler.extend_turns)
-        if rows is not None and chunk.row_index is None:
-            raise ValueError("prefill: a write slot per row takes every row of the cache, or rows by index")
+    if chunk.write_index.ndim == 1:  # each row's chunk at its own slots (Sampler.extend_turns / admit_turns)
+        if chunk.row_index is None:
+            raise ValueError("prefill: a write slot per row takes its rows by index (PrefillChunk.row_index)")
         slots = chunk.write_index[:, None] + jnp.arange(width)[None, :]
-        index = jnp.arange(group) if chunk.row_index is None else chunk.row_index
-        valid = cache.valid.at[index[:, None], slots].set(fresh, mode="drop")
+        valid = cache.valid.at[chunk.row_index[:, None], slots].set(fresh, mode="drop")
     elif rows is None:
         valid = jax.lax.dynamic_update_slice(cache.valid, fresh, (0, chunk.write_index))
     else:

@@ -358,17 +358,16 @@ class Sampler:
     def write_chunks(self, suffix: KVCache, prefix: KVCache, write_index, chunks: Sequence[ModelInputs | None],
                      width: int, prefix_rows: np.ndarray | None = None) -> tuple[jax.Array, KVCache]:
         """An extend's prefill: `chunks` (one per row, None = nothing) written into `suffix` from
-        `write_index` (one slot for every row, or [B] each row's own: one group of every row), in
-        pieces of config.extend_width when they hold no image (with a slot per row, also pieces
-        narrow enough that the group keeps within the prefill token budget). `prefix_rows` [B]
-        (a slot per row only; None: all): the rows that read their prompt's prefix. Returns
-        (logits [B, V] of each row's last chunk token, the suffix)."""
+        `write_index` (one slot for every row, or [B] each row's own: groups of the rows that
+        write, `_prefill_rows`), in pieces of config.extend_width when they hold no image (with a
+        slot per row, also pieces narrow enough that a group keeps within the prefill token
+        budget). `prefix_rows` [B] (a slot per row only; None: all): the rows that read their
+        prompt's prefix. Returns (logits [B, V] of each row's last chunk token, the suffix)."""
         rows = suffix.valid.shape[0]
         piece = self.config.extend_width
-        if np.ndim(write_index) == 1:  # groups of `row_group` rows that write
-            rows = row_group(rows)
-        if np.ndim(write_index) == 1 and rows * (piece or width) > self.backend.prefill_tokens:
-            piece = max(self.backend.prefill_tokens // rows // 16 * 16, 16)
+        group = row_group(rows) if np.ndim(write_index) == 1 else rows
+        if np.ndim(write_index) == 1 and group * (piece or width) > self.backend.prefill_tokens:
+            piece = max(self.backend.prefill_tokens // group // 16 * 16, 16)
         if not (piece and all(c is None or not has_vision(c) for c in chunks)):
             return self._prefill(suffix, prefix, write_index, chunks, width, prefix_rows=prefix_rows)
         width = piece * -(-width // piece)
