@@ -150,12 +150,8 @@ def extend(sampler, state: Turns, chunks: dict[int, ModelInputs], budget: dict[i
         if b not in budget or b not in seed or budget[b] < 1 or not 0 <= int(seed[b]) < 2**32:
             raise ValueError(f"extend_turns: row {b} needs a budget >= 1 and a seed in [0, 2**32)")
         full[b] = with_pending(chunk, int(tokens[b, n_gen[b] - 1]), int(position[b]), b, "extend_turns")
-    if max(budget[b] for b in chunks) > state.steps:
-        raise ValueError(f"extend_turns: a budget of {max(budget.values())} tokens exceeds the decode's "
-                         f"{state.steps} token columns (start_turns' sampling.max_new_tokens)")
-    index = np.array(sorted(chunks))
-    takes = np.zeros(rows, bool)
-    takes[index] = True
+    check_budgets(state, [budget[b] for b in chunks], "extend_turns")
+    index, takes = taking(rows, chunks)
     write = carry.write_index
     width = sampler.write_width(full)
     capacity = turn_capacity(state.suffix.capacity, int(write[index].max()) + width, max(budget.values()),
@@ -172,6 +168,21 @@ def extend(sampler, state: Turns, chunks: dict[int, ModelInputs], budget: dict[i
     state.running[index] = True
 
 
+def check_budgets(state: Turns, budgets: list[int], call: str) -> None:
+    """Refuses a turn's budget beyond the decode's token columns."""
+    if max(budgets) > state.steps:
+        raise ValueError(f"{call}: a budget of {max(budgets)} tokens exceeds the decode's {state.steps} token "
+                         f"columns (start_turns' sampling.max_new_tokens)")
+
+
+def taking(rows: int, chosen) -> tuple[np.ndarray, np.ndarray]:
+    """The rows in `chosen` (row -> anything) sorted, and as a [rows] mask."""
+    index = np.array(sorted(chosen))
+    takes = np.zeros(rows, bool)
+    takes[index] = True
+    return index, takes
+
+
 def admit(sampler, state: Turns, prompts: dict[int, ModelInputs], budget: dict[int, int], seed: dict[int, int],
           stream: dict[int, int]) -> None:
     """`Sampler.admit_turns` (see there)."""
@@ -185,12 +196,8 @@ def admit(sampler, state: Turns, prompts: dict[int, ModelInputs], budget: dict[i
             raise ValueError(f"admit_turns: row {b} needs a budget >= 1, a seed in [0, 2**32) and a stream")
         if prompt.length < 1:
             raise ValueError(f"admit_turns: row {b}'s prompt is empty")
-    if max(budget[b] for b in prompts) > state.steps:
-        raise ValueError(f"admit_turns: a budget of {max(budget[b] for b in prompts)} tokens exceeds the decode's "
-                         f"{state.steps} token columns (start_turns' sampling.max_new_tokens)")
-    index = np.array(sorted(prompts))
-    takes = np.zeros(rows, bool)
-    takes[index] = True
+    check_budgets(state, [budget[b] for b in prompts], "admit_turns")
+    index, takes = taking(rows, prompts)
     full = [prompts.get(b) for b in range(rows)]
     width = sampler.write_width(full)
     capacity = turn_capacity(state.suffix.capacity, width, max(budget[b] for b in prompts),

@@ -388,17 +388,23 @@ def rollout_fields(r):
             [(c.turn, c.response) for c in r.calls])
 
 
-@pytest.mark.parametrize("mode,final_answer", [("subagent", False), ("frames", True)])
-def test_turn_refill_plays_the_rounds_rollouts(video, tokenizer, mode, final_answer):
-    """rl.rollout.turn_refill: each row's turns on their own (rows end out of order, a row's next
-    turn starting while others are in theirs) give the rollouts of the round-by-round loop, each
-    row's turn t + 1 on seed + t + 1 and its stream, the round's sub-agents on seed + 1000 (t + 1)."""
+def refill_scripts(video):
+    """Two episodes, two rows each, of 1-3 turns: rows that end out of order, calls of 1-3 crops."""
     answer = "<think>done</think>\n<answer>blue</answer>"
     long_calls = calls_text((1, 5), (9, 15), (20, 25))
     scripts = [[calls_text((1, 5)), calls_text((9, 15), (2, 3)), "B", "x"], [answer],
                [long_calls, answer], [calls_text((30, 35)), long_calls, calls_text((3, 4)), "tail"]]
     episodes = [Episode("e0", "What colour?", "blue", "oe", video, nframes=4),
                 Episode("e1", "What shape?", "circle", "oe", video, nframes=4)]
+    return scripts, episodes
+
+
+@pytest.mark.parametrize("mode,final_answer", [("subagent", False), ("frames", True)])
+def test_turn_refill_plays_the_rounds_rollouts(video, tokenizer, mode, final_answer):
+    """rl.rollout.turn_refill: each row's turns on their own (rows end out of order, a row's next
+    turn starting while others are in theirs) give the rollouts of the round-by-round loop, each
+    row's turn t + 1 on seed + t + 1 and its stream, the round's sub-agents on seed + 1000 (t + 1)."""
+    scripts, episodes = refill_scripts(video)
     protocol = ToolProtocol(final_answer=True, final_answer_tokens=7) if final_answer else ToolProtocol.training()
     runs = {}
     for refill in (False, True):
@@ -428,12 +434,7 @@ def test_subagents_in_the_turns_rows_play_the_rounds_rollouts(video, tokenizer, 
     those that find none in calls of their own, and the rollouts are the round-by-round loop's:
     the same summaries (seed + 1000 (t + 1), each call's stream), responses, records and
     trajectories."""
-    answer = "<think>done</think>\n<answer>blue</answer>"
-    long_calls = calls_text((1, 5), (9, 15), (20, 25))
-    scripts = [[calls_text((1, 5)), calls_text((9, 15), (2, 3)), "B", "x"], [answer],
-               [long_calls, answer], [calls_text((30, 35)), long_calls, calls_text((3, 4)), "tail"]]
-    episodes = [Episode("e0", "What colour?", "blue", "oe", video, nframes=4),
-                Episode("e1", "What shape?", "circle", "oe", video, nframes=4)]
+    scripts, episodes = refill_scripts(video)
     runs = {}
     for rows in (False, True):
         config = RolloutConfig(mode="subagent", max_turns=2, seed=5, row_offset=10, turn_refill=rows,
