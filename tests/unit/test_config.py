@@ -20,8 +20,10 @@ SECTIONS = (("rl", RLConfig, lambda c: build_run(c).rl), ("sft", SFTConfig, lamb
 ENTRY_SECTIONS = (("evals", lambda c: build_run(c).evals),)
 # keys whose value the walk leaves at its default: the periodic held-out check refuses cold-start
 # K (tests/unit/test_eval_registry.py); the curriculum's K bound needs frame_sampling='count',
-# which the walk moves to 'fps' (set on its own below)
-LEFT_AT_DEFAULT = ("rl.evals.eval.after_sft", "sft.first_max_nframes")
+# which the walk moves to 'fps' (set on its own below); the sub-agents in the turns' rows need
+# mode 'subagent', which the walk moves to 'frames' (set on their own below)
+LEFT_AT_DEFAULT = ("rl.evals.eval.after_sft", "sft.first_max_nframes", "rl.rollout.subagent_in_turns",
+                   "rl.rollout.subagent_spare_rows")
 # String fields whose values are checked when the dataclass is built: an allowed other value.
 CHOICES = {"AdvantageConfig.anchor_mode": "sequence", "OptimizerConfig.name": "adam",
            "OptimizerConfig.schedule": "cosine", "RolloutConfig.mode": "frames", "RewardConfig.mode": "exact",
@@ -125,6 +127,15 @@ def test_first_max_nframes_is_settable_on_its_own_and_refused_with_fps_sampling(
     assert build_run(parse("--config.sft.first_max_nframes=16")).sft.first_max_nframes == 16
     with pytest.raises(ConfigValueError, match="first_max_nframes=16: needs frame_sampling='count'"):
         build_run(parse("--config.sft.first_max_nframes=16", "--config.sft.frame_sampling=fps"))
+
+
+def test_subagents_in_turns_are_settable_with_the_refilled_subagent_rollout():
+    """The keys the walk leaves at their defaults: set with turn_refill in subagent mode."""
+    rollout = build_run(parse("--config.rl.rollout.turn_refill=true", "--config.rl.rollout.subagent_in_turns=true",
+                              "--config.rl.rollout.subagent_spare_rows=3")).rl.rollout
+    assert rollout.subagent_in_turns and rollout.subagent_spare_rows == 3 and rollout.mode == "subagent"
+    with pytest.raises(ConfigValueError, match="rl.rollout.subagent_in_turns=True: needs turn_refill=True"):
+        build_run(parse("--config.rl.rollout.subagent_in_turns=true"))
 
 
 def _default_of(where):
