@@ -211,7 +211,7 @@ def _sampler_jobs(rl, work, layout) -> list[tuple[str, Callable[[SamplerPrograms
             layout.subagent_rows, layout.subagent_suffix_slots, layout.subagent_rows, layout.subagent_prefix_slots,
             rl.rollout.subagent_max_tokens, name="sub-agent decode", truncation=decode["truncation"])))
     # the vision tower runs once per prefill row group, on the group's frames padded to
-    # frames_per_row each (Sampler._prefill, shard_vision): per shard of rows where the sampler
+    # frames_per_row each (Sampler.prefill, shard_vision): per shard of rows where the sampler
     # splits the group's rows over the devices (SamplerConfig.vision_shards), else replicated
     frames = {"first prompt prefill": (work.frame_size, layout.prompt_frames),
               "tool-response prefill": (work.crop_frame_size, work.calls_per_turn * work.crop_frames),

@@ -1,5 +1,5 @@
 """The sampler's prefill: one jitted program that writes a right-padded chunk per row into the
-KV cache at the shared write pointer, one row group per call (Sampler._prefill drives the
+KV cache at the shared write pointer, one row group per call (Sampler.prefill drives the
 groups from the host)."""
 from __future__ import annotations
 

@@ -30,17 +30,14 @@ from paravt_jax.infra.buckets import bucket
 from paravt_jax.models.qwen3_vl.model import Qwen3VL
 from paravt_jax.models.qwen3_vl.text import KVCache
 from paravt_jax.sampling import decode as decode_program
-from paravt_jax.sampling import pages, programs, refill, turns
+from paravt_jax.sampling import pages, programs, refill, turns, writes
 from paravt_jax.sampling import prefill as prefill_program
 from paravt_jax.sampling.backend import DecodeWeights, backend_policy
 from paravt_jax.sampling.calls import PromptShape, SampleOutput, call_rows, call_width
 from paravt_jax.sampling.chunks import (
-    chunk_width,
     collate,
-    has_vision,
     pack_rows,
     prefill_group,
-    text_slice,
     with_pending,
 )
 from paravt_jax.sampling.decode import DecodeCarry, DecodeInputs, DecodePlan
@@ -50,10 +47,8 @@ from paravt_jax.sampling.kv_cache import (
     cache_sharding,
     episode_capacity,
     grown_capacity,
-    row_group,
     row_shards,
     turn_capacity,
-    writing_groups,
 )
 from paravt_jax.sampling.params import SamplingParams
 from paravt_jax.sampling.prefill import PackedChunk, PackedPlan, PrefillChunk, PrefillPlan
@@ -332,12 +327,12 @@ class Sampler:
                 with_pending(chunk, int(state.pending[b]), int(state.next_position[b]), b, "extend")
                 for b, chunk in enumerate(chunks)]
         suffix = state.suffix
-        width = self.write_width(full)
+        width = writes.write_width(self, full)
         capacity = turn_capacity(suffix.capacity, state.write_index + width, sampling.max_new_tokens,
                                  self.config.cache_multiple)
         if capacity > suffix.capacity:
             suffix = self._grow(suffix, capacity)
-        logits, suffix = self.write_chunks(suffix, state.prefix, state.write_index, full, width)
+        logits, suffix = writes.write_chunks(self, suffix, state.prefix, state.write_index, full, width)
         takes_part = np.array([c is not None for c in full] + [False] * (rows - len(full)))
         next_position = np.array([(int(c.next_position) if c is not None else int(state.next_position[b]))
                                   for b, c in enumerate(full)] + [0] * (rows - len(full)), np.int32)
@@ -345,42 +340,6 @@ class Sampler:
         return self._decode(state.prefix, suffix, state.write_index + width, logits, next_position, budgets,
                             state.num_rows, seed, sampling, keep_pending=state.pending, takes_part=takes_part,
                             row_ids=row_ids)
-
-    def write_width(self, chunks: Sequence[ModelInputs | None]) -> int:
-        """The slots an extend of `chunks` writes: their bucket, or a multiple of
-        config.extend_width when they hold no image."""
-        width = chunk_width(chunks, self.config.min_chunk_bucket)
-        piece = self.config.extend_width
-        if piece and all(c is None or not has_vision(c) for c in chunks):
-            width = piece * -(-max([c.length for c in chunks if c is not None] + [1]) // piece)
-        return width
-
-    def write_chunks(self, suffix: KVCache, prefix: KVCache, write_index, chunks: Sequence[ModelInputs | None],
-                     width: int, prefix_rows: np.ndarray | None = None) -> tuple[jax.Array, KVCache]:
-        """An extend's prefill: `chunks` (one per row, None = nothing) written into `suffix` from
-        `write_index` (one slot for every row, or [B] each row's own: groups of the rows that
-        write, `_prefill_rows`), in pieces of config.extend_width when they hold no image (with a
-        slot per row, also pieces narrow enough that a group keeps within the prefill token
-        budget). `prefix_rows` [B] (a slot per row only; None: all): the rows that read their
-        prompt's prefix. Returns (logits [B, V] of each row's last chunk token, the suffix)."""
-        rows = suffix.valid.shape[0]
-        piece = self.config.extend_width
-        group = row_group(rows) if np.ndim(write_index) == 1 else rows
-        if np.ndim(write_index) == 1 and group * (piece or width) > self.backend.prefill_tokens:
-            piece = max(self.backend.prefill_tokens // group // 16 * 16, 16)
-        if not (piece and all(c is None or not has_vision(c) for c in chunks)):
-            return self._prefill(suffix, prefix, write_index, chunks, width, prefix_rows=prefix_rows)
-        width = piece * -(-width // piece)
-        logits = None
-        for start in range(0, width, piece):
-            part = [None if c is None or c.length <= start else text_slice(c, start, start + piece) for c in chunks]
-            out, suffix = self._prefill(suffix, prefix, write_index + start, part, piece, prefix_rows=prefix_rows)
-            ends_here = np.array([c is not None and start < c.length <= start + piece for c in chunks]
-                                 + [False] * (rows - len(chunks)))
-            # picked from the first piece on, so that the program compiles on a run's first
-            # extend, not on the first one whose responses need two pieces
-            logits = programs.pick_rows(ends_here, out, out if logits is None else logits)
-        return logits, suffix
 
     def start_turns(self, prompts: Sequence[ModelInputs], num_samples: int = 1, *,
                     sampling: SamplingParams = SamplingParams(), seed: int = 0,
@@ -487,19 +446,19 @@ class Sampler:
         return PrefillPlan(self.cache_shardings(rows, capacity), self.backend, window, self.prefill_block(group),
                            shards, self.config.prefill_row_split)
 
-    def _prefill(self, cache: KVCache, prefix: KVCache | None, write_index: int, chunks: list[ModelInputs | None],
+    def prefill(self, cache: KVCache, prefix: KVCache | None, write_index: int, chunks: list[ModelInputs | None],
                  width: int, frames_per_row: int = 0, prefix_rows: np.ndarray | None = None
                  ) -> tuple[jax.Array, KVCache]:
         """Writes `chunks` (one per row, None = nothing) at `write_index` in row groups of at
         most the token budget, each group taking the same rows of every device's block of
-        rows (`prefix_rows`: see write_chunks). Returns (logits [rows, V], the cache)."""
+        rows (`prefix_rows`: see writes.write_chunks). Returns (logits [rows, V], the cache)."""
         rows = cache.valid.shape[0]
         prompts = rows if prefix is None else prefix.valid.shape[0]
         per_row = np.ndim(write_index) == 1  # each row at its own slot: one group of the rows that write
         if prefix_rows is not None and not per_row:
             raise ValueError("_prefill: prefix_rows takes a write slot per row")
         if per_row:
-            return self._prefill_rows(cache, prefix, np.asarray(write_index), chunks, width, prefix_rows)
+            return writes.prefill_rows(self, cache, prefix, np.asarray(write_index), chunks, width, prefix_rows)
         shards = self.row_shards(rows, prompts)
         group = self.prefill_group(rows, rows // prompts, width, shards)
         plan = self.prefill_plan(rows, cache.capacity, write_index, width, group, shards)
@@ -520,38 +479,13 @@ class Sampler:
         inverse = np.argsort(np.concatenate(order))
         return jnp.concatenate(logits)[inverse], cache
 
-    def _prefill_rows(self, cache: KVCache, prefix: KVCache | None, write_index: np.ndarray,
-                      chunks: list[ModelInputs | None], width: int, prefix_rows: np.ndarray | None
-                      ) -> tuple[jax.Array, KVCache]:
-        """`_prefill` with a slot per row (write_index [B]; a row at or past the capacity writes
-        nothing): the rows that write, in groups of `row_group` rows gathered by index
-        (kv_cache.writing_groups), so that a refill of a few rows computes those rows, not every
-        row of the cache, through one program whatever their number. Returns (logits [B, V],
-        those of the rows that write; the cache)."""
-        rows = cache.valid.shape[0]
-        chunks = list(chunks) + [None] * (rows - len(chunks))
-        reach = int(np.max(write_index[write_index < cache.capacity], initial=0))  # the furthest row that writes
-        size = row_group(rows)
-        plan = self.prefill_plan(rows, cache.capacity, reach, width, size, 1)
-        logits = None
-        for index, targets in writing_groups(write_index, cache.capacity, size):
-            slots = np.where(targets < rows, write_index[index], cache.capacity)  # padding entries write nothing
-            part = [chunks[r] if t < rows else None for r, t in zip(index, targets)]
-            chunk = self.prefill_chunk(part, size, width, 0, slots, 0)
-            chunk = chunk._replace(row_index=index, prefix_rows=None if prefix_rows is None else
-                                   np.asarray(prefix_rows, bool))
-            out, cache = prefill_program.prefill(self.graphdef, self.params, self.weights, cache, prefix, chunk, plan)
-            logits = programs.put_rows(programs.zero_rows(out, rows) if logits is None else logits, out, targets,
-                                       programs.mesh_sharding(out))
-        return logits, cache
-
     def prompt_prefill(self, prompts: list[ModelInputs], rows: int, width: int, frames_per_row: int
                         ) -> tuple[jax.Array, KVCache]:
         """A prompt cache of `rows` x `width` slots holding `prompts` in its first rows, packed
         (config.prompt_packing) or a right-padded row each. Returns (logits [rows, V], the cache)."""
         if self.config.prompt_packing:
             return self._packed_prefill(prompts, rows, width, frames_per_row)
-        return self._prefill(self.empty_cache(rows, width), None, 0, prompts, width, frames_per_row)
+        return self.prefill(self.empty_cache(rows, width), None, 0, prompts, width, frames_per_row)
 
     def _packed_prefill(self, prompts: list[ModelInputs], rows: int, width: int, frames_per_row: int
                         ) -> tuple[jax.Array, KVCache]:

@@ -24,7 +24,7 @@ import numpy as np
 from paravt_jax.infra.buckets import bucket
 from paravt_jax.models.qwen3_vl.text import KVCache
 from paravt_jax.sampling import decode as decode_program
-from paravt_jax.sampling import programs
+from paravt_jax.sampling import programs, writes
 from paravt_jax.sampling.calls import PromptShape
 from paravt_jax.sampling.chunks import with_pending
 from paravt_jax.sampling.decode import DecodeCarry, DecodeInputs, DecodePlan
@@ -153,13 +153,14 @@ def extend(sampler, state: Turns, chunks: dict[int, ModelInputs], budget: dict[i
     check_budgets(state, [budget[b] for b in chunks], "extend_turns")
     index, takes = taking(rows, chunks)
     write = carry.write_index
-    width = sampler.write_width(full)
+    width = writes.write_width(sampler, full)
     capacity = turn_capacity(state.suffix.capacity, int(write[index].max()) + width, max(budget.values()),
                              sampler.config.cache_multiple)
     if capacity > state.suffix.capacity:
         state.suffix = sampler._grow(state.suffix, capacity)
     slots = np.where(takes, write, state.suffix.capacity).astype(np.int32)  # past the capacity: nothing written
-    logits, state.suffix = sampler.write_chunks(state.suffix, state.prefix, slots, full, width, state.reads_prefix)
+    logits, state.suffix = writes.write_chunks(sampler, state.suffix, state.prefix, slots, full, width,
+                                               state.reads_prefix)
     state.logits = programs.pick_rows(takes, logits, state.logits)
     state.carry = carry.restart(index, np.array([full[b].next_position for b in index], np.int32),
                                 write[index] + np.array([full[b].length for b in index], np.int32))
@@ -199,7 +200,7 @@ def admit(sampler, state: Turns, prompts: dict[int, ModelInputs], budget: dict[i
     check_budgets(state, [budget[b] for b in prompts], "admit_turns")
     index, takes = taking(rows, prompts)
     full = [prompts.get(b) for b in range(rows)]
-    width = sampler.write_width(full)
+    width = writes.write_width(sampler, full)
     capacity = turn_capacity(state.suffix.capacity, width, max(budget[b] for b in prompts),
                              sampler.config.cache_multiple)
     if capacity > state.suffix.capacity:
@@ -207,7 +208,8 @@ def admit(sampler, state: Turns, prompts: dict[int, ModelInputs], budget: dict[i
     state.suffix = programs.forget_rows(state.suffix, takes, sampler.cache_shardings(rows, state.suffix.capacity))
     state.reads_prefix[index] = False
     slots = np.where(takes, 0, state.suffix.capacity).astype(np.int32)  # past the capacity: nothing written
-    logits, state.suffix = sampler.write_chunks(state.suffix, state.prefix, slots, full, width, state.reads_prefix)
+    logits, state.suffix = writes.write_chunks(sampler, state.suffix, state.prefix, slots, full, width,
+                                               state.reads_prefix)
     state.logits = programs.pick_rows(takes, logits, state.logits)
     state.carry = state.carry.restart(index, np.array([prompts[b].next_position for b in index], np.int32),
                                       np.array([prompts[b].length for b in index], np.int32))

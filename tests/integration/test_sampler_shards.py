@@ -144,7 +144,7 @@ def test_each_device_encodes_only_its_rows_frames(models):
 
 def prefill_hlo(sampler: Sampler, rows: int, width: int) -> tuple[str, int]:
     """(optimised HLO, per-device temporaries) of the prompt prefill of `rows` text rows of
-    `width` tokens, one row group, as Sampler._prefill compiles it."""
+    `width` tokens, one row group, as Sampler.prefill compiles it."""
     compiler = SamplerPrograms(sampler.model.config, sampler.config, sampler.mesh, platform="gpu", keep_compiled=True)
     stats = compiler.prefill(PrefillCall("prompt", rows, width, width))
     assert stats.group_rows == rows
