@@ -67,7 +67,7 @@ def program_bytes(fn, *args, **kwargs) -> tuple[int, int]:
 def group_bytes(sampler, chunks, rows: int, prompts: int, width: int, capacity: int, prefix=None,
                 write_index: int = 0) -> dict[str, tuple[int, int]]:
     """Per-device bytes of the vision and prefill programs of the first row group of a prefill of
-    `chunks` into `rows` rows, as Sampler._prefill splits and runs it."""
+    `chunks` into `rows` rows, as Sampler.prefill splits and runs it."""
     from paravt_jax.sampling import prefill as prefill_program
     from paravt_jax.sampling import programs
     from paravt_jax.sampling.kv_cache import RowGroup

@@ -113,7 +113,7 @@ def test_row_grouped_prefill_equals_one_group(model):
         assert grouped.prefill_group(rows, 1, width) == want
         results = []
         for s in (sampler, grouped):
-            logits, cache = s._prefill(s.empty_cache(rows, width), None, 0, prompts(), width)
+            logits, cache = s.prefill(s.empty_cache(rows, width), None, 0, prompts(), width)
             results.append([x[:3] for x in [logits, *jax.tree.leaves(cache)]])  # the padding row differs
         for a, b in zip(*results):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
